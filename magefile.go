@@ -1,0 +1,108 @@
+//go:build mage
+
+// MPIB build targets. `go run mage.go -l` lists them.
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/magefile/mage/mg"
+	"github.com/magefile/mage/sh"
+)
+
+// Aliases: `go run mage.go test` runs every test, the lab integration suite included.
+var Aliases = map[string]interface{}{
+	"test": Test.All,
+}
+
+// buildDir holds every artifact the lab shares into its nodes.
+const buildDir = "build"
+
+// Test groups the test targets.
+type Test mg.Namespace
+
+// All runs the unit tests and then the lab integration suite (the README's test command).
+func (Test) All() error {
+	mg.SerialDeps(Test.Unit, Test.Integration)
+	return nil
+}
+
+// Unit runs the fast tests: Go packages outside integration/, the C tests and the Python agent tests.
+func (Test) Unit() error {
+	mg.Deps(Build)
+	pkgs, err := unitPackages()
+	if err != nil {
+		return err
+	}
+	return sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...)
+}
+
+// Integration runs the soft-RoCE lab suite (builds and boots the lab on demand).
+func (Test) Integration() error {
+	mg.Deps(Build)
+	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "60m", "./integration/...")
+}
+
+// unitPackages lists every package except the lab suite.
+func unitPackages() ([]string, error) {
+	out, err := sh.Output("go", "list", "./...")
+	if err != nil {
+		return nil, err
+	}
+	var pkgs []string
+	for _, p := range strings.Fields(out) {
+		if !strings.Contains(p, "/integration") {
+			pkgs = append(pkgs, p)
+		}
+	}
+	return pkgs, nil
+}
+
+// Build produces build/libnccl-net-mpib.so and the helper binaries the lab uses.
+func Build() error {
+	if err := ensureBuildDeps(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(buildDir, 0o755); err != nil {
+		return err
+	}
+	return buildPlugin()
+}
+
+// buildPlugin builds the c-shared plugin with a version script exporting only ncclNetPlugin_v*.
+func buildPlugin() error {
+	script, err := filepath.Abs("plugin/exports.map")
+	if err != nil {
+		return err
+	}
+	ldflags := "-s -w -extldflags=-Wl,--version-script=" + script
+	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
+		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin")
+}
+
+// ensureBuildDeps installs the verbs headers when missing (as root), or names what is missing.
+func ensureBuildDeps() error {
+	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err == nil {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("libibverbs-dev is missing: install it (apt-get install libibverbs-dev) or run as root")
+	}
+	return aptInstall("libibverbs-dev", "ibverbs-providers")
+}
+
+// aptInstall installs Debian packages non-interactively.
+func aptInstall(pkgs ...string) error {
+	fmt.Println("installing:", strings.Join(pkgs, " "))
+	if err := sh.Run("apt-get", "update", "-qq"); err != nil {
+		return err
+	}
+	cmd := exec.Command("apt-get", append([]string{"install", "-y", "-qq", "--no-install-recommends"}, pkgs...)...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	return cmd.Run()
+}
