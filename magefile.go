@@ -70,7 +70,21 @@ func Build() error {
 	if err := os.MkdirAll(buildDir, 0o755); err != nil {
 		return err
 	}
-	return buildPlugin()
+	if err := buildPlugin(); err != nil {
+		return err
+	}
+	return buildNettest()
+}
+
+// buildNettest builds the C test driver that loads the plugin exactly as NCCL's proxy does.
+func buildNettest() error {
+	srcs, err := filepath.Glob("plugin/nettest/*.c")
+	if err != nil || len(srcs) == 0 {
+		return fmt.Errorf("no nettest sources in plugin/nettest: %v", err)
+	}
+	args := append([]string{"-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-Iplugin",
+		"-o", filepath.Join(buildDir, "mpib-nettest")}, srcs...)
+	return sh.RunV("gcc", append(args, "-ldl", "-lpthread", "-lm")...)
 }
 
 // buildPlugin builds the c-shared plugin with a version script exporting only ncclNetPlugin_v*.
