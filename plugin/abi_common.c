@@ -1,0 +1,73 @@
+/* Calls shared by every ABI table: thin C entry points into the Go control plane. */
+#include <string.h>
+
+#include "_cgo_export.h"
+#include "mpib_api.h"
+
+ncclResult_t mpib_init(ncclDebugLogger_t logger) {
+  mpib_log_set(logger);
+  return (ncclResult_t)mpibGoInit();
+}
+
+ncclResult_t mpib_finalize(void) { return (ncclResult_t)mpibGoFinalize(); }
+
+ncclResult_t mpib_devices(int *ndev) {
+  *ndev = mpib_g.ndevs_open == MPIB_NRAILS ? 1 : 0;
+  return ncclSuccess;
+}
+
+/* Device 0 is the fused SOUT+SUP device NCCL uses. Device 1 answers only because NCCL's
+ * topology code may look up the physical members listed in vProps (the SUP rail). */
+ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
+  if (mpib_g.ndevs_open != MPIB_NRAILS || dev < 0 || dev > 1) {
+    MPIB_WARN("getProperties for device %d: MPIB exposes one fused device (0)", dev);
+    return ncclInvalidArgument;
+  }
+  memset(p, 0, sizeof *p);
+  p->name = mpib_g.prop_name;
+  p->pci_path = mpib_g.prop_has_pci_path ? mpib_g.prop_pci_path : NULL;
+  p->guid = mpib_g.prop_guid;
+  p->ptr_support = mpib_g.prop_ptr_support;
+  p->speed = dev == 0 ? mpib_g.dev[0].speed_mbps + mpib_g.dev[1].speed_mbps : mpib_g.dev[1].speed_mbps;
+  p->port = mpib_g.dev[dev].port;
+  p->max_comms = 65536;
+  p->max_recvs = MPIB_MAX_RECVS;
+  p->ndevs = dev == 0 ? MPIB_NRAILS : 1;
+  p->devs[0] = dev;
+  p->devs[1] = 1;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_listen(int dev, void *handle, void **listenComm) {
+  return (ncclResult_t)mpibGoListen(dev, handle, listenComm);
+}
+
+ncclResult_t mpib_connect(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
+  if (sendDevComm) *sendDevComm = NULL; /* no device offload */
+  return (ncclResult_t)mpibGoConnect(dev, handle, sendComm);
+}
+
+ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm) {
+  if (recvDevComm) *recvDevComm = NULL;
+  return (ncclResult_t)mpibGoAccept(listenComm, recvComm);
+}
+
+ncclResult_t mpib_reg_mr_v8(void *comm, void *data, size_t size, int type, void **mhandle) {
+  return (ncclResult_t)mpibGoRegMr(comm, data, size, type, -1, 0, mhandle);
+}
+
+ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                                void **mhandle) {
+  return (ncclResult_t)mpibGoRegMr(comm, data, size, type, fd, offset, mhandle);
+}
+
+ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle) { return (ncclResult_t)mpibGoDeregMr(comm, mhandle); }
+ncclResult_t mpib_close_send(void *sendComm) { return (ncclResult_t)mpibGoCloseComm(sendComm); }
+ncclResult_t mpib_close_recv(void *recvComm) { return (ncclResult_t)mpibGoCloseComm(recvComm); }
+ncclResult_t mpib_close_listen(void *listenComm) { return (ncclResult_t)mpibGoCloseListen(listenComm); }
+
+ncclResult_t mpib_get_device_mr(void *comm, void *mhandle, void **dptr_mhandle) {
+  (void)comm, (void)mhandle;
+  *dptr_mhandle = NULL; /* no device offload */
+  return ncclSuccess;
+}

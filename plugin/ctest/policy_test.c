@@ -1,0 +1,110 @@
+// link:
+/* Table tests for the pure data-path decisions in mpib_policy.h. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../mpib_policy.h"
+
+static int failures;
+
+#define EXPECT_EQ(what, got, want)                                                              \
+  do {                                                                                          \
+    unsigned long long g_ = (unsigned long long)(got), w_ = (unsigned long long)(want);         \
+    if (g_ != w_) {                                                                             \
+      fprintf(stderr, "FAIL %s: expected %llu but got %llu\n", what, w_, g_);                   \
+      failures++;                                                                               \
+    }                                                                                           \
+  } while (0)
+
+static void test_split(void) {
+  static const struct { size_t size; uint32_t sup_bw; size_t sout; } cases[] = {
+      {0, 512, 0},                     /* empty: boundary 0 */
+      {1 << 20, 0, 1 << 20},           /* all SOUT */
+      {1 << 20, 1024, 0},              /* all SUP */
+      {1 << 20, 2000, 0},              /* above 1024 acts as all SUP */
+      {1 << 20, 512, 1 << 19},         /* half */
+      {1 << 20, 256, 786432},          /* SOUT 3/4 */
+      {1000, 512, 384},                /* 500 rounded down to 128 */
+      {100, 512, 0},                   /* below one line: SUP carries it all */
+      {64u << 20, 300, 47448064},      /* 64 MiB * 724/1024, 128-aligned */
+      {(size_t)3 << 30, 1, 3218079744u}, /* > 2^32 intermediate products do not overflow */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "split(%zu, %u)", cases[i].size, cases[i].sup_bw);
+    size_t got = mpib_split_sout_bytes(cases[i].size, cases[i].sup_bw);
+    EXPECT_EQ(what, got, cases[i].sout);
+    if (got % MPIB_SPLIT_ALIGN != 0 && got != cases[i].size) {
+      fprintf(stderr, "FAIL %s: boundary %zu is not 128-aligned\n", what, got);
+      failures++;
+    }
+  }
+}
+
+static void test_rail_mask(void) {
+  EXPECT_EQ("mask both", mpib_rail_mask(1000, 384, MPIB_RAIL_SOUT), 3);
+  EXPECT_EQ("mask SOUT", mpib_rail_mask(1000, 1000, MPIB_RAIL_SUP), 1);
+  EXPECT_EQ("mask SUP", mpib_rail_mask(1000, 0, MPIB_RAIL_SOUT), 2);
+  EXPECT_EQ("mask empty->SUP", mpib_rail_mask(0, 0, MPIB_RAIL_SUP), 2);
+  EXPECT_EQ("mask empty->SOUT", mpib_rail_mask(0, 0, MPIB_RAIL_SOUT), 1);
+}
+
+static void test_imm(void) {
+  static const struct { uint32_t slot, mask; uint64_t seq; } cases[] = {
+      {0, 1, 0}, {31, 3, 255}, {17, 2, 256 + 9}, {5, 3, 0xFFFFFFFFFFull},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint32_t imm = mpib_imm_encode(cases[i].slot, cases[i].mask, cases[i].seq);
+    uint32_t slot, mask, seq8;
+    EXPECT_EQ("imm decodes", mpib_imm_decode(imm, &slot, &mask, &seq8), 0);
+    EXPECT_EQ("imm slot", slot, cases[i].slot);
+    EXPECT_EQ("imm mask", mask, cases[i].mask);
+    EXPECT_EQ("imm seq", seq8, cases[i].seq & 0xFF);
+  }
+  uint32_t s, m, q;
+  EXPECT_EQ("imm zero mask rejected", mpib_imm_decode(0x00000003u, &s, &m, &q), -1);
+  EXPECT_EQ("imm reserved bit 7 rejected", mpib_imm_decode(mpib_imm_encode(1, 1, 1) | 0x80u, &s, &m, &q), -1);
+  EXPECT_EQ("imm high bits rejected", mpib_imm_decode(mpib_imm_encode(1, 1, 1) | 0x10000u, &s, &m, &q), -1);
+  EXPECT_EQ("imm garbage rejected", mpib_imm_decode(0xDEADBEEFu, &s, &m, &q), -1);
+}
+
+static void test_qp_index(void) {
+  /* The seed's table: SOUT_QP=2, SUP_QP=3. */
+  static const int sout[] = {0, 1, 0, 1, 0, 1};
+  static const int sup[] = {2, 3, 4, 2, 3, 4};
+  for (int seq = 0; seq < 6; seq++) {
+    EXPECT_EQ("qp SOUT", mpib_qp_index(MPIB_RAIL_SOUT, (uint64_t)seq, 2, 3), sout[seq]);
+    EXPECT_EQ("qp SUP", mpib_qp_index(MPIB_RAIL_SUP, (uint64_t)seq, 2, 3), sup[seq]);
+  }
+  EXPECT_EQ("qp SUP suppressed", mpib_qp_index(MPIB_RAIL_SUP, 7, 2, 0), (unsigned long long)-1);
+}
+
+static void test_policy(void) {
+  EXPECT_EQ("vanilla intra", mpib_vanilla_sup_bw(MPIB_PATH_INTRA_ISLAND), 1024);
+  EXPECT_EQ("vanilla inter", mpib_vanilla_sup_bw(MPIB_PATH_INTER_ISLAND), 0);
+  EXPECT_EQ("cts vanilla intra", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND), MPIB_RAIL_SUP);
+  EXPECT_EQ("cts vanilla inter", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND), MPIB_RAIL_SOUT);
+  EXPECT_EQ("cts advanced intra", mpib_cts_rail(MPIB_MODE_ADVANCED, MPIB_PATH_INTRA_ISLAND), MPIB_RAIL_SOUT);
+  EXPECT_EQ("sup qps vanilla inter", mpib_sup_qps_wanted(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND, 1), 0);
+  EXPECT_EQ("sup qps vanilla intra", mpib_sup_qps_wanted(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 0), 1);
+  EXPECT_EQ("sup qps advanced inter", mpib_sup_qps_wanted(MPIB_MODE_ADVANCED, MPIB_PATH_INTER_ISLAND, 0), 0);
+  EXPECT_EQ("sup qps advanced relay", mpib_sup_qps_wanted(MPIB_MODE_ADVANCED, MPIB_PATH_INTER_ISLAND, 1), 1);
+  EXPECT_EQ("guard clamp", mpib_guard_sup_bw(5000, MPIB_PATH_INTRA_ISLAND, 0, 1), 1024);
+  EXPECT_EQ("guard no relay", mpib_guard_sup_bw(512, MPIB_PATH_INTER_ISLAND, 0, 1), 0);
+  EXPECT_EQ("guard relay", mpib_guard_sup_bw(512, MPIB_PATH_INTER_ISLAND, 1, 1), 512);
+  EXPECT_EQ("guard no SUP QPs", mpib_guard_sup_bw(512, MPIB_PATH_INTRA_ISLAND, 0, 0), 0);
+}
+
+int main(void) {
+  test_split();
+  test_rail_mask();
+  test_imm();
+  test_qp_index();
+  test_policy();
+  if (failures) {
+    fprintf(stderr, "%d failures\n", failures);
+    return 1;
+  }
+  printf("policy_test: ok\n");
+  return 0;
+}

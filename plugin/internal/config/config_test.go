@@ -1,0 +1,84 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+var base = []string{"MPIB_HCA_SOUT", "mlx5_0", "MPIB_HCA_SUP", "mlx5_1:2", "MPIB_OOB_IF", "eth0"}
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse(env(base...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, OOBInterface: "eth0",
+		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: "/dev/shm/mpib-hints",
+		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 7, RelaxedOrdering: true, HandshakeTimeoutMS: 120000,
+	}
+	if c != want {
+		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		kv   []string
+		want string // substring of the error
+	}{
+		{"no SOUT", []string{"MPIB_HCA_SUP", "b", "MPIB_OOB_IF", "eth0"}, "MPIB_HCA_SOUT is required"},
+		{"no SUP", []string{"MPIB_HCA_SOUT", "a", "MPIB_OOB_IF", "eth0"}, "MPIB_HCA_SUP is required"},
+		{"no OOB", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "b"}, "MPIB_OOB_IF is required"},
+		{"bad port", append([]string{"MPIB_HCA_SOUT", "a:x"}, base[2:]...), "port must be 1..255"},
+		{"same port", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "a:1", "MPIB_OOB_IF", "e"}, "same port"},
+		{"mode 2", append(append([]string{}, base...), "MPIB_MODE", "2"), "MPIB_MODE=\"2\""},
+		{"prefix 33", append(append([]string{}, base...), "MPIB_ISLAND_PREFIX_LEN", "33"), "0..32"},
+		{"qps 0", append(append([]string{}, base...), "MPIB_SUP_QP", "0"), "MPIB_SUP_QP"},
+		{"force 1025", append(append([]string{}, base...), "MPIB_FORCE_SUP_BW", "1025"), "0..1024"},
+		{"gid text", append(append([]string{}, base...), "MPIB_GID_INDEX_SUP", "x"), "MPIB_GID_INDEX_SUP"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(env(tt.kv...))
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want ErrInvalid containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseOverrides(t *testing.T) {
+	kv := append(append([]string{}, base...), "MPIB_MODE", "1", "MPIB_SUP_QP", "4", "MPIB_FORCE_SUP_BW", "512",
+		"MPIB_GID_INDEX_SOUT", "3", "MPIB_SUP_RELAY", "1", "MPIB_ISLAND_PREFIX_LEN", "16")
+	c, err := Parse(env(kv...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != 1 || c.SupQPs != 4 || c.ForceSupBW != 512 || c.Sout.GIDIndex != 3 || !c.SupRelay || c.IslandPrefixLen != 16 {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+func TestEveryKnobIsRead(t *testing.T) {
+	read := map[string]bool{}
+	Parse(func(k string) string { read[k] = true; return "" })
+	for _, k := range Knobs {
+		if !read[k.Name] {
+			t.Errorf("knob %s is documented but never read", k.Name)
+		}
+	}
+	if len(read) != len(Knobs) {
+		t.Errorf("Parse reads %d variables, Knobs documents %d", len(read), len(Knobs))
+	}
+}

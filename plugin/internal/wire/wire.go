@@ -1,0 +1,199 @@
+// Package wire encodes what crosses between two MPIB peers before any RDMA happens: the
+// NCCL connection handle, the hello and the connection metadata on the TCP control socket.
+// All integers are little-endian unless noted; every decoder validates before trusting.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// ErrMalformed marks bytes that cannot come from a compatible MPIB peer.
+var ErrMalformed = errors.New("malformed MPIB control message")
+
+const (
+	Version       = 1
+	HandleSize    = 128        // NCCL_NET_HANDLE_MAXSIZE
+	handleMagic   = 0x4849504D // "MPIH"
+	helloMagic    = 0x4C49504D // "MPIL"
+	metadataMagic = 0x4D49504D // "MPIM"
+	ackMagic      = 0x4149504D // "MPIA"
+	HelloSize     = 16
+	AckSize       = 4
+	MaxQPsPerRail = 16
+	Rails         = 2
+	railSize      = 16 + 4 + 4 + 4*MaxQPsPerRail
+	MetadataSize  = 28 + Rails*railSize
+	attemptOffset = 24
+	maxIBMTUEnum  = 5 // IBV_MTU_4096
+)
+
+// Handle is what listen() gives NCCL and NCCL gives the peer's connect().
+// Layout: magic u32 | version u16 | reserved u16 | IPv4 [4] (network order) |
+// port u16 big-endian | reserved u16 | listener nonce u64 | connect attempt u64 | zeros.
+type Handle struct {
+	Addr  netip.AddrPort
+	Nonce uint64
+}
+
+// EncodeHandle writes h into a NCCL handle buffer (at least HandleSize bytes).
+func EncodeHandle(b []byte, h Handle) {
+	clear(b[:HandleSize])
+	binary.LittleEndian.PutUint32(b[0:], handleMagic)
+	binary.LittleEndian.PutUint16(b[4:], Version)
+	ip := h.Addr.Addr().As4()
+	copy(b[8:12], ip[:])
+	binary.BigEndian.PutUint16(b[12:], h.Addr.Port())
+	binary.LittleEndian.PutUint64(b[16:], h.Nonce)
+}
+
+// DecodeHandle validates and reads a handle.
+func DecodeHandle(b []byte) (Handle, error) {
+	if len(b) < HandleSize {
+		return Handle{}, fmt.Errorf("%w: handle of %d bytes", ErrMalformed, len(b))
+	}
+	if m := binary.LittleEndian.Uint32(b); m != handleMagic {
+		return Handle{}, fmt.Errorf("%w: handle magic %#08x (not an MPIB handle; is every rank using the same plugin?)", ErrMalformed, m)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
+		return Handle{}, fmt.Errorf("%w: handle version %d, this plugin speaks %d", ErrMalformed, v, Version)
+	}
+	addr := netip.AddrFrom4([4]byte(b[8:12]))
+	port := binary.BigEndian.Uint16(b[12:])
+	if port == 0 || addr.IsUnspecified() {
+		return Handle{}, fmt.Errorf("%w: handle address %v:%d", ErrMalformed, addr, port)
+	}
+	return Handle{Addr: netip.AddrPortFrom(addr, port), Nonce: binary.LittleEndian.Uint64(b[16:])}, nil
+}
+
+// Attempt reads and SetAttempt writes the connect-attempt id that connect() keeps in NCCL's
+// handle buffer between its non-blocking calls (as net_ib keeps its stage there).
+func Attempt(b []byte) uint64        { return binary.LittleEndian.Uint64(b[attemptOffset:]) }
+func SetAttempt(b []byte, id uint64) { binary.LittleEndian.PutUint64(b[attemptOffset:], id) }
+
+// EncodeHello is the first message of the connecting side: it names the listener it expects.
+func EncodeHello(nonce uint64) []byte {
+	b := make([]byte, HelloSize)
+	binary.LittleEndian.PutUint32(b, helloMagic)
+	binary.LittleEndian.PutUint16(b[4:], Version)
+	binary.LittleEndian.PutUint64(b[8:], nonce)
+	return b
+}
+
+// DecodeHello validates a hello and returns the listener nonce it names.
+func DecodeHello(b []byte) (uint64, error) {
+	if len(b) != HelloSize {
+		return 0, fmt.Errorf("%w: hello of %d bytes", ErrMalformed, len(b))
+	}
+	if m := binary.LittleEndian.Uint32(b); m != helloMagic {
+		return 0, fmt.Errorf("%w: hello magic %#08x (the peer is not an MPIB plugin)", ErrMalformed, m)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
+		return 0, fmt.Errorf("%w: peer speaks version %d, this plugin %d", ErrMalformed, v, Version)
+	}
+	return binary.LittleEndian.Uint64(b[8:]), nil
+}
+
+// Ack is sent once a side's QPs are ready to receive.
+func EncodeAck() []byte { return binary.LittleEndian.AppendUint32(nil, ackMagic) }
+
+// CheckAck validates an ack.
+func CheckAck(b []byte) error {
+	if len(b) != AckSize || binary.LittleEndian.Uint32(b) != ackMagic {
+		return fmt.Errorf("%w: bad ready acknowledgement % x", ErrMalformed, b)
+	}
+	return nil
+}
+
+// RailInfo is one rail's connection facts.
+type RailInfo struct {
+	GID  [16]byte
+	MTU  uint32 // enum ibv_mtu
+	RKey uint32
+	QPN  [MaxQPsPerRail]uint32
+}
+
+// Metadata is exchanged by both sides after the hello.
+// Layout: magic u32 | version u16 | size u16 | mode u8 | path class u8 | reserved u16 |
+// nqps [2]u32 | buffer address u64 | rails [2]{gid [16], mtu u32, rkey u32, qpn [16]u32}.
+type Metadata struct {
+	Mode      uint8
+	PathClass uint8
+	NQPs      [Rails]uint32
+	BufAddr   uint64
+	Rail      [Rails]RailInfo
+}
+
+// EncodeMetadata serializes m into MetadataSize bytes.
+func EncodeMetadata(m Metadata) []byte {
+	b := make([]byte, 0, MetadataSize)
+	b = binary.LittleEndian.AppendUint32(b, metadataMagic)
+	b = binary.LittleEndian.AppendUint16(b, Version)
+	b = binary.LittleEndian.AppendUint16(b, MetadataSize)
+	b = append(b, m.Mode, m.PathClass, 0, 0)
+	for _, n := range m.NQPs {
+		b = binary.LittleEndian.AppendUint32(b, n)
+	}
+	b = binary.LittleEndian.AppendUint64(b, m.BufAddr)
+	for _, r := range m.Rail {
+		b = append(b, r.GID[:]...)
+		b = binary.LittleEndian.AppendUint32(b, r.MTU)
+		b = binary.LittleEndian.AppendUint32(b, r.RKey)
+		for _, q := range r.QPN {
+			b = binary.LittleEndian.AppendUint32(b, q)
+		}
+	}
+	return b
+}
+
+// DecodeMetadata validates and reads metadata from a peer.
+func DecodeMetadata(b []byte) (Metadata, error) {
+	var m Metadata
+	if len(b) != MetadataSize {
+		return m, fmt.Errorf("%w: metadata of %d bytes, want %d", ErrMalformed, len(b), MetadataSize)
+	}
+	le := binary.LittleEndian
+	if x := le.Uint32(b); x != metadataMagic {
+		return m, fmt.Errorf("%w: metadata magic %#08x", ErrMalformed, x)
+	}
+	if v := le.Uint16(b[4:]); v != Version {
+		return m, fmt.Errorf("%w: metadata version %d, want %d", ErrMalformed, v, Version)
+	}
+	if s := le.Uint16(b[6:]); s != MetadataSize {
+		return m, fmt.Errorf("%w: metadata declares %d bytes, want %d", ErrMalformed, s, MetadataSize)
+	}
+	m.Mode, m.PathClass = b[8], b[9]
+	if m.Mode > 1 || m.PathClass > 1 || b[10] != 0 || b[11] != 0 {
+		return m, fmt.Errorf("%w: mode %d, path class %d", ErrMalformed, m.Mode, m.PathClass)
+	}
+	off := 12
+	for i := range m.NQPs {
+		m.NQPs[i] = le.Uint32(b[off:])
+		off += 4
+		if m.NQPs[i] > MaxQPsPerRail {
+			return m, fmt.Errorf("%w: %d QPs on rail %d (max %d)", ErrMalformed, m.NQPs[i], i, MaxQPsPerRail)
+		}
+	}
+	if m.NQPs[0] == 0 {
+		return m, fmt.Errorf("%w: no SOUT QPs", ErrMalformed)
+	}
+	m.BufAddr = le.Uint64(b[off:])
+	off += 8
+	for i := range m.Rail {
+		r := &m.Rail[i]
+		copy(r.GID[:], b[off:off+16])
+		r.MTU = le.Uint32(b[off+16:])
+		r.RKey = le.Uint32(b[off+20:])
+		off += 24
+		for q := range r.QPN {
+			r.QPN[q] = le.Uint32(b[off:])
+			off += 4
+		}
+		if m.NQPs[i] > 0 && (r.MTU < 1 || r.MTU > maxIBMTUEnum) {
+			return m, fmt.Errorf("%w: rail %d MTU code %d", ErrMalformed, i, r.MTU)
+		}
+	}
+	return m, nil
+}

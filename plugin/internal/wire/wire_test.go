@@ -1,0 +1,140 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+)
+
+func sampleMetadata() Metadata {
+	m := Metadata{Mode: 1, PathClass: 0, NQPs: [2]uint32{2, 3}, BufAddr: 0x7f0012345000}
+	for r := range m.Rail {
+		m.Rail[r].GID[10], m.Rail[r].GID[11], m.Rail[r].GID[15] = 0xff, 0xff, byte(r+1)
+		m.Rail[r].MTU = 3
+		m.Rail[r].RKey = 0x1000 + uint32(r)
+		for q := 0; q < int(m.NQPs[r]); q++ {
+			m.Rail[r].QPN[q] = uint32(100*r + q + 17)
+		}
+	}
+	return m
+}
+
+func TestHandleRoundTrip(t *testing.T) {
+	h := Handle{Addr: netip.MustParseAddrPort("10.0.1.11:40123"), Nonce: 0xdeadbeef01}
+	b := make([]byte, HandleSize)
+	EncodeHandle(b, h)
+	if b[8] != 10 || b[11] != 11 || b[12] != 0x9c || b[13] != 0xbb {
+		t.Fatalf("address bytes % x, want IPv4 at 8..11 and big-endian port at 12..13", b[8:14])
+	}
+	SetAttempt(b, 7)
+	got, err := DecodeHandle(b)
+	if err != nil || got != h || Attempt(b) != 7 {
+		t.Fatalf("DecodeHandle = %+v, %v, attempt %d", got, err, Attempt(b))
+	}
+}
+
+func TestHandleRejects(t *testing.T) {
+	good := make([]byte, HandleSize)
+	EncodeHandle(good, Handle{Addr: netip.MustParseAddrPort("10.0.1.11:5000"), Nonce: 1})
+	tests := []struct {
+		name   string
+		mutate func([]byte) []byte
+	}{
+		{"short", func(b []byte) []byte { return b[:64] }},
+		{"magic", func(b []byte) []byte { b[0] ^= 0xff; return b }},
+		{"version", func(b []byte) []byte { b[4] = 9; return b }},
+		{"port 0", func(b []byte) []byte { b[12], b[13] = 0, 0; return b }},
+		{"addr 0", func(b []byte) []byte { copy(b[8:12], []byte{0, 0, 0, 0}); return b }},
+	}
+	for _, tt := range tests {
+		b := tt.mutate(bytes.Clone(good))
+		if _, err := DecodeHandle(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", tt.name, err)
+		}
+	}
+}
+
+func TestHelloAndAck(t *testing.T) {
+	n, err := DecodeHello(EncodeHello(42))
+	if err != nil || n != 42 {
+		t.Fatalf("hello round trip = %d, %v", n, err)
+	}
+	bad := EncodeHello(42)
+	bad[1] ^= 1
+	if _, err := DecodeHello(bad); !errors.Is(err, ErrMalformed) {
+		t.Errorf("bad hello accepted: %v", err)
+	}
+	if err := CheckAck(EncodeAck()); err != nil {
+		t.Error(err)
+	}
+	if err := CheckAck([]byte("GET ")); err == nil {
+		t.Error("garbage ack accepted")
+	}
+}
+
+func TestMetadataRoundTrip(t *testing.T) {
+	m := sampleMetadata()
+	b := EncodeMetadata(m)
+	if len(b) != MetadataSize {
+		t.Fatalf("encoded %d bytes, want %d", len(b), MetadataSize)
+	}
+	got, err := DecodeMetadata(b)
+	if err != nil || got != m {
+		t.Fatalf("round trip:\n got %+v %v\nwant %+v", got, err, m)
+	}
+}
+
+func TestMetadataRejects(t *testing.T) {
+	good := EncodeMetadata(sampleMetadata())
+	tests := []struct {
+		name string
+		off  int
+		val  byte
+	}{
+		{"magic", 0, 0}, {"version", 4, 2}, {"size", 6, 1}, {"mode", 8, 2}, {"path", 9, 7},
+		{"reserved", 10, 1}, {"too many SOUT QPs", 12, 17}, {"too many SUP QPs", 16, 200},
+		{"no SOUT QPs", 12, 0}, {"MTU code", 28 + 16, 9},
+	}
+	for _, tt := range tests {
+		b := bytes.Clone(good)
+		b[tt.off] = tt.val
+		if _, err := DecodeMetadata(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", tt.name, err)
+		}
+	}
+	if _, err := DecodeMetadata(good[:100]); !errors.Is(err, ErrMalformed) {
+		t.Errorf("short metadata: %v", err)
+	}
+}
+
+func FuzzDecodeMetadata(f *testing.F) {
+	f.Add(EncodeMetadata(sampleMetadata()))
+	f.Add(make([]byte, MetadataSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeMetadata(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(EncodeMetadata(m), b) {
+			t.Fatalf("accepted metadata does not re-encode to the same bytes")
+		}
+	})
+}
+
+func FuzzDecodeHandle(f *testing.F) {
+	b := make([]byte, HandleSize)
+	EncodeHandle(b, Handle{Addr: netip.MustParseAddrPort("10.0.2.11:1234"), Nonce: 3})
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := DecodeHandle(b)
+		if err != nil {
+			return
+		}
+		out := make([]byte, HandleSize)
+		EncodeHandle(out, h)
+		if got, err := DecodeHandle(out); err != nil || got != h {
+			t.Fatalf("accepted handle %+v does not survive a round trip", h)
+		}
+	})
+}

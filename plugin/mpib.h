@@ -1,0 +1,189 @@
+/*
+ * MPIB internal state shared by the C data path and the Go control plane (through cgo).
+ * Every object handed to NCCL (comms, requests, memory handles) is C memory defined here.
+ */
+#ifndef MPIB_H
+#define MPIB_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#include "mpib_log.h"
+#include "mpib_policy.h"
+#include "nccl_abi.h"
+
+#define MPIB_MAX_REQUESTS NCCL_NET_MAX_REQUESTS /* CTS FIFO slots per comm */
+#define MPIB_MAX_RECVS 8                        /* requests grouped in one irecv */
+#define MPIB_MAX_QPS_PER_RAIL 16
+#define MPIB_MAX_QPS (MPIB_NRAILS * MPIB_MAX_QPS_PER_RAIL)
+#define MPIB_REQ_POOL (MPIB_MAX_REQUESTS * MPIB_MAX_RECVS)
+#define MPIB_SRQ_DEPTH 256  /* receives posted per rail per recv comm */
+#define MPIB_CQ_DEPTH 1024
+#define MPIB_NO_OVERRIDE UINT32_MAX
+
+/* One physical rail device (global, opened once at init by the Go control plane). */
+struct mpib_dev {
+  char name[64];
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  uint8_t port;
+  int gid_index;
+  union ibv_gid gid;
+  enum ibv_mtu active_mtu;
+  int speed_mbps;
+  int link_layer;
+  uint16_t lid;
+};
+
+/* Process-wide configuration and devices, filled by Go in init before any comm exists. */
+struct mpib_global {
+  struct mpib_dev dev[MPIB_NRAILS];
+  int ndevs_open;
+  int mode;
+  int sup_relay;
+  uint32_t nqps_cfg[MPIB_NRAILS];
+  uint32_t force_sup_bw;    /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
+  int flush_enabled;        /* loopback RDMA_READ flush QPs are built for recv comms */
+  int relaxed_ordering;
+  uint8_t ib_timeout, ib_retry_cnt, ib_tc, ib_sl;
+  uint64_t agent_stale_ns;
+  void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
+  /* Properties reported to NCCL. */
+  char prop_name[160];
+  char prop_pci_path[256];
+  int prop_has_pci_path;
+  uint64_t prop_guid;
+  int prop_ptr_support;
+  int prop_speed;
+  int prop_port;
+};
+extern struct mpib_global mpib_g;
+
+/* Memory handle: one MR per rail (regIsGlobal: not tied to a comm). */
+struct mpib_mr {
+  struct ibv_mr *mr[MPIB_NRAILS];
+};
+
+/* A CTS FIFO element: the receiver RDMA-writes one per grouped receive into the sender's
+ * FIFO. 64 bytes, 64-byte aligned, so one element never straddles a cache line. */
+struct mpib_cts {
+  uint64_t addr;
+  uint64_t size;
+  uint32_t rkey[MPIB_NRAILS];
+  int32_t tag;
+  uint32_t nreqs;
+  uint64_t seq; /* request sequence number + 1; 0 = never written */
+  uint8_t pad[24];
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct mpib_cts) == 64, "CTS element is one cache line");
+
+enum { MPIB_REQ_FREE = 0, MPIB_REQ_SEND, MPIB_REQ_RECV, MPIB_REQ_FLUSH };
+
+struct mpib_comm;
+
+struct mpib_request {
+  struct mpib_comm *comm;
+  int type;
+  int done;
+  uint64_t seq;       /* FIFO sequence number of the slot it belongs to */
+  int nreqs;
+  /* send */
+  void *data;
+  size_t size;
+  int tag;
+  struct mpib_mr *mh;
+  /* recv */
+  uint32_t expected_mask, seen_mask;
+  int sizes[MPIB_MAX_RECVS];
+  /* flush */
+  int flush_pending;
+};
+
+struct mpib_qp {
+  struct ibv_qp *qp;
+  int rail;
+};
+
+/* Local and remote connection facts exchanged over the TCP control socket. */
+struct mpib_rail_info {
+  uint8_t gid[16];
+  uint32_t mtu; /* enum ibv_mtu */
+  uint32_t rkey; /* rkey of the advertised buffer on this rail */
+  uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
+};
+struct mpib_conn_info {
+  uint32_t nqps[MPIB_NRAILS];
+  struct mpib_rail_info rail[MPIB_NRAILS];
+  uint64_t buf_addr; /* sender: its CTS FIFO; receiver: its size records */
+};
+
+/* One direction of a connection: a send comm or a recv comm. */
+struct mpib_comm {
+  /* CTS FIFO (sender: written by the peer) or CTS staging (receiver: written locally). */
+  struct mpib_cts cts[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  /* Size records (receiver: written by the peer; sender: staging). */
+  int32_t sizes[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  struct ibv_mr *cts_mr[MPIB_NRAILS];
+  struct ibv_mr *sizes_mr[MPIB_NRAILS];
+
+  int is_send;
+  int mode, path_class, sup_relay, cts_rail;
+  uint32_t nqps[MPIB_NRAILS];
+  struct mpib_qp qps[MPIB_MAX_QPS];
+  struct ibv_cq *cq[MPIB_NRAILS];
+  struct ibv_srq *srq[MPIB_NRAILS]; /* receiver only */
+  int srq_posted[MPIB_NRAILS];
+  uint64_t fifo_head; /* sequence number of the next request */
+  uint32_t force_sup_bw;
+  int rail_failed[MPIB_NRAILS]; /* a fatal completion was seen: the rail is out of service */
+
+  /* Peer's buffer for our RDMA writes (sender: size records; receiver: CTS FIFO). */
+  uint64_t rem_addr;
+  uint32_t rem_rkey[MPIB_NRAILS];
+
+  /* Sender: the isends matched to each slot; receiver: the irecv owning each slot. */
+  struct mpib_request *slot_reqs[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  int slot_matched[MPIB_MAX_REQUESTS];
+  uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* sender: rails whose completion is pending */
+
+  /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
+  struct ibv_qp *flush_qp[MPIB_NRAILS];
+  struct ibv_cq *flush_cq[MPIB_NRAILS];
+  struct ibv_mr *flush_mr[MPIB_NRAILS];
+  uint8_t flush_buf[64];
+
+  int shm_slot; /* agent segment slot, -1 when none */
+  uint32_t peer_ip, local_ip;
+  int req_cursor;
+  struct mpib_request reqs[MPIB_REQ_POOL];
+};
+
+/* Listen comm: an id into the Go control plane's table of listeners. */
+struct mpib_listen_comm {
+  uint64_t id;
+};
+
+/* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
+int mpib_dev_open(int rail, const char *name, int port, int gid_index);
+void mpib_dev_close_all(void);
+int mpib_dmabuf_supported(void);
+/* Publishes the agent segment to the data path (NULL withdraws it). */
+void mpib_set_shm(void *shm);
+struct mpib_comm *mpib_comm_create(int is_send, int mode, int path_class, const uint32_t nqps[MPIB_NRAILS]);
+void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
+int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
+void mpib_comm_destroy(struct mpib_comm *c);
+int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out);
+int mpib_dereg_mr(struct mpib_mr *mh);
+
+/* Data path (mpib_p2p.c). */
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request);
+ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **request);
+ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
+ncclResult_t mpib_test(void *request, int *done, int *sizes);
+ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
+int mpib_srq_refill(struct mpib_comm *c, int rail);
+uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
+
+#endif

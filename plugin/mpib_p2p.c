@@ -1,0 +1,396 @@
+/*
+ * The data path: isend, irecv, test, iflush. Pure C, no Go calls, no allocation.
+ *
+ * One message's path: the receiver's irecv RDMA-writes a CTS element per grouped receive
+ * into the sender's FIFO slot (fifo_head % 32) on the CTS rail. The sender's isend waits
+ * until every element of that slot carries the expected sequence number, matches its tag,
+ * and once all grouped sends are present posts, on each ACTIVE rail only, a chain of
+ * RDMA_WRITEs (its share of every request) ending in a signalled RDMA_WRITE_WITH_IMM whose
+ * imm_data carries the slot, the active-rail mask and the sequence number. The lowest active
+ * rail's final write also carries the size records. The receiver consumes one SRQ receive per
+ * rail, learns the expected mask from the first immediate and completes when every active
+ * rail has reported.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "mpib.h"
+#include "mpib_shm.h"
+
+static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+
+static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
+  for (int i = 0; i < MPIB_REQ_POOL; i++) {
+    int k = (c->req_cursor + i) % MPIB_REQ_POOL;
+    struct mpib_request *r = &c->reqs[k];
+    if (r->type == MPIB_REQ_FREE) {
+      memset(r, 0, sizeof *r);
+      r->type = type;
+      r->comm = c;
+      c->req_cursor = (k + 1) % MPIB_REQ_POOL;
+      return r;
+    }
+  }
+  return NULL;
+}
+
+/* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
+ * Order: test override, agent hint (advanced mode, fresh agent), vanilla; then the guard. */
+uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
+  uint32_t bw;
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (c->force_sup_bw != MPIB_NO_OVERRIDE) {
+    bw = c->force_sup_bw;
+  } else if (c->mode == MPIB_MODE_ADVANCED && shm && c->shm_slot >= 0 &&
+             mpib_shm_read_hint(shm, (uint32_t)c->shm_slot, mpib_g.agent_stale_ns, &bw) == 1) {
+    /* bw holds the agent's hint */
+  } else {
+    bw = mpib_vanilla_sup_bw(c->path_class);
+  }
+  if (c->rail_failed[MPIB_RAIL_SUP]) return 0;
+  if (c->rail_failed[MPIB_RAIL_SOUT] && c->nqps[MPIB_RAIL_SUP]) return MPIB_SUP_BW_MAX;
+  return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
+}
+
+/* Post the slot's matched sends on every active rail. */
+static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
+  volatile struct mpib_cts *cts = c->cts[slot];
+  int nreqs = c->slot_matched[slot];
+  struct mpib_request **reqs = c->slot_reqs[slot];
+  uint32_t sup_bw = mpib_policy_sup_bw(c);
+  size_t sout[MPIB_MAX_RECVS];
+  uint32_t mask = 0;
+  uint64_t rail_bytes[MPIB_NRAILS] = {0, 0};
+  for (int r = 0; r < nreqs; r++) {
+    sout[r] = mpib_split_sout_bytes(reqs[r]->size, sup_bw);
+    if (sout[r] > 0) mask |= 1u << MPIB_RAIL_SOUT;
+    if (reqs[r]->size > sout[r]) mask |= 1u << MPIB_RAIL_SUP;
+    c->sizes[slot][r] = (int32_t)reqs[r]->size;
+    rail_bytes[MPIB_RAIL_SOUT] += sout[r];
+    rail_bytes[MPIB_RAIL_SUP] += reqs[r]->size - sout[r];
+  }
+  if (mask == 0) mask = 1u << (sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
+  int leader = (mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+  uint32_t imm = mpib_imm_encode((uint32_t)slot, mask, reqs[0]->seq);
+
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (!(mask & (1u << rail))) continue;
+    int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+    if (qi < 0 || c->qps[qi].qp == NULL) {
+      MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
+      return ncclInternalError;
+    }
+    struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
+    struct ibv_sge sges[MPIB_MAX_RECVS + 1];
+    int nwr = 0;
+    for (int r = 0; r < nreqs; r++) {
+      size_t off = rail == MPIB_RAIL_SOUT ? 0 : sout[r];
+      size_t len = rail == MPIB_RAIL_SOUT ? sout[r] : reqs[r]->size - sout[r];
+      if (len == 0) continue;
+      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
+                                   .lkey = reqs[r]->mh->mr[rail]->lkey};
+      wrs[nwr] = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .sg_list = &sges[nwr], .num_sge = 1,
+                                      .opcode = IBV_WR_RDMA_WRITE};
+      wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
+      wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
+      nwr++;
+    }
+    struct ibv_send_wr *last = &wrs[nwr];
+    *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                                 .send_flags = IBV_SEND_SIGNALED, .imm_data = imm};
+    last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
+    last->wr.rdma.rkey = c->rem_rkey[rail];
+    if (rail == leader) {
+      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
+                                   .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                   .lkey = c->sizes_mr[rail]->lkey};
+      last->sg_list = &sges[nwr];
+      last->num_sge = 1;
+    }
+    for (int i = 0; i < nwr; i++) wrs[i].next = &wrs[i + 1];
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
+    if (rc) {
+      MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
+      return ncclSystemError;
+    }
+    c->slot_rails[slot] |= 1u << rail;
+  }
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (shm && c->shm_slot >= 0) {
+    for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+      if (mask & (1u << rail)) mpib_shm_add_telemetry(shm, (uint32_t)c->shm_slot, rail, rail_bytes[rail]);
+    }
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request) {
+  struct mpib_comm *c = sendComm;
+  *request = NULL;
+  int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
+  uint64_t want = c->fifo_head + 1;
+  volatile struct mpib_cts *cts = c->cts[slot];
+  if (cts[0].seq != want) return ncclSuccess; /* no CTS yet: NCCL retries */
+  uint32_t nreqs = cts[0].nreqs;
+  if (nreqs < 1 || nreqs > MPIB_MAX_RECVS) {
+    MPIB_WARN("peer sent a CTS with %u grouped receives (max %d)", nreqs, MPIB_MAX_RECVS);
+    return ncclRemoteError;
+  }
+  for (uint32_t r = 1; r < nreqs; r++) {
+    if (cts[r].seq != want) return ncclSuccess; /* rest of the CTS still landing */
+  }
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  int match = -1;
+  for (uint32_t r = 0; r < nreqs; r++) {
+    if (cts[r].tag == tag && c->slot_reqs[slot][r] == NULL) {
+      match = (int)r;
+      break;
+    }
+  }
+  if (match < 0) return ncclSuccess; /* this tag belongs to a later slot */
+  if (size > cts[match].size) {
+    MPIB_WARN("cannot send %zu bytes: the receive buffer for tag %d holds %lu", size, tag,
+              (unsigned long)cts[match].size);
+    return ncclInvalidUsage;
+  }
+  if (size > INT32_MAX) {
+    MPIB_WARN("message of %zu bytes exceeds the 2 GiB per-request limit", size);
+    return ncclInvalidUsage;
+  }
+  if (size > 0 && mhandle == NULL) {
+    MPIB_WARN("isend of %zu bytes without a memory handle", size);
+    return ncclInvalidArgument;
+  }
+  struct mpib_request *req = req_alloc(c, MPIB_REQ_SEND);
+  if (!req) return ncclSuccess; /* pool exhausted: retry after completions */
+  req->data = data;
+  req->size = size;
+  req->tag = tag;
+  req->mh = mhandle;
+  req->seq = c->fifo_head;
+  req->nreqs = (int)nreqs;
+  c->slot_reqs[slot][match] = req;
+  if (++c->slot_matched[slot] == (int)nreqs) {
+    ncclResult_t res = post_slot(c, slot);
+    if (res != ncclSuccess) return res;
+    c->fifo_head++;
+  }
+  *request = req;
+  return ncclSuccess;
+}
+
+int mpib_srq_refill(struct mpib_comm *c, int rail) {
+  if (c->srq_posted[rail] >= MPIB_SRQ_DEPTH / 2) return 0;
+  while (c->srq_posted[rail] < MPIB_SRQ_DEPTH) {
+    struct ibv_recv_wr wr = {.wr_id = (uint64_t)rail, .num_sge = 0};
+    struct ibv_recv_wr *bad = NULL;
+    int rc = ibv_post_srq_recv(c->srq[rail], &wr, &bad);
+    if (rc) {
+      MPIB_WARN("%s rail: ibv_post_srq_recv failed: %s", rail_name(rail), strerror(rc));
+      return -rc;
+    }
+    c->srq_posted[rail]++;
+  }
+  return 0;
+}
+
+ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **request) {
+  struct mpib_comm *c = recvComm;
+  *request = NULL;
+  if (n < 1 || n > MPIB_MAX_RECVS) {
+    MPIB_WARN("irecv of %d grouped receives (1..%d supported)", n, MPIB_MAX_RECVS);
+    return ncclInvalidArgument;
+  }
+  int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
+  if (c->slot_reqs[slot][0] != NULL) return ncclSuccess; /* slot still busy */
+  struct mpib_request *req = req_alloc(c, MPIB_REQ_RECV);
+  if (!req) return ncclSuccess;
+  req->seq = c->fifo_head;
+  req->nreqs = n;
+  struct mpib_cts *cts = c->cts[slot];
+  for (int r = 0; r < n; r++) {
+    struct mpib_mr *mh = mhandles ? mhandles[r] : NULL;
+    if (sizes[r] > 0 && mh == NULL) {
+      MPIB_WARN("irecv of %zu bytes without a memory handle", sizes[r]);
+      req->type = MPIB_REQ_FREE;
+      return ncclInvalidArgument;
+    }
+    memset(&cts[r], 0, sizeof cts[r]);
+    cts[r].addr = (uint64_t)(uintptr_t)data[r];
+    cts[r].size = sizes[r];
+    for (int rail = 0; rail < MPIB_NRAILS; rail++) cts[r].rkey[rail] = (mh && mh->mr[rail]) ? mh->mr[rail]->rkey : 0;
+    cts[r].tag = tags[r];
+    cts[r].nreqs = (uint32_t)n;
+    cts[r].seq = c->fifo_head + 1;
+    req->sizes[r] = 0;
+  }
+  int rail = c->cts_rail;
+  int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->cts_mr[rail]->lkey};
+  struct ibv_send_wr wr = {.wr_id = UINT64_MAX, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+  /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
+  if (slot == 0) wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
+  wr.wr.rdma.rkey = c->rem_rkey[rail];
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  if (rc) {
+    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
+    req->type = MPIB_REQ_FREE;
+    return ncclSystemError;
+  }
+  c->slot_reqs[slot][0] = req;
+  c->fifo_head++;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
+  }
+  *request = req;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
+  struct mpib_comm *c = recvComm;
+  *request = NULL;
+  int last = -1;
+  for (int r = 0; r < n; r++) {
+    if (sizes[r] > 0) last = r;
+  }
+  if (!mpib_g.flush_enabled || last < 0) return ncclSuccess;
+  struct mpib_request *req = req_alloc(c, MPIB_REQ_FLUSH);
+  if (!req) {
+    MPIB_WARN("no free request for a flush");
+    return ncclInternalError;
+  }
+  struct mpib_mr *mh = mhandles[last];
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (!c->flush_qp[rail]) continue;
+    struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[rail]->lkey};
+    struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = (uintptr_t)data[last];
+    wr.wr.rdma.rkey = mh->mr[rail]->rkey;
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(c->flush_qp[rail], &wr, &bad);
+    if (rc) {
+      MPIB_WARN("%s rail: posting the flush read failed: %s", rail_name(rail), strerror(rc));
+      req->type = MPIB_REQ_FREE;
+      return ncclSystemError;
+    }
+    req->flush_pending++;
+  }
+  *request = req;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
+  (void)recvComm, (void)n, (void)request;
+  return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
+}
+
+static ncclResult_t completion_error(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  c->rail_failed[rail] = 1;
+  MPIB_WARN("%s rail: completion error on QP %u: %s (status %d, vendor error %u, opcode %d)",
+            rail_name(rail), wc->qp_num, ibv_wc_status_str(wc->status), wc->status, wc->vendor_err,
+            wc->opcode);
+  return ncclRemoteError;
+}
+
+static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  uint64_t slot = wc->wr_id;
+  if (slot >= MPIB_MAX_REQUESTS) return ncclSuccess;
+  c->slot_rails[slot] &= ~(1u << rail);
+  if (c->slot_rails[slot] != 0) return ncclSuccess;
+  for (int r = 0; r < c->slot_matched[slot]; r++) {
+    c->slot_reqs[slot][r]->done = 1;
+    c->slot_reqs[slot][r] = NULL;
+  }
+  c->slot_matched[slot] = 0;
+  return ncclSuccess;
+}
+
+static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  uint32_t slot, mask, seq8;
+  c->srq_posted[rail]--;
+  if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8) != 0) {
+    MPIB_WARN("%s rail: malformed completion from the peer (imm 0x%x)", rail_name(rail), wc->imm_data);
+    return ncclRemoteError;
+  }
+  struct mpib_request *req = c->slot_reqs[slot][0];
+  if (req == NULL || (req->seq & 0xFF) != seq8 || (mask & ~(1u << MPIB_RAIL_SOUT | 1u << MPIB_RAIL_SUP)) ||
+      (req->expected_mask && req->expected_mask != mask) || (req->seen_mask & (1u << rail))) {
+    MPIB_WARN("%s rail: completion for slot %u (seq %u, mask %u) matches no posted receive", rail_name(rail),
+              slot, seq8, mask);
+    return ncclRemoteError;
+  }
+  req->expected_mask = mask;
+  req->seen_mask |= 1u << rail;
+  if (req->seen_mask != req->expected_mask) return ncclSuccess;
+  volatile int32_t *rec = c->sizes[slot];
+  for (int r = 0; r < req->nreqs; r++) {
+    int32_t got = rec[r];
+    if (got < 0 || (uint64_t)got > c->cts[slot][r].size) {
+      MPIB_WARN("peer reported %d bytes for a %lu-byte receive", got, (unsigned long)c->cts[slot][r].size);
+      return ncclRemoteError;
+    }
+    req->sizes[r] = got;
+  }
+  req->done = 1;
+  c->slot_reqs[slot][0] = NULL;
+  return ncclSuccess;
+}
+
+/* Drain every completion queue of the comm once. */
+static ncclResult_t progress(struct mpib_comm *c) {
+  struct ibv_wc wcs[16];
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (!c->cq[rail]) continue;
+    int n = ibv_poll_cq(c->cq[rail], 16, wcs);
+    if (n < 0) {
+      MPIB_WARN("%s rail: ibv_poll_cq failed", rail_name(rail));
+      return ncclSystemError;
+    }
+    for (int i = 0; i < n; i++) {
+      if (wcs[i].status != IBV_WC_SUCCESS) return completion_error(c, rail, &wcs[i]);
+      ncclResult_t res = ncclSuccess;
+      if (wcs[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        res = on_recv_completion(c, rail, &wcs[i]);
+      } else if (c->is_send) {
+        res = on_send_completion(c, rail, &wcs[i]);
+      } /* else: a signalled CTS write, nothing to do */
+      if (res != ncclSuccess) return res;
+    }
+    if (c->srq[rail] && mpib_srq_refill(c, rail)) return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t flush_progress(struct mpib_comm *c) {
+  struct ibv_wc wc;
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (!c->flush_cq[rail]) continue;
+    int n;
+    while ((n = ibv_poll_cq(c->flush_cq[rail], 1, &wc)) > 0) {
+      if (wc.status != IBV_WC_SUCCESS) return completion_error(c, rail, &wc);
+      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_pending--;
+    }
+    if (n < 0) return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_test(void *request, int *done, int *sizes) {
+  struct mpib_request *req = request;
+  struct mpib_comm *c = req->comm;
+  *done = 0;
+  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c) : progress(c);
+  if (res != ncclSuccess) return res;
+  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_pending == 0;
+  if (!req->done) return ncclSuccess;
+  *done = 1;
+  if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
+  if (sizes && req->type == MPIB_REQ_RECV) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));
+  req->type = MPIB_REQ_FREE;
+  return ncclSuccess;
+}

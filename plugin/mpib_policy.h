@@ -1,0 +1,105 @@
+/*
+ * Pure data-path decisions: no verbs, no I/O, no state. Each is table-tested in plugin/ctest.
+ * Rails are numbered MPIB_RAIL_SOUT (0) and MPIB_RAIL_SUP (1); a rail mask has bit r set
+ * when rail r carries part of a request.
+ */
+#ifndef MPIB_POLICY_H
+#define MPIB_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { MPIB_RAIL_SOUT = 0, MPIB_RAIL_SUP = 1, MPIB_NRAILS = 2 };
+enum { MPIB_PATH_INTRA_ISLAND = 0, MPIB_PATH_INTER_ISLAND = 1 };
+enum { MPIB_MODE_VANILLA = 0, MPIB_MODE_ADVANCED = 1 };
+
+/* sup_bw is the SUP share of a request in parts per 1024. */
+#define MPIB_SUP_BW_MAX 1024u
+/* Rail boundaries inside a request are 128-byte aligned so LL128 lines never straddle rails. */
+#define MPIB_SPLIT_ALIGN 128u
+
+/* imm_data layout (32 bits, host order as delivered by verbs):
+ *   bits 0..4   CTS slot (0..31)
+ *   bits 5..6   active rail mask (1 = SOUT, 2 = SUP, 3 = both)
+ *   bits 8..15  low 8 bits of the request's FIFO sequence number, checked by the receiver
+ *   bits 7, 16..31 zero (a non-zero value means a corrupt or foreign peer) */
+#define MPIB_IMM_SLOT_BITS 5u
+#define MPIB_IMM_MASK_SHIFT 5u
+#define MPIB_IMM_SEQ_SHIFT 8u
+#define MPIB_IMM_RESERVED_BITS 0xFFFF0080u
+
+static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t seq) {
+  return (slot & 0x1Fu) | ((mask & 0x3u) << MPIB_IMM_MASK_SHIFT) |
+         ((uint32_t)(seq & 0xFFu) << MPIB_IMM_SEQ_SHIFT);
+}
+
+/* Returns 0 and fills the fields, or -1 when imm cannot come from an MPIB sender. */
+static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, uint32_t *seq8) {
+  uint32_t m = (imm >> MPIB_IMM_MASK_SHIFT) & 0x3u;
+  if ((imm & MPIB_IMM_RESERVED_BITS) != 0 || m == 0) return -1;
+  *slot = imm & 0x1Fu;
+  *mask = m;
+  *seq8 = (imm >> MPIB_IMM_SEQ_SHIFT) & 0xFFu;
+  return 0;
+}
+
+static inline uint32_t mpib_clamp_sup_bw(uint32_t sup_bw) {
+  return sup_bw > MPIB_SUP_BW_MAX ? MPIB_SUP_BW_MAX : sup_bw;
+}
+
+/* Bytes of a request carried by SOUT; SUP carries the rest, starting at this offset.
+ * The boundary is rounded down to MPIB_SPLIT_ALIGN, so SUP may carry up to 127 bytes more
+ * than its exact share. */
+static inline size_t mpib_split_sout_bytes(size_t size, uint32_t sup_bw) {
+  if (sup_bw == 0) return size;
+  if (sup_bw >= MPIB_SUP_BW_MAX) return 0;
+  unsigned __int128 sout = (unsigned __int128)size * (MPIB_SUP_BW_MAX - sup_bw) / MPIB_SUP_BW_MAX;
+  return (size_t)sout & ~(size_t)(MPIB_SPLIT_ALIGN - 1);
+}
+
+/* Rails that carry data for one request of `size` bytes split at `sout_bytes`.
+ * A request with no bytes still needs one completion: it goes on `empty_rail`. */
+static inline uint32_t mpib_rail_mask(size_t size, size_t sout_bytes, int empty_rail) {
+  uint32_t mask = 0;
+  if (sout_bytes > 0) mask |= 1u << MPIB_RAIL_SOUT;
+  if (size > sout_bytes) mask |= 1u << MPIB_RAIL_SUP;
+  return mask ? mask : 1u << empty_rail;
+}
+
+/* Index into the contiguous QP array [SOUT_0..SOUT_{n-1}, SUP_0..SUP_{m-1}] for request `seq`
+ * on `rail`: round-robin within the rail's pool. Returns -1 when the rail has no QPs. */
+static inline int mpib_qp_index(int rail, uint64_t seq, uint32_t nqps_sout, uint32_t nqps_sup) {
+  if (rail == MPIB_RAIL_SOUT) return nqps_sout ? (int)(seq % nqps_sout) : -1;
+  return nqps_sup ? (int)(nqps_sout + seq % nqps_sup) : -1;
+}
+
+/* Whether SUP QPs exist for a connection. Inside an island always. Across islands the SUP
+ * fabric has no route (RoCE address resolution in the RTR transition fails or times out), so
+ * vanilla never builds them, and advanced mode builds them only when the operator declared a
+ * relay (MPIB_SUP_RELAY=1) that carries SUP between islands. */
+static inline int mpib_sup_qps_wanted(int mode, int path_class, int sup_relay) {
+  if (path_class == MPIB_PATH_INTRA_ISLAND) return 1;
+  return mode == MPIB_MODE_ADVANCED && sup_relay;
+}
+
+/* The rail that carries the receiver's CTS writes (always its first QP on that rail). */
+static inline int mpib_cts_rail(int mode, int path_class) {
+  return (mode == MPIB_MODE_VANILLA && path_class == MPIB_PATH_INTRA_ISLAND) ? MPIB_RAIL_SUP
+                                                                            : MPIB_RAIL_SOUT;
+}
+
+/* Vanilla policy: all intra-island traffic on SUP, all inter-island traffic on SOUT. */
+static inline uint32_t mpib_vanilla_sup_bw(int path_class) {
+  return path_class == MPIB_PATH_INTRA_ISLAND ? MPIB_SUP_BW_MAX : 0;
+}
+
+/* The guard between a hint and the fabric: SUP cannot reach another island unless the
+ * operator declared a relay (MPIB_SUP_RELAY=1), and rails without QPs carry nothing. */
+static inline uint32_t mpib_guard_sup_bw(uint32_t sup_bw, int path_class, int sup_relay,
+                                         uint32_t nqps_sup) {
+  if (nqps_sup == 0) return 0;
+  if (path_class == MPIB_PATH_INTER_ISLAND && !sup_relay) return 0;
+  return mpib_clamp_sup_bw(sup_bw);
+}
+
+#endif
