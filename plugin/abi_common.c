@@ -13,6 +13,8 @@ ncclResult_t mpib_finalize(void) { return (ncclResult_t)mpibGoFinalize(); }
 
 ncclResult_t mpib_devices(int *ndev) {
   *ndev = mpib_g.ndevs_open == MPIB_NRAILS ? 1 : 0;
+  MPIB_INFO("devices: %d fused device%s (%d of %d rails open)", *ndev, *ndev == 1 ? "" : "s", mpib_g.ndevs_open,
+            MPIB_NRAILS);
   return ncclSuccess;
 }
 

@@ -74,18 +74,20 @@ func mpibGoInit() C.int {
 		return C.int(resInvalidUsage)
 	}
 	applyConfig(cfg)
+	plugin.cfg, plugin.oobAddr = cfg, oob
+	plugin.refs = 1
 	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {
 		name := C.CString(r.HCA)
 		rc := C.mpib_dev_open(C.int(rail), name, C.int(r.Port), C.int(r.GIDIndex))
 		C.free(unsafe.Pointer(name))
 		if rc != 0 {
+			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
+			// to its next network. The warning above names the rail and the reason.
 			C.mpib_dev_close_all()
-			return C.int(resSystemError)
+			return C.int(resSuccess)
 		}
 	}
-	plugin.cfg, plugin.oobAddr = cfg, oob
 	fillProperties(cfg)
-	plugin.refs = 1
 	infof("ready: SOUT %s:%d + SUP %s:%d fused as one device, mode %d, OOB %s (%v), island /%d",
 		cfg.Sout.HCA, cfg.Sout.Port, cfg.Sup.HCA, cfg.Sup.Port, cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen)
 	return C.int(resSuccess)
