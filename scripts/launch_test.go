@@ -1,0 +1,102 @@
+// Package scripts holds the tests of the shell scripts in this directory.
+package scripts
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runLaunch(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command("bash", append([]string{"launch_nccl.sh"}, args...)...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func hostfile(t *testing.T, content string) string {
+	p := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLaunchDryRun(t *testing.T) {
+	hf := hostfile(t, "# cluster\nnode1 slots=8\nnode2 slots=8\n\n")
+	out, code := runLaunch(t, []string{"MPIB_SUP_QP=4", "MPIB_AGENT_STALE_MS=250"},
+		"--hostfile", hf, "--hca-sout", "mlx5_0", "--hca-sup", "mlx5_1:1", "--oob-if", "eth0", "--mode", "1",
+		"--dry-run", "--", "-n", "50")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "all_reduce_perf") || !strings.Contains(lines[1], "sendrecv_perf") {
+		t.Fatalf("want one all_reduce_perf and one sendrecv_perf command, got:\n%s", out)
+	}
+	for _, want := range []string{"-np 16", "--hostfile " + hf, "-x NCCL_NET_PLUGIN=mpib", "-x MPIB_HCA_SOUT ",
+		"-x MPIB_HCA_SUP ", "-x MPIB_OOB_IF ", "-x MPIB_MODE ", "-x MPIB_SUP_QP ", "-x MPIB_AGENT_STALE_MS ",
+		"MPIB_HCA_SUP=mlx5_1:1", "MPIB_MODE=1", "-b 8 -e 1G -f 2 -g 1 -n 50"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("dry-run command lacks %q:\n%s", want, lines[0])
+		}
+	}
+}
+
+func TestLaunchArgumentErrors(t *testing.T) {
+	hf := hostfile(t, "node1\nnode2\n")
+	empty := hostfile(t, "# nothing\n")
+	base := []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "eth0", "--dry-run"}
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"no hostfile", nil, []string{"--hca-sout", "a"}, "--hostfile is required"},
+		{"unreadable hostfile", nil, []string{"--hostfile", "/nonexistent"}, "not readable"},
+		{"empty hostfile", nil, []string{"--hostfile", empty, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "e"}, "lists no hosts"},
+		{"no SOUT", nil, []string{"--hostfile", hf}, "SOUT HCA is required"},
+		{"same HCA", nil, []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "a"}, "same HCA"},
+		{"no OOB", nil, []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b"}, "interface is required"},
+		{"bad mode", nil, append(base, "--mode", "3"), "--mode must be 0 or 1"},
+		{"bad test", nil, append(base, "--test", "bogus"), "--test must be"},
+		{"bad np", nil, append(base, "--np", "x"), "--np must be"},
+		{"missing value", nil, []string{"--hostfile"}, "--hostfile needs a value"},
+		{"unknown flag", nil, append(base, "--frobnicate"), "unknown argument"},
+		{"env HCAs", []string{"MPIB_HCA_SOUT=x"}, []string{"--hostfile", hf, "--hca-sup", "x", "--oob-if", "e"}, "same HCA"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, code := runLaunch(t, tt.env, tt.args...)
+			if code != 2 || !strings.Contains(out, tt.want) {
+				t.Fatalf("exit %d, output %q; want exit 2 mentioning %q", code, out, tt.want)
+			}
+		})
+	}
+}
+
+func TestLaunchNeedsPluginWhenRunning(t *testing.T) {
+	hf := hostfile(t, "node1\n")
+	out, code := runLaunch(t, nil, "--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "e",
+		"--plugin-dir", t.TempDir())
+	if code != 2 || !strings.Contains(out, "no libnccl-net-mpib.so") {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+}
+
+func TestLaunchHelp(t *testing.T) {
+	out, code := runLaunch(t, nil, "--help")
+	if code != 0 || !strings.Contains(out, "--hostfile FILE") || strings.Contains(out, "set -euo") {
+		t.Fatalf("help: exit %d\n%s", code, out)
+	}
+}
