@@ -1,0 +1,43 @@
+/* Loads the built plugin the way NCCL does (RTLD_NOW catches unresolved symbols) and checks
+ * every exported table: its name and the entry points NCCL calls unconditionally. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "plugin/nccl_abi.h"
+
+#define CHECK(cond, what)                                  \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "FAIL %s\n", what);                  \
+      return 1;                                            \
+    }                                                      \
+  } while (0)
+
+#define CHECK_COMMON(t)                                                                     \
+  CHECK(t->name && strcmp(t->name, "MPIB") == 0, #t " name");                               \
+  CHECK(t->init && t->devices && t->getProperties && t->listen && t->connect && t->accept,  \
+        #t " control entry points");                                                        \
+  CHECK(t->regMr && t->regMrDmaBuf && t->deregMr && t->isend && t->irecv && t->iflush &&    \
+            t->test && t->closeSend && t->closeRecv && t->closeListen && t->irecvConsumed,  \
+        #t " data entry points")
+
+int main(int argc, char **argv) {
+  if (argc != 2) return 2;
+  void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  CHECK(h != NULL, dlerror());
+  const ncclNet_v8_t *v8 = dlsym(h, "ncclNetPlugin_v8");
+  const ncclNet_v9_t *v9 = dlsym(h, "ncclNetPlugin_v9");
+  const ncclNet_v10_t *v10 = dlsym(h, "ncclNetPlugin_v10");
+  const ncclNet_v11_t *v11 = dlsym(h, "ncclNetPlugin_v11");
+  CHECK(v8 && v9 && v10 && v11, "all of ncclNetPlugin_v8..v11 resolve");
+  CHECK_COMMON(v8);
+  CHECK_COMMON(v9);
+  CHECK_COMMON(v10);
+  CHECK_COMMON(v11);
+  CHECK(v9->makeVDevice == NULL && v11->makeVDevice == NULL, "makeVDevice absent (MPIB fuses itself)");
+  CHECK(v11->finalize && v11->setNetAttr, "v11 finalize and setNetAttr");
+  CHECK(dlsym(h, "mpibGoInit") == NULL, "cgo exports stay hidden");
+  printf("dlopen_check: ok\n");
+  return 0;
+}
