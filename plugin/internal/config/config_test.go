@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -80,5 +81,18 @@ func TestEveryKnobIsRead(t *testing.T) {
 	}
 	if len(read) != len(Knobs) {
 		t.Errorf("Parse reads %d variables, Knobs documents %d", len(read), len(Knobs))
+	}
+}
+
+func TestConfigurationDocListsEveryKnob(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range Knobs {
+		row := "| `" + k.Name + "` | " + k.Default + " | " + k.Meaning + " |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/configuration.md lacks the row %q", row)
+		}
 	}
 }
