@@ -1,0 +1,208 @@
+package shm
+
+import (
+	"bytes"
+	"fmt"
+)
+
+// Validate runs checks 5..9 of the spec's validation table on a segment image and returns
+// its header. b may be longer than the segment.
+func Validate(b []byte) (Header, error) {
+	return validate(b, "")
+}
+
+func validate(b []byte, path string) (Header, error) {
+	fail := func(code error, format string, args ...any) (Header, error) {
+		return Header{}, &ValidationError{Path: path, Code: code, Detail: fmt.Sprintf(format, args...)}
+	}
+	if len(b) < HeaderSize {
+		return fail(ErrTooSmall, "%d bytes, a header needs %d", len(b), HeaderSize)
+	}
+	if !bytes.Equal(b[offMagic:offMagic+8], []byte(Magic)) {
+		return fail(ErrBadMagic, "not an MPIB hint segment")
+	}
+	v := view{b: b}
+	if ver := v.u32(offVersion); ver != Version {
+		return fail(ErrBadVersion, "version %d, this reader implements %d", ver, Version)
+	}
+	h := decodeHeader(v)
+	hs, ss, ps := v.u32(offHeaderSize), v.u32(offSlotSize), v.u32(offPeerSize)
+	if hs != HeaderSize || ss != SlotSize || ps != PeerSize || h.NSlots < 1 ||
+		h.NSlots > MaxSlots || h.NPeers > MaxPeers || h.TotalSize != TotalSize(h.NSlots, h.NPeers) {
+		return fail(ErrBadGeometry, "header_size=%d slot_size=%d peer_size=%d nslots=%d npeers=%d total_size=%d",
+			hs, ss, ps, h.NSlots, h.NPeers, h.TotalSize)
+	}
+	if uint64(len(b)) < h.TotalSize {
+		return fail(ErrTooSmall, "%d bytes, the header declares %d", len(b), h.TotalSize)
+	}
+	return h, nil
+}
+
+func decodeHeader(v view) Header {
+	return Header{
+		Version:     v.u32(offVersion),
+		TotalSize:   v.u64(offTotalSize),
+		NSlots:      v.u32(offNSlots),
+		NPeers:      v.u32(offNPeers),
+		Flags:       v.u32(offFlags),
+		HeartbeatNs: v.u64(offHeartbeat),
+		AgentPID:    v.u32(offAgentPID),
+		PeersEpoch:  v.u32(offPeersEpoch),
+		CreatedNs:   v.u64(offCreated),
+	}
+}
+
+// Decode validates a segment image and decodes all of it. Hint records are copied raw:
+// a record caught mid-write keeps its odd seq.
+func Decode(b []byte) (*Snapshot, error) {
+	h, err := Validate(b)
+	if err != nil {
+		return nil, err
+	}
+	v := view{b: b[:h.TotalSize]}
+	return decodeSnapshot(v, h), nil
+}
+
+func decodeSnapshot(v view, h Header) *Snapshot {
+	s := &Snapshot{Header: h, Peers: []Peer{}, Slots: []Slot{}}
+	s.Class[0] = v.rawRecord(classOff(0))
+	s.Class[1] = v.rawRecord(classOff(1))
+	for j := uint32(0); j < h.NPeers; j++ {
+		off := peerOff(h.NSlots, j)
+		if !allZero(v.b[off : off+PeerSize]) {
+			s.Peers = append(s.Peers, Peer{Index: j, Record: v.rawRecord(off)})
+		}
+	}
+	for i := uint32(0); i < h.NSlots; i++ {
+		off := slotOff(i)
+		if !allZero(v.b[off : off+SlotSize]) {
+			s.Slots = append(s.Slots, decodeSlot(v, i, v.rawRecord(off+slHint)))
+		}
+	}
+	return s
+}
+
+func decodeSlot(v view, i uint32, hint Record) Slot {
+	off := slotOff(i)
+	owner := v.u64(off + slOwner)
+	return Slot{
+		Index:        i,
+		State:        SlotState(uint32(owner)),
+		OwnerPID:     uint32(owner >> 32),
+		Gen:          v.u32(off + slGen),
+		ConnID:       v.u64(off + slConnID),
+		LocalSoutIP:  IPv4(v.u32(off + slLocalIP)),
+		PeerSoutIP:   IPv4(v.u32(off + slPeerIP)),
+		PeerIsland:   IPv4(v.u32(off + slPeerIsland)),
+		PathClass:    PathClass(v.u8(off + slPathClass)),
+		IsSend:       v.u8(off + slIsSend),
+		NQPsSout:     v.u16(off + slNQPsSout),
+		NQPsSup:      v.u16(off + slNQPsSup),
+		PID:          v.u32(off + slPID),
+		RegisteredNs: v.u64(off + slRegistered),
+		Hint:         hint,
+		Telemetry:    decodeTelemetry(v, off),
+	}
+}
+
+func decodeTelemetry(v view, off int) Telemetry {
+	return Telemetry{
+		SoutBytes:     v.u64(off + slSoutBytes),
+		SoutRequests:  v.u64(off + slSoutRequests),
+		SupBytes:      v.u64(off + slSupBytes),
+		SupRequests:   v.u64(off + slSupRequests),
+		ReadsApplied:  v.u64(off + slReadsApplied),
+		ReadsFallback: v.u64(off + slReadsFallback),
+		ReadsStale:    v.u64(off + slReadsStale),
+		Clamped:       v.u64(off + slClamped),
+		LastSupBw:     v.u32(off + slLastSupBw),
+		LastSource:    v.u32(off + slLastSource),
+		LastReadNs:    v.u64(off + slLastReadNs),
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Encode writes the segment image of s: every byte the snapshot does not describe is zero.
+// Encode(Decode(b)) == b for any valid b whose reserved bytes are zero.
+func Encode(s *Snapshot) ([]byte, error) {
+	h := s.Header
+	if h.NSlots < 1 || h.NSlots > MaxSlots || h.NPeers > MaxPeers {
+		return nil, fmt.Errorf("encode: %w: nslots=%d npeers=%d", ErrBadGeometry, h.NSlots, h.NPeers)
+	}
+	size := TotalSize(h.NSlots, h.NPeers)
+	v := view{b: make([]byte, size)}
+	copy(v.b, Magic)
+	v.put32(offVersion, h.Version)
+	v.put32(offHeaderSize, HeaderSize)
+	v.put64(offTotalSize, h.TotalSize)
+	v.put32(offNSlots, h.NSlots)
+	v.put32(offSlotSize, SlotSize)
+	v.put32(offNPeers, h.NPeers)
+	v.put32(offPeerSize, PeerSize)
+	v.put32(offFlags, h.Flags)
+	v.put64(offHeartbeat, h.HeartbeatNs)
+	v.put32(offAgentPID, h.AgentPID)
+	v.put32(offPeersEpoch, h.PeersEpoch)
+	v.put64(offCreated, h.CreatedNs)
+	for c := range s.Class {
+		putRecord(v, classOff(uint8(c)), s.Class[c])
+	}
+	for _, p := range s.Peers {
+		if p.Index >= h.NPeers {
+			return nil, fmt.Errorf("encode: peer index %d: %w", p.Index, ErrSlotRange)
+		}
+		putRecord(v, peerOff(h.NSlots, p.Index), p.Record)
+	}
+	for _, sl := range s.Slots {
+		if sl.Index >= h.NSlots {
+			return nil, fmt.Errorf("encode: slot index %d: %w", sl.Index, ErrSlotRange)
+		}
+		encodeSlot(v, sl)
+	}
+	return v.b, nil
+}
+
+func putRecord(v view, off int, r Record) {
+	v.put32(off+recSeq, r.Seq)
+	v.writeRecordFields(off, r)
+}
+
+func encodeSlot(v view, s Slot) {
+	off := slotOff(s.Index)
+	v.put64(off+slOwner, uint64(s.State)|uint64(s.OwnerPID)<<32)
+	v.put32(off+slGen, s.Gen)
+	v.put64(off+slConnID, s.ConnID)
+	v.put32(off+slLocalIP, uint32(s.LocalSoutIP))
+	v.put32(off+slPeerIP, uint32(s.PeerSoutIP))
+	v.put32(off+slPeerIsland, uint32(s.PeerIsland))
+	v.put8(off+slPathClass, uint8(s.PathClass))
+	v.put8(off+slIsSend, s.IsSend)
+	v.put16(off+slNQPsSout, s.NQPsSout)
+	v.put16(off+slNQPsSup, s.NQPsSup)
+	v.put32(off+slPID, s.PID)
+	v.put64(off+slRegistered, s.RegisteredNs)
+	putRecord(v, off+slHint, s.Hint)
+	putTelemetry(v, off, s.Telemetry)
+}
+
+func putTelemetry(v view, off int, t Telemetry) {
+	v.put64(off+slSoutBytes, t.SoutBytes)
+	v.put64(off+slSoutRequests, t.SoutRequests)
+	v.put64(off+slSupBytes, t.SupBytes)
+	v.put64(off+slSupRequests, t.SupRequests)
+	v.put64(off+slReadsApplied, t.ReadsApplied)
+	v.put64(off+slReadsFallback, t.ReadsFallback)
+	v.put64(off+slReadsStale, t.ReadsStale)
+	v.put64(off+slClamped, t.Clamped)
+	v.put32(off+slLastSupBw, t.LastSupBw)
+	v.put32(off+slLastSource, t.LastSource)
+	v.put64(off+slLastReadNs, t.LastReadNs)
+}

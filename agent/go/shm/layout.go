@@ -1,0 +1,129 @@
+package shm
+
+// Format constants (docs/shm-format.md, section 4).
+const (
+	Magic        = "MPIBHINT"
+	Version      = 1
+	HeaderSize   = 256
+	SlotSize     = 256
+	PeerSize     = 64
+	MaxSlots     = 65536
+	MaxPeers     = 4096
+	SupBwMax     = 1024 // sup_bw is in parts per 1024: 0 all SOUT, 1024 all SUP
+	SeqAttempts  = 8    // seqlock read attempts before a record counts as busy
+	FlagValid    = 1    // hint record flag: the record holds a hint
+	DefaultPath  = "/dev/shm/mpib-hints"
+	DefaultSlots = 1024
+	DefaultPeers = 256
+	// DefaultStaleMs is the plugin's MPIB_AGENT_STALE_MS default.
+	DefaultStaleMs = 500
+)
+
+// SlotState is the low half of a slot's owner word.
+type SlotState uint32
+
+const (
+	StateFree     SlotState = 0
+	StateClaiming SlotState = 1
+	StateActive   SlotState = 2
+)
+
+func (s SlotState) String() string {
+	switch s {
+	case StateFree:
+		return "free"
+	case StateClaiming:
+		return "claiming"
+	case StateActive:
+		return "active"
+	}
+	return "invalid"
+}
+
+// PathClass of a connection.
+type PathClass uint8
+
+const (
+	IntraIsland PathClass = 0
+	InterIsland PathClass = 1
+)
+
+func (c PathClass) String() string {
+	switch c {
+	case IntraIsland:
+		return "intra"
+	case InterIsland:
+		return "inter"
+	}
+	return "invalid"
+}
+
+// Header field offsets.
+const (
+	offMagic       = 0
+	offVersion     = 8
+	offHeaderSize  = 12
+	offTotalSize   = 16
+	offNSlots      = 24
+	offSlotSize    = 28
+	offNPeers      = 32
+	offPeerSize    = 36
+	offFlags       = 40
+	offHeartbeat   = 64
+	offAgentPID    = 72
+	offPeersEpoch  = 76
+	offCreated     = 80
+	offClassRecord = 128 // two hint records, 64 bytes each
+)
+
+// Hint record field offsets (relative).
+const (
+	recSeq       = 0
+	recSupBw     = 4
+	recFlags     = 8
+	recGen       = 12
+	recSetNs     = 16
+	recPeerIP    = 24
+	recPrefixLen = 28
+	recSize      = 64
+)
+
+// Slot field offsets (relative).
+const (
+	slOwner         = 0
+	slGen           = 8
+	slConnID        = 16
+	slLocalIP       = 24
+	slPeerIP        = 28
+	slPeerIsland    = 32
+	slPathClass     = 36
+	slIsSend        = 37
+	slNQPsSout      = 38
+	slNQPsSup       = 40
+	slPID           = 44
+	slRegistered    = 48
+	slHint          = 64
+	slSoutBytes     = 128
+	slSoutRequests  = 136
+	slSupBytes      = 144
+	slSupRequests   = 152
+	slReadsApplied  = 160
+	slReadsFallback = 168
+	slReadsStale    = 176
+	slClamped       = 184
+	slLastSupBw     = 192
+	slLastSource    = 196
+	slLastReadNs    = 200
+	slTelemetry     = 128 // telemetry spans [128, 256)
+)
+
+// TotalSize is the size of a segment with nslots slots and npeers peer entries.
+func TotalSize(nslots, npeers uint32) uint64 {
+	return HeaderSize + uint64(nslots)*SlotSize + uint64(npeers)*PeerSize
+}
+
+func slotOff(i uint32) int { return HeaderSize + int(i)*SlotSize }
+
+func peerOff(nslots, j uint32) int { return HeaderSize + int(nslots)*SlotSize + int(j)*PeerSize }
+
+func classOff(c uint8) int { return offClassRecord + int(c)*recSize }

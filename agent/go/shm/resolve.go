@@ -1,0 +1,126 @@
+package shm
+
+// Source says where a resolved hint came from, or why none applies (spec 5.3).
+type Source uint8
+
+const (
+	SourceNoHint   Source = 0
+	SourceSlot     Source = 1
+	SourcePeer     Source = 2
+	SourceClass    Source = 3
+	SourceStale    Source = 4
+	SourceInactive Source = 5
+	SourceBusy     Source = 6
+	SourceBadSlot  Source = 7
+)
+
+var sourceNames = [...]string{"no_hint", "slot", "peer", "class", "stale", "inactive", "busy", "bad_slot"}
+
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "invalid"
+}
+
+// Resolution is the outcome of the plugin's per-transfer hint lookup.
+type Resolution struct {
+	Applies bool   // a hint applies (source slot, peer or class)
+	SupBw   uint32 // clamped to 0..1024; 0 when !Applies
+	Source  Source
+	Clamped bool // the stored value was above 1024
+}
+
+// HeartbeatFresh applies spec 5.2.
+func HeartbeatFresh(hb, now, staleNs uint64) bool {
+	if hb == 0 {
+		return false
+	}
+	if now >= hb {
+		return now-hb <= staleNs
+	}
+	return hb-now <= staleNs
+}
+
+func prefixMatch(ip, key IPv4, prefixLen uint8) bool {
+	if prefixLen > 32 {
+		return false
+	}
+	var mask uint32
+	if prefixLen > 0 {
+		mask = ^uint32(0) << (32 - prefixLen)
+	}
+	return uint32(ip)&mask == uint32(key)&mask
+}
+
+func applied(v uint32, src Source) Resolution {
+	c, clamped := Clamp(v)
+	return Resolution{Applies: true, SupBw: c, Source: src, Clamped: clamped}
+}
+
+// resolve is spec 5.3 over a validated view with header h (no caching: agents are not hot).
+func resolve(v view, h Header, slot uint32, now, staleNs uint64) Resolution {
+	if slot >= h.NSlots {
+		return Resolution{Source: SourceBadSlot}
+	}
+	if !HeartbeatFresh(v.u64(offHeartbeat), now, staleNs) {
+		return Resolution{Source: SourceStale}
+	}
+	off := slotOff(slot)
+	if SlotState(uint32(v.u64(off+slOwner))) != StateActive {
+		return Resolution{Source: SourceInactive}
+	}
+	gen := v.u32(off + slGen)
+	r, err := v.readRecord(off + slHint)
+	if err != nil {
+		return Resolution{Source: SourceBusy}
+	}
+	if r.Valid() && r.Gen == gen {
+		return applied(r.SupBw, SourceSlot)
+	}
+	ip := IPv4(v.u32(off + slPeerIP))
+	if j, ok := peerScan(v, h, ip); ok {
+		r, err := v.readRecord(peerOff(h.NSlots, j))
+		if err != nil {
+			return Resolution{Source: SourceBusy}
+		}
+		if r.Valid() && prefixMatch(ip, r.PeerIP, r.PrefixLen) {
+			return applied(r.SupBw, SourcePeer)
+		}
+	}
+	if c := v.u8(off + slPathClass); c <= 1 {
+		r, err := v.readRecord(classOff(c))
+		if err != nil {
+			return Resolution{Source: SourceBusy}
+		}
+		if r.Valid() {
+			return applied(r.SupBw, SourceClass)
+		}
+	}
+	return Resolution{Source: SourceNoHint}
+}
+
+// peerScan finds the valid entry with the longest prefix matching ip (ties: lowest index).
+// Entries caught mid-write are skipped.
+func peerScan(v view, h Header, ip IPv4) (uint32, bool) {
+	best, bestLen := uint32(0), -1
+	for j := uint32(0); j < h.NPeers; j++ {
+		r, err := v.readRecord(peerOff(h.NSlots, j))
+		if err != nil || !r.Valid() {
+			continue
+		}
+		if prefixMatch(ip, r.PeerIP, r.PrefixLen) && int(r.PrefixLen) > bestLen {
+			best, bestLen = j, int(r.PrefixLen)
+		}
+	}
+	return best, bestLen >= 0
+}
+
+// Resolve applies spec 5.3 to a validated segment image (the vectors' "reads").
+func Resolve(b []byte, slot uint32, now, staleNs uint64) (Resolution, error) {
+	h, err := Validate(b)
+	if err != nil {
+		return Resolution{}, err
+	}
+	return resolve(view{b: b[:h.TotalSize]}, h, slot, now, staleNs), nil
+}

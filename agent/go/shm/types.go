@@ -1,0 +1,124 @@
+package shm
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+)
+
+// IPv4 is an IPv4 address as the segment stores it: the host-order value (10.0.2.7 is
+// 0x0A000207). It marshals to JSON as a dotted string.
+type IPv4 uint32
+
+func (ip IPv4) String() string {
+	return fmt.Sprintf("%d.%d.%d.%d", byte(ip>>24), byte(ip>>16), byte(ip>>8), byte(ip))
+}
+
+// ParseIPv4 parses a dotted IPv4 address.
+func ParseIPv4(s string) (IPv4, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() {
+		return 0, fmt.Errorf("parse IPv4 %q: not an IPv4 address", s)
+	}
+	b := a.As4()
+	return IPv4(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])), nil
+}
+
+func (ip IPv4) MarshalJSON() ([]byte, error) { return json.Marshal(ip.String()) }
+
+func (ip *IPv4) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := ParseIPv4(s)
+	*ip = v
+	return err
+}
+
+// Record is a hint record (slot hint, peer entry or class default).
+type Record struct {
+	Seq       uint32 `json:"seq"`
+	SupBw     uint32 `json:"sup_bw"`
+	Flags     uint32 `json:"flags"`
+	Gen       uint32 `json:"gen"`
+	SetNs     uint64 `json:"set_ns"`
+	PeerIP    IPv4   `json:"peer_ip"`
+	PrefixLen uint8  `json:"prefix_len"`
+}
+
+// Valid reports whether the record holds a hint.
+func (r Record) Valid() bool { return r.Flags&FlagValid != 0 }
+
+// Header is the decoded segment header.
+type Header struct {
+	Version     uint32 `json:"version"`
+	TotalSize   uint64 `json:"total_size"`
+	NSlots      uint32 `json:"nslots"`
+	NPeers      uint32 `json:"npeers"`
+	Flags       uint32 `json:"flags"`
+	HeartbeatNs uint64 `json:"heartbeat_ns"`
+	AgentPID    uint32 `json:"agent_pid"`
+	PeersEpoch  uint32 `json:"peers_epoch"`
+	CreatedNs   uint64 `json:"created_ns"`
+}
+
+// Telemetry is a slot's plugin-written counters.
+type Telemetry struct {
+	SoutBytes     uint64 `json:"sout_bytes"`
+	SoutRequests  uint64 `json:"sout_requests"`
+	SupBytes      uint64 `json:"sup_bytes"`
+	SupRequests   uint64 `json:"sup_requests"`
+	ReadsApplied  uint64 `json:"reads_applied"`
+	ReadsFallback uint64 `json:"reads_fallback"`
+	ReadsStale    uint64 `json:"reads_stale"`
+	Clamped       uint64 `json:"clamped"`
+	LastSupBw     uint32 `json:"last_sup_bw"`
+	LastSource    uint32 `json:"last_source"`
+	LastReadNs    uint64 `json:"last_read_ns"`
+}
+
+// Slot is one connection slot: descriptor, hint and telemetry.
+type Slot struct {
+	Index        uint32    `json:"index"`
+	State        SlotState `json:"state"`
+	OwnerPID     uint32    `json:"owner_pid"`
+	Gen          uint32    `json:"gen"`
+	ConnID       uint64    `json:"conn_id"`
+	LocalSoutIP  IPv4      `json:"local_sout_ip"`
+	PeerSoutIP   IPv4      `json:"peer_sout_ip"`
+	PeerIsland   IPv4      `json:"peer_island"`
+	PathClass    PathClass `json:"path_class"`
+	IsSend       uint8     `json:"is_send"`
+	NQPsSout     uint16    `json:"nqps_sout"`
+	NQPsSup      uint16    `json:"nqps_sup"`
+	PID          uint32    `json:"pid"`
+	RegisteredNs uint64    `json:"registered_ns"`
+	Hint         Record    `json:"hint"`
+	Telemetry    Telemetry `json:"telemetry"`
+}
+
+// Peer is one per-peer default entry.
+type Peer struct {
+	Index  uint32 `json:"index"`
+	Record Record `json:"record"`
+}
+
+// Snapshot is a whole decoded segment. Slots and Peers hold only entries with a non-zero
+// byte, in index order; all others are zero.
+type Snapshot struct {
+	Header Header    `json:"header"`
+	Class  [2]Record `json:"class_defaults"`
+	Peers  []Peer    `json:"peers"`
+	Slots  []Slot    `json:"slots"`
+}
+
+// ConnDesc describes a connection as the plugin registers it (mpib_conn_desc in C).
+type ConnDesc struct {
+	LocalSoutIP, PeerSoutIP, PeerIsland IPv4
+	PathClass                           PathClass
+	IsSend                              bool
+	NQPsSout, NQPsSup                   uint16
+	PID                                 uint32
+	ConnID                              uint64
+}
