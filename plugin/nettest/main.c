@@ -1,0 +1,655 @@
+/*
+ * mpib-nettest main: options, plugin init, side channel, interleaved connect/accept, the mode,
+ * and teardown in NCCL's order (deregMr, closeSend/closeRecv, closeListen, finalize).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nettest.h"
+
+static FILE *nt_stats;
+
+double nt_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Result lines: stdout, and the --stats-file when given. */
+void nt_out(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stdout, fmt, ap);
+  va_end(ap);
+  fputc('\n', stdout);
+  fflush(stdout);
+  if (nt_stats != NULL) {
+    va_start(ap, fmt);
+    vfprintf(nt_stats, fmt, ap);
+    va_end(ap);
+    fputc('\n', nt_stats);
+    fflush(nt_stats);
+  }
+}
+
+void nt_err(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "mpib-nettest: %s\n", buf);
+}
+
+const char *nt_role_name(enum nt_role r) { return r == NT_SERVER ? "server" : "client"; }
+
+const char *nt_mode_name(enum nt_mode m) {
+  switch (m) {
+  case NT_VERIFY: return "verify";
+  case NT_BW: return "bw";
+  case NT_LAT: return "lat";
+  case NT_BADHANDLE: return "badhandle";
+  default: return "garbage-peer";
+  }
+}
+
+static void nt_usage(FILE *f) {
+  fprintf(f,
+          "usage: mpib-nettest --role server --oob-listen IP:PORT [options]\n"
+          "       mpib-nettest --role client --oob-connect HOST:PORT [options]\n"
+          "\n"
+          "Loads an NCCL net plugin with dlopen as NCCL's proxy does and drives it between two\n"
+          "processes. The client sends, the server receives (lat: ping-pong).\n"
+          "\n"
+          "  --plugin PATH         plugin to dlopen (default libnccl-net-mpib.so)\n"
+          "  --abi N               ncclNetPlugin_vN to use: 8, 9, 10 or 11 (default 11)\n"
+          "  --dev N               plugin device (default 0)\n"
+          "  --mode M              verify (default), bw, lat, badhandle, garbage-peer\n"
+          "  --timeout-s N         connection setup and no-progress limit (default 60)\n"
+          "  --seed N              schedule and payload seed (default 1)\n"
+          "  --count N             verify: messages (default 200 unless --bytes)\n"
+          "  --bytes SIZE          verify: send messages until this many payload bytes\n"
+          "  --max-size SIZE       verify: largest random size, posted receive size (default 64M);\n"
+          "                        bw: top of the power-of-two sweep (default 64M)\n"
+          "  --min-size SIZE       bw: bottom of the power-of-two sweep (default 64K)\n"
+          "  --sizes A,B,...       bw/lat: explicit sizes (lat default 8)\n"
+          "  --window N            outstanding requests per connection, 1..8 (default 8)\n"
+          "  --multi K             messages per irecv (multi-recv), 1..8 (default 1)\n"
+          "  --iters N             bw: iterations per size (default 20); lat: (default 1000)\n"
+          "  --seconds S           bw: run each size for S seconds instead of --iters\n"
+          "  --warmup N            bw: (default 4), lat: (default 100) untimed iterations\n"
+          "  --verify on|off       bw/lat: sampled payload checks (default on)\n"
+          "  --full-canary         verify: check the whole buffer tail after every message\n"
+          "  --mem-limit SIZE      buffer memory per side; lowers the window (default 1G)\n"
+          "  --stats-file PATH     also write the result lines to PATH\n"
+          "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
+          "  --help\n"
+          "\n"
+          "SIZE accepts K, M, G suffixes (powers of 1024). NCCL_DEBUG=WARN|INFO|TRACE sets the\n"
+          "plugin log level (default WARN). Exit: 0 pass, 1 test failure, 2 usage or setup\n"
+          "error, 3 plugin init failure (nettest-init line).\n");
+}
+
+static int nt_parse_u64(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  if (s == NULL || *s == '\0' || *s == '-') {
+    return -1;
+  }
+  unsigned long long x = strtoull(s, &end, 0);
+  if (errno != 0 || *end != '\0') {
+    return -1;
+  }
+  *v = x;
+  return 0;
+}
+
+static int nt_parse_size(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  if (s == NULL || *s == '\0' || *s == '-') {
+    return -1;
+  }
+  unsigned long long x = strtoull(s, &end, 10);
+  if (errno != 0 || end == s) {
+    return -1;
+  }
+  unsigned shift = 0;
+  switch (*end) {
+  case 'k': case 'K': shift = 10; end++; break;
+  case 'm': case 'M': shift = 20; end++; break;
+  case 'g': case 'G': shift = 30; end++; break;
+  default: break;
+  }
+  if (shift && (strcasecmp(end, "iB") == 0 || strcasecmp(end, "B") == 0)) {
+    end += strlen(end);
+  }
+  if (*end != '\0' || (shift && x > (UINT64_MAX >> shift))) {
+    return -1;
+  }
+  *v = (uint64_t)x << shift;
+  return 0;
+}
+
+static int nt_parse_int(const char *s, int lo, int hi, int *v) {
+  uint64_t x;
+  if (nt_parse_u64(s, &x) != 0 || x < (uint64_t)lo || x > (uint64_t)hi) {
+    return -1;
+  }
+  *v = (int)x;
+  return 0;
+}
+
+static int nt_parse_sizes(const char *s, struct nt_opts *o) {
+  char buf[1024];
+  snprintf(buf, sizeof(buf), "%s", s);
+  o->nsizes = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    uint64_t v;
+    if (o->nsizes == NT_MAX_SIZES || nt_parse_size(tok, &v) != 0 || v > NT_MAX_MSG_SIZE) {
+      return -1;
+    }
+    o->sizes[o->nsizes++] = (size_t)v;
+  }
+  return o->nsizes > 0 ? 0 : -1;
+}
+
+#define NT_BAD(...)                                                                                \
+  do {                                                                                             \
+    nt_err(__VA_ARGS__);                                                                           \
+    fprintf(stderr, "run 'mpib-nettest --help' for usage\n");                                      \
+    return -1;                                                                                     \
+  } while (0)
+
+enum {
+  OPT_ROLE = 256, OPT_LISTEN, OPT_CONNECT, OPT_PLUGIN, OPT_ABI, OPT_DEV, OPT_MODE, OPT_TIMEOUT, OPT_SEED,
+  OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
+  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP
+};
+
+static const struct option nt_long_opts[] = {
+    {"role", required_argument, 0, OPT_ROLE},       {"oob-listen", required_argument, 0, OPT_LISTEN},
+    {"oob-connect", required_argument, 0, OPT_CONNECT}, {"plugin", required_argument, 0, OPT_PLUGIN},
+    {"abi", required_argument, 0, OPT_ABI},         {"dev", required_argument, 0, OPT_DEV},
+    {"mode", required_argument, 0, OPT_MODE},       {"timeout-s", required_argument, 0, OPT_TIMEOUT},
+    {"seed", required_argument, 0, OPT_SEED},       {"count", required_argument, 0, OPT_COUNT},
+    {"bytes", required_argument, 0, OPT_BYTES},     {"max-size", required_argument, 0, OPT_MAX},
+    {"min-size", required_argument, 0, OPT_MIN},    {"sizes", required_argument, 0, OPT_SIZES},
+    {"window", required_argument, 0, OPT_WINDOW},   {"multi", required_argument, 0, OPT_MULTI},
+    {"iters", required_argument, 0, OPT_ITERS},     {"seconds", required_argument, 0, OPT_SECONDS},
+    {"warmup", required_argument, 0, OPT_WARMUP},   {"verify", required_argument, 0, OPT_VERIFY},
+    {"full-canary", no_argument, 0, OPT_FULLCAN},   {"mem-limit", required_argument, 0, OPT_MEM},
+    {"stats-file", required_argument, 0, OPT_STATS}, {"counter", required_argument, 0, OPT_COUNTER},
+    {"help", no_argument, 0, OPT_HELP},             {0, 0, 0, 0}};
+
+/* Returns 0, -1 on a usage error, 1 when --help was printed. */
+static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->plugin = "libnccl-net-mpib.so";
+  o->abi = 11;
+  o->role = -1;
+  o->mode = NT_VERIFY;
+  o->timeout_s = 60;
+  o->seed = 1;
+  o->window = 8;
+  o->multi = 1;
+  o->verify = 1;
+  o->mem_limit = (size_t)1 << 30;
+  o->min_size = 65536;
+  o->max_size = (size_t)64 << 20;
+  const char *listen = NULL, *connect = NULL;
+  uint64_t v;
+  int c;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "", nt_long_opts, NULL)) != -1) {
+    const char *a = optarg;
+    switch (c) {
+    case OPT_ROLE:
+      if (strcmp(a, "server") == 0) {
+        o->role = NT_SERVER;
+      } else if (strcmp(a, "client") == 0) {
+        o->role = NT_CLIENT;
+      } else {
+        NT_BAD("--role must be server or client, not '%s'", a);
+      }
+      break;
+    case OPT_LISTEN: listen = a; break;
+    case OPT_CONNECT: connect = a; break;
+    case OPT_PLUGIN: o->plugin = a; break;
+    case OPT_ABI:
+      if (nt_parse_int(a, 8, 11, &o->abi) != 0) {
+        NT_BAD("--abi must be 8, 9, 10 or 11, not '%s'", a);
+      }
+      break;
+    case OPT_DEV:
+      if (nt_parse_int(a, 0, 1024, &o->dev) != 0) {
+        NT_BAD("bad --dev '%s'", a);
+      }
+      break;
+    case OPT_MODE:
+      if (strcmp(a, "verify") == 0) {
+        o->mode = NT_VERIFY;
+      } else if (strcmp(a, "bw") == 0) {
+        o->mode = NT_BW;
+      } else if (strcmp(a, "lat") == 0) {
+        o->mode = NT_LAT;
+      } else if (strcmp(a, "badhandle") == 0) {
+        o->mode = NT_BADHANDLE;
+      } else if (strcmp(a, "garbage-peer") == 0 || strcmp(a, "garbage") == 0) {
+        o->mode = NT_GARBAGE;
+      } else {
+        NT_BAD("unknown --mode '%s' (verify, bw, lat, badhandle, garbage-peer)", a);
+      }
+      break;
+    case OPT_TIMEOUT:
+      if (nt_parse_int(a, 1, 86400, &o->timeout_s) != 0) {
+        NT_BAD("--timeout-s must be 1..86400, not '%s'", a);
+      }
+      break;
+    case OPT_SEED:
+      if (nt_parse_u64(a, &o->seed) != 0) {
+        NT_BAD("bad --seed '%s'", a);
+      }
+      break;
+    case OPT_COUNT:
+      if (nt_parse_u64(a, &o->count) != 0) {
+        NT_BAD("bad --count '%s'", a);
+      }
+      o->count_set = 1;
+      break;
+    case OPT_BYTES:
+      if (nt_parse_size(a, &o->bytes) != 0 || o->bytes == 0) {
+        NT_BAD("bad --bytes '%s'", a);
+      }
+      o->bytes_set = 1;
+      break;
+    case OPT_MAX:
+      if (nt_parse_size(a, &v) != 0 || v > NT_MAX_MSG_SIZE) {
+        NT_BAD("bad --max-size '%s' (at most 1G)", a);
+      }
+      o->max_size = (size_t)v;
+      o->max_size_set = 1;
+      break;
+    case OPT_MIN:
+      if (nt_parse_size(a, &v) != 0 || v > NT_MAX_MSG_SIZE) {
+        NT_BAD("bad --min-size '%s'", a);
+      }
+      o->min_size = (size_t)v;
+      break;
+    case OPT_SIZES:
+      if (nt_parse_sizes(a, o) != 0) {
+        NT_BAD("bad --sizes '%s' (comma-separated, each at most 1G, at most %d)", a, NT_MAX_SIZES);
+      }
+      break;
+    case OPT_WINDOW:
+      if (nt_parse_int(a, 1, NT_MAX_WINDOW, &o->window) != 0) {
+        NT_BAD("--window must be 1..%d, not '%s'", NT_MAX_WINDOW, a);
+      }
+      break;
+    case OPT_MULTI:
+      if (nt_parse_int(a, 1, NT_MAX_MULTI, &o->multi) != 0) {
+        NT_BAD("--multi must be 1..%d, not '%s'", NT_MAX_MULTI, a);
+      }
+      break;
+    case OPT_ITERS:
+      if (nt_parse_u64(a, &o->iters) != 0 || o->iters == 0 || o->iters > ((uint64_t)1 << 32)) {
+        NT_BAD("bad --iters '%s'", a);
+      }
+      o->iters_set = 1;
+      break;
+    case OPT_SECONDS: {
+      char *end;
+      o->seconds = strtod(a, &end);
+      if (*end != '\0' || !(o->seconds > 0) || o->seconds > 86400) {
+        NT_BAD("bad --seconds '%s'", a);
+      }
+      break;
+    }
+    case OPT_WARMUP:
+      if (nt_parse_u64(a, &o->warmup) != 0 || o->warmup > ((uint64_t)1 << 32)) {
+        NT_BAD("bad --warmup '%s'", a);
+      }
+      o->warmup_set = 1;
+      break;
+    case OPT_VERIFY:
+      if (strcmp(a, "on") == 0 || strcmp(a, "1") == 0) {
+        o->verify = 1;
+      } else if (strcmp(a, "off") == 0 || strcmp(a, "0") == 0) {
+        o->verify = 0;
+      } else {
+        NT_BAD("--verify must be on or off, not '%s'", a);
+      }
+      break;
+    case OPT_FULLCAN: o->full_canary = 1; break;
+    case OPT_MEM:
+      if (nt_parse_size(a, &v) != 0 || v < 4096) {
+        NT_BAD("bad --mem-limit '%s'", a);
+      }
+      o->mem_limit = (size_t)v;
+      break;
+    case OPT_STATS: o->stats_file = a; break;
+    case OPT_COUNTER: {
+      const char *eq = strchr(a, '=');
+      if (eq == NULL || eq == a || eq[1] == '\0' || o->ncounters == NT_MAX_COUNTERS) {
+        NT_BAD("bad --counter '%s' (NAME=PATH, at most %d)", a, NT_MAX_COUNTERS);
+      }
+      struct nt_counter *ct = &o->counters[o->ncounters++];
+      ct->name = strndup(a, (size_t)(eq - a));
+      ct->path = eq + 1;
+      break;
+    }
+    case OPT_HELP: nt_usage(stdout); return 1;
+    default:
+      if (optopt != 0 && optopt < 256) {
+        NT_BAD("unknown option '-%c'", optopt);
+      }
+      NT_BAD("unknown option or missing argument: '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) {
+    NT_BAD("unexpected argument '%s'", argv[optind]);
+  }
+  if ((int)o->role == -1) {
+    NT_BAD("--role server|client is required");
+  }
+  if (o->role == NT_SERVER) {
+    if (listen == NULL || connect != NULL) {
+      NT_BAD("the server takes --oob-listen IP:PORT (and no --oob-connect)");
+    }
+    o->oob_addr = listen;
+  } else {
+    if (connect == NULL || listen != NULL) {
+      NT_BAD("the client takes --oob-connect HOST:PORT (and no --oob-listen)");
+    }
+    o->oob_addr = connect;
+  }
+  char h[256], p[16];
+  if (nt_parse_hostport(o->oob_addr, h, sizeof(h), p, sizeof(p)) != 0 || (o->role == NT_CLIENT && h[0] == '\0')) {
+    NT_BAD("bad side-channel address '%s' (want IP:PORT)", o->oob_addr);
+  }
+  /* Mode defaults. */
+  if (o->mode == NT_VERIFY && !o->count_set && !o->bytes_set) {
+    o->count = 200;
+  }
+  if (o->mode == NT_BW && o->nsizes == 0) {
+    if (o->min_size > o->max_size) {
+      NT_BAD("--min-size %zu is above --max-size %zu", o->min_size, o->max_size);
+    }
+    size_t s = o->min_size;
+    if (s == 0) {
+      o->sizes[o->nsizes++] = 0;
+      s = 1;
+    }
+    for (; s <= o->max_size && o->nsizes < NT_MAX_SIZES; s *= 2) {
+      o->sizes[o->nsizes++] = s;
+    }
+  }
+  if (o->mode == NT_LAT && o->nsizes == 0) {
+    o->sizes[o->nsizes++] = 8;
+  }
+  if (!o->iters_set) {
+    o->iters = o->mode == NT_LAT ? 1000 : 20;
+  }
+  if (!o->warmup_set) {
+    o->warmup = o->mode == NT_LAT ? 100 : 4;
+  }
+  if (o->mode == NT_LAT && o->seconds > 0) {
+    NT_BAD("--seconds applies to bw only");
+  }
+  if (o->mode == NT_LAT && o->multi != 1) {
+    NT_BAD("--multi applies to verify and bw only");
+  }
+  return 0;
+}
+
+/* Parameters both sides must share, compared once over the side channel. */
+static void nt_hello(const struct nt_opts *o, char *buf, size_t len) {
+  int off = snprintf(buf, len,
+                     "nettest-1 mode=%s seed=%" PRIu64 " multi=%d window=%d max=%zu count=%" PRIu64
+                     " bytes=%" PRIu64 " iters=%" PRIu64 " warmup=%" PRIu64 " seconds=%g verify=%d mem=%zu sizes=",
+                     nt_mode_name(o->mode), o->seed, o->multi, o->window, o->max_size, o->count, o->bytes, o->iters,
+                     o->warmup, o->seconds, o->verify, o->mem_limit);
+  for (int i = 0; i < o->nsizes && off < (int)len - 24; i++) {
+    off += snprintf(buf + off, len - (size_t)off, "%s%zu", i ? "," : "", o->sizes[i]);
+  }
+}
+
+static int nt_read_counter(const char *path, uint64_t *v) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    nt_err("counter %s: %s", path, strerror(errno));
+    return -1;
+  }
+  unsigned long long x;
+  int ok = fscanf(f, "%llu", &x) == 1;
+  fclose(f);
+  if (!ok) {
+    nt_err("counter %s: not a number", path);
+    return -1;
+  }
+  *v = x;
+  return 0;
+}
+
+static void nt_counters(struct nt_opts *o, int after) {
+  for (int i = 0; i < o->ncounters; i++) {
+    struct nt_counter *c = &o->counters[i];
+    uint64_t v;
+    if (nt_read_counter(c->path, &v) != 0) {
+      continue;
+    }
+    if (!after) {
+      c->before = v;
+      c->have_before = 1;
+    } else if (c->have_before) {
+      nt_out("nettest-counter: role=%s name=%s before=%" PRIu64 " after=%" PRIu64 " delta=%" PRIu64,
+             nt_role_name(o->role), c->name, c->before, v, v - c->before);
+    }
+  }
+}
+
+/* NCCL's proxy calls connect and accept repeatedly until both return a comm. */
+static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  double start = nt_now(), deadline = start + o->timeout_s;
+  unsigned spins = 0;
+  while (c->scomm == NULL || c->rcomm == NULL) {
+    if (c->scomm == NULL) {
+      ncclResult_t rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm);
+      if (rc != ncclSuccess) {
+        nt_err("connect to the peer's handle failed: rc=%d", rc);
+        return -1;
+      }
+    }
+    if (c->rcomm == NULL) {
+      ncclResult_t rc = nt_net_accept(n, c->lcomm, &c->rcomm);
+      if (rc != ncclSuccess) {
+        nt_err("accept failed: rc=%d", rc);
+        return -1;
+      }
+    }
+    if (c->scomm != NULL && c->rcomm != NULL) {
+      break;
+    }
+    if (nt_now() > deadline) {
+      nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s,
+             c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
+      return -1;
+    }
+    if (++spins % 64 == 0 && nt_oob_peek(oob) < 0) {
+      nt_err("peer gave up during connection setup");
+      return -1;
+    }
+    usleep(50);
+  }
+  nt_err("connected in %.3f s (send comm and recv comm)", nt_now() - start);
+  return 0;
+}
+
+static int nt_teardown(struct nt_net *n, struct nt_conn *c) {
+  int bad = 0;
+  ncclResult_t rc;
+  if (c->scomm != NULL && (rc = nt_net_close_send(n, c->scomm)) != ncclSuccess) {
+    nt_err("closeSend failed: rc=%d", rc);
+    bad = 1;
+  }
+  if (c->rcomm != NULL && (rc = nt_net_close_recv(n, c->rcomm)) != ncclSuccess) {
+    nt_err("closeRecv failed: rc=%d", rc);
+    bad = 1;
+  }
+  if (c->lcomm != NULL && (rc = nt_net_close_listen(n, c->lcomm)) != ncclSuccess) {
+    nt_err("closeListen failed: rc=%d", rc);
+    bad = 1;
+  }
+  c->scomm = c->rcomm = c->lcomm = NULL;
+  return bad ? -1 : 0;
+}
+
+static int nt_run(struct nt_opts *o, struct nt_net *n) {
+  struct nt_oob oob;
+  struct nt_conn conn;
+  memset(&conn, 0, sizeof(conn));
+  int ret = NT_EXIT_USAGE;
+  int rc = o->role == NT_SERVER ? nt_oob_server(&oob, o->oob_addr, o->timeout_s)
+                                : nt_oob_client(&oob, o->oob_addr, o->timeout_s);
+  if (rc != 0) {
+    return NT_EXIT_USAGE;
+  }
+  char mine[1024], theirs[1024];
+  uint32_t len = 0;
+  nt_hello(o, mine, sizeof(mine));
+  if (nt_oob_send(&oob, NT_MSG_HELLO, mine, (uint32_t)strlen(mine)) != 0 ||
+      nt_oob_recv(&oob, NT_MSG_HELLO, theirs, sizeof(theirs) - 1, &len, o->timeout_s) != 0) {
+    goto out;
+  }
+  theirs[len] = '\0';
+  if (strcmp(mine, theirs) != 0) {
+    nt_err("the two sides disagree on parameters:\n  here: %s\n  peer: %s", mine, theirs);
+    goto out;
+  }
+  ret = NT_EXIT_FAIL;
+  ncclResult_t nrc = nt_net_listen(n, o->dev, conn.local_handle, &conn.lcomm);
+  if (nrc != ncclSuccess || conn.lcomm == NULL) {
+    nt_err("listen(dev=%d) failed: rc=%d", o->dev, nrc);
+    nt_oob_abort(&oob, "%s: listen failed rc=%d", nt_role_name(o->role), nrc);
+    goto out;
+  }
+  if (nt_oob_send(&oob, NT_MSG_HANDLE, conn.local_handle, NCCL_NET_HANDLE_MAXSIZE) != 0 ||
+      nt_oob_recv(&oob, NT_MSG_HANDLE, conn.peer_handle, NCCL_NET_HANDLE_MAXSIZE, &len, o->timeout_s) != 0) {
+    goto out;
+  }
+  if (len != NCCL_NET_HANDLE_MAXSIZE) {
+    nt_err("peer handle has %u bytes, expected %d", len, NCCL_NET_HANDLE_MAXSIZE);
+    goto out;
+  }
+  if (o->mode == NT_BADHANDLE) {
+    ret = nt_mode_badhandle(o, n, &oob, &conn);
+    goto out;
+  }
+  if (o->mode == NT_GARBAGE) {
+    ret = nt_mode_garbage(o, n, &oob, &conn);
+    goto out;
+  }
+  if (nt_establish(o, n, &oob, &conn) != 0) {
+    nt_oob_abort(&oob, "%s: connection setup failed", nt_role_name(o->role));
+    goto out;
+  }
+  if (nt_oob_sync(&oob, "connected", o->timeout_s) != 0) {
+    goto out;
+  }
+  nt_counters(o, 0);
+  switch (o->mode) {
+  case NT_VERIFY: ret = nt_mode_verify(o, n, &oob, &conn); break;
+  case NT_BW: ret = nt_mode_bw(o, n, &oob, &conn); break;
+  default: ret = nt_mode_lat(o, n, &oob, &conn); break;
+  }
+  nt_counters(o, 1);
+  /* Close only when both sides are done with the data path. */
+  if (ret == NT_EXIT_OK && nt_oob_sync(&oob, "done", o->timeout_s) != 0) {
+    ret = NT_EXIT_FAIL;
+  }
+out:
+  if (nt_teardown(n, &conn) != 0 && ret == NT_EXIT_OK) {
+    ret = NT_EXIT_FAIL;
+  }
+  nt_oob_close(&oob);
+  return ret;
+}
+
+int main(int argc, char **argv) {
+  struct nt_opts o;
+  signal(SIGPIPE, SIG_IGN);
+  nt_log_setup();
+  int p = nt_parse_opts(argc, argv, &o);
+  if (p != 0) {
+    return p > 0 ? NT_EXIT_OK : NT_EXIT_USAGE;
+  }
+  if (o.stats_file != NULL && (nt_stats = fopen(o.stats_file, "w")) == NULL) {
+    nt_err("cannot open --stats-file %s: %s", o.stats_file, strerror(errno));
+    return NT_EXIT_USAGE;
+  }
+  struct nt_net net;
+  char err[1024];
+  if (nt_net_load(&net, o.plugin, o.abi, err, sizeof(err)) != 0) {
+    nt_err("cannot load the plugin: %s", err);
+    return NT_EXIT_USAGE;
+  }
+  nt_err("loaded %s: ncclNetPlugin_v%d name=%s", o.plugin, o.abi, net.name);
+  ncclResult_t rc = nt_net_init(&net, nt_mix64(o.seed));
+  int ndev = 0;
+  struct nt_props props;
+  memset(&props, 0, sizeof(props));
+  if (rc == ncclSuccess) {
+    rc = nt_net_devices(&net, &ndev);
+    if (rc == ncclSuccess && o.dev < ndev) {
+      rc = nt_net_props(&net, o.dev, &props);
+    }
+  }
+  nt_out("nettest-init: rc=%d ndev=%d", (int)rc, ndev);
+  if (rc != ncclSuccess || ndev <= 0 || o.dev >= ndev) {
+    if (rc == ncclSuccess && ndev <= 0) {
+      nt_err("plugin init succeeded but reports no device");
+    } else if (rc == ncclSuccess) {
+      nt_err("--dev %d but the plugin has %d device(s)", o.dev, ndev);
+    } else {
+      nt_err("plugin init failed: rc=%d (see the NCCL WARN lines above)", rc);
+    }
+    nt_net_finalize(&net);
+    return NT_EXIT_INIT;
+  }
+  char line[1024];
+  nt_props_format(&props, line, sizeof(line));
+  nt_out("nettest-props: dev=%d %s", o.dev, line);
+  int ret;
+  if (props.max_recvs > 0 && o.multi > props.max_recvs) {
+    nt_err("--multi %d exceeds the plugin's maxRecvs %d", o.multi, props.max_recvs);
+    ret = NT_EXIT_USAGE;
+  } else if ((props.ptr_support & NCCL_PTR_HOST) == 0) {
+    nt_err("the plugin does not support host memory (ptrSupport=0x%x)", (unsigned)props.ptr_support);
+    ret = NT_EXIT_FAIL;
+  } else {
+    ret = nt_run(&o, &net);
+  }
+  rc = nt_net_finalize(&net);
+  if (rc != ncclSuccess) {
+    nt_err("finalize failed: rc=%d", rc);
+    if (ret == NT_EXIT_OK) {
+      ret = NT_EXIT_FAIL;
+    }
+  }
+  if (nt_stats != NULL) {
+    fclose(nt_stats);
+  }
+  for (int i = 0; i < o.ncounters; i++) {
+    free((void *)o.counters[i].name);
+  }
+  return ret;
+}

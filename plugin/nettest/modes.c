@@ -1,0 +1,583 @@
+/*
+ * The data modes. Direction: the client sends and the server receives (verify, bw); lat is a
+ * ping-pong client -> server -> client. Buffers are page-aligned host memory registered with
+ * regMr(NCCL_PTR_HOST) on the comm that uses them.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "nettest.h"
+
+#define NT_PAGE 4096
+
+void *nt_alloc_region(size_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void nt_free_region(void *p, size_t len) {
+  if (p != NULL) {
+    munmap(p, len);
+  }
+}
+
+static size_t nt_round_page(size_t n) { return (n + NT_PAGE - 1) / NT_PAGE * NT_PAGE; }
+
+struct nt_region {
+  uint8_t *p;
+  size_t len;
+  void *comm;
+  void *mh;
+};
+
+static int nt_region_setup(struct nt_net *n, void *comm, size_t len, struct nt_region *r) {
+  memset(r, 0, sizeof(*r));
+  r->len = nt_round_page(len ? len : 1);
+  r->p = nt_alloc_region(r->len);
+  if (r->p == NULL) {
+    nt_err("cannot allocate %zu bytes of buffers: %s (lower --window, --multi or --max-size)", r->len,
+           strerror(errno));
+    return -1;
+  }
+  ncclResult_t rc = nt_net_regmr(n, comm, r->p, r->len, &r->mh);
+  if (rc != ncclSuccess || r->mh == NULL) {
+    nt_err("regMr(%zu bytes, NCCL_PTR_HOST) failed: rc=%d (check ulimit -l)", r->len, rc);
+    nt_free_region(r->p, r->len);
+    r->p = NULL;
+    return -1;
+  }
+  r->comm = comm;
+  return 0;
+}
+
+static int nt_region_free(struct nt_net *n, struct nt_region *r) {
+  int ret = 0;
+  if (r->mh != NULL) {
+    ncclResult_t rc = nt_net_deregmr(n, r->comm, r->mh);
+    if (rc != ncclSuccess) {
+      nt_err("deregMr failed: rc=%d", rc);
+      ret = -1;
+    }
+    r->mh = NULL;
+  }
+  nt_free_region(r->p, r->len);
+  r->p = NULL;
+  return ret;
+}
+
+static double nt_mbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes * 8.0 / 1e6 / s : 0.0; }
+
+/* The window that fits in --mem-limit (at least 1). Both sides compute the same value. */
+static int nt_plan_window(const struct nt_opts *o, size_t stride) {
+  size_t group = stride * (size_t)o->multi;
+  int w = o->window;
+  while (w > 1 && group * (size_t)w > o->mem_limit) {
+    w--;
+  }
+  if (w < o->window) {
+    nt_err("note: window lowered from %d to %d so that %d x %d x %zu-byte buffers fit in --mem-limit %zu MiB",
+           o->window, w, w, o->multi, stride, o->mem_limit >> 20);
+  }
+  return w;
+}
+
+static int nt_result_line(struct nt_opts *o, uint64_t msgs, uint64_t bytes, int verified, double secs,
+                          const char *extra) {
+  nt_out("nettest-result: role=%s mode=%s messages=%" PRIu64 " payload_bytes=%" PRIu64
+         " verified=%s seconds=%.6f mbps=%.3f%s%s",
+         nt_role_name(o->role), nt_mode_name(o->mode), msgs, bytes, verified ? "true" : "false", secs,
+         nt_mbps(bytes, secs), extra[0] ? " " : "", extra);
+  return verified ? NT_EXIT_OK : NT_EXIT_FAIL;
+}
+
+/* The receiver tells the sender how the run looked from its side. */
+struct nt_peer_result {
+  int verified;
+  uint64_t msgs, bytes, iters, mismatches;
+  double seconds;
+};
+
+static int nt_send_result(struct nt_oob *oob, const struct nt_peer_result *r) {
+  char buf[256];
+  int len = snprintf(buf, sizeof(buf), "verified=%d msgs=%" PRIu64 " bytes=%" PRIu64 " iters=%" PRIu64
+                     " mismatches=%" PRIu64 " seconds=%.9f",
+                     r->verified, r->msgs, r->bytes, r->iters, r->mismatches, r->seconds);
+  return nt_oob_send(oob, NT_MSG_RESULT, buf, (uint32_t)len);
+}
+
+static int nt_recv_result(struct nt_oob *oob, int timeout_s, struct nt_peer_result *r) {
+  char buf[256];
+  uint32_t len = 0;
+  memset(r, 0, sizeof(*r));
+  if (nt_oob_recv(oob, NT_MSG_RESULT, buf, sizeof(buf) - 1, &len, timeout_s) != 0) {
+    return -1;
+  }
+  buf[len] = '\0';
+  if (sscanf(buf, "verified=%d msgs=%" SCNu64 " bytes=%" SCNu64 " iters=%" SCNu64 " mismatches=%" SCNu64
+                  " seconds=%lf",
+             &r->verified, &r->msgs, &r->bytes, &r->iters, &r->mismatches, &r->seconds) != 6) {
+    nt_err("oob: malformed RESULT from peer: '%s'", buf);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- verify ---- */
+
+int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  int sender = o->role == NT_CLIENT;
+  struct nt_xfer x = {.net = n, .oob = oob, .k = o->multi, .vlevel = NT_V_FULL, .full_canary = o->full_canary,
+                      .seed = o->seed, .timeout_s = o->timeout_s};
+  x.slot_size = o->max_size ? o->max_size : 64;
+  x.stride = nt_round_page(x.slot_size);
+  x.window = nt_plan_window(o, x.stride);
+  x.comm = sender ? c->scomm : c->rcomm;
+  struct nt_region r;
+  if (nt_region_setup(n, x.comm, x.stride * (size_t)x.k * (size_t)x.window, &r) != 0) {
+    nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
+    return NT_EXIT_FAIL;
+  }
+  x.region = r.p;
+  x.mh = r.mh;
+  if (!sender) {
+    nt_canary_fill(r.p, r.len);
+  }
+  struct nt_sched s;
+  nt_sched_init(&s, o->seed, 0, o->multi);
+  s.random = 1;
+  s.max_size = o->max_size;
+  if (o->bytes_set) {
+    s.by_bytes = 1;
+    s.bytes_left = o->bytes;
+  }
+  if (o->count_set || !o->bytes_set) {
+    s.msgs_left = o->count;
+  }
+  struct nt_stats st;
+  memset(&st, 0, sizeof(st));
+  int ret = NT_EXIT_FAIL;
+  if (nt_oob_sync(oob, "verify-start", o->timeout_s) != 0) {
+    goto out;
+  }
+  if (sender) {
+    nt_xfer_send(&x, &s, &st);
+  } else {
+    nt_xfer_recv(&x, &s, &st);
+    if (!st.fatal) {
+      nt_xfer_final_canary(&x, &st);
+    }
+  }
+  if (st.fatal) {
+    nt_oob_abort(oob, "%s: %s", nt_role_name(o->role), st.first_err);
+    nt_result_line(o, st.msgs, st.bytes, 0, st.t1 - st.t0, "");
+    goto out;
+  }
+  struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
+                              .iters = st.groups, .mismatches = st.mismatches, .seconds = st.t1 - st.t0};
+  int verified = st.mismatches == 0;
+  if (sender) {
+    if (nt_recv_result(oob, o->timeout_s, &pr) != 0) {
+      verified = 0;
+    } else {
+      if (pr.msgs != st.msgs || pr.bytes != st.bytes) {
+        nt_err("receiver counted %" PRIu64 " messages / %" PRIu64 " bytes, sender %" PRIu64 " / %" PRIu64, pr.msgs,
+               pr.bytes, st.msgs, st.bytes);
+        verified = 0;
+      }
+      if (!pr.verified) {
+        nt_err("receiver reported %" PRIu64 " mismatching messages (see the server's stderr)", pr.mismatches);
+        verified = 0;
+      }
+    }
+  } else if (nt_send_result(oob, &pr) != 0) {
+    verified = 0;
+  }
+  char extra[128];
+  snprintf(extra, sizeof(extra), "mismatches=%" PRIu64 " window=%d multi=%d flushes=%" PRIu64,
+           sender ? pr.mismatches : st.mismatches, x.window, x.k, st.flushes);
+  ret = nt_result_line(o, st.msgs, st.bytes, verified, st.t1 - st.t0, extra);
+out:
+  if (nt_region_free(n, &r) != 0 && ret == NT_EXIT_OK) {
+    ret = NT_EXIT_FAIL;
+  }
+  return ret;
+}
+
+/* ---- bw ---- */
+
+int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  int sender = o->role == NT_CLIENT;
+  size_t maxsz = 0;
+  for (int i = 0; i < o->nsizes; i++) {
+    maxsz = o->sizes[i] > maxsz ? o->sizes[i] : maxsz;
+  }
+  struct nt_xfer x = {.net = n, .oob = oob, .k = o->multi, .vlevel = o->verify ? NT_V_SAMPLED : NT_V_NONE,
+                      .seed = o->seed, .timeout_s = o->timeout_s};
+  x.slot_size = maxsz ? maxsz : 64;
+  x.stride = nt_round_page(x.slot_size);
+  x.window = nt_plan_window(o, x.stride);
+  x.comm = sender ? c->scomm : c->rcomm;
+  struct nt_region r;
+  if (nt_region_setup(n, x.comm, x.stride * (size_t)x.k * (size_t)x.window, &r) != 0) {
+    nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
+    return NT_EXIT_FAIL;
+  }
+  x.region = r.p;
+  x.mh = r.mh;
+  uint64_t tot_msgs = 0, tot_bytes = 0;
+  double tot_secs = 0;
+  int verified = 1, ret = NT_EXIT_FAIL;
+  for (int i = 0; i < o->nsizes; i++) {
+    char label[64];
+    struct nt_stats st;
+    struct nt_sched s;
+    snprintf(label, sizeof(label), "bw-size-%d", i);
+    if (nt_oob_sync(oob, label, o->timeout_s) != 0) {
+      goto out;
+    }
+    if (o->warmup > 0) {
+      nt_sched_init(&s, o->seed, 1000 + (uint64_t)i, o->multi);
+      s.fixed_size = o->sizes[i];
+      s.msgs_left = o->warmup * (uint64_t)o->multi;
+      memset(&st, 0, sizeof(st));
+      x.seconds = 0;
+      if (sender) {
+        nt_xfer_send(&x, &s, &st);
+      } else {
+        nt_xfer_recv(&x, &s, &st);
+      }
+      if (st.fatal) {
+        nt_oob_abort(oob, "%s: warmup of size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);
+        goto out;
+      }
+      verified &= st.mismatches == 0;
+      snprintf(label, sizeof(label), "bw-run-%d", i);
+      if (nt_oob_sync(oob, label, o->timeout_s) != 0) {
+        goto out;
+      }
+    }
+    nt_sched_init(&s, o->seed, 1 + (uint64_t)i, o->multi);
+    s.fixed_size = o->sizes[i];
+    if (o->seconds > 0) {
+      x.seconds = o->seconds;
+    } else {
+      x.seconds = 0;
+      s.msgs_left = o->iters * (uint64_t)o->multi;
+    }
+    memset(&st, 0, sizeof(st));
+    if (sender) {
+      nt_xfer_send(&x, &s, &st);
+    } else {
+      nt_xfer_recv(&x, &s, &st);
+    }
+    if (st.fatal) {
+      nt_oob_abort(oob, "%s: size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);
+      goto out;
+    }
+    double secs = st.t1 - st.t0;
+    struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
+                                .iters = st.groups, .mismatches = st.mismatches, .seconds = secs};
+    int ok = st.mismatches == 0;
+    if (sender) {
+      if (nt_recv_result(oob, o->timeout_s, &pr) != 0) {
+        goto out;
+      }
+      ok = pr.verified && pr.msgs == st.msgs && pr.bytes == st.bytes;
+      if (!ok) {
+        nt_err("size %zu: receiver reported verified=%d messages=%" PRIu64 " bytes=%" PRIu64
+               " (sender: %" PRIu64 " / %" PRIu64 ")",
+               o->sizes[i], pr.verified, pr.msgs, pr.bytes, st.msgs, st.bytes);
+      }
+      nt_out("nettest-bw: size=%zu iters=%" PRIu64 " seconds=%.6f mbps=%.3f role=client rx_mbps=%.3f verified=%s",
+             o->sizes[i], st.groups, secs, nt_mbps(st.bytes, secs), nt_mbps(pr.bytes, pr.seconds),
+             ok ? "true" : "false");
+    } else {
+      if (nt_send_result(oob, &pr) != 0) {
+        goto out;
+      }
+      nt_out("nettest-bw: size=%zu iters=%" PRIu64 " seconds=%.6f mbps=%.3f role=server verified=%s", o->sizes[i],
+             st.groups, secs, nt_mbps(st.bytes, secs), ok ? "true" : "false");
+    }
+    verified &= ok;
+    tot_msgs += st.msgs;
+    tot_bytes += st.bytes;
+    tot_secs += secs;
+  }
+  char extra[96];
+  snprintf(extra, sizeof(extra), "sizes=%d window=%d multi=%d sampled_verify=%s", o->nsizes, x.window, x.k,
+           o->verify ? "on" : "off");
+  ret = nt_result_line(o, tot_msgs, tot_bytes, verified, tot_secs, extra);
+out:
+  if (nt_region_free(n, &r) != 0 && ret == NT_EXIT_OK) {
+    ret = NT_EXIT_FAIL;
+  }
+  return ret;
+}
+
+/* ---- lat ---- */
+
+#define NT_TAG_PING 0x11
+#define NT_TAG_PONG 0x22
+
+static int nt_post_isend(struct nt_net *n, struct nt_oob *oob, void *comm, void *buf, size_t size, int tag,
+                         void *mh, int timeout_s, void **req, struct nt_stats *st) {
+  double deadline = nt_now() + timeout_s;
+  unsigned spins = 0;
+  for (;;) {
+    *req = NULL;
+    ncclResult_t rc = nt_net_isend(n, comm, buf, size, tag, mh, req);
+    if (rc != ncclSuccess) {
+      nt_stats_fail(st, 1, "isend(size=%zu) failed: rc=%d", size, rc);
+      return -1;
+    }
+    if (*req != NULL) {
+      return 0;
+    }
+    if (++spins % 1024 == 0) {
+      if (nt_now() > deadline) {
+        nt_stats_fail(st, 1, "isend(size=%zu) not accepted within %d s (no receive posted by the peer?)", size,
+                      timeout_s);
+        return -1;
+      }
+      if (nt_oob_peek(oob) < 0) {
+        nt_stats_fail(st, 1, "peer aborted or closed the side channel");
+        return -1;
+      }
+    }
+  }
+}
+
+static int nt_post_irecv(struct nt_net *n, void *comm, void *buf, size_t size, int tag,
+                         void *mh, int timeout_s, void **req, struct nt_stats *st) {
+  double deadline = nt_now() + timeout_s;
+  for (;;) {
+    *req = NULL;
+    void *data[1] = {buf}, *mhs[1] = {mh};
+    size_t sizes[1] = {size};
+    int tags[1] = {tag};
+    ncclResult_t rc = nt_net_irecv(n, comm, 1, data, sizes, tags, mhs, req);
+    if (rc != ncclSuccess) {
+      nt_stats_fail(st, 1, "irecv(size=%zu) failed: rc=%d", size, rc);
+      return -1;
+    }
+    if (*req != NULL) {
+      return 0;
+    }
+    if (nt_now() > deadline) {
+      nt_stats_fail(st, 1, "irecv(size=%zu) not accepted within %d s", size, timeout_s);
+      return -1;
+    }
+  }
+}
+
+/* Test a send and a receive together until both are done (either may be NULL). */
+static int nt_wait_pair(struct nt_net *n, struct nt_oob *oob, void *sreq, void *rreq, int *rsize, int timeout_s,
+                        struct nt_stats *st) {
+  double deadline = nt_now() + timeout_s;
+  unsigned spins = 0;
+  int sdone = sreq == NULL, rdone = rreq == NULL;
+  while (!sdone || !rdone) {
+    int sizes[NT_MAX_MULTI] = {-1};
+    ncclResult_t rc;
+    if (!sdone && (rc = nt_net_test(n, sreq, &sdone, sizes)) != ncclSuccess) {
+      nt_stats_fail(st, 1, "test(send) failed: rc=%d", rc);
+      return -1;
+    }
+    sizes[0] = -1;
+    if (!rdone && (rc = nt_net_test(n, rreq, &rdone, sizes)) != ncclSuccess) {
+      nt_stats_fail(st, 1, "test(recv) failed: rc=%d", rc);
+      return -1;
+    }
+    if (rreq != NULL && rdone && rsize != NULL && *rsize < 0) {
+      *rsize = sizes[0];
+    }
+    if (++spins % 1024 == 0) {
+      if (nt_now() > deadline) {
+        nt_stats_fail(st, 1, "ping-pong: no completion within %d s (send done=%d recv done=%d)", timeout_s, sdone,
+                      rdone);
+        return -1;
+      }
+      if (nt_oob_peek(oob) < 0) {
+        nt_stats_fail(st, 1, "peer aborted or closed the side channel");
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+static void nt_lat_check(struct nt_opts *o, const uint8_t *buf, size_t size, int rsize, uint64_t msg, int tag,
+                         struct nt_stats *st) {
+  size_t off = 0;
+  uint8_t got = 0, want = 0;
+  if (rsize < 0 || (size_t)rsize != size) {
+    nt_stats_fail(st, 0, "msg=%" PRIu64 ": received size %d, sent size %zu", msg, rsize, size);
+    st->mismatches++;
+  } else if (o->verify && nt_pattern_check_sampled(buf, size, o->seed, msg, tag, &off, &got, &want)) {
+    nt_stats_fail(st, 0, "msg=%" PRIu64 " size=%zu: sampled byte at offset %zu: got 0x%02x expected 0x%02x", msg, size,
+                  off, got, want);
+    st->mismatches++;
+  }
+}
+
+static int nt_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double nt_pct(const double *v, uint64_t n, double q) {
+  if (n == 0) {
+    return 0;
+  }
+  uint64_t i = (uint64_t)(q * (double)n + 0.999999);
+  i = i == 0 ? 0 : i - 1;
+  return v[i < n ? i : n - 1];
+}
+
+/* One size of ping-pong. Message index i of this size is (size index << 40) + i on both sides. */
+static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
+                       struct nt_region *sr, struct nt_region *rr, int si, double *rtt, struct nt_stats *st) {
+  size_t size = o->sizes[si];
+  uint64_t total = o->warmup + o->iters, base = (uint64_t)si << 40;
+  void *sreq = NULL, *rreq = NULL;
+  if (o->role == NT_CLIENT) {
+    for (uint64_t i = 0; i < total; i++) {
+      int rsize = -1;
+      if (o->verify) {
+        nt_pattern_fill_sampled(sr->p, size, o->seed, base + i, NT_TAG_PING);
+      }
+      if (nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PONG, rr->mh, o->timeout_s, &rreq, st) != 0) {
+        return -1;
+      }
+      double t0 = nt_now();
+      if (nt_post_isend(n, oob, c->scomm, sr->p, size, NT_TAG_PING, sr->mh, o->timeout_s, &sreq, st) != 0 ||
+          nt_wait_pair(n, oob, sreq, rreq, &rsize, o->timeout_s, st) != 0) {
+        return -1;
+      }
+      double t1 = nt_now();
+      nt_lat_check(o, rr->p, size, rsize, base + i, NT_TAG_PONG, st);
+      if (i >= o->warmup) {
+        rtt[i - o->warmup] = (t1 - t0) * 1e6;
+        st->msgs++;
+        st->bytes += (uint64_t)(rsize > 0 ? rsize : 0);
+        if (i == o->warmup) {
+          st->t0 = t0;
+        }
+        st->t1 = t1;
+      }
+    }
+    return 0;
+  }
+  if (nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PING, rr->mh, o->timeout_s, &rreq, st) != 0) {
+    return -1;
+  }
+  for (uint64_t i = 0; i < total; i++) {
+    int rsize = -1;
+    if (nt_wait_pair(n, oob, NULL, rreq, &rsize, o->timeout_s, st) != 0) {
+      return -1;
+    }
+    double t1 = nt_now();
+    nt_lat_check(o, rr->p, size, rsize, base + i, NT_TAG_PING, st);
+    if (i >= o->warmup) {
+      st->msgs++;
+      st->bytes += (uint64_t)(rsize > 0 ? rsize : 0);
+      if (i == o->warmup) {
+        st->t0 = t1;
+      }
+      st->t1 = t1;
+    }
+    if (o->verify) {
+      nt_pattern_fill_sampled(sr->p, size, o->seed, base + i, NT_TAG_PONG);
+    }
+    /* Receive buffer reuse is safe: the next ping cannot land before this pong is sent. */
+    if (i + 1 < total &&
+        nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PING, rr->mh, o->timeout_s, &rreq, st) != 0) {
+      return -1;
+    }
+    if (nt_post_isend(n, oob, c->scomm, sr->p, size, NT_TAG_PONG, sr->mh, o->timeout_s, &sreq, st) != 0 ||
+        nt_wait_pair(n, oob, sreq, NULL, NULL, o->timeout_s, st) != 0) {
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  size_t maxsz = 0;
+  for (int i = 0; i < o->nsizes; i++) {
+    maxsz = o->sizes[i] > maxsz ? o->sizes[i] : maxsz;
+  }
+  struct nt_region sr, rr;
+  memset(&rr, 0, sizeof(rr));
+  if (nt_region_setup(n, c->scomm, maxsz, &sr) != 0 || nt_region_setup(n, c->rcomm, maxsz, &rr) != 0) {
+    nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
+    if (sr.p != NULL) {
+      nt_region_free(n, &sr);
+    }
+    return NT_EXIT_FAIL;
+  }
+  double *rtt = calloc(o->iters ? o->iters : 1, sizeof(double));
+  uint64_t tot_msgs = 0, tot_bytes = 0, mismatches = 0;
+  double tot_secs = 0;
+  int ret = NT_EXIT_FAIL, verified = 1;
+  if (rtt == NULL) {
+    nt_err("out of memory for %" PRIu64 " latency samples", o->iters);
+    goto out;
+  }
+  for (int si = 0; si < o->nsizes; si++) {
+    char label[64];
+    struct nt_stats st;
+    memset(&st, 0, sizeof(st));
+    snprintf(label, sizeof(label), "lat-size-%d", si);
+    if (nt_oob_sync(oob, label, o->timeout_s) != 0) {
+      goto out;
+    }
+    if (nt_lat_size(o, n, oob, c, &sr, &rr, si, rtt, &st) != 0) {
+      nt_oob_abort(oob, "%s: size %zu: %s", nt_role_name(o->role), o->sizes[si], st.first_err);
+      goto out;
+    }
+    /* Peer's view: the server reports what it received, so the client can fail on it. */
+    struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
+                                .iters = o->iters, .mismatches = st.mismatches, .seconds = st.t1 - st.t0};
+    int ok = st.mismatches == 0;
+    if (o->role == NT_SERVER) {
+      if (nt_send_result(oob, &pr) != 0) {
+        goto out;
+      }
+    } else {
+      if (nt_recv_result(oob, o->timeout_s, &pr) != 0) {
+        goto out;
+      }
+      ok &= pr.verified;
+      uint64_t m = o->iters;
+      double sum = 0;
+      for (uint64_t i = 0; i < m; i++) {
+        sum += rtt[i];
+      }
+      qsort(rtt, m, sizeof(double), nt_cmp_double);
+      double avg = m ? sum / (double)m : 0;
+      nt_out("nettest-lat: size=%zu iters=%" PRIu64 " avg_us=%.3f p50_us=%.3f p99_us=%.3f rtt_avg_us=%.3f "
+             "rtt_p50_us=%.3f rtt_p99_us=%.3f rtt_min_us=%.3f rtt_max_us=%.3f role=client verified=%s",
+             o->sizes[si], m, avg / 2, nt_pct(rtt, m, 0.5) / 2, nt_pct(rtt, m, 0.99) / 2, avg, nt_pct(rtt, m, 0.5),
+             nt_pct(rtt, m, 0.99), m ? rtt[0] : 0.0, m ? rtt[m - 1] : 0.0, ok ? "true" : "false");
+    }
+    verified &= ok;
+    mismatches += st.mismatches;
+    tot_msgs += st.msgs;
+    tot_bytes += st.bytes;
+    tot_secs += st.t1 - st.t0;
+  }
+  char extra[64];
+  snprintf(extra, sizeof(extra), "mismatches=%" PRIu64 " sizes=%d", mismatches, o->nsizes);
+  ret = nt_result_line(o, tot_msgs, tot_bytes, verified, tot_secs, extra);
+out:
+  free(rtt);
+  if (nt_region_free(n, &sr) != 0 || nt_region_free(n, &rr) != 0) {
+    ret = ret == NT_EXIT_OK ? NT_EXIT_FAIL : ret;
+  }
+  return ret;
+}

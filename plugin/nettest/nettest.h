@@ -1,0 +1,230 @@
+/*
+ * mpib-nettest: an NCCL-like driver for a net plugin (ncclNet_v8..v11), loaded with dlopen
+ * exactly as NCCL's proxy does. Two processes (server, client) exchange NCCL handles over an
+ * out-of-band TCP socket the driver owns, then drive isend/irecv/test/iflush like NCCL.
+ *
+ * Files: main.c (options, setup, teardown), net.c (dlopen, ABI adapters, logger),
+ * oob.c (TCP side channel), xfer.c (schedules, patterns, windowed transfer engine),
+ * modes.c (verify, bw, lat), badinput.c (badhandle, garbage-peer).
+ */
+#ifndef MPIB_NETTEST_H
+#define MPIB_NETTEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl_abi.h"
+
+/* Exit codes. */
+#define NT_EXIT_OK 0
+#define NT_EXIT_FAIL 1  /* test failure: mismatch, plugin error, timeout, bad input accepted */
+#define NT_EXIT_USAGE 2 /* bad arguments, plugin not loadable, OOB socket failure */
+#define NT_EXIT_INIT 3  /* plugin init/devices failed or reported no device */
+
+#define NT_MAX_MULTI 8     /* net_ib's maximum number of receives grouped in one irecv */
+#define NT_MAX_WINDOW 8    /* NCCL_STEPS: outstanding requests per connection */
+#define NT_MAX_SIZES 64
+#define NT_MAX_COUNTERS 8
+#define NT_MAX_MSG_SIZE ((size_t)1 << 30) /* test() reports sizes as int */
+
+enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
+enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE };
+
+struct nt_counter {
+  const char *name;
+  const char *path;
+  uint64_t before;
+  int have_before;
+};
+
+struct nt_opts {
+  const char *plugin;
+  int abi;
+  int dev;
+  enum nt_role role;
+  enum nt_mode mode;
+  const char *oob_addr;
+  int timeout_s;
+  uint64_t seed;
+  size_t min_size, max_size;
+  int max_size_set;
+  size_t sizes[NT_MAX_SIZES];
+  int nsizes;
+  uint64_t count, bytes;
+  int count_set, bytes_set;
+  int window, multi;
+  uint64_t iters, warmup;
+  int iters_set, warmup_set;
+  double seconds;
+  int verify;      /* bw/lat: sampled verification on (default) or off */
+  int full_canary; /* verify: check the whole canary area after every message */
+  size_t mem_limit;
+  const char *stats_file;
+  struct nt_counter counters[NT_MAX_COUNTERS];
+  int ncounters;
+};
+
+/* ---- net.c: the plugin behind one version-independent interface ---- */
+struct nt_props {
+  char name[128];
+  char pci_path[256];
+  uint64_t guid;
+  int ptr_support, reg_is_global, force_flush, speed, port;
+  float latency;
+  int max_comms, max_recvs;
+  int vndevs, vdevs[NCCL_NET_MAX_DEVS_PER_NIC];
+  size_t max_p2p_bytes, max_coll_bytes;
+  int max_multi_request_size;
+};
+
+struct nt_net {
+  int abi;
+  const char *name;
+  union {
+    const ncclNet_v8_t *v8;
+    const ncclNet_v9_t *v9;
+    const ncclNet_v10_t *v10;
+    const ncclNet_v11_t *v11;
+  } t;
+  void *ctx; /* v11 per-communicator context */
+};
+
+void nt_log_setup(void);
+void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt,
+               ...) __attribute__((format(printf, 5, 6)));
+int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t errlen);
+ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id);
+ncclResult_t nt_net_devices(struct nt_net *n, int *ndev);
+ncclResult_t nt_net_props(struct nt_net *n, int dev, struct nt_props *p);
+void nt_props_format(const struct nt_props *p, char *buf, size_t len);
+ncclResult_t nt_net_listen(struct nt_net *n, int dev, void *handle, void **lcomm);
+ncclResult_t nt_net_connect(struct nt_net *n, int dev, void *handle, void **scomm);
+ncclResult_t nt_net_accept(struct nt_net *n, void *lcomm, void **rcomm);
+ncclResult_t nt_net_regmr(struct nt_net *n, void *comm, void *data, size_t size, void **mh);
+ncclResult_t nt_net_deregmr(struct nt_net *n, void *comm, void *mh);
+ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh,
+                          void **req);
+ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags,
+                          void **mhs, void **req);
+int nt_net_has_iflush(const struct nt_net *n);
+ncclResult_t nt_net_iflush(struct nt_net *n, void *rcomm, int cnt, void **data, int *sizes, void **mhs,
+                           void **req);
+ncclResult_t nt_net_test(struct nt_net *n, void *req, int *done, int *sizes);
+ncclResult_t nt_net_close_send(struct nt_net *n, void *c);
+ncclResult_t nt_net_close_recv(struct nt_net *n, void *c);
+ncclResult_t nt_net_close_listen(struct nt_net *n, void *c);
+ncclResult_t nt_net_finalize(struct nt_net *n);
+
+/* ---- oob.c: framed messages over one TCP socket ---- */
+enum nt_msg {
+  NT_MSG_HELLO = 1,  /* text: parameters that both sides must agree on */
+  NT_MSG_HANDLE = 2, /* NCCL_NET_HANDLE_MAXSIZE bytes */
+  NT_MSG_SYNC = 3,   /* text label: barrier */
+  NT_MSG_STOP = 4,   /* u64 (big-endian): number of groups the receiver posted */
+  NT_MSG_RESULT = 5, /* text: key=value results */
+  NT_MSG_ABORT = 6,  /* text: why the peer gave up */
+};
+
+struct nt_oob {
+  int fd;
+  char peer_ip[64];
+  int aborted; /* the peer sent ABORT or closed the socket */
+};
+
+int nt_oob_server(struct nt_oob *o, const char *addr, int timeout_s);
+int nt_oob_client(struct nt_oob *o, const char *addr, int timeout_s);
+int nt_oob_send(struct nt_oob *o, uint32_t type, const void *buf, uint32_t len);
+int nt_oob_recv(struct nt_oob *o, uint32_t type, void *buf, uint32_t cap, uint32_t *len, int timeout_s);
+int nt_oob_peek(struct nt_oob *o);
+int nt_oob_sync(struct nt_oob *o, const char *label, int timeout_s);
+void nt_oob_abort(struct nt_oob *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void nt_oob_close(struct nt_oob *o);
+int nt_parse_hostport(const char *addr, char *host, size_t hostlen, char *port, size_t portlen);
+
+/* ---- main.c: shared helpers ---- */
+double nt_now(void);
+void nt_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void nt_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *nt_role_name(enum nt_role r);
+const char *nt_mode_name(enum nt_mode m);
+
+/* ---- xfer.c: schedules, payload patterns and the windowed engine ---- */
+enum nt_vlevel { NT_V_NONE = 0, NT_V_SAMPLED = 1, NT_V_FULL = 2 };
+
+struct nt_group {
+  int n;
+  uint64_t first_msg;
+  size_t sizes[NT_MAX_MULTI];
+  int tags[NT_MAX_MULTI];
+  int order[NT_MAX_MULTI]; /* sender's isend order (a permutation of 0..n-1) */
+};
+
+struct nt_sched {
+  int random;        /* random sizes in [0, max_size]; else fixed_size */
+  size_t max_size, fixed_size;
+  int k;             /* messages per group */
+  uint64_t msgs_left;  /* UINT64_MAX: unbounded (time-bounded runs) */
+  uint64_t bytes_left; /* used when by_bytes */
+  int by_bytes;
+  uint64_t next_msg;
+  uint64_t rng;
+};
+
+void nt_sched_init(struct nt_sched *s, uint64_t seed, uint64_t stream, int k);
+int nt_sched_next(struct nt_sched *s, struct nt_group *g);
+uint64_t nt_mix64(uint64_t x);
+
+struct nt_xfer {
+  struct nt_net *net;
+  struct nt_oob *oob;
+  void *comm;
+  void *mh;
+  uint8_t *region; /* window * k buffers, stride bytes apart, registered as mh */
+  size_t slot_size; /* posted receive size (the largest message) */
+  size_t stride;    /* slot_size rounded up to a page; the gap is canary too */
+  int window;
+  int k;
+  enum nt_vlevel vlevel;
+  int full_canary;
+  uint64_t seed;
+  double seconds; /* > 0: the receiver stops posting after this long and sends STOP */
+  int timeout_s;  /* no-progress limit */
+};
+
+struct nt_stats {
+  uint64_t msgs, bytes, groups;
+  double t0, t1;
+  uint64_t mismatches;
+  uint64_t flushes;
+  char first_err[512];
+  int fatal; /* plugin error, stall or peer abort: the run cannot continue */
+};
+
+void nt_canary_fill(uint8_t *p, size_t len);
+int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *s, struct nt_stats *st);
+int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *s, struct nt_stats *st);
+int nt_xfer_final_canary(const struct nt_xfer *x, struct nt_stats *st);
+void nt_stats_fail(struct nt_stats *st, int fatal, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void nt_pattern_fill_sampled(uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag);
+int nt_pattern_check_sampled(const uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag,
+                             size_t *bad_off, uint8_t *got, uint8_t *want);
+int nt_wait_req(struct nt_net *net, struct nt_oob *oob, void *req, int *sizes, int timeout_s, const char *what,
+                struct nt_stats *st);
+
+/* ---- modes.c, badinput.c ---- */
+struct nt_conn {
+  void *lcomm, *scomm, *rcomm;
+  uint8_t local_handle[NCCL_NET_HANDLE_MAXSIZE];
+  uint8_t peer_handle[NCCL_NET_HANDLE_MAXSIZE];
+};
+
+int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_badhandle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_garbage(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+
+void *nt_alloc_region(size_t len);
+void nt_free_region(void *p, size_t len);
+
+#endif
