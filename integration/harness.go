@@ -1,0 +1,431 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	tcnetwork "github.com/testcontainers/testcontainers-go/network"
+
+	"github.com/mpib/mpib/internal/lab"
+)
+
+// labLabel marks every container and network of the harness, so that leftovers of an
+// interrupted run on a reused lab can be removed before a new topology comes up.
+const labLabel = "org.mpib.lab"
+
+// NodeBuildDir is where each node sees the repository's build/ directory (read-only).
+const NodeBuildDir = "/opt/mpib"
+
+// Topology is the two-island lab: nodes a1, a2 (island A), b1, b2 (island B) and a
+// router r joining the islands' SOUT subnets.
+type Topology struct {
+	env      *lab.Env
+	cfg      lab.Config
+	cli      *testcontainers.DockerClient
+	nets     map[string]*testcontainers.DockerNetwork
+	nodes    map[string]*Node
+	router   *Node
+	helper   *Node
+	exclusive bool // RDMA netns mode of the engine's kernel
+}
+
+// Start makes a lab available (see internal/lab: an already running VM, the host's own
+// kernel, or a VM booted now) and brings up the topology on it. One retry covers a guest
+// lost while the topology came up (multi-threaded TCG occasionally panics).
+func Start(ctx context.Context) (*Topology, error) {
+	root, err := lab.FindRepoRoot(".")
+	if err != nil {
+		return nil, err
+	}
+	cfg := lab.DefaultConfig(root)
+	cfg.Log = os.Stderr
+	var lastErr error
+	for attempt := 1; attempt <= 2; attempt++ {
+		env, err := lab.Up(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		t, err := startTopology(ctx, cfg, env)
+		if err == nil {
+			return t, nil
+		}
+		lastErr = err
+		if !env.Owned || ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, rebooting the lab: %v\n", attempt, err)
+		_ = lab.Down(ctx, cfg)
+	}
+	return nil, lastErr
+}
+
+func startTopology(ctx context.Context, cfg lab.Config, env *lab.Env) (t *Topology, err error) {
+	// testcontainers-go reads its configuration once, from the environment: set it first.
+	// There is no registry to pull its reaper from, so the harness cleans up itself.
+	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	if env.DockerHost != "" {
+		os.Setenv("DOCKER_HOST", env.DockerHost)
+	}
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	t = &Topology{env: env, cfg: cfg, cli: cli, nets: map[string]*testcontainers.DockerNetwork{}, nodes: map[string]*Node{}}
+	defer func() {
+		if err != nil {
+			_ = t.teardown(context.WithoutCancel(ctx))
+		}
+	}()
+	start := time.Now()
+	if err := t.removeLeftovers(ctx); err != nil {
+		return nil, err
+	}
+	if err := t.createNetworks(ctx); err != nil {
+		return nil, err
+	}
+	if err := t.createNodes(ctx); err != nil {
+		return nil, err
+	}
+	if err := t.route(ctx); err != nil {
+		return nil, err
+	}
+	if err := t.createRxe(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "lab: topology up in %.1f s (engine %s, rdma netns %s)\n",
+		time.Since(start).Seconds(), env.Mode, map[bool]string{true: "exclusive", false: "shared"}[t.exclusive])
+	return t, nil
+}
+
+// Close removes the topology, and powers the lab VM off when Start booted it (unless
+// MPIB_LAB_KEEP=1, which keeps it for the next run).
+func (t *Topology) Close(ctx context.Context) error {
+	err := t.teardown(ctx)
+	if t.env.Owned && os.Getenv("MPIB_LAB_KEEP") != "1" {
+		if derr := lab.Down(ctx, t.cfg); derr != nil && !errors.Is(derr, lab.ErrNotRunning) {
+			err = errors.Join(err, derr)
+		}
+	}
+	return err
+}
+
+// Node returns a compute node by name ("a1", "a2", "b1", "b2"), or nil.
+func (t *Topology) Node(name string) *Node { return t.nodes[name] }
+
+// Nodes returns the compute nodes in a fixed order.
+func (t *Topology) Nodes() []*Node {
+	var out []*Node
+	for _, s := range nodeSpecs {
+		out = append(out, t.nodes[s.name])
+	}
+	return out
+}
+
+// Router returns the router node r (SOUT only, no RDMA devices).
+func (t *Topology) Router() *Node { return t.router }
+
+// Shape sets the egress qdisc of node n's rail netdev, e.g. "netem rate 100mbit" or
+// "tbf rate 100mbit burst 64kb latency 100ms"; "" removes shaping. Keep bursts large:
+// a dropped packet costs rxe a go-back-N retransmission, and a tbf with a small limit
+// has killed QPs (retry exceeded).
+func (t *Topology) Shape(ctx context.Context, n *Node, r Rail, qdisc string) error {
+	dev := n.Netdev(r)
+	var cmd []string
+	if strings.TrimSpace(qdisc) == "" {
+		cmd = []string{"sh", "-c", "tc qdisc del dev " + dev + " root 2>/dev/null || true"}
+	} else {
+		cmd = append([]string{"tc", "qdisc", "replace", "dev", dev, "root"}, strings.Fields(qdisc)...)
+	}
+	_, stderr, code, err := n.Exec(ctx, nil, cmd...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("%s: %s: exit %d: %s", n.name, strings.Join(cmd, " "), code, strings.TrimSpace(stderr))
+	}
+	return err
+}
+
+func (t *Topology) removeLeftovers(ctx context.Context) error {
+	f := client.Filters{}.Add("label", labLabel)
+	ctrs, err := t.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range ctrs.Items {
+		if _, err := t.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true}); err != nil {
+			return fmt.Errorf("remove leftover container %s: %w", c.ID, err)
+		}
+	}
+	nets, err := t.cli.NetworkList(ctx, client.NetworkListOptions{Filters: f})
+	if err != nil {
+		return fmt.Errorf("list networks: %w", err)
+	}
+	for _, n := range nets.Items {
+		if _, err := t.cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
+			return fmt.Errorf("remove leftover network %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func (t *Topology) createNetworks(ctx context.Context) error {
+	for _, s := range netSpecs {
+		ipam := &network.IPAM{Config: []network.IPAMConfig{{
+			Subnet:  netip.MustParsePrefix(s.subnet),
+			Gateway: netip.MustParseAddr(s.gateway),
+		}}}
+		n, err := tcnetwork.New(ctx, tcnetwork.WithIPAM(ipam), tcnetwork.WithLabels(map[string]string{labLabel: s.key}))
+		if err != nil {
+			return fmt.Errorf("network %s (%s): %w", s.key, s.subnet, err)
+		}
+		t.nets[s.key] = n
+	}
+	return nil
+}
+
+// attachment is one network interface of a container, with its fixed address.
+type attachment struct {
+	net string // netSpecs key
+	ip  string
+}
+
+func (t *Topology) createNodes(ctx context.Context) error {
+	type job struct {
+		name    string
+		role    string
+		attach  []attachment
+		hostNet bool
+	}
+	var jobs []job
+	for _, s := range nodeSpecs {
+		jobs = append(jobs, job{name: s.name, role: "node", attach: []attachment{
+			{netKey(SOUT, s.island), s.ip(SOUT)}, {netKey(SUP, s.island), s.ip(SUP)},
+		}})
+	}
+	jobs = append(jobs,
+		job{name: "r", role: "router", attach: []attachment{{"sout-a", routerA}, {"sout-b", routerB}}},
+		// The helper shares the engine host's network and PID namespaces: it creates the
+		// rxe devices on the nodes' netdevs and moves them into the nodes' namespaces.
+		job{name: "helper", role: "helper", hostNet: true},
+	)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, len(jobs))
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := t.createContainer(ctx, j.name, j.role, j.attach, j.hostNet)
+			if err != nil {
+				errs[i] = fmt.Errorf("container %s: %w", j.name, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch j.role {
+			case "router":
+				t.router = n
+			case "helper":
+				t.helper = n
+			default:
+				t.nodes[j.name] = n
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// createContainer starts a privileged container of the node image. The engine may speak
+// only API 1.41 (bookworm's Docker), which cannot create a container on two networks at
+// once: the first network is given at create, the second connected in a PostCreates hook,
+// both with fixed addresses. Interface names then do not follow attach order, so netdevs
+// are found by address later.
+func (t *Topology) createContainer(ctx context.Context, name, role string, attach []attachment, hostNet bool) (*Node, error) {
+	req := testcontainers.ContainerRequest{
+		Image:      t.env.Image,
+		Name:       "mpib-lab-" + name,
+		Entrypoint: []string{"sleep", "infinity"},
+		Labels:     map[string]string{labLabel: name},
+		ConfigModifier: func(c *container.Config) {
+			if !hostNet {
+				c.Hostname = name
+			}
+		},
+		HostConfigModifier: func(hc *container.HostConfig) {
+			hc.Privileged = true
+			hc.Binds = append(hc.Binds, "/dev/infiniband:/dev/infiniband",
+				t.env.BuildDir+":"+NodeBuildDir+":ro")
+			if hostNet {
+				hc.NetworkMode = "host"
+				hc.PidMode = "host"
+			}
+		},
+	}
+	if len(attach) > 0 {
+		first := t.nets[attach[0].net].Name
+		req.Networks = []string{first}
+		req.EndpointSettingsModifier = func(m map[string]*network.EndpointSettings) {
+			es := m[first]
+			if es == nil {
+				es = &network.EndpointSettings{}
+				m[first] = es
+			}
+			es.IPAMConfig = &network.EndpointIPAMConfig{IPv4Address: netip.MustParseAddr(attach[0].ip)}
+		}
+		var hooks []testcontainers.ContainerHook
+		for _, a := range attach[1:] {
+			hooks = append(hooks, func(ctx context.Context, c testcontainers.Container) error {
+				_, err := t.cli.NetworkConnect(ctx, t.nets[a.net].ID, client.NetworkConnectOptions{
+					Container: c.GetContainerID(),
+					EndpointConfig: &network.EndpointSettings{
+						IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: netip.MustParseAddr(a.ip)},
+					},
+				})
+				return err
+			})
+		}
+		req.LifecycleHooks = []testcontainers.ContainerLifecycleHooks{{PostCreates: hooks}}
+	}
+	ctr, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{ContainerRequest: req, Started: true})
+	if err != nil {
+		if ctr != nil {
+			_ = ctr.Terminate(context.WithoutCancel(ctx), testcontainers.StopTimeout(0))
+		}
+		return nil, err
+	}
+	n := &Node{name: name, topo: t, ctr: ctr.(*testcontainers.DockerContainer),
+		ip: map[Rail]string{}, dev: map[Rail]string{}, netdev: map[Rail]string{}, gid: map[Rail]int{}}
+	for _, s := range nodeSpecs {
+		if s.name == name {
+			for _, r := range Rails {
+				n.ip[r] = s.ip(r)
+				n.dev[r] = name + "_" + r.suffix()
+			}
+		}
+	}
+	return n, nil
+}
+
+// route gives each node its only routes (to the other island's SOUT, via r) and makes r
+// forward. Docker's default routes point at the engine host's bridge and are removed.
+func (t *Topology) route(ctx context.Context) error {
+	script := "sysctl -qw net.ipv4.ip_forward=1 && ip route del default 2>/dev/null; true"
+	if err := t.router.run(ctx, "sh", "-c", script); err != nil {
+		return err
+	}
+	for _, s := range nodeSpecs {
+		n := t.nodes[s.name]
+		cmd := "ip route del default 2>/dev/null; set -e"
+		for _, rt := range s.routes() {
+			cmd += fmt.Sprintf("; ip route add %s via %s", rt[0], rt[1])
+		}
+		if err := n.run(ctx, "sh", "-c", cmd); err != nil {
+			return err
+		}
+		for _, r := range Rails {
+			out, err := n.output(ctx, "ip", "-o", "-4", "addr", "show", "to", n.ip[r])
+			if err != nil {
+				return err
+			}
+			f := strings.Fields(out)
+			if len(f) < 2 {
+				return fmt.Errorf("%s: no interface has %s", n.name, n.ip[r])
+			}
+			n.netdev[r] = strings.SplitN(f[1], "@", 2)[0]
+		}
+	}
+	return nil
+}
+
+// createRxe makes each node's two rxe devices, <node>_sout and <node>_sup, on the netdevs
+// holding its rail addresses. In exclusive RDMA netns mode (the lab VM boots with it) the
+// device, created in the engine host's namespace, is moved into the node's namespace so
+// each node sees only its own two devices; in shared mode (a host left at the default)
+// every node sees all of them and tests select theirs by name.
+func (t *Topology) createRxe(ctx context.Context) error {
+	out, err := t.helper.output(ctx, "rdma", "system", "show")
+	if err != nil {
+		return err
+	}
+	t.exclusive = strings.Contains(out, "netns exclusive")
+	var script strings.Builder
+	script.WriteString("set -e; mkdir -p /var/run/netns\n")
+	for _, s := range nodeSpecs {
+		n := t.nodes[s.name]
+		info, err := n.ctr.Inspect(ctx)
+		if err != nil {
+			return err
+		}
+		pid := info.State.Pid
+		fmt.Fprintf(&script, "ln -sfn /proc/%d/ns/net /var/run/netns/mpib-%s\n", pid, n.name)
+		for _, r := range Rails {
+			fmt.Fprintf(&script, "nsenter -t %d -n rdma link add %s type rxe netdev %s\n", pid, n.dev[r], n.netdev[r])
+			if t.exclusive {
+				fmt.Fprintf(&script, "rdma dev set %s netns mpib-%s\n", n.dev[r], n.name)
+			}
+		}
+	}
+	if err := t.helper.run(ctx, "sh", "-c", script.String()); err != nil {
+		return fmt.Errorf("rxe setup: %w", err)
+	}
+	for _, n := range t.Nodes() {
+		for _, r := range Rails {
+			idx, err := n.waitGID(ctx, r, 30*time.Second)
+			if err != nil {
+				return err
+			}
+			n.gid[r] = idx
+		}
+	}
+	return nil
+}
+
+func (t *Topology) teardown(ctx context.Context) error {
+	var errs []error
+	var all []*Node
+	for _, n := range t.nodes {
+		all = append(all, n)
+	}
+	all = append(all, t.router, t.helper)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, n := range all {
+		if n == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.ctr.Terminate(ctx, testcontainers.StopTimeout(0)); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("terminate %s: %w", n.name, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for key, n := range t.nets {
+		if err := n.Remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove network %s: %w", key, err))
+		}
+	}
+	t.nodes, t.nets, t.router, t.helper = map[string]*Node{}, map[string]*testcontainers.DockerNetwork{}, nil, nil
+	return errors.Join(errs...)
+}
+
+func atoiOr(s string, def int) int {
+	if v, err := strconv.Atoi(strings.TrimSpace(s)); err == nil {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,157 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The plugin on soft-RoCE, driven by mpib-nettest (C, dlopen, as NCCL's proxy). Rail bytes
+// come from the lab's netdev counters, never from the plugin's own bookkeeping.
+
+// verifyArgs sends random sizes from 0 B to 4 MiB, 8 in flight, every byte checked.
+var verifyArgs = []string{"--mode", "verify", "--bytes", "48M", "--max-size", "4M", "--window", "8"}
+
+func TestPluginIntraIslandVanilla(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runPair(context.Background(), t, a2, a1, pluginEnv(a2), pluginEnv(a1), verifyArgs...)
+	payload := verified(t, res)
+	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
+	fmt.Printf("nettest: pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+		pairName(a1, a2), payload, sout, sup)
+	if sup < payload {
+		t.Errorf("SUP carried %d bytes for %d payload bytes: intra-island data must go on SUP", sup, payload)
+	}
+	if s := share(sup, sup+sout); s < 0.99 {
+		t.Errorf("SUP share %.4f, want ~1 (SOUT carried %d bytes)", s, sout)
+	}
+	if rails := ctsRails(res.serverErr); len(rails) == 0 || rails[0] != "SUP" {
+		t.Errorf("receiver's CTS rail = %v, want SUP", rails)
+	}
+	// The receiver transmits only CTS writes and acknowledgements: on SUP, not SOUT.
+	if res.tx["a2"][SUP] == 0 || res.tx["a2"][SOUT] > res.tx["a2"][SUP] {
+		t.Errorf("receiver tx SOUT %d, SUP %d: CTS and ACKs should be on SUP", res.tx["a2"][SOUT], res.tx["a2"][SUP])
+	}
+}
+
+func TestPluginInterIslandVanilla(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, b1 := lab.Node("a1"), lab.Node("b1")
+	res := runPair(context.Background(), t, b1, a1, pluginEnv(b1), pluginEnv(a1), verifyArgs...)
+	payload := verified(t, res)
+	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
+	fmt.Printf("nettest: pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+		pairName(a1, b1), payload, sout, sup)
+	if sout < payload {
+		t.Errorf("SOUT carried %d bytes for %d payload bytes", sout, payload)
+	}
+	// No RDMA may touch SUP: allow only stray link-local noise.
+	if sup > 16*1024 || res.tx["b1"][SUP] > 16*1024 {
+		t.Errorf("SUP carried %d / %d bytes on an inter-island connection", sup, res.tx["b1"][SUP])
+	}
+	for _, log := range []string{res.serverErr, res.clientErr} {
+		for _, n := range supQPs(t, log) {
+			if n != 0 {
+				t.Errorf("inter-island vanilla connection created %d SUP QPs", n)
+			}
+		}
+	}
+}
+
+func TestPluginForcedSplit(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	for _, bw := range []int{0, 300, 512, 1024} {
+		t.Run(fmt.Sprint(bw), func(t *testing.T) {
+			force := fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", bw)
+			res := runPair(context.Background(), t, a2, a1, pluginEnv(a2, force), pluginEnv(a1, force), verifyArgs...)
+			payload := verified(t, res)
+			sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
+			got, want := share(sup, sup+sout), float64(bw)/1024
+			fmt.Printf("nettest: pair=%s mode=forced payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true sup_bw=%d sup_share=%.4f\n",
+				pairName(a1, a2), payload, sout, sup, bw, got)
+			if d := got - want; d > 0.01 || d < -0.01 {
+				t.Errorf("SUP byte share %.4f, want %.4f within 0.01", got, want)
+			}
+		})
+	}
+}
+
+func TestPluginMultiRecvAndABIs(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	cases := []struct {
+		name string
+		args []string
+	}{
+		{"multi4-split", []string{"--multi", "4"}},
+		{"abi8", []string{"--abi", "8"}},
+		{"abi9", []string{"--abi", "9"}},
+		{"abi10", []string{"--abi", "10"}},
+		{"flush", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			env := []string{"MPIB_FORCE_SUP_BW=512", "MPIB_SUP_QP=2", "MPIB_SOUT_QP=2"}
+			if c.name == "flush" {
+				env = append(env, "MPIB_FORCE_FLUSH=1")
+			}
+			args := append([]string{"--mode", "verify", "--bytes", "8M", "--max-size", "1M"}, c.args...)
+			res := runPair(context.Background(), t, a2, a1, pluginEnv(a2, env...), pluginEnv(a1, env...), args...)
+			payload := verified(t, res)
+			fmt.Printf("nettest: pair=%s mode=%s payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+				pairName(a1, a2), c.name, payload, res.tx["a1"][SOUT], res.tx["a1"][SUP])
+		})
+	}
+}
+
+func TestPluginBadInput(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx := context.Background()
+
+	t.Run("corrupt-handle", func(t *testing.T) {
+		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "badhandle")
+		line := hasLine(res.clientOut, "nettest-badinput: case=handle")
+		if res.clientCode != 0 || line == "" || strings.Contains(line, "rc=0") {
+			t.Fatalf("corrupt handle not refused:\n%s", res)
+		}
+		fmt.Printf("nettest: pair=%s case=corrupt-handle %s\n", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=handle "))
+	})
+	t.Run("garbage-metadata", func(t *testing.T) {
+		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "garbage-peer")
+		line := hasLine(res.serverOut, "nettest-badinput: case=metadata")
+		if res.serverCode != 0 || line == "" || strings.Contains(line, "rc=0") || !strings.Contains(res.serverErr, "not an MPIB plugin") {
+			t.Fatalf("garbage peer not refused with a clear error:\n%s", res)
+		}
+		fmt.Printf("nettest: pair=%s case=garbage-metadata %s\n", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=metadata "))
+	})
+	single := func(t *testing.T, env []string, wantLog string) {
+		t.Helper()
+		out, errOut, code, err := a1.Exec(ctx, env, nettestBin, "--plugin", pluginLib, "--role", "server",
+			"--oob-listen", a1.IP(SOUT)+":18599", "--timeout-s", "10")
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := hasLine(out, "nettest-init:")
+		if code != 3 || line == "" || !strings.Contains(errOut, wantLog) {
+			t.Fatalf("exit %d, stdout %q, want exit 3 with a nettest-init line and %q in:\n%s", code, out, wantLog, tail(errOut, 2000))
+		}
+		fmt.Printf("nettest: node=a1 case=%s %s\n", t.Name()[strings.LastIndex(t.Name(), "/")+1:], strings.TrimPrefix(line, "nettest-init: "))
+	}
+	t.Run("missing-hca", func(t *testing.T) {
+		single(t, pluginEnv(a1, "MPIB_HCA_SUP=mlx5_9"), "SUP HCA 'mlx5_9' not found")
+	})
+	t.Run("wrong-oob-interface", func(t *testing.T) {
+		single(t, pluginEnv(a1, "MPIB_OOB_IF=nope0"), "MPIB_OOB_IF=nope0: no such interface")
+	})
+	t.Run("mode-mismatch", func(t *testing.T) {
+		res := runPair(ctx, t, a2, a1, pluginEnv(a2, "MPIB_MODE=1"), pluginEnv(a1), "--mode", "verify", "--count", "4")
+		if res.serverCode == 0 || res.clientCode == 0 || !strings.Contains(res.serverErr+res.clientErr, "MPIB_MODE differs") {
+			t.Fatalf("peers with different MPIB_MODE connected or failed without saying why:\n%s", res)
+		}
+		fmt.Printf("nettest: pair=%s case=mode-mismatch refused=true\n", pairName(a1, a2))
+	})
+}

@@ -1,0 +1,197 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+)
+
+// Node is one container of the topology.
+type Node struct {
+	name   string
+	topo   *Topology
+	ctr    *testcontainers.DockerContainer
+	ip     map[Rail]string
+	dev    map[Rail]string
+	netdev map[Rail]string
+	gid    map[Rail]int
+}
+
+// Name is the node's name, e.g. "a1".
+func (n *Node) Name() string { return n.name }
+
+// IP is the node's IPv4 address on rail r, e.g. "10.0.1.11".
+func (n *Node) IP(r Rail) string { return n.ip[r] }
+
+// Dev is the node's rxe device on rail r, e.g. "a1_sout".
+func (n *Node) Dev(r Rail) string { return n.dev[r] }
+
+// Netdev is the network interface of rail r inside the node (found by address).
+func (n *Node) Netdev(r Rail) string { return n.netdev[r] }
+
+// GIDIndex is the index of the RoCE v2 IPv4 GID of the node's device on rail r (perftest -x).
+func (n *Node) GIDIndex(r Rail) int { return n.gid[r] }
+
+// Exec runs cmd in the node and waits for it. env holds extra "KEY=value" entries. A
+// non-zero exit is reported in exitCode, not err; err is for failures to run it at all.
+func (n *Node) Exec(ctx context.Context, env []string, cmd ...string) (stdout, stderr string, exitCode int, err error) {
+	p, err := n.Start(ctx, env, cmd...)
+	if err != nil {
+		return "", "", -1, err
+	}
+	return p.Wait(ctx)
+}
+
+// Process is a command running in a node.
+type Process struct {
+	node   *Node
+	tag    string
+	execID string
+	done   chan struct{}
+	stdout bytes.Buffer
+	stderr bytes.Buffer
+	code   int
+	err    error
+}
+
+var procSeq atomic.Uint64
+
+// Start runs cmd in the node in the background. Its output is collected until it exits;
+// Wait returns it. The process records its PID in the node so that Kill can reach it.
+func (n *Node) Start(ctx context.Context, env []string, cmd ...string) (*Process, error) {
+	if len(cmd) == 0 {
+		return nil, fmt.Errorf("%s: empty command", n.name)
+	}
+	p := &Process{node: n, tag: strconv.FormatUint(procSeq.Add(1), 10), done: make(chan struct{}), code: -1}
+	wrapped := append([]string{"sh", "-c", `echo $$ >"/tmp/.mpib-proc-$0"; exec "$@"`, p.tag}, cmd...)
+	cli := n.topo.cli
+	created, err := cli.ExecCreate(ctx, n.ctr.GetContainerID(), client.ExecCreateOptions{
+		Cmd: wrapped, Env: env, AttachStdout: true, AttachStderr: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: exec %s: %w", n.name, strings.Join(cmd, " "), err)
+	}
+	p.execID = created.ID
+	att, err := cli.ExecAttach(ctx, created.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: exec %s: %w", n.name, strings.Join(cmd, " "), err)
+	}
+	go func() {
+		defer close(p.done)
+		defer att.Close()
+		if _, err := stdcopy.StdCopy(&p.stdout, &p.stderr, att.Reader); err != nil {
+			p.err = fmt.Errorf("%s: reading output of %s: %w", n.name, strings.Join(cmd, " "), err)
+			return
+		}
+		ins, err := cli.ExecInspect(context.WithoutCancel(ctx), created.ID, client.ExecInspectOptions{})
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.code = ins.ExitCode
+	}()
+	return p, nil
+}
+
+// Wait waits for the process to exit (or ctx to end) and returns its output and exit code.
+func (p *Process) Wait(ctx context.Context) (stdout, stderr string, exitCode int, err error) {
+	select {
+	case <-p.done:
+		return p.stdout.String(), p.stderr.String(), p.code, p.err
+	case <-ctx.Done():
+		return "", "", -1, fmt.Errorf("%s: waiting for process: %w", p.node.name, ctx.Err())
+	}
+}
+
+// Kill sends SIGKILL to the process and its children and waits for it to exit.
+func (p *Process) Kill(ctx context.Context) error {
+	script := `p=$(cat "/tmp/.mpib-proc-$0" 2>/dev/null) || exit 0; pkill -KILL -P "$p"; kill -KILL "$p" 2>/dev/null; true`
+	if _, _, _, err := p.node.Exec(ctx, nil, "sh", "-c", script, p.tag); err != nil {
+		return err
+	}
+	_, _, _, err := p.Wait(ctx)
+	return err
+}
+
+// Counters are a rail's traffic counters in a node. The byte counts come from the rail
+// netdev's statistics (every RoCE v2 packet, plus any IP traffic on that rail); the packet
+// counts from the rxe device's hw_counters (RDMA only).
+type Counters struct {
+	TxBytes, RxBytes uint64
+	RdmaTxPkts       uint64 // hw_counters/sent_pkts
+	RdmaRxPkts       uint64 // hw_counters/rcvd_pkts
+}
+
+// Sub returns c - before.
+func (c Counters) Sub(before Counters) Counters {
+	return Counters{c.TxBytes - before.TxBytes, c.RxBytes - before.RxBytes,
+		c.RdmaTxPkts - before.RdmaTxPkts, c.RdmaRxPkts - before.RdmaRxPkts}
+}
+
+// Counters reads rail r's counters in the node.
+func (n *Node) Counters(ctx context.Context, r Rail) (Counters, error) {
+	nd, hw := "/sys/class/net/"+n.netdev[r]+"/statistics/", "/sys/class/infiniband/"+n.dev[r]+"/ports/1/hw_counters/"
+	out, err := n.output(ctx, "cat", nd+"tx_bytes", nd+"rx_bytes", hw+"sent_pkts", hw+"rcvd_pkts")
+	if err != nil {
+		return Counters{}, err
+	}
+	f := strings.Fields(out)
+	if len(f) != 4 {
+		return Counters{}, fmt.Errorf("%s: counters of %s: %q", n.name, r, out)
+	}
+	var v [4]uint64
+	for i := range v {
+		if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
+			return Counters{}, fmt.Errorf("%s: counters of %s: %w", n.name, r, err)
+		}
+	}
+	return Counters{v[0], v[1], v[2], v[3]}, nil
+}
+
+// waitGID waits for the RoCE v2 IPv4-mapped GID of the rail's device and returns its index.
+func (n *Node) waitGID(ctx context.Context, r Rail, timeout time.Duration) (int, error) {
+	script := `d=/sys/class/infiniband/$0/ports/1; for i in $(ls $d/gids); do
+		g=$(cat $d/gids/$i 2>/dev/null); t=$(cat $d/gid_attrs/types/$i 2>/dev/null)
+		case "$g" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && { echo $i; exit 0; } ;; esac
+	done; exit 1`
+	deadline := time.Now().Add(timeout)
+	for {
+		out, _, code, err := n.Exec(ctx, nil, "sh", "-c", script, n.dev[r])
+		if err != nil {
+			return 0, err
+		}
+		if code == 0 {
+			return atoiOr(out, 1), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s: no RoCE v2 IPv4 GID on %s after %v", n.name, n.dev[r], timeout)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// run runs a command that must succeed.
+func (n *Node) run(ctx context.Context, cmd ...string) error {
+	_, err := n.output(ctx, cmd...)
+	return err
+}
+
+// output runs a command that must succeed and returns its stdout.
+func (n *Node) output(ctx context.Context, cmd ...string) (string, error) {
+	stdout, stderr, code, err := n.Exec(ctx, nil, cmd...)
+	if err != nil {
+		return "", err
+	}
+	if code != 0 {
+		return "", fmt.Errorf("%s: %s: exit %d: %s", n.name, strings.Join(cmd, " "), code, strings.TrimSpace(stderr+" "+stdout))
+	}
+	return stdout, nil
+}

@@ -1,0 +1,157 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// WriteBW is one perftest ib_write_bw run between two nodes on one rail.
+type WriteBW struct {
+	Server, Client *Node
+	Rail           Rail
+	Size           int           // message size in bytes (default 65536)
+	Iters          int           // iterations (default 500)
+	Port           int           // TCP port of perftest's out-of-band exchange (default 18515)
+	Timeout        time.Duration // bound on the client (default 60 s)
+}
+
+// WriteBWResult is what a WriteBW run measured.
+type WriteBWResult struct {
+	Gbps         float64       // perftest's "BW average[Gb/sec]"
+	Wall         time.Duration // client wall time
+	ClientStdout string
+	ClientCode   int
+	ServerCode   int
+	Output       string   // both sides' output, for failure messages
+	ClientRail   Counters // deltas on the client's rail during the run
+	ServerRail   Counters
+	ClientOther  Counters // deltas on the client's other rail
+}
+
+// Run runs the server then the client (the client's out-of-band TCP goes to the server's
+// SOUT address, the RDMA traffic over Rail's devices and RoCE v2 GIDs). A client that
+// cannot connect is not an error: the result carries its exit code. err is for harness
+// failures.
+func (w WriteBW) Run(ctx context.Context) (*WriteBWResult, error) {
+	if w.Size == 0 {
+		w.Size = 65536
+	}
+	if w.Iters == 0 {
+		w.Iters = 500
+	}
+	if w.Port == 0 {
+		w.Port = 18515
+	}
+	if w.Timeout == 0 {
+		w.Timeout = 60 * time.Second
+	}
+	other := SOUT
+	if w.Rail == SOUT {
+		other = SUP
+	}
+	args := func(n *Node) []string {
+		return []string{"ib_write_bw", "-d", n.Dev(w.Rail), "-x", strconv.Itoa(n.GIDIndex(w.Rail)), "-F",
+			"--report_gbits", "-s", strconv.Itoa(w.Size), "-n", strconv.Itoa(w.Iters), "-p", strconv.Itoa(w.Port)}
+	}
+	cBefore, err := w.Client.Counters(ctx, w.Rail)
+	if err != nil {
+		return nil, err
+	}
+	sBefore, err := w.Server.Counters(ctx, w.Rail)
+	if err != nil {
+		return nil, err
+	}
+	oBefore, err := w.Client.Counters(ctx, other)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := w.Server.Start(ctx, nil, append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()) + 10)}, args(w.Server)...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Kill(context.WithoutCancel(ctx))
+	if err := w.Server.waitListen(ctx, w.Port, 20*time.Second); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	cargs := append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()))}, args(w.Client)...)
+	cout, cerr, ccode, err := w.Client.Exec(ctx, nil, append(cargs, w.Server.IP(SOUT))...)
+	if err != nil {
+		return nil, err
+	}
+	res := &WriteBWResult{Wall: time.Since(start), ClientStdout: cout, ClientCode: ccode}
+	var sout, serr string
+	if ccode == 0 {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		sout, serr, res.ServerCode, err = srv.Wait(wctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		res.ServerCode = -1
+	}
+	res.Output = fmt.Sprintf("client (%s):\n%s%s\nserver (%s):\n%s%s", w.Client.Name(), cout, cerr, w.Server.Name(), sout, serr)
+	if res.ClientRail, err = delta(ctx, w.Client, w.Rail, cBefore); err != nil {
+		return nil, err
+	}
+	if res.ServerRail, err = delta(ctx, w.Server, w.Rail, sBefore); err != nil {
+		return nil, err
+	}
+	if res.ClientOther, err = delta(ctx, w.Client, other, oBefore); err != nil {
+		return nil, err
+	}
+	if ccode == 0 {
+		res.Gbps, err = parseBWAverage(cout)
+		if err != nil {
+			return nil, fmt.Errorf("%w\n%s", err, res.Output)
+		}
+	}
+	return res, nil
+}
+
+func delta(ctx context.Context, n *Node, r Rail, before Counters) (Counters, error) {
+	after, err := n.Counters(ctx, r)
+	if err != nil {
+		return Counters{}, err
+	}
+	return after.Sub(before), nil
+}
+
+// parseBWAverage reads the "BW average[Gb/sec]" column of perftest's report.
+func parseBWAverage(out string) (float64, error) {
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, "BW average[Gb/sec]") {
+			continue
+		}
+		for _, d := range lines[i+1:] {
+			f := strings.Fields(d)
+			if len(f) >= 4 {
+				return strconv.ParseFloat(f[3], 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no BW average in perftest output")
+}
+
+// waitListen waits until a TCP port listens in the node.
+func (n *Node) waitListen(ctx context.Context, port int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		out, _, _, err := n.Exec(ctx, nil, "ss", "-Hltn", "sport = :"+strconv.Itoa(port))
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: nothing listens on port %d after %v", n.name, port, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

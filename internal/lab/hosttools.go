@@ -1,0 +1,57 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// hostTool is a command the VM build needs and the Debian package that provides it.
+type hostTool struct{ cmd, pkg string }
+
+var vmTools = []hostTool{
+	{"qemu-system-x86_64", "qemu-system-x86"},
+	{"debootstrap", "debootstrap"},
+	{"cpio", "cpio"},
+	{"mkfs.ext4", "e2fsprogs"},
+	{"depmod", "kmod"},
+	{"xz", "xz-utils"},
+	{"zstd", "zstd"},
+	{"apt-get", "apt"},
+	{"dpkg-deb", "dpkg"},
+}
+
+// staticBusybox is where Debian's busybox-static puts its binary (the initramfs needs a
+// static one: nothing else is in there).
+const staticBusybox = "/bin/busybox"
+
+// ensureHostTools installs the missing build tools with apt-get when running as root, and
+// otherwise names them in the error.
+func ensureHostTools(ctx context.Context, cfg Config) error {
+	var missing []string
+	for _, t := range vmTools {
+		if _, err := exec.LookPath(t.cmd); err != nil {
+			missing = append(missing, t.pkg)
+		}
+	}
+	if out, err := exec.Command("dpkg-query", "-W", "-f=${Status}", "busybox-static").Output(); err != nil ||
+		!strings.Contains(string(out), "install ok installed") {
+		missing = append(missing, "busybox-static")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("lab build needs these Debian packages: %s (run as root to install them automatically)",
+			strings.Join(missing, " "))
+	}
+	cfg.logf("installing host tools: %s", strings.Join(missing, " "))
+	env := []string{"DEBIAN_FRONTEND=noninteractive"}
+	if err := run(ctx, env, "apt-get", "update", "-qq"); err != nil {
+		return err
+	}
+	args := append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)
+	return run(ctx, env, "apt-get", args...)
+}
