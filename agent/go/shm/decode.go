@@ -8,15 +8,17 @@ import (
 // Validate runs checks 5..9 of the spec's validation table on a segment image and returns
 // its header. b may be longer than the segment.
 func Validate(b []byte) (Header, error) {
-	return validate(b, "")
+	return validate(b, int64(len(b)), "")
 }
 
-func validate(b []byte, path string) (Header, error) {
+// validate checks the header in b (at least its first 256 bytes when size allows) for a
+// file of size bytes.
+func validate(b []byte, size int64, path string) (Header, error) {
 	fail := func(code error, format string, args ...any) (Header, error) {
 		return Header{}, &ValidationError{Path: path, Code: code, Detail: fmt.Sprintf(format, args...)}
 	}
-	if len(b) < HeaderSize {
-		return fail(ErrTooSmall, "%d bytes, a header needs %d", len(b), HeaderSize)
+	if size < HeaderSize || len(b) < HeaderSize {
+		return fail(ErrTooSmall, "%d bytes, a header needs %d", size, HeaderSize)
 	}
 	if !bytes.Equal(b[offMagic:offMagic+8], []byte(Magic)) {
 		return fail(ErrBadMagic, "not an MPIB hint segment")
@@ -32,8 +34,8 @@ func validate(b []byte, path string) (Header, error) {
 		return fail(ErrBadGeometry, "header_size=%d slot_size=%d peer_size=%d nslots=%d npeers=%d total_size=%d",
 			hs, ss, ps, h.NSlots, h.NPeers, h.TotalSize)
 	}
-	if uint64(len(b)) < h.TotalSize {
-		return fail(ErrTooSmall, "%d bytes, the header declares %d", len(b), h.TotalSize)
+	if uint64(size) < h.TotalSize {
+		return fail(ErrTooSmall, "%d bytes, the header declares %d", size, h.TotalSize)
 	}
 	return h, nil
 }

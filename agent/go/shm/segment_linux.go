@@ -104,18 +104,8 @@ func mapFile(f *os.File, path string) (*Segment, error) {
 	}
 	head := make([]byte, HeaderSize)
 	n, _ := f.ReadAt(head, 0)
-	if int64(n) > st.Size {
-		n = int(st.Size)
-	}
-	h, err := validate(head[:n], path)
-	if err == nil && uint64(st.Size) < h.TotalSize {
-		err = fail(ErrTooSmall, "%d bytes, the header declares %d", st.Size, h.TotalSize)
-	}
+	h, err := validate(head[:n], st.Size, path)
 	if err != nil {
-		var ve *ValidationError
-		if errors.As(err, &ve) && ve.Code == ErrTooSmall && n == HeaderSize {
-			ve.Detail = fmt.Sprintf("%d bytes, the header declares %d", st.Size, h.TotalSize)
-		}
 		return nil, err
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(h.TotalSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
