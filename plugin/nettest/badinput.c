@@ -53,6 +53,7 @@ static int nt_wait_verdict(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
              (int)arc);
       return pass ? NT_EXIT_OK : NT_EXIT_FAIL;
     }
+    nt_heartbeat();
     usleep(1000);
   }
   nt_err("%s: no verdict from the peer within %d s", mode, o->timeout_s + 10);

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +19,58 @@
 #include "nettest.h"
 
 static FILE *nt_stats;
+
+/* Watchdog: every loop of the driver has its own deadline, but a plugin call that never
+ * returns would still hang the process. A thread exits the process when no heartbeat came
+ * for 2 * --timeout-s + 30 seconds. */
+static uint64_t nt_beat_ms;
+static const char *nt_cur_phase = "start";
+static int nt_wd_limit_s = 150;
+
+void nt_heartbeat(void) { __atomic_store_n(&nt_beat_ms, (uint64_t)(nt_now() * 1000), __ATOMIC_RELAXED); }
+
+void nt_phase(const char *phase) {
+  __atomic_store_n(&nt_cur_phase, phase, __ATOMIC_RELAXED);
+  nt_heartbeat();
+}
+
+static void *nt_watchdog(void *arg) {
+  (void)arg;
+  for (;;) {
+    usleep(200000);
+    uint64_t beat = __atomic_load_n(&nt_beat_ms, __ATOMIC_RELAXED);
+    double idle = nt_now() - (double)beat / 1000;
+    if (idle > nt_wd_limit_s) {
+      char msg[256];
+      int n = snprintf(msg, sizeof(msg),
+                       "mpib-nettest: watchdog: nothing moved for %.0f s in phase '%s' (a plugin call did not "
+                       "return?); exiting\n",
+                       idle, __atomic_load_n(&nt_cur_phase, __ATOMIC_RELAXED));
+      ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
+      (void)w;
+      _exit(NT_EXIT_FAIL);
+    }
+  }
+  return NULL;
+}
+
+static void nt_watchdog_start(int timeout_s) {
+  pthread_t t;
+  nt_wd_limit_s = 2 * timeout_s + 30;
+  nt_phase("load");
+  if (pthread_create(&t, NULL, nt_watchdog, NULL) == 0) {
+    pthread_detach(t);
+  }
+}
+
+/* rxe and real HCAs pin registered memory: use whatever locked-memory allowance we have. */
+static void nt_raise_memlock(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_MEMLOCK, &rl);
+  }
+}
 
 double nt_now(void) {
   struct timespec ts;
@@ -402,7 +456,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (!o->warmup_set) {
     o->warmup = o->mode == NT_LAT ? 100 : 4;
   }
-  if (o->mode == NT_LAT && o->seconds > 0) {
+  if (o->mode != NT_BW && o->seconds > 0) {
     NT_BAD("--seconds applies to bw only");
   }
   if (o->mode == NT_LAT && o->multi != 1) {
@@ -484,7 +538,7 @@ static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
              c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
       return -1;
     }
-    if (++spins % 64 == 0 && nt_oob_peek(oob) < 0) {
+    if (++spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
       nt_err("peer gave up during connection setup");
       return -1;
     }
@@ -518,6 +572,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
   struct nt_conn conn;
   memset(&conn, 0, sizeof(conn));
   int ret = NT_EXIT_USAGE;
+  nt_phase("side-channel");
   int rc = o->role == NT_SERVER ? nt_oob_server(&oob, o->oob_addr, o->timeout_s)
                                 : nt_oob_client(&oob, o->oob_addr, o->timeout_s);
   if (rc != 0) {
@@ -536,6 +591,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     goto out;
   }
   ret = NT_EXIT_FAIL;
+  nt_phase("listen");
   ncclResult_t nrc = nt_net_listen(n, o->dev, conn.local_handle, &conn.lcomm);
   if (nrc != ncclSuccess || conn.lcomm == NULL) {
     nt_err("listen(dev=%d) failed: rc=%d", o->dev, nrc);
@@ -558,6 +614,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     ret = nt_mode_garbage(o, n, &oob, &conn);
     goto out;
   }
+  nt_phase(nt_mode_name(o->mode));
   if (nt_establish(o, n, &oob, &conn) != 0) {
     nt_oob_abort(&oob, "%s: connection setup failed", nt_role_name(o->role));
     goto out;
@@ -577,6 +634,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     ret = NT_EXIT_FAIL;
   }
 out:
+  nt_phase("teardown");
   if (nt_teardown(n, &conn) != 0 && ret == NT_EXIT_OK) {
     ret = NT_EXIT_FAIL;
   }
@@ -592,6 +650,8 @@ int main(int argc, char **argv) {
   if (p != 0) {
     return p > 0 ? NT_EXIT_OK : NT_EXIT_USAGE;
   }
+  nt_raise_memlock();
+  nt_watchdog_start(o.timeout_s);
   if (o.stats_file != NULL && (nt_stats = fopen(o.stats_file, "w")) == NULL) {
     nt_err("cannot open --stats-file %s: %s", o.stats_file, strerror(errno));
     return NT_EXIT_USAGE;
@@ -603,6 +663,7 @@ int main(int argc, char **argv) {
     return NT_EXIT_USAGE;
   }
   nt_err("loaded %s: ncclNetPlugin_v%d name=%s", o.plugin, o.abi, net.name);
+  nt_phase("init");
   ncclResult_t rc = nt_net_init(&net, nt_mix64(o.seed));
   int ndev = 0;
   struct nt_props props;
@@ -620,8 +681,9 @@ int main(int argc, char **argv) {
     } else if (rc == ncclSuccess) {
       nt_err("--dev %d but the plugin has %d device(s)", o.dev, ndev);
     } else {
-      nt_err("plugin init failed: rc=%d (see the NCCL WARN lines above)", rc);
+      nt_err("plugin init failed: rc=%d (the plugin logged why above; NCCL_DEBUG=INFO shows more)", rc);
     }
+    nt_phase("finalize");
     nt_net_finalize(&net);
     return NT_EXIT_INIT;
   }
@@ -638,6 +700,7 @@ int main(int argc, char **argv) {
   } else {
     ret = nt_run(&o, &net);
   }
+  nt_phase("finalize");
   rc = nt_net_finalize(&net);
   if (rc != ncclSuccess) {
     nt_err("finalize failed: rc=%d", rc);

@@ -338,6 +338,7 @@ static int nt_post_isend(struct nt_net *n, struct nt_oob *oob, void *comm, void 
       return 0;
     }
     if (++spins % 1024 == 0) {
+      nt_heartbeat();
       if (nt_now() > deadline) {
         nt_stats_fail(st, 1, "isend(size=%zu) not accepted within %d s (no receive posted by the peer?)", size,
                       timeout_s);
@@ -396,6 +397,7 @@ static int nt_wait_pair(struct nt_net *n, struct nt_oob *oob, void *sreq, void *
       *rsize = sizes[0];
     }
     if (++spins % 1024 == 0) {
+      nt_heartbeat();
       if (nt_now() > deadline) {
         nt_stats_fail(st, 1, "ping-pong: no completion within %d s (send done=%d recv done=%d)", timeout_s, sdone,
                       rdone);

@@ -143,6 +143,8 @@ int nt_parse_hostport(const char *addr, char *host, size_t hostlen, char *port, 
 
 /* ---- main.c: shared helpers ---- */
 double nt_now(void);
+void nt_heartbeat(void);
+void nt_phase(const char *phase);
 void nt_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void nt_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *nt_role_name(enum nt_role r);

@@ -213,7 +213,8 @@ static int nt_io_full(int fd, void *buf, size_t len, int is_send, double deadlin
       errno = ETIMEDOUT;
       return -1;
     }
-    int r = poll(&pf, 1, ms);
+    int r = poll(&pf, 1, ms > 1000 ? 1000 : ms);
+    nt_heartbeat();
     if (r < 0) {
       if (errno == EINTR) {
         continue;

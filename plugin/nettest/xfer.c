@@ -267,6 +267,7 @@ static int nt_pace(struct nt_pacer *p, struct nt_oob *oob, int timeout_s, struct
   if (p->progressed) {
     p->last_progress = now;
     p->progressed = 0;
+    nt_heartbeat();
   }
   if (now - p->last_progress > timeout_s) {
     nt_stats_fail(st, 1, "%s: no progress for %d s (groups posted=%llu completed=%llu)", who, timeout_s,

@@ -10,6 +10,7 @@
  *   FAKENET_CORRUPT_MSG=N    flip one byte of the N-th message received (0-based)
  *   FAKENET_OVERRUN_MSG=N    write 16 bytes past the end of the N-th message received
  *   FAKENET_BAD_SIZE_MSG=N   report size+1 for the N-th message received
+ *   FAKENET_HANG_FINALIZE=1  finalize never returns (the driver's watchdog must end it)
  * Build: gcc -shared -fPIC -Iplugin -o build/libnccl-net-fake.so plugin/nettest/fake/fakenet.c
  */
 #define _GNU_SOURCE
@@ -492,7 +493,13 @@ static ncclResult_t fk_listen_v11(void *ctx, int dev, void *handle, void **lcomm
   return fk_listen(dev, handle, lcomm);
 }
 
-static ncclResult_t fk_finalize(void *ctx) { return ctx == (void *)0x2 ? ncclSuccess : ncclInvalidArgument; }
+static ncclResult_t fk_finalize(void *ctx) {
+  if (getenv("FAKENET_HANG_FINALIZE")) {
+    for (;;) {
+      pause();
+    }
+  }
+  return ctx == (void *)0x2 ? ncclSuccess : ncclInvalidArgument; }
 
 const ncclNet_v11_t ncclNetPlugin_v11 = {
     .name = "FAKE",
