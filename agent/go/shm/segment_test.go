@@ -153,7 +153,7 @@ func TestClampReported(t *testing.T) {
 	if err := s.SetPeerHint(0, 33, 1, true); !errors.Is(err, ErrBadPrefix) {
 		t.Fatalf("prefix 33: %v", err)
 	}
-	if err := s.SetSlotHint(1, 1, true); !errors.Is(err, ErrSlotInactive) {
+	if err := s.SetSlotHint(1-slot, 1, true); !errors.Is(err, ErrSlotInactive) {
 		t.Fatalf("free slot: %v", err)
 	}
 	if err := s.SetSlotHint(7, 1, true); !errors.Is(err, ErrSlotRange) {

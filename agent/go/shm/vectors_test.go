@@ -103,7 +103,7 @@ func vectorDefs() []vectorDef {
 	}
 	return []vectorDef{
 		{name: "empty", desc: "freshly created segment (4 slots, 4 peers); the agent never beat",
-			snap: func() *Snapshot { s := base(); s.Header.HeartbeatNs, s.Header.AgentPID = 0, 0; return s },
+			snap:  func() *Snapshot { s := base(); s.Header.HeartbeatNs, s.Header.AgentPID = 0, 0; return s },
 			reads: []Read{rd(0, hb), rd(3, hb)}},
 		{name: "basic", desc: "slot hint, per-peer default, class default, a free slot with old telemetry; stale and boundary heartbeats",
 			snap: basic,

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpib/mpib/agent/go/shm"
+)
+
+func run(t *testing.T, f func([]string, *bytes.Buffer) error, args ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := f(args, &out); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return out.String()
+}
+
+func TestCommands(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hints")
+	create := func(a []string, b *bytes.Buffer) error { return cmdCreate(a, b) }
+	set := func(a []string, b *bytes.Buffer) error { return cmdSet(a, b) }
+	list := func(a []string, b *bytes.Buffer) error { return cmdList(a, b) }
+	top := func(a []string, b *bytes.Buffer) error { return cmdTop(a, b) }
+	run(t, create, "--path", path, "--slots", "8", "--peers", "4")
+	if err := cmdCreate([]string{"--path", path}, &bytes.Buffer{}); err == nil {
+		t.Fatal("create over an existing segment without --force must fail")
+	}
+	seg, err := shm.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	ip, _ := shm.ParseIPv4("10.0.2.7")
+	slot, err := seg.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg.Beat(shm.Now())
+	if got := run(t, set, "--path", path, "--conn", fmt.Sprint(slot), "--sup-bw", "512"); !strings.Contains(got, "sup_bw=512") {
+		t.Fatalf("set: %q", got)
+	}
+	if r := seg.Resolve(slot, shm.Now(), 1e9); r.SupBw != 512 || r.Source != shm.SourceSlot {
+		t.Fatalf("after set --conn: %+v", r)
+	}
+	run(t, set, "--path", path, "--conn", fmt.Sprintf("%d:9", os.Getpid()), "--clear")
+	run(t, set, "--path", path, "--peer", "10.0.2.0/24", "--sup-bw", "256")
+	if r := seg.Resolve(slot, shm.Now(), 1e9); r.SupBw != 256 || r.Source != shm.SourcePeer {
+		t.Fatalf("after set --peer: %+v", r)
+	}
+	if got := run(t, set, "--path", path, "--class", "inter", "--sup-bw", "9999"); !strings.Contains(got, "sup_bw=1024") {
+		t.Fatalf("clamped set: %q", got)
+	}
+	for _, bad := range [][]string{{"--conn", "0"}, {"--sup-bw", "1"}, {"--conn", "5", "--sup-bw", "1"}, {"--class", "outer", "--sup-bw", "1"}} {
+		if err := cmdSet(append([]string{"--path", path}, bad...), &bytes.Buffer{}); err == nil {
+			t.Errorf("set %v must fail", bad)
+		}
+	}
+	if got := run(t, list, "--path", path); !strings.Contains(got, "10.0.2.7") || !strings.Contains(got, "peer") {
+		t.Fatalf("list: %q", got)
+	}
+	if got := run(t, list, "--path", path, "--json"); !strings.Contains(got, `"effective_source": "peer"`) {
+		t.Fatalf("list --json: %q", got)
+	}
+	seg.AddTelemetry(slot, 1, 1<<20)
+	if got := run(t, top, "--path", path, "--count", "1", "--interval", "50ms", "--plain"); !strings.Contains(got, "SUP Gb/s") {
+		t.Fatalf("top: %q", got)
+	}
+}
+
+// TestKillGoesStale: a running agent keeps the heartbeat fresh; SIGKILL makes it stale
+// within MPIB_AGENT_STALE_MS; a clean SIGTERM clears it at once.
+func TestKillGoesStale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "mpib-agent")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	path := filepath.Join(dir, "hints")
+	if out, err := exec.Command(bin, "create", "--path", path, "--slots", "4", "--peers", "0").CombinedOutput(); err != nil {
+		t.Fatalf("create: %v\n%s", err, out)
+	}
+	seg, err := shm.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	const stale = 500 * time.Millisecond
+	fresh := func() bool { return shm.HeartbeatFresh(seg.Header().HeartbeatNs, shm.Now(), uint64(stale)) }
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		agent := exec.Command(bin, "heartbeat", "--path", path)
+		if err := agent.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for !fresh() && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if !fresh() {
+			t.Fatalf("heartbeat not fresh while the agent runs")
+		}
+		agent.Process.Signal(sig)
+		agent.Wait()
+		if sig == syscall.SIGTERM && seg.Header().HeartbeatNs != 0 {
+			t.Fatal("SIGTERM: heartbeat not cleared")
+		}
+		time.Sleep(stale + 100*time.Millisecond)
+		if fresh() {
+			t.Fatalf("%v: heartbeat still fresh after %v", sig, stale)
+		}
+	}
+}

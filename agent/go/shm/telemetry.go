@@ -1,0 +1,71 @@
+package shm
+
+import "slices"
+
+// Sample is the telemetry of every active slot at one instant.
+type Sample struct {
+	AtNs  uint64
+	Slots map[uint32]Slot
+}
+
+// NewSample indexes slots (e.g. Segment.Connections()) taken at atNs.
+func NewSample(atNs uint64, slots []Slot) Sample {
+	m := make(map[uint32]Slot, len(slots))
+	for _, s := range slots {
+		m[s.Index] = s
+	}
+	return Sample{AtNs: atNs, Slots: m}
+}
+
+// ConnRate is one connection's per-rail throughput between two samples.
+type ConnRate struct {
+	Slot          Slot    // as of the later sample
+	SoutBps       float64 // bytes per second on SOUT
+	SupBps        float64 // bytes per second on SUP
+	SoutReqPerSec float64
+	SupReqPerSec  float64
+}
+
+// SupShare is SUP's share of the bytes moved (0 when nothing moved).
+func (r ConnRate) SupShare() float64 {
+	if t := r.SoutBps + r.SupBps; t > 0 {
+		return r.SupBps / t
+	}
+	return 0
+}
+
+// Rates returns the throughput of every slot active in both samples with the same gen
+// (a slot re-registered in between restarts its counters and is skipped).
+func Rates(a, b Sample) []ConnRate {
+	if b.AtNs <= a.AtNs {
+		return nil
+	}
+	dt := float64(b.AtNs-a.AtNs) / 1e9
+	idx := make([]uint32, 0, len(b.Slots))
+	for i := range b.Slots {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	var out []ConnRate
+	for _, i := range idx {
+		cur := b.Slots[i]
+		prev, ok := a.Slots[i]
+		if !ok || prev.Gen != cur.Gen {
+			continue
+		}
+		d := func(x, y uint64) float64 {
+			if y < x {
+				return 0
+			}
+			return float64(y-x) / dt
+		}
+		out = append(out, ConnRate{
+			Slot:          cur,
+			SoutBps:       d(prev.Telemetry.SoutBytes, cur.Telemetry.SoutBytes),
+			SupBps:        d(prev.Telemetry.SupBytes, cur.Telemetry.SupBytes),
+			SoutReqPerSec: d(prev.Telemetry.SoutRequests, cur.Telemetry.SoutRequests),
+			SupReqPerSec:  d(prev.Telemetry.SupRequests, cur.Telemetry.SupRequests),
+		})
+	}
+	return out
+}
