@@ -38,7 +38,11 @@ func (Test) Unit() error {
 	if err != nil {
 		return err
 	}
-	return sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...)
+	if err := sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...); err != nil {
+		return err
+	}
+	mg.Deps(Agent.Test)
+	return nil
 }
 
 // Integration runs the soft-RoCE lab suite (builds and boots the lab on demand).
@@ -64,6 +68,7 @@ func unitPackages() ([]string, error) {
 
 // Build produces build/libnccl-net-mpib.so and the helper binaries the lab uses.
 func Build() error {
+	mg.Deps(Agent.Build)
 	if err := ensureBuildDeps(); err != nil {
 		return err
 	}

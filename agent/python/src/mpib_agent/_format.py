@@ -1,0 +1,557 @@
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+import mmap
+import struct
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+MAGIC = b"MPIBHINT"
+VERSION = 1
+HEADER_SIZE = 256
+SLOT_SIZE = 256
+PEER_SIZE = 64
+REC_SIZE = 64
+MAX_SLOTS = 65536
+MAX_PEERS = 4096
+SUP_BW_MAX = 1024
+SEQ_ATTEMPTS = 8
+FLAG_VALID = 1
+DEFAULT_PATH = "/dev/shm/mpib-hints"
+DEFAULT_STALE_MS = 500
+
+STATE_FREE, STATE_CLAIMING, STATE_ACTIVE = 0, 1, 2
+SOURCES = ("no_hint", "slot", "peer", "class", "stale", "inactive", "busy", "bad_slot")
+
+# header
+OFF_VERSION, OFF_HEADER_SIZE, OFF_TOTAL, OFF_NSLOTS = 8, 12, 16, 24
+OFF_SLOT_SIZE, OFF_NPEERS, OFF_PEER_SIZE, OFF_FLAGS = 28, 32, 36, 40
+OFF_HEARTBEAT, OFF_AGENT_PID, OFF_PEERS_EPOCH, OFF_CREATED = 64, 72, 76, 80
+OFF_CLASS = 128
+# hint record (relative)
+R_SEQ, R_SUP_BW, R_FLAGS, R_GEN, R_SET_NS, R_PEER_IP, R_PREFIX = 0, 4, 8, 12, 16, 24, 28
+# slot (relative)
+S_OWNER, S_GEN, S_CONN, S_LOCAL, S_PEER, S_ISLAND = 0, 8, 16, 24, 28, 32
+S_CLASS, S_SEND, S_QSOUT, S_QSUP, S_PID, S_REG, S_HINT = 36, 37, 38, 40, 44, 48, 64
+TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
+    ("sout_bytes", 128, 8),
+    ("sout_requests", 136, 8),
+    ("sup_bytes", 144, 8),
+    ("sup_requests", 152, 8),
+    ("reads_applied", 160, 8),
+    ("reads_fallback", 168, 8),
+    ("reads_stale", 176, 8),
+    ("clamped", 184, 8),
+    ("last_sup_bw", 192, 4),
+    ("last_source", 196, 4),
+    ("last_read_ns", 200, 8),
+)
+
+if sys.byteorder != "little":  # pragma: no cover
+    raise ImportError("mpib_agent: the hint segment is little-endian and accessed in place")
+
+
+class SegmentError(ValueError):
+    """Any refusal or failed operation. ``code`` is the spec's validation code (bad_magic,
+    bad_version, too_small, bad_geometry, not_regular, bad_owner, bad_mode) or an operation
+    code (slot_range, slot_inactive, peer_table_full, slots_full, bad_class, bad_prefix)."""
+
+    def __init__(self, code: str, detail: str, path: str = "") -> None:
+        self.code = code
+        self.detail = detail
+        self.path = path
+        super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+
+
+class HintClampedWarning(UserWarning):
+    """A hint above 1024 was written as 1024."""
+
+    def __init__(self, requested: int, applied: int) -> None:
+        self.requested = requested
+        self.applied = applied
+        super().__init__(f"sup_bw {requested} out of range 0..1024: clamped to {applied}")
+
+
+def total_size(nslots: int, npeers: int) -> int:
+    return HEADER_SIZE + nslots * SLOT_SIZE + npeers * PEER_SIZE
+
+
+def slot_off(i: int) -> int:
+    return HEADER_SIZE + i * SLOT_SIZE
+
+
+def peer_off(nslots: int, j: int) -> int:
+    return HEADER_SIZE + nslots * SLOT_SIZE + j * PEER_SIZE
+
+
+def class_off(c: int) -> int:
+    return OFF_CLASS + c * REC_SIZE
+
+
+def ip_str(v: int) -> str:
+    return str(ipaddress.IPv4Address(v))
+
+
+def ip_int(s: Union[str, int]) -> int:
+    return s if isinstance(s, int) else int(ipaddress.IPv4Address(s))
+
+
+Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
+
+
+class View:
+    """Little-endian fields of a segment image. A live view (shared mmap) accesses 32/64-bit
+    fields through memoryview casts, i.e. single aligned loads/stores."""
+
+    def __init__(self, buf: Buffer, live: bool = False) -> None:
+        self.mv = memoryview(buf).cast("B")
+        self.live = live and len(self.mv) % 8 == 0
+        if self.live:
+            self.m32 = self.mv.cast("I")
+            self.m64 = self.mv.cast("Q")
+
+    def release(self) -> None:
+        if self.live:
+            self.m32.release()
+            self.m64.release()
+        self.mv.release()
+
+    def u8(self, off: int) -> int:
+        return int(self.mv[off])
+
+    def u16(self, off: int) -> int:
+        v: int = struct.unpack_from("<H", self.mv, off)[0]
+        return v
+
+    def u32(self, off: int) -> int:
+        if self.live:
+            return int(self.m32[off >> 2])
+        v: int = struct.unpack_from("<I", self.mv, off)[0]
+        return v
+
+    def u64(self, off: int) -> int:
+        if self.live:
+            return int(self.m64[off >> 3])
+        v: int = struct.unpack_from("<Q", self.mv, off)[0]
+        return v
+
+    def put8(self, off: int, v: int) -> None:
+        self.mv[off] = v & 0xFF
+
+    def put16(self, off: int, v: int) -> None:
+        struct.pack_into("<H", self.mv, off, v & 0xFFFF)
+
+    def put32(self, off: int, v: int) -> None:
+        if self.live:
+            self.m32[off >> 2] = v & 0xFFFFFFFF
+        else:
+            struct.pack_into("<I", self.mv, off, v & 0xFFFFFFFF)
+
+    def put64(self, off: int, v: int) -> None:
+        if self.live:
+            self.m64[off >> 3] = v & 0xFFFFFFFFFFFFFFFF
+        else:
+            struct.pack_into("<Q", self.mv, off, v & 0xFFFFFFFFFFFFFFFF)
+
+    def raw_record(self, off: int) -> "Record":
+        return Record(
+            seq=self.u32(off + R_SEQ),
+            sup_bw=self.u32(off + R_SUP_BW),
+            flags=self.u32(off + R_FLAGS),
+            gen=self.u32(off + R_GEN),
+            set_ns=self.u64(off + R_SET_NS),
+            peer_ip=ip_str(self.u32(off + R_PEER_IP)),
+            prefix_len=self.u8(off + R_PREFIX),
+        )
+
+    def read_record(self, off: int) -> Tuple["Record", bool]:
+        """Seqlock read (spec 5.1): (record, consistent). A plain view reads once."""
+        attempts = SEQ_ATTEMPTS if self.live else 1
+        for _ in range(attempts):
+            s1 = self.u32(off + R_SEQ)
+            if s1 & 1:
+                continue
+            r = self.raw_record(off)
+            if self.u32(off + R_SEQ) == s1:
+                r.seq = s1
+                return r, True
+        return self.raw_record(off), False
+
+    def write_fields(self, off: int, r: "Record") -> None:
+        self.put32(off + R_SUP_BW, r.sup_bw)
+        self.put32(off + R_FLAGS, r.flags)
+        self.put32(off + R_GEN, r.gen)
+        self.put64(off + R_SET_NS, r.set_ns)
+        self.put32(off + R_PEER_IP, ip_int(r.peer_ip))
+        self.put8(off + R_PREFIX, r.prefix_len)
+
+    def write_record(self, off: int, r: "Record") -> None:
+        """Seqlock write (spec 5.1); the caller holds the writer lock. Ordering of the
+        stores relies on the CPU keeping store order (x86-64); see docs/agent.md."""
+        w = self.u32(off + R_SEQ) | 1
+        self.put32(off + R_SEQ, w)
+        self.write_fields(off, r)
+        self.put32(off + R_SEQ, w + 1)
+
+
+@dataclass
+class Record:
+    """A hint record: slot hint, peer entry or class default."""
+
+    seq: int = 0
+    sup_bw: int = 0
+    flags: int = 0
+    gen: int = 0
+    set_ns: int = 0
+    peer_ip: str = "0.0.0.0"
+    prefix_len: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.flags & FLAG_VALID)
+
+
+@dataclass
+class Header:
+    version: int = VERSION
+    total_size: int = 0
+    nslots: int = 0
+    npeers: int = 0
+    flags: int = 0
+    heartbeat_ns: int = 0
+    agent_pid: int = 0
+    peers_epoch: int = 0
+    created_ns: int = 0
+
+
+@dataclass
+class Telemetry:
+    sout_bytes: int = 0
+    sout_requests: int = 0
+    sup_bytes: int = 0
+    sup_requests: int = 0
+    reads_applied: int = 0
+    reads_fallback: int = 0
+    reads_stale: int = 0
+    clamped: int = 0
+    last_sup_bw: int = 0
+    last_source: int = 0
+    last_read_ns: int = 0
+
+
+@dataclass
+class Slot:
+    """One connection slot: descriptor, hint and telemetry."""
+
+    index: int = 0
+    state: int = STATE_FREE
+    owner_pid: int = 0
+    gen: int = 0
+    conn_id: int = 0
+    local_sout_ip: str = "0.0.0.0"
+    peer_sout_ip: str = "0.0.0.0"
+    peer_island: str = "0.0.0.0"
+    path_class: int = 0
+    is_send: int = 0
+    nqps_sout: int = 0
+    nqps_sup: int = 0
+    pid: int = 0
+    registered_ns: int = 0
+    hint: Record = field(default_factory=Record)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+
+@dataclass
+class Peer:
+    index: int = 0
+    record: Record = field(default_factory=Record)
+
+
+@dataclass
+class Snapshot:
+    """A whole decoded segment; slots/peers list only entries with a non-zero byte."""
+
+    header: Header = field(default_factory=Header)
+    class_defaults: List[Record] = field(default_factory=lambda: [Record(), Record()])
+    peers: List[Peer] = field(default_factory=list)
+    slots: List[Slot] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Snapshot":
+        return cls(
+            header=Header(**d["header"]),
+            class_defaults=[Record(**r) for r in d["class_defaults"]],
+            peers=[Peer(index=p["index"], record=Record(**p["record"])) for p in d["peers"]],
+            slots=[_slot_from_dict(s) for s in d["slots"]],
+        )
+
+
+def _slot_from_dict(d: Dict[str, Any]) -> Slot:
+    kw = {f.name: d[f.name] for f in fields(Slot) if f.name not in ("hint", "telemetry")}
+    return Slot(**kw, hint=Record(**d["hint"]), telemetry=Telemetry(**d["telemetry"]))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the plugin decides for a slot (spec 5.3)."""
+
+    applies: bool
+    sup_bw: int
+    source: str
+    clamped: bool = False
+
+
+def _fail(code: str, detail: str, path: str) -> SegmentError:
+    return SegmentError(code, detail, path)
+
+
+def validate_header(head: Buffer, size: int, path: str = "") -> Header:
+    """Checks 5..9 of the spec's validation table; ``head`` holds the first bytes of a file
+    of ``size`` bytes."""
+    hb = bytes(head[:HEADER_SIZE])
+    if size < HEADER_SIZE or len(hb) < HEADER_SIZE:
+        raise _fail("too_small", f"{size} bytes, a header needs {HEADER_SIZE}", path)
+    if hb[:8] != MAGIC:
+        raise _fail("bad_magic", "not an MPIB hint segment", path)
+    v = View(hb)
+    ver = v.u32(OFF_VERSION)
+    if ver != VERSION:
+        raise _fail("bad_version", f"version {ver}, this reader implements {VERSION}", path)
+    h = decode_header(v)
+    hs, ss, ps = v.u32(OFF_HEADER_SIZE), v.u32(OFF_SLOT_SIZE), v.u32(OFF_PEER_SIZE)
+    if (
+        hs != HEADER_SIZE
+        or ss != SLOT_SIZE
+        or ps != PEER_SIZE
+        or not 1 <= h.nslots <= MAX_SLOTS
+        or h.npeers > MAX_PEERS
+        or h.total_size != total_size(h.nslots, h.npeers)
+    ):
+        raise _fail(
+            "bad_geometry",
+            f"header_size={hs} slot_size={ss} peer_size={ps} nslots={h.nslots} "
+            f"npeers={h.npeers} total_size={h.total_size}",
+            path,
+        )
+    if size < h.total_size:
+        raise _fail("too_small", f"{size} bytes, the header declares {h.total_size}", path)
+    return h
+
+
+def decode_header(v: View) -> Header:
+    return Header(
+        version=v.u32(OFF_VERSION),
+        total_size=v.u64(OFF_TOTAL),
+        nslots=v.u32(OFF_NSLOTS),
+        npeers=v.u32(OFF_NPEERS),
+        flags=v.u32(OFF_FLAGS),
+        heartbeat_ns=v.u64(OFF_HEARTBEAT),
+        agent_pid=v.u32(OFF_AGENT_PID),
+        peers_epoch=v.u32(OFF_PEERS_EPOCH),
+        created_ns=v.u64(OFF_CREATED),
+    )
+
+
+def decode_slot(v: View, i: int, hint: Optional[Record] = None) -> Slot:
+    off = slot_off(i)
+    owner = v.u64(off + S_OWNER)
+    tel = Telemetry(
+        **{
+            name: (v.u64(off + o) if size == 8 else v.u32(off + o))
+            for name, o, size in TELEMETRY
+        }
+    )
+    return Slot(
+        index=i,
+        state=owner & 0xFFFFFFFF,
+        owner_pid=owner >> 32,
+        gen=v.u32(off + S_GEN),
+        conn_id=v.u64(off + S_CONN),
+        local_sout_ip=ip_str(v.u32(off + S_LOCAL)),
+        peer_sout_ip=ip_str(v.u32(off + S_PEER)),
+        peer_island=ip_str(v.u32(off + S_ISLAND)),
+        path_class=v.u8(off + S_CLASS),
+        is_send=v.u8(off + S_SEND),
+        nqps_sout=v.u16(off + S_QSOUT),
+        nqps_sup=v.u16(off + S_QSUP),
+        pid=v.u32(off + S_PID),
+        registered_ns=v.u64(off + S_REG),
+        hint=hint if hint is not None else v.raw_record(off + S_HINT),
+        telemetry=tel,
+    )
+
+
+def _nonzero(v: View, off: int, n: int) -> bool:
+    return any(v.mv[off : off + n])
+
+
+def decode_view(v: View, h: Header) -> Snapshot:
+    snap = Snapshot(header=h, class_defaults=[v.raw_record(class_off(0)), v.raw_record(class_off(1))])
+    for j in range(h.npeers):
+        off = peer_off(h.nslots, j)
+        if _nonzero(v, off, PEER_SIZE):
+            snap.peers.append(Peer(index=j, record=v.raw_record(off)))
+    for i in range(h.nslots):
+        if _nonzero(v, slot_off(i), SLOT_SIZE):
+            snap.slots.append(decode_slot(v, i))
+    return snap
+
+
+def decode(buf: Buffer) -> Snapshot:
+    """Validates and decodes a segment image; raises SegmentError."""
+    h = validate_header(buf, len(buf))
+    v = View(memoryview(buf)[: h.total_size])
+    try:
+        return decode_view(v, h)
+    finally:
+        v.release()
+
+
+def _put_record(v: View, off: int, r: Record) -> None:
+    v.put32(off + R_SEQ, r.seq)
+    v.write_fields(off, r)
+
+
+def encode(snap: Snapshot) -> bytes:
+    """The image of ``snap``; bytes it does not describe are zero."""
+    h = snap.header
+    if not 1 <= h.nslots <= MAX_SLOTS or not 0 <= h.npeers <= MAX_PEERS:
+        raise SegmentError("bad_geometry", f"nslots={h.nslots} npeers={h.npeers}")
+    buf = bytearray(total_size(h.nslots, h.npeers))
+    v = View(buf)
+    buf[:8] = MAGIC
+    v.put32(OFF_VERSION, h.version)
+    v.put32(OFF_HEADER_SIZE, HEADER_SIZE)
+    v.put64(OFF_TOTAL, h.total_size)
+    v.put32(OFF_NSLOTS, h.nslots)
+    v.put32(OFF_SLOT_SIZE, SLOT_SIZE)
+    v.put32(OFF_NPEERS, h.npeers)
+    v.put32(OFF_PEER_SIZE, PEER_SIZE)
+    v.put32(OFF_FLAGS, h.flags)
+    v.put64(OFF_HEARTBEAT, h.heartbeat_ns)
+    v.put32(OFF_AGENT_PID, h.agent_pid)
+    v.put32(OFF_PEERS_EPOCH, h.peers_epoch)
+    v.put64(OFF_CREATED, h.created_ns)
+    for c, r in enumerate(snap.class_defaults[:2]):
+        _put_record(v, class_off(c), r)
+    for p in snap.peers:
+        if not 0 <= p.index < h.npeers:
+            raise SegmentError("slot_range", f"peer index {p.index} of {h.npeers}")
+        _put_record(v, peer_off(h.nslots, p.index), p.record)
+    for s in snap.slots:
+        if not 0 <= s.index < h.nslots:
+            raise SegmentError("slot_range", f"slot index {s.index} of {h.nslots}")
+        encode_slot(v, s)
+    v.release()
+    return bytes(buf)
+
+
+def encode_slot(v: View, s: Slot) -> None:
+    off = slot_off(s.index)
+    v.put64(off + S_OWNER, s.state | s.owner_pid << 32)
+    v.put32(off + S_GEN, s.gen)
+    v.put64(off + S_CONN, s.conn_id)
+    v.put32(off + S_LOCAL, ip_int(s.local_sout_ip))
+    v.put32(off + S_PEER, ip_int(s.peer_sout_ip))
+    v.put32(off + S_ISLAND, ip_int(s.peer_island))
+    v.put8(off + S_CLASS, s.path_class)
+    v.put8(off + S_SEND, s.is_send)
+    v.put16(off + S_QSOUT, s.nqps_sout)
+    v.put16(off + S_QSUP, s.nqps_sup)
+    v.put32(off + S_PID, s.pid)
+    v.put64(off + S_REG, s.registered_ns)
+    _put_record(v, off + S_HINT, s.hint)
+    put_telemetry(v, off, s.telemetry)
+
+
+def put_telemetry(v: View, off: int, t: Telemetry) -> None:
+    for name, o, size in TELEMETRY:
+        (v.put64 if size == 8 else v.put32)(off + o, getattr(t, name))
+
+
+def clamp(v: int) -> Tuple[int, bool]:
+    return (SUP_BW_MAX, True) if v > SUP_BW_MAX else (max(v, 0), False)
+
+
+def heartbeat_fresh(hb: int, now: int, stale_ns: int) -> bool:
+    if hb == 0:
+        return False
+    if now >= hb:
+        return now - hb <= stale_ns
+    return hb - now <= stale_ns
+
+
+def prefix_match(ip: int, key: int, prefix_len: int) -> bool:
+    if prefix_len > 32:
+        return False
+    mask = 0 if prefix_len == 0 else (0xFFFFFFFF << (32 - prefix_len)) & 0xFFFFFFFF
+    return (ip & mask) == (key & mask)
+
+
+def _applied(v: int, source: str) -> Resolution:
+    c, clamped = clamp(v)
+    return Resolution(True, c, source, clamped)
+
+
+def _none(reason: str) -> Resolution:
+    return Resolution(False, 0, reason, False)
+
+
+def peer_scan(v: View, h: Header, ip: int) -> Optional[int]:
+    best, best_len = None, -1
+    for j in range(h.npeers):
+        r, ok = v.read_record(peer_off(h.nslots, j))
+        if not ok or not r.valid:
+            continue
+        if prefix_match(ip, ip_int(r.peer_ip), r.prefix_len) and r.prefix_len > best_len:
+            best, best_len = j, r.prefix_len
+    return best
+
+
+def resolve_view(v: View, h: Header, slot: int, now: int, stale_ns: int) -> Resolution:
+    """Spec 5.3."""
+    if not 0 <= slot < h.nslots:
+        return _none("bad_slot")
+    if not heartbeat_fresh(v.u64(OFF_HEARTBEAT), now, stale_ns):
+        return _none("stale")
+    off = slot_off(slot)
+    if v.u64(off + S_OWNER) & 0xFFFFFFFF != STATE_ACTIVE:
+        return _none("inactive")
+    gen = v.u32(off + S_GEN)
+    r, ok = v.read_record(off + S_HINT)
+    if not ok:
+        return _none("busy")
+    if r.valid and r.gen == gen:
+        return _applied(r.sup_bw, "slot")
+    ip = v.u32(off + S_PEER)
+    j = peer_scan(v, h, ip)
+    if j is not None:
+        r, ok = v.read_record(peer_off(h.nslots, j))
+        if not ok:
+            return _none("busy")
+        if r.valid and prefix_match(ip, ip_int(r.peer_ip), r.prefix_len):
+            return _applied(r.sup_bw, "peer")
+    c = v.u8(off + S_CLASS)
+    if c <= 1:
+        r, ok = v.read_record(class_off(c))
+        if not ok:
+            return _none("busy")
+        if r.valid:
+            return _applied(r.sup_bw, "class")
+    return _none("no_hint")
+
+
+def resolve(buf: Buffer, slot: int, now_ns: int, stale_ns: int) -> Resolution:
+    """Resolves a slot of a segment image at an explicit time (the vectors' reads)."""
+    h = validate_header(buf, len(buf))
+    v = View(memoryview(buf)[: h.total_size])
+    try:
+        return resolve_view(v, h, slot, now_ns, stale_ns)
+    finally:
+        v.release()

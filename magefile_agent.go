@@ -1,0 +1,96 @@
+//go:build mage
+
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/magefile/mage/mg"
+	"github.com/magefile/mage/sh"
+)
+
+// Agent groups the policy agents: the static Go CLI and the Python package.
+type Agent mg.Namespace
+
+// agentVenv is the virtual environment Agent:Test installs the Python package into.
+var agentVenv = filepath.Join(buildDir, "venv")
+
+// Build builds build/mpib-agent (static, CGO_ENABLED=0) and copies the Python package to
+// build/python (lab nodes: PYTHONPATH=<build>/python/src python3 -m mpib_agent ...).
+func (Agent) Build() error {
+	if err := os.MkdirAll(buildDir, 0o755); err != nil {
+		return err
+	}
+	err := sh.RunWith(map[string]string{"CGO_ENABLED": "0"}, "go", "build", "-trimpath",
+		"-ldflags", "-s -w", "-o", filepath.Join(buildDir, "mpib-agent"), "./agent/go/cmd/mpib-agent")
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(buildDir, "python")
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	for _, f := range []string{"pyproject.toml", "README.md", "src"} {
+		if err := copyTree(filepath.Join("agent", "python", f), filepath.Join(dst, f)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Test installs the Python package into build/venv (pip, from agent/python) and runs pytest.
+func (Agent) Test() error {
+	py := filepath.Join(agentVenv, "bin", "python")
+	if _, err := os.Stat(py); err != nil {
+		if err := sh.Run("python3", "-m", "venv", agentVenv); err != nil {
+			return err
+		}
+	}
+	if err := sh.Run(py, "-m", "pip", "install", "-q", "pytest"); err != nil {
+		return err
+	}
+	if err := sh.Run(py, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "./agent/python"); err != nil {
+		return err
+	}
+	return sh.RunV(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "agent/python/tests")
+}
+
+// copyTree copies a file or directory, skipping Python caches.
+func copyTree(src, dst string) error {
+	return filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if strings.Contains(p, "__pycache__") || strings.HasSuffix(p, ".egg-info") {
+			if info.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(src, p)
+		out := filepath.Join(dst, rel)
+		if info.IsDir() {
+			return os.MkdirAll(out, 0o755)
+		}
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return err
+		}
+		in, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		w, err := os.OpenFile(out, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(w, in); err != nil {
+			w.Close()
+			return err
+		}
+		return w.Close()
+	})
+}
