@@ -125,3 +125,40 @@ func aptInstall(pkgs ...string) error {
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	return cmd.Run()
 }
+
+// Bench runs the plugin against perftest on the same soft-RoCE rails (P1..P4), prints one line
+// per figure and writes docs/benchmarks.md's table and docs/benchmarks.png.
+func Bench() error {
+	mg.Deps(Build)
+	out, err := filepath.Abs(filepath.Join(buildDir, "bench"))
+	if err != nil {
+		return err
+	}
+	os.RemoveAll(out)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	env := map[string]string{"MPIB_BENCH": "1", "MPIB_BENCH_OUT": out}
+	if err := sh.RunWithV(env, "go", "test", "-count=1", "-v", "-timeout", "90m", "-run", "TestBench", "./integration/"); err != nil {
+		return err
+	}
+	py, err := toolsPython("matplotlib")
+	if err != nil {
+		return err
+	}
+	return sh.RunV(py, "scripts/bench_report.py", out, "docs/benchmarks.md")
+}
+
+// toolsPython returns the interpreter of build/venv-tools with the given packages installed
+// (plotting for bench and demo; the agent itself needs none).
+func toolsPython(pkgs ...string) (string, error) {
+	venv := filepath.Join(buildDir, "venv-tools")
+	py := filepath.Join(venv, "bin", "python3")
+	if _, err := os.Stat(py); err != nil {
+		if err := sh.Run("python3", "-m", "venv", venv); err != nil {
+			return "", fmt.Errorf("creating %s (apt-get install python3-venv): %w", venv, err)
+		}
+	}
+	args := append([]string{"-m", "pip", "install", "-q", "--disable-pip-version-check"}, pkgs...)
+	return py, sh.Run(py, args...)
+}

@@ -1,0 +1,289 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Benchmarks (go run mage.go bench): the plugin against perftest on the same soft-RoCE rails,
+// back to back in one run, reported as ratios. They run only with MPIB_BENCH=1; results go
+// to $MPIB_BENCH_OUT (JSON) for docs/benchmarks.md and the plot.
+
+func benchOrSkip(t *testing.T) *Topology {
+	t.Helper()
+	if os.Getenv("MPIB_BENCH") != "1" {
+		t.Skip("benchmarks run with MPIB_BENCH=1 (go run mage.go bench)")
+	}
+	return labOrSkip(t)
+}
+
+func benchReps() int {
+	if n, err := strconv.Atoi(os.Getenv("MPIB_BENCH_REPS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
+
+// figure is one measured line of the benchmark report.
+type figure struct {
+	Name     string    `json:"name"` // P1, P2, P3, P4
+	Key      string    `json:"key"`  // size=N or split=...
+	Ratio    float64   `json:"ratio"`
+	Plugin   float64   `json:"plugin"`
+	Ref      float64   `json:"ref"`
+	Unit     string    `json:"unit"`
+	Ratios   []float64 `json:"ratios"` // every repetition, for the spread
+	SupShare float64   `json:"sup_share,omitempty"`
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func spread(xs []float64) float64 {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range xs {
+		lo, hi = math.Min(lo, x), math.Max(hi, x)
+	}
+	return hi - lo
+}
+
+func saveFigures(t *testing.T, name string, figs []figure) {
+	dir := os.Getenv("MPIB_BENCH_OUT")
+	if dir == "" {
+		return
+	}
+	b, _ := json.MarshalIndent(figs, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), b, 0o644); err != nil {
+		t.Error(err)
+	}
+}
+
+var bwLineRe = regexp.MustCompile(`nettest-bw: size=(\d+) iters=\d+ seconds=[\d.]+ mbps=([\d.]+) role=server`)
+
+// pluginBW runs mpib-nettest in bw mode and returns receiver-side Mbit/s per size.
+func pluginBW(t *testing.T, server, client *Node, env []string, sizes []int, seconds float64) map[int]float64 {
+	t.Helper()
+	var list []string
+	for _, s := range sizes {
+		list = append(list, strconv.Itoa(s))
+	}
+	res := runPair(context.Background(), t, server, client, pluginEnv(server, env...), pluginEnv(client, env...),
+		"--mode", "bw", "--sizes", strings.Join(list, ","), "--seconds", fmt.Sprint(seconds), "--window", "8")
+	if res.serverCode != 0 || res.clientCode != 0 {
+		t.Fatalf("nettest bw failed:\n%s", res)
+	}
+	out := map[int]float64{}
+	for _, m := range bwLineRe.FindAllStringSubmatch(res.serverOut, -1) {
+		size, _ := strconv.Atoi(m[1])
+		out[size], _ = strconv.ParseFloat(m[2], 64)
+	}
+	if len(out) != len(sizes) {
+		t.Fatalf("nettest bw reported %d of %d sizes:\n%s", len(out), len(sizes), res)
+	}
+	return out
+}
+
+// perftestBW returns ib_write_bw's Mbit/s for one rail and size, moving about `bytes`.
+func perftestBW(t *testing.T, server, client *Node, rail Rail, size int, bytes int) float64 {
+	t.Helper()
+	iters := bytes / size
+	if iters < 8 {
+		iters = 8
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := WriteBW{Server: server, Client: client, Rail: rail, Size: size, Iters: iters, Timeout: 3 * time.Minute}.Run(ctx)
+	if err != nil || res.ClientCode != 0 {
+		t.Fatalf("ib_write_bw %s size %d: %v\n%s", rail, size, err, res.Output)
+	}
+	// perftest's own figure comes from its cycle counter; wall time bounds it from below.
+	return res.Gbps * 1000
+}
+
+func TestBenchP1SingleRail(t *testing.T) {
+	lab := benchOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	sizes := []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
+	ratios := map[int][]float64{}
+	plugin, ref := map[int][]float64{}, map[int][]float64{}
+	for rep := 0; rep < benchReps(); rep++ {
+		// Vanilla intra-island: every byte and the CTS on SUP, the same rail perftest uses.
+		got := pluginBW(t, a2, a1, nil, sizes, 3)
+		for _, s := range sizes {
+			r := perftestBW(t, a2, a1, SUP, s, 48<<20)
+			plugin[s] = append(plugin[s], got[s])
+			ref[s] = append(ref[s], r)
+			ratios[s] = append(ratios[s], got[s]/r)
+		}
+	}
+	var figs []figure
+	for _, s := range sizes {
+		f := figure{Name: "P1", Key: fmt.Sprintf("size=%d", s), Ratio: median(ratios[s]), Plugin: median(plugin[s]),
+			Ref: median(ref[s]), Unit: "mbps", Ratios: ratios[s]}
+		figs = append(figs, f)
+		fmt.Printf("P1 size=%d ratio=%.3f plugin_mbps=%.1f ref_mbps=%.1f reps=%d spread=%.3f\n",
+			s, f.Ratio, f.Plugin, f.Ref, len(ratios[s]), spread(ratios[s]))
+		if s >= 1<<20 && f.Ratio < 0.95 {
+			t.Logf("P1 size=%d below the 0.95 target", s)
+		}
+	}
+	saveFigures(t, "p1", figs)
+}
+
+func TestBenchP2UnequalRails(t *testing.T) {
+	lab := benchOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx := context.Background()
+	shape := map[Rail]string{SOUT: "netem rate 40mbit limit 10000", SUP: "netem rate 80mbit limit 10000"}
+	for r, q := range shape {
+		if err := lab.Shape(ctx, a1, r, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for r := range shape {
+			lab.Shape(ctx, a1, r, "")
+		}
+	}()
+	const size = 4 << 20
+	type split struct {
+		name  string
+		supBW int
+	}
+	ratios, plugin, ref, shares := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	var order []string
+	for rep := 0; rep < benchReps(); rep++ {
+		sout := perftestBW(t, a2, a1, SOUT, size, 24<<20)
+		sup := perftestBW(t, a2, a1, SUP, size, 24<<20)
+		prop := int(math.Round(1024 * sup / (sup + sout)))
+		splits := []split{{"proportional", prop}, {"equal", 512}, {"sout-only", 0}}
+		order = nil
+		for _, sp := range splits {
+			order = append(order, sp.name)
+			got := pluginBW(t, a2, a1, []string{fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", sp.supBW)}, []int{size}, 8)[size]
+			ratios[sp.name] = append(ratios[sp.name], got/(sout+sup))
+			plugin[sp.name] = append(plugin[sp.name], got)
+			ref[sp.name] = append(ref[sp.name], sout+sup)
+			shares[sp.name] = append(shares[sp.name], float64(sp.supBW)/1024)
+		}
+	}
+	var figs []figure
+	for _, name := range order {
+		f := figure{Name: "P2", Key: "split=" + name, Ratio: median(ratios[name]), Plugin: median(plugin[name]),
+			Ref: median(ref[name]), Unit: "mbps", Ratios: ratios[name], SupShare: median(shares[name])}
+		figs = append(figs, f)
+		fmt.Printf("P2 split=%s ratio=%.3f plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f\n",
+			name, f.Ratio, f.Plugin, f.Ref, f.SupShare, len(ratios[name]), spread(ratios[name]))
+	}
+	saveFigures(t, "p2", figs)
+}
+
+var (
+	latRe     = regexp.MustCompile(`nettest-lat: size=8 iters=\d+ avg_us=([\d.]+) p50_us=([\d.]+)`)
+	perfLatRe = regexp.MustCompile(`(?m)^\s*8\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)`)
+)
+
+func TestBenchP3Latency(t *testing.T) {
+	lab := benchOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx := context.Background()
+	var ratios, plugin, ref []float64
+	for rep := 0; rep < benchReps(); rep++ {
+		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "lat", "--sizes", "8", "--iters", "1000")
+		m := latRe.FindStringSubmatch(res.clientOut)
+		if res.clientCode != 0 || m == nil {
+			t.Fatalf("nettest lat failed:\n%s", res)
+		}
+		p, _ := strconv.ParseFloat(m[2], 64)
+		r := perftestLat(t, a2, a1)
+		plugin, ref, ratios = append(plugin, p), append(ref, r), append(ratios, p/r)
+	}
+	f := figure{Name: "P3", Key: "size=8", Ratio: median(ratios), Plugin: median(plugin), Ref: median(ref), Unit: "us", Ratios: ratios}
+	fmt.Printf("P3 size=8 ratio=%.3f plugin_us=%.1f ref_us=%.1f reps=%d spread=%.3f\n", f.Ratio, f.Plugin, f.Ref, len(ratios), spread(ratios))
+	saveFigures(t, "p3", []figure{f})
+}
+
+// perftestLat returns ib_write_lat's typical one-way latency (microseconds) on SUP.
+func perftestLat(t *testing.T, server, client *Node) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	args := func(n *Node) []string {
+		return []string{"ib_write_lat", "-d", n.Dev(SUP), "-x", strconv.Itoa(n.GIDIndex(SUP)), "-F", "-s", "8", "-n", "1000", "-p", "18530"}
+	}
+	srv, err := server.Start(ctx, nil, args(server)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := server.waitListen(ctx, 18530, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code, err := client.Exec(ctx, nil, append(args(client), server.IP(SOUT))...)
+	srv.Wait(ctx)
+	if err != nil || code != 0 {
+		t.Fatalf("ib_write_lat: %v exit %d\n%s\n%s", err, code, out, errOut)
+	}
+	// Columns: #bytes #iterations t_min t_max t_typical t_avg ...
+	m := perfLatRe.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no latency line in ib_write_lat output:\n%s", out)
+	}
+	typical, _ := strconv.ParseFloat(m[3], 64)
+	return typical
+}
+
+var irRe = regexp.MustCompile(`(?m)^\s*([\d,]+)\s+\([^)]*\)\s+\S*:(mpib_isend|mpib_test)\b`)
+
+func TestBenchP4InstructionsPerMessage(t *testing.T) {
+	lab := benchOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	const iters = 2000
+	port := strconv.Itoa(int(oobPort.Add(1)))
+	common := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "bw", "--sizes", "4096", "--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}
+	srv, err := a2.Start(ctx, pluginEnv(a2), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code, err := a1.Exec(ctx, pluginEnv(a1), append([]string{"valgrind", "--tool=callgrind", "--callgrind-out-file=/tmp/mpib.callgrind",
+		nettestBin, "--role", "client", "--oob-connect", a2.IP(SOUT) + ":" + port}, common...)...)
+	srv.Wait(ctx)
+	if err != nil || code != 0 {
+		t.Fatalf("callgrind run: %v exit %d\n%s\n%s", err, code, out, tail(errOut, 3000))
+	}
+	ann, annErr, code, err := a1.Exec(ctx, nil, "callgrind_annotate", "--inclusive=yes", "--threshold=100", "/tmp/mpib.callgrind")
+	if err != nil || code != 0 {
+		t.Fatalf("callgrind_annotate: %v exit %d %s", err, code, annErr)
+	}
+	ir := map[string]float64{}
+	for _, m := range irRe.FindAllStringSubmatch(ann, -1) {
+		v, _ := strconv.ParseFloat(strings.ReplaceAll(m[1], ",", ""), 64)
+		ir[m[2]] = v
+	}
+	if ir["mpib_isend"] == 0 || ir["mpib_test"] == 0 {
+		t.Fatalf("no mpib_isend/mpib_test in callgrind output:\n%s", tail(ann, 3000))
+	}
+	perMsg := (ir["mpib_isend"] + ir["mpib_test"]) / iters
+	fmt.Printf("P4 size=4096 instructions_per_message=%.0f isend_ir=%.0f test_ir=%.0f messages=%d\n", perMsg, ir["mpib_isend"], ir["mpib_test"], iters)
+	saveFigures(t, "p4", []figure{{Name: "P4", Key: "size=4096", Plugin: perMsg, Unit: "instructions"}})
+}
