@@ -48,13 +48,14 @@ static inline uint32_t mpib_clamp_sup_bw(uint32_t sup_bw) {
 }
 
 /* Bytes of a request carried by SOUT; SUP carries the rest, starting at this offset.
- * The boundary is rounded down to MPIB_SPLIT_ALIGN, so SUP may carry up to 127 bytes more
- * than its exact share. */
+ * The boundary is SOUT's exact share rounded to the nearest multiple of MPIB_SPLIT_ALIGN
+ * (never past the end), so over many requests neither rail is favoured by the rounding. */
 static inline size_t mpib_split_sout_bytes(size_t size, uint32_t sup_bw) {
   if (sup_bw == 0) return size;
   if (sup_bw >= MPIB_SUP_BW_MAX) return 0;
-  unsigned __int128 sout = (unsigned __int128)size * (MPIB_SUP_BW_MAX - sup_bw) / MPIB_SUP_BW_MAX;
-  return (size_t)sout & ~(size_t)(MPIB_SPLIT_ALIGN - 1);
+  unsigned __int128 exact = (unsigned __int128)size * (MPIB_SUP_BW_MAX - sup_bw) / MPIB_SUP_BW_MAX;
+  size_t sout = (size_t)(exact + MPIB_SPLIT_ALIGN / 2) & ~(size_t)(MPIB_SPLIT_ALIGN - 1);
+  return sout > size ? size : sout;
 }
 
 /* Rails that carry data for one request of `size` bytes split at `sout_bytes`.

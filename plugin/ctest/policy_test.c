@@ -1,4 +1,5 @@
-// link:
+//go:build ignore
+
 /* Table tests for the pure data-path decisions in mpib_policy.h. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +25,10 @@ static void test_split(void) {
       {1 << 20, 2000, 0},              /* above 1024 acts as all SUP */
       {1 << 20, 512, 1 << 19},         /* half */
       {1 << 20, 256, 786432},          /* SOUT 3/4 */
-      {1000, 512, 384},                /* 500 rounded down to 128 */
-      {100, 512, 0},                   /* below one line: SUP carries it all */
+      {1000, 512, 512},                /* 500 rounds to the nearest 128 */
+      {1000, 640, 384},                /* 375 rounds down to 384 */
+      {100, 512, 0},                   /* 50 rounds to 0: SUP carries it all */
+      {100, 256, 100},                 /* 75 rounds to 128, capped at the size: all SOUT */
       {64u << 20, 300, 47448064},      /* 64 MiB * 724/1024, 128-aligned */
       {(size_t)3 << 30, 1, 3218079744u}, /* > 2^32 intermediate products do not overflow */
   };
