@@ -1,0 +1,135 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// The demo (go run mage.go demo): traffic between and inside the islands in vanilla mode,
+// then advanced mode with the Go agent moving the a1->a2 split live, while a1's per-rail
+// throughput is shown every second. Runs only with MPIB_DEMO=1; the timeline goes to
+// $MPIB_DEMO_OUT/timeline.json for the chart.
+
+type demoSample struct {
+	T       float64 `json:"t"`
+	Phase   string  `json:"phase"`
+	Hint    int     `json:"hint"`
+	SoutBps float64 `json:"sout_mbps"`
+	SupBps  float64 `json:"sup_mbps"`
+}
+
+func TestDemo(t *testing.T) {
+	if os.Getenv("MPIB_DEMO") != "1" {
+		t.Skip("the demo runs with MPIB_DEMO=1 (go run mage.go demo)")
+	}
+	lab := labOrSkip(t)
+	a1, a2, b1 := lab.Node("a1"), lab.Node("a2"), lab.Node("b1")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var timeline []demoSample
+	phase, hint := "", -1
+
+	// watch prints a1's per-rail transmit rate once a second until stop is closed.
+	watch := func(stop <-chan struct{}) {
+		prev, _ := sampleRails(ctx, a1)
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+			cur, err := sampleRails(ctx, a1)
+			if err != nil {
+				continue
+			}
+			dt := time.Since(last).Seconds()
+			last = time.Now()
+			rate := func(r Rail) float64 {
+				return float64(cur["a1"][r].TxBytes-prev["a1"][r].TxBytes) * 8 / dt / 1e6
+			}
+			s := demoSample{T: time.Since(start).Seconds(), Phase: phase, Hint: hint, SoutBps: rate(SOUT), SupBps: rate(SUP)}
+			prev = cur
+			timeline = append(timeline, s)
+			hintText := "vanilla"
+			if s.Hint >= 0 {
+				hintText = fmt.Sprintf("hint=%d/1024", s.Hint)
+			}
+			fmt.Printf("demo: t=%5.1fs %-9s %-14s a1 tx  SOUT %6.1f Mbit/s %-20s SUP %6.1f Mbit/s %s\n", s.T, s.Phase, hintText,
+				s.SoutBps, bar(s.SoutBps), s.SupBps, bar(s.SupBps))
+		}
+	}
+	bw := func(server, client *Node, env []string, seconds int) (*Process, *Process) {
+		port := strconv.Itoa(int(oobPort.Add(1)))
+		args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "bw", "--sizes", "1048576", "--seconds", strconv.Itoa(seconds)}
+		srv, err := server.Start(ctx, pluginEnv(server, env...), append([]string{nettestBin, "--role", "server", "--oob-listen", server.IP(SOUT) + ":" + port}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := client.Start(ctx, pluginEnv(client, env...), append([]string{nettestBin, "--role", "client", "--oob-connect", server.IP(SOUT) + ":" + port}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv, cli
+	}
+	waitAll := func(ps ...*Process) {
+		for _, p := range ps {
+			if _, errOut, code, err := p.Wait(ctx); err != nil || code != 0 {
+				t.Fatalf("demo transfer failed: exit %d %v\n%s", code, err, tail(errOut, 2000))
+			}
+		}
+	}
+
+	fmt.Println("demo: phase 1, vanilla (MPIB_MODE=0): a1->a2 inside island A rides SUP, a1->b1 to island B rides SOUT")
+	phase = "vanilla"
+	stop := make(chan struct{})
+	go watch(stop)
+	s1, c1 := bw(a2, a1, nil, 20)
+	s2, c2 := bw(b1, a1, nil, 20)
+	waitAll(c1, c2, s1, s2)
+
+	fmt.Println("demo: phase 2, advanced (MPIB_MODE=1): the Go agent in a1 moves the a1->a2 split live")
+	phase = "advanced"
+	a1.Exec(ctx, nil, "rm", "-f", segPath)
+	goAgent.run(ctx, t, a1, "create")
+	beat, err := a1.Start(ctx, nil, goAgent.cmd[0], "heartbeat", "--path", segPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
+	s3, c3 := bw(a2, a1, mode, 34)
+	slot := goAgent.sendSlot(ctx, t, a1)
+	for _, h := range []int{0, 256, 512, 768, 1024} {
+		goAgent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(h))
+		hint = h
+		time.Sleep(6 * time.Second)
+	}
+	waitAll(c3, s3)
+	close(stop)
+	beat.Kill(ctx)
+
+	if dir := os.Getenv("MPIB_DEMO_OUT"); dir != "" {
+		b, _ := json.MarshalIndent(timeline, "", "  ")
+		if err := os.WriteFile(filepath.Join(dir, "timeline.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func bar(mbps float64) string {
+	n := int(mbps / 10)
+	if n > 20 {
+		n = 20
+	}
+	if n < 0 {
+		n = 0
+	}
+	return "[" + string([]byte("####################")[:n]) + string([]byte("                    ")[:20-n]) + "]"
+}

@@ -1,0 +1,192 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Advanced mode in the lab: an agent in a1 changes the live a1->a2 connection's hint during
+// one long verified transfer; the SUP byte share of each phase, from a1's rail counters,
+// must follow the hint. Killing the agent returns the plugin to vanilla.
+
+const segPath = "/dev/shm/mpib-hints"
+
+// agentCLI is how to run one agent's CLI in a node.
+type agentCLI struct {
+	name string
+	cmd  []string
+	env  []string
+}
+
+var (
+	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
+	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"}, []string{"PYTHONPATH=" + NodeBuildDir + "/python/src"}}
+)
+
+func (a agentCLI) run(ctx context.Context, t *testing.T, n *Node, args ...string) string {
+	t.Helper()
+	out, errOut, code, err := n.Exec(ctx, a.env, append(a.cmd, append(args, "--path", segPath)...)...)
+	if err != nil || code != 0 {
+		t.Fatalf("%s agent %s: exit %d %v\n%s%s", a.name, strings.Join(args, " "), code, err, out, errOut)
+	}
+	return out
+}
+
+type listedConn struct {
+	Index  uint32 `json:"index"`
+	IsSend uint8  `json:"is_send"`
+	PID    uint32 `json:"pid"`
+}
+
+// sendSlot waits until a send connection is registered in the segment and returns its slot.
+func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		var conns []listedConn
+		if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json")), &conns); err != nil {
+			t.Fatalf("%s agent list --json: %v", a.name, err)
+		}
+		for _, c := range conns {
+			if c.IsSend == 1 {
+				return c.Index
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("%s agent: no send connection registered in %s", a.name, segPath)
+	return 0
+}
+
+// supShareOver measures a1's SUP share of transmitted bytes over d.
+func supShareOver(ctx context.Context, t *testing.T, n *Node, d time.Duration) (float64, uint64) {
+	t.Helper()
+	before, err := sampleRails(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d)
+	after, err := sampleRails(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sout := after[n.Name()][SOUT].TxBytes - before[n.Name()][SOUT].TxBytes
+	sup := after[n.Name()][SUP].TxBytes - before[n.Name()][SUP].TxBytes
+	return share(sup, sup+sout), sup + sout
+}
+
+func running(p *Process) bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+const (
+	phaseSettle  = 2 * time.Second // in-flight requests (8 x <= 1 MiB) drain under the old hint
+	phaseMeasure = 5 * time.Second
+)
+
+func testAgentPhases(t *testing.T, agent agentCLI) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	a1.Exec(ctx, nil, "rm", "-f", segPath)
+	agent.run(ctx, t, a1, "create")
+	beat, err := a1.Start(ctx, agent.env, append(agent.cmd, "heartbeat", "--path", segPath)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer beat.Kill(context.Background())
+
+	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
+	port := strconv.Itoa(int(oobPort.Add(1)))
+	// Long enough to outlast the phases at the fastest rate seen; verified byte for byte.
+	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "640M", "--max-size", "1M", "--window", "8"}
+	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := a1.Start(ctx, pluginEnv(a1, mode...), append([]string{nettestBin, "--role", "client", "--oob-connect", a2.IP(SOUT) + ":" + port}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := agent.sendSlot(ctx, t, a1)
+
+	type phase struct {
+		hint  int
+		share float64
+		bytes uint64
+	}
+	var phases []phase
+	for _, hint := range []int{0, 512, 1024, 256} {
+		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
+		time.Sleep(phaseSettle)
+		s, b := supShareOver(ctx, t, a1, phaseMeasure)
+		if !running(cli) {
+			t.Fatalf("the transfer ended before phase hint=%d was measured: raise --bytes", hint)
+		}
+		phases = append(phases, phase{hint, s, b})
+	}
+	// The agent dies: its heartbeat goes stale and the plugin falls back to vanilla (all SUP).
+	if err := beat.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500*time.Millisecond + phaseSettle)
+	fallback, fbBytes := supShareOver(ctx, t, a1, phaseMeasure)
+	stillRunning := running(cli)
+
+	cOut, cErr, cCode, err1 := cli.Wait(ctx)
+	sOut, sErr, sCode, err2 := srv.Wait(ctx)
+	res := pairResult{serverOut: sOut, serverErr: sErr, clientOut: cOut, clientErr: cErr, serverCode: sCode, clientCode: cCode}
+	if err1 != nil || err2 != nil {
+		t.Fatalf("transfer did not finish: %v %v", err1, err2)
+	}
+	verified(t, res)
+	for _, p := range phases {
+		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true\n", agent.name, p.hint, p.share)
+		if want := float64(p.hint) / 1024; math.Abs(p.share-want) > 0.01 || p.bytes < 1<<20 {
+			t.Errorf("hint %d: SUP share %.4f over %d bytes, want %.4f within 0.01", p.hint, p.share, p.bytes, want)
+		}
+	}
+	fmt.Printf("policy: pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true\n", fallback)
+	if !stillRunning || fallback < 0.99 || fbBytes < 1<<20 {
+		t.Errorf("after the agent died: SUP share %.4f over %d bytes (transfer running: %t), want vanilla ~1.0", fallback, fbBytes, stillRunning)
+	}
+}
+
+func TestPolicyGoAgent(t *testing.T)     { testAgentPhases(t, goAgent) }
+func TestPolicyPythonAgent(t *testing.T) { testAgentPhases(t, pythonAgent) }
+
+// A segment full of garbage must not change correctness: the plugin refuses it and stays on
+// the vanilla policy.
+func TestPolicyGarbageSegment(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx := context.Background()
+	if _, _, code, err := a1.Exec(ctx, nil, "sh", "-c", "head -c 300000 /dev/urandom >"+segPath+" && chmod 600 "+segPath); err != nil || code != 0 {
+		t.Fatalf("writing garbage segment: %v exit %d", err, code)
+	}
+	defer a1.Exec(ctx, nil, "rm", "-f", segPath)
+	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
+	res := runPair(ctx, t, a2, a1, pluginEnv(a2, mode...), pluginEnv(a1, mode...), "--mode", "verify", "--bytes", "24M", "--max-size", "1M")
+	verified(t, res)
+	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
+	s := share(sup, sup+sout)
+	fmt.Printf("policy: pair=a1-a2 agent=garbage fallback=vanilla sup_share=%.3f verified=true\n", s)
+	if s < 0.99 {
+		t.Errorf("garbage segment: SUP share %.4f, want vanilla ~1.0", s)
+	}
+	if !strings.Contains(res.clientErr, "agent segment") {
+		t.Errorf("the plugin did not say why it ignored the segment:\n%s", tail(res.clientErr, 2000))
+	}
+}
