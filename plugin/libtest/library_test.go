@@ -70,3 +70,17 @@ func TestLoadsWithRTLDNow(t *testing.T) {
 		t.Fatalf("dlopen check failed: %v\n%s", err, out)
 	}
 }
+
+// The test driver's own checks (modes, fault detection, usage errors) against a TCP fake
+// plugin. This tests mpib-nettest, not MPIB: the plugin itself is proven on soft-RoCE.
+func TestNettestDriverSelfCheck(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("skipping: gcc not found")
+	}
+	cmd := exec.Command("bash", "plugin/nettest/fake/test_nettest.sh")
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\n0 failure(s)") {
+		t.Fatalf("nettest self-check failed: %v\n%s", err, out)
+	}
+}
