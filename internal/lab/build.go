@@ -60,6 +60,15 @@ func imageAt(dir string) *Image {
 
 // Build returns the cached VM image of the current recipe, building it when missing.
 func Build(ctx context.Context, cfg Config) (*Image, error) {
+	unlock, err := Lock(ctx, cfg, "vm")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return build(ctx, cfg)
+}
+
+func build(ctx context.Context, cfg Config) (*Image, error) {
 	if img, ok := CachedImage(cfg); ok {
 		cfg.logf("image %s cached (kernel %s)", img.Dir, img.Manifest.KernelVersion)
 		return img, nil
@@ -67,7 +76,7 @@ func Build(ctx context.Context, cfg Config) (*Image, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("building the lab image needs root (debootstrap)")
 	}
-	if err := ensureHostTools(ctx, cfg); err != nil {
+	if err := ensureHostTools(ctx, cfg, vmTools); err != nil {
 		return nil, err
 	}
 	final := cfg.imageDir()
@@ -82,7 +91,7 @@ func Build(ctx context.Context, cfg Config) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lab image build (work dir %s kept): %w", work, err)
 	}
-	for _, scratch := range []string{"rootfs", "node", "kernel", "initramfs", "node.tar"} {
+	for _, scratch := range []string{"rootfs", "node", "node.slim.sh", "kernel", "initramfs", "node.tar", "empty"} {
 		_ = os.RemoveAll(filepath.Join(work, scratch))
 	}
 	_ = os.RemoveAll(final)

@@ -49,7 +49,7 @@ func hostHasRxe(ctx context.Context) bool {
 // importNodeImage builds the node rootfs with the lab recipe and imports it into the host's
 // Docker engine.
 func importNodeImage(ctx context.Context, cfg Config) error {
-	if err := ensureHostTools(ctx, cfg); err != nil {
+	if err := ensureHostTools(ctx, cfg, nodeTools); err != nil {
 		return err
 	}
 	work := filepath.Join(cfg.CacheDir, "host-node.build")

@@ -8,8 +8,12 @@ import (
 	"strings"
 )
 
-// hostTool is a command the VM build needs and the Debian package that provides it.
+// hostTool is a command a build needs and the Debian package that provides it. A tool
+// without cmd is checked by its package being installed.
 type hostTool struct{ cmd, pkg string }
+
+// nodeTools build the node image; vmTools also the VM image.
+var nodeTools = []hostTool{{"debootstrap", "debootstrap"}, {"tar", "tar"}}
 
 var vmTools = []hostTool{
 	{"qemu-system-x86_64", "qemu-system-x86"},
@@ -21,24 +25,25 @@ var vmTools = []hostTool{
 	{"zstd", "zstd"},
 	{"apt-get", "apt"},
 	{"dpkg-deb", "dpkg"},
+	{"", "busybox-static"}, // the initramfs needs a static busybox (Debian's busybox is not)
 }
 
-// staticBusybox is where Debian's busybox-static puts its binary (the initramfs needs a
-// static one: nothing else is in there).
+// staticBusybox is where Debian's busybox-static puts its binary.
 const staticBusybox = "/bin/busybox"
 
 // ensureHostTools installs the missing build tools with apt-get when running as root, and
 // otherwise names them in the error.
-func ensureHostTools(ctx context.Context, cfg Config) error {
+func ensureHostTools(ctx context.Context, cfg Config, tools []hostTool) error {
 	var missing []string
-	for _, t := range vmTools {
-		if _, err := exec.LookPath(t.cmd); err != nil {
+	for _, t := range tools {
+		if t.cmd == "" {
+			out, err := exec.Command("dpkg-query", "-W", "-f=${Status}", t.pkg).Output()
+			if err != nil || !strings.Contains(string(out), "install ok installed") {
+				missing = append(missing, t.pkg)
+			}
+		} else if _, err := exec.LookPath(t.cmd); err != nil {
 			missing = append(missing, t.pkg)
 		}
-	}
-	if out, err := exec.Command("dpkg-query", "-W", "-f=${Status}", "busybox-static").Output(); err != nil ||
-		!strings.Contains(string(out), "install ok installed") {
-		missing = append(missing, "busybox-static")
 	}
 	if len(missing) == 0 {
 		return nil

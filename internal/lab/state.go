@@ -58,6 +58,11 @@ func Status(ctx context.Context, cfg Config) (*State, error) {
 // rdma_rxe and it runs a Docker engine, or a freshly booted VM (building the image first
 // when the cache lacks it). The VM keeps running after Up returns; Down stops it.
 func Up(ctx context.Context, cfg Config) (*Env, error) {
+	unlock, err := Lock(ctx, cfg, "vm")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if s, err := Status(ctx, cfg); err == nil {
 		if s.BuildDir != cfg.BuildDir {
 			cfg.logf("warning: the running lab shares %s, not %s", s.BuildDir, cfg.BuildDir)
@@ -70,7 +75,7 @@ func Up(ctx context.Context, cfg Config) (*Env, error) {
 	if env, ok, err := hostLab(ctx, cfg); ok || err != nil {
 		return env, err
 	}
-	img, err := Build(ctx, cfg)
+	img, err := build(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +141,11 @@ func boot(ctx context.Context, cfg Config, img *Image) (*State, error) {
 // Down powers the lab VM off: the guest stops dockerd and powers off when the control
 // file appears; QEMU is killed if it has not exited within 60 s.
 func Down(ctx context.Context, cfg Config) error {
+	unlock, err := Lock(ctx, cfg, "vm")
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	data, err := os.ReadFile(cfg.statePath())
 	if err != nil {
 		return ErrNotRunning
