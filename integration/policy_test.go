@@ -111,7 +111,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
 	port := strconv.Itoa(int(oobPort.Add(1)))
 	// Long enough to outlast the phases at the fastest rate seen; verified byte for byte.
-	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "640M", "--max-size", "1M", "--window", "8"}
+	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "1200M", "--max-size", "1M", "--window", "8"}
 	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
 	if err != nil {
 		t.Fatal(err)
