@@ -71,7 +71,11 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   }
   if (mask == 0) mask = 1u << (sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
   int leader = (mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
-  uint32_t imm = mpib_imm_encode((uint32_t)slot, mask, reqs[0]->seq);
+  /* A lone small request carries its size in the immediate: each rail then posts a single
+   * write (its data with the immediate), the common latency-bound case. */
+  int size_in_imm = nreqs == 1 && reqs[0]->size <= MPIB_IMM_MAX_SIZE;
+  uint32_t imm = mpib_imm_encode((uint32_t)slot, mask, reqs[0]->seq,
+                                 size_in_imm ? (uint32_t)reqs[0]->size : MPIB_IMM_NO_SIZE);
 
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(mask & (1u << rail))) continue;
@@ -95,19 +99,27 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
       wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
       nwr++;
     }
-    struct ibv_send_wr *last = &wrs[nwr];
-    *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-                                 .send_flags = IBV_SEND_SIGNALED, .imm_data = imm};
-    last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
-    last->wr.rdma.rkey = c->rem_rkey[rail];
-    if (rail == leader) {
-      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
-                                   .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                   .lkey = c->sizes_mr[rail]->lkey};
-      last->sg_list = &sges[nwr];
-      last->num_sge = 1;
+    struct ibv_send_wr *last;
+    if (size_in_imm && nwr == 1) {
+      last = &wrs[0]; /* the data write itself carries the immediate */
+    } else {
+      last = &wrs[nwr];
+      *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot};
+      last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
+      last->wr.rdma.rkey = c->rem_rkey[rail];
+      if (rail == leader && !size_in_imm) {
+        sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
+                                     .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                     .lkey = c->sizes_mr[rail]->lkey};
+        last->sg_list = &sges[nwr];
+        last->num_sge = 1;
+      }
+      nwr++;
     }
-    for (int i = 0; i < nwr; i++) wrs[i].next = &wrs[i + 1];
+    last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    last->send_flags = IBV_SEND_SIGNALED;
+    last->imm_data = imm;
+    for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
     struct ibv_send_wr *bad = NULL;
     int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
     if (rc) {
@@ -311,9 +323,9 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, const stru
 }
 
 static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
-  uint32_t slot, mask, seq8;
+  uint32_t slot, mask, seq8, imm_size;
   c->srq_posted[rail]--;
-  if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8) != 0) {
+  if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8, &imm_size) != 0) {
     MPIB_WARN("%s rail: malformed completion from the peer (imm 0x%x)", rail_name(rail), wc->imm_data);
     return ncclRemoteError;
   }
@@ -327,9 +339,13 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   req->expected_mask = mask;
   req->seen_mask |= 1u << rail;
   if (req->seen_mask != req->expected_mask) return ncclSuccess;
+  if (imm_size != MPIB_IMM_NO_SIZE && req->nreqs != 1) {
+    MPIB_WARN("%s rail: size in the immediate for a grouped receive of %d", rail_name(rail), req->nreqs);
+    return ncclRemoteError;
+  }
   volatile int32_t *rec = c->sizes[slot];
   for (int r = 0; r < req->nreqs; r++) {
-    int32_t got = rec[r];
+    int32_t got = imm_size != MPIB_IMM_NO_SIZE ? (int32_t)imm_size : rec[r];
     if (got < 0 || (uint64_t)got > c->cts[slot][r].size) {
       MPIB_WARN("peer reported %d bytes for a %lu-byte receive", got, (unsigned long)c->cts[slot][r].size);
       return ncclRemoteError;

@@ -21,25 +21,35 @@ enum { MPIB_MODE_VANILLA = 0, MPIB_MODE_ADVANCED = 1 };
 /* imm_data layout (32 bits, host order as delivered by verbs):
  *   bits 0..4   CTS slot (0..31)
  *   bits 5..6   active rail mask (1 = SOUT, 2 = SUP, 3 = both)
+ *   bit  7      the size is in bits 16..31 (a single request below 64 KiB): the write that
+ *               carries the immediate carries data and no size record is written
  *   bits 8..15  low 8 bits of the request's FIFO sequence number, checked by the receiver
- *   bits 7, 16..31 zero (a non-zero value means a corrupt or foreign peer) */
-#define MPIB_IMM_SLOT_BITS 5u
+ *   bits 16..31 the size when bit 7 is set, else zero (non-zero means a corrupt peer) */
 #define MPIB_IMM_MASK_SHIFT 5u
+#define MPIB_IMM_SIZE_FLAG 0x80u
 #define MPIB_IMM_SEQ_SHIFT 8u
-#define MPIB_IMM_RESERVED_BITS 0xFFFF0080u
+#define MPIB_IMM_SIZE_SHIFT 16u
+#define MPIB_IMM_MAX_SIZE 0xFFFFu
+#define MPIB_IMM_NO_SIZE UINT32_MAX
 
-static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t seq) {
-  return (slot & 0x1Fu) | ((mask & 0x3u) << MPIB_IMM_MASK_SHIFT) |
-         ((uint32_t)(seq & 0xFFu) << MPIB_IMM_SEQ_SHIFT);
+/* size: the request size to carry in the immediate, or MPIB_IMM_NO_SIZE. */
+static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t seq, uint32_t size) {
+  uint32_t imm = (slot & 0x1Fu) | ((mask & 0x3u) << MPIB_IMM_MASK_SHIFT) |
+                 ((uint32_t)(seq & 0xFFu) << MPIB_IMM_SEQ_SHIFT);
+  if (size <= MPIB_IMM_MAX_SIZE) imm |= MPIB_IMM_SIZE_FLAG | (size << MPIB_IMM_SIZE_SHIFT);
+  return imm;
 }
 
-/* Returns 0 and fills the fields, or -1 when imm cannot come from an MPIB sender. */
-static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, uint32_t *seq8) {
+/* Returns 0 and fills the fields (*size = MPIB_IMM_NO_SIZE when the size travels in the
+ * size record), or -1 when imm cannot come from an MPIB sender. */
+static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, uint32_t *seq8, uint32_t *size) {
   uint32_t m = (imm >> MPIB_IMM_MASK_SHIFT) & 0x3u;
-  if ((imm & MPIB_IMM_RESERVED_BITS) != 0 || m == 0) return -1;
+  int has_size = (imm & MPIB_IMM_SIZE_FLAG) != 0;
+  if (m == 0 || (!has_size && (imm >> MPIB_IMM_SIZE_SHIFT) != 0)) return -1;
   *slot = imm & 0x1Fu;
   *mask = m;
   *seq8 = (imm >> MPIB_IMM_SEQ_SHIFT) & 0xFFu;
+  *size = has_size ? imm >> MPIB_IMM_SIZE_SHIFT : MPIB_IMM_NO_SIZE;
   return 0;
 }
 

@@ -53,22 +53,25 @@ static void test_rail_mask(void) {
 }
 
 static void test_imm(void) {
-  static const struct { uint32_t slot, mask; uint64_t seq; } cases[] = {
-      {0, 1, 0}, {31, 3, 255}, {17, 2, 256 + 9}, {5, 3, 0xFFFFFFFFFFull},
+  static const struct { uint32_t slot, mask; uint64_t seq; uint32_t size; } cases[] = {
+      {0, 1, 0, MPIB_IMM_NO_SIZE}, {31, 3, 255, MPIB_IMM_NO_SIZE}, {17, 2, 256 + 9, 8},
+      {5, 3, 0xFFFFFFFFFFull, 0}, {9, 1, 3, MPIB_IMM_MAX_SIZE},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint32_t imm = mpib_imm_encode(cases[i].slot, cases[i].mask, cases[i].seq);
-    uint32_t slot, mask, seq8;
-    EXPECT_EQ("imm decodes", mpib_imm_decode(imm, &slot, &mask, &seq8), 0);
+    uint32_t imm = mpib_imm_encode(cases[i].slot, cases[i].mask, cases[i].seq, cases[i].size);
+    uint32_t slot, mask, seq8, size;
+    EXPECT_EQ("imm decodes", mpib_imm_decode(imm, &slot, &mask, &seq8, &size), 0);
     EXPECT_EQ("imm slot", slot, cases[i].slot);
     EXPECT_EQ("imm mask", mask, cases[i].mask);
     EXPECT_EQ("imm seq", seq8, cases[i].seq & 0xFF);
+    EXPECT_EQ("imm size", size, cases[i].size);
   }
-  uint32_t s, m, q;
-  EXPECT_EQ("imm zero mask rejected", mpib_imm_decode(0x00000003u, &s, &m, &q), -1);
-  EXPECT_EQ("imm reserved bit 7 rejected", mpib_imm_decode(mpib_imm_encode(1, 1, 1) | 0x80u, &s, &m, &q), -1);
-  EXPECT_EQ("imm high bits rejected", mpib_imm_decode(mpib_imm_encode(1, 1, 1) | 0x10000u, &s, &m, &q), -1);
-  EXPECT_EQ("imm garbage rejected", mpib_imm_decode(0xDEADBEEFu, &s, &m, &q), -1);
+  uint32_t s, m, q, z;
+  EXPECT_EQ("imm too large for the immediate", mpib_imm_encode(1, 1, 1, 65536) >> 7, 1u << 1);
+  EXPECT_EQ("imm zero mask rejected", mpib_imm_decode(0x00000003u, &s, &m, &q, &z), -1);
+  EXPECT_EQ("imm high bits without size flag rejected",
+            mpib_imm_decode(mpib_imm_encode(1, 1, 1, MPIB_IMM_NO_SIZE) | 0x10000u, &s, &m, &q, &z), -1);
+  EXPECT_EQ("imm garbage rejected", mpib_imm_decode(0xDEADBE1Fu, &s, &m, &q, &z), -1);
 }
 
 static void test_qp_index(void) {
