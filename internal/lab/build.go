@@ -100,7 +100,27 @@ func build(ctx context.Context, cfg Config) (*Image, error) {
 	}
 	img = imageAt(final)
 	img.Manifest, _ = readManifest(final)
+	pruneImages(cfg, img.Manifest.Key)
 	return img, nil
+}
+
+// pruneImages removes the images of other recipes, except one a running VM was booted
+// from (QEMU keeps its files open, but Down and Status still read its directory).
+func pruneImages(cfg Config, keep string) {
+	running := ""
+	if data, err := os.ReadFile(cfg.statePath()); err == nil {
+		var s State
+		if json.Unmarshal(data, &s) == nil && qemuAlive(s.Pid) {
+			running = s.Key
+		}
+	}
+	dirs, _ := os.ReadDir(filepath.Join(cfg.CacheDir, "images"))
+	for _, d := range dirs {
+		if name := d.Name(); name != keep && name != running && !strings.HasSuffix(name, ".build") {
+			cfg.logf("removing the image of an older recipe: %s", name)
+			_ = os.RemoveAll(filepath.Join(cfg.CacheDir, "images", name))
+		}
+	}
 }
 
 func readManifest(dir string) (Manifest, error) {
