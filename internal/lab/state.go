@@ -70,7 +70,11 @@ func Up(ctx context.Context, cfg Config) (*Env, error) {
 		cfg.logf("using running lab VM (pid %d, %s)", s.Pid, s.DockerHost)
 		return &Env{Mode: ModeVM, DockerHost: s.DockerHost, Image: containers.NodeImage, BuildDir: guestBuildDir}, nil
 	} else if !errors.Is(err, ErrNotRunning) {
-		return nil, err
+		// A VM whose Docker stopped answering (a hung guest) is replaced.
+		cfg.logf("replacing the running lab: %v", err)
+		if err := down(ctx, cfg); err != nil {
+			return nil, err
+		}
 	}
 	if env, ok, err := hostLab(ctx, cfg); ok || err != nil {
 		return env, err
@@ -146,6 +150,10 @@ func Down(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer unlock()
+	return down(ctx, cfg)
+}
+
+func down(ctx context.Context, cfg Config) error {
 	data, err := os.ReadFile(cfg.statePath())
 	if err != nil {
 		return ErrNotRunning
