@@ -36,7 +36,6 @@ type Topology struct {
 	nets      map[string]*testcontainers.DockerNetwork
 	nodes     map[string]*Node
 	router    *Node
-	helper    *Node
 	exclusive bool   // RDMA netns mode of the engine's kernel
 	unlock    func() // releases the topology lock
 }
@@ -241,7 +240,7 @@ func (t *Topology) createNodes(ctx context.Context) error {
 		name    string
 		role    string
 		attach  []attachment
-		hostNet bool
+		hostPID bool
 	}
 	var jobs []job
 	for _, s := range nodeSpecs {
@@ -250,26 +249,23 @@ func (t *Topology) createNodes(ctx context.Context) error {
 		}})
 	}
 	jobs = append(jobs,
-		job{name: "r", role: "router", attach: []attachment{{"sout-a", routerA}, {"sout-b", routerB}}},
-		// The helper shares the engine host's network and PID namespaces: it creates the
-		// rxe devices on the nodes' netdevs and moves them into the nodes' namespaces.
-		job{name: "helper", role: "helper", hostNet: true},
+		// The router also shares the engine host's PID namespace: it creates the rxe devices
+		// on the nodes' netdevs and moves them into the nodes' namespaces (one container
+		// fewer: each costs seconds under TCG).
+		job{name: "r", role: "router", attach: []attachment{{"sout-a", routerA}, {"sout-b", routerB}}, hostPID: true},
 	)
 	var mu sync.Mutex
 	return forEach(len(jobs), func(i int) error {
 		j := jobs[i]
-		n, err := t.createContainer(ctx, j.name, j.role, j.attach, j.hostNet)
+		n, err := t.createContainer(ctx, j.name, j.attach, j.hostPID)
 		if err != nil {
 			return fmt.Errorf("container %s: %w", j.name, err)
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		switch j.role {
-		case "router":
+		if j.role == "router" {
 			t.router = n
-		case "helper":
-			t.helper = n
-		default:
+		} else {
 			t.nodes[j.name] = n
 		}
 		return nil
@@ -281,23 +277,20 @@ func (t *Topology) createNodes(ctx context.Context) error {
 // once: the first network is given at create, the second connected in a PostCreates hook,
 // both with fixed addresses. Interface names then do not follow attach order, so netdevs
 // are found by address later.
-func (t *Topology) createContainer(ctx context.Context, name, role string, attach []attachment, hostNet bool) (*Node, error) {
+func (t *Topology) createContainer(ctx context.Context, name string, attach []attachment, hostPID bool) (*Node, error) {
 	req := testcontainers.ContainerRequest{
 		Image:      t.env.Image,
 		Name:       "mpib-lab-" + name,
 		Entrypoint: []string{"sleep", "infinity"},
 		Labels:     map[string]string{labLabel: name},
 		ConfigModifier: func(c *container.Config) {
-			if !hostNet {
-				c.Hostname = name
-			}
+			c.Hostname = name
 		},
 		HostConfigModifier: func(hc *container.HostConfig) {
 			hc.Privileged = true
 			hc.Binds = append(hc.Binds, "/dev/infiniband:/dev/infiniband",
 				t.env.BuildDir+":"+NodeBuildDir+":ro")
-			if hostNet {
-				hc.NetworkMode = "host"
+			if hostPID {
 				hc.PidMode = "host"
 			}
 		},
@@ -381,12 +374,13 @@ func (t *Topology) route(ctx context.Context) error {
 }
 
 // createRxe makes each node's two rxe devices, <node>_sout and <node>_sup, on the netdevs
-// holding its rail addresses. In exclusive RDMA netns mode (the lab VM boots with it) the
+// holding its rail addresses, from the router (which shares the engine host's PID namespace
+// and so reaches every namespace through nsenter). In exclusive RDMA netns mode (the lab VM boots with it) the
 // device, created in the engine host's namespace, is moved into the node's namespace so
 // each node sees only its own two devices; in shared mode (a host left at the default)
 // every node sees all of them and tests select theirs by name.
 func (t *Topology) createRxe(ctx context.Context) error {
-	out, err := t.helper.output(ctx, "rdma", "system", "show")
+	out, err := t.router.output(ctx, "rdma", "system", "show")
 	if err != nil {
 		return err
 	}
@@ -404,11 +398,12 @@ func (t *Topology) createRxe(ctx context.Context) error {
 		for _, r := range Rails {
 			fmt.Fprintf(&script, "nsenter -t %d -n rdma link add %s type rxe netdev %s\n", pid, n.dev[r], n.netdev[r])
 			if t.exclusive {
-				fmt.Fprintf(&script, "rdma dev set %s netns mpib-%s\n", n.dev[r], n.name)
+				// The new device is in the initial namespace (PID 1's); move it from there.
+				fmt.Fprintf(&script, "nsenter -t 1 -n rdma dev set %s netns mpib-%s\n", n.dev[r], n.name)
 			}
 		}
 	}
-	if err := t.helper.run(ctx, "sh", "-c", script.String()); err != nil {
+	if err := t.router.run(ctx, "sh", "-c", script.String()); err != nil {
 		return fmt.Errorf("rxe setup: %w", err)
 	}
 	return forEach(len(nodeSpecs), func(i int) error {
@@ -422,7 +417,7 @@ func (t *Topology) teardown(ctx context.Context) error {
 	for _, n := range t.nodes {
 		all = append(all, n)
 	}
-	all = append(all, t.router, t.helper)
+	all = append(all, t.router)
 	errs = append(errs, forEach(len(all), func(i int) error {
 		if all[i] == nil {
 			return nil
@@ -442,6 +437,6 @@ func (t *Topology) teardown(ctx context.Context) error {
 		}
 		return nil
 	}))
-	t.nodes, t.nets, t.router, t.helper = map[string]*Node{}, map[string]*testcontainers.DockerNetwork{}, nil, nil
+	t.nodes, t.nets, t.router = map[string]*Node{}, map[string]*testcontainers.DockerNetwork{}, nil
 	return errors.Join(errs...)
 }
