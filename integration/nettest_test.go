@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -103,6 +104,9 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 			payload := verified(t, res)
 			fmt.Printf("nettest: pair=%s mode=%s payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
 				pairName(a1, a2), c.name, payload, res.tx["a1"][SOUT], res.tx["a1"][SUP])
+			if c.name == "flush" && !regexp.MustCompile(`flushes=[1-9]`).MatchString(res.serverOut) {
+				t.Errorf("MPIB_FORCE_FLUSH=1 but the receiver completed no flush request:\n%s", res.serverOut)
+			}
 		})
 	}
 }
