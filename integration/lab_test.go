@@ -89,3 +89,27 @@ func TestLabSUPIsolated(t *testing.T) {
 	assert.Less(t, res.ServerRail.RxBytes, uint64(1<<20), "b1 SUP received data")
 	t.Logf("client exit %d after %.1f s:\n%s", res.ClientCode, res.Wall.Seconds(), res.Output)
 }
+
+// TestLabShape checks that Topology.Shape limits a rail: 100 writes of 64 KiB (52 Mbit)
+// through a 25 Mbit/s netem cannot take less than about 2 s, and clearing restores it.
+func TestLabShape(t *testing.T) {
+	tp := labOrSkip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	a1, a2 := tp.Node("a1"), tp.Node("a2")
+	require.NoError(t, tp.Shape(ctx, a1, SUP, "netem rate 25mbit limit 1000"))
+	defer func() { require.NoError(t, tp.Shape(context.Background(), a1, SUP, "")) }()
+	out, err := a1.output(ctx, "tc", "qdisc", "show", "dev", a1.Netdev(SUP))
+	require.NoError(t, err)
+	require.Contains(t, out, "netem")
+	res, err := WriteBW{Client: a1, Server: a2, Rail: SUP, Iters: 100}.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, res.ClientCode, res.Output)
+	t.Logf("shaped to 25 Mbit/s: perftest %.3f Gb/s, wall %.1f s", res.Gbps, res.Wall.Seconds())
+	assert.GreaterOrEqual(t, res.Wall.Seconds(), 1.8, "the shaped transfer finished too fast")
+	assert.Less(t, res.Gbps, 0.035, "perftest saw more than the shaped rate")
+	require.NoError(t, tp.Shape(ctx, a1, SUP, ""))
+	out, err = a1.output(ctx, "tc", "qdisc", "show", "dev", a1.Netdev(SUP))
+	require.NoError(t, err)
+	assert.NotContains(t, out, "netem")
+}
