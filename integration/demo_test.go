@@ -38,7 +38,7 @@ func TestDemo(t *testing.T) {
 
 	// watch prints a1's per-rail transmit rate once a second until stop is closed.
 	watch := func(stop <-chan struct{}) {
-		prev, _ := sampleRails(ctx, a1)
+		prevSout, prevSup := railTx(ctx, t, a1)
 		last := time.Now()
 		for {
 			select {
@@ -46,23 +46,18 @@ func TestDemo(t *testing.T) {
 				return
 			case <-time.After(time.Second):
 			}
-			cur, err := sampleRails(ctx, a1)
-			if err != nil {
-				continue
-			}
+			sout, sup := railTx(ctx, t, a1)
 			dt := time.Since(last).Seconds()
 			last = time.Now()
-			rate := func(r Rail) float64 {
-				return float64(cur["a1"][r].TxBytes-prev["a1"][r].TxBytes) * 8 / dt / 1e6
-			}
-			s := demoSample{T: time.Since(start).Seconds(), Phase: phase, Hint: hint, SoutBps: rate(SOUT), SupBps: rate(SUP)}
-			prev = cur
+			s := demoSample{T: time.Since(start).Seconds(), Phase: phase, Hint: hint,
+				SoutBps: float64(sout-prevSout) * 8 / dt / 1e6, SupBps: float64(sup-prevSup) * 8 / dt / 1e6}
+			prevSout, prevSup = sout, sup
 			timeline = append(timeline, s)
 			hintText := "vanilla"
 			if s.Hint >= 0 {
 				hintText = fmt.Sprintf("hint=%d/1024", s.Hint)
 			}
-			fmt.Printf("demo: t=%5.1fs %-9s %-14s a1 tx  SOUT %6.1f Mbit/s %-20s SUP %6.1f Mbit/s %s\n", s.T, s.Phase, hintText,
+			fmt.Printf("demo: t=%5.1fs %-9s %-14s a1 tx  SOUT %6.1f Mbit/s %-22s SUP %6.1f Mbit/s %s\n", s.T, s.Phase, hintText,
 				s.SoutBps, bar(s.SoutBps), s.SupBps, bar(s.SupBps))
 		}
 	}

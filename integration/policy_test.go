@@ -64,20 +64,28 @@ func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
 	return 0
 }
 
-// supShareOver measures a1's SUP share of transmitted bytes over d.
+// railTx reads both rails' transmitted bytes in one command, so that while traffic flows
+// the two counters are taken at the same instant (one exec per rail would skew the window).
+func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
+	t.Helper()
+	out, errOut, code, err := n.Exec(ctx, nil, "cat", "/sys/class/net/"+n.Netdev(SOUT)+"/statistics/tx_bytes",
+		"/sys/class/net/"+n.Netdev(SUP)+"/statistics/tx_bytes")
+	f := strings.Fields(out)
+	if err != nil || code != 0 || len(f) != 2 {
+		t.Fatalf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
+	}
+	sout, _ = strconv.ParseUint(f[0], 10, 64)
+	sup, _ = strconv.ParseUint(f[1], 10, 64)
+	return sout, sup
+}
+
+// supShareOver measures n's SUP share of transmitted bytes over d.
 func supShareOver(ctx context.Context, t *testing.T, n *Node, d time.Duration) (float64, uint64) {
 	t.Helper()
-	before, err := sampleRails(ctx, n)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sout0, sup0 := railTx(ctx, t, n)
 	time.Sleep(d)
-	after, err := sampleRails(ctx, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sout := after[n.Name()][SOUT].TxBytes - before[n.Name()][SOUT].TxBytes
-	sup := after[n.Name()][SUP].TxBytes - before[n.Name()][SUP].TxBytes
+	sout1, sup1 := railTx(ctx, t, n)
+	sout, sup := sout1-sout0, sup1-sup0
 	return share(sup, sup+sout), sup + sout
 }
 
@@ -91,7 +99,7 @@ func running(p *Process) bool {
 }
 
 const (
-	phaseSettle  = 2 * time.Second // in-flight requests (8 x <= 1 MiB) drain under the old hint
+	phaseSettle  = 3 * time.Second // in-flight requests (8 x <= 4 MiB) drain under the old hint
 	phaseMeasure = 5 * time.Second
 )
 
@@ -111,7 +119,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
 	port := strconv.Itoa(int(oobPort.Add(1)))
 	// Long enough to outlast the phases at the fastest rate seen; verified byte for byte.
-	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "1200M", "--max-size", "1M", "--window", "8"}
+	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "1200M", "--max-size", "4M", "--window", "8"}
 	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
 	if err != nil {
 		t.Fatal(err)
