@@ -58,7 +58,9 @@ func TestCommands(t *testing.T) {
 	if got := run(t, set, "--path", path, "--class", "inter", "--sup-bw", "9999"); !strings.Contains(got, "sup_bw=1024") {
 		t.Fatalf("clamped set: %q", got)
 	}
-	for _, bad := range [][]string{{"--conn", "0"}, {"--sup-bw", "1"}, {"--conn", "5", "--sup-bw", "1"}, {"--class", "outer", "--sup-bw", "1"}} {
+	// A slot no connection holds (registration picks slots by pid, so derive it).
+	unused := fmt.Sprint((slot + 1) % 8)
+	for _, bad := range [][]string{{"--conn", "0"}, {"--sup-bw", "1"}, {"--conn", unused, "--sup-bw", "1"}, {"--class", "outer", "--sup-bw", "1"}} {
 		if err := cmdSet(append([]string{"--path", path}, bad...), &bytes.Buffer{}); err == nil {
 			t.Errorf("set %v must fail", bad)
 		}
