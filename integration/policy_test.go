@@ -79,13 +79,27 @@ func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
 	return sout, sup
 }
 
-// supShareOver measures n's SUP share of transmitted bytes over d.
-func supShareOver(ctx context.Context, t *testing.T, n *Node, d time.Duration) (float64, uint64) {
+// supShareOver waits until n has transmitted `settle` more bytes (requests posted under the
+// previous policy drain), then measures n's SUP share over the next `measure` bytes. Phases
+// are counted in bytes, not seconds, so they hold whatever speed the lab runs at.
+func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure uint64) (float64, uint64) {
 	t.Helper()
-	sout0, sup0 := railTx(ctx, t, n)
-	time.Sleep(d)
-	sout1, sup1 := railTx(ctx, t, n)
-	sout, sup := sout1-sout0, sup1-sup0
+	waitBytes := func(want uint64) (sout, sup uint64) {
+		sout0, sup0 := railTx(ctx, t, n)
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			sout, sup = railTx(ctx, t, n)
+			if (sout-sout0)+(sup-sup0) >= want {
+				return sout - sout0, sup - sup0
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s sent only %d of %d bytes in 3 minutes", n.Name(), (sout-sout0)+(sup-sup0), want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitBytes(settle)
+	sout, sup := waitBytes(measure)
 	return share(sup, sup+sout), sup + sout
 }
 
@@ -99,8 +113,8 @@ func running(p *Process) bool {
 }
 
 const (
-	phaseSettle  = 3 * time.Second // in-flight requests (8 x <= 4 MiB) drain under the old hint
-	phaseMeasure = 5 * time.Second
+	phaseSettle  = 64 << 20 // bytes: the 8 requests in flight (<= 4 MiB each) drain under the old hint
+	phaseMeasure = 96 << 20 // bytes measured per phase
 )
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
@@ -118,7 +132,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
 	port := strconv.Itoa(int(oobPort.Add(1)))
-	// Long enough to outlast the phases at the fastest rate seen; verified byte for byte.
+	// Five phases of settle + measure bytes fit with room to spare; verified byte for byte.
 	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "1200M", "--max-size", "4M", "--window", "8"}
 	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
 	if err != nil {
@@ -138,8 +152,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	var phases []phase
 	for _, hint := range []int{0, 512, 1024, 256} {
 		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
-		time.Sleep(phaseSettle)
-		s, b := supShareOver(ctx, t, a1, phaseMeasure)
+		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
 		if !running(cli) {
 			t.Fatalf("the transfer ended before phase hint=%d was measured: raise --bytes", hint)
 		}
@@ -149,8 +162,8 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	if err := beat.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500*time.Millisecond + phaseSettle)
-	fallback, fbBytes := supShareOver(ctx, t, a1, phaseMeasure)
+	time.Sleep(500 * time.Millisecond) // MPIB_AGENT_STALE_MS
+	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
 	stillRunning := running(cli)
 
 	cOut, cErr, cCode, err1 := cli.Wait(ctx)
