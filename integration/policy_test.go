@@ -113,8 +113,10 @@ func running(p *Process) bool {
 }
 
 const (
-	phaseSettle  = 40 << 20 // bytes: the 8 requests in flight (<= 4 MiB each) drain under the old hint
-	phaseMeasure = 64 << 20 // bytes measured per phase
+	// Settle: twice the bytes that can be in flight (8 requests of <= 4 MiB): a rail's
+	// backlog under the old hint drains while the other rail already runs the new one.
+	phaseSettle  = 80 << 20
+	phaseMeasure = 96 << 20 // bytes measured per phase
 )
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
@@ -132,7 +134,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
 	port := strconv.Itoa(int(oobPort.Add(1)))
-	// Five phases of settle + measure bytes (~0.5 GB) plus the agent CLIs' seconds at full
+	// Five phases of settle + measure bytes (~0.9 GB) plus the agent CLIs' seconds at full
 	// speed fit with room to spare; verified byte for byte.
 	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "2000M", "--max-size", "4M", "--window", "8"}
 	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
