@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "mpib.h"
 #include "mpib_shm.h"
@@ -137,6 +138,22 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   return ncclSuccess;
 }
 
+/* A CTS carrying our sequence number whose fields do not match its checksum is still being
+ * copied in (see mpib_cts_check). Wait for it, but not forever: after a few seconds the peer
+ * is sending garbage. Only this rare path reads the clock. */
+static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  if (c->cts_torn_since_ns == 0) {
+    c->cts_torn_since_ns = now;
+  } else if (now - c->cts_torn_since_ns > 5000000000ull) {
+    MPIB_WARN("the CTS in slot %d never became consistent: corrupt data from the peer", slot);
+    return ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request) {
   struct mpib_comm *c = sendComm;
   *request = NULL;
@@ -144,15 +161,18 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   uint64_t want = c->fifo_head + 1;
   volatile struct mpib_cts *cts = c->cts[slot];
   if (cts[0].seq != want) return ncclSuccess; /* no CTS yet: NCCL retries */
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
   uint32_t nreqs = cts[0].nreqs;
+  int landed = cts[0].check == mpib_cts_check(&cts[0]);
+  for (uint32_t r = 1; landed && r < nreqs && r < MPIB_MAX_RECVS; r++) {
+    landed = cts[r].seq == want && cts[r].check == mpib_cts_check(&cts[r]);
+  }
+  if (!landed) return cts_still_landing(c, slot);
+  c->cts_torn_since_ns = 0;
   if (nreqs < 1 || nreqs > MPIB_MAX_RECVS) {
     MPIB_WARN("peer sent a CTS with %u grouped receives (max %d)", nreqs, MPIB_MAX_RECVS);
     return ncclRemoteError;
   }
-  for (uint32_t r = 1; r < nreqs; r++) {
-    if (cts[r].seq != want) return ncclSuccess; /* rest of the CTS still landing */
-  }
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
   int match = -1;
   for (uint32_t r = 0; r < nreqs; r++) {
     if (cts[r].tag == tag && c->slot_reqs[slot][r] == NULL) {
@@ -236,6 +256,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     cts[r].tag = tags[r];
     cts[r].nreqs = (uint32_t)n;
     cts[r].seq = c->fifo_head + 1;
+    cts[r].check = mpib_cts_check(&cts[r]);
     req->sizes[r] = 0;
   }
   int rail = c->cts_rail;
