@@ -37,8 +37,10 @@ func TestDemo(t *testing.T) {
 	phase, hint := "", -1
 
 	// watch prints a1's per-rail transmit rate once a second until stop is closed.
+	watchDone := make(chan struct{})
 	watch := func(stop <-chan struct{}) {
-		prevSout, prevSup := railTx(ctx, t, a1)
+		defer close(watchDone)
+		prevSout, prevSup, _ := readRailTx(ctx, a1)
 		last := time.Now()
 		for {
 			select {
@@ -46,7 +48,10 @@ func TestDemo(t *testing.T) {
 				return
 			case <-time.After(time.Second):
 			}
-			sout, sup := railTx(ctx, t, a1)
+			sout, sup, err := readRailTx(ctx, a1)
+			if err != nil {
+				continue
+			}
 			dt := time.Since(last).Seconds()
 			last = time.Now()
 			s := demoSample{T: time.Since(start).Seconds(), Phase: phase, Hint: hint,
@@ -86,6 +91,15 @@ func TestDemo(t *testing.T) {
 	phase = "vanilla"
 	stop := make(chan struct{})
 	go watch(stop)
+	stopped := false
+	stopWatch := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			<-watchDone
+		}
+	}
+	defer stopWatch()
 	s1, c1 := bw(a2, a1, nil, 20)
 	s2, c2 := bw(b1, a1, nil, 20)
 	waitAll(c1, c2, s1, s2)
@@ -99,7 +113,8 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
-	s3, c3 := bw(a2, a1, mode, 34)
+	// Long enough for the five hints below plus the agent CLI's seconds per call.
+	s3, c3 := bw(a2, a1, mode, 50)
 	slot := goAgent.sendSlot(ctx, t, a1)
 	for _, h := range []int{0, 256, 512, 768, 1024} {
 		goAgent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(h))
@@ -107,7 +122,7 @@ func TestDemo(t *testing.T) {
 		time.Sleep(6 * time.Second)
 	}
 	waitAll(c3, s3)
-	close(stop)
+	stopWatch()
 	beat.Kill(ctx)
 
 	if dir := os.Getenv("MPIB_DEMO_OUT"); dir != "" {

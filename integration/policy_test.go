@@ -64,18 +64,26 @@ func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
 	return 0
 }
 
-// railTx reads both rails' transmitted bytes in one command, so that while traffic flows
+// readRailTx reads both rails' transmitted bytes in one command, so that while traffic flows
 // the two counters are taken at the same instant (one exec per rail would skew the window).
-func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
-	t.Helper()
+func readRailTx(ctx context.Context, n *Node) (sout, sup uint64, err error) {
 	out, errOut, code, err := n.Exec(ctx, nil, "cat", "/sys/class/net/"+n.Netdev(SOUT)+"/statistics/tx_bytes",
 		"/sys/class/net/"+n.Netdev(SUP)+"/statistics/tx_bytes")
 	f := strings.Fields(out)
 	if err != nil || code != 0 || len(f) != 2 {
-		t.Fatalf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
+		return 0, 0, fmt.Errorf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
 	}
 	sout, _ = strconv.ParseUint(f[0], 10, 64)
 	sup, _ = strconv.ParseUint(f[1], 10, 64)
+	return sout, sup, nil
+}
+
+func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
+	t.Helper()
+	sout, sup, err := readRailTx(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return sout, sup
 }
 
