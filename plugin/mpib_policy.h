@@ -68,15 +68,6 @@ static inline size_t mpib_split_sout_bytes(size_t size, uint32_t sup_bw) {
   return sout > size ? size : sout;
 }
 
-/* Rails that carry data for one request of `size` bytes split at `sout_bytes`.
- * A request with no bytes still needs one completion: it goes on `empty_rail`. */
-static inline uint32_t mpib_rail_mask(size_t size, size_t sout_bytes, int empty_rail) {
-  uint32_t mask = 0;
-  if (sout_bytes > 0) mask |= 1u << MPIB_RAIL_SOUT;
-  if (size > sout_bytes) mask |= 1u << MPIB_RAIL_SUP;
-  return mask ? mask : 1u << empty_rail;
-}
-
 /* Index into the contiguous QP array [SOUT_0..SOUT_{n-1}, SUP_0..SUP_{m-1}] for request `seq`
  * on `rail`: round-robin within the rail's pool. Returns -1 when the rail has no QPs. */
 static inline int mpib_qp_index(int rail, uint64_t seq, uint32_t nqps_sout, uint32_t nqps_sup) {

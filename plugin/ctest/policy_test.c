@@ -44,14 +44,6 @@ static void test_split(void) {
   }
 }
 
-static void test_rail_mask(void) {
-  EXPECT_EQ("mask both", mpib_rail_mask(1000, 384, MPIB_RAIL_SOUT), 3);
-  EXPECT_EQ("mask SOUT", mpib_rail_mask(1000, 1000, MPIB_RAIL_SUP), 1);
-  EXPECT_EQ("mask SUP", mpib_rail_mask(1000, 0, MPIB_RAIL_SOUT), 2);
-  EXPECT_EQ("mask empty->SUP", mpib_rail_mask(0, 0, MPIB_RAIL_SUP), 2);
-  EXPECT_EQ("mask empty->SOUT", mpib_rail_mask(0, 0, MPIB_RAIL_SOUT), 1);
-}
-
 static void test_imm(void) {
   static const struct { uint32_t slot, mask; uint64_t seq; uint32_t size; } cases[] = {
       {0, 1, 0, MPIB_IMM_NO_SIZE}, {31, 3, 255, MPIB_IMM_NO_SIZE}, {17, 2, 256 + 9, 8},
@@ -103,7 +95,6 @@ static void test_policy(void) {
 
 int main(void) {
   test_split();
-  test_rail_mask();
   test_imm();
   test_qp_index();
   test_policy();
