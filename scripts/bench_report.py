@@ -42,11 +42,11 @@ def plot(p1: list, p2: list, out: pathlib.Path) -> None:
         ax1.set_title("P1: one soft-RoCE rail")
         ax1.legend()
     if p2:
-        pts = sorted(p2, key=lambda f: f["sup_share"])
-        ax2.plot([f["sup_share"] for f in pts], [f["plugin"] for f in pts], "o-", label="MPIB")
+        pts = sorted(p2, key=lambda f: f.get("sup_share", 0.0))
+        ax2.plot([f.get("sup_share", 0.0) for f in pts], [f["plugin"] for f in pts], "o-", label="MPIB")
         ax2.axhline(pts[0]["ref"], color="gray", linestyle="--", label="sum of both rails' ib_write_bw")
         for f in pts:
-            ax2.annotate(f["key"].split("=")[1], (f["sup_share"], f["plugin"]), textcoords="offset points", xytext=(4, 4))
+            ax2.annotate(f["key"].split("=")[1], (f.get("sup_share", 0.0), f["plugin"]), textcoords="offset points", xytext=(4, 4))
         ax2.set_xlabel("SUP share of each message")
         ax2.set_ylabel("Mbit/s")
         ax2.set_title("P2: SOUT 40 Mbit/s + SUP 80 Mbit/s")
