@@ -307,8 +307,6 @@ func handshake(c net.Conn, isSend bool) (*C.struct_mpib_comm, error) {
 	if err := wire.CheckAck(ack); err != nil {
 		return fail(fmt.Errorf("peer %v: %w", peer, err))
 	}
-	comm.local_ip = C.uint32_t(topo.IPv4ToUint32(local))
-	comm.peer_ip = C.uint32_t(topo.IPv4ToUint32(peer))
 	registerWithAgent(comm, local, peer, path, isSend)
 	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s", map[bool]string{true: "send", false: "recv"}[isSend],
 		local, peer, path, int(nqps[0]), int(nqps[1]), []string{"SOUT", "SUP"}[comm.cts_rail])

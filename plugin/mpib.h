@@ -41,7 +41,6 @@ struct mpib_global {
   int ndevs_open;
   int mode;
   int sup_relay;
-  uint32_t nqps_cfg[MPIB_NRAILS];
   uint32_t force_sup_bw;    /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
   int flush_enabled;        /* loopback RDMA_READ flush QPs are built for recv comms */
   int relaxed_ordering;
@@ -55,7 +54,6 @@ struct mpib_global {
   uint64_t prop_guid;
   int prop_ptr_support;
   int prop_speed;
-  int prop_port;
 };
 extern struct mpib_global mpib_g;
 
@@ -172,7 +170,6 @@ struct mpib_comm {
   uint64_t cts_torn_since_ns; /* sender: when a CTS with our sequence but a bad checksum appeared */
 
   int shm_slot; /* agent segment slot, -1 when none */
-  uint32_t peer_ip, local_ip;
   int req_cursor;
   struct mpib_request reqs[MPIB_REQ_POOL];
 };

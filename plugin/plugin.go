@@ -98,8 +98,6 @@ func applyConfig(cfg config.Config) {
 	g := &C.mpib_g
 	g.mode = C.int(cfg.Mode)
 	g.sup_relay = boolInt(cfg.SupRelay)
-	g.nqps_cfg[0] = C.uint32_t(cfg.SoutQPs)
-	g.nqps_cfg[1] = C.uint32_t(cfg.SupQPs)
 	g.force_sup_bw = C.MPIB_NO_OVERRIDE
 	if cfg.ForceSupBW >= 0 {
 		g.force_sup_bw = C.uint32_t(cfg.ForceSupBW)
