@@ -62,36 +62,6 @@ struct mpib_mr {
   struct ibv_mr *mr[MPIB_NRAILS];
 };
 
-/* A CTS FIFO element: the receiver RDMA-writes one per grouped receive into the sender's
- * FIFO. 64 bytes, 64-byte aligned, so one element never straddles a cache line. */
-struct mpib_cts {
-  uint64_t addr;
-  uint64_t size;
-  uint32_t rkey[MPIB_NRAILS];
-  int32_t tag;
-  uint32_t nreqs;
-  uint64_t seq;   /* request sequence number + 1; 0 = never written */
-  uint64_t check; /* mpib_cts_check of the fields above */
-  uint8_t pad[16];
-} __attribute__((aligned(64)));
-_Static_assert(sizeof(struct mpib_cts) == 64, "CTS element is one cache line");
-
-/* A NIC writes a 64-byte element in one piece, but a software RDMA device (rxe) copies it
- * with memcpy, whose stores another CPU may see in any order: the sequence number can be
- * visible before the fields it vouches for. The sender therefore trusts an element only when
- * this checksum of all its fields matches too. */
-static inline uint64_t mpib_cts_check(const volatile struct mpib_cts *e) {
-  uint64_t h = 0x9E3779B97F4A7C15ull;
-  uint64_t words[5] = {e->addr, e->size, (uint64_t)e->rkey[0] << 32 | e->rkey[1],
-                       (uint64_t)(uint32_t)e->tag << 32 | e->nreqs, e->seq};
-  for (int i = 0; i < 5; i++) {
-    h ^= words[i];
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-  }
-  return h;
-}
-
 enum { MPIB_REQ_FREE = 0, MPIB_REQ_SEND, MPIB_REQ_RECV, MPIB_REQ_FLUSH };
 
 struct mpib_comm;

@@ -159,20 +159,22 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   *request = NULL;
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   uint64_t want = c->fifo_head + 1;
-  volatile struct mpib_cts *cts = c->cts[slot];
-  if (cts[0].seq != want) return ncclSuccess; /* no CTS yet: NCCL retries */
+  volatile struct mpib_cts *fifo = c->cts[slot];
+  if (fifo[0].seq != want) return ncclSuccess; /* no CTS yet: NCCL retries */
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  struct mpib_cts cts[MPIB_MAX_RECVS];
+  mpib_cts_snapshot(&fifo[0], &cts[0]);
+  if (!mpib_cts_landed(&cts[0], want)) return cts_still_landing(c, slot);
   uint32_t nreqs = cts[0].nreqs;
-  int landed = cts[0].check == mpib_cts_check(&cts[0]);
-  for (uint32_t r = 1; landed && r < nreqs && r < MPIB_MAX_RECVS; r++) {
-    landed = cts[r].seq == want && cts[r].check == mpib_cts_check(&cts[r]);
-  }
-  if (!landed) return cts_still_landing(c, slot);
-  c->cts_torn_since_ns = 0;
   if (nreqs < 1 || nreqs > MPIB_MAX_RECVS) {
     MPIB_WARN("peer sent a CTS with %u grouped receives (max %d)", nreqs, MPIB_MAX_RECVS);
     return ncclRemoteError;
   }
+  for (uint32_t r = 1; r < nreqs; r++) {
+    mpib_cts_snapshot(&fifo[r], &cts[r]);
+    if (!mpib_cts_landed(&cts[r], want)) return cts_still_landing(c, slot);
+  }
+  c->cts_torn_since_ns = 0;
   int match = -1;
   for (uint32_t r = 0; r < nreqs; r++) {
     if (cts[r].tag == tag && c->slot_reqs[slot][r] == NULL) {

@@ -104,4 +104,51 @@ static inline uint32_t mpib_guard_sup_bw(uint32_t sup_bw, int path_class, int su
   return mpib_clamp_sup_bw(sup_bw);
 }
 
+/* A CTS FIFO element: the receiver RDMA-writes one per grouped receive into the sender's
+ * FIFO. 64 bytes, 64-byte aligned, so one element never straddles a cache line. */
+struct mpib_cts {
+  uint64_t addr;
+  uint64_t size;
+  uint32_t rkey[MPIB_NRAILS];
+  int32_t tag;
+  uint32_t nreqs;
+  uint64_t seq;   /* request sequence number + 1; 0 = never written */
+  uint64_t check; /* mpib_cts_check of the fields above */
+  uint8_t pad[16];
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct mpib_cts) == 64, "CTS element is one cache line");
+
+/* A NIC writes a 64-byte element in one piece, but a software RDMA device (rxe) copies it
+ * with memcpy, whose stores another CPU may see in any order: the sequence number can be
+ * visible before the fields it vouches for. The sender therefore trusts an element only when
+ * this checksum of all its fields matches too. */
+static inline uint64_t mpib_cts_check(const volatile struct mpib_cts *e) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  uint64_t words[5] = {e->addr, e->size, (uint64_t)e->rkey[0] << 32 | e->rkey[1],
+                       (uint64_t)(uint32_t)e->tag << 32 | e->nreqs, e->seq};
+  for (int i = 0; i < 5; i++) {
+    h ^= words[i];
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+/* Copies a CTS element out of the FIFO once, so that every decision is made on one set of
+ * values: reading a field again later could see a newer store than the checksum did. */
+static inline void mpib_cts_snapshot(const volatile struct mpib_cts *src, struct mpib_cts *dst) {
+  dst->addr = src->addr;
+  dst->size = src->size;
+  for (int i = 0; i < MPIB_NRAILS; i++) dst->rkey[i] = src->rkey[i];
+  dst->tag = src->tag;
+  dst->nreqs = src->nreqs;
+  dst->seq = src->seq;
+  dst->check = src->check;
+}
+
+/* Whether a snapshot is the complete element for request sequence `want`. */
+static inline int mpib_cts_landed(const struct mpib_cts *e, uint64_t want) {
+  return e->seq == want && e->check == mpib_cts_check(e);
+}
+
 #endif

@@ -93,8 +93,43 @@ static void test_policy(void) {
   EXPECT_EQ("guard no SUP QPs", mpib_guard_sup_bw(512, MPIB_PATH_INTRA_ISLAND, 0, 0), 0);
 }
 
+static struct mpib_cts cts_element(uint64_t seq, uint32_t nreqs) {
+  struct mpib_cts e = {.addr = 0x7f0000001000ull, .size = 1 << 20, .rkey = {0x1234, 0x5678},
+                       .tag = 42, .nreqs = nreqs, .seq = seq};
+  e.check = mpib_cts_check(&e);
+  return e;
+}
+
+/* An element is trusted only when its sequence number is the one wanted and every field
+ * matches the checksum: a half-copied element (rxe writes with memcpy) must be refused. */
+static void test_cts_landed(void) {
+  struct mpib_cts whole = cts_element(7, 2);
+  EXPECT_EQ("cts whole", mpib_cts_landed(&whole, 7), 1);
+  EXPECT_EQ("cts other seq", mpib_cts_landed(&whole, 8), 0);
+  struct mpib_cts stale_nreqs = whole; /* seq and check landed, nreqs not yet */
+  stale_nreqs.nreqs = 0;
+  EXPECT_EQ("cts stale nreqs", mpib_cts_landed(&stale_nreqs, 7), 0);
+  struct mpib_cts stale_addr = whole;
+  stale_addr.addr = 0;
+  EXPECT_EQ("cts stale addr", mpib_cts_landed(&stale_addr, 7), 0);
+  struct mpib_cts stale_rkey = whole;
+  stale_rkey.rkey[1] = 0;
+  EXPECT_EQ("cts stale rkey", mpib_cts_landed(&stale_rkey, 7), 0);
+  struct mpib_cts stale_check = whole; /* fields landed, checksum still the old lap's */
+  stale_check.check = cts_element(7 - 32, 2).check;
+  EXPECT_EQ("cts stale check", mpib_cts_landed(&stale_check, 7), 0);
+  struct mpib_cts never = {0};
+  EXPECT_EQ("cts never written", mpib_cts_landed(&never, 1), 0);
+  volatile struct mpib_cts fifo = whole;
+  struct mpib_cts copy;
+  mpib_cts_snapshot(&fifo, &copy);
+  EXPECT_EQ("cts snapshot", mpib_cts_landed(&copy, 7), 1);
+  EXPECT_EQ("cts snapshot tag", copy.tag, 42);
+}
+
 int main(void) {
   test_split();
+  test_cts_landed();
   test_imm();
   test_qp_index();
   test_policy();
