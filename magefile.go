@@ -93,12 +93,14 @@ func buildNettest() error {
 }
 
 // buildPlugin builds the c-shared plugin with a version script exporting only ncclNetPlugin_v*.
+// The static symbol table stays (no -s) so that gdb, perf and callgrind name the data-path
+// functions in a user's NCCL process; -w drops only the DWARF, most of the size.
 func buildPlugin() error {
 	script, err := filepath.Abs("plugin/exports.map")
 	if err != nil {
 		return err
 	}
-	ldflags := "-s -w -extldflags=-Wl,--version-script=" + script
+	ldflags := "-w -extldflags=-Wl,--version-script=" + script
 	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
 		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin")
 }

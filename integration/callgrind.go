@@ -1,0 +1,83 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// callCost is what callgrind recorded for the calls into one function: how many calls, and
+// the instructions executed inside them (inclusive of everything they called).
+type callCost struct {
+	Calls int64
+	Ir    int64
+}
+
+// parseCallgrindCalls reads a callgrind output file (events: Ir) and sums, per callee name,
+// the call counts and inclusive costs of every call arc. Names are decompressed: callgrind
+// writes "cfn=(7) name" the first time and "cfn=(7)" afterwards.
+func parseCallgrindCalls(r io.Reader) (map[string]callCost, error) {
+	names := map[string]string{} // "(7)" -> name
+	costs := map[string]callCost{}
+	callee, pendingCalls := "", int64(-1)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		text := sc.Text()
+		switch {
+		case strings.HasPrefix(text, "fn="), strings.HasPrefix(text, "cfn="):
+			spec := text[strings.IndexByte(text, '=')+1:]
+			name := spec
+			if strings.HasPrefix(spec, "(") {
+				end := strings.IndexByte(spec, ')')
+				if end < 0 {
+					return nil, fmt.Errorf("line %d: bad name %q", line, text)
+				}
+				id := spec[:end+1]
+				if rest := strings.TrimSpace(spec[end+1:]); rest != "" {
+					names[id] = rest
+				}
+				name = names[id]
+			}
+			if strings.HasPrefix(text, "cfn=") {
+				callee = name
+			}
+		case strings.HasPrefix(text, "calls="):
+			fields := strings.Fields(strings.TrimPrefix(text, "calls="))
+			if len(fields) == 0 {
+				return nil, fmt.Errorf("line %d: bad calls line %q", line, text)
+			}
+			n, err := strconv.ParseInt(fields[0], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: bad calls line %q", line, text)
+			}
+			pendingCalls = n
+		case pendingCalls >= 0:
+			// The line after calls= holds the position and the call's inclusive cost.
+			fields := strings.Fields(text)
+			if len(fields) < 2 {
+				return nil, fmt.Errorf("line %d: expected a call cost line, got %q", line, text)
+			}
+			ir, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: bad call cost %q", line, text)
+			}
+			c := costs[callee]
+			c.Calls += pendingCalls
+			c.Ir += ir
+			costs[callee] = c
+			pendingCalls = -1
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(costs) == 0 {
+		return nil, fmt.Errorf("no call arcs in the callgrind output (%d lines)", line)
+	}
+	return costs, nil
+}

@@ -1,0 +1,51 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A trimmed callgrind file with the shapes that matter: compressed names defined on a cfn=
+// line and reused, relative positions, two callers of one function.
+const callgrindSample = `version: 1
+creator: callgrind-3.19.0
+positions: line
+events: Ir
+summary: 5000
+
+ob=(1) /opt/mpib/mpib-nettest
+fl=(1) ???
+fn=(1) run_bw
+0 40
+cob=(2) /opt/mpib/libnccl-net-mpib.so
+cfi=(2) ???
+cfn=(2) isend_v10
+calls=3 0
+0 900
+cfn=(3) mpib_test
+calls=10 0
++2 1500
+
+fn=(4) drain
+0 5
+cfn=(3)
+calls=2 0
+* 200
+cfn=(2)
+calls=1 0
+-1 310
+`
+
+func TestParseCallgrindCalls(t *testing.T) {
+	got, err := parseCallgrindCalls(strings.NewReader(callgrindSample))
+	require.NoError(t, err)
+	require.Equal(t, callCost{Calls: 4, Ir: 1210}, got["isend_v10"])
+	require.Equal(t, callCost{Calls: 12, Ir: 1700}, got["mpib_test"])
+
+	_, err = parseCallgrindCalls(strings.NewReader("events: Ir\nfn=(1) main\n0 10\n"))
+	require.ErrorContains(t, err, "no call arcs")
+	_, err = parseCallgrindCalls(strings.NewReader("cfn=(1) f\ncalls=x 0\n0 1\n"))
+	require.ErrorContains(t, err, "bad calls line")
+}
