@@ -50,8 +50,8 @@ func sampleRails(ctx context.Context, nodes ...*Node) (railSample, error) {
 
 // pairResult is one finished server/client run.
 type pairResult struct {
-	serverOut, serverErr string
-	clientOut, clientErr string
+	serverOut, serverErr   string
+	clientOut, clientErr   string
 	serverCode, clientCode int
 	// tx is the bytes each node transmitted per rail during the run (netdev statistics).
 	tx map[string]map[Rail]uint64

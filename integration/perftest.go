@@ -20,7 +20,7 @@ type WriteBW struct {
 
 // WriteBWResult is what a WriteBW run measured.
 type WriteBWResult struct {
-	Gbps         float64       // perftest's "BW average[Gb/sec]"
+	Gbps         float64       // perftest's "BW average[MB/sec]" in Gbit/s
 	Wall         time.Duration // client wall time
 	ClientStdout string
 	ClientCode   int
@@ -55,7 +55,7 @@ func (w WriteBW) Run(ctx context.Context) (*WriteBWResult, error) {
 	}
 	args := func(n *Node) []string {
 		return []string{"ib_write_bw", "-d", n.Dev(w.Rail), "-x", strconv.Itoa(n.GIDIndex(w.Rail)), "-F",
-			"--report_gbits", "-s", strconv.Itoa(w.Size), "-n", strconv.Itoa(w.Iters), "-p", strconv.Itoa(w.Port)}
+			"-s", strconv.Itoa(w.Size), "-n", strconv.Itoa(w.Iters), "-p", strconv.Itoa(w.Port)}
 	}
 	cBefore, err := w.Client.Counters(ctx, w.Rail)
 	if err != nil {
@@ -131,21 +131,27 @@ func delta(ctx context.Context, n *Node, r Rail, before Counters) (Counters, err
 	return after.Sub(before), nil
 }
 
-// parseBWAverage reads the "BW average[Gb/sec]" column of perftest's report.
+// parseBWAverage reads the "BW average[MB/sec]" column of perftest's report and returns
+// Gbit/s. perftest's MB is 2^20 bytes; its --report_gbits figure has only two decimals
+// (10 Mbit/s steps), too coarse for ratios on rails of a few hundred Mbit/s.
 func parseBWAverage(out string) (float64, error) {
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
-		if !strings.Contains(l, "BW average[Gb/sec]") {
+		if !strings.Contains(l, "BW average[MB/sec]") {
 			continue
 		}
 		for _, d := range lines[i+1:] {
 			f := strings.Fields(d)
 			if len(f) >= 4 {
-				return strconv.ParseFloat(f[3], 64)
+				mbytes, err := strconv.ParseFloat(f[3], 64)
+				if err != nil {
+					return 0, fmt.Errorf("perftest BW average %q: %w", f[3], err)
+				}
+				return mbytes * (1 << 20) * 8 / 1e9, nil
 			}
 		}
 	}
-	return 0, fmt.Errorf("no BW average in perftest output")
+	return 0, fmt.Errorf("no BW average[MB/sec] in perftest output")
 }
 
 // waitListen waits until a TCP port listens in the node.

@@ -19,14 +19,14 @@ def load(d: pathlib.Path, name: str) -> list:
 
 
 def table(figs: list) -> str:
-    rows = ["| Figure | Case | Ratio (median) | Plugin | Reference | Spread of ratios | Target |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| Figure | Case | Ratio (median) | Plugin | Reference | Spread of ratios | Target | Also measured |",
+            "|---|---|---|---|---|---|---|---|"]
     for f in figs:
         ratios = f.get("ratios") or []
         spread = f"{max(ratios) - min(ratios):.3f} over {len(ratios)} runs" if ratios else "-"
         ratio = f"{f['ratio']:.3f}" if f["name"] != "P4" else "-"
         ref = f"{f['ref']:.1f} {f['unit']}" if f["name"] != "P4" else "-"
-        rows.append(f"| {f['name']} | {f['key']} | {ratio} | {f['plugin']:.1f} {f['unit']} | {ref} | {spread} | {TARGETS[f['name']]} |")
+        rows.append(f"| {f['name']} | {f['key']} | {ratio} | {f['plugin']:.1f} {f['unit']} | {ref} | {spread} | {TARGETS[f['name']]} | {f.get('note', '')} |")
     return "\n".join(rows)
 
 
@@ -44,7 +44,9 @@ def plot(p1: list, p2: list, out: pathlib.Path) -> None:
     if p2:
         pts = sorted(p2, key=lambda f: f.get("sup_share", 0.0))
         ax2.plot([f.get("sup_share", 0.0) for f in pts], [f["plugin"] for f in pts], "o-", label="MPIB")
-        ax2.axhline(pts[0]["ref"], color="gray", linestyle="--", label="sum of both rails' ib_write_bw")
+        ax2.axhline(pts[0]["ref"], color="gray", linestyle="--", label="sum of both rails' ib_write_bw (each alone)")
+        if pts[0].get("concurrent_ref"):
+            ax2.axhline(pts[0]["concurrent_ref"], color="gray", linestyle=":", label="ib_write_bw on both rails at once")
         for f in pts:
             ax2.annotate(f["key"].split("=")[1], (f.get("sup_share", 0.0), f["plugin"]), textcoords="offset points", xytext=(4, 4))
         ax2.set_xlabel("SUP share of each message")
