@@ -30,10 +30,7 @@ type connView struct {
 func cmdList(args []string, out io.Writer) error {
 	fs, path := newFlags("list")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	s, err := shm.Open(*path)
+	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
 	}

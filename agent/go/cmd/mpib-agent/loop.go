@@ -53,10 +53,7 @@ func beatLoop(s *shm.Segment, interval time.Duration, tick func() error) error {
 
 func cmdHeartbeat(args []string, out io.Writer) error {
 	fs, path := newFlags("heartbeat")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	s, err := shm.Open(*path)
+	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
 	}
@@ -96,10 +93,7 @@ func cmdRun(args []string, out io.Writer) error {
 	file := fs.String("file", "", "static: weights JSON (re-read when it changes)")
 	capacity := fs.String("capacity", "", "proportional: rail capacities, e.g. sout=100,sup=200 (default: measure)")
 	interval := fs.Duration("interval", time.Second, "policy interval")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	s, err := shm.Open(*path)
+	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
 	}
@@ -203,10 +197,7 @@ func cmdTop(args []string, out io.Writer) error {
 	interval := fs.Duration("interval", time.Second, "refresh interval")
 	count := fs.Int("count", 0, "refreshes before exiting (0: until interrupted)")
 	plain := fs.Bool("plain", false, "append frames instead of refreshing in place")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	s, err := shm.Open(*path)
+	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,14 @@ func newFlags(name string) (*flag.FlagSet, *string) {
 	return fs, path
 }
 
+// parseAndOpen parses a subcommand's flags, then opens the segment that --path names.
+func parseAndOpen(fs *flag.FlagSet, args []string, path *string) (*shm.Segment, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return shm.Open(*path)
+}
+
 func warn(err error) {
 	fmt.Fprintf(os.Stderr, "mpib-agent: warning: %v\n", err)
 }
@@ -103,10 +111,7 @@ func cmdCreate(args []string, out io.Writer) error {
 
 func cmdGC(args []string, out io.Writer) error {
 	fs, path := newFlags("gc")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	s, err := shm.Open(*path)
+	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
 	}
