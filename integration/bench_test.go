@@ -333,15 +333,10 @@ func TestBenchP4InstructionsPerMessage(t *testing.T) {
 	defer cancel()
 	const iters = 2000
 	const out = "/tmp/mpib.callgrind"
-	port := strconv.Itoa(int(oobPort.Add(1)))
-	common := []string{"--plugin", pluginLib, "--abi", "11", "--timeout-s", "300", "--mode", "bw", "--sizes", "4096",
-		"--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}
-	srv, err := a2.Start(ctx, pluginEnv(a2), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, common...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, errOut, code, err := a1.Exec(ctx, pluginEnv(a1, "GODEBUG=asyncpreemptoff=1"), append([]string{"valgrind", "--tool=callgrind",
-		"--callgrind-out-file=" + out, nettestBin, "--role", "client", "--oob-connect", a2.IP(SOUT) + ":" + port}, common...)...)
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2), clientEnv: pluginEnv(a1, "GODEBUG=asyncpreemptoff=1"),
+		clientWrap: []string{"valgrind", "--tool=callgrind", "--callgrind-out-file=" + out},
+		args:       []string{"--abi", "11", "--timeout-s", "300", "--mode", "bw", "--sizes", "4096", "--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}})
+	stdout, errOut, code, err := cli.Wait(ctx)
 	srv.Wait(ctx)
 	if err != nil || code != 0 {
 		t.Fatalf("callgrind run: %v exit %d\n%s\n%s", err, code, stdout, tail(errOut, 3000))

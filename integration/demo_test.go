@@ -67,17 +67,8 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	bw := func(server, client *Node, env []string, seconds int) (*Process, *Process) {
-		port := strconv.Itoa(int(oobPort.Add(1)))
-		args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "bw", "--sizes", "1048576", "--seconds", strconv.Itoa(seconds)}
-		srv, err := server.Start(ctx, pluginEnv(server, env...), append([]string{nettestBin, "--role", "server", "--oob-listen", server.IP(SOUT) + ":" + port}, args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cli, err := client.Start(ctx, pluginEnv(client, env...), append([]string{nettestBin, "--role", "client", "--oob-connect", server.IP(SOUT) + ":" + port}, args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return srv, cli
+		return startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server, env...), clientEnv: pluginEnv(client, env...),
+			args: []string{"--timeout-s", "120", "--mode", "bw", "--sizes", "1048576", "--seconds", strconv.Itoa(seconds)}})
 	}
 	waitAll := func(ps ...*Process) {
 		for _, p := range ps {

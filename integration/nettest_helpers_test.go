@@ -69,25 +69,43 @@ func tail(s string, n int) string {
 	return s
 }
 
+// nettestPair describes one nettest server/client pair (the client sends).
+type nettestPair struct {
+	server, client       *Node
+	serverEnv, clientEnv []string // the whole environment (see pluginEnv)
+	clientWrap           []string // a command the client runs under (valgrind), or none
+	args                 []string // options for both sides after --plugin and the role
+}
+
+// startPair starts the server, then the client connecting to it over a fresh OOB port.
+func startPair(ctx context.Context, t *testing.T, p nettestPair) (srv, cli *Process) {
+	t.Helper()
+	port := strconv.Itoa(int(oobPort.Add(1)))
+	common := append([]string{"--plugin", pluginLib}, p.args...)
+	srv, err := p.server.Start(ctx, p.serverEnv, append([]string{nettestBin, "--role", "server", "--oob-listen", p.server.IP(SOUT) + ":" + port}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCmd := append(append([]string(nil), p.clientWrap...), nettestBin, "--role", "client", "--oob-connect", p.server.IP(SOUT)+":"+port)
+	cli, err = p.client.Start(ctx, p.clientEnv, append(clientCmd, common...)...)
+	if err != nil {
+		srv.Kill(context.Background())
+		t.Fatal(err)
+	}
+	return srv, cli
+}
+
 // runPair runs a nettest server on `server` and a client on `client` (the client sends).
 func runPair(ctx context.Context, t *testing.T, server, client *Node, serverEnv, clientEnv []string, args ...string) pairResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	port := strconv.Itoa(int(oobPort.Add(1)))
 	before, err := sampleRails(ctx, server, client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	common := append([]string{"--plugin", pluginLib, "--timeout-s", "90"}, args...)
-	srv, err := server.Start(ctx, serverEnv, append([]string{nettestBin, "--role", "server", "--oob-listen", server.IP(SOUT) + ":" + port}, common...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := client.Start(ctx, clientEnv, append([]string{nettestBin, "--role", "client", "--oob-connect", server.IP(SOUT) + ":" + port}, common...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: serverEnv, clientEnv: clientEnv,
+		args: append([]string{"--timeout-s", "90"}, args...)})
 	var res pairResult
 	var cerr, serr error
 	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)

@@ -143,18 +143,10 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	defer beat.Kill(context.Background())
 
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
-	port := strconv.Itoa(int(oobPort.Add(1)))
 	// Five phases of settle + measure bytes (~0.9 GB) plus the agent CLIs' seconds at full
 	// speed fit with room to spare; verified byte for byte.
-	args := []string{"--plugin", pluginLib, "--timeout-s", "120", "--mode", "verify", "--bytes", "2000M", "--max-size", "1M", "--window", "8"}
-	srv, err := a2.Start(ctx, pluginEnv(a2, mode...), append([]string{nettestBin, "--role", "server", "--oob-listen", a2.IP(SOUT) + ":" + port}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := a1.Start(ctx, pluginEnv(a1, mode...), append([]string{nettestBin, "--role", "client", "--oob-connect", a2.IP(SOUT) + ":" + port}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "2000M", "--max-size", "1M", "--window", "8"}})
 	slot := agent.sendSlot(ctx, t, a1)
 
 	type phase struct {
