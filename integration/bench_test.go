@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -122,10 +123,12 @@ func perftestBW(t *testing.T, server, client *Node, rail Rail, size int, bytes i
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	res, err := WriteBW{Server: server, Client: client, Rail: rail, Size: size, Iters: iters, Timeout: 3 * time.Minute}.Run(ctx)
-	if err != nil || res.ClientCode != 0 {
-		t.Fatalf("ib_write_bw %s size %d: %v\n%s", rail, size, err, res.Output)
+	if err != nil {
+		t.Fatalf("ib_write_bw %s size %d: %v", rail, size, err)
 	}
-	// perftest's own figure comes from its cycle counter; wall time bounds it from below.
+	if res.ClientCode != 0 {
+		t.Fatalf("ib_write_bw %s size %d: client exit %d\n%s", rail, size, res.ClientCode, res.Output)
+	}
 	return res.Gbps * 1000
 }
 
@@ -165,7 +168,10 @@ func TestBenchP2UnequalRails(t *testing.T) {
 	lab := benchOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx := context.Background()
-	shape := map[Rail]string{SOUT: "netem rate 40mbit limit 10000", SUP: "netem rate 80mbit limit 10000"}
+	// 25 + 50 Mbit/s stays under what the 2-vCPU lab VM pushes on both rails at once
+	// (ib_write_bw on both at 40 + 80 Mbit/s made only ~84 Mbit/s together); the run checks
+	// that ceiling again each repetition (concurrent_ref_mbps).
+	shape := map[Rail]string{SOUT: "netem rate 25mbit limit 10000", SUP: "netem rate 50mbit limit 10000"}
 	for r, q := range shape {
 		if err := lab.Shape(ctx, a1, r, q); err != nil {
 			t.Fatal(err)
@@ -232,16 +238,20 @@ func perftestBWBothRails(t *testing.T, server, client *Node, size int, bytes int
 		}()
 	}
 	total := 0.0
+	var firstErr error
 	for range 2 {
 		r := <-results
-		if r.err != nil || r.res.ClientCode != 0 {
-			var out string
-			if r.res != nil {
-				out = r.res.Output
-			}
-			t.Fatalf("concurrent ib_write_bw: %v\n%s", r.err, out)
+		switch {
+		case r.err != nil:
+			firstErr = cmp.Or(firstErr, r.err)
+		case r.res.ClientCode != 0:
+			firstErr = cmp.Or(firstErr, fmt.Errorf("client exit %d\n%s", r.res.ClientCode, r.res.Output))
+		default:
+			total += r.res.Gbps * 1000
 		}
-		total += r.res.Gbps * 1000
+	}
+	if firstErr != nil {
+		t.Fatalf("concurrent ib_write_bw: %v", firstErr)
 	}
 	return total
 }
@@ -301,6 +311,24 @@ func packetsPer(t *testing.T, n *Node, r Rail, before Counters, roundTrips int) 
 // perftestLat returns ib_write_lat's typical one-way latency (microseconds) on SUP.
 func perftestLat(t *testing.T, server, client *Node, iters int) float64 {
 	t.Helper()
+	// perftest sometimes prints inf for every column: its CPU-frequency estimate came out
+	// as zero under TCG. That run measured nothing; run it again.
+	for attempt := 1; ; attempt++ {
+		out := perftestLatOnce(t, server, client, iters)
+		// Columns: #bytes #iterations t_min t_max t_typical t_avg ...
+		if m := perfLatRe.FindStringSubmatch(out); m != nil {
+			typical, _ := strconv.ParseFloat(m[3], 64)
+			return typical
+		}
+		if attempt == 3 {
+			t.Fatalf("no latency line in ib_write_lat output after %d attempts:\n%s", attempt, out)
+		}
+		t.Logf("ib_write_lat reported no figure (attempt %d), running it again:\n%s", attempt, tail(out, 400))
+	}
+}
+
+func perftestLatOnce(t *testing.T, server, client *Node, iters int) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	args := func(n *Node) []string {
@@ -318,13 +346,7 @@ func perftestLat(t *testing.T, server, client *Node, iters int) float64 {
 	if err != nil || code != 0 {
 		t.Fatalf("ib_write_lat: %v exit %d\n%s\n%s", err, code, out, errOut)
 	}
-	// Columns: #bytes #iterations t_min t_max t_typical t_avg ...
-	m := perfLatRe.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("no latency line in ib_write_lat output:\n%s", out)
-	}
-	typical, _ := strconv.ParseFloat(m[3], 64)
-	return typical
+	return out
 }
 
 // P4 counts the instructions the plugin executes per message on the sender, under

@@ -51,7 +51,7 @@ def plot(p1: list, p2: list, out: pathlib.Path) -> None:
             ax2.annotate(f["key"].split("=")[1], (f.get("sup_share", 0.0), f["plugin"]), textcoords="offset points", xytext=(4, 4))
         ax2.set_xlabel("SUP share of each message")
         ax2.set_ylabel("Mbit/s")
-        ax2.set_title("P2: SOUT 40 Mbit/s + SUP 80 Mbit/s")
+        ax2.set_title("P2: SOUT 25 Mbit/s + SUP 50 Mbit/s")
         ax2.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -495,13 +495,17 @@ static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, 
     if (o->verify) {
       nt_pattern_fill_sampled(sr->p, size, o->seed, base + i, NT_TAG_PONG);
     }
-    /* Receive buffer reuse is safe: the next ping cannot land before this pong is sent. */
+    /* The pong goes out before the next ping's receive is posted: the client waits on the
+     * pong, while the CTS for the next ping only has to beat the client's next isend.
+     * Receive buffer reuse is safe: the next ping cannot land before that CTS exists. */
+    if (nt_post_isend(n, oob, c->scomm, sr->p, size, NT_TAG_PONG, sr->mh, o->timeout_s, &sreq, st) != 0) {
+      return -1;
+    }
     if (i + 1 < total &&
         nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PING, rr->mh, o->timeout_s, &rreq, st) != 0) {
       return -1;
     }
-    if (nt_post_isend(n, oob, c->scomm, sr->p, size, NT_TAG_PONG, sr->mh, o->timeout_s, &sreq, st) != 0 ||
-        nt_wait_pair(n, oob, sreq, NULL, NULL, o->timeout_s, st) != 0) {
+    if (nt_wait_pair(n, oob, sreq, NULL, NULL, o->timeout_s, st) != 0) {
       return -1;
     }
   }
