@@ -52,7 +52,7 @@ def plot(p1: list, p2: list, out: pathlib.Path) -> None:
         ax2.set_xlabel("SUP share of each message")
         ax2.set_ylabel("Mbit/s")
         ax2.set_title("P2: SOUT 25 Mbit/s + SUP 50 Mbit/s")
-        ax2.legend()
+        ax2.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
