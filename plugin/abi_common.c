@@ -4,12 +4,15 @@
 #include "_cgo_export.h"
 #include "mpib_api.h"
 
-ncclResult_t mpib_init(ncclDebugLogger_t logger) {
+uint64_t mpib_process_ctx;
+
+ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, int traffic_class, uint64_t *ctx) {
+  (void)prof;
   mpib_log_set(logger);
-  return (ncclResult_t)mpibGoInit();
+  return (ncclResult_t)mpibGoInit(traffic_class, ctx);
 }
 
-ncclResult_t mpib_finalize(void) { return (ncclResult_t)mpibGoFinalize(); }
+ncclResult_t mpib_finalize(uint64_t ctx) { return (ncclResult_t)mpibGoFinalize(ctx); }
 
 ncclResult_t mpib_devices(int *ndev) {
   *ndev = mpib_g.ndevs_open == MPIB_NRAILS ? 1 : 0;
@@ -40,13 +43,14 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   return ncclSuccess;
 }
 
-ncclResult_t mpib_listen(int dev, void *handle, void **listenComm) {
-  return (ncclResult_t)mpibGoListen(dev, handle, listenComm);
+ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm) {
+  return (ncclResult_t)mpibGoListen(ctx, dev, handle, listenComm);
 }
 
-ncclResult_t mpib_connect(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
+ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,
+                          ncclNetDeviceHandle_t **sendDevComm) {
   if (sendDevComm) *sendDevComm = NULL; /* no device offload */
-  return (ncclResult_t)mpibGoConnect(dev, handle, sendComm);
+  return (ncclResult_t)mpibGoConnect(ctx, dev, traffic_class, handle, sendComm);
 }
 
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm) {

@@ -6,14 +6,13 @@ ncclResult_t listen_v8(int dev, void *handle, void **listenComm);
 ncclResult_t get_properties_v9(int dev, ncclNetProperties_v9_t *props);
 
 static ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-  (void)prof;
-  return mpib_init(logger);
+  return mpib_init(logger, prof, MPIB_TC_UNDEF, &mpib_process_ctx);
 }
 
 static ncclResult_t connect_v10(int dev, ncclNetCommConfig_t *config, void *handle, void **sendComm,
                                 ncclNetDeviceHandle_t **sendDevComm) {
-  (void)config; /* traffic class comes from MPIB_IB_TC */
-  return mpib_connect(dev, handle, sendComm, sendDevComm);
+  int tc = config ? config->trafficClass : MPIB_TC_UNDEF;
+  return mpib_connect(mpib_process_ctx, dev, tc, handle, sendComm, sendDevComm);
 }
 
 ncclResult_t isend_v10(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,

@@ -11,20 +11,20 @@ ncclResult_t isend_v10(void *sendComm, void *data, size_t size, int tag, void *m
 ncclResult_t irecv_v10(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
                        void **phandles, void **request);
 
-/* The per-communicator context: only the communicator id, for log lines. */
+/* The per-communicator context: the control plane's context id and the communicator id. */
 struct mpib_ctx {
+  uint64_t id;
   uint64_t comm_id;
 };
 
 static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logger,
                              ncclProfilerCallback_t prof) {
-  (void)config, (void)prof;
-  ncclResult_t res = mpib_init(logger);
-  if (res != ncclSuccess) return res;
   struct mpib_ctx *c = calloc(1, sizeof *c);
-  if (!c) {
-    mpib_finalize();
-    return ncclSystemError;
+  if (!c) return ncclSystemError;
+  ncclResult_t res = mpib_init(logger, prof, config ? config->trafficClass : MPIB_TC_UNDEF, &c->id);
+  if (res != ncclSuccess) {
+    free(c);
+    return res;
   }
   c->comm_id = commId;
   *ctx = c;
@@ -32,8 +32,10 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_t *c
 }
 
 static ncclResult_t finalize_v11(void *ctx) {
-  free(ctx);
-  return mpib_finalize();
+  struct mpib_ctx *c = ctx;
+  ncclResult_t res = mpib_finalize(c ? c->id : 0);
+  free(c);
+  return res;
 }
 
 static ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t *props) {
@@ -47,14 +49,12 @@ static ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t *props) 
 }
 
 static ncclResult_t listen_v11(void *ctx, int dev, void *handle, void **listenComm) {
-  (void)ctx;
-  return mpib_listen(dev, handle, listenComm);
+  return mpib_listen(((struct mpib_ctx *)ctx)->id, dev, handle, listenComm);
 }
 
 static ncclResult_t connect_v11(void *ctx, int dev, void *handle, void **sendComm,
                                 ncclNetDeviceHandle_t **sendDevComm) {
-  (void)ctx;
-  return mpib_connect(dev, handle, sendComm, sendDevComm);
+  return mpib_connect(((struct mpib_ctx *)ctx)->id, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
 }
 
 static ncclResult_t set_net_attr_v11(void *ctx, ncclNetAttr_v11_t *attr) {

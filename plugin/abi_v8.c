@@ -1,7 +1,9 @@
 /* ncclNetPlugin_v8 (NCCL 2.19..2.22): int sizes in isend/irecv, no vProps. */
 #include "mpib_api.h"
 
-ncclResult_t init_v8(ncclDebugLogger_t logger) { return mpib_init(logger); }
+ncclResult_t init_v8(ncclDebugLogger_t logger) {
+  return mpib_init(logger, NULL, MPIB_TC_UNDEF, &mpib_process_ctx);
+}
 
 static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t *props) {
   struct mpib_props p;
@@ -14,10 +16,12 @@ static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t *props) {
   return ncclSuccess;
 }
 
-ncclResult_t listen_v8(int dev, void *handle, void **listenComm) { return mpib_listen(dev, handle, listenComm); }
+ncclResult_t listen_v8(int dev, void *handle, void **listenComm) {
+  return mpib_listen(mpib_process_ctx, dev, handle, listenComm);
+}
 
 ncclResult_t connect_v8(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
-  return mpib_connect(dev, handle, sendComm, sendDevComm);
+  return mpib_connect(mpib_process_ctx, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
 }
 
 static ncclResult_t isend_v8(void *sendComm, void *data, int size, int tag, void *mhandle, void **request) {

@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -15,18 +16,20 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 	"unsafe"
 
+	"github.com/mpib/mpib/plugin/internal/config"
+	"github.com/mpib/mpib/plugin/internal/gid"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
 // Connection setup runs in goroutines so that NCCL's connect/accept calls never block: each
 // call only looks at whether the handshake finished. Two peers connecting to each other
-// first therefore cannot deadlock.
+// first therefore cannot deadlock. Every goroutine belongs to the netCtx of the init that
+// created its listener or attempt (lifecycle.go).
 
 type result struct {
 	comm *C.struct_mpib_comm
@@ -34,27 +37,17 @@ type result struct {
 }
 
 type listener struct {
+	owner   *netCtx
 	ln      net.Listener
 	nonce   uint64
 	results chan result
-	done    chan struct{}
+	closed  sync.Once
 }
 
 type attempt struct {
-	done chan struct{}
-	res  result
-}
-
-var registry struct {
-	mu        sync.Mutex
-	nextID    uint64
-	listeners map[uint64]*listener
-	attempts  map[uint64]*attempt
-}
-
-func newID() uint64 {
-	registry.nextID++
-	return registry.nextID
+	owner *netCtx
+	done  chan struct{}
+	res   result
 }
 
 func randomNonce() uint64 {
@@ -66,6 +59,16 @@ func randomNonce() uint64 {
 func handshakeTimeout() time.Duration {
 	return time.Duration(plugin.cfg.HandshakeTimeoutMS) * time.Millisecond
 }
+
+// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer:
+// a real peer sends its hello right after connecting.
+func helloTimeout() time.Duration {
+	return min(handshakeTimeout(), 10*time.Second)
+}
+
+// errNotAPeer marks an accepted TCP client that never proved it is an MPIB peer of this
+// listener (a port scan, a health probe, a stale rank): it is dropped, not reported to NCCL.
+var errNotAPeer = errors.New("not an MPIB peer of this listener")
 
 func checkDevice(dev C.int) C.int {
 	if C.mpib_g.ndevs_open != C.MPIB_NRAILS {
@@ -80,28 +83,31 @@ func checkDevice(dev C.int) C.int {
 }
 
 //export mpibGoListen
-func mpibGoListen(dev C.int, handle unsafe.Pointer, listenComm *unsafe.Pointer) C.int {
+func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm *unsafe.Pointer) C.int {
 	*listenComm = nil
 	if rc := checkDevice(dev); rc != C.int(resSuccess) {
 		return rc
+	}
+	owner := lookupCtx(uint64(ctxID))
+	if owner == nil {
+		warnf("listen: unknown or finalized context")
+		return C.int(resInvalidUsage)
 	}
 	ln, err := net.Listen("tcp4", netip.AddrPortFrom(plugin.oobAddr, 0).String())
 	if err != nil {
 		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
 		return C.int(resSystemError)
 	}
-	l := &listener{ln: ln, nonce: randomNonce(), results: make(chan result, 64), done: make(chan struct{})}
+	l := &listener{owner: owner, ln: ln, nonce: randomNonce(), results: make(chan result, 64)}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
 	registry.mu.Lock()
-	if registry.listeners == nil {
-		registry.listeners = map[uint64]*listener{}
-		registry.attempts = map[uint64]*attempt{}
-	}
 	id := newID()
 	registry.listeners[id] = l
 	registry.mu.Unlock()
+	owner.wg.Add(1)
 	go l.acceptLoop()
+	context.AfterFunc(owner.ctx, l.close)
 	lc := (*C.struct_mpib_listen_comm)(C.calloc(1, C.sizeof_struct_mpib_listen_comm))
 	lc.id = C.uint64_t(id)
 	*listenComm = unsafe.Pointer(lc)
@@ -109,19 +115,51 @@ func mpibGoListen(dev C.int, handle unsafe.Pointer, listenComm *unsafe.Pointer) 
 }
 
 func (l *listener) acceptLoop() {
+	defer l.owner.wg.Done()
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
-			return // closed by closeListen
+			return // closed by closeListen or finalize
 		}
-		go func() {
-			comm, err := acceptHandshake(c, l.nonce)
-			select {
-			case l.results <- result{comm, err}:
-			case <-l.done:
-				C.mpib_comm_destroy(comm)
+		l.owner.wg.Add(1)
+		go l.serve(c)
+	}
+}
+
+// serve runs one incoming control connection and hands its comm to NCCL's next accept.
+func (l *listener) serve(c net.Conn) {
+	defer l.owner.wg.Done()
+	comm, err := acceptHandshake(l.owner.ctx, c, l.nonce)
+	if errors.Is(err, errNotAPeer) {
+		infof("listener %v: dropped a TCP client: %v", l.ln.Addr(), err)
+		return
+	}
+	if err != nil && l.owner.ctx.Err() != nil {
+		return // finalized meanwhile: nobody will call accept
+	}
+	select {
+	case l.results <- result{comm, err}:
+	case <-l.owner.ctx.Done():
+		if comm != nil {
+			closeComm(comm)
+		}
+	}
+}
+
+// close stops accepting and destroys handshakes that finished but were never accepted.
+// Goroutines still running deliver nowhere: they see the owner's cancellation, or (after
+// closeListen only) their result is drained by the context's finalize.
+func (l *listener) close() {
+	l.closed.Do(func() { l.ln.Close() })
+	for {
+		select {
+		case r := <-l.results:
+			if r.comm != nil {
+				closeComm(r.comm)
 			}
-		}()
+		default:
+			return
+		}
 	}
 }
 
@@ -133,7 +171,7 @@ func mpibGoAccept(listenComm unsafe.Pointer, recvComm *unsafe.Pointer) C.int {
 	l := registry.listeners[id]
 	registry.mu.Unlock()
 	if l == nil {
-		warnf("accept on a closed or unknown listen comm")
+		warnf("accept on a closed, finalized or unknown listen comm")
 		return C.int(resInvalidArgument)
 	}
 	select {
@@ -156,107 +194,153 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) C.int {
 	delete(registry.listeners, uint64(lc.id))
 	registry.mu.Unlock()
 	if l != nil {
-		close(l.done)
-		l.ln.Close()
-	drain:
-		for {
-			select {
-			case r := <-l.results:
-				C.mpib_comm_destroy(r.comm)
-			default:
-				break drain
-			}
-		}
+		l.close()
 	}
 	C.free(listenComm)
 	return C.int(resSuccess)
 }
 
 //export mpibGoConnect
-func mpibGoConnect(dev C.int, handle unsafe.Pointer, sendComm *unsafe.Pointer) C.int {
+func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsafe.Pointer, sendComm *unsafe.Pointer) C.int {
 	*sendComm = nil
 	if rc := checkDevice(dev); rc != C.int(resSuccess) {
 		return rc
 	}
 	hb := unsafe.Slice((*byte)(handle), wire.HandleSize)
-	registry.mu.Lock()
-	defer registry.mu.Unlock()
 	if id := wire.Attempt(hb); id != 0 {
-		a := registry.attempts[id]
-		if a == nil {
-			warnf("connect: unknown connection attempt %d in the handle", id)
-			return C.int(resInvalidArgument)
-		}
-		select {
-		case <-a.done:
-		default:
-			return C.int(resSuccess) // still in progress: NCCL calls again
-		}
-		delete(registry.attempts, id)
-		if a.res.err != nil {
-			warnf("connect: %v", a.res.err)
-			return C.int(resRemoteError)
-		}
-		*sendComm = unsafe.Pointer(a.res.comm)
-		return C.int(resSuccess)
+		return pollAttempt(id, sendComm)
 	}
 	h, err := wire.DecodeHandle(hb)
 	if err != nil {
 		warnf("connect: %v", err)
 		return C.int(resInvalidArgument)
 	}
-	if registry.attempts == nil {
-		registry.listeners = map[uint64]*listener{}
-		registry.attempts = map[uint64]*attempt{}
+	owner := lookupCtx(uint64(ctxID))
+	if owner == nil {
+		warnf("connect: unknown or finalized context")
+		return C.int(resInvalidUsage)
 	}
+	tc := int(trafficClass)
+	if tc == tcUndef {
+		tc = owner.trafficClass
+	}
+	a := &attempt{owner: owner, done: make(chan struct{})}
+	registry.mu.Lock()
 	id := newID()
-	a := &attempt{done: make(chan struct{})}
 	registry.attempts[id] = a
+	registry.mu.Unlock()
 	wire.SetAttempt(hb, id)
+	owner.wg.Add(1)
 	go func() {
-		a.res.comm, a.res.err = connectHandshake(h)
+		defer owner.wg.Done()
+		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, tc)
 		close(a.done)
+		time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id) })
 	}()
 	return C.int(resSuccess)
 }
 
+// pollAttempt is a repeated connect call: it only checks whether the handshake finished.
+func pollAttempt(id uint64, sendComm *unsafe.Pointer) C.int {
+	registry.mu.Lock()
+	a := registry.attempts[id]
+	if a == nil {
+		registry.mu.Unlock()
+		warnf("connect: unknown connection attempt %d in the handle (finalized or reclaimed)", id)
+		return C.int(resInvalidArgument)
+	}
+	select {
+	case <-a.done:
+		delete(registry.attempts, id)
+	default:
+		registry.mu.Unlock()
+		return C.int(resSuccess) // still in progress: NCCL calls again
+	}
+	registry.mu.Unlock()
+	if a.res.err != nil {
+		warnf("connect: %v", a.res.err)
+		return C.int(resRemoteError)
+	}
+	*sendComm = unsafe.Pointer(a.res.comm)
+	return C.int(resSuccess)
+}
+
+// reclaimAttempt destroys a finished connection that NCCL never came back for (it abandoned
+// the attempt, e.g. on abort under an ABI without finalize).
+func reclaimAttempt(id uint64) {
+	registry.mu.Lock()
+	a := registry.attempts[id]
+	if a != nil {
+		delete(registry.attempts, id)
+	}
+	registry.mu.Unlock()
+	if a != nil && a.res.comm != nil {
+		infof("connect: reclaimed a connection NCCL never collected (attempt %d)", id)
+		closeComm(a.res.comm)
+	}
+}
+
 // connectHandshake is the sending side: dial, hello, metadata, QPs to RTS, ready.
-func connectHandshake(h wire.Handle) (*C.struct_mpib_comm, error) {
+func connectHandshake(ctx context.Context, h wire.Handle, trafficClass int) (*C.struct_mpib_comm, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Timeout: handshakeTimeout()}
-	c, err := d.Dial("tcp4", h.Addr.String())
+	c, err := d.DialContext(ctx, "tcp4", h.Addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
 	}
-	defer c.Close()
 	c.SetDeadline(time.Now().Add(handshakeTimeout()))
 	if _, err := c.Write(wire.EncodeHello(h.Nonce)); err != nil {
+		c.Close()
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
-	return handshake(c, true)
+	return handshake(ctx, c, true, trafficClass)
 }
 
-// acceptHandshake is the receiving side of one incoming control connection.
-func acceptHandshake(c net.Conn, nonce uint64) (*C.struct_mpib_comm, error) {
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(handshakeTimeout()))
+// acceptHandshake is the receiving side of one incoming control connection. Until the
+// client's hello names this listener, failures are errNotAPeer.
+func acceptHandshake(ctx context.Context, c net.Conn, nonce uint64) (*C.struct_mpib_comm, error) {
+	c.SetDeadline(time.Now().Add(helloTimeout()))
+	stop := context.AfterFunc(ctx, func() { c.Close() })
 	hello := make([]byte, wire.HelloSize)
-	if _, err := io.ReadFull(c, hello); err != nil {
-		return nil, fmt.Errorf("hello from %v: %w", c.RemoteAddr(), err)
+	_, err := io.ReadFull(c, hello)
+	var got uint64
+	if err == nil {
+		got, err = wire.DecodeHello(hello)
 	}
-	got, err := wire.DecodeHello(hello)
+	if err == nil && got != nonce {
+		err = errors.New("its hello names another listener (a stale or misrouted handle)")
+	}
+	stop()
 	if err != nil {
-		return nil, fmt.Errorf("peer %v: %w", c.RemoteAddr(), err)
+		c.Close()
+		return nil, fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
 	}
-	if got != nonce {
-		return nil, fmt.Errorf("peer %v used a handle of another listener (stale or misrouted handle)", c.RemoteAddr())
-	}
-	return handshake(c, false)
+	c.SetDeadline(time.Now().Add(handshakeTimeout()))
+	return handshake(ctx, c, false, tcUndef)
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
 // the peer and brings every QP to RTS. Both sides compute the path class from the two ends
-// of the same TCP socket, so their QP counts agree; the metadata exchange verifies it.
-func handshake(c net.Conn, isSend bool) (*C.struct_mpib_comm, error) {
+// of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
+// c: closed on failure, kept on success as the comm's liveness signal (adoptComm).
+func handshake(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (*C.struct_mpib_comm, error) {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	comm, err := handshakeSteps(ctx, c, isSend, trafficClass)
+	if !stop() || err != nil {
+		c.Close()
+		if comm != nil {
+			C.mpib_comm_destroy(comm)
+		}
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+		return nil, err
+	}
+	adoptComm(comm, c)
+	return comm, nil
+}
+
+// handshakeSteps returns the comm even with an error once it exists, for handshake to free.
+func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (*C.struct_mpib_comm, error) {
 	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
 	cfg := plugin.cfg
@@ -264,53 +348,158 @@ func handshake(c net.Conn, isSend bool) (*C.struct_mpib_comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), 0}
-	if C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
-		nqps[1] = C.uint32_t(cfg.SupQPs)
+	params, prefix, err := connParams(isSend, path, trafficClass)
+	if err != nil {
+		return nil, err
 	}
-	comm := C.mpib_comm_create(boolInt(isSend), C.int(cfg.Mode), C.int(path), &nqps[0])
+	comm, _ := withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
 	if comm == nil {
 		return nil, errors.New("creating the connection's verbs resources failed (see the warning above)")
 	}
-	fail := func(err error) (*C.struct_mpib_comm, error) {
-		C.mpib_comm_destroy(comm)
-		return nil, err
-	}
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)
-	mine := metadataFromC(&info, cfg.Mode, path)
+	mine := metadataFromC(&info, cfg.Mode, path, prefix)
+	theirs, err := exchangeMetadata(c, mine, peer)
+	if err != nil {
+		return comm, err
+	}
+	if isSend {
+		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
+	}
+	dropUnreachableSup(comm, &mine, &theirs, peer)
+	remote := metadataToC(theirs)
+	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_connect(comm, &remote) })
+	if err != nil {
+		return comm, err
+	}
+	if rc != 0 {
+		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
+	}
+	if err := exchangeAck(c, peer); err != nil {
+		return comm, err
+	}
+	registerWithAgent(comm, local, peer, path, isSend)
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, traffic class %d, SL %d",
+		map[bool]string{true: "send", false: "recv"}[isSend], local, peer, path, int(comm.nqps[0]), int(comm.nqps[1]),
+		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl))
+	return comm, nil
+}
+
+// connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
+// each rail's GID (read now: addresses can change after init) and the traffic class.
+func connParams(isSend bool, path topo.PathClass, trafficClass int) (C.struct_mpib_conn_params, [2]uint8, error) {
+	cfg := plugin.cfg
+	var p C.struct_mpib_conn_params
+	var prefix [2]uint8
+	p.is_send, p.mode, p.path_class = boolInt(isSend), C.int(cfg.Mode), C.int(path)
+	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
+	if C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
+		p.nqps[1] = C.uint32_t(cfg.SupQPs)
+	}
+	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {
+		if p.nqps[rail] == 0 {
+			continue
+		}
+		idx, addr, err := chooseGID(rail, r.GIDIndex)
+		if err != nil {
+			return p, prefix, fmt.Errorf("%s rail %s: %w", railNames[rail], r.HCA, err)
+		}
+		p.gid_index[rail] = C.int(idx)
+		prefix[rail] = interfacePrefixLen(addr)
+	}
+	p.tc = C.int(connectionTC(trafficClass))
+	return p, prefix, nil
+}
+
+var railNames = [2]string{"SOUT", "SUP"}
+
+// chooseGID reads a rail's GID table and picks the GID for a new connection (net_ib's rule).
+func chooseGID(rail, configured int) (int, netip.Addr, error) {
+	n := int(C.mpib_gid_table_len(C.int(rail)))
+	table := make([]gid.Entry, n)
+	for i := range table {
+		var raw [16]C.uint8_t
+		var typ C.int
+		if C.mpib_gid_entry(C.int(rail), C.int(i), &raw[0], &typ) == 0 {
+			table[i] = gid.Entry{Present: true, GID: *(*[16]byte)(unsafe.Pointer(&raw[0])), Type: int(typ)}
+		}
+	}
+	var idx int
+	var err error
+	if C.mpib_g.dev[rail].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
+		idx, err = gid.ChooseIB(table)
+	} else {
+		idx, err = gid.ChooseRoCE(table, configured, plugin.cfg.GID)
+	}
+	if err != nil {
+		return -1, netip.Addr{}, err
+	}
+	return idx, table[idx].Addr(), nil
+}
+
+// interfacePrefixLen is the prefix length of the local interface address equal to addr, or 0
+// when no interface holds it (InfiniBand GIDs, or an address outside this network namespace).
+func interfacePrefixLen(addr netip.Addr) uint8 {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return 0
+	}
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().Unmap() == addr {
+			return uint8(pfx.Bits())
+		}
+	}
+	return 0
+}
+
+// dropUnreachableSup removes SUP from a connection whose peer's SUP address is outside our SUP
+// subnet (or ours outside theirs): both ends decide from the same two facts, so they agree.
+// Vanilla traffic then goes on SOUT instead of failing or timing out in the RTR transition.
+func dropUnreachableSup(comm *C.struct_mpib_comm, mine, theirs *wire.Metadata, peer netip.Addr) {
+	if mine.NQPs[1] == 0 {
+		return
+	}
+	l, p := mine.Rail[1], theirs.Rail[1]
+	la, pa := netip.AddrFrom16(l.GID).Unmap(), netip.AddrFrom16(p.GID).Unmap()
+	if l.LinkLayer != wire.LinkLayerEthernet || gid.SupReachable(la, l.PrefixLen, pa, p.PrefixLen) {
+		return
+	}
+	infof("peer %v: its SUP address %v/%d and ours %v/%d share no subnet: this connection uses SOUT only",
+		peer, pa, p.PrefixLen, la, l.PrefixLen)
+	C.mpib_comm_drop_rail(comm, 1)
+	mine.NQPs[1], theirs.NQPs[1] = 0, 0
+}
+
+func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Metadata, error) {
 	if _, err := c.Write(wire.EncodeMetadata(mine)); err != nil {
-		return fail(fmt.Errorf("metadata to %v: %w", peer, err))
+		return wire.Metadata{}, fmt.Errorf("metadata to %v: %w", peer, err)
 	}
 	buf := make([]byte, wire.MetadataSize)
 	if _, err := io.ReadFull(c, buf); err != nil {
-		return fail(fmt.Errorf("metadata from %v: %w", peer, err))
+		return wire.Metadata{}, fmt.Errorf("metadata from %v: %w", peer, err)
 	}
 	theirs, err := wire.DecodeMetadata(buf)
+	if err == nil {
+		err = checkPeer(mine, theirs)
+	}
 	if err != nil {
-		return fail(fmt.Errorf("peer %v: %w", peer, err))
+		return theirs, fmt.Errorf("peer %v: %w", peer, err)
 	}
-	if err := checkPeer(mine, theirs); err != nil {
-		return fail(fmt.Errorf("peer %v: %w", peer, err))
-	}
-	remote := metadataToC(theirs)
-	if rc := C.mpib_comm_connect(comm, &remote); rc != 0 {
-		return fail(fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc)))
-	}
+	return theirs, nil
+}
+
+func exchangeAck(c net.Conn, peer netip.Addr) error {
 	if _, err := c.Write(wire.EncodeAck()); err != nil {
-		return fail(fmt.Errorf("ready to %v: %w", peer, err))
+		return fmt.Errorf("ready to %v: %w", peer, err)
 	}
 	ack := make([]byte, wire.AckSize)
 	if _, err := io.ReadFull(c, ack); err != nil {
-		return fail(fmt.Errorf("ready from %v: %w", peer, err))
+		return fmt.Errorf("ready from %v: %w", peer, err)
 	}
 	if err := wire.CheckAck(ack); err != nil {
-		return fail(fmt.Errorf("peer %v: %w", peer, err))
+		return fmt.Errorf("peer %v: %w", peer, err)
 	}
-	registerWithAgent(comm, local, peer, path, isSend)
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s", map[bool]string{true: "send", false: "recv"}[isSend],
-		local, peer, path, int(nqps[0]), int(nqps[1]), []string{"SOUT", "SUP"}[comm.cts_rail])
-	return comm, nil
+	return nil
 }
 
 // checkPeer verifies that both ends agree on everything that shapes the wire protocol.
@@ -327,17 +516,36 @@ func checkPeer(mine, theirs wire.Metadata) error {
 	if theirs.BufAddr == 0 {
 		return errors.New("peer advertised a null buffer")
 	}
+	for r := range mine.Rail {
+		if mine.NQPs[r] > 0 && mine.Rail[r].LinkLayer != theirs.Rail[r].LinkLayer {
+			return fmt.Errorf("%s link layers differ: local %s, peer %s (both ends of a rail must be InfiniBand or both RoCE)",
+				railNames[r], linkLayerName(mine.Rail[r].LinkLayer), linkLayerName(theirs.Rail[r].LinkLayer))
+		}
+	}
 	return nil
 }
 
-func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass) wire.Metadata {
-	m := wire.Metadata{Mode: uint8(mode), PathClass: uint8(path), BufAddr: uint64(info.buf_addr)}
+func linkLayerName(l uint8) string {
+	if l == wire.LinkLayerInfiniBand {
+		return "InfiniBand"
+	}
+	return "Ethernet (RoCE)"
+}
+
+func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass, prefix [2]uint8) wire.Metadata {
+	m := wire.Metadata{Mode: uint8(mode), PathClass: uint8(path), TC: uint8(info.tc), SL: uint8(info.sl),
+		BufAddr: uint64(info.buf_addr)}
 	for r := 0; r < wire.Rails; r++ {
 		m.NQPs[r] = uint32(info.nqps[r])
 		ri := &info.rail[r]
 		m.Rail[r].GID = *(*[16]byte)(unsafe.Pointer(&ri.gid[0]))
 		m.Rail[r].MTU = uint32(ri.mtu)
 		m.Rail[r].RKey = uint32(ri.rkey)
+		m.Rail[r].LID = uint16(ri.lid)
+		m.Rail[r].LinkLayer = uint8(ri.link_layer)
+		m.Rail[r].PrefixLen = prefix[r]
+		m.Rail[r].ECE = wire.ECE{Valid: ri.ece_valid != 0, VendorID: uint32(ri.ece.vendor_id),
+			Options: uint32(ri.ece.options), CompMask: uint32(ri.ece.comp_mask)}
 		for q := 0; q < wire.MaxQPsPerRail; q++ {
 			m.Rail[r].QPN[q] = uint32(ri.qpn[q])
 		}
@@ -348,89 +556,22 @@ func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass)
 func metadataToC(m wire.Metadata) C.struct_mpib_conn_info {
 	var info C.struct_mpib_conn_info
 	info.buf_addr = C.uint64_t(m.BufAddr)
+	info.tc, info.sl = C.uint8_t(m.TC), C.uint8_t(m.SL)
 	for r := 0; r < wire.Rails; r++ {
 		info.nqps[r] = C.uint32_t(m.NQPs[r])
 		ri := &info.rail[r]
 		*(*[16]byte)(unsafe.Pointer(&ri.gid[0])) = m.Rail[r].GID
 		ri.mtu = C.uint32_t(m.Rail[r].MTU)
 		ri.rkey = C.uint32_t(m.Rail[r].RKey)
+		ri.lid = C.uint16_t(m.Rail[r].LID)
+		ri.link_layer = C.uint8_t(m.Rail[r].LinkLayer)
+		ri.ece_valid = C.uint8_t(boolInt(m.Rail[r].ECE.Valid))
+		ri.ece.vendor_id = C.uint32_t(m.Rail[r].ECE.VendorID)
+		ri.ece.options = C.uint32_t(m.Rail[r].ECE.Options)
+		ri.ece.comp_mask = C.uint32_t(m.Rail[r].ECE.CompMask)
 		for q := 0; q < wire.MaxQPsPerRail; q++ {
 			ri.qpn[q] = C.uint32_t(m.Rail[r].QPN[q])
 		}
 	}
 	return info
-}
-
-// Agent segment (advanced mode). The segment is opened lazily at connect time, so an agent
-// started after NCCL's init still takes effect for connections made after it.
-var agent struct {
-	mu          sync.Mutex
-	shm         *C.mpib_shm
-	lastFailure string
-	nextConnID  uint64
-}
-
-func openAgentSegment() *C.mpib_shm {
-	agent.mu.Lock()
-	defer agent.mu.Unlock()
-	if agent.shm != nil {
-		return agent.shm
-	}
-	path := C.CString(plugin.cfg.ShmPath)
-	defer C.free(unsafe.Pointer(path))
-	var errbuf [256]C.char
-	var shm *C.mpib_shm
-	if rc := C.mpib_shm_open(path, &shm, &errbuf[0], C.size_t(len(errbuf))); rc != 0 {
-		msg := C.GoString(&errbuf[0])
-		if msg != agent.lastFailure { // say it once, not per connection
-			infof("advanced mode: agent segment %s unusable (%s): vanilla policy for new connections", plugin.cfg.ShmPath, msg)
-			agent.lastFailure = msg
-		}
-		return nil
-	}
-	agent.shm = shm
-	C.mpib_set_shm(unsafe.Pointer(shm))
-	infof("advanced mode: agent segment %s opened", plugin.cfg.ShmPath)
-	return shm
-}
-
-func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path topo.PathClass, isSend bool) {
-	if plugin.cfg.Mode != 1 {
-		return
-	}
-	shm := openAgentSegment()
-	if shm == nil {
-		return
-	}
-	agent.mu.Lock()
-	agent.nextConnID++
-	connID := uint64(os.Getpid())<<32 | agent.nextConnID
-	agent.mu.Unlock()
-	d := C.mpib_conn_desc{
-		local_sout_ip: C.uint32_t(topo.IPv4ToUint32(local)),
-		peer_sout_ip:  C.uint32_t(topo.IPv4ToUint32(peer)),
-		peer_island:   C.uint32_t(topo.Island(peer, plugin.cfg.IslandPrefixLen)),
-		path_class:    C.uint8_t(path),
-		is_send:       C.uint8_t(boolInt(isSend)),
-		nqps_sout:     C.uint16_t(comm.nqps[0]),
-		nqps_sup:      C.uint16_t(comm.nqps[1]),
-		pid:           C.uint32_t(os.Getpid()),
-		conn_id:       C.uint64_t(connID),
-	}
-	var slot C.uint32_t
-	if rc := C.mpib_shm_register(shm, &d, &slot); rc != 0 {
-		warnf("advanced mode: no free slot in the agent segment (%d): connection %v -> %v stays on the vanilla policy", int(rc), local, peer)
-		return
-	}
-	comm.shm_slot = C.int(slot)
-}
-
-func closeAgentSegment() {
-	agent.mu.Lock()
-	defer agent.mu.Unlock()
-	if agent.shm != nil {
-		C.mpib_set_shm(nil)
-		C.mpib_shm_close(agent.shm)
-		agent.shm = nil
-	}
 }

@@ -6,6 +6,7 @@
 #define MPIB_H
 
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "mpib_log.h"
@@ -20,6 +21,9 @@
 #define MPIB_SRQ_DEPTH 256  /* receives posted per rail per recv comm */
 #define MPIB_CQ_DEPTH 1024
 #define MPIB_NO_OVERRIDE UINT32_MAX
+#define MPIB_PAGE 4096
+#define MPIB_CTS_BYTES (sizeof(mpib_cts_row) * MPIB_MAX_REQUESTS)
+#define MPIB_SIZES_BYTES (sizeof(mpib_sizes_row) * MPIB_MAX_REQUESTS)
 
 /* One physical rail device (global, opened once at init by the Go control plane). */
 struct mpib_dev {
@@ -27,12 +31,19 @@ struct mpib_dev {
   struct ibv_context *ctx;
   struct ibv_pd *pd;
   uint8_t port;
-  int gid_index;
-  union ibv_gid gid;
+  int gid_tbl_len;
   enum ibv_mtu active_mtu;
   int speed_mbps;
   int link_layer;
   uint16_t lid;
+  uint16_t pkey_index;
+  /* Set by the device's async-event thread (mpib_events.c), read by the data path. */
+  int fatal;      /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
+  int port_down;  /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
+  uint64_t port_change_ns;
+  pthread_t event_thread;
+  int event_thread_running;
+  int event_stop_pipe[2];
 };
 
 /* Process-wide configuration and devices, filled by Go in init before any comm exists. */
@@ -44,7 +55,11 @@ struct mpib_global {
   uint32_t force_sup_bw;    /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
   int flush_enabled;        /* loopback RDMA_READ flush QPs are built for recv comms */
   int relaxed_ordering;
-  uint8_t ib_timeout, ib_retry_cnt, ib_tc, ib_sl;
+  uint8_t ib_timeout, ib_retry_cnt, ib_sl;
+  int ib_tc;                /* connection traffic class when NCCL's comm config sets none */
+  int fifo_tc;              /* NCCL_IB_FIFO_TC: class of the receiver's CTS writes, -1 = the connection's */
+  int use_inline;           /* NCCL_IB_USE_INLINE: CTS and size records sent inline */
+  int ece_enable;           /* NCCL_IB_ECE_ENABLE */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
   /* Properties reported to NCCL. */
@@ -53,6 +68,7 @@ struct mpib_global {
   int prop_has_pci_path;
   uint64_t prop_guid;
   int prop_ptr_support;
+  int prop_force_flush; /* mlx5 Data Direct: NCCL must flush even where it would not */
   int prop_speed;
 };
 extern struct mpib_global mpib_g;
@@ -94,25 +110,47 @@ struct mpib_rail_info {
   uint8_t gid[16];
   uint32_t mtu; /* enum ibv_mtu */
   uint32_t rkey; /* rkey of the advertised buffer on this rail */
+  uint16_t lid;
+  uint8_t link_layer;
+  uint8_t ece_valid;
+  struct ibv_ece ece;
   uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
 };
 struct mpib_conn_info {
+  uint8_t tc, sl; /* the sending side's: both ends use them */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_rail_info rail[MPIB_NRAILS];
   uint64_t buf_addr; /* sender: its CTS FIFO; receiver: its size records */
 };
 
+/* Per-connection choices made by the control plane before the QPs exist. */
+struct mpib_conn_params {
+  int is_send, mode, path_class;
+  uint32_t nqps[MPIB_NRAILS];
+  int gid_index[MPIB_NRAILS]; /* chosen at connect time (the GID table may change after init) */
+  int tc;                     /* this side's traffic class (the receiver adopts the sender's) */
+};
+
+typedef struct mpib_cts mpib_cts_row[MPIB_MAX_RECVS];
+typedef int32_t mpib_sizes_row[MPIB_MAX_RECVS];
+
 /* One direction of a connection: a send comm or a recv comm. */
 struct mpib_comm {
+  /* Buffers the NIC reads or writes live in their own page-aligned allocations, never on a
+   * page with CPU-written fields: after fork() without copy-on-fork for pinned pages (kernels
+   * < 5.13) the NIC and the parent would otherwise see different copies of the page. */
   /* CTS FIFO (sender: written by the peer) or CTS staging (receiver: written locally). */
-  struct mpib_cts cts[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  mpib_cts_row *cts;     /* [MPIB_MAX_REQUESTS] */
   /* Size records (receiver: written by the peer; sender: staging). */
-  int32_t sizes[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  mpib_sizes_row *sizes; /* [MPIB_MAX_REQUESTS] */
   struct ibv_mr *cts_mr[MPIB_NRAILS];
   struct ibv_mr *sizes_mr[MPIB_NRAILS];
 
   int is_send;
   int mode, path_class, sup_relay, cts_rail;
+  int gid_index[MPIB_NRAILS];
+  union ibv_gid gid[MPIB_NRAILS];
+  uint8_t tc, sl; /* of this connection's data QPs (the sender's) */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_qp qps[MPIB_MAX_QPS];
   struct ibv_cq *cq[MPIB_NRAILS];
@@ -135,7 +173,11 @@ struct mpib_comm {
   struct ibv_qp *flush_qp[MPIB_NRAILS];
   struct ibv_cq *flush_cq[MPIB_NRAILS];
   struct ibv_mr *flush_mr[MPIB_NRAILS];
-  uint8_t flush_buf[64];
+  uint8_t *flush_buf; /* one page, NIC-read */
+
+  uint64_t peer_gone_ns; /* set by the control plane when the peer's control socket closed */
+  int failure_reported;  /* the reason this comm cannot progress was logged (log once) */
+  uint32_t max_inline;   /* bytes a CTS write may carry inline (0: never) */
 
   uint64_t cts_torn_since_ns; /* sender: when a CTS with our sequence but a bad checksum appeared */
 
@@ -150,12 +192,25 @@ struct mpib_listen_comm {
 };
 
 /* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
-int mpib_dev_open(int rail, const char *name, int port, int gid_index);
+int mpib_dev_open(int rail, const char *name, int port, int pkey);
 void mpib_dev_close_all(void);
 int mpib_dmabuf_supported(void);
+/* Whether a rail is an mlx5 Data Direct device (net_ib then forces flushes). */
+int mpib_data_direct(int rail);
+/* Async events (mpib_events.c): one thread per open device. */
+int mpib_events_start(int rail);
+void mpib_events_stop(int rail);
+/* One GID table entry of a rail's port for the control plane's GID choice: 0, or -1 when the
+ * entry is empty or unreadable. type is IBV_GID_TYPE_*. */
+int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type);
+int mpib_gid_table_len(int rail);
+uint64_t mpib_now_ns(void);
+void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */
 void mpib_set_shm(void *shm);
-struct mpib_comm *mpib_comm_create(int is_send, int mode, int path_class, const uint32_t nqps[MPIB_NRAILS]);
+struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
+/* Removes a rail the peer cannot reach (its QPs never leave INIT). */
+void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
 void mpib_comm_destroy(struct mpib_comm *c);

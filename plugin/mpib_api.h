@@ -21,12 +21,20 @@ struct mpib_props {
   int devs[NCCL_NET_MAX_DEVS_PER_NIC];
 };
 
-ncclResult_t mpib_init(ncclDebugLogger_t logger);
-ncclResult_t mpib_finalize(void);
+/* Contexts: v11+ init once per communicator, each init returning a context that listen and
+ * connect name and finalize ends (cancelling its handshakes). v8..v10 init once per process:
+ * their calls share mpib_process_ctx. traffic_class is NCCL's per-communicator class, or
+ * MPIB_TC_UNDEF. */
+#define MPIB_TC_UNDEF (-1)
+extern uint64_t mpib_process_ctx;
+ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, int traffic_class, uint64_t *ctx);
+ncclResult_t mpib_finalize(uint64_t ctx);
 ncclResult_t mpib_devices(int *ndev);
 ncclResult_t mpib_get_properties(int dev, struct mpib_props *p);
-ncclResult_t mpib_listen(int dev, void *handle, void **listenComm);
-ncclResult_t mpib_connect(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm);
+ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm);
+/* traffic_class: v10's per-connect class, or MPIB_TC_UNDEF to use the context's. */
+ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,
+                          ncclNetDeviceHandle_t **sendDevComm);
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm);
 ncclResult_t mpib_reg_mr_v8(void *comm, void *data, size_t size, int type, void **mhandle);
 ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,

@@ -35,6 +35,39 @@ static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
   return NULL;
 }
 
+/* A port the device reported down (async event) is not scheduled while the other rail can
+ * carry the request. */
+static int rail_down(int rail) { return __atomic_load_n(&mpib_g.dev[rail].port_down, __ATOMIC_RELAXED); }
+
+/* Why a comm can make no more progress, checked only while a caller waits for it: a fatal
+ * device under any of its rails, or a peer whose control socket closed longer ago than the
+ * grace period (a peer that exits right after its last completion must not fail requests
+ * whose completions are already on their way). The reason is logged once per comm. */
+#define MPIB_PEER_GONE_GRACE_NS 1000000000ull
+
+static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char *what) {
+  if (!c->failure_reported) {
+    c->failure_reported = 1;
+    MPIB_WARN("%s comm: %s%s", c->is_send ? "send" : "recv", why, what);
+  }
+  return ncclRemoteError;
+}
+
+static ncclResult_t comm_health(struct mpib_comm *c) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (c->nqps[r] && __atomic_load_n(&mpib_g.dev[r].fatal, __ATOMIC_ACQUIRE)) {
+      if (!c->failure_reported) MPIB_WARN("%s comm: device %s (%s rail) failed fatally", c->is_send ? "send" : "recv",
+                                          mpib_g.dev[r].name, rail_name(r));
+      c->failure_reported = 1;
+      return ncclSystemError;
+    }
+  }
+  uint64_t gone = __atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE);
+  if (gone && mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS)
+    return comm_failed(c, "the peer closed the connection with requests still waiting", " (its process exited or aborted)");
+  return ncclSuccess;
+}
+
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
  * Order: test override, agent hint (advanced mode, fresh agent), vanilla; then the guard. */
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
@@ -48,8 +81,8 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail_failed[MPIB_RAIL_SUP]) return 0;
-  if (c->rail_failed[MPIB_RAIL_SOUT] && c->nqps[MPIB_RAIL_SUP]) return MPIB_SUP_BW_MAX;
+  if (c->rail_failed[MPIB_RAIL_SUP] || rail_down(MPIB_RAIL_SUP)) return 0;
+  if ((c->rail_failed[MPIB_RAIL_SOUT] || rail_down(MPIB_RAIL_SOUT)) && c->nqps[MPIB_RAIL_SUP]) return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
 
@@ -160,7 +193,7 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   uint64_t want = c->fifo_head + 1;
   volatile struct mpib_cts *fifo = c->cts[slot];
-  if (fifo[0].seq != want) return ncclSuccess; /* no CTS yet: NCCL retries */
+  if (fifo[0].seq != want) return comm_health(c); /* no CTS yet: NCCL retries */
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   struct mpib_cts cts[MPIB_MAX_RECVS];
   mpib_cts_snapshot(&fifo[0], &cts[0]);
@@ -233,6 +266,8 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
                         void **request) {
   struct mpib_comm *c = recvComm;
   *request = NULL;
+  ncclResult_t health = comm_health(c);
+  if (health != ncclSuccess) return health;
   if (n < 1 || n > MPIB_MAX_RECVS) {
     MPIB_WARN("irecv of %d grouped receives (1..%d supported)", n, MPIB_MAX_RECVS);
     return ncclInvalidArgument;
@@ -267,6 +302,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   struct ibv_send_wr wr = {.wr_id = UINT64_MAX, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
   if (slot == 0) wr.send_flags = IBV_SEND_SIGNALED;
+  if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
   wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
   wr.wr.rdma.rkey = c->rem_rkey[rail];
   struct ibv_send_wr *bad = NULL;
@@ -426,7 +462,7 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c) : progress(c);
   if (res != ncclSuccess) return res;
   if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_pending == 0;
-  if (!req->done) return ncclSuccess;
+  if (!req->done) return comm_health(c);
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
   if (sizes && req->type == MPIB_REQ_RECV) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));

@@ -6,8 +6,10 @@
 #ifndef MPIB_POLICY_H
 #define MPIB_POLICY_H
 
+#include <infiniband/verbs.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { MPIB_RAIL_SOUT = 0, MPIB_RAIL_SUP = 1, MPIB_NRAILS = 2 };
 enum { MPIB_PATH_INTRA_ISLAND = 0, MPIB_PATH_INTER_ISLAND = 1 };
@@ -149,6 +151,52 @@ static inline void mpib_cts_snapshot(const volatile struct mpib_cts *src, struct
 /* Whether a snapshot is the complete element for request sequence `want`. */
 static inline int mpib_cts_landed(const struct mpib_cts *e, uint64_t want) {
   return e->seq == want && e->check == mpib_cts_check(e);
+}
+
+/* Whether receives need a flush (a loopback RDMA_READ ordering the NIC's writes before the
+ * GPU reads the buffer). As net_ib: whenever the NIC can write GPU memory at all, through a
+ * peer-memory module (nvidia_peermem) OR DMA-BUF, unless NCCL_GDR_FLUSH_DISABLE=1; NCCL then
+ * decides per operation whether it calls iflush (GPUs before sm90). force_flush (mlx5 Data
+ * Direct devices, or MPIB_FORCE_FLUSH for tests) wins over everything: on those devices
+ * NCCL's own decision is not enough. */
+static inline int mpib_flush_needed(int peermem, int dmabuf, int gdr_flush_disable, int force_flush) {
+  if (force_flush) return 1;
+  if (gdr_flush_disable) return 0;
+  return peermem || dmabuf;
+}
+
+/* The 16-bit FLID (routable LID) an InfiniBand router-aware GID carries in bytes 4..5 (big
+ * endian), used as the DLID when the peer is in another IB subnet. */
+static inline uint16_t mpib_gid_flid(const uint8_t gid[16]) { return (uint16_t)(gid[4] << 8 | gid[5]); }
+
+/* The address vector towards a peer's port. RoCE routes by the GRH: the GID carries the
+ * peer's IP address, the traffic class becomes the IP TOS byte, the DLID is unused. On
+ * InfiniBand a peer in the same subnet (the GID's 16-bit local subnet prefix, bytes 6..7, as
+ * net_ib compares it) is addressed by its LID with no GRH; one behind an IB router needs the
+ * GRH and its FLID as DLID (the LID when the FLID is 0, as net_ib 2.28). Returns 0, or -1 when
+ * the link layers differ or an IB peer has no LID to address. */
+static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, int remote_link_layer,
+                                uint8_t port, uint8_t sgid_index, const uint8_t local_gid[16],
+                                const uint8_t remote_gid[16], uint16_t remote_lid, uint8_t tc, uint8_t sl) {
+  memset(ah, 0, sizeof *ah);
+  if (local_link_layer != remote_link_layer) return -1;
+  ah->port_num = port;
+  ah->sl = sl;
+  int grh = 1;
+  if (local_link_layer == IBV_LINK_LAYER_INFINIBAND) {
+    grh = memcmp(local_gid + 6, remote_gid + 6, 2) != 0; /* another subnet: through a router */
+    uint16_t flid = mpib_gid_flid(remote_gid);
+    ah->dlid = grh && flid ? flid : remote_lid;
+    if (ah->dlid == 0) return -1;
+  }
+  ah->is_global = (uint8_t)grh;
+  if (grh) {
+    memcpy(ah->grh.dgid.raw, remote_gid, 16);
+    ah->grh.sgid_index = sgid_index;
+    ah->grh.hop_limit = 255;
+    ah->grh.traffic_class = local_link_layer == IBV_LINK_LAYER_INFINIBAND ? 0 : tc;
+  }
+  return 0;
 }
 
 #endif

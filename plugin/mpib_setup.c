@@ -1,11 +1,15 @@
 /* Verbs setup and teardown, driven by the Go control plane. Functions return 0 or -errno. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mpib.h"
 #include "mpib_shm.h"
+#include "mpib_verbs.h"
 
 struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
 
@@ -40,22 +44,7 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   return lane * width;
 }
 
-/* The RoCE v2 IPv4-mapped GID, like net_ib's auto-selection; -1 when none exists. */
-static int find_rocev2_ipv4_gid(struct ibv_context *ctx, uint8_t port, int table_len) {
-  for (int i = 0; i < table_len; i++) {
-    struct ibv_gid_entry e;
-    if (ibv_query_gid_ex(ctx, port, i, &e, 0) != 0) continue; /* empty or hidden entry */
-    if (e.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
-    const uint8_t *g = e.gid.raw;
-    int v4mapped = 1;
-    for (int k = 0; k < 10; k++) v4mapped &= g[k] == 0;
-    v4mapped &= g[10] == 0xff && g[11] == 0xff;
-    if (v4mapped) return i;
-  }
-  return -1;
-}
-
-int mpib_dev_open(int rail, const char *name, int port, int gid_index) {
+int mpib_dev_open(int rail, const char *name, int port, int pkey_index) {
   struct mpib_dev *d = &mpib_g.dev[rail];
   int n = 0, rc = 0;
   struct ibv_device **list = ibv_get_device_list(&n);
@@ -93,31 +82,34 @@ int mpib_dev_open(int rail, const char *name, int port, int gid_index) {
   d->active_mtu = pa.active_mtu;
   d->lid = pa.lid;
   d->speed_mbps = port_speed_mbps(&pa);
-  d->gid_index = gid_index >= 0 ? gid_index : find_rocev2_ipv4_gid(d->ctx, d->port, pa.gid_tbl_len);
-  if (d->link_layer == IBV_LINK_LAYER_INFINIBAND && d->gid_index < 0) d->gid_index = 0;
-  if (d->gid_index < 0) {
-    MPIB_WARN("%s HCA %s port %d has no RoCE v2 IPv4 GID (set MPIB_GID_INDEX)", rail_name(rail), name, port);
-    rc = -EADDRNOTAVAIL;
+  d->gid_tbl_len = pa.gid_tbl_len;
+  if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
+    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name,
+              port, pkey_index, pa.pkey_tbl_len);
+    rc = -ENOENT;
     goto fail;
   }
-  if ((rc = ibv_query_gid(d->ctx, d->port, d->gid_index, &d->gid)) != 0) {
-    MPIB_WARN("%s HCA %s: GID index %d unreadable", rail_name(rail), name, d->gid_index);
-    rc = -EINVAL;
-    goto fail;
-  }
+  d->pkey_index = (uint16_t)pkey_index;
   d->pd = ibv_alloc_pd(d->ctx);
   if (d->pd == NULL) {
     rc = -ENOMEM;
     MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", rail_name(rail), name);
     goto fail;
   }
-  MPIB_INFO("%s rail: %s port %d GID index %d MTU %d speed %d Mbps", rail_name(rail), name, port,
-            d->gid_index, mtu_bytes(d->active_mtu), d->speed_mbps);
+  if ((rc = mpib_events_start(rail)) != 0) {
+    MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", rail_name(rail), name, strerror(-rc));
+    goto fail;
+  }
+  MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", rail_name(rail), name, port,
+            d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu),
+            d->speed_mbps, pkey_index);
   mpib_g.ndevs_open++;
   goto out;
 fail:
+  if (d->pd) ibv_dealloc_pd(d->pd);
   ibv_close_device(d->ctx);
   d->ctx = NULL;
+  d->pd = NULL;
 out:
   if (list) ibv_free_device_list(list);
   return rc;
@@ -126,6 +118,7 @@ out:
 void mpib_dev_close_all(void) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     struct mpib_dev *d = &mpib_g.dev[r];
+    mpib_events_stop(r); /* before the context closes: the thread reads its events */
     if (d->pd) ibv_dealloc_pd(d->pd);
     if (d->ctx) ibv_close_device(d->ctx);
     memset(d, 0, sizeof *d);
@@ -133,15 +126,37 @@ void mpib_dev_close_all(void) {
   mpib_g.ndevs_open = 0;
 }
 
+/* mlx5 Data Direct devices need a flush NCCL would not ask for (net_ib sets forceFlush for
+ * them). The probe is mlx5dv's, resolved at run time from the provider libibverbs already
+ * loaded for the device, so MPIB links no mlx5 library; absent means not Data Direct. */
+int mpib_data_direct(int rail) {
+  struct ibv_context *ctx = mpib_g.dev[rail].ctx;
+  if (ctx == NULL || strncmp(mpib_g.dev[rail].name, "mlx5", 4) != 0) return 0;
+  void *lib = dlopen("libmlx5.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == NULL) return 0;
+  int (*probe)(struct ibv_context *, char *, size_t) =
+      (int (*)(struct ibv_context *, char *, size_t))dlvsym(lib, "mlx5dv_get_data_direct_sysfs_path", "MLX5_1.25");
+  char path[256];
+  int dd = probe != NULL && probe(ctx, path, sizeof path) == 0;
+  dlclose(lib);
+  if (dd) MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed", rail_name(rail),
+                    mpib_g.dev[rail].name, path);
+  return dd;
+}
+
 /* DMA-BUF is supported when the provider does not reject ibv_reg_dmabuf_mr outright. */
 int mpib_dmabuf_supported(void) {
-  struct ibv_mr *mr = ibv_reg_dmabuf_mr(mpib_g.dev[0].pd, 0, 0, 0, -1, 0);
+  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(mpib_g.dev[0].pd, 0, 0, 0, -1, 0);
   if (mr) {
     ibv_dereg_mr(mr);
     return 1;
   }
   return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
 }
+
+/* Inline data lets the NIC take small payloads (CTS elements, size records) from the work
+ * request itself instead of a second DMA read (NCCL_IB_USE_INLINE). */
+#define MPIB_MAX_INLINE sizeof(struct mpib_cts) /* one CTS element, as net_ib */
 
 static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr) {
   struct ibv_qp_init_attr ia = {0};
@@ -153,11 +168,12 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
   ia.cap.max_recv_wr = srq ? 0 : 4;
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = mpib_g.use_inline ? MPIB_MAX_INLINE : 0;
   struct ibv_qp *qp = ibv_create_qp(mpib_g.dev[rail].pd, &ia);
   if (qp == NULL) return NULL;
   struct ibv_qp_attr a = {0};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
+  a.pkey_index = mpib_g.dev[rail].pkey_index;
   a.port_num = mpib_g.dev[rail].port;
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
@@ -167,24 +183,27 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
   return qp;
 }
 
-/* INIT -> RTR -> RTS against a remote QP. */
-static int qp_connect(struct ibv_qp *qp, int rail, uint32_t rem_qpn, const uint8_t *rem_gid,
-                      enum ibv_mtu mtu) {
+/* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
+static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
+                      const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc) {
   struct mpib_dev *d = &mpib_g.dev[rail];
+  if (rem->ece_valid && mpib_g.ece_enable) {
+    struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
+    if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP) MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
+  }
   struct ibv_qp_attr a = {0};
+  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[rail],
+                    c->gid[rail].raw, rem->gid, rem->lid, tc, c->sl) != 0) {
+    MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", rail_name(rail), d->link_layer,
+              rem->link_layer, rem->lid);
+    return -EPROTO;
+  }
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = mtu;
   a.dest_qp_num = rem_qpn;
   a.rq_psn = 0;
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  memcpy(a.ah_attr.grh.dgid.raw, rem_gid, 16);
-  a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
-  a.ah_attr.grh.hop_limit = 255;
-  a.ah_attr.grh.traffic_class = mpib_g.ib_tc;
-  a.ah_attr.sl = mpib_g.ib_sl;
-  a.ah_attr.port_num = d->port;
   int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (rc) return -rc;
@@ -205,24 +224,35 @@ static struct ibv_mr *reg_local(int rail, void *addr, size_t len) {
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 }
 
+/* This rail's own address, as the peer would see it (for the loopback flush QP). */
+static void local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_info *ri) {
+  memset(ri, 0, sizeof *ri);
+  memcpy(ri->gid, c->gid[rail].raw, 16);
+  ri->mtu = mpib_g.dev[rail].active_mtu;
+  ri->lid = mpib_g.dev[rail].lid;
+  ri->link_layer = (uint8_t)mpib_g.dev[rail].link_layer;
+}
+
 /* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. */
 static int flush_setup(struct mpib_comm *c, int rail) {
   c->flush_cq[rail] = ibv_create_cq(mpib_g.dev[rail].ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[rail]) return -ENOMEM;
   c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64);
   if (!c->flush_qp[rail]) return -ENOMEM;
-  c->flush_mr[rail] = reg_local(rail, c->flush_buf, sizeof c->flush_buf);
+  c->flush_mr[rail] = reg_local(rail, c->flush_buf, MPIB_PAGE);
   if (!c->flush_mr[rail]) return -ENOMEM;
-  struct mpib_dev *d = &mpib_g.dev[rail];
-  return qp_connect(c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, d->gid.raw, d->active_mtu);
+  struct mpib_rail_info self;
+  local_rail_info(c, rail, &self);
+  return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc);
 }
 
 static int rail_setup(struct mpib_comm *c, int rail) {
   struct mpib_dev *d = &mpib_g.dev[rail];
+  if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;
   c->cq[rail] = ibv_create_cq(d->ctx, MPIB_CQ_DEPTH, NULL, NULL, 0);
   if (!c->cq[rail]) return -ENOMEM;
-  c->cts_mr[rail] = reg_local(rail, c->cts, sizeof c->cts);
-  c->sizes_mr[rail] = reg_local(rail, c->sizes, sizeof c->sizes);
+  c->cts_mr[rail] = reg_local(rail, c->cts, MPIB_CTS_BYTES);
+  c->sizes_mr[rail] = reg_local(rail, c->sizes, MPIB_SIZES_BYTES);
   if (!c->cts_mr[rail] || !c->sizes_mr[rail]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
@@ -245,22 +275,48 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     c->qps[base + i].qp = qp;
     c->qps[base + i].rail = rail;
   }
+  if (mpib_g.use_inline && !c->is_send && c->nqps[rail]) {
+    struct ibv_qp_attr qa;
+    struct ibv_qp_init_attr qia;
+    if (ibv_query_qp(c->qps[base].qp, &qa, IBV_QP_CAP, &qia) == 0) c->max_inline = qa.cap.max_inline_data;
+  }
   if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, rail);
   return 0;
 }
 
-struct mpib_comm *mpib_comm_create(int is_send, int mode, int path_class, const uint32_t nqps[MPIB_NRAILS]) {
+/* A zeroed, page-aligned allocation of whole pages: nothing else shares its pages. */
+static void *page_alloc(size_t size) {
+  void *p = NULL;
+  size = (size + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1);
+  if (posix_memalign(&p, MPIB_PAGE, size) != 0) return NULL;
+  memset(p, 0, size);
+  return p;
+}
+
+struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   struct mpib_comm *c = NULL;
-  if (posix_memalign((void **)&c, 4096, sizeof *c) != 0) return NULL;
+  if (posix_memalign((void **)&c, 64, sizeof *c) != 0) return NULL;
   memset(c, 0, sizeof *c);
-  c->is_send = is_send;
-  c->mode = mode;
-  c->path_class = path_class;
+  c->cts = page_alloc(MPIB_CTS_BYTES);
+  c->sizes = page_alloc(MPIB_SIZES_BYTES);
+  c->flush_buf = page_alloc(MPIB_PAGE);
+  c->is_send = p->is_send;
+  c->mode = p->mode;
+  c->path_class = p->path_class;
   c->sup_relay = mpib_g.sup_relay;
-  c->cts_rail = mpib_cts_rail(mode, path_class);
+  c->cts_rail = mpib_cts_rail(p->mode, p->path_class);
   c->force_sup_bw = mpib_g.force_sup_bw;
   c->shm_slot = -1;
-  for (int r = 0; r < MPIB_NRAILS; r++) c->nqps[r] = nqps[r];
+  c->tc = (uint8_t)p->tc;
+  c->sl = mpib_g.ib_sl;
+  if (!c->cts || !c->sizes || !c->flush_buf) {
+    mpib_comm_destroy(c);
+    return NULL;
+  }
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    c->nqps[r] = p->nqps[r];
+    c->gid_index[r] = p->gid_index[r];
+  }
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
     int rc = rail_setup(c, r);
@@ -273,23 +329,42 @@ struct mpib_comm *mpib_comm_create(int is_send, int mode, int path_class, const 
   return c;
 }
 
+static void rail_ece(const struct mpib_comm *c, int rail, int base, struct mpib_rail_info *ri) {
+  if (!mpib_g.ece_enable || c->nqps[rail] == 0) return;
+  if (mpib_ibv_query_ece(c->qps[base].qp, &ri->ece) == 0) ri->ece_valid = 1;
+}
+
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
   memset(info, 0, sizeof *info);
   info->buf_addr = c->is_send ? (uint64_t)(uintptr_t)c->cts : (uint64_t)(uintptr_t)c->sizes;
+  info->tc = c->tc;
+  info->sl = c->sl;
   int base = 0;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     info->nqps[r] = c->nqps[r];
     if (c->nqps[r] == 0) continue;
-    memcpy(info->rail[r].gid, mpib_g.dev[r].gid.raw, 16);
-    info->rail[r].mtu = mpib_g.dev[r].active_mtu;
+    local_rail_info(c, r, &info->rail[r]);
     info->rail[r].rkey = c->is_send ? c->cts_mr[r]->rkey : c->sizes_mr[r]->rkey;
+    rail_ece(c, r, base, &info->rail[r]);
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
     base += (int)c->nqps[r];
   }
 }
 
+/* The class of a QP's packets: the sender's class, except on the receiver, whose QPs carry
+ * only CTS writes (and acknowledgements), which NCCL_IB_FIFO_TC may put in another class (as
+ * net_ib does for its accept-side QPs). */
+static uint8_t qp_traffic_class(const struct mpib_comm *c) {
+  if (!c->is_send && mpib_g.fifo_tc >= 0) return (uint8_t)mpib_g.fifo_tc;
+  return c->tc;
+}
+
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) {
   c->rem_addr = remote->buf_addr;
+  if (!c->is_send) {
+    c->tc = remote->tc; /* both ends use the sender's class and level */
+    c->sl = remote->sl;
+  }
   int base = 0;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
@@ -298,7 +373,8 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     enum ibv_mtu mtu = mpib_g.dev[r].active_mtu;
     if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
     for (uint32_t i = 0; i < c->nqps[r]; i++) {
-      int rc = qp_connect(c->qps[base + i].qp, r, remote->rail[r].qpn[i], remote->rail[r].gid, mtu);
+      int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
+                          qp_traffic_class(c));
       if (rc) {
         MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r),
                   c->qps[base + i].qp->qp_num, remote->rail[r].qpn[i], strerror(-rc));
@@ -310,22 +386,70 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   return 0;
 }
 
+static void rail_destroy(struct mpib_comm *c, int r) {
+  if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
+  if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
+  if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
+  if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
+  if (c->cts_mr[r]) ibv_dereg_mr(c->cts_mr[r]);
+  if (c->sizes_mr[r]) ibv_dereg_mr(c->sizes_mr[r]);
+  if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
+  c->flush_qp[r] = NULL, c->flush_mr[r] = NULL, c->flush_cq[r] = NULL, c->srq[r] = NULL;
+  c->cts_mr[r] = NULL, c->sizes_mr[r] = NULL, c->cq[r] = NULL;
+  c->srq_posted[r] = 0;
+}
+
+static void rail_qps_destroy(struct mpib_comm *c, int r) {
+  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    if (c->qps[base + i].qp) ibv_destroy_qp(c->qps[base + i].qp);
+    c->qps[base + i].qp = NULL;
+  }
+}
+
+void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
+  rail_qps_destroy(c, rail);
+  rail_destroy(c, rail);
+  c->nqps[rail] = 0;
+  if (c->cts_rail == rail) c->cts_rail = 1 - rail;
+}
+
 void mpib_comm_destroy(struct mpib_comm *c) {
   if (!c) return;
   if (c->shm_slot >= 0 && mpib_g.shm) mpib_shm_release((mpib_shm *)mpib_g.shm, (uint32_t)c->shm_slot);
-  for (int i = 0; i < MPIB_MAX_QPS; i++) {
-    if (c->qps[i].qp) ibv_destroy_qp(c->qps[i].qp);
-  }
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
-    if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
-    if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
-    if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
-    if (c->cts_mr[r]) ibv_dereg_mr(c->cts_mr[r]);
-    if (c->sizes_mr[r]) ibv_dereg_mr(c->sizes_mr[r]);
-    if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
-  }
+  for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
+  for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
+  free(c->cts);
+  free(c->sizes);
+  free(c->flush_buf);
   free(c);
+}
+
+void mpib_comm_peer_gone(struct mpib_comm *c) { __atomic_store_n(&c->peer_gone_ns, mpib_now_ns(), __ATOMIC_RELEASE); }
+
+uint64_t mpib_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int mpib_gid_table_len(int rail) { return mpib_g.dev[rail].gid_tbl_len; }
+
+int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct ibv_gid_entry e;
+  int rc = mpib_ibv_query_gid_ex(d->ctx, d->port, (uint32_t)index, &e, 0);
+  if (rc == EOPNOTSUPP) { /* libibverbs before rdma-core 32: the type from sysfs */
+    if (ibv_query_gid(d->ctx, d->port, index, &e.gid) != 0) return -1;
+    int t = mpib_gid_type_sysfs(ibv_get_device_name(d->ctx->device), d->port, index);
+    if (t < 0) return -1;
+    e.gid_type = (uint32_t)t;
+  } else if (rc != 0) {
+    return -1;
+  }
+  memcpy(gid, e.gid.raw, 16);
+  *type = (int)e.gid_type;
+  return 0;
 }
 
 int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
@@ -337,9 +461,9 @@ int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr
     struct mpib_dev *d = &mpib_g.dev[r];
     if (!d->pd) continue;
     if (fd >= 0) {
-      mh->mr[r] = ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
+      mh->mr[r] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
     } else {
-      mh->mr[r] = ibv_reg_mr_iova2(d->pd, data, size, (uint64_t)(uintptr_t)data, (unsigned)access);
+      mh->mr[r] = mpib_ibv_reg_mr_compat(d->pd, data, size, access);
     }
     if (!mh->mr[r]) {
       int rc = errno ? -errno : -ENOMEM;

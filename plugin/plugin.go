@@ -11,6 +11,7 @@ package main
 #include <stdlib.h>
 #include "mpib.h"
 #include "mpib_shm.h"
+#include "mpib_verbs.h"
 */
 import "C"
 
@@ -19,22 +20,23 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"unsafe"
 
 	"github.com/mpib/mpib/plugin/internal/config"
+	"github.com/mpib/mpib/plugin/internal/topo"
 )
 
 func main() {} // required by -buildmode=c-shared; never runs
 
 // plugin is the process-wide control-plane state, guarded by mu.
 var plugin struct {
-	mu       sync.Mutex
-	refs     int // init calls not yet finalized (v11 inits once per communicator)
-	cfg      config.Config
-	oobAddr  netip.Addr
-	propName *C.char
+	mu          sync.Mutex
+	refs        int  // init calls not yet finalized (v11 inits once per communicator)
+	devicesOpen bool // both rails open; closed when refs and live comms reach 0
+	cfg         config.Config
+	oobAddr     netip.Addr
+	propName    *C.char
 }
 
 const (
@@ -56,13 +58,22 @@ func warnf(format string, args ...any) { logf(C.NCCL_LOG_WARN, format, args...) 
 func infof(format string, args ...any) { logf(C.NCCL_LOG_INFO, format, args...) }
 
 //export mpibGoInit
-func mpibGoInit() C.int {
+func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	plugin.mu.Lock()
 	defer plugin.mu.Unlock()
-	if plugin.refs > 0 {
-		plugin.refs++
-		return C.int(resSuccess)
+	if plugin.refs == 0 {
+		if rc := initPlugin(); rc != C.int(resSuccess) {
+			return rc
+		}
 	}
+	plugin.refs++
+	*ctxOut = C.uint64_t(newNetCtx(int(trafficClass)))
+	return C.int(resSuccess)
+}
+
+// initPlugin reads the configuration and opens both rails (the first init of the process, or
+// the first after the devices were closed). plugin.mu is held.
+func initPlugin() C.int {
 	cfg, err := config.Parse(os.Getenv)
 	if err != nil {
 		warnf("%v", err)
@@ -73,12 +84,22 @@ func mpibGoInit() C.int {
 		warnf("MPIB_OOB_IF=%s: %v", cfg.OOBInterface, err)
 		return C.int(resInvalidUsage)
 	}
-	applyConfig(cfg)
+	forkInit.Do(func() {
+		// Before any registration (as net_ib): with it, fork() children do not share the pages
+		// the NIC uses, so a PyTorch DataLoader worker cannot break the parent's transfers.
+		if rc := C.ibv_fork_init(); rc != 0 {
+			warnf("ibv_fork_init failed (%d): fork() after connecting is unsafe on kernels before 5.13", int(rc))
+		}
+	})
+	C.mpib_verbs_load()
+	if missing := C.GoString(C.mpib_verbs_missing()); missing != "" {
+		infof("libibverbs lacks %s: those features stay off", missing)
+	}
 	plugin.cfg, plugin.oobAddr = cfg, oob
-	plugin.refs = 1
+	applyConfig(cfg)
 	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {
 		name := C.CString(r.HCA)
-		rc := C.mpib_dev_open(C.int(rail), name, C.int(r.Port), C.int(r.GIDIndex))
+		rc := C.mpib_dev_open(C.int(rail), name, C.int(r.Port), C.int(cfg.PKeyIndex))
 		C.free(unsafe.Pointer(name))
 		if rc != 0 {
 			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
@@ -87,11 +108,15 @@ func mpibGoInit() C.int {
 			return C.int(resSuccess)
 		}
 	}
+	plugin.devicesOpen = true
 	fillProperties(cfg)
-	infof("ready: SOUT %s:%d + SUP %s:%d fused as one device, mode %d, OOB %s (%v), island /%d",
-		cfg.Sout.HCA, cfg.Sout.Port, cfg.Sup.HCA, cfg.Sup.Port, cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen)
+	infof("ready: SOUT %s:%d + SUP %s:%d fused as one device, mode %d, OOB %s (%v), island /%d, flush %v",
+		cfg.Sout.HCA, cfg.Sout.Port, cfg.Sup.HCA, cfg.Sup.Port, cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen,
+		C.mpib_g.flush_enabled != 0)
 	return C.int(resSuccess)
 }
+
+var forkInit sync.Once
 
 // applyConfig copies what the C data path reads into the C global.
 func applyConfig(cfg config.Config) {
@@ -102,13 +127,28 @@ func applyConfig(cfg config.Config) {
 	if cfg.ForceSupBW >= 0 {
 		g.force_sup_bw = C.uint32_t(cfg.ForceSupBW)
 	}
-	g.flush_enabled = boolInt(cfg.ForceFlush || gpuDirectLoaded())
 	g.relaxed_ordering = boolInt(cfg.RelaxedOrdering)
 	g.ib_timeout = C.uint8_t(cfg.IBTimeout)
 	g.ib_retry_cnt = C.uint8_t(cfg.IBRetryCnt)
-	g.ib_tc = C.uint8_t(cfg.IBTC)
-	g.ib_sl = C.uint8_t(cfg.IBSL)
+	g.ib_tc = C.int(cfg.IBTC)
+	g.ib_sl = C.uint8_t(max(cfg.IBSL, 0))
+	g.fifo_tc = C.int(cfg.FifoTC)
+	g.use_inline = boolInt(cfg.UseInline)
+	g.ece_enable = boolInt(cfg.ECE)
 	g.agent_stale_ns = C.uint64_t(cfg.AgentStaleMS) * 1000000
+}
+
+// connectionTC is the traffic class of a new send connection, with net_ib's precedence: the
+// environment (MPIB_IB_TC, then NCCL_IB_TC), then NCCL's per-communicator class, then 0.
+func connectionTC(commClass int) int {
+	switch {
+	case plugin.cfg.IBTC >= 0:
+		return plugin.cfg.IBTC
+	case commClass >= 0 && commClass <= 255:
+		return commClass
+	default:
+		return 0
+	}
 }
 
 func boolInt(b bool) C.int {
@@ -118,10 +158,11 @@ func boolInt(b bool) C.int {
 	return 0
 }
 
-// gpuDirectLoaded reports whether a peer-memory module lets the NIC reach CUDA memory.
+// gpuDirectLoaded reports whether a peer-memory module lets the NIC reach CUDA memory (the
+// files net_ib's ncclIbGdrSupport checks).
 func gpuDirectLoaded() bool {
-	for _, p := range []string{"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version",
-		"/sys/module/nv_peer_mem/version"} {
+	for _, p := range []string{"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+		"/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version"} {
 		if _, err := os.Stat(p); err == nil {
 			return true
 		}
@@ -133,20 +174,43 @@ func fillProperties(cfg config.Config) {
 	g := &C.mpib_g
 	name := fmt.Sprintf("mpib[%s+%s]", cfg.Sout.HCA, cfg.Sup.HCA)
 	setCString(unsafe.Pointer(&g.prop_name[0]), len(g.prop_name), name)
-	g.prop_has_pci_path = 0
-	if p, err := filepath.EvalSymlinks("/sys/class/infiniband/" + cfg.Sout.HCA + "/device"); err == nil {
-		setCString(unsafe.Pointer(&g.prop_pci_path[0]), len(g.prop_pci_path), p)
-		g.prop_has_pci_path = 1
-	}
 	g.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.dev[0].ctx.device))
+	peermem, dmabuf := gpuDirectLoaded(), C.mpib_dmabuf_supported() != 0
 	support := C.NCCL_PTR_HOST
-	if gpuDirectLoaded() {
+	if peermem {
 		support |= C.NCCL_PTR_CUDA
 	}
-	if C.mpib_dmabuf_supported() != 0 {
+	if dmabuf {
 		support |= C.NCCL_PTR_DMABUF
 	}
-	g.prop_ptr_support = C.int(support)
+	dataDirect := C.mpib_data_direct(0) != 0 || C.mpib_data_direct(1) != 0
+	g.prop_force_flush = boolInt(dataDirect)
+	g.flush_enabled = C.mpib_flush_needed(boolInt(peermem), boolInt(dmabuf), boolInt(cfg.GDRFlushDisable),
+		boolInt(cfg.ForceFlush || dataDirect))
+	g.prop_ptr_support = C.int(support &^ placeOnPCI(cfg))
+}
+
+// placeOnPCI reads both rails' PCI positions, chooses the path NCCL's topology sees for the
+// fused device (docs/topology.md) and returns the pointer kinds to withhold: GPUDirect when no
+// single position is right for both rails and the user did not set NCCL_NET_GDR_LEVEL.
+func placeOnPCI(cfg config.Config) int {
+	g := &C.mpib_g
+	sout, _ := topo.ReadPCI(cfg.Sout.HCA)
+	sup, _ := topo.ReadPCI(cfg.Sup.HCA)
+	pl := topo.Place(sout, sup)
+	g.prop_has_pci_path = 0
+	if pl.AdvertisePath != "" {
+		setCString(unsafe.Pointer(&g.prop_pci_path[0]), len(g.prop_pci_path), pl.AdvertisePath)
+		g.prop_has_pci_path = 1
+	}
+	if pl.SupFarther || !pl.GPUDirectSafe {
+		infof("topology: %s (SOUT NUMA %d, SUP NUMA %d)", pl.Reason, sout.NUMA, sup.NUMA)
+	}
+	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
+		infof("topology: GPUDirect RDMA not advertised: no GPU can be close to both rails (set NCCL_NET_GDR_LEVEL to decide yourself)")
+		return C.NCCL_PTR_CUDA | C.NCCL_PTR_DMABUF
+	}
+	return 0
 }
 
 func setCString(dst unsafe.Pointer, size int, s string) {
@@ -174,17 +238,15 @@ func interfaceIPv4(name string) (netip.Addr, error) {
 }
 
 //export mpibGoFinalize
-func mpibGoFinalize() C.int {
+func mpibGoFinalize(ctxID C.uint64_t) C.int {
+	// Cancel and wait outside plugin.mu: the context's goroutines may need it to finish.
+	endNetCtx(uint64(ctxID))
 	plugin.mu.Lock()
-	defer plugin.mu.Unlock()
-	if plugin.refs == 0 {
-		return C.int(resSuccess)
+	if plugin.refs > 0 {
+		plugin.refs--
 	}
-	plugin.refs--
-	if plugin.refs == 0 {
-		closeAgentSegment()
-		C.mpib_dev_close_all()
-	}
+	plugin.mu.Unlock()
+	closeDevicesIfUnused()
 	return C.int(resSuccess)
 }
 
@@ -213,11 +275,5 @@ func mpibGoDeregMr(comm unsafe.Pointer, mhandle unsafe.Pointer) C.int {
 		warnf("deregMr failed")
 		return C.int(resSystemError)
 	}
-	return C.int(resSuccess)
-}
-
-//export mpibGoCloseComm
-func mpibGoCloseComm(comm unsafe.Pointer) C.int {
-	C.mpib_comm_destroy((*C.struct_mpib_comm)(comm))
 	return C.int(resSuccess)
 }

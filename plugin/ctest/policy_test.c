@@ -127,7 +127,77 @@ static void test_cts_landed(void) {
   EXPECT_EQ("cts snapshot tag", copy.tag, 42);
 }
 
+/* When receives are flushed: the lab has no GPU, so this table is the proof (docs). */
+static void test_flush_needed(void) {
+  static const struct { int peermem, dmabuf, disable, force, want; } cases[] = {
+      {0, 0, 0, 0, 0}, /* host memory only: nothing to order */
+      {1, 0, 0, 0, 1}, /* nvidia_peermem */
+      {0, 1, 0, 0, 1}, /* DMA-BUF alone (A100, open driver, no peermem): the case the old code missed */
+      {1, 1, 0, 0, 1},
+      {1, 1, 1, 0, 0}, /* NCCL_GDR_FLUSH_DISABLE=1 */
+      {0, 1, 1, 0, 0},
+      {0, 0, 0, 1, 1}, /* MPIB_FORCE_FLUSH / mlx5 Data Direct */
+      {1, 1, 1, 1, 1}, /* Data Direct wins over the disable knob */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "flush_needed(peermem %d, dmabuf %d, disable %d, force %d)", cases[i].peermem,
+             cases[i].dmabuf, cases[i].disable, cases[i].force);
+    EXPECT_EQ(what, mpib_flush_needed(cases[i].peermem, cases[i].dmabuf, cases[i].disable, cases[i].force),
+              cases[i].want);
+  }
+}
+
+/* Address vectors for RoCE and native InfiniBand (the lab is RoCE only: the IB rows are the
+ * proof, checked against net_ib's ncclIbRtrQp). */
+static void test_build_ah(void) {
+  const int IB = IBV_LINK_LAYER_INFINIBAND, ETH = IBV_LINK_LAYER_ETHERNET;
+  static const uint8_t roce_a[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 1, 11};
+  static const uint8_t roce_b[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 11};
+  /* IB GIDs: fe80 | 22 bits 0 | FLID (bytes 4..5) | 16-bit subnet (bytes 6..7) | GUID */
+  static const uint8_t ib_a[16] = {0xfe, 0x80, 0, 0, 0, 0, 0x00, 0x01, 1, 2, 3, 4, 5, 6, 7, 8};
+  static const uint8_t ib_b_same[16] = {0xfe, 0x80, 0, 0, 0, 0, 0x00, 0x01, 9, 9, 9, 9, 9, 9, 9, 9};
+  static const uint8_t ib_b_routed[16] = {0xfe, 0x80, 0, 0, 0x12, 0x34, 0x00, 0x02, 9, 9, 9, 9, 9, 9, 9, 9};
+  static const uint8_t ib_b_routed_noflid[16] = {0xfe, 0x80, 0, 0, 0, 0, 0x00, 0x02, 9, 9, 9, 9, 9, 9, 9, 9};
+  static const struct {
+    const char *name;
+    int lll, rll;
+    const uint8_t *lgid, *rgid;
+    uint16_t rlid;
+    int rc, is_global, dlid, tc;
+  } cases[] = {
+      {"RoCE: GRH with the class, no DLID", ETH, ETH, roce_a, roce_b, 0, 0, 1, 0, 106},
+      {"IB same subnet: LID, no GRH", IB, IB, ib_a, ib_b_same, 0x42, 0, 0, 0x42, 0},
+      {"IB across a router: GRH + FLID", IB, IB, ib_a, ib_b_routed, 0x42, 0, 1, 0x1234, 0},
+      {"IB across a router without FLID: GRH + LID", IB, IB, ib_a, ib_b_routed_noflid, 0x42, 0, 1, 0x42, 0},
+      {"IB same subnet without a LID: refused", IB, IB, ib_a, ib_b_same, 0, -1, 0, 0, 0},
+      {"link layers differ: refused", IB, ETH, ib_a, roce_b, 0x42, -1, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct ibv_ah_attr ah;
+    int rc = mpib_build_ah(&ah, cases[i].lll, cases[i].rll, 1, 3, cases[i].lgid, cases[i].rgid, cases[i].rlid, 106, 5);
+    char what[128];
+    snprintf(what, sizeof what, "build_ah(%s) rc", cases[i].name);
+    EXPECT_EQ(what, rc, cases[i].rc);
+    if (rc != 0) continue;
+    snprintf(what, sizeof what, "build_ah(%s) is_global", cases[i].name);
+    EXPECT_EQ(what, ah.is_global, cases[i].is_global);
+    snprintf(what, sizeof what, "build_ah(%s) dlid", cases[i].name);
+    EXPECT_EQ(what, ah.dlid, cases[i].dlid);
+    snprintf(what, sizeof what, "build_ah(%s) sl/port", cases[i].name);
+    EXPECT_EQ(what, ah.sl * 1000 + ah.port_num, 5001);
+    if (ah.is_global) {
+      snprintf(what, sizeof what, "build_ah(%s) grh", cases[i].name);
+      EXPECT_EQ(what, memcmp(ah.grh.dgid.raw, cases[i].rgid, 16) == 0 && ah.grh.sgid_index == 3 && ah.grh.hop_limit == 255, 1);
+      snprintf(what, sizeof what, "build_ah(%s) traffic class", cases[i].name);
+      EXPECT_EQ(what, ah.grh.traffic_class, cases[i].tc);
+    }
+  }
+}
+
 int main(void) {
+  test_flush_needed();
+  test_build_ah();
   test_split();
   test_cts_landed();
   test_imm();

@@ -112,7 +112,8 @@ const char *nt_mode_name(enum nt_mode m) {
   case NT_BW: return "bw";
   case NT_LAT: return "lat";
   case NT_BADHANDLE: return "badhandle";
-  default: return "garbage-peer";
+  case NT_GARBAGE: return "garbage-peer";
+  default: return nt_lifecycle_mode_name(m);
   }
 }
 
@@ -146,6 +147,11 @@ static void nt_usage(FILE *f) {
           "  --mem-limit SIZE      buffer memory per side; lowers the window (default 1G)\n"
           "  --stats-file PATH     also write the result lines to PATH\n"
           "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
+          "  --traffic-class N     per-communicator traffic class passed to the plugin (0..255)\n"
+          "  --fork-every-ms N     fork children (_exit / execv /bin/true) every N ms after connect\n"
+          "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
+          "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
+          "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
           "  --help\n"
           "\n"
           "SIZE accepts K, M, G suffixes (powers of 1024). NCCL_DEBUG=WARN|INFO|TRACE sets the\n"
@@ -227,7 +233,8 @@ static int nt_parse_sizes(const char *s, struct nt_opts *o) {
 enum {
   OPT_ROLE = 256, OPT_LISTEN, OPT_CONNECT, OPT_PLUGIN, OPT_ABI, OPT_DEV, OPT_MODE, OPT_TIMEOUT, OPT_SEED,
   OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
-  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP
+  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP,
+  OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE /* lifecycle.c */
 };
 
 static const struct option nt_long_opts[] = {
@@ -243,7 +250,9 @@ static const struct option nt_long_opts[] = {
     {"warmup", required_argument, 0, OPT_WARMUP},   {"verify", required_argument, 0, OPT_VERIFY},
     {"full-canary", no_argument, 0, OPT_FULLCAN},   {"mem-limit", required_argument, 0, OPT_MEM},
     {"stats-file", required_argument, 0, OPT_STATS}, {"counter", required_argument, 0, OPT_COUNTER},
-    {"help", no_argument, 0, OPT_HELP},             {0, 0, 0, 0}};
+    {"help", no_argument, 0, OPT_HELP},
+    {"traffic-class", required_argument, 0, OPT_TCLASS}, {"fork-every-ms", required_argument, 0, OPT_FORKMS},
+    {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
 static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
@@ -260,6 +269,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   o->mem_limit = (size_t)1 << 30;
   o->min_size = 65536;
   o->max_size = (size_t)64 << 20;
+  o->traffic_class = -1;
   const char *listen = NULL, *connect = NULL;
   uint64_t v;
   int c;
@@ -300,6 +310,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
         o->mode = NT_BADHANDLE;
       } else if (strcmp(a, "garbage-peer") == 0 || strcmp(a, "garbage") == 0) {
         o->mode = NT_GARBAGE;
+      } else if (nt_lifecycle_parse_mode(a, &o->mode) == 0) {
+        /* lifecycle.c */
       } else {
         NT_BAD("unknown --mode '%s' (verify, bw, lat, badhandle, garbage-peer)", a);
       }
@@ -401,6 +413,22 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       ct->path = eq + 1;
       break;
     }
+    case OPT_TCLASS:
+      if (nt_parse_int(a, 0, 255, &o->traffic_class) != 0) {
+        NT_BAD("--traffic-class must be 0..255, not '%s'", a);
+      }
+      break;
+    case OPT_FORKMS:
+      if (nt_parse_int(a, 1, 60000, &o->fork_ms) != 0) {
+        NT_BAD("--fork-every-ms must be 1..60000, not '%s'", a);
+      }
+      break;
+    case OPT_ABORTSIDE:
+      if (strcmp(a, "sender") != 0 && strcmp(a, "receiver") != 0) {
+        NT_BAD("--abort-side must be sender or receiver, not '%s'", a);
+      }
+      o->abort_sender = strcmp(a, "sender") == 0;
+      break;
     case OPT_HELP: nt_usage(stdout); return 1;
     default:
       if (optopt != 0 && optopt < 256) {
@@ -614,6 +642,12 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     ret = nt_mode_garbage(o, n, &oob, &conn);
     goto out;
   }
+  if (nt_mode_is_lifecycle(o->mode)) {
+    nt_forker_start(o);
+    ret = nt_mode_lifecycle(o, n, &oob, &conn);
+    nt_forker_stop(o);
+    goto out;
+  }
   nt_phase(nt_mode_name(o->mode));
   if (nt_establish(o, n, &oob, &conn) != 0) {
     nt_oob_abort(&oob, "%s: connection setup failed", nt_role_name(o->role));
@@ -623,11 +657,13 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     goto out;
   }
   nt_counters(o, 0);
+  nt_forker_start(o);
   switch (o->mode) {
   case NT_VERIFY: ret = nt_mode_verify(o, n, &oob, &conn); break;
   case NT_BW: ret = nt_mode_bw(o, n, &oob, &conn); break;
   default: ret = nt_mode_lat(o, n, &oob, &conn); break;
   }
+  nt_forker_stop(o);
   nt_counters(o, 1);
   /* Close only when both sides are done with the data path. */
   if (ret == NT_EXIT_OK && nt_oob_sync(&oob, "done", o->timeout_s) != 0) {
@@ -646,6 +682,9 @@ int main(int argc, char **argv) {
   struct nt_opts o;
   signal(SIGPIPE, SIG_IGN);
   nt_log_setup();
+  if (nt_sniff_wanted(argc, argv)) {
+    return nt_sniff_main(argc, argv); /* sniff.c: no plugin */
+  }
   int p = nt_parse_opts(argc, argv, &o);
   if (p != 0) {
     return p > 0 ? NT_EXIT_OK : NT_EXIT_USAGE;
@@ -662,6 +701,7 @@ int main(int argc, char **argv) {
     nt_err("cannot load the plugin: %s", err);
     return NT_EXIT_USAGE;
   }
+  net.traffic_class = o.traffic_class; /* --traffic-class, -1 unless given */
   nt_err("loaded %s: ncclNetPlugin_v%d name=%s", o.plugin, o.abi, net.name);
   nt_phase("init");
   ncclResult_t rc = nt_net_init(&net, nt_mix64(o.seed));
@@ -701,7 +741,7 @@ int main(int argc, char **argv) {
     ret = nt_run(&o, &net);
   }
   nt_phase("finalize");
-  rc = nt_net_finalize(&net);
+  rc = nt_finalized ? ncclSuccess : nt_net_finalize(&net); /* a lifecycle mode may have finalized */
   if (rc != ncclSuccess) {
     nt_err("finalize failed: rc=%d", rc);
     if (ret == NT_EXIT_OK) {

@@ -28,7 +28,8 @@
 #define NT_MAX_MSG_SIZE ((size_t)1 << 30) /* test() reports sizes as int */
 
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
-enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE };
+enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
+               NT_FINALIZE_HS, NT_ABORT, NT_STRAY }; /* lifecycle.c: finalize-during-handshake, ... */
 
 struct nt_counter {
   const char *name;
@@ -62,6 +63,10 @@ struct nt_opts {
   const char *stats_file;
   struct nt_counter counters[NT_MAX_COUNTERS];
   int ncounters;
+  /* lifecycle.c */
+  int traffic_class; /* --traffic-class: per-communicator traffic class, -1 = unset */
+  int fork_ms;       /* --fork-every-ms: fork children this often while the mode runs */
+  int abort_sender;  /* --abort-side: abort-mid-transfer aborts the sender (else the receiver) */
 };
 
 /* ---- net.c: the plugin behind one version-independent interface ---- */
@@ -87,6 +92,7 @@ struct nt_net {
     const ncclNet_v11_t *v11;
   } t;
   void *ctx; /* v11 per-communicator context */
+  int traffic_class; /* ncclNetCommConfig_t.trafficClass for init (v11+) / connect (v10); -1 = undefined */
 };
 
 void nt_log_setup(void);
@@ -228,5 +234,18 @@ int nt_mode_garbage(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, str
 
 void *nt_alloc_region(size_t len);
 void nt_free_region(void *p, size_t len);
+
+/* ---- lifecycle.c: lifecycle modes (docs/nettest.md) ---- */
+extern int nt_finalized; /* a mode already called finalize: main must not call it again */
+int nt_lifecycle_parse_mode(const char *name, enum nt_mode *m);
+const char *nt_lifecycle_mode_name(enum nt_mode m);
+int nt_mode_is_lifecycle(enum nt_mode m);
+int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+void nt_forker_start(const struct nt_opts *o);
+void nt_forker_stop(const struct nt_opts *o);
+
+/* ---- sniff.c: RoCE v2 TOS sniffer (--mode sniff, no plugin) ---- */
+int nt_sniff_wanted(int argc, char **argv);
+int nt_sniff_main(int argc, char **argv);
 
 #endif

@@ -1,10 +1,13 @@
-// Package config reads every MPIB_* environment variable in one place. Each knob is a row of
-// Knobs (name, default, meaning); docs/configuration.md is written from the same table.
+// Package config reads every MPIB_* environment variable, and the NCCL_IB_* ones that net_ib
+// users already set, in one place. Each knob is a row of Knobs (name, default, meaning);
+// docs/configuration.md is written from the same table. Where both exist, the MPIB_* variable
+// wins, then NCCL's, then the default: a job tuned for NCCL_NET=IB behaves the same on MPIB.
 package config
 
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 )
@@ -21,8 +24,8 @@ type Knob struct {
 var Knobs = []Knob{
 	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCA as NAME or NAME:PORT, e.g. mlx5_0:1"},
 	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCA as NAME or NAME:PORT"},
-	{"MPIB_GID_INDEX_SOUT", "auto", "GID index on SOUT; auto picks the RoCE v2 IPv4 GID like net_ib"},
-	{"MPIB_GID_INDEX_SUP", "auto", "GID index on SUP; auto as above"},
+	{"MPIB_GID_INDEX_SOUT", "auto", "GID index on SOUT (wins over NCCL_IB_GID_INDEX); auto chooses at every connect like net_ib"},
+	{"MPIB_GID_INDEX_SUP", "auto", "GID index on SUP; as above"},
 	{"MPIB_OOB_IF", "(required)", "network interface (on the SOUT fabric) for the TCP control path"},
 	{"MPIB_ISLAND_PREFIX_LEN", "24", "SOUT IPv4 prefix length that defines an island (0..32)"},
 	{"MPIB_MODE", "0", "0 = vanilla (intra-island on SUP, inter-island on SOUT); 1 = advanced (agent hints)"},
@@ -32,13 +35,27 @@ var Knobs = []Knob{
 	{"MPIB_FORCE_SUP_BW", "(unset)", "test override of the policy: SUP share in parts per 1024 (0..1024) for every request"},
 	{"MPIB_SHM_PATH", "/dev/shm/mpib-hints", "agent hint segment (advanced mode); see docs/shm-format.md"},
 	{"MPIB_AGENT_STALE_MS", "500", "agent heartbeat age after which advanced mode falls back to vanilla"},
-	{"MPIB_IB_TIMEOUT", "20", "RC local ACK timeout exponent (4.096 us * 2^N), as NCCL_IB_TIMEOUT"},
-	{"MPIB_IB_RETRY_CNT", "7", "RC retry count, as NCCL_IB_RETRY_CNT"},
-	{"MPIB_IB_TC", "0", "traffic class of every QP"},
-	{"MPIB_IB_SL", "0", "service level of every QP"},
-	{"MPIB_RELAXED_ORDERING", "1", "register memory with relaxed ordering (0 forces strict ordering)"},
+	{"MPIB_IB_TIMEOUT", "20", "RC local ACK timeout exponent (4.096 us * 2^N); wins over NCCL_IB_TIMEOUT"},
+	{"MPIB_IB_RETRY_CNT", "7", "RC retry count; wins over NCCL_IB_RETRY_CNT"},
+	{"MPIB_IB_TC", "(unset)", "traffic class of the connection (the IP TOS byte on RoCE); wins over NCCL_IB_TC and NCCL's per-communicator class"},
+	{"MPIB_IB_SL", "(unset)", "service level of the connection; wins over NCCL_IB_SL"},
+	{"MPIB_RELAXED_ORDERING", "(unset)", "1 = register memory with relaxed ordering, 0 = strict; wins over NCCL_IB_PCI_RELAXED_ORDERING"},
 	{"MPIB_FORCE_FLUSH", "0", "1 = build the loopback flush QPs and flush even without GPUDirect (testing)"},
 	{"MPIB_HANDSHAKE_TIMEOUT_MS", "120000", "deadline for one connection's TCP handshake"},
+	{"NCCL_IB_TIMEOUT", "20", "as in net_ib, when MPIB_IB_TIMEOUT is unset"},
+	{"NCCL_IB_RETRY_CNT", "7", "as in net_ib, when MPIB_IB_RETRY_CNT is unset"},
+	{"NCCL_IB_TC", "(unset)", "as in net_ib: traffic class when MPIB_IB_TC is unset; wins over the per-communicator class; else 0"},
+	{"NCCL_IB_SL", "(unset)", "as in net_ib: service level when MPIB_IB_SL is unset; else 0"},
+	{"NCCL_IB_FIFO_TC", "(unset)", "as in net_ib: traffic class of the receiver's CTS writes (RoCE); unset = the connection's"},
+	{"NCCL_IB_GID_INDEX", "auto", "as in net_ib: RoCE GID index for both rails when MPIB_GID_INDEX_* are unset"},
+	{"NCCL_IB_ROCE_VERSION_NUM", "2", "as in net_ib: RoCE version the GID auto-selection prefers (1 or 2)"},
+	{"NCCL_IB_ADDR_FAMILY", "AF_INET", "as in net_ib: address family of the auto-selected GID (AF_INET or AF_INET6)"},
+	{"NCCL_IB_ADDR_RANGE", "(unset)", "as in net_ib: auto-select only GIDs inside this CIDR range"},
+	{"NCCL_IB_PKEY", "0", "as in net_ib: P_Key index of every QP"},
+	{"NCCL_IB_PCI_RELAXED_ORDERING", "2", "as in net_ib: 0 = strict ordering, 1 or 2 = relaxed ordering where libibverbs supports it"},
+	{"NCCL_IB_ECE_ENABLE", "1", "as in net_ib: negotiate Enhanced Connection Establishment when both ends support it"},
+	{"NCCL_IB_USE_INLINE", "0", "as in net_ib: 1 = send the CTS inline"},
+	{"NCCL_GDR_FLUSH_DISABLE", "0", "as in net_ib: 1 = never flush receives into GPU memory (unsafe before sm90)"},
 }
 
 // Rail names one HCA port and its GID index (-1 = auto).
@@ -61,10 +78,25 @@ type Config struct {
 	AgentStaleMS       int
 	IBTimeout          int
 	IBRetryCnt         int
-	IBTC, IBSL         int
+	IBTC               int // -1 = unset: NCCL's per-communicator class, else 0
+	IBSL               int // -1 = unset: 0
+	FifoTC             int // -1 = unset: the connection's class
 	RelaxedOrdering    bool
 	ForceFlush         bool
 	HandshakeTimeoutMS int
+	GID                GIDPolicy
+	PKeyIndex          int
+	ECE                bool
+	UseInline          bool
+	GDRFlushDisable    bool
+}
+
+// GIDPolicy steers the RoCE GID auto-selection (net_ib's NCCL_IB_ROCE_VERSION_NUM,
+// NCCL_IB_ADDR_FAMILY and NCCL_IB_ADDR_RANGE).
+type GIDPolicy struct {
+	RoCEVersion int          // 1 or 2
+	IPv6        bool         // AF_INET6 instead of AF_INET
+	Range       netip.Prefix // the zero Prefix: any address
 }
 
 // Parse reads the configuration through getenv (os.Getenv in the plugin).
@@ -82,14 +114,20 @@ func Parse(getenv func(string) string) (Config, error) {
 		ForceSupBW:         p.int("MPIB_FORCE_SUP_BW", -1, 0, 1024),
 		ShmPath:            p.str("MPIB_SHM_PATH", "/dev/shm/mpib-hints"),
 		AgentStaleMS:       p.int("MPIB_AGENT_STALE_MS", 500, 1, 3600000),
-		IBTimeout:          p.int("MPIB_IB_TIMEOUT", 20, 1, 31),
-		IBRetryCnt:         p.int("MPIB_IB_RETRY_CNT", 7, 0, 7),
-		IBTC:               p.int("MPIB_IB_TC", 0, 0, 255),
-		IBSL:               p.int("MPIB_IB_SL", 0, 0, 15),
-		RelaxedOrdering:    p.int("MPIB_RELAXED_ORDERING", 1, 0, 1) == 1,
+		IBTimeout:          p.first(20, 1, 31, "MPIB_IB_TIMEOUT", "NCCL_IB_TIMEOUT"),
+		IBRetryCnt:         p.first(7, 0, 7, "MPIB_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"),
+		IBTC:               p.first(-1, 0, 255, "MPIB_IB_TC", "NCCL_IB_TC"),
+		IBSL:               p.first(-1, 0, 15, "MPIB_IB_SL", "NCCL_IB_SL"),
+		FifoTC:             p.int("NCCL_IB_FIFO_TC", -1, 0, 255),
 		ForceFlush:         p.int("MPIB_FORCE_FLUSH", 0, 0, 1) == 1,
 		HandshakeTimeoutMS: p.int("MPIB_HANDSHAKE_TIMEOUT_MS", 120000, 100, 3600000),
+		PKeyIndex:          p.int("NCCL_IB_PKEY", 0, 0, 65535),
+		ECE:                p.int("NCCL_IB_ECE_ENABLE", 1, 0, 1) == 1,
+		UseInline:          p.int("NCCL_IB_USE_INLINE", 0, 0, 1) == 1,
+		GDRFlushDisable:    p.int("NCCL_GDR_FLUSH_DISABLE", 0, 0, 1) == 1,
+		GID:                p.gidPolicy(),
 	}
+	c.RelaxedOrdering = p.first(2, 0, 2, "MPIB_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING") >= 1
 	if c.OOBInterface == "" {
 		p.fail("MPIB_OOB_IF is required: the interface of the SOUT fabric used for the TCP control path")
 	}
@@ -131,8 +169,38 @@ func (p *parser) int(name string, def, min, max int) int {
 	return n
 }
 
+// first reads the first of names that is set (MPIB_* before its NCCL_* equivalent).
+func (p *parser) first(def, min, max int, names ...string) int {
+	for _, n := range names {
+		if strings.TrimSpace(p.getenv(n)) != "" {
+			return p.int(n, def, min, max)
+		}
+	}
+	return def
+}
+
+func (p *parser) gidPolicy() GIDPolicy {
+	g := GIDPolicy{RoCEVersion: p.int("NCCL_IB_ROCE_VERSION_NUM", 2, 1, 2)}
+	switch fam := p.str("NCCL_IB_ADDR_FAMILY", "AF_INET"); fam {
+	case "AF_INET":
+	case "AF_INET6":
+		g.IPv6 = true
+	default:
+		p.fail(fmt.Sprintf("NCCL_IB_ADDR_FAMILY=%q: want AF_INET or AF_INET6", fam))
+	}
+	if v := p.str("NCCL_IB_ADDR_RANGE", ""); v != "" {
+		pfx, err := netip.ParsePrefix(v)
+		if err != nil || pfx.Addr().Is6() != g.IPv6 {
+			p.fail(fmt.Sprintf("NCCL_IB_ADDR_RANGE=%q: want a CIDR range of NCCL_IB_ADDR_FAMILY, e.g. 10.0.0.0/16", v))
+		} else {
+			g.Range = pfx.Masked()
+		}
+	}
+	return g
+}
+
 func (p *parser) rail(hcaVar, gidVar string) Rail {
-	r := Rail{Port: 1, GIDIndex: p.int(gidVar, -1, 0, 255)}
+	r := Rail{Port: 1, GIDIndex: p.first(-1, 0, 255, gidVar, "NCCL_IB_GID_INDEX")}
 	v := strings.TrimSpace(p.getenv(hcaVar))
 	if v == "" {
 		p.fail(hcaVar + " is required (the HCA name, e.g. mlx5_0 or mlx5_0:1)")

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -25,7 +26,8 @@ func TestParseDefaults(t *testing.T) {
 	want := Config{
 		Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, OOBInterface: "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: "/dev/shm/mpib-hints",
-		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 7, RelaxedOrdering: true, HandshakeTimeoutMS: 120000,
+		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 7, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
+		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2},
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -68,6 +70,53 @@ func TestParseOverrides(t *testing.T) {
 	}
 	if c.Mode != 1 || c.SupQPs != 4 || c.ForceSupBW != 512 || c.Sout.GIDIndex != 3 || !c.SupRelay || c.IslandPrefixLen != 16 {
 		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+// A job tuned for NCCL_NET=IB keeps its NCCL_IB_* settings on MPIB; an MPIB_* variable wins.
+func TestNCCLKnobPrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		kv   []string
+		get  func(Config) any
+		want any
+	}{
+		{"NCCL_IB_TC alone", []string{"NCCL_IB_TC", "106"}, func(c Config) any { return c.IBTC }, 106},
+		{"MPIB_IB_TC wins", []string{"NCCL_IB_TC", "106", "MPIB_IB_TC", "32"}, func(c Config) any { return c.IBTC }, 32},
+		{"TC unset", nil, func(c Config) any { return c.IBTC }, -1},
+		{"NCCL_IB_SL", []string{"NCCL_IB_SL", "3"}, func(c Config) any { return c.IBSL }, 3},
+		{"NCCL_IB_TIMEOUT", []string{"NCCL_IB_TIMEOUT", "14"}, func(c Config) any { return c.IBTimeout }, 14},
+		{"MPIB_IB_TIMEOUT wins", []string{"NCCL_IB_TIMEOUT", "14", "MPIB_IB_TIMEOUT", "18"}, func(c Config) any { return c.IBTimeout }, 18},
+		{"NCCL_IB_RETRY_CNT", []string{"NCCL_IB_RETRY_CNT", "3"}, func(c Config) any { return c.IBRetryCnt }, 3},
+		{"NCCL_IB_FIFO_TC", []string{"NCCL_IB_FIFO_TC", "184"}, func(c Config) any { return c.FifoTC }, 184},
+		{"NCCL_IB_GID_INDEX both rails", []string{"NCCL_IB_GID_INDEX", "3"}, func(c Config) any { return [2]int{c.Sout.GIDIndex, c.Sup.GIDIndex} }, [2]int{3, 3}},
+		{"MPIB_GID_INDEX_SUP wins on SUP", []string{"NCCL_IB_GID_INDEX", "3", "MPIB_GID_INDEX_SUP", "1"}, func(c Config) any { return [2]int{c.Sout.GIDIndex, c.Sup.GIDIndex} }, [2]int{3, 1}},
+		{"relaxed ordering off", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0"}, func(c Config) any { return c.RelaxedOrdering }, false},
+		{"MPIB_RELAXED_ORDERING wins", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0", "MPIB_RELAXED_ORDERING", "1"}, func(c Config) any { return c.RelaxedOrdering }, true},
+		{"pkey index", []string{"NCCL_IB_PKEY", "2"}, func(c Config) any { return c.PKeyIndex }, 2},
+		{"ECE off", []string{"NCCL_IB_ECE_ENABLE", "0"}, func(c Config) any { return c.ECE }, false},
+		{"inline", []string{"NCCL_IB_USE_INLINE", "1"}, func(c Config) any { return c.UseInline }, true},
+		{"flush disable", []string{"NCCL_GDR_FLUSH_DISABLE", "1"}, func(c Config) any { return c.GDRFlushDisable }, true},
+		{"RoCE v1", []string{"NCCL_IB_ROCE_VERSION_NUM", "1"}, func(c Config) any { return c.GID.RoCEVersion }, 1},
+		{"IPv6 family and range", []string{"NCCL_IB_ADDR_FAMILY", "AF_INET6", "NCCL_IB_ADDR_RANGE", "fd00::1/64"},
+			func(c Config) any { return c.GID }, GIDPolicy{RoCEVersion: 2, IPv6: true, Range: netip.MustParsePrefix("fd00::/64")}},
+		{"IPv4 range", []string{"NCCL_IB_ADDR_RANGE", "10.9.1.7/24"}, func(c Config) any { return c.GID.Range }, netip.MustParsePrefix("10.9.1.0/24")},
+	}
+	for _, tt := range tests {
+		c, err := Parse(env(append(append([]string{}, base...), tt.kv...)...))
+		if err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if got := tt.get(c); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	for _, bad := range [][]string{{"NCCL_IB_ADDR_FAMILY", "inet"}, {"NCCL_IB_ADDR_RANGE", "10.0.0.0"},
+		{"NCCL_IB_ADDR_RANGE", "fd00::/64"}, {"NCCL_IB_TC", "256"}, {"NCCL_IB_SL", "16"}} {
+		if _, err := Parse(env(append(append([]string{}, base...), bad...)...)); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	Version       = 1
+	Version       = 2          // 2: traffic class/SL, LID, link layer, SUP prefix and ECE in the metadata
 	HandleSize    = 128        // NCCL_NET_HANDLE_MAXSIZE
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
@@ -24,7 +24,7 @@ const (
 	AckSize       = 4
 	MaxQPsPerRail = 16
 	Rails         = 2
-	railSize      = 16 + 4 + 4 + 4*MaxQPsPerRail
+	railSize      = 16 + 4 + 4 + 4 + 16 + 4*MaxQPsPerRail
 	MetadataSize  = 28 + Rails*railSize
 	attemptOffset = 24
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
@@ -107,20 +107,41 @@ func CheckAck(b []byte) error {
 	return nil
 }
 
+// Link layers as libibverbs numbers them (IBV_LINK_LAYER_*).
+const (
+	LinkLayerInfiniBand = 1
+	LinkLayerEthernet   = 2
+)
+
+// ECE is a rail's Enhanced Connection Establishment options (struct ibv_ece); Valid is false
+// when the device or libibverbs does not support ECE or NCCL_IB_ECE_ENABLE=0.
+type ECE struct {
+	Valid                       bool
+	VendorID, Options, CompMask uint32
+}
+
 // RailInfo is one rail's connection facts.
 type RailInfo struct {
-	GID  [16]byte
-	MTU  uint32 // enum ibv_mtu
-	RKey uint32
-	QPN  [MaxQPsPerRail]uint32
+	GID       [16]byte
+	MTU       uint32 // enum ibv_mtu
+	RKey      uint32
+	LID       uint16 // InfiniBand local identifier (0 on RoCE)
+	LinkLayer uint8  // LinkLayerInfiniBand or LinkLayerEthernet
+	PrefixLen uint8  // prefix length of the IP subnet holding the GID's address; 0 = unknown
+	ECE       ECE
+	QPN       [MaxQPsPerRail]uint32
 }
 
 // Metadata is exchanged by both sides after the hello.
-// Layout: magic u32 | version u16 | size u16 | mode u8 | path class u8 | reserved u16 |
-// nqps [2]u32 | buffer address u64 | rails [2]{gid [16], mtu u32, rkey u32, qpn [16]u32}.
+// Layout: magic u32 | version u16 | size u16 | mode u8 | path class u8 | traffic class u8 |
+// service level u8 | nqps [2]u32 | buffer address u64 | rails [2]{gid [16], mtu u32,
+// rkey u32, lid u16, link layer u8, prefix length u8, ece {valid u32, vendor u32, options u32,
+// comp mask u32}, qpn [16]u32}. The traffic class and service level are the sending side's:
+// both ends of a connection use the sender's (as net_ib does).
 type Metadata struct {
 	Mode      uint8
 	PathClass uint8
+	TC, SL    uint8
 	NQPs      [Rails]uint32
 	BufAddr   uint64
 	Rail      [Rails]RailInfo
@@ -132,7 +153,7 @@ func EncodeMetadata(m Metadata) []byte {
 	b = binary.LittleEndian.AppendUint32(b, metadataMagic)
 	b = binary.LittleEndian.AppendUint16(b, Version)
 	b = binary.LittleEndian.AppendUint16(b, MetadataSize)
-	b = append(b, m.Mode, m.PathClass, 0, 0)
+	b = append(b, m.Mode, m.PathClass, m.TC, m.SL)
 	for _, n := range m.NQPs {
 		b = binary.LittleEndian.AppendUint32(b, n)
 	}
@@ -141,6 +162,15 @@ func EncodeMetadata(m Metadata) []byte {
 		b = append(b, r.GID[:]...)
 		b = binary.LittleEndian.AppendUint32(b, r.MTU)
 		b = binary.LittleEndian.AppendUint32(b, r.RKey)
+		b = binary.LittleEndian.AppendUint16(b, r.LID)
+		b = append(b, r.LinkLayer, r.PrefixLen)
+		valid := uint32(0)
+		if r.ECE.Valid {
+			valid = 1
+		}
+		for _, v := range []uint32{valid, r.ECE.VendorID, r.ECE.Options, r.ECE.CompMask} {
+			b = binary.LittleEndian.AppendUint32(b, v)
+		}
 		for _, q := range r.QPN {
 			b = binary.LittleEndian.AppendUint32(b, q)
 		}
@@ -164,9 +194,9 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 	if s := le.Uint16(b[6:]); s != MetadataSize {
 		return m, fmt.Errorf("%w: metadata declares %d bytes, want %d", ErrMalformed, s, MetadataSize)
 	}
-	m.Mode, m.PathClass = b[8], b[9]
-	if m.Mode > 1 || m.PathClass > 1 || b[10] != 0 || b[11] != 0 {
-		return m, fmt.Errorf("%w: mode %d, path class %d", ErrMalformed, m.Mode, m.PathClass)
+	m.Mode, m.PathClass, m.TC, m.SL = b[8], b[9], b[10], b[11]
+	if m.Mode > 1 || m.PathClass > 1 || m.SL > 15 {
+		return m, fmt.Errorf("%w: mode %d, path class %d, service level %d", ErrMalformed, m.Mode, m.PathClass, m.SL)
 	}
 	off := 12
 	for i := range m.NQPs {
@@ -186,13 +216,23 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 		copy(r.GID[:], b[off:off+16])
 		r.MTU = le.Uint32(b[off+16:])
 		r.RKey = le.Uint32(b[off+20:])
-		off += 24
+		r.LID = le.Uint16(b[off+24:])
+		r.LinkLayer, r.PrefixLen = b[off+26], b[off+27]
+		valid := le.Uint32(b[off+28:])
+		r.ECE = ECE{Valid: valid == 1, VendorID: le.Uint32(b[off+32:]), Options: le.Uint32(b[off+36:]), CompMask: le.Uint32(b[off+40:])}
+		off += 44
+		if valid > 1 || r.PrefixLen > 128 {
+			return m, fmt.Errorf("%w: rail %d ECE flag %d, prefix length %d", ErrMalformed, i, valid, r.PrefixLen)
+		}
 		for q := range r.QPN {
 			r.QPN[q] = le.Uint32(b[off:])
 			off += 4
 		}
 		if m.NQPs[i] > 0 && (r.MTU < 1 || r.MTU > maxIBMTUEnum) {
 			return m, fmt.Errorf("%w: rail %d MTU code %d", ErrMalformed, i, r.MTU)
+		}
+		if m.NQPs[i] > 0 && r.LinkLayer != LinkLayerInfiniBand && r.LinkLayer != LinkLayerEthernet {
+			return m, fmt.Errorf("%w: rail %d link layer %d", ErrMalformed, i, r.LinkLayer)
 		}
 	}
 	return m, nil

@@ -8,11 +8,15 @@ import (
 )
 
 func sampleMetadata() Metadata {
-	m := Metadata{Mode: 1, PathClass: 0, NQPs: [2]uint32{2, 3}, BufAddr: 0x7f0012345000}
+	m := Metadata{Mode: 1, PathClass: 0, TC: 106, SL: 3, NQPs: [2]uint32{2, 3}, BufAddr: 0x7f0012345000}
 	for r := range m.Rail {
 		m.Rail[r].GID[10], m.Rail[r].GID[11], m.Rail[r].GID[15] = 0xff, 0xff, byte(r+1)
 		m.Rail[r].MTU = 3
 		m.Rail[r].RKey = 0x1000 + uint32(r)
+		m.Rail[r].LID = uint16(0x20 + r)
+		m.Rail[r].LinkLayer = LinkLayerEthernet - uint8(r) // SOUT RoCE, SUP InfiniBand
+		m.Rail[r].PrefixLen = 24
+		m.Rail[r].ECE = ECE{Valid: r == 0, VendorID: 0x15b3, Options: 0x10000000, CompMask: 1}
 		for q := 0; q < int(m.NQPs[r]); q++ {
 			m.Rail[r].QPN[q] = uint32(100*r + q + 17)
 		}
@@ -92,9 +96,10 @@ func TestMetadataRejects(t *testing.T) {
 		off  int
 		val  byte
 	}{
-		{"magic", 0, 0}, {"version", 4, 2}, {"size", 6, 1}, {"mode", 8, 2}, {"path", 9, 7},
-		{"reserved", 10, 1}, {"too many SOUT QPs", 12, 17}, {"too many SUP QPs", 16, 200},
-		{"no SOUT QPs", 12, 0}, {"MTU code", 28 + 16, 9},
+		{"magic", 0, 0}, {"version", 4, 1}, {"size", 6, 1}, {"mode", 8, 2}, {"path", 9, 7},
+		{"service level", 11, 16}, {"too many SOUT QPs", 12, 17}, {"too many SUP QPs", 16, 200},
+		{"no SOUT QPs", 12, 0}, {"MTU code", 28 + 16, 9}, {"link layer", 28 + 26, 3},
+		{"ECE flag", 28 + 28, 2}, {"prefix length", 28 + 27, 129},
 	}
 	for _, tt := range tests {
 		b := bytes.Clone(good)

@@ -1,0 +1,217 @@
+package main
+
+/*
+#include <stdlib.h>
+#include "mpib.h"
+*/
+import "C"
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Lifecycle. NCCL 2.28+ (ABI v11) calls init and finalize once per communicator, and
+// ncclCommAbort may finalize while handshakes are still running in goroutines. The rules:
+//   - every init creates a netCtx; its listeners and connect attempts belong to it;
+//   - finalize(ctx) cancels the context (closing its sockets), WAITS for every goroutine it
+//     started, then destroys the comms NCCL never collected;
+//   - the devices close only when no context is left AND no comm is alive (NCCL may close a
+//     comm after the last finalize), so no verbs call ever runs on a closed device;
+//   - verbs-heavy steps take a slot of a bounded pool, so an all-to-all with thousands of
+//     peers cannot park thousands of OS threads in cgo calls at once.
+
+// maxConcurrentVerbs bounds handshake goroutines inside cgo verbs calls at once. Goroutines
+// waiting on the network cost no OS thread; only those inside C do.
+const maxConcurrentVerbs = 16
+
+var verbsSlots = make(chan struct{}, maxConcurrentVerbs)
+
+// withVerbsSlot runs fn while holding one of the bounded verbs slots.
+func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
+	select {
+	case verbsSlots <- struct{}{}:
+	case <-ctx.Done():
+		var zero T
+		return zero, context.Cause(ctx)
+	}
+	defer func() { <-verbsSlots }()
+	return fn(), nil
+}
+
+// netCtx is one init call's world.
+type netCtx struct {
+	id           uint64
+	trafficClass int // NCCL's per-communicator class, or tcUndef
+	ctx          context.Context
+	cancel       context.CancelCauseFunc
+	wg           sync.WaitGroup // every goroutine started for this context
+}
+
+// liveComm is a connected comm and its control socket, kept open after the handshake as a
+// liveness signal: a peer process that dies closes it, and the data path then fails
+// waiting requests instead of hanging (see mpib_comm_peer_gone).
+type liveComm struct {
+	comm      *C.struct_mpib_comm
+	conn      net.Conn
+	closing   atomic.Bool
+	watchDone chan struct{}
+}
+
+var registry struct {
+	mu        sync.Mutex
+	nextID    uint64
+	ctxs      map[uint64]*netCtx
+	listeners map[uint64]*listener
+	attempts  map[uint64]*attempt
+	comms     map[*C.struct_mpib_comm]*liveComm
+}
+
+const tcUndef = -1
+
+func init() {
+	registry.ctxs = map[uint64]*netCtx{}
+	registry.listeners = map[uint64]*listener{}
+	registry.attempts = map[uint64]*attempt{}
+	registry.comms = map[*C.struct_mpib_comm]*liveComm{}
+}
+
+// newID returns a fresh id; registry.mu must be held.
+func newID() uint64 {
+	registry.nextID++
+	return registry.nextID
+}
+
+func newNetCtx(trafficClass int) uint64 {
+	c := &netCtx{trafficClass: trafficClass}
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	c.id = newID()
+	registry.ctxs[c.id] = c
+	return c.id
+}
+
+func lookupCtx(id uint64) *netCtx {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	return registry.ctxs[id]
+}
+
+// errFinalized is the cancellation cause of a finalized context.
+type finalizedError struct{}
+
+func (finalizedError) Error() string { return "the NCCL communicator was finalized (or aborted)" }
+
+// endNetCtx cancels a context, waits for its goroutines and reclaims what NCCL did not collect.
+func endNetCtx(id uint64) {
+	registry.mu.Lock()
+	c := registry.ctxs[id]
+	delete(registry.ctxs, id)
+	registry.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.cancel(finalizedError{})
+	c.wg.Wait()
+	reclaimOwnedBy(c)
+}
+
+// reclaimOwnedBy closes the listeners and destroys finished but uncollected attempts of a
+// context whose goroutines have all returned.
+func reclaimOwnedBy(c *netCtx) {
+	registry.mu.Lock()
+	var ls []*listener
+	for id, l := range registry.listeners {
+		if l.owner == c {
+			ls = append(ls, l)
+			delete(registry.listeners, id)
+		}
+	}
+	var orphans []*C.struct_mpib_comm
+	for id, a := range registry.attempts {
+		if a.owner == c {
+			delete(registry.attempts, id)
+			if a.res.comm != nil {
+				orphans = append(orphans, a.res.comm)
+			}
+		}
+	}
+	registry.mu.Unlock()
+	for _, l := range ls {
+		l.close()
+	}
+	for _, comm := range orphans {
+		closeComm(comm)
+	}
+	if n := len(ls) + len(orphans); n > 0 {
+		infof("finalize: reclaimed %d listener(s) and %d connection(s) NCCL never collected", len(ls), len(orphans))
+	}
+}
+
+// adoptComm registers a freshly connected comm and starts watching its control socket.
+func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
+	conn.SetDeadline(time.Time{})
+	lc := &liveComm{comm: comm, conn: conn, watchDone: make(chan struct{})}
+	registry.mu.Lock()
+	registry.comms[comm] = lc
+	registry.mu.Unlock()
+	go lc.watch()
+}
+
+// watch waits for the peer's end of the control socket to close. Peers never write after the
+// handshake, so any return from Read means the peer is gone (or misbehaves).
+func (lc *liveComm) watch() {
+	defer close(lc.watchDone)
+	var b [1]byte
+	_, err := lc.conn.Read(b[:])
+	if lc.closing.Load() {
+		return
+	}
+	C.mpib_comm_peer_gone(lc.comm)
+	infof("peer %v closed its control connection (%v): requests still waiting on it will fail",
+		lc.conn.RemoteAddr(), err)
+}
+
+// closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
+// comm after the last finalize, closes the devices.
+func closeComm(comm *C.struct_mpib_comm) {
+	registry.mu.Lock()
+	lc := registry.comms[comm]
+	delete(registry.comms, comm)
+	registry.mu.Unlock()
+	if lc != nil {
+		lc.closing.Store(true)
+		lc.conn.Close()
+		<-lc.watchDone
+	}
+	C.mpib_comm_destroy(comm)
+	closeDevicesIfUnused()
+}
+
+// closeDevicesIfUnused closes the devices once no context and no comm needs them.
+func closeDevicesIfUnused() {
+	plugin.mu.Lock()
+	defer plugin.mu.Unlock()
+	registry.mu.Lock()
+	live := len(registry.comms)
+	registry.mu.Unlock()
+	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
+		closeAgentSegment()
+		C.mpib_dev_close_all()
+		plugin.devicesOpen = false
+		infof("devices closed")
+	}
+}
+
+//export mpibGoCloseComm
+func mpibGoCloseComm(comm unsafe.Pointer) C.int {
+	if comm != nil {
+		closeComm((*C.struct_mpib_comm)(comm))
+	}
+	return C.int(resSuccess)
+}

@@ -1,0 +1,103 @@
+/*
+ * Async events: one thread per open device reads ibv_get_async_event, as net_ib does.
+ * Without it a device that dies (IBV_EVENT_DEVICE_FATAL, e.g. removed or reset) leaves the
+ * CQs silent and test() would wait forever. The thread only sets flags the data path reads
+ * when a caller waits (mpib_p2p.c comm_health): fatal fails every comm on the device, a port
+ * that goes down stops being scheduled while the other rail can carry the traffic.
+ * Each kind of event is logged the first time it happens (and then counted), not per event.
+ */
+#define _GNU_SOURCE /* pipe2 */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpib.h"
+
+static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+
+/* Events per type seen on each rail; a type is logged when its count goes 0 -> 1. */
+static unsigned event_counts[MPIB_NRAILS][32];
+
+static int first_time(int rail, enum ibv_event_type t) {
+  unsigned i = (unsigned)t < 32 ? (unsigned)t : 31;
+  return __atomic_fetch_add(&event_counts[rail][i], 1, __ATOMIC_RELAXED) == 0;
+}
+
+static void handle_event(int rail, const struct ibv_async_event *ev) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  enum ibv_event_type t = ev->event_type;
+  switch (t) {
+  case IBV_EVENT_DEVICE_FATAL:
+    __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
+    MPIB_WARN("%s rail: device %s reported a fatal error (removed or reset): its connections fail", rail_name(rail),
+              d->name);
+    return;
+  case IBV_EVENT_PORT_ERR:
+  case IBV_EVENT_PORT_ACTIVE:
+    __atomic_store_n(&d->port_change_ns, mpib_now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&d->port_down, t == IBV_EVENT_PORT_ERR, __ATOMIC_RELEASE);
+    MPIB_INFO("%s rail: device %s port %d is %s", rail_name(rail), d->name, ev->element.port_num,
+              t == IBV_EVENT_PORT_ERR ? "down: traffic moves to the other rail where it can" : "active again");
+    return;
+  case IBV_EVENT_COMM_EST:
+  case IBV_EVENT_SQ_DRAINED:
+  case IBV_EVENT_SRQ_LIMIT_REACHED:
+    return; /* expected in normal operation */
+  default:
+    if (first_time(rail, t))
+      MPIB_WARN("%s rail: device %s async event: %s (logged once per kind)", rail_name(rail), d->name,
+                ibv_event_type_str(t));
+  }
+}
+
+static void *event_loop(void *arg) {
+  int rail = (int)(intptr_t)arg;
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct pollfd fds[2] = {{.fd = d->ctx->async_fd, .events = POLLIN}, {.fd = d->event_stop_pipe[0], .events = POLLIN}};
+  for (;;) {
+    int n = poll(fds, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || fds[1].revents) return NULL;
+    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      /* The kernel dropped the device under us: the same as a fatal event. */
+      __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
+      MPIB_WARN("%s rail: device %s went away (event channel closed)", rail_name(rail), d->name);
+      return NULL;
+    }
+    struct ibv_async_event ev;
+    while (ibv_get_async_event(d->ctx, &ev) == 0) { /* non-blocking: drain what is queued */
+      handle_event(rail, &ev);
+      ibv_ack_async_event(&ev);
+    }
+  }
+}
+
+int mpib_events_start(int rail) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  int flags = fcntl(d->ctx->async_fd, F_GETFL);
+  if (flags < 0 || fcntl(d->ctx->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) return -errno;
+  if (pipe2(d->event_stop_pipe, O_CLOEXEC) != 0) return -errno;
+  memset(event_counts[rail], 0, sizeof event_counts[rail]);
+  int rc = pthread_create(&d->event_thread, NULL, event_loop, (void *)(intptr_t)rail);
+  if (rc != 0) {
+    close(d->event_stop_pipe[0]);
+    close(d->event_stop_pipe[1]);
+    return -rc;
+  }
+  d->event_thread_running = 1;
+  return 0;
+}
+
+void mpib_events_stop(int rail) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  if (!d->event_thread_running) return;
+  char b = 0;
+  ssize_t w = write(d->event_stop_pipe[1], &b, 1);
+  (void)w;
+  pthread_join(d->event_thread, NULL);
+  close(d->event_stop_pipe[0]);
+  close(d->event_stop_pipe[1]);
+  d->event_thread_running = 0;
+}
