@@ -37,11 +37,13 @@ type result struct {
 }
 
 type listener struct {
-	owner   *netCtx
-	ln      net.Listener
-	nonce   uint64
-	results chan result
-	closed  sync.Once
+	owner *netCtx
+	ln    net.Listener
+	nonce uint64
+
+	mu      sync.Mutex
+	closed  bool
+	pending []result // finished handshakes waiting for NCCL's accept
 }
 
 type attempt struct {
@@ -98,7 +100,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
 		return C.int(resSystemError)
 	}
-	l := &listener{owner: owner, ln: ln, nonce: randomNonce(), results: make(chan result, 64)}
+	l := &listener{owner: owner, ln: ln, nonce: randomNonce()}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
 	registry.mu.Lock()
@@ -134,31 +136,43 @@ func (l *listener) serve(c net.Conn) {
 		infof("listener %v: dropped a TCP client: %v", l.ln.Addr(), err)
 		return
 	}
-	if err != nil && l.owner.ctx.Err() != nil {
-		return // finalized meanwhile: nobody will call accept
+	l.mu.Lock()
+	if !l.closed {
+		l.pending = append(l.pending, result{comm, err})
+		comm = nil
 	}
-	select {
-	case l.results <- result{comm, err}:
-	case <-l.owner.ctx.Done():
-		if comm != nil {
-			closeComm(comm)
-		}
+	l.mu.Unlock()
+	if comm != nil {
+		closeComm(comm) // the listener closed meanwhile: nobody will accept it
 	}
 }
 
-// close stops accepting and destroys handshakes that finished but were never accepted.
-// Goroutines still running deliver nowhere: they see the owner's cancellation, or (after
-// closeListen only) their result is drained by the context's finalize.
+// next returns the oldest finished handshake, if any.
+func (l *listener) next() (result, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) == 0 {
+		return result{}, false
+	}
+	r := l.pending[0]
+	l.pending = l.pending[1:]
+	return r, true
+}
+
+// close stops accepting and destroys handshakes that finished but were never accepted;
+// handshakes still running destroy their own comm when they find the listener closed.
 func (l *listener) close() {
-	l.closed.Do(func() { l.ln.Close() })
-	for {
-		select {
-		case r := <-l.results:
-			if r.comm != nil {
-				closeComm(r.comm)
-			}
-		default:
-			return
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		l.ln.Close()
+	}
+	pending := l.pending
+	l.pending = nil
+	l.mu.Unlock()
+	for _, r := range pending {
+		if r.comm != nil {
+			closeComm(r.comm)
 		}
 	}
 }
@@ -174,14 +188,12 @@ func mpibGoAccept(listenComm unsafe.Pointer, recvComm *unsafe.Pointer) C.int {
 		warnf("accept on a closed, finalized or unknown listen comm")
 		return C.int(resInvalidArgument)
 	}
-	select {
-	case r := <-l.results:
+	if r, ok := l.next(); ok {
 		if r.err != nil {
 			warnf("accept: %v", r.err)
 			return C.int(resRemoteError)
 		}
 		*recvComm = unsafe.Pointer(r.comm)
-	default:
 	}
 	return C.int(resSuccess)
 }
