@@ -85,13 +85,17 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	cases := []struct {
 		name string
+		abi  int // 0: nettest's default table (v11), no ABI checks
 		args []string
 	}{
-		{"multi4-split", []string{"--multi", "4"}},
-		{"abi8", []string{"--abi", "8"}},
-		{"abi9", []string{"--abi", "9"}},
-		{"abi10", []string{"--abi", "10"}},
-		{"flush", nil},
+		{"multi4-split", 0, []string{"--multi", "4"}},
+		{"abi8", 8, nil},
+		{"abi9", 9, nil},
+		{"abi10", 10, nil},
+		{"abi11", 11, nil},
+		{"abi12", 12, nil},
+		{"abi12-profiler", 12, []string{"--profiler", "--multi", "4"}},
+		{"flush", 0, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,14 +104,86 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 				env = append(env, "MPIB_FORCE_FLUSH=1")
 			}
 			args := append([]string{"--mode", "verify", "--bytes", "8M", "--max-size", "1M"}, c.args...)
+			if c.abi != 0 {
+				args = append(args, "--abi", fmt.Sprint(c.abi))
+			}
 			res := runPair(context.Background(), t, a2, a1, pluginEnv(a2, env...), pluginEnv(a1, env...), args...)
 			payload := verified(t, res)
 			fmt.Printf("nettest: pair=%s mode=%s payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
 				pairName(a1, a2), c.name, payload, res.tx["a1"][SOUT], res.tx["a1"][SUP])
+			if c.abi != 0 {
+				checkABI(t, res, c.abi, payload)
+			}
+			if strings.Contains(c.name, "profiler") {
+				checkProfilerEvents(t, res, payload)
+			}
 			if c.name == "flush" && !regexp.MustCompile(`flushes=[1-9]`).MatchString(res.serverOut) {
 				t.Errorf("MPIB_FORCE_FLUSH=1 but the receiver completed no flush request:\n%s", res.serverOut)
 			}
 		})
+	}
+}
+
+// propsByABI is what each table's properties must show of MPIB's fused device: v8 has no
+// vProps, v11 adds maxMultiRequestSize, v12 railId/planeId (left undefined, see
+// docs/nccl-loading.md).
+var propsByABI = map[int][]string{
+	8:  {"vProps=none", "maxMultiRequestSize=-1"},
+	9:  {"vProps=2:[0,1]", "maxMultiRequestSize=-1"},
+	10: {"vProps=2:[0,1]", "maxMultiRequestSize=-1"},
+	11: {"vProps=2:[0,1]", "maxMultiRequestSize=8"},
+	12: {"vProps=2:[0,1]", "maxMultiRequestSize=8 railId=-1 planeId=-1"},
+}
+
+// checkABI: both sides moved the verified bytes through ncclNetPlugin_vN and read its
+// properties in that version's layout. Prints the fixed "abi: version=N verified=true" line.
+func checkABI(t *testing.T, res pairResult, abi int, payload uint64) {
+	t.Helper()
+	loaded := fmt.Sprintf("ncclNetPlugin_v%d name=MPIB", abi)
+	if !strings.Contains(res.serverErr, loaded) || !strings.Contains(res.clientErr, loaded) {
+		t.Fatalf("a side did not load %s:\n%s", loaded, res)
+	}
+	props := hasLine(res.serverOut, "nettest-props:")
+	for _, want := range propsByABI[abi] {
+		if !strings.Contains(props, want) {
+			t.Errorf("v%d properties lack %q: %s", abi, want, props)
+		}
+	}
+	if abi < 12 && strings.Contains(props, "railId") {
+		t.Errorf("v%d properties report a railId: %s", abi, props)
+	}
+	fmt.Printf("abi: version=%d verified=true payload_bytes=%d\n", abi, payload)
+}
+
+// profilerCounts is one side's nettest-profiler line.
+type profilerCounts struct{ starts, stops, open, bad, dev0, dev1, sendBytes uint64 }
+
+func parseProfiler(t *testing.T, side, out string) profilerCounts {
+	t.Helper()
+	var c profilerCounts
+	line := hasLine(out, "nettest-profiler:")
+	if _, err := fmt.Sscanf(line, "nettest-profiler: starts=%d stops=%d open=%d bad=%d dev0_starts=%d dev1_starts=%d send_bytes=%d",
+		&c.starts, &c.stops, &c.open, &c.bad, &c.dev0, &c.dev1, &c.sendBytes); err != nil {
+		t.Fatalf("%s: no nettest-profiler line (%v):\n%s", side, err, out)
+	}
+	return c
+}
+
+// checkProfilerEvents: with a 50/50 forced split every side opens events on both rails
+// (device 0 SOUT, 1 SUP), stops each one exactly once, and the sender's events cover the
+// payload byte for byte (each byte travels on exactly one rail).
+func checkProfilerEvents(t *testing.T, res pairResult, payload uint64) {
+	t.Helper()
+	for _, side := range []struct{ name, out string }{{"sender", res.clientOut}, {"receiver", res.serverOut}} {
+		c := parseProfiler(t, side.name, side.out)
+		if c.starts == 0 || c.starts != c.stops || c.open != 0 || c.bad != 0 || c.dev0 == 0 || c.dev1 == 0 {
+			t.Errorf("%s profiler events: %+v, want start==stop>0 on both rails, none open or malformed", side.name, c)
+		}
+		if side.name == "sender" && c.sendBytes != payload {
+			t.Errorf("sender's events cover %d bytes, payload was %d", c.sendBytes, payload)
+		}
+		fmt.Printf("abi: version=12 verified=true profiler=%s starts=%d stops=%d sout_events=%d sup_events=%d send_bytes=%d\n",
+			side.name, c.starts, c.stops, c.dev0, c.dev1, c.sendBytes)
 	}
 }
 
@@ -126,9 +202,11 @@ func TestPluginBadInput(t *testing.T) {
 	})
 	t.Run("garbage-metadata", func(t *testing.T) {
 		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "garbage-peer")
+		// Not a peer: dropped with an INFO line saying why; NCCL's accept keeps waiting (rc=0).
 		line := hasLine(res.serverOut, "nettest-badinput: case=metadata")
-		if res.serverCode != 0 || line == "" || strings.Contains(line, "rc=0") || !strings.Contains(res.serverErr, "not an MPIB plugin") {
-			t.Fatalf("garbage peer not refused with a clear error:\n%s", res)
+		if res.serverCode != 0 || line == "" || !strings.Contains(line, "rc=0") ||
+			!strings.Contains(res.serverErr, "dropped a TCP client") || !strings.Contains(res.serverErr, "not an MPIB plugin") {
+			t.Fatalf("garbage client not dropped with a clear INFO line, or accept disturbed:\n%s", res)
 		}
 		fmt.Printf("nettest: pair=%s case=garbage-metadata %s\n", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=metadata "))
 	})
