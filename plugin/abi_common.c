@@ -3,12 +3,13 @@
 
 #include "_cgo_export.h"
 #include "mpib_api.h"
+#include "mpib_profiler.h"
 
 uint64_t mpib_process_ctx;
 
 ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, int traffic_class, uint64_t *ctx) {
-  (void)prof;
   mpib_log_set(logger);
+  mpib_prof_set(prof);
   return (ncclResult_t)mpibGoInit(traffic_class, ctx);
 }
 
@@ -33,6 +34,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->pci_path = mpib_g.prop_has_pci_path ? mpib_g.prop_pci_path : NULL;
   p->guid = mpib_g.prop_guid;
   p->ptr_support = mpib_g.prop_ptr_support;
+  p->force_flush = mpib_g.prop_force_flush;
   p->speed = dev == 0 ? mpib_g.dev[0].speed_mbps + mpib_g.dev[1].speed_mbps : mpib_g.dev[1].speed_mbps;
   p->port = mpib_g.dev[dev].port;
   p->max_comms = 65536;

@@ -1,45 +1,45 @@
-/* ncclNetPlugin_v10 (NCCL 2.26..2.27): profiler callback in init, comm config in connect,
- * profiler handles in isend/irecv (ignored: MPIB emits no profiler events). */
+/* ncclNetPlugin_v10 (NCCL 2.26..2.27): the v12 data path (phandles included) with a
+ * process-wide context: init once per process, the traffic class per connect, v9's
+ * properties layout. Its control calls are the ones v9 and v8 reuse. */
 #include "mpib_api.h"
 
-ncclResult_t listen_v8(int dev, void *handle, void **listenComm);
-ncclResult_t get_properties_v9(int dev, ncclNetProperties_v9_t *props);
-
-static ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+ncclResult_t mpib_v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
   return mpib_init(logger, prof, MPIB_TC_UNDEF, &mpib_process_ctx);
 }
 
-static ncclResult_t connect_v10(int dev, ncclNetCommConfig_t *config, void *handle, void **sendComm,
-                                ncclNetDeviceHandle_t **sendDevComm) {
+ncclResult_t mpib_v10_listen(int dev, void *handle, void **listenComm) {
+  return mpib_listen(mpib_process_ctx, dev, handle, listenComm);
+}
+
+ncclResult_t mpib_v10_connect(int dev, ncclNetCommConfig_t *config, void *handle, void **sendComm,
+                              ncclNetDeviceHandle_t **sendDevComm) {
   int tc = config ? config->trafficClass : MPIB_TC_UNDEF;
   return mpib_connect(mpib_process_ctx, dev, tc, handle, sendComm, sendDevComm);
 }
 
-ncclResult_t isend_v10(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
-                       void **request) {
-  (void)phandle;
-  return mpib_isend(sendComm, data, size, tag, mhandle, request);
-}
-
-ncclResult_t irecv_v10(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                       void **phandles, void **request) {
-  (void)phandles;
-  return mpib_irecv(recvComm, n, data, sizes, tags, mhandles, request);
+/* v9 and v10 share this layout: v11's without maxMultiRequestSize. */
+ncclResult_t mpib_v10_get_properties(int dev, ncclNetProperties_v9_t *props) {
+  ncclNetProperties_v12_t p;
+  ncclResult_t res = mpib_v12_get_properties(dev, &p);
+  if (res != ncclSuccess) return res;
+  *props = (ncclNetProperties_v9_t){0};
+  MPIB_COPY_PROPS_V9(props, &p);
+  return ncclSuccess;
 }
 
 __attribute__((visibility("default"))) const ncclNet_v10_t ncclNetPlugin_v10 = {
     .name = "MPIB",
-    .init = init_v10,
+    .init = mpib_v10_init,
     .devices = mpib_devices,
-    .getProperties = get_properties_v9,
-    .listen = listen_v8,
-    .connect = connect_v10,
+    .getProperties = mpib_v10_get_properties,
+    .listen = mpib_v10_listen,
+    .connect = mpib_v10_connect,
     .accept = mpib_accept,
     .regMr = mpib_reg_mr_v8,
     .regMrDmaBuf = mpib_reg_mr_dmabuf,
     .deregMr = mpib_dereg_mr_api,
-    .isend = isend_v10,
-    .irecv = irecv_v10,
+    .isend = mpib_isend,
+    .irecv = mpib_irecv,
     .iflush = mpib_iflush,
     .test = mpib_test,
     .closeSend = mpib_close_send,

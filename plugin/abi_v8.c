@@ -1,32 +1,19 @@
-/* ncclNetPlugin_v8 (NCCL 2.19..2.22): int sizes in isend/irecv, no vProps. */
+/* ncclNetPlugin_v8 (NCCL 2.19..2.22): v9 with int sizes in isend/irecv and the v8
+ * properties (no forceFlush, vProps or size limits). */
 #include "mpib_api.h"
 
-ncclResult_t init_v8(ncclDebugLogger_t logger) {
-  return mpib_init(logger, NULL, MPIB_TC_UNDEF, &mpib_process_ctx);
-}
-
 static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t *props) {
-  struct mpib_props p;
-  ncclResult_t res = mpib_get_properties(dev, &p);
+  ncclNetProperties_v12_t p;
+  ncclResult_t res = mpib_v12_get_properties(dev, &p);
   if (res != ncclSuccess) return res;
-  *props = (ncclNetProperties_v8_t){.name = p.name, .pciPath = p.pci_path, .guid = p.guid,
-                                    .ptrSupport = p.ptr_support, .regIsGlobal = 1, .speed = p.speed,
-                                    .port = p.port, .latency = 0, .maxComms = p.max_comms,
-                                    .maxRecvs = p.max_recvs, .netDeviceType = NCCL_NET_DEVICE_HOST};
+  *props = (ncclNetProperties_v8_t){0};
+  MPIB_COPY_PROPS_V8(props, &p);
   return ncclSuccess;
-}
-
-ncclResult_t listen_v8(int dev, void *handle, void **listenComm) {
-  return mpib_listen(mpib_process_ctx, dev, handle, listenComm);
-}
-
-ncclResult_t connect_v8(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
-  return mpib_connect(mpib_process_ctx, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
 }
 
 static ncclResult_t isend_v8(void *sendComm, void *data, int size, int tag, void *mhandle, void **request) {
   if (size < 0) return ncclInvalidArgument;
-  return mpib_isend(sendComm, data, (size_t)size, tag, mhandle, request);
+  return mpib_isend(sendComm, data, (size_t)size, tag, mhandle, NULL, request);
 }
 
 static ncclResult_t irecv_v8(void *recvComm, int n, void **data, int *sizes, int *tags, void **mhandles,
@@ -34,16 +21,16 @@ static ncclResult_t irecv_v8(void *recvComm, int n, void **data, int *sizes, int
   size_t sz[MPIB_MAX_RECVS];
   if (n < 1 || n > MPIB_MAX_RECVS) return ncclInvalidArgument;
   for (int i = 0; i < n; i++) sz[i] = sizes[i] < 0 ? 0 : (size_t)sizes[i];
-  return mpib_irecv(recvComm, n, data, sz, tags, mhandles, request);
+  return mpib_irecv(recvComm, n, data, sz, tags, mhandles, NULL, request);
 }
 
 __attribute__((visibility("default"))) const ncclNet_v8_t ncclNetPlugin_v8 = {
     .name = "MPIB",
-    .init = init_v8,
+    .init = mpib_v9_init,
     .devices = mpib_devices,
     .getProperties = get_properties_v8,
-    .listen = listen_v8,
-    .connect = connect_v8,
+    .listen = mpib_v10_listen,
+    .connect = mpib_v9_connect,
     .accept = mpib_accept,
     .regMr = mpib_reg_mr_v8,
     .regMrDmaBuf = mpib_reg_mr_dmabuf,

@@ -1,45 +1,36 @@
-/* ncclNetPlugin_v9 (NCCL 2.23..2.25): size_t sizes, vProps, forceFlush, makeVDevice. */
+/* ncclNetPlugin_v9 (NCCL 2.23..2.25): v10 without the profiler, the connect config and the
+ * profiler handles. forceFlush is the device's (v12's): 1 on mlx5 Data Direct devices, where
+ * net_ib also forces it; otherwise NCCL asks for a flush exactly when the GPU needs one
+ * (pre-sm90, C2C) and MPIB then performs a real loopback RDMA_READ. */
 #include "mpib_api.h"
 
-ncclResult_t init_v8(ncclDebugLogger_t logger);
-ncclResult_t listen_v8(int dev, void *handle, void **listenComm);
-ncclResult_t connect_v8(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm);
+ncclResult_t mpib_v9_init(ncclDebugLogger_t logger) { return mpib_v10_init(logger, NULL); }
 
-/* forceFlush stays 0: NCCL asks for a flush exactly when the GPU needs one (pre-sm90, C2C)
- * and MPIB then performs a real loopback RDMA_READ. */
-ncclResult_t get_properties_v9(int dev, ncclNetProperties_v9_t *props) {
-  struct mpib_props p;
-  ncclResult_t res = mpib_get_properties(dev, &p);
-  if (res != ncclSuccess) return res;
-  *props = (ncclNetProperties_v9_t){.name = p.name, .pciPath = p.pci_path, .guid = p.guid,
-                                    .ptrSupport = p.ptr_support, .regIsGlobal = 1, .forceFlush = 0,
-                                    .speed = p.speed, .port = p.port, .latency = 0,
-                                    .maxComms = p.max_comms, .maxRecvs = p.max_recvs,
-                                    .netDeviceType = NCCL_NET_DEVICE_HOST,
-                                    .maxP2pBytes = INT32_MAX, .maxCollBytes = INT32_MAX};
-  props->vProps.ndevs = p.ndevs;
-  for (int i = 0; i < p.ndevs; i++) props->vProps.devs[i] = p.devs[i];
-  return ncclSuccess;
+ncclResult_t mpib_v9_connect(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
+  return mpib_v10_connect(dev, NULL, handle, sendComm, sendDevComm);
 }
 
-ncclResult_t irecv_v9(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                      void **request) {
-  return mpib_irecv(recvComm, n, data, sizes, tags, mhandles, request);
+static ncclResult_t isend_v9(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request) {
+  return mpib_isend(sendComm, data, size, tag, mhandle, NULL, request);
 }
 
-/* makeVDevice is NULL: MPIB fuses its two rails itself and reports one device. */
+static ncclResult_t irecv_v9(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                             void **request) {
+  return mpib_irecv(recvComm, n, data, sizes, tags, mhandles, NULL, request);
+}
+
 __attribute__((visibility("default"))) const ncclNet_v9_t ncclNetPlugin_v9 = {
     .name = "MPIB",
-    .init = init_v8,
+    .init = mpib_v9_init,
     .devices = mpib_devices,
-    .getProperties = get_properties_v9,
-    .listen = listen_v8,
-    .connect = connect_v8,
+    .getProperties = mpib_v10_get_properties,
+    .listen = mpib_v10_listen,
+    .connect = mpib_v9_connect,
     .accept = mpib_accept,
     .regMr = mpib_reg_mr_v8,
     .regMrDmaBuf = mpib_reg_mr_dmabuf,
     .deregMr = mpib_dereg_mr_api,
-    .isend = mpib_isend,
+    .isend = isend_v9,
     .irecv = irecv_v9,
     .iflush = mpib_iflush,
     .test = mpib_test,

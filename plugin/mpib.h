@@ -98,6 +98,10 @@ struct mpib_request {
   int sizes[MPIB_MAX_RECVS];
   /* flush */
   int flush_pending;
+  /* NCCL profiler (mpib_profiler.c): the isend's handle, and the open event of each grouped
+   * request on each rail (a send uses row 0); NULL: none open. */
+  void *prof_phandle;
+  void *prof_event[MPIB_MAX_RECVS][MPIB_NRAILS];
 };
 
 struct mpib_qp {
@@ -218,9 +222,11 @@ int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr
 int mpib_dereg_mr(struct mpib_mr *mh);
 
 /* Data path (mpib_p2p.c). */
-ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request);
-ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+/* phandle(s): NCCL's profiler handles (v10+), NULL from older ABIs. */
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request);
+ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                        void **phandles, void **request);
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "mpib.h"
+#include "mpib_profiler.h"
 #include "mpib_shm.h"
 
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
@@ -154,6 +155,7 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
     last->send_flags = IBV_SEND_SIGNALED;
     last->imm_data = imm;
     for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
+    if (mpib_profiling()) mpib_prof_send_posting(c, slot, rail, mask, sout);
     struct ibv_send_wr *bad = NULL;
     int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
     if (rc) {
@@ -187,7 +189,8 @@ static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
   return ncclSuccess;
 }
 
-ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void **request) {
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                        void **request) {
   struct mpib_comm *c = sendComm;
   *request = NULL;
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
@@ -235,6 +238,7 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   req->size = size;
   req->tag = tag;
   req->mh = mhandle;
+  req->prof_phandle = phandle;
   req->seq = c->fifo_head;
   req->nreqs = (int)nreqs;
   c->slot_reqs[slot][match] = req;
@@ -263,7 +267,7 @@ int mpib_srq_refill(struct mpib_comm *c, int rail) {
 }
 
 ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **request) {
+                        void **phandles, void **request) {
   struct mpib_comm *c = recvComm;
   *request = NULL;
   ncclResult_t health = comm_health(c);
@@ -314,6 +318,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   }
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
+  if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
   }
@@ -371,6 +376,7 @@ static ncclResult_t completion_error(struct mpib_comm *c, int rail, const struct
 static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
   uint64_t slot = wc->wr_id;
   if (slot >= MPIB_MAX_REQUESTS) return ncclSuccess;
+  if (mpib_profiling()) mpib_prof_send_rail_done(c, (int)slot, rail);
   c->slot_rails[slot] &= ~(1u << rail);
   if (c->slot_rails[slot] != 0) return ncclSuccess;
   for (int r = 0; r < c->slot_matched[slot]; r++) {
@@ -397,6 +403,7 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   }
   req->expected_mask = mask;
   req->seen_mask |= 1u << rail;
+  if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
   if (req->seen_mask != req->expected_mask) return ncclSuccess;
   if (imm_size != MPIB_IMM_NO_SIZE && req->nreqs != 1) {
     MPIB_WARN("%s rail: size in the immediate for a grouped receive of %d", rail_name(rail), req->nreqs);

@@ -126,7 +126,8 @@ static void nt_usage(FILE *f) {
           "processes. The client sends, the server receives (lat: ping-pong).\n"
           "\n"
           "  --plugin PATH         plugin to dlopen (default libnccl-net-mpib.so)\n"
-          "  --abi N               ncclNetPlugin_vN to use: 8, 9, 10 or 11 (default 11)\n"
+          "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
+          "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
           "  --dev N               plugin device (default 0)\n"
           "  --mode M              verify (default), bw, lat, badhandle, garbage-peer\n"
           "  --timeout-s N         connection setup and no-progress limit (default 60)\n"
@@ -233,7 +234,7 @@ static int nt_parse_sizes(const char *s, struct nt_opts *o) {
 enum {
   OPT_ROLE = 256, OPT_LISTEN, OPT_CONNECT, OPT_PLUGIN, OPT_ABI, OPT_DEV, OPT_MODE, OPT_TIMEOUT, OPT_SEED,
   OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
-  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP,
+  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP, OPT_PROFILER,
   OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE /* lifecycle.c */
 };
 
@@ -250,7 +251,7 @@ static const struct option nt_long_opts[] = {
     {"warmup", required_argument, 0, OPT_WARMUP},   {"verify", required_argument, 0, OPT_VERIFY},
     {"full-canary", no_argument, 0, OPT_FULLCAN},   {"mem-limit", required_argument, 0, OPT_MEM},
     {"stats-file", required_argument, 0, OPT_STATS}, {"counter", required_argument, 0, OPT_COUNTER},
-    {"help", no_argument, 0, OPT_HELP},
+    {"help", no_argument, 0, OPT_HELP},             {"profiler", no_argument, 0, OPT_PROFILER},
     {"traffic-class", required_argument, 0, OPT_TCLASS}, {"fork-every-ms", required_argument, 0, OPT_FORKMS},
     {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {0, 0, 0, 0}};
 
@@ -258,7 +259,7 @@ static const struct option nt_long_opts[] = {
 static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   memset(o, 0, sizeof(*o));
   o->plugin = "libnccl-net-mpib.so";
-  o->abi = 11;
+  o->abi = NT_ABI_DEFAULT;
   o->role = -1;
   o->mode = NT_VERIFY;
   o->timeout_s = 60;
@@ -290,8 +291,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     case OPT_CONNECT: connect = a; break;
     case OPT_PLUGIN: o->plugin = a; break;
     case OPT_ABI:
-      if (nt_parse_int(a, 8, 11, &o->abi) != 0) {
-        NT_BAD("--abi must be 8, 9, 10 or 11, not '%s'", a);
+      if (nt_parse_int(a, NT_ABI_MIN, NT_ABI_MAX, &o->abi) != 0) {
+        NT_BAD("--abi must be %d..%d, not '%s'", NT_ABI_MIN, NT_ABI_MAX, a);
       }
       break;
     case OPT_DEV:
@@ -430,6 +431,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       o->abort_sender = strcmp(a, "sender") == 0;
       break;
     case OPT_HELP: nt_usage(stdout); return 1;
+    case OPT_PROFILER: o->profiler = 1; break;
     default:
       if (optopt != 0 && optopt < 256) {
         NT_BAD("unknown option '-%c'", optopt);
@@ -483,6 +485,9 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   }
   if (!o->warmup_set) {
     o->warmup = o->mode == NT_LAT ? 100 : 4;
+  }
+  if (o->profiler && o->abi < 10) {
+    NT_BAD("--profiler needs --abi 10 or newer (older ABIs pass no profiler)");
   }
   if (o->mode != NT_BW && o->seconds > 0) {
     NT_BAD("--seconds applies to bw only");
@@ -702,6 +707,7 @@ int main(int argc, char **argv) {
     return NT_EXIT_USAGE;
   }
   net.traffic_class = o.traffic_class; /* --traffic-class, -1 unless given */
+  net.profiler = o.profiler;
   nt_err("loaded %s: ncclNetPlugin_v%d name=%s", o.plugin, o.abi, net.name);
   nt_phase("init");
   ncclResult_t rc = nt_net_init(&net, nt_mix64(o.seed));

@@ -1,6 +1,7 @@
 /*
  * The plugin behind one version-independent interface: dlopen + dlsym as NCCL's proxy does,
- * one small adapter per ABI difference, and the variadic logger NCCL would pass to init.
+ * one small adapter per ABI difference, the variadic logger NCCL would pass to init, and a
+ * checking stand-in for NCCL's profiler callback (--profiler).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -94,11 +95,110 @@ void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, i
   pthread_mutex_unlock(&nt_log_mu);
 }
 
+/* ---- profiler: stands in for NCCL's profiler callback and checks the plugin's events ----
+ * Every Start must name a handle nettest passed to isend/irecv and carry net_ib's QP
+ * descriptor (what NCCL's profilers decode); it gets a fresh event handle. Every Stop must
+ * return an open handle, once. The plugin calls from whichever thread drives the comm. */
+
+#define NT_PROF_EVENTS 4096 /* open at once: window x multi x rails x 2 directions, with room */
+#define NT_PROF_DEVS 2
+
+static pthread_mutex_t nt_prof_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char nt_prof_open[NT_PROF_EVENTS]; /* event handle i is &nt_prof_open[i] */
+static char nt_prof_phandles[1 + NT_MAX_MULTI];   /* [0]: every isend, [1 + i]: irecv entry i */
+static struct {
+  uint64_t starts, stops, bad;
+  uint64_t dev_starts[NT_PROF_DEVS];
+  uint64_t send_bytes; /* lengths of the events started for isends */
+  int cursor;
+} nt_prof;
+
+#define nt_prof_send_phandle ((void *)&nt_prof_phandles[0])
+static void *nt_prof_recv_phandle(int i) { return &nt_prof_phandles[1 + i]; }
+
+static void nt_prof_bad(const char *what, long long v) {
+  if (nt_prof.bad++ < 5) {
+    nt_err("profiler: %s (%lld)", what, v);
+  }
+}
+
+static void nt_prof_start(void **eh, void *ph, int64_t plugin_id, const ncclProfilerNetIbDescr_v1_t *d) {
+  if (eh == NULL) {
+    nt_prof_bad("Start without an event handle pointer", 0);
+    return;
+  }
+  *eh = NULL;
+  long long pidx = (char *)ph - nt_prof_phandles;
+  if (pidx < 0 || pidx > NT_MAX_MULTI) {
+    nt_prof_bad("Start with a pHandle nettest never passed", pidx);
+    return;
+  }
+  if (plugin_id != (int64_t)(NCCL_PROFILER_NET_TYPE_IB | NCCL_PROFILER_NET_IB_VER) || d == NULL ||
+      d->type != ncclProfileQp || d->qp.device < 0) {
+    nt_prof_bad("Start without an IB v1 QP descriptor, pluginId", (long long)plugin_id);
+    return;
+  }
+  for (int k = 0; k < NT_PROF_EVENTS; k++) {
+    int i = (nt_prof.cursor + k) % NT_PROF_EVENTS;
+    if (!nt_prof_open[i]) {
+      nt_prof_open[i] = 1;
+      nt_prof.cursor = i + 1;
+      nt_prof.starts++;
+      if (d->qp.device < NT_PROF_DEVS) {
+        nt_prof.dev_starts[d->qp.device]++;
+      }
+      if (pidx == 0) {
+        nt_prof.send_bytes += d->qp.length;
+      }
+      *eh = &nt_prof_open[i];
+      return;
+    }
+  }
+  nt_prof_bad("more events open than nettest tracks", NT_PROF_EVENTS);
+}
+
+static void nt_prof_stop(void **eh) {
+  long long i = (eh == NULL || *eh == NULL) ? -1 : (unsigned char *)*eh - nt_prof_open;
+  if (i < 0 || i >= NT_PROF_EVENTS || !nt_prof_open[i]) {
+    nt_prof_bad("Stop of a handle that is not open, index", i);
+    return;
+  }
+  nt_prof_open[i] = 0;
+  nt_prof.stops++;
+}
+
+static ncclResult_t nt_prof_callback(void **eHandle, int type, void *pHandle, int64_t pluginId, void *extData) {
+  pthread_mutex_lock(&nt_prof_mu);
+  if (type == ncclProfilerNetEventStart) {
+    nt_prof_start(eHandle, pHandle, pluginId, extData);
+  } else if (type == ncclProfilerNetEventStop) {
+    nt_prof_stop(eHandle);
+  } else {
+    nt_prof_bad("event type other than Start/Stop", type); /* MPIB sends no updates */
+  }
+  pthread_mutex_unlock(&nt_prof_mu);
+  return ncclSuccess;
+}
+
+/* One result line; 0 when every started event was stopped and none was malformed. */
+static int nt_prof_report(void) {
+  pthread_mutex_lock(&nt_prof_mu);
+  uint64_t open = nt_prof.starts - nt_prof.stops;
+  nt_out("nettest-profiler: starts=%llu stops=%llu open=%llu bad=%llu dev0_starts=%llu dev1_starts=%llu "
+         "send_bytes=%llu",
+         (unsigned long long)nt_prof.starts, (unsigned long long)nt_prof.stops, (unsigned long long)open,
+         (unsigned long long)nt_prof.bad, (unsigned long long)nt_prof.dev_starts[0],
+         (unsigned long long)nt_prof.dev_starts[1], (unsigned long long)nt_prof.send_bytes);
+  int ok = open == 0 && nt_prof.bad == 0;
+  pthread_mutex_unlock(&nt_prof_mu);
+  return ok ? 0 : -1;
+}
+
 /* ---- loading ---- */
 
 static const char *nt_sym_names[] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                                      "ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10",
-                                     "ncclNetPlugin_v11"};
+                                     "ncclNetPlugin_v11", "ncclNetPlugin_v12"};
 
 #define NT_REQUIRE(tbl, field)                                                                     \
   do {                                                                                             \
@@ -130,8 +230,8 @@ static const char *nt_sym_names[] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
  * never dlclose'd: a Go c-shared runtime cannot be unloaded. */
 int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t errlen) {
   memset(n, 0, sizeof(*n));
-  if (abi < 8 || abi > 11) {
-    snprintf(err, errlen, "unsupported ABI version %d (8..11)", abi);
+  if (abi < NT_ABI_MIN || abi > NT_ABI_MAX) {
+    snprintf(err, errlen, "unsupported ABI version %d (%d..%d)", abi, NT_ABI_MIN, NT_ABI_MAX);
     return -1;
   }
   void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -150,7 +250,8 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
   case 8: n->t.v8 = t; NT_REQUIRE_COMMON(n->t.v8); n->name = n->t.v8->name; break;
   case 9: n->t.v9 = t; NT_REQUIRE_COMMON(n->t.v9); n->name = n->t.v9->name; break;
   case 10: n->t.v10 = t; NT_REQUIRE_COMMON(n->t.v10); n->name = n->t.v10->name; break;
-  default: n->t.v11 = t; NT_REQUIRE_COMMON(n->t.v11); n->name = n->t.v11->name; break;
+  case 11: n->t.v11 = t; NT_REQUIRE_COMMON(n->t.v11); n->name = n->t.v11->name; break;
+  default: n->t.v12 = t; NT_REQUIRE_COMMON(n->t.v12); n->name = n->t.v12->name; break;
   }
   if (n->name == NULL) {
     n->name = "(null)";
@@ -163,15 +264,18 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
   ((n)->abi == 8    ? (n)->t.v8->fn(__VA_ARGS__)                                                   \
    : (n)->abi == 9  ? (n)->t.v9->fn(__VA_ARGS__)                                                   \
    : (n)->abi == 10 ? (n)->t.v10->fn(__VA_ARGS__)                                                  \
-                    : (n)->t.v11->fn(__VA_ARGS__))
+   : (n)->abi == 11 ? (n)->t.v11->fn(__VA_ARGS__)                                                  \
+                    : (n)->t.v12->fn(__VA_ARGS__))
 
 ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id) {
-  ncclNetCommConfig_t config = {.trafficClass = -1}; /* NCCL_NET_TRAFFIC_CLASS_UNDEF */
+  ncclNetCommConfig_t config = {.trafficClass = n->traffic_class};
+  ncclProfilerCallback_t prof = n->profiler ? nt_prof_callback : NULL;
   switch (n->abi) {
   case 8: return n->t.v8->init(nt_logger);
   case 9: return n->t.v9->init(nt_logger);
-  case 10: return n->t.v10->init(nt_logger, NULL);
-  default: return n->t.v11->init(&n->ctx, comm_id, &config, nt_logger, NULL);
+  case 10: return n->t.v10->init(nt_logger, prof);
+  case 11: return n->t.v11->init(&n->ctx, comm_id, &config, nt_logger, prof);
+  default: return n->t.v12->init(&n->ctx, comm_id, &config, nt_logger, prof);
   }
 }
 
@@ -181,54 +285,56 @@ static void nt_copy_str(char *dst, size_t len, const char *src) {
   snprintf(dst, len, "%s", src ? src : "(null)");
 }
 
+/* The fields every properties version shares by name (each version is its own type). */
+#define NT_PROPS_V8(p, v)                                                                          \
+  do {                                                                                             \
+    nt_copy_str((p)->name, sizeof((p)->name), (v)->name);                                          \
+    nt_copy_str((p)->pci_path, sizeof((p)->pci_path), (v)->pciPath);                               \
+    (p)->guid = (v)->guid, (p)->ptr_support = (v)->ptrSupport, (p)->reg_is_global = (v)->regIsGlobal; \
+    (p)->speed = (v)->speed, (p)->port = (v)->port, (p)->latency = (v)->latency;                   \
+    (p)->max_comms = (v)->maxComms, (p)->max_recvs = (v)->maxRecvs;                                \
+  } while (0)
+
+/* v9 adds forceFlush, vProps (4 entries until v11, 8 in v12) and the size limits. */
+#define NT_PROPS_V9(p, v)                                                                          \
+  do {                                                                                             \
+    NT_PROPS_V8(p, v);                                                                             \
+    (p)->force_flush = (v)->forceFlush;                                                            \
+    (p)->vndevs = (v)->vProps.ndevs;                                                               \
+    int cap_ = (int)(sizeof((v)->vProps.devs) / sizeof((v)->vProps.devs[0]));                      \
+    for (int i_ = 0; i_ < cap_ && i_ < (v)->vProps.ndevs; i_++) (p)->vdevs[i_] = (v)->vProps.devs[i_]; \
+    (p)->max_p2p_bytes = (v)->maxP2pBytes, (p)->max_coll_bytes = (v)->maxCollBytes;                \
+  } while (0)
+
 ncclResult_t nt_net_props(struct nt_net *n, int dev, struct nt_props *p) {
   memset(p, 0, sizeof(*p));
+  p->vndevs = -1;                 /* v8: no vProps */
+  p->max_multi_request_size = -1; /* before v11 */
   ncclResult_t rc;
   if (n->abi == 8) {
-    ncclNetProperties_v8_t v;
-    memset(&v, 0, sizeof(v));
+    ncclNetProperties_v8_t v = {0};
     rc = n->t.v8->getProperties(dev, &v);
-    nt_copy_str(p->name, sizeof(p->name), v.name);
-    nt_copy_str(p->pci_path, sizeof(p->pci_path), v.pciPath);
-    p->guid = v.guid;
-    p->ptr_support = v.ptrSupport;
-    p->reg_is_global = v.regIsGlobal;
-    p->speed = v.speed;
-    p->port = v.port;
-    p->latency = v.latency;
-    p->max_comms = v.maxComms;
-    p->max_recvs = v.maxRecvs;
-    p->vndevs = -1;
-    return rc;
-  }
-  ncclNetProperties_v11_t v;
-  memset(&v, 0, sizeof(v));
-  if (n->abi == 11) {
+    NT_PROPS_V8(p, &v);
+  } else if (n->abi == 9 || n->abi == 10) {
+    ncclNetProperties_v9_t v = {0};
+    rc = n->abi == 9 ? n->t.v9->getProperties(dev, &v) : n->t.v10->getProperties(dev, &v);
+    NT_PROPS_V9(p, &v);
+  } else if (n->abi == 11) {
+    ncclNetProperties_v11_t v = {0};
     rc = n->t.v11->getProperties(dev, &v);
+    NT_PROPS_V9(p, &v);
+    p->max_multi_request_size = v.maxMultiRequestSize;
   } else {
-    /* v9 and v10 share the v11 layout minus the trailing maxMultiRequestSize. */
-    rc = n->abi == 9 ? n->t.v9->getProperties(dev, (ncclNetProperties_v9_t *)&v)
-                     : n->t.v10->getProperties(dev, (ncclNetProperties_v9_t *)&v);
-    v.maxMultiRequestSize = -1;
+    /* Poison the v12-only tail: a plugin that filled only a v11 layout shows here. */
+    ncclNetProperties_v12_t v = {0};
+    v.railId = v.planeId = 0x5A5A;
+    rc = n->t.v12->getProperties(dev, &v);
+    NT_PROPS_V9(p, &v);
+    p->max_multi_request_size = v.maxMultiRequestSize;
+    p->has_rail_plane = 1;
+    p->rail_id = v.railId;
+    p->plane_id = v.planeId;
   }
-  nt_copy_str(p->name, sizeof(p->name), v.name);
-  nt_copy_str(p->pci_path, sizeof(p->pci_path), v.pciPath);
-  p->guid = v.guid;
-  p->ptr_support = v.ptrSupport;
-  p->reg_is_global = v.regIsGlobal;
-  p->force_flush = v.forceFlush;
-  p->speed = v.speed;
-  p->port = v.port;
-  p->latency = v.latency;
-  p->max_comms = v.maxComms;
-  p->max_recvs = v.maxRecvs;
-  p->vndevs = v.vProps.ndevs;
-  for (int i = 0; i < NCCL_NET_MAX_DEVS_PER_NIC; i++) {
-    p->vdevs[i] = v.vProps.devs[i];
-  }
-  p->max_p2p_bytes = v.maxP2pBytes;
-  p->max_coll_bytes = v.maxCollBytes;
-  p->max_multi_request_size = v.maxMultiRequestSize;
   return rc;
 }
 
@@ -247,18 +353,22 @@ void nt_props_format(const struct nt_props *p, char *buf, size_t len) {
   char vp[64] = "none";
   if (p->vndevs >= 0) {
     int o = snprintf(vp, sizeof(vp), "%d:[", p->vndevs);
-    for (int i = 0; i < p->vndevs && i < NCCL_NET_MAX_DEVS_PER_NIC; i++) {
+    for (int i = 0; i < p->vndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V12; i++) {
       o += snprintf(vp + o, sizeof(vp) - (size_t)o, "%s%d", i ? "," : "", p->vdevs[i]);
     }
     snprintf(vp + o, sizeof(vp) - (size_t)o, "]");
   }
+  char ids[64] = ""; /* v12 only */
+  if (p->has_rail_plane) {
+    snprintf(ids, sizeof(ids), " railId=%d planeId=%d", p->rail_id, p->plane_id);
+  }
   snprintf(buf, len,
            "name=%s pciPath=%s guid=0x%llx speed=%d port=%d ptrSupport=0x%x ptrs=%s regIsGlobal=%d "
            "forceFlush=%d latency=%.1f maxComms=%d maxRecvs=%d vProps=%s maxP2pBytes=%zu "
-           "maxCollBytes=%zu maxMultiRequestSize=%d",
+           "maxCollBytes=%zu maxMultiRequestSize=%d%s",
            p->name, p->pci_path, (unsigned long long)p->guid, p->speed, p->port, (unsigned)p->ptr_support,
            ptrs[0] ? ptrs + 1 : "none", p->reg_is_global, p->force_flush, (double)p->latency, p->max_comms,
-           p->max_recvs, vp, p->max_p2p_bytes, p->max_coll_bytes, p->max_multi_request_size);
+           p->max_recvs, vp, p->max_p2p_bytes, p->max_coll_bytes, p->max_multi_request_size, ids);
   for (char *c = buf; *c; c++) {
     if (*c == '\t' || *c == '\n') {
       *c = '_';
@@ -271,18 +381,20 @@ ncclResult_t nt_net_listen(struct nt_net *n, int dev, void *handle, void **lcomm
   case 8: return n->t.v8->listen(dev, handle, lcomm);
   case 9: return n->t.v9->listen(dev, handle, lcomm);
   case 10: return n->t.v10->listen(dev, handle, lcomm);
-  default: return n->t.v11->listen(n->ctx, dev, handle, lcomm);
+  case 11: return n->t.v11->listen(n->ctx, dev, handle, lcomm);
+  default: return n->t.v12->listen(n->ctx, dev, handle, lcomm);
   }
 }
 
 ncclResult_t nt_net_connect(struct nt_net *n, int dev, void *handle, void **scomm) {
   ncclNetDeviceHandle_t *dh = NULL;
-  ncclNetCommConfig_t config = {.trafficClass = -1};
+  ncclNetCommConfig_t config = {.trafficClass = n->traffic_class}; /* v10: per connect */
   switch (n->abi) {
   case 8: return n->t.v8->connect(dev, handle, scomm, &dh);
   case 9: return n->t.v9->connect(dev, handle, scomm, &dh);
   case 10: return n->t.v10->connect(dev, &config, handle, scomm, &dh);
-  default: return n->t.v11->connect(n->ctx, dev, handle, scomm, &dh);
+  case 11: return n->t.v11->connect(n->ctx, dev, handle, scomm, &dh);
+  default: return n->t.v12->connect(n->ctx, dev, handle, scomm, &dh);
   }
 }
 
@@ -302,14 +414,18 @@ ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size
   switch (n->abi) {
   case 8: return n->t.v8->isend(scomm, data, (int)size, tag, mh, req);
   case 9: return n->t.v9->isend(scomm, data, size, tag, mh, req);
-  case 10: return n->t.v10->isend(scomm, data, size, tag, mh, NULL, req);
-  default: return n->t.v11->isend(scomm, data, size, tag, mh, NULL, req);
+  case 10: return n->t.v10->isend(scomm, data, size, tag, mh, nt_prof_send_phandle, req);
+  case 11: return n->t.v11->isend(scomm, data, size, tag, mh, nt_prof_send_phandle, req);
+  default: return n->t.v12->isend(scomm, data, size, tag, mh, nt_prof_send_phandle, req);
   }
 }
 
 ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags,
                           void **mhs, void **req) {
-  void *phandles[NT_MAX_MULTI] = {0}; /* profiler handles: none */
+  void *phandles[NT_MAX_MULTI];
+  for (int i = 0; i < NT_MAX_MULTI; i++) {
+    phandles[i] = nt_prof_recv_phandle(i);
+  }
   if (n->abi == 8) {
     int isz[NT_MAX_MULTI];
     for (int i = 0; i < cnt && i < NT_MAX_MULTI; i++) {
@@ -323,7 +439,10 @@ ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, s
   if (n->abi == 10) {
     return n->t.v10->irecv(rcomm, cnt, data, sizes, tags, mhs, phandles, req);
   }
-  return n->t.v11->irecv(rcomm, cnt, data, sizes, tags, mhs, phandles, req);
+  if (n->abi == 11) {
+    return n->t.v11->irecv(rcomm, cnt, data, sizes, tags, mhs, phandles, req);
+  }
+  return n->t.v12->irecv(rcomm, cnt, data, sizes, tags, mhs, phandles, req);
 }
 
 int nt_net_has_iflush(const struct nt_net *n) {
@@ -331,7 +450,8 @@ int nt_net_has_iflush(const struct nt_net *n) {
   case 8: return n->t.v8->iflush != NULL;
   case 9: return n->t.v9->iflush != NULL;
   case 10: return n->t.v10->iflush != NULL;
-  default: return n->t.v11->iflush != NULL;
+  case 11: return n->t.v11->iflush != NULL;
+  default: return n->t.v12->iflush != NULL;
   }
 }
 
@@ -348,9 +468,16 @@ ncclResult_t nt_net_close_send(struct nt_net *n, void *c) { return NT_CALL(n, cl
 ncclResult_t nt_net_close_recv(struct nt_net *n, void *c) { return NT_CALL(n, closeRecv, c); }
 ncclResult_t nt_net_close_listen(struct nt_net *n, void *c) { return NT_CALL(n, closeListen, c); }
 
+/* With --profiler, a run whose events are not all stopped (or were malformed) fails here. */
 ncclResult_t nt_net_finalize(struct nt_net *n) {
+  ncclResult_t rc = ncclSuccess;
   if (n->abi == 11 && n->t.v11->finalize != NULL) {
-    return n->t.v11->finalize(n->ctx);
+    rc = n->t.v11->finalize(n->ctx);
+  } else if (n->abi >= 12 && n->t.v12->finalize != NULL) {
+    rc = n->t.v12->finalize(n->ctx);
   }
-  return ncclSuccess;
+  if (n->profiler && nt_prof_report() != 0 && rc == ncclSuccess) {
+    rc = ncclInternalError;
+  }
+  return rc;
 }

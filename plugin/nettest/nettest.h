@@ -1,9 +1,9 @@
 /*
- * mpib-nettest: an NCCL-like driver for a net plugin (ncclNet_v8..v11), loaded with dlopen
+ * mpib-nettest: an NCCL-like driver for a net plugin (ncclNet_v8..v12), loaded with dlopen
  * exactly as NCCL's proxy does. Two processes (server, client) exchange NCCL handles over an
  * out-of-band TCP socket the driver owns, then drive isend/irecv/test/iflush like NCCL.
  *
- * Files: main.c (options, setup, teardown), net.c (dlopen, ABI adapters, logger),
+ * Files: main.c (options, setup, teardown), net.c (dlopen, ABI adapters, logger, profiler check),
  * oob.c (TCP side channel), xfer.c (schedules, patterns, windowed transfer engine),
  * modes.c (verify, bw, lat), badinput.c (badhandle, garbage-peer).
  */
@@ -67,6 +67,7 @@ struct nt_opts {
   int traffic_class; /* --traffic-class: per-communicator traffic class, -1 = unset */
   int fork_ms;       /* --fork-every-ms: fork children this often while the mode runs */
   int abort_sender;  /* --abort-side: abort-mid-transfer aborts the sender (else the receiver) */
+  int profiler;      /* --profiler (net.c) */
 };
 
 /* ---- net.c: the plugin behind one version-independent interface ---- */
@@ -77,10 +78,15 @@ struct nt_props {
   int ptr_support, reg_is_global, force_flush, speed, port;
   float latency;
   int max_comms, max_recvs;
-  int vndevs, vdevs[NCCL_NET_MAX_DEVS_PER_NIC];
+  int vndevs, vdevs[NCCL_NET_MAX_DEVS_PER_NIC_V12];
   size_t max_p2p_bytes, max_coll_bytes;
   int max_multi_request_size;
+  int has_rail_plane, rail_id, plane_id; /* v12 */
 };
+
+#define NT_ABI_MIN 8
+#define NT_ABI_MAX 12
+#define NT_ABI_DEFAULT 11 /* what NCCL 2.28..2.29 load */
 
 struct nt_net {
   int abi;
@@ -90,9 +96,11 @@ struct nt_net {
     const ncclNet_v9_t *v9;
     const ncclNet_v10_t *v10;
     const ncclNet_v11_t *v11;
+    const ncclNet_v12_t *v12;
   } t;
-  void *ctx; /* v11 per-communicator context */
+  void *ctx; /* v11+ per-communicator context */
   int traffic_class; /* ncclNetCommConfig_t.trafficClass for init (v11+) / connect (v10); -1 = undefined */
+  int profiler;      /* --profiler: pass init a checking profiler callback (v10+) */
 };
 
 void nt_log_setup(void);

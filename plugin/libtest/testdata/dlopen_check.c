@@ -30,13 +30,20 @@ int main(int argc, char **argv) {
   const ncclNet_v9_t *v9 = dlsym(h, "ncclNetPlugin_v9");
   const ncclNet_v10_t *v10 = dlsym(h, "ncclNetPlugin_v10");
   const ncclNet_v11_t *v11 = dlsym(h, "ncclNetPlugin_v11");
-  CHECK(v8 && v9 && v10 && v11, "all of ncclNetPlugin_v8..v11 resolve");
+  const ncclNet_v12_t *v12 = dlsym(h, "ncclNetPlugin_v12");
+  CHECK(v8 && v9 && v10 && v11 && v12, "all of ncclNetPlugin_v8..v12 resolve");
   CHECK_COMMON(v8);
   CHECK_COMMON(v9);
   CHECK_COMMON(v10);
   CHECK_COMMON(v11);
-  CHECK(v9->makeVDevice == NULL && v11->makeVDevice == NULL, "makeVDevice absent (MPIB fuses itself)");
-  CHECK(v11->finalize && v11->setNetAttr, "v11 finalize and setNetAttr");
+  CHECK_COMMON(v12);
+  CHECK(v9->makeVDevice == NULL && v10->makeVDevice == NULL && v11->makeVDevice == NULL && v12->makeVDevice == NULL,
+        "makeVDevice absent (MPIB fuses itself)");
+  CHECK(v11->finalize && v11->setNetAttr && v12->finalize && v12->setNetAttr, "v11/v12 finalize and setNetAttr");
+  /* v11 is a shim over v12: everything but getProperties is the same entry point. */
+  CHECK(v11->init == v12->init && v11->isend == v12->isend && v11->irecv == v12->irecv &&
+            (void *)v11->getProperties != (void *)v12->getProperties,
+        "v11 shares v12's entry points except getProperties");
   CHECK(dlsym(h, "mpibGoInit") == NULL, "cgo exports stay hidden");
   printf("dlopen_check: ok\n");
   return 0;

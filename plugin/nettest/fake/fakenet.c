@@ -4,7 +4,7 @@
  *   - handle: bytes [0,8) magic, [8,12) IPv4 (network order), [12,14) TCP port (big-endian);
  *   - receiver-driven: irecv sends a clear-to-send record {n, tags}; isend returns NULL until
  *     the CTS of its slot arrived; the data of a slot goes out when all n isends are present;
- *   - connect rejects a handle without the magic; accept rejects a peer without the magic.
+ *   - connect rejects a handle without the magic; accept drops a peer without the magic.
  * Fault injection for driver tests (environment):
  *   FAKENET_FAIL_INIT=1      init logs a WARN and fails
  *   FAKENET_CORRUPT_MSG=N    flip one byte of the N-th message received (0-based)
@@ -212,9 +212,10 @@ static ncclResult_t fk_accept(void *lcomm, void **rcomm, ncclNetDeviceHandle_t *
   uint64_t m = 0;
   struct pollfd pf = {.fd = fd, .events = POLLIN};
   if (poll(&pf, 1, 5000) <= 0 || recv(fd, &m, 8, MSG_WAITALL) != 8 || m != FK_MAGIC) {
-    FK_WARN("accept: peer sent a bad magic 0x%llx", (unsigned long long)m);
+    /* Like MPIB: a client that never proves it is a peer is dropped, accept keeps waiting. */
+    FK_WARN("accept: dropped a TCP client that is not a peer (magic 0x%llx)", (unsigned long long)m);
     close(fd);
-    return ncclRemoteError;
+    return ncclSuccess;
   }
   *rcomm = fk_comm_new(fd);
   return ncclSuccess;

@@ -1,0 +1,92 @@
+/* ncclNetPlugin_v12 (NCCL 2.30.3+), MPIB's native table: every older table is a shim over
+ * these entry points. v12 = v11's members with an 8-entry vProps and railId/planeId. */
+#include <stdlib.h>
+
+#include "mpib_api.h"
+
+/* The per-communicator context: the control plane's context id and the communicator id. */
+struct mpib_ctx {
+  uint64_t id;
+  uint64_t comm_id;
+};
+
+ncclResult_t mpib_v12_init(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logger,
+                           ncclProfilerCallback_t prof) {
+  struct mpib_ctx *c = calloc(1, sizeof *c);
+  if (!c) return ncclSystemError;
+  ncclResult_t res = mpib_init(logger, prof, config ? config->trafficClass : MPIB_TC_UNDEF, &c->id);
+  if (res != ncclSuccess) {
+    free(c);
+    return res;
+  }
+  c->comm_id = commId;
+  *ctx = c;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_v12_finalize(void *ctx) {
+  struct mpib_ctx *c = ctx;
+  ncclResult_t res = mpib_finalize(c ? c->id : 0);
+  free(c);
+  return res;
+}
+
+/* railId and planeId stay NCCL_NET_ID_UNDEF: the fused device spans both fabrics, so no one
+ * rail or plane describes it (docs/nccl-loading.md, "v12"). */
+ncclResult_t mpib_v12_get_properties(int dev, ncclNetProperties_v12_t *props) {
+  struct mpib_props p;
+  ncclResult_t res = mpib_get_properties(dev, &p);
+  if (res != ncclSuccess) return res;
+  *props = (ncclNetProperties_v12_t){.name = p.name, .pciPath = p.pci_path, .guid = p.guid,
+                                     .ptrSupport = p.ptr_support, .regIsGlobal = 1, .forceFlush = p.force_flush,
+                                     .speed = p.speed, .port = p.port, .latency = 0,
+                                     .maxComms = p.max_comms, .maxRecvs = p.max_recvs,
+                                     .netDeviceType = NCCL_NET_DEVICE_HOST,
+                                     .maxP2pBytes = INT32_MAX, .maxCollBytes = INT32_MAX,
+                                     .maxMultiRequestSize = MPIB_MAX_RECVS,
+                                     .railId = NCCL_NET_ID_UNDEF, .planeId = NCCL_NET_ID_UNDEF};
+  props->vProps.ndevs = p.ndevs;
+  for (int i = 0; i < p.ndevs; i++) props->vProps.devs[i] = p.devs[i];
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_v12_listen(void *ctx, int dev, void *handle, void **listenComm) {
+  return mpib_listen(((struct mpib_ctx *)ctx)->id, dev, handle, listenComm);
+}
+
+/* The traffic class is the context's (init's config): v12 connect has no config. */
+ncclResult_t mpib_v12_connect(void *ctx, int dev, void *handle, void **sendComm,
+                              ncclNetDeviceHandle_t **sendDevComm) {
+  return mpib_connect(((struct mpib_ctx *)ctx)->id, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
+}
+
+ncclResult_t mpib_v12_set_net_attr(void *ctx, ncclNetAttr_v11_t *attr) {
+  (void)ctx, (void)attr; /* hints about concurrency; MPIB's policy comes from MPIB_MODE and the agent */
+  return ncclSuccess;
+}
+
+/* makeVDevice is NULL: MPIB fuses its two rails itself and reports one device. */
+__attribute__((visibility("default"))) const ncclNet_v12_t ncclNetPlugin_v12 = {
+    .name = "MPIB",
+    .init = mpib_v12_init,
+    .devices = mpib_devices,
+    .getProperties = mpib_v12_get_properties,
+    .listen = mpib_v12_listen,
+    .connect = mpib_v12_connect,
+    .accept = mpib_accept,
+    .regMr = mpib_reg_mr_v8,
+    .regMrDmaBuf = mpib_reg_mr_dmabuf,
+    .deregMr = mpib_dereg_mr_api,
+    .isend = mpib_isend,
+    .irecv = mpib_irecv,
+    .iflush = mpib_iflush,
+    .test = mpib_test,
+    .closeSend = mpib_close_send,
+    .closeRecv = mpib_close_recv,
+    .closeListen = mpib_close_listen,
+    .getDeviceMr = mpib_get_device_mr,
+    .irecvConsumed = mpib_irecv_consumed,
+    .makeVDevice = NULL,
+    .finalize = mpib_v12_finalize,
+    .setNetAttr = mpib_v12_set_net_attr,
+};
