@@ -52,11 +52,19 @@ ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm)
 ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,
                           ncclNetDeviceHandle_t **sendDevComm) {
   if (sendDevComm) *sendDevComm = NULL; /* no device offload */
+  if (mpib_pending_unfinished(handle)) { /* the common poll: no call into Go */
+    *sendComm = NULL;
+    return ncclSuccess;
+  }
   return (ncclResult_t)mpibGoConnect(ctx, dev, traffic_class, handle, sendComm);
 }
 
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm) {
   if (recvDevComm) *recvDevComm = NULL;
+  if (listenComm && __atomic_load_n(&((struct mpib_listen_comm *)listenComm)->ready, __ATOMIC_ACQUIRE) == 0) {
+    *recvComm = NULL; /* nothing finished yet: no call into Go */
+    return ncclSuccess;
+  }
   return (ncclResult_t)mpibGoAccept(listenComm, recvComm);
 }
 

@@ -40,6 +40,7 @@ type listener struct {
 	owner *netCtx
 	ln    net.Listener
 	nonce uint64
+	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: its ready count lets accept skip Go
 
 	mu      sync.Mutex
 	closed  bool
@@ -50,6 +51,7 @@ type attempt struct {
 	owner *netCtx
 	done  chan struct{}
 	res   result
+	pend  uint32 // entry in the C pending table (index + 1), 0 = none
 }
 
 func randomNonce() uint64 {
@@ -103,16 +105,16 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	l := &listener{owner: owner, ln: ln, nonce: randomNonce()}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
+	l.lc = (*C.struct_mpib_listen_comm)(C.calloc(1, C.sizeof_struct_mpib_listen_comm))
 	registry.mu.Lock()
 	id := newID()
 	registry.listeners[id] = l
 	registry.mu.Unlock()
+	l.lc.id = C.uint64_t(id)
 	owner.wg.Add(1)
 	go l.acceptLoop()
 	context.AfterFunc(owner.ctx, l.close)
-	lc := (*C.struct_mpib_listen_comm)(C.calloc(1, C.sizeof_struct_mpib_listen_comm))
-	lc.id = C.uint64_t(id)
-	*listenComm = unsafe.Pointer(lc)
+	*listenComm = unsafe.Pointer(l.lc)
 	return C.int(resSuccess)
 }
 
@@ -139,6 +141,7 @@ func (l *listener) serve(c net.Conn) {
 	l.mu.Lock()
 	if !l.closed {
 		l.pending = append(l.pending, result{comm, err})
+		C.mpib_listen_ready_add(l.lc, 1)
 		comm = nil
 	}
 	l.mu.Unlock()
@@ -156,6 +159,7 @@ func (l *listener) next() (result, bool) {
 	}
 	r := l.pending[0]
 	l.pending = l.pending[1:]
+	C.mpib_listen_ready_add(l.lc, -1)
 	return r, true
 }
 
@@ -163,9 +167,10 @@ func (l *listener) next() (result, bool) {
 // handshakes still running destroy their own comm when they find the listener closed.
 func (l *listener) close() {
 	l.mu.Lock()
-	if !l.closed {
+	if !l.closed { // the first close happens before NCCL's closeListen frees lc
 		l.closed = true
 		l.ln.Close()
+		C.mpib_listen_ready_add(l.lc, -C.int(len(l.pending)))
 	}
 	pending := l.pending
 	l.pending = nil
@@ -242,11 +247,18 @@ func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsaf
 	registry.attempts[id] = a
 	registry.mu.Unlock()
 	wire.SetAttempt(hb, id)
+	if idx1, ok := pendingAcquire(); ok {
+		a.pend = idx1
+		wire.SetPending(hb, idx1, uint32(C.mpib_pending_arm(C.uint32_t(idx1))))
+	}
 	owner.wg.Add(1)
 	go func() {
 		defer owner.wg.Done()
 		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, tc)
 		close(a.done)
+		if a.pend != 0 {
+			C.mpib_pending_finish(C.uint32_t(a.pend))
+		}
 		time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id) })
 	}()
 	return C.int(resSuccess)
@@ -269,12 +281,49 @@ func pollAttempt(id uint64, sendComm *unsafe.Pointer) C.int {
 		return C.int(resSuccess) // still in progress: NCCL calls again
 	}
 	registry.mu.Unlock()
+	pendingRelease(a.pend)
 	if a.res.err != nil {
 		warnf("connect: %v", a.res.err)
 		return C.int(resRemoteError)
 	}
 	*sendComm = unsafe.Pointer(a.res.comm)
 	return C.int(resSuccess)
+}
+
+// pendingTab hands out entries of the C table of pending connects (mpib_pending_tab).
+var pendingTab struct {
+	mu   sync.Mutex
+	free []uint32
+	next uint32
+}
+
+// pendingAcquire returns a free entry (index + 1); false when all are in use (connect then
+// polls through Go, which is correct, only slower).
+func pendingAcquire() (uint32, bool) {
+	pendingTab.mu.Lock()
+	defer pendingTab.mu.Unlock()
+	if n := len(pendingTab.free); n > 0 {
+		idx1 := pendingTab.free[n-1]
+		pendingTab.free = pendingTab.free[:n-1]
+		return idx1, true
+	}
+	if pendingTab.next < C.MPIB_PENDING_MAX {
+		pendingTab.next++
+		return pendingTab.next, true
+	}
+	return 0, false
+}
+
+// pendingRelease invalidates an entry (a stale handle naming it no longer matches) and
+// frees it.
+func pendingRelease(idx1 uint32) {
+	if idx1 == 0 {
+		return
+	}
+	C.mpib_pending_release(C.uint32_t(idx1))
+	pendingTab.mu.Lock()
+	pendingTab.free = append(pendingTab.free, idx1)
+	pendingTab.mu.Unlock()
 }
 
 // reclaimAttempt destroys a finished connection that NCCL never came back for (it abandoned
@@ -286,6 +335,9 @@ func reclaimAttempt(id uint64) {
 		delete(registry.attempts, id)
 	}
 	registry.mu.Unlock()
+	if a != nil {
+		pendingRelease(a.pend)
+	}
 	if a != nil && a.res.comm != nil {
 		infof("connect: reclaimed a connection NCCL never collected (attempt %d)", id)
 		closeComm(a.res.comm)

@@ -133,15 +133,20 @@ func reclaimOwnedBy(c *netCtx) {
 		}
 	}
 	var orphans []*C.struct_mpib_comm
+	var pends []uint32
 	for id, a := range registry.attempts {
 		if a.owner == c {
 			delete(registry.attempts, id)
+			pends = append(pends, a.pend)
 			if a.res.comm != nil {
 				orphans = append(orphans, a.res.comm)
 			}
 		}
 	}
 	registry.mu.Unlock()
+	for _, p := range pends {
+		pendingRelease(p)
+	}
 	for _, l := range ls {
 		l.close()
 	}

@@ -18,8 +18,16 @@
 #define MPIB_MAX_QPS_PER_RAIL 16
 #define MPIB_MAX_QPS (MPIB_NRAILS * MPIB_MAX_QPS_PER_RAIL)
 #define MPIB_REQ_POOL (MPIB_MAX_REQUESTS * MPIB_MAX_RECVS)
-#define MPIB_SRQ_DEPTH 256  /* receives posted per rail per recv comm */
-#define MPIB_CQ_DEPTH 1024
+/* Sized from what a connection can have in flight: at most MPIB_MAX_REQUESTS slots, each
+ * one signalled write (sender) or one receive (receiver) per rail, plus one signalled CTS
+ * per FIFO lap. */
+#define MPIB_SRQ_DEPTH (2 * MPIB_MAX_REQUESTS) /* receives posted per rail per recv comm */
+#define MPIB_SRQ_REFILL 16                      /* refill once this many were consumed */
+#define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 8)
+/* Send queue: per slot up to MPIB_MAX_RECVS writes plus the final write-with-imm (sender);
+ * one CTS write per slot (receiver). */
+#define MPIB_SEND_WR_SENDER (MPIB_MAX_REQUESTS * (MPIB_MAX_RECVS + 1) + 8)
+#define MPIB_SEND_WR_RECEIVER (MPIB_MAX_REQUESTS + 8)
 #define MPIB_NO_OVERRIDE UINT32_MAX
 #define MPIB_PAGE 4096
 #define MPIB_CTS_BYTES (sizeof(mpib_cts_row) * MPIB_MAX_REQUESTS)
@@ -60,6 +68,7 @@ struct mpib_global {
   int fifo_tc;              /* NCCL_IB_FIFO_TC: class of the receiver's CTS writes, -1 = the connection's */
   int use_inline;           /* NCCL_IB_USE_INLINE: CTS and size records sent inline */
   int ece_enable;           /* NCCL_IB_ECE_ENABLE */
+  uint64_t whole_msg_max;   /* MPIB_WHOLE_MSG_MAX */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
   /* Properties reported to NCCL. */
@@ -184,6 +193,17 @@ struct mpib_comm {
   uint32_t max_inline;   /* bytes a CTS write may carry inline (0: never) */
 
   uint64_t cts_torn_since_ns; /* sender: when a CTS with our sequence but a bad checksum appeared */
+  /* Sender: each slot's CTS elements, copied out of the FIFO and checked once. */
+  struct mpib_cts cts_snap[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
+  uint64_t cts_snap_seq[MPIB_MAX_REQUESTS];
+
+  uint32_t pending[MPIB_NRAILS]; /* signalled sends not yet completed, per rail */
+  int recvs_open;                /* receiver: irecvs not yet completed */
+  uint64_t whole_msg_max;        /* slots of at most this many bytes go whole to one rail */
+  int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
+  uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */
+  uint64_t tele_bytes[MPIB_NRAILS];
+  uint32_t tele_slots;           /* telemetry batched since the last flush */
 
   int shm_slot; /* agent segment slot, -1 when none */
   int req_cursor;
@@ -193,7 +213,26 @@ struct mpib_comm {
 /* Listen comm: an id into the Go control plane's table of listeners. */
 struct mpib_listen_comm {
   uint64_t id;
+  int ready; /* finished handshakes waiting for accept (written by Go, read by accept in C) */
 };
+
+/* Connect attempts in flight. NCCL polls connect() in its proxy thread, which also drives
+ * every other connection's transfers: a poll that finds the handshake unfinished must cost
+ * nanoseconds, so it reads this table in C and calls into Go only once the handshake ended.
+ * The handle NCCL keeps between polls names an entry by index + 1 and generation (a stale or
+ * forged handle fails the generation check and goes to Go, which refuses it). */
+#define MPIB_PENDING_MAX 65536
+struct mpib_pending {
+  uint32_t gen;
+  int done;
+};
+extern struct mpib_pending mpib_pending_tab[MPIB_PENDING_MAX];
+/* Whether the handle names a live attempt that has not finished (0: ask the control plane). */
+int mpib_pending_unfinished(const void *handle);
+uint32_t mpib_pending_arm(uint32_t idx1);
+void mpib_pending_finish(uint32_t idx1);
+void mpib_pending_release(uint32_t idx1);
+void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta);
 
 /* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
 int mpib_dev_open(int rail, const char *name, int port, int pkey);
@@ -232,5 +271,6 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 int mpib_srq_refill(struct mpib_comm *c, int rail);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
+void mpib_telemetry_flush(struct mpib_comm *c);
 
 #endif

@@ -69,16 +69,43 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
+/* Advanced mode reads the agent's hint (a clock read and a seqlock) once every
+ * MPIB_HINT_REFRESH slots per comm, not per message: a hint takes effect within that many
+ * messages. A comm also posts its telemetry to the segment in batches of that many slots
+ * (mpib_telemetry_flush), so the segment's shared cache lines are written that much less. */
+#define MPIB_HINT_REFRESH 16
+
+static uint32_t cached_hint(struct mpib_comm *c) {
+  if (c->hint_uses++ % MPIB_HINT_REFRESH == 0) {
+    mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+    uint32_t bw;
+    if (shm && mpib_shm_read_hint(shm, (uint32_t)c->shm_slot, mpib_g.agent_stale_ns, &bw) == 1) {
+      c->hint_bw = bw;
+    } else {
+      c->hint_bw = mpib_vanilla_sup_bw(c->path_class); /* no agent, stale agent or bad segment */
+    }
+  }
+  return c->hint_bw;
+}
+
+void mpib_telemetry_flush(struct mpib_comm *c) {
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (shm && c->shm_slot >= 0 && c->tele_bytes[rail])
+      mpib_shm_add_telemetry(shm, (uint32_t)c->shm_slot, rail, c->tele_bytes[rail]);
+    c->tele_bytes[rail] = 0;
+  }
+  c->tele_slots = 0;
+}
+
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
  * Order: test override, agent hint (advanced mode, fresh agent), vanilla; then the guard. */
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   uint32_t bw;
-  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
   if (c->force_sup_bw != MPIB_NO_OVERRIDE) {
     bw = c->force_sup_bw;
-  } else if (c->mode == MPIB_MODE_ADVANCED && shm && c->shm_slot >= 0 &&
-             mpib_shm_read_hint(shm, (uint32_t)c->shm_slot, mpib_g.agent_stale_ns, &bw) == 1) {
-    /* bw holds the agent's hint */
+  } else if (c->mode == MPIB_MODE_ADVANCED && c->shm_slot >= 0) {
+    bw = cached_hint(c);
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
@@ -87,89 +114,112 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
 
-/* Post the slot's matched sends on every active rail. */
-static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
-  volatile struct mpib_cts *cts = c->cts[slot];
+/* How a slot's requests are spread over the rails. */
+struct slot_plan {
+  size_t sout[MPIB_MAX_RECVS]; /* bytes of each request on SOUT; SUP carries the rest */
+  uint32_t mask;               /* rails carrying something (at least one) */
+  int leader;                  /* the rail whose final write carries the size records */
+  int size_in_imm;
+  uint32_t imm;
+};
+
+/* Decides the slot's split: whole to one rail when the slot's bytes are at most
+ * whole_msg_max (deficit-counted, see mpib_whole_message_rail), else cut by the weight. */
+static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
   int nreqs = c->slot_matched[slot];
   struct mpib_request **reqs = c->slot_reqs[slot];
   uint32_t sup_bw = mpib_policy_sup_bw(c);
-  size_t sout[MPIB_MAX_RECVS];
-  uint32_t mask = 0;
-  uint64_t rail_bytes[MPIB_NRAILS] = {0, 0};
+  uint64_t total = 0;
+  for (int r = 0; r < nreqs; r++) total += reqs[r]->size;
+  int whole = total <= c->whole_msg_max ? mpib_whole_message_rail(total, sup_bw, &c->sup_owed) : -1;
+  p->mask = 0;
   for (int r = 0; r < nreqs; r++) {
-    sout[r] = mpib_split_sout_bytes(reqs[r]->size, sup_bw);
-    if (sout[r] > 0) mask |= 1u << MPIB_RAIL_SOUT;
-    if (reqs[r]->size > sout[r]) mask |= 1u << MPIB_RAIL_SUP;
-    c->sizes[slot][r] = (int32_t)reqs[r]->size;
-    rail_bytes[MPIB_RAIL_SOUT] += sout[r];
-    rail_bytes[MPIB_RAIL_SUP] += reqs[r]->size - sout[r];
+    size_t size = reqs[r]->size;
+    p->sout[r] = whole < 0 ? mpib_split_sout_bytes(size, sup_bw) : whole == MPIB_RAIL_SOUT ? size : 0;
+    if (p->sout[r] > 0) p->mask |= 1u << MPIB_RAIL_SOUT;
+    if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
+    c->sizes[slot][r] = (int32_t)size;
+    c->tele_bytes[MPIB_RAIL_SOUT] += p->sout[r];
+    c->tele_bytes[MPIB_RAIL_SUP] += size - p->sout[r];
   }
-  if (mask == 0) mask = 1u << (sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
-  int leader = (mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+  if (p->mask == 0) p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
+  p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
    * write (its data with the immediate), the common latency-bound case. */
-  int size_in_imm = nreqs == 1 && reqs[0]->size <= MPIB_IMM_MAX_SIZE;
-  uint32_t imm = mpib_imm_encode((uint32_t)slot, mask, reqs[0]->seq,
-                                 size_in_imm ? (uint32_t)reqs[0]->size : MPIB_IMM_NO_SIZE);
+  p->size_in_imm = nreqs == 1 && reqs[0]->size <= MPIB_IMM_MAX_SIZE;
+  p->imm = mpib_imm_encode((uint32_t)slot, p->mask, reqs[0]->seq,
+                           p->size_in_imm ? (uint32_t)reqs[0]->size : MPIB_IMM_NO_SIZE);
+}
 
+/* Posts one rail's chain for a slot: a write per request part, the last one (or a final
+ * write carrying the size records) with the immediate and signalled. */
+static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
+  int nreqs = c->slot_matched[slot];
+  struct mpib_request **reqs = c->slot_reqs[slot];
+  const struct mpib_cts *cts = c->cts_snap[slot];
+  int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  if (qi < 0 || c->qps[qi].qp == NULL) {
+    MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
+    return ncclInternalError;
+  }
+  struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
+  struct ibv_sge sges[MPIB_MAX_RECVS + 1];
+  int nwr = 0;
+  for (int r = 0; r < nreqs; r++) {
+    size_t off = rail == MPIB_RAIL_SOUT ? 0 : p->sout[r];
+    size_t len = rail == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
+    if (len == 0) continue;
+    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
+                                 .lkey = reqs[r]->mh->mr[rail]->lkey};
+    wrs[nwr] = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .sg_list = &sges[nwr], .num_sge = 1,
+                                    .opcode = IBV_WR_RDMA_WRITE};
+    wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
+    wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
+    nwr++;
+  }
+  struct ibv_send_wr *last;
+  if (p->size_in_imm && nwr == 1) {
+    last = &wrs[0]; /* the data write itself carries the immediate */
+  } else {
+    last = &wrs[nwr];
+    *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot};
+    last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
+    last->wr.rdma.rkey = c->rem_rkey[rail];
+    if (rail == p->leader && !p->size_in_imm) {
+      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                   .lkey = c->sizes_mr[rail]->lkey};
+      last->sg_list = &sges[nwr];
+      last->num_sge = 1;
+      if (sges[nwr].length <= c->max_inline) last->send_flags = IBV_SEND_INLINE;
+    }
+    nwr++;
+  }
+  last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  last->send_flags |= IBV_SEND_SIGNALED;
+  last->imm_data = p->imm;
+  for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
+  if (mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
+  if (rc) {
+    MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
+    return ncclSystemError;
+  }
+  c->slot_rails[slot] |= 1u << rail;
+  c->pending[rail]++;
+  return ncclSuccess;
+}
+
+/* Post the slot's matched sends on every active rail. */
+static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
+  struct slot_plan plan;
+  plan_slot(c, slot, &plan);
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!(mask & (1u << rail))) continue;
-    int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-    if (qi < 0 || c->qps[qi].qp == NULL) {
-      MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
-      return ncclInternalError;
-    }
-    struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
-    struct ibv_sge sges[MPIB_MAX_RECVS + 1];
-    int nwr = 0;
-    for (int r = 0; r < nreqs; r++) {
-      size_t off = rail == MPIB_RAIL_SOUT ? 0 : sout[r];
-      size_t len = rail == MPIB_RAIL_SOUT ? sout[r] : reqs[r]->size - sout[r];
-      if (len == 0) continue;
-      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
-                                   .lkey = reqs[r]->mh->mr[rail]->lkey};
-      wrs[nwr] = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .sg_list = &sges[nwr], .num_sge = 1,
-                                      .opcode = IBV_WR_RDMA_WRITE};
-      wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
-      wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
-      nwr++;
-    }
-    struct ibv_send_wr *last;
-    if (size_in_imm && nwr == 1) {
-      last = &wrs[0]; /* the data write itself carries the immediate */
-    } else {
-      last = &wrs[nwr];
-      *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot};
-      last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
-      last->wr.rdma.rkey = c->rem_rkey[rail];
-      if (rail == leader && !size_in_imm) {
-        sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
-                                     .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                     .lkey = c->sizes_mr[rail]->lkey};
-        last->sg_list = &sges[nwr];
-        last->num_sge = 1;
-      }
-      nwr++;
-    }
-    last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    last->send_flags = IBV_SEND_SIGNALED;
-    last->imm_data = imm;
-    for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
-    if (mpib_profiling()) mpib_prof_send_posting(c, slot, rail, mask, sout);
-    struct ibv_send_wr *bad = NULL;
-    int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
-    if (rc) {
-      MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
-      return ncclSystemError;
-    }
-    c->slot_rails[slot] |= 1u << rail;
+    if (!(plan.mask & (1u << rail))) continue;
+    ncclResult_t res = post_rail(c, slot, rail, &plan);
+    if (res != ncclSuccess) return res;
   }
-  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
-  if (shm && c->shm_slot >= 0) {
-    for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-      if (mask & (1u << rail)) mpib_shm_add_telemetry(shm, (uint32_t)c->shm_slot, rail, rail_bytes[rail]);
-    }
-  }
+  if (++c->tele_slots >= MPIB_HINT_REFRESH) mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -189,28 +239,41 @@ static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
   return ncclSuccess;
 }
 
+/* Copies a slot's CTS elements out of the FIFO once they have all landed intact; until then
+ * leaves cts_snap_seq[slot] behind and NCCL calls isend again. */
+static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
+  volatile struct mpib_cts *fifo = c->cts[slot];
+  struct mpib_cts *snap = c->cts_snap[slot];
+  if (fifo[0].seq != want) return comm_health(c); /* no CTS yet: NCCL retries */
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  mpib_cts_snapshot(&fifo[0], &snap[0]);
+  if (!mpib_cts_landed(&snap[0], want)) return cts_still_landing(c, slot);
+  uint32_t nreqs = snap[0].nreqs;
+  if (nreqs < 1 || nreqs > MPIB_MAX_RECVS) {
+    MPIB_WARN("peer sent a CTS with %u grouped receives (max %d)", nreqs, MPIB_MAX_RECVS);
+    return ncclRemoteError;
+  }
+  for (uint32_t r = 1; r < nreqs; r++) {
+    mpib_cts_snapshot(&fifo[r], &snap[r]);
+    if (!mpib_cts_landed(&snap[r], want)) return cts_still_landing(c, slot);
+  }
+  c->cts_torn_since_ns = 0;
+  c->cts_snap_seq[slot] = want;
+  return ncclSuccess;
+}
+
 ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request) {
   struct mpib_comm *c = sendComm;
   *request = NULL;
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   uint64_t want = c->fifo_head + 1;
-  volatile struct mpib_cts *fifo = c->cts[slot];
-  if (fifo[0].seq != want) return comm_health(c); /* no CTS yet: NCCL retries */
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  struct mpib_cts cts[MPIB_MAX_RECVS];
-  mpib_cts_snapshot(&fifo[0], &cts[0]);
-  if (!mpib_cts_landed(&cts[0], want)) return cts_still_landing(c, slot);
+  if (c->cts_snap_seq[slot] != want) { /* the slot's CTS is read and checked once */
+    ncclResult_t res = snapshot_cts(c, slot, want);
+    if (res != ncclSuccess || c->cts_snap_seq[slot] != want) return res;
+  }
+  const struct mpib_cts *cts = c->cts_snap[slot];
   uint32_t nreqs = cts[0].nreqs;
-  if (nreqs < 1 || nreqs > MPIB_MAX_RECVS) {
-    MPIB_WARN("peer sent a CTS with %u grouped receives (max %d)", nreqs, MPIB_MAX_RECVS);
-    return ncclRemoteError;
-  }
-  for (uint32_t r = 1; r < nreqs; r++) {
-    mpib_cts_snapshot(&fifo[r], &cts[r]);
-    if (!mpib_cts_landed(&cts[r], want)) return cts_still_landing(c, slot);
-  }
-  c->cts_torn_since_ns = 0;
   int match = -1;
   for (uint32_t r = 0; r < nreqs; r++) {
     if (cts[r].tag == tag && c->slot_reqs[slot][r] == NULL) {
@@ -251,17 +314,23 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   return ncclSuccess;
 }
 
+/* Keeps the rail's SRQ full, posting the missing receives as one chain (one call). At most
+ * MPIB_MAX_REQUESTS slots are in flight, each consuming one receive per rail, so refilling
+ * once MPIB_SRQ_REFILL are gone keeps MPIB_SRQ_DEPTH - MPIB_SRQ_REFILL > MPIB_MAX_REQUESTS
+ * posted: the sender never meets an empty queue (RNR). */
 int mpib_srq_refill(struct mpib_comm *c, int rail) {
-  if (c->srq_posted[rail] >= MPIB_SRQ_DEPTH / 2) return 0;
-  while (c->srq_posted[rail] < MPIB_SRQ_DEPTH) {
-    struct ibv_recv_wr wr = {.wr_id = (uint64_t)rail, .num_sge = 0};
-    struct ibv_recv_wr *bad = NULL;
-    int rc = ibv_post_srq_recv(c->srq[rail], &wr, &bad);
-    if (rc) {
-      MPIB_WARN("%s rail: ibv_post_srq_recv failed: %s", rail_name(rail), strerror(rc));
-      return -rc;
-    }
-    c->srq_posted[rail]++;
+  int missing = MPIB_SRQ_DEPTH - c->srq_posted[rail];
+  if (missing < MPIB_SRQ_REFILL) return 0;
+  struct ibv_recv_wr wrs[MPIB_SRQ_DEPTH];
+  for (int i = 0; i < missing; i++) {
+    wrs[i] = (struct ibv_recv_wr){.wr_id = (uint64_t)rail, .num_sge = 0, .next = i + 1 < missing ? &wrs[i + 1] : NULL};
+  }
+  struct ibv_recv_wr *bad = NULL;
+  int rc = ibv_post_srq_recv(c->srq[rail], &wrs[0], &bad);
+  for (struct ibv_recv_wr *w = &wrs[0]; w != NULL && w != bad; w = w->next) c->srq_posted[rail]++;
+  if (rc) {
+    MPIB_WARN("%s rail: ibv_post_srq_recv failed: %s", rail_name(rail), strerror(rc));
+    return -rc;
   }
   return 0;
 }
@@ -318,6 +387,8 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   }
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
+  c->recvs_open++;
+  if (slot == 0) c->pending[rail]++;
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
@@ -420,29 +491,41 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   }
   req->done = 1;
   c->slot_reqs[slot][0] = NULL;
+  c->recvs_open--;
   return ncclSuccess;
 }
 
-/* Drain every completion queue of the comm once. */
+/* Whether a rail can have completions to deliver: signalled sends outstanding, or (receiver)
+ * receives posted that the peer's writes can complete. An idle rail costs no poll. */
+static int rail_busy(const struct mpib_comm *c, int rail) {
+  return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0);
+}
+
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  if (wc->status != IBV_WC_SUCCESS) return completion_error(c, rail, wc);
+  if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) return on_recv_completion(c, rail, wc);
+  c->pending[rail]--;
+  if (c->is_send) return on_send_completion(c, rail, wc);
+  return ncclSuccess; /* a signalled CTS write */
+}
+
+/* Drains the completion queues of the rails that have work, each while it yields. */
 static ncclResult_t progress(struct mpib_comm *c) {
   struct ibv_wc wcs[16];
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->cq[rail]) continue;
-    int n = ibv_poll_cq(c->cq[rail], 16, wcs);
-    if (n < 0) {
-      MPIB_WARN("%s rail: ibv_poll_cq failed", rail_name(rail));
-      return ncclSystemError;
-    }
-    for (int i = 0; i < n; i++) {
-      if (wcs[i].status != IBV_WC_SUCCESS) return completion_error(c, rail, &wcs[i]);
-      ncclResult_t res = ncclSuccess;
-      if (wcs[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        res = on_recv_completion(c, rail, &wcs[i]);
-      } else if (c->is_send) {
-        res = on_send_completion(c, rail, &wcs[i]);
-      } /* else: a signalled CTS write, nothing to do */
-      if (res != ncclSuccess) return res;
-    }
+    if (!c->cq[rail] || !rail_busy(c, rail)) continue;
+    int n;
+    do {
+      n = ibv_poll_cq(c->cq[rail], 16, wcs);
+      if (n < 0) {
+        MPIB_WARN("%s rail: ibv_poll_cq failed", rail_name(rail));
+        return ncclSystemError;
+      }
+      for (int i = 0; i < n; i++) {
+        ncclResult_t res = handle_completion(c, rail, &wcs[i]);
+        if (res != ncclSuccess) return res;
+      }
+    } while (n == 16);
     if (c->srq[rail] && mpib_srq_refill(c, rail)) return ncclSystemError;
   }
   return ncclSuccess;

@@ -70,6 +70,28 @@ static inline size_t mpib_split_sout_bytes(size_t size, uint32_t sup_bw) {
   return sout > size ? size : sout;
 }
 
+/* Whole-message mode: a slot whose bytes are at most the threshold (MPIB_WHOLE_MSG_MAX) goes
+ * whole to ONE rail instead of being cut in two: one WQE, one CQE, one SRQ receive and one
+ * doorbell instead of two each, and no waiting for the slower rail. The rail comes from a
+ * deficit counter so that the long-run byte share still equals the weight: *sup_owed is what
+ * SUP is owed in bytes x 1024 (its exact share of everything sent so far minus what it
+ * carried, kept scaled so that no fraction is lost); SUP takes a message when it is owed at
+ * least half of it. |*sup_owed| stays below the largest message (x 1024), so over N bytes the
+ * share is off by at most max_size / N. A zero-byte message goes to the rail the weight
+ * favours. */
+static inline int mpib_whole_message_rail(uint64_t bytes, uint32_t sup_bw, int64_t *sup_owed) {
+  if (sup_bw == 0) return MPIB_RAIL_SOUT;
+  if (sup_bw >= MPIB_SUP_BW_MAX) return MPIB_RAIL_SUP;
+  if (bytes == 0) return sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT;
+  int64_t whole = (int64_t)(bytes * MPIB_SUP_BW_MAX);
+  *sup_owed += (int64_t)(bytes * sup_bw);
+  if (2 * *sup_owed >= whole) {
+    *sup_owed -= whole;
+    return MPIB_RAIL_SUP;
+  }
+  return MPIB_RAIL_SOUT;
+}
+
 /* Index into the contiguous QP array [SOUT_0..SOUT_{n-1}, SUP_0..SUP_{m-1}] for request `seq`
  * on `rail`: round-robin within the rail's pool. Returns -1 when the rail has no QPs. */
 static inline int mpib_qp_index(int rail, uint64_t seq, uint32_t nqps_sout, uint32_t nqps_sup) {

@@ -12,6 +12,30 @@
 #include "mpib_verbs.h"
 
 struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
+struct mpib_pending mpib_pending_tab[MPIB_PENDING_MAX];
+
+/* The control plane's side of the pending table (one writer per entry at a time). */
+uint32_t mpib_pending_arm(uint32_t idx1) {
+  struct mpib_pending *p = &mpib_pending_tab[idx1 - 1];
+  __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
+  return __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
+}
+void mpib_pending_finish(uint32_t idx1) { __atomic_store_n(&mpib_pending_tab[idx1 - 1].done, 1, __ATOMIC_RELEASE); }
+void mpib_pending_release(uint32_t idx1) { __atomic_add_fetch(&mpib_pending_tab[idx1 - 1].gen, 1, __ATOMIC_RELEASE); }
+void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta) {
+  __atomic_add_fetch(&lc->ready, delta, __ATOMIC_RELEASE);
+}
+
+/* Handle bytes 32..39: the pending entry (index + 1, generation), written by the control plane
+ * (plugin/internal/wire SetPending). */
+int mpib_pending_unfinished(const void *handle) {
+  uint32_t idx1, gen;
+  memcpy(&idx1, (const uint8_t *)handle + 32, 4);
+  memcpy(&gen, (const uint8_t *)handle + 36, 4);
+  if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
+  struct mpib_pending *p = &mpib_pending_tab[idx1 - 1];
+  return __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) == gen && !__atomic_load_n(&p->done, __ATOMIC_ACQUIRE);
+}
 
 void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
 
@@ -263,8 +287,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     int rc = mpib_srq_refill(c, rail);
     if (rc) return rc;
   }
-  /* A send QP holds, per slot, up to MPIB_MAX_RECVS writes plus the final write-with-imm. */
-  int send_wr = MPIB_MAX_REQUESTS * (MPIB_MAX_RECVS + 1) + 8;
+  int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr);
@@ -309,6 +332,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->shm_slot = -1;
   c->tc = (uint8_t)p->tc;
   c->sl = mpib_g.ib_sl;
+  c->whole_msg_max = mpib_g.whole_msg_max;
   if (!c->cts || !c->sizes || !c->flush_buf) {
     mpib_comm_destroy(c);
     return NULL;
@@ -416,7 +440,10 @@ void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
 
 void mpib_comm_destroy(struct mpib_comm *c) {
   if (!c) return;
-  if (c->shm_slot >= 0 && mpib_g.shm) mpib_shm_release((mpib_shm *)mpib_g.shm, (uint32_t)c->shm_slot);
+  if (c->shm_slot >= 0 && mpib_g.shm) {
+    mpib_telemetry_flush(c);
+    mpib_shm_release((mpib_shm *)mpib_g.shm, (uint32_t)c->shm_slot);
+  }
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
   free(c->cts);

@@ -135,6 +135,7 @@ func applyConfig(cfg config.Config) {
 	g.fifo_tc = C.int(cfg.FifoTC)
 	g.use_inline = boolInt(cfg.UseInline)
 	g.ece_enable = boolInt(cfg.ECE)
+	g.whole_msg_max = C.uint64_t(cfg.WholeMsgMax)
 	g.agent_stale_ns = C.uint64_t(cfg.AgentStaleMS) * 1000000
 }
 

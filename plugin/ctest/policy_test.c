@@ -195,7 +195,46 @@ static void test_build_ah(void) {
   }
 }
 
+/* Whole-message mode keeps the weight's byte share within 1 % over a stream of messages. */
+static void test_whole_message(void) {
+  static const uint32_t weights[] = {1, 100, 300, 512, 700, 1000, 1023};
+  static const uint64_t sizes[] = {8, 4096, 65536, 4000};
+  for (size_t w = 0; w < sizeof weights / sizeof weights[0]; w++) {
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+      int64_t owed = 0;
+      uint64_t sup = 0, total = 0, rng = 12345;
+      for (int i = 0; i < 20000; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t b = sizes[z] == 4000 ? 1 + (rng >> 33) % 8000 : sizes[z]; /* 4000: random 1..8000 */
+        if (mpib_whole_message_rail(b, weights[w], &owed) == MPIB_RAIL_SUP) sup += b;
+        total += b;
+      }
+      double share = (double)sup / (double)total, want = weights[w] / 1024.0;
+      char what[96];
+      snprintf(what, sizeof what, "whole-message share weight %u size %llu within 1%%", weights[w],
+               (unsigned long long)sizes[z]);
+      EXPECT_EQ(what, share > want - 0.01 && share < want + 0.01, 1);
+      snprintf(what, sizeof what, "whole-message deficit bounded (weight %u)", weights[w]);
+      int64_t bound = (int64_t)(sizes[z] == 4000 ? 8000 : sizes[z]) * 1024;
+      EXPECT_EQ(what, owed >= -bound && owed <= bound, 1);
+    }
+  }
+  int64_t owed = 0;
+  EXPECT_EQ("weight 0 -> SOUT", mpib_whole_message_rail(4096, 0, &owed), MPIB_RAIL_SOUT);
+  EXPECT_EQ("weight 1024 -> SUP", mpib_whole_message_rail(4096, 1024, &owed), MPIB_RAIL_SUP);
+  EXPECT_EQ("weight >1024 -> SUP", mpib_whole_message_rail(4096, 5000, &owed), MPIB_RAIL_SUP);
+  EXPECT_EQ("zero bytes at 600 -> SUP", mpib_whole_message_rail(0, 600, &owed), MPIB_RAIL_SUP);
+  EXPECT_EQ("zero bytes at 400 -> SOUT", mpib_whole_message_rail(0, 400, &owed), MPIB_RAIL_SOUT);
+  EXPECT_EQ("pure rails leave the counter alone", owed, 0);
+  /* At 512 with equal sizes the rails alternate, SUP first (owed exactly half a message). */
+  owed = 0;
+  int seq[4];
+  for (int i = 0; i < 4; i++) seq[i] = mpib_whole_message_rail(4096, 512, &owed);
+  EXPECT_EQ("512 alternates", seq[0] * 1000 + seq[1] * 100 + seq[2] * 10 + seq[3], 1010);
+}
+
 int main(void) {
+  test_whole_message();
   test_flush_needed();
   test_build_ah();
   test_split();

@@ -42,6 +42,7 @@ var Knobs = []Knob{
 	{"MPIB_RELAXED_ORDERING", "(unset)", "1 = register memory with relaxed ordering, 0 = strict; wins over NCCL_IB_PCI_RELAXED_ORDERING"},
 	{"MPIB_FORCE_FLUSH", "0", "1 = build the loopback flush QPs and flush even without GPUDirect (testing)"},
 	{"MPIB_HANDSHAKE_TIMEOUT_MS", "120000", "deadline for one connection's TCP handshake"},
+	{"MPIB_WHOLE_MSG_MAX", "65536", "a receive slot of at most this many bytes goes whole to one rail (a deficit counter keeps the byte share at the weight); larger ones are cut by the weight; 0 = always cut"},
 	{"NCCL_IB_TIMEOUT", "20", "as in net_ib, when MPIB_IB_TIMEOUT is unset"},
 	{"NCCL_IB_RETRY_CNT", "7", "as in net_ib, when MPIB_IB_RETRY_CNT is unset"},
 	{"NCCL_IB_TC", "(unset)", "as in net_ib: traffic class when MPIB_IB_TC is unset; wins over the per-communicator class; else 0"},
@@ -54,7 +55,7 @@ var Knobs = []Knob{
 	{"NCCL_IB_PKEY", "0", "as in net_ib: P_Key index of every QP"},
 	{"NCCL_IB_PCI_RELAXED_ORDERING", "2", "as in net_ib: 0 = strict ordering, 1 or 2 = relaxed ordering where libibverbs supports it"},
 	{"NCCL_IB_ECE_ENABLE", "1", "as in net_ib: negotiate Enhanced Connection Establishment when both ends support it"},
-	{"NCCL_IB_USE_INLINE", "0", "as in net_ib: 1 = send the CTS inline"},
+	{"NCCL_IB_USE_INLINE", "1", "1 = send the CTS and size records inline (net_ib's default is 0; MPIB saves the NIC a DMA read per CTS); 0 = never"},
 	{"NCCL_GDR_FLUSH_DISABLE", "0", "as in net_ib: 1 = never flush receives into GPU memory (unsafe before sm90)"},
 }
 
@@ -88,6 +89,7 @@ type Config struct {
 	PKeyIndex          int
 	ECE                bool
 	UseInline          bool
+	WholeMsgMax        int
 	GDRFlushDisable    bool
 }
 
@@ -123,7 +125,8 @@ func Parse(getenv func(string) string) (Config, error) {
 		HandshakeTimeoutMS: p.int("MPIB_HANDSHAKE_TIMEOUT_MS", 120000, 100, 3600000),
 		PKeyIndex:          p.int("NCCL_IB_PKEY", 0, 0, 65535),
 		ECE:                p.int("NCCL_IB_ECE_ENABLE", 1, 0, 1) == 1,
-		UseInline:          p.int("NCCL_IB_USE_INLINE", 0, 0, 1) == 1,
+		UseInline:          p.int("NCCL_IB_USE_INLINE", 1, 0, 1) == 1,
+		WholeMsgMax:        p.int("MPIB_WHOLE_MSG_MAX", 65536, 0, 1<<30),
 		GDRFlushDisable:    p.int("NCCL_GDR_FLUSH_DISABLE", 0, 0, 1) == 1,
 		GID:                p.gidPolicy(),
 	}

@@ -27,7 +27,7 @@ func TestParseDefaults(t *testing.T) {
 		Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, OOBInterface: "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: "/dev/shm/mpib-hints",
 		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 7, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
-		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2},
+		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -95,7 +95,7 @@ func TestNCCLKnobPrecedence(t *testing.T) {
 		{"MPIB_RELAXED_ORDERING wins", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0", "MPIB_RELAXED_ORDERING", "1"}, func(c Config) any { return c.RelaxedOrdering }, true},
 		{"pkey index", []string{"NCCL_IB_PKEY", "2"}, func(c Config) any { return c.PKeyIndex }, 2},
 		{"ECE off", []string{"NCCL_IB_ECE_ENABLE", "0"}, func(c Config) any { return c.ECE }, false},
-		{"inline", []string{"NCCL_IB_USE_INLINE", "1"}, func(c Config) any { return c.UseInline }, true},
+		{"inline off", []string{"NCCL_IB_USE_INLINE", "0"}, func(c Config) any { return c.UseInline }, false},
 		{"flush disable", []string{"NCCL_GDR_FLUSH_DISABLE", "1"}, func(c Config) any { return c.GDRFlushDisable }, true},
 		{"RoCE v1", []string{"NCCL_IB_ROCE_VERSION_NUM", "1"}, func(c Config) any { return c.GID.RoCEVersion }, 1},
 		{"IPv6 family and range", []string{"NCCL_IB_ADDR_FAMILY", "AF_INET6", "NCCL_IB_ADDR_RANGE", "fd00::1/64"},

@@ -27,12 +27,15 @@ const (
 	railSize      = 16 + 4 + 4 + 4 + 16 + 4*MaxQPsPerRail
 	MetadataSize  = 28 + Rails*railSize
 	attemptOffset = 24
+	pendingOffset = 32
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
 )
 
 // Handle is what listen() gives NCCL and NCCL gives the peer's connect().
 // Layout: magic u32 | version u16 | reserved u16 | IPv4 [4] (network order) |
-// port u16 big-endian | reserved u16 | listener nonce u64 | connect attempt u64 | zeros.
+// port u16 big-endian | reserved u16 | listener nonce u64 | connect attempt u64 |
+// pending entry u32 + generation u32 | zeros. The last two are the connecting side's own
+// bookkeeping in NCCL's buffer between connect calls; a listener writes them as zero.
 type Handle struct {
 	Addr  netip.AddrPort
 	Nonce uint64
@@ -72,6 +75,13 @@ func DecodeHandle(b []byte) (Handle, error) {
 // handle buffer between its non-blocking calls (as net_ib keeps its stage there).
 func Attempt(b []byte) uint64        { return binary.LittleEndian.Uint64(b[attemptOffset:]) }
 func SetAttempt(b []byte, id uint64) { binary.LittleEndian.PutUint64(b[attemptOffset:], id) }
+
+// SetPending writes the connect attempt's entry in the plugin's C table of pending attempts
+// (index + 1 and generation, bytes 32..39), which connect() polls without calling into Go.
+func SetPending(b []byte, index1, gen uint32) {
+	binary.LittleEndian.PutUint32(b[pendingOffset:], index1)
+	binary.LittleEndian.PutUint32(b[pendingOffset+4:], gen)
+}
 
 // EncodeHello is the first message of the connecting side: it names the listener it expects.
 func EncodeHello(nonce uint64) []byte {
