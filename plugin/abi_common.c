@@ -37,7 +37,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->force_flush = mpib_g.prop_force_flush;
   p->speed = dev == 0 ? mpib_g.dev[0].speed_mbps + mpib_g.dev[1].speed_mbps : mpib_g.dev[1].speed_mbps;
   p->port = mpib_g.dev[dev].port;
-  p->max_comms = 65536;
+  p->max_comms = mpib_g.prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;
   p->ndevs = dev == 0 ? MPIB_NRAILS : 1;
   p->devs[0] = dev;

@@ -477,8 +477,22 @@ func connParams(isSend bool, path topo.PathClass, trafficClass int) (C.struct_mp
 
 var railNames = [2]string{"SOUT", "SUP"}
 
-// chooseGID reads a rail's GID table and picks the GID for a new connection (net_ib's rule).
-func chooseGID(rail, configured int) (int, netip.Addr, error) {
+// gidTables caches each rail's GID table for gidTableTTL: a burst of connects (all-to-all at
+// job start) reads it once, and an address change is still seen within a second.
+var gidTables struct {
+	mu    sync.Mutex
+	at    [2]time.Time
+	table [2][]gid.Entry
+}
+
+const gidTableTTL = time.Second
+
+func readGIDTable(rail int) []gid.Entry {
+	gidTables.mu.Lock()
+	defer gidTables.mu.Unlock()
+	if t := gidTables.table[rail]; t != nil && time.Since(gidTables.at[rail]) < gidTableTTL {
+		return t
+	}
 	n := int(C.mpib_gid_table_len(C.int(rail)))
 	table := make([]gid.Entry, n)
 	for i := range table {
@@ -488,6 +502,13 @@ func chooseGID(rail, configured int) (int, netip.Addr, error) {
 			table[i] = gid.Entry{Present: true, GID: *(*[16]byte)(unsafe.Pointer(&raw[0])), Type: int(typ)}
 		}
 	}
+	gidTables.table[rail], gidTables.at[rail] = table, time.Now()
+	return table
+}
+
+// chooseGID picks a rail's GID for a new connection (net_ib's rule) from its current table.
+func chooseGID(rail, configured int) (int, netip.Addr, error) {
+	table := readGIDTable(rail)
 	var idx int
 	var err error
 	if C.mpib_g.dev[rail].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
@@ -503,17 +524,44 @@ func chooseGID(rail, configured int) (int, netip.Addr, error) {
 
 // interfacePrefixLen is the prefix length of the local interface address equal to addr, or 0
 // when no interface holds it (InfiniBand GIDs, or an address outside this network namespace).
+// The interface list is cached like the GID tables.
 func interfacePrefixLen(addr netip.Addr) uint8 {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return 0
-	}
-	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().Unmap() == addr {
+	for _, pfx := range localPrefixes() {
+		if pfx.Addr().Unmap() == addr {
 			return uint8(pfx.Bits())
 		}
 	}
 	return 0
+}
+
+var ifPrefixes struct {
+	mu  sync.Mutex
+	at  time.Time
+	all []netip.Prefix
+}
+
+func localPrefixes() []netip.Prefix {
+	ifPrefixes.mu.Lock()
+	defer ifPrefixes.mu.Unlock()
+	if ifPrefixes.all != nil && time.Since(ifPrefixes.at) < gidTableTTL {
+		return ifPrefixes.all
+	}
+	addrs, _ := net.InterfaceAddrs()
+	all := []netip.Prefix{}
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+			all = append(all, pfx)
+		}
+	}
+	ifPrefixes.all, ifPrefixes.at = all, time.Now()
+	return all
+}
+
+// forgetGIDTables drops the cached tables (the devices closed; a reopen reads afresh).
+func forgetGIDTables() {
+	gidTables.mu.Lock()
+	gidTables.table = [2][]gid.Entry{}
+	gidTables.mu.Unlock()
 }
 
 // dropUnreachableSup removes SUP from a connection whose peer's SUP address is outside our SUP

@@ -208,6 +208,7 @@ func closeDevicesIfUnused() {
 	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
 		closeAgentSegment()
 		C.mpib_dev_close_all()
+		forgetGIDTables()
 		plugin.devicesOpen = false
 		infof("devices closed")
 	}

@@ -17,7 +17,10 @@
 #define MPIB_MAX_RECVS 8                        /* requests grouped in one irecv */
 #define MPIB_MAX_QPS_PER_RAIL 16
 #define MPIB_MAX_QPS (MPIB_NRAILS * MPIB_MAX_QPS_PER_RAIL)
-#define MPIB_REQ_POOL (MPIB_MAX_REQUESTS * MPIB_MAX_RECVS)
+/* Requests a comm can have alive: a sender one per grouped entry of every slot; a receiver
+ * one irecv per slot plus one flush per completed irecv NCCL has not tested yet. */
+#define MPIB_REQ_POOL_SEND (MPIB_MAX_REQUESTS * MPIB_MAX_RECVS)
+#define MPIB_REQ_POOL_RECV (2 * MPIB_MAX_REQUESTS)
 /* Sized from what a connection can have in flight: at most MPIB_MAX_REQUESTS slots, each
  * one signalled write (sender) or one receive (receiver) per rail, plus one signalled CTS
  * per FIFO lap. */
@@ -45,6 +48,7 @@ struct mpib_dev {
   int link_layer;
   uint16_t lid;
   uint16_t pkey_index;
+  int max_qp, max_cq; /* device limits (ibv_query_device) */
   /* Set by the device's async-event thread (mpib_events.c), read by the data path. */
   int fatal;      /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
   int port_down;  /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
@@ -79,6 +83,7 @@ struct mpib_global {
   int prop_ptr_support;
   int prop_force_flush; /* mlx5 Data Direct: NCCL must flush even where it would not */
   int prop_speed;
+  int prop_max_comms;
 };
 extern struct mpib_global mpib_g;
 
@@ -107,10 +112,8 @@ struct mpib_request {
   int sizes[MPIB_MAX_RECVS];
   /* flush */
   int flush_pending;
-  /* NCCL profiler (mpib_profiler.c): the isend's handle, and the open event of each grouped
-   * request on each rail (a send uses row 0); NULL: none open. */
+  /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
-  void *prof_event[MPIB_MAX_RECVS][MPIB_NRAILS];
 };
 
 struct mpib_qp {
@@ -207,7 +210,10 @@ struct mpib_comm {
 
   int shm_slot; /* agent segment slot, -1 when none */
   int req_cursor;
-  struct mpib_request reqs[MPIB_REQ_POOL];
+  struct mpib_request *reqs; /* the pool: MPIB_REQ_POOL_SEND or MPIB_REQ_POOL_RECV entries */
+  int nreqs_pool;
+  /* NCCL profiler events open per slot, grouped entry and rail (mpib_profiler.c). */
+  void *prof_event[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS][MPIB_NRAILS];
 };
 
 /* Listen comm: an id into the Go control plane's table of listeners. */
@@ -238,6 +244,8 @@ void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta);
 int mpib_dev_open(int rail, const char *name, int port, int pkey);
 void mpib_dev_close_all(void);
 int mpib_dmabuf_supported(void);
+/* How many connections the devices can hold (for NCCL's maxComms), given QPs per connection. */
+int mpib_max_comms(const uint32_t nqps[MPIB_NRAILS]);
 /* Whether a rail is an mlx5 Data Direct device (net_ib then forces flushes). */
 int mpib_data_direct(int rail);
 /* Async events (mpib_events.c): one thread per open device. */
@@ -254,6 +262,7 @@ void mpib_set_shm(void *shm);
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
+size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
 void mpib_comm_destroy(struct mpib_comm *c);

@@ -22,14 +22,14 @@
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
 
 static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
-  for (int i = 0; i < MPIB_REQ_POOL; i++) {
-    int k = (c->req_cursor + i) % MPIB_REQ_POOL;
+  for (int i = 0; i < c->nreqs_pool; i++) {
+    int k = (c->req_cursor + i) % c->nreqs_pool;
     struct mpib_request *r = &c->reqs[k];
     if (r->type == MPIB_REQ_FREE) {
       memset(r, 0, sizeof *r);
       r->type = type;
       r->comm = c;
-      c->req_cursor = (k + 1) % MPIB_REQ_POOL;
+      c->req_cursor = (k + 1) % c->nreqs_pool;
       return r;
     }
   }

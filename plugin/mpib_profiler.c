@@ -46,12 +46,12 @@ void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t ra
     size_t len = rail == MPIB_RAIL_SOUT ? sout_bytes[r] : req->size - sout_bytes[r];
     if (req->prof_phandle == NULL || (len == 0 && (req->size != 0 || rail != size_rail))) continue;
     int opcode = (len == 0 || data_has_imm) ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    prof_start(&req->prof_event[0][rail], req->prof_phandle, rail, (uint64_t)slot, opcode, qp, len);
+    prof_start(&c->prof_event[slot][r][rail], req->prof_phandle, rail, (uint64_t)slot, opcode, qp, len);
   }
 }
 
 void mpib_prof_send_rail_done(struct mpib_comm *c, int slot, int rail) {
-  for (int r = 0; r < c->slot_matched[slot]; r++) prof_stop(&c->slot_reqs[slot][r]->prof_event[0][rail]);
+  for (int r = 0; r < c->slot_matched[slot]; r++) prof_stop(&c->prof_event[slot][r][rail]);
 }
 
 void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void **phandles, const size_t *sizes) {
@@ -62,17 +62,18 @@ void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void *
     for (int r = 0; r < req->nreqs; r++) {
       /* wr_id: the rail's SRQ receives carry the rail; length: the posted size, the most the
        * rail can carry (the split is the sender's). */
-      if (phandles[r]) prof_start(&req->prof_event[r][rail], phandles[r], rail, (uint64_t)rail,
+      if (phandles[r]) prof_start(&c->prof_event[req->seq % MPIB_MAX_REQUESTS][r][rail], phandles[r], rail, (uint64_t)rail,
                                   IBV_WC_RECV_RDMA_WITH_IMM, qp, sizes[r]);
     }
   }
 }
 
 void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) {
+  void *(*events)[MPIB_NRAILS] = req->comm->prof_event[req->seq % MPIB_MAX_REQUESTS];
   int complete = req->seen_mask == req->expected_mask;
   for (int r = 0; r < req->nreqs; r++) {
     for (int k = 0; k < MPIB_NRAILS; k++) {
-      if (k == rail || complete) prof_stop(&req->prof_event[r][k]);
+      if (k == rail || complete) prof_stop(&events[r][k]);
     }
   }
 }

@@ -106,6 +106,11 @@ int mpib_dev_open(int rail, const char *name, int port, int pkey_index) {
   d->active_mtu = pa.active_mtu;
   d->lid = pa.lid;
   d->speed_mbps = port_speed_mbps(&pa);
+  struct ibv_device_attr da;
+  if (ibv_query_device(d->ctx, &da) == 0) {
+    d->max_qp = da.max_qp;
+    d->max_cq = da.max_cq;
+  }
   d->gid_tbl_len = pa.gid_tbl_len;
   if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
     MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name,
@@ -148,6 +153,21 @@ void mpib_dev_close_all(void) {
     memset(d, 0, sizeof *d);
   }
   mpib_g.ndevs_open = 0;
+}
+
+/* A connection uses, per rail with QPs, its QPs plus a loopback flush QP, a CQ plus a flush
+ * CQ (worst case: a receiver with flush). net_ib reports the device's QP limit; MPIB divides
+ * it by what one connection takes on the tighter rail. */
+int mpib_max_comms(const uint32_t nqps[MPIB_NRAILS]) {
+  int best = 65536;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    struct mpib_dev *d = &mpib_g.dev[r];
+    if (nqps[r] == 0 || d->max_qp <= 0 || d->max_cq <= 0) continue;
+    int by_qp = d->max_qp / (int)(nqps[r] + 1), by_cq = d->max_cq / 2;
+    if (by_qp < best) best = by_qp;
+    if (by_cq < best) best = by_cq;
+  }
+  return best > 0 ? best : 1;
 }
 
 /* mlx5 Data Direct devices need a flush NCCL would not ask for (net_ib sets forceFlush for
@@ -316,10 +336,18 @@ static void *page_alloc(size_t size) {
   return p;
 }
 
+/* Host memory one comm allocates (the verbs provider's queues come on top). */
+size_t mpib_comm_host_bytes(int is_send) {
+  size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
+  return sizeof(struct mpib_comm) + pool + 2 * MPIB_PAGE + ((MPIB_CTS_BYTES + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+}
+
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   struct mpib_comm *c = NULL;
   if (posix_memalign((void **)&c, 64, sizeof *c) != 0) return NULL;
   memset(c, 0, sizeof *c);
+  c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->cts = page_alloc(MPIB_CTS_BYTES);
   c->sizes = page_alloc(MPIB_SIZES_BYTES);
   c->flush_buf = page_alloc(MPIB_PAGE);
@@ -333,7 +361,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->tc = (uint8_t)p->tc;
   c->sl = mpib_g.ib_sl;
   c->whole_msg_max = mpib_g.whole_msg_max;
-  if (!c->cts || !c->sizes || !c->flush_buf) {
+  if (!c->reqs || !c->cts || !c->sizes || !c->flush_buf) {
     mpib_comm_destroy(c);
     return NULL;
   }
@@ -446,6 +474,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   }
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
+  free(c->reqs);
   free(c->cts);
   free(c->sizes);
   free(c->flush_buf);
