@@ -41,8 +41,10 @@ func (Agent) Build() error {
 	return nil
 }
 
-// Test installs the Python package into build/venv (pip, from agent/python) and runs pytest.
+// Test fuzzes the segment decoders briefly (Agent.Fuzz), installs the Python package into
+// build/venv (pip, from agent/python) and runs pytest.
 func (Agent) Test() error {
+	mg.Deps(Agent.Fuzz)
 	py := filepath.Join(agentVenv, "bin", "python")
 	if _, err := os.Stat(py); err != nil {
 		if err := sh.Run("python3", "-m", "venv", agentVenv); err != nil {
@@ -56,6 +58,29 @@ func (Agent) Test() error {
 		return err
 	}
 	return sh.RunV(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "agent/python/tests")
+}
+
+// fuzzTargets are the segment fuzzers: the C reader the plugin runs (through a cgo shim,
+// compared with the Go decoder) and the Go agent's decoder. `go test` runs their seed corpora
+// (testdata/shm and each package's testdata/fuzz); Fuzz adds a few seconds of new inputs.
+var fuzzTargets = []struct{ name, pkg string }{
+	{"FuzzCReader", "./plugin/ctest/shmfuzz"},
+	{"FuzzDecode", "./agent/go/shm"},
+}
+
+// Fuzz runs each segment fuzzer for MPIB_FUZZTIME (default 8s).
+func (Agent) Fuzz() error {
+	t := os.Getenv("MPIB_FUZZTIME")
+	if t == "" {
+		t = "8s"
+	}
+	for _, f := range fuzzTargets {
+		if err := sh.RunV("go", "test", "-run", "^$", "-fuzz", "^"+f.name+"$", "-fuzztime", t,
+			"-fuzzminimizetime", "1s", f.pkg); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // copyTree copies a file or directory, skipping Python caches.

@@ -11,21 +11,29 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/mpib/mpib/plugin/internal/topo"
 )
 
-// Agent segment (advanced mode). The segment is opened lazily at connect time, so an agent
-// started after NCCL's init still takes effect for connections made after it.
+// Agent segment (advanced mode, docs/shm-format.md). The process has one handle, made at the
+// first advanced-mode connection and published to the data path at once: every connection
+// gets an id in it, bound to a slot whenever a segment is attached. A watcher goroutine polls
+// the path every MPIB_SHM_POLL_MS (never the data path): it attaches the segment when it
+// appears (so an agent started after NCCL's init takes effect for every connection), moves
+// every connection to a new segment when the file is replaced, and detaches when the segment
+// is truncated. Slots are leased with OFD locks on the open segment file: the kernel drops
+// them when this process dies, so agents in any PID namespace see the slots go free.
 var agent struct {
-	mu          sync.Mutex
-	shm         *C.mpib_shm
-	lastFailure string
-	nextConnID  uint64
+	mu         sync.Mutex
+	shm        *C.mpib_shm
+	nextConnID uint64
+	stop, done chan struct{}
 }
 
-func openAgentSegment() *C.mpib_shm {
+// agentHandle returns the process's handle, creating it (and its watcher) on first use.
+func agentHandle() *C.mpib_shm {
 	agent.mu.Lock()
 	defer agent.mu.Unlock()
 	if agent.shm != nil {
@@ -33,28 +41,57 @@ func openAgentSegment() *C.mpib_shm {
 	}
 	path := C.CString(plugin.cfg.ShmPath)
 	defer C.free(unsafe.Pointer(path))
-	var errbuf [256]C.char
-	var shm *C.mpib_shm
-	if rc := C.mpib_shm_open(path, &shm, &errbuf[0], C.size_t(len(errbuf))); rc != 0 {
-		msg := C.GoString(&errbuf[0])
-		if msg != agent.lastFailure { // say it once, not per connection
-			infof("advanced mode: agent segment %s unusable (%s): vanilla policy for new connections", plugin.cfg.ShmPath, msg)
-			agent.lastFailure = msg
-		}
+	var h *C.mpib_shm
+	if rc := C.mpib_shm_handle_new(path, &h); rc != 0 {
+		warnf("advanced mode: agent segment %s: cannot allocate a handle (%d): vanilla policy", plugin.cfg.ShmPath, int(rc))
 		return nil
 	}
-	agent.shm = shm
-	C.mpib_set_shm(unsafe.Pointer(shm))
-	infof("advanced mode: agent segment %s opened", plugin.cfg.ShmPath)
-	return shm
+	pollAgent(h, true)
+	agent.shm = h
+	agent.stop, agent.done = make(chan struct{}), make(chan struct{})
+	C.mpib_set_shm(unsafe.Pointer(h))
+	go watchAgent(h, agent.stop, agent.done)
+	return h
+}
+
+// pollAgent runs one watcher step and logs what changed (each distinct failure once).
+func pollAgent(h *C.mpib_shm, first bool) {
+	var msg [512]C.char
+	switch C.mpib_shm_poll(h, &msg[0], C.size_t(len(msg))) {
+	case C.MPIB_SHM_POLL_ATTACHED:
+		infof("advanced mode: %s", C.GoString(&msg[0]))
+	case C.MPIB_SHM_POLL_DETACHED:
+		warnf("advanced mode: %s", C.GoString(&msg[0]))
+	case C.MPIB_SHM_POLL_FAILED:
+		s := C.GoString(&msg[0])
+		if first {
+			infof("advanced mode: agent segment %s unusable (%s): vanilla policy until a valid segment appears", plugin.cfg.ShmPath, s)
+		} else {
+			infof("advanced mode: agent segment %s unusable (%s)", plugin.cfg.ShmPath, s)
+		}
+	}
+}
+
+func watchAgent(h *C.mpib_shm, stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(C.MPIB_SHM_POLL_MS * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			pollAgent(h, false)
+		}
+	}
 }
 
 func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path topo.PathClass, isSend bool) {
 	if plugin.cfg.Mode != 1 {
 		return
 	}
-	shm := openAgentSegment()
-	if shm == nil {
+	h := agentHandle()
+	if h == nil {
 		return
 	}
 	agent.mu.Lock()
@@ -72,20 +109,31 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		pid:           C.uint32_t(os.Getpid()),
 		conn_id:       C.uint64_t(connID),
 	}
-	var slot C.uint32_t
-	if rc := C.mpib_shm_register(shm, &d, &slot); rc != 0 {
-		warnf("advanced mode: no free slot in the agent segment (%d): connection %v -> %v stays on the vanilla policy", int(rc), local, peer)
+	var id C.uint32_t
+	if rc := C.mpib_shm_register(h, &d, &id); rc != 0 {
+		warnf("advanced mode: %d connections in this process already (%d): connection %v -> %v stays on the vanilla policy", C.MPIB_SHM_MAX_CONNS, int(rc), local, peer)
 		return
 	}
-	comm.shm_slot = C.int(slot)
+	if C.mpib_shm_attached(h) != 0 {
+		var slot, gen C.uint32_t
+		if C.mpib_shm_conn_slot(h, id, &slot, &gen) != 0 {
+			warnf("advanced mode: no free slot in the agent segment: connection %v -> %v stays on the vanilla policy until one frees", local, peer)
+		}
+	}
+	comm.shm_slot = C.int(id)
 }
 
+// closeAgentSegment stops the watcher, withdraws the handle from the data path and releases
+// every slot (called when no comm is left).
 func closeAgentSegment() {
 	agent.mu.Lock()
 	defer agent.mu.Unlock()
-	if agent.shm != nil {
-		C.mpib_set_shm(nil)
-		C.mpib_shm_close(agent.shm)
-		agent.shm = nil
+	if agent.shm == nil {
+		return
 	}
+	close(agent.stop)
+	<-agent.done
+	C.mpib_set_shm(nil)
+	C.mpib_shm_close(agent.shm)
+	agent.shm = nil
 }

@@ -1,18 +1,28 @@
 /*
- * MPIB shared-memory hint segment, format version 1 (docs/shm-format.md).
+ * MPIB shared-memory hint segment, format version 2 (docs/shm-format.md).
  * Every struct below mirrors a table of the spec; the _Static_asserts pin the offsets.
+ *
+ * Process model: one handle (struct mpib_shm) per process holds a table of connections and
+ * the segments it attached over time (maps). A connection id is bound to (map, slot) by one
+ * 64-bit word the data path loads; re-attaching to a replaced segment re-registers every
+ * connection there and swaps these words. A map is never unmapped while the handle lives:
+ * retiring one replaces its pages with anonymous zero pages (a late reader sees "no agent").
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "mpib_shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -118,13 +128,20 @@ _Static_assert(offsetof(struct shm_slot, sout_bytes) == 128, "telemetry at +128"
 _Static_assert(offsetof(struct shm_slot, last_sup_bw) == 192, "last_sup_bw at +192");
 _Static_assert(offsetof(struct shm_slot, last_read_ns) == 200, "last_read_ns at +200");
 
+/* Lock bytes (spec 5.7): OFD locks on these file offsets, never on data. */
+#define SHM_LOCK_ATTACH 0 /* shared: a plugin process has the segment attached */
+#define SHM_LOCK_AGENT 1  /* exclusive: the one agent that beats the heartbeat */
+#define SHM_MAX_MAPS 64   /* segments one handle may attach in its life */
+#define SHM_MAX_GUARDS 256
+
 /* Per-slot cache of the matching peer entry, keyed by (peers_epoch, slot gen). */
 struct peer_cache {
   _Atomic uint64_t tag;
   _Atomic uint32_t idx;
 };
 
-struct mpib_shm {
+/* One attached segment. Immutable after publication except faulted/retired. */
+struct shm_map {
   struct shm_header *hdr;
   struct shm_slot *slots;
   struct shm_rec *peers;
@@ -132,6 +149,37 @@ struct mpib_shm {
   uint32_t nslots; /* copies validated at open: the header is never trusted again */
   uint32_t npeers;
   struct peer_cache *cache;
+  int fd;        /* the segment file (its OFD holds our locks); -1 for an image */
+  dev_t dev;
+  ino_t ino;
+  int guarded;   /* registered with the SIGBUS guard */
+  int retired;   /* pages replaced by zeros, fd closed */
+  _Atomic int faulted; /* the SIGBUS guard replaced the pages (the file was truncated) */
+};
+
+struct shm_conn {
+  mpib_conn_desc d;
+  int used;
+};
+
+struct mpib_shm {
+  pthread_mutex_t mu; /* registration, release, poll; never taken by the data path */
+  char path[4096];
+  _Atomic(struct shm_map *) maps[SHM_MAX_MAPS];
+  int nmaps;
+  _Atomic int cur; /* index + 1 of the attached map, 0 = none */
+  struct shm_conn *conns;   /* [MPIB_SHM_MAX_CONNS], under mu */
+  _Atomic uint64_t *bind;   /* [MPIB_SHM_MAX_CONNS]: (map index + 1) << 32 | slot, 0 = unbound */
+  uint32_t conn_hi; /* ids at or above it were never used: loops stop there */
+  uint32_t unbound; /* used connections without a slot */
+  /* The last file the poll refused, so that an unchanged bad file is neither re-read nor
+   * reported again. */
+  dev_t bad_dev;
+  ino_t bad_ino;
+  off_t bad_size;
+  struct timespec bad_mtime;
+  int bad_errno;
+  char last_msg[512];
 };
 
 static uint64_t shm_expected_size(uint64_t nslots, uint64_t npeers) {
@@ -156,8 +204,13 @@ uint64_t mpib_shm_now_ns(void) {
 }
 
 const char *mpib_shm_default_path(void) {
+  static char buf[64];
   const char *p = getenv("MPIB_SHM_PATH");
-  return (p != NULL && p[0] != '\0') ? p : MPIB_SHM_DEFAULT_PATH;
+  if (p != NULL && p[0] != '\0') {
+    return p;
+  }
+  snprintf(buf, sizeof(buf), "%s%u", MPIB_SHM_DEFAULT_PREFIX, (unsigned)geteuid());
+  return buf;
 }
 
 uint64_t mpib_shm_stale_ns_from_env(void) {
@@ -172,6 +225,125 @@ uint64_t mpib_shm_stale_ns_from_env(void) {
   }
   return ms * 1000000ull;
 }
+
+/* ---- OFD locks (spec 5.7) ---- */
+
+/* type F_RDLCK/F_WRLCK takes (never waits), F_UNLCK drops. 0 or -errno (-EAGAIN: held). */
+static int shm_lock_byte(int fd, off_t off, short type) {
+  if (fd < 0) {
+    return 0;
+  }
+  struct flock lk;
+  memset(&lk, 0, sizeof(lk));
+  lk.l_type = type;
+  lk.l_whence = SEEK_SET;
+  lk.l_start = off;
+  lk.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &lk) != 0) {
+    return errno == EACCES ? -EAGAIN : -errno;
+  }
+  return 0;
+}
+
+static off_t shm_slot_lock_off(uint32_t slot) {
+  return (off_t)SHM_HEADER_SIZE + (off_t)slot * SHM_SLOT_SIZE;
+}
+
+/* ---- SIGBUS guard (spec 5.9) ---- */
+
+static _Atomic(struct shm_map *) g_guard[SHM_MAX_GUARDS];
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_guard_installed;
+static struct sigaction g_prev_bus;
+
+static void shm_sigbus_chain(int sig, siginfo_t *si, void *uctx) {
+  const struct sigaction *p = &g_prev_bus;
+  if (p->sa_flags & SA_SIGINFO) {
+    if (p->sa_sigaction != NULL) {
+      p->sa_sigaction(sig, si, uctx);
+      return;
+    }
+  } else if (p->sa_handler == SIG_IGN && si->si_code <= 0) {
+    return; /* a sent SIGBUS the process ignores */
+  } else if (p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN) {
+    p->sa_handler(sig);
+    return;
+  }
+  /* Default action: restore it; a fault then re-executes and takes it, a sent signal is
+   * sent again. */
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, NULL);
+  if (si->si_code <= 0) {
+    raise(sig);
+  }
+}
+
+/* A truncated segment makes loads and stores beyond its new end raise SIGBUS. When the
+ * faulting address is inside a mapping of ours, replace the whole mapping with anonymous zero
+ * pages and return: the instruction re-executes on zeros (heartbeat 0: no hint). mmap is a
+ * plain system call (async-signal-safe in practice on Linux/glibc). */
+static void shm_sigbus(int sig, siginfo_t *si, void *uctx) {
+  int saved = errno;
+  if (si != NULL && si->si_code > 0) {
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < SHM_MAX_GUARDS; i++) {
+      struct shm_map *m = atomic_load_explicit(&g_guard[i], memory_order_acquire);
+      if (m == NULL || a - (uintptr_t)m->hdr >= m->map_size) {
+        continue;
+      }
+      void *p = mmap(m->hdr, m->map_size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (p != MAP_FAILED) {
+        atomic_store_explicit(&m->faulted, 1, memory_order_release);
+        errno = saved;
+        return;
+      }
+    }
+  }
+  errno = saved;
+  shm_sigbus_chain(sig, si, uctx);
+}
+
+static void shm_guard_add(struct shm_map *m) {
+  pthread_mutex_lock(&g_guard_mu);
+  if (!g_guard_installed) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = shm_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART; /* SA_ONSTACK: required beside Go */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &g_prev_bus) == 0) {
+      g_guard_installed = 1;
+    }
+  }
+  for (int i = 0; i < SHM_MAX_GUARDS; i++) {
+    if (atomic_load_explicit(&g_guard[i], memory_order_relaxed) == NULL) {
+      atomic_store_explicit(&g_guard[i], m, memory_order_release);
+      m->guarded = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_guard_mu);
+}
+
+static void shm_guard_remove(struct shm_map *m) {
+  if (!m->guarded) {
+    return;
+  }
+  pthread_mutex_lock(&g_guard_mu);
+  for (int i = 0; i < SHM_MAX_GUARDS; i++) {
+    if (atomic_load_explicit(&g_guard[i], memory_order_relaxed) == m) {
+      atomic_store_explicit(&g_guard[i], NULL, memory_order_release);
+    }
+  }
+  m->guarded = 0;
+  pthread_mutex_unlock(&g_guard_mu);
+}
+
+/* ---- validation (spec 6) ---- */
 
 /* Checks 5..9 of the spec's validation table on a header image of len bytes (file size). */
 static int shm_check_image(const void *buf, size_t len, const char *what, char *err,
@@ -188,8 +360,12 @@ static int shm_check_image(const void *buf, size_t len, const char *what, char *
     return -EPROTO;
   }
   if (h.version != MPIB_SHM_VERSION) {
-    shm_err(err, errlen, "mpib shm %s: bad_version: version %u, this reader implements %u", what,
-            h.version, MPIB_SHM_VERSION);
+    shm_err(err, errlen,
+            "mpib shm %s: bad_version: format version %u, this reader implements %u%s", what,
+            h.version, MPIB_SHM_VERSION,
+            h.version < MPIB_SHM_VERSION
+                ? " (a segment made by an older agent: re-create it with the current agent)"
+                : " (a segment made by a newer agent: upgrade the plugin and agents)");
     return -EPROTONOSUPPORT;
   }
   if (h.header_size != SHM_HEADER_SIZE || h.slot_size != SHM_SLOT_SIZE ||
@@ -238,10 +414,50 @@ static int shm_check_file(int fd, const char *path, struct stat *st, char *err, 
   return 0;
 }
 
-static int shm_map(int fd, const char *path, mpib_shm **out, char *err, size_t errlen) {
+static struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t npeers) {
+  struct shm_map *m = calloc(1, sizeof(*m));
+  struct peer_cache *cache = calloc(nslots, sizeof(*cache));
+  if (m == NULL || cache == NULL) {
+    free(m);
+    free(cache);
+    return NULL;
+  }
+  m->hdr = mem;
+  m->slots = (struct shm_slot *)((uint8_t *)mem + SHM_HEADER_SIZE);
+  m->peers = (struct shm_rec *)((uint8_t *)mem + SHM_HEADER_SIZE + (size_t)nslots * SHM_SLOT_SIZE);
+  m->map_size = size;
+  m->nslots = nslots;
+  m->npeers = npeers;
+  m->cache = cache;
+  m->fd = -1;
+  for (uint32_t i = 0; i < nslots; i++) {
+    atomic_init(&cache[i].tag, UINT64_MAX); /* never a valid (epoch, gen) tag: gen 0 is unused */
+    atomic_init(&cache[i].idx, SHM_NO_PEER);
+  }
+  atomic_init(&m->faulted, 0);
+  return m;
+}
+
+/* Opens, validates and maps the file at path; takes the attach lock; registers the guard. */
+static int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, char *err,
+                        size_t errlen) {
+  int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ELOOP) {
+      shm_err(err, errlen, "mpib shm %s: not_regular: a symbolic link (refused: O_NOFOLLOW)", path);
+    } else {
+      shm_err(err, errlen, "mpib shm %s: io: open: %s", path, strerror(e));
+    }
+    return -e;
+  }
   struct stat st;
   int rc = shm_check_file(fd, path, &st, err, errlen);
+  if (st_out != NULL) {
+    *st_out = st;
+  }
   if (rc != 0) {
+    close(fd);
     return rc;
   }
   uint8_t head[SHM_HEADER_SIZE] = {0};
@@ -251,70 +467,166 @@ static int shm_map(int fd, const char *path, mpib_shm **out, char *err, size_t e
     if (n < 0) {
       int e = errno;
       shm_err(err, errlen, "mpib shm %s: io: read: %s", path, strerror(e));
+      close(fd);
       return -e;
     }
     len = (size_t)n < sizeof(head) ? (size_t)n : len; /* shrank under us: too_small */
   }
   rc = shm_check_image(head, len, path, err, errlen);
   if (rc != 0) {
+    close(fd);
     return rc;
   }
   const struct shm_header *h = (const struct shm_header *)head;
-  mpib_shm *shm = calloc(1, sizeof(*shm));
-  struct peer_cache *cache = calloc(h->nslots, sizeof(*cache));
-  if (shm == NULL || cache == NULL) {
-    free(shm);
-    free(cache);
+  void *mem = mmap(NULL, (size_t)h->total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) {
+    int e = errno;
+    shm_err(err, errlen, "mpib shm %s: io: mmap: %s", path, strerror(e));
+    close(fd);
+    return -e;
+  }
+  struct shm_map *m = shm_map_new(mem, (size_t)h->total_size, h->nslots, h->npeers);
+  if (m == NULL) {
+    munmap(mem, (size_t)h->total_size);
+    close(fd);
     shm_err(err, errlen, "mpib shm %s: io: out of memory", path);
     return -ENOMEM;
   }
-  void *base = mmap(NULL, h->total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    int e = errno;
-    free(shm);
-    free(cache);
-    shm_err(err, errlen, "mpib shm %s: io: mmap: %s", path, strerror(e));
-    return -e;
+  m->fd = fd;
+  m->dev = st.st_dev;
+  m->ino = st.st_ino;
+  (void)shm_lock_byte(fd, SHM_LOCK_ATTACH, F_RDLCK); /* best effort: only agents' create reads it */
+  shm_guard_add(m);
+  *out = m;
+  return 0;
+}
+
+/* Frees a map that no binding references any more (handle close). */
+static void shm_map_free(struct shm_map *m) {
+  shm_guard_remove(m);
+  if (m->fd >= 0 || m->retired) {
+    munmap(m->hdr, m->map_size);
   }
-  shm->hdr = base;
-  shm->slots = (struct shm_slot *)((uint8_t *)base + SHM_HEADER_SIZE);
-  shm->peers = (struct shm_rec *)((uint8_t *)base + SHM_HEADER_SIZE +
-                                  (size_t)h->nslots * SHM_SLOT_SIZE);
-  shm->map_size = h->total_size;
-  shm->nslots = h->nslots;
-  shm->npeers = h->npeers;
-  shm->cache = cache;
+  if (m->fd >= 0) {
+    close(m->fd);
+  }
+  free(m->cache);
+  free(m);
+}
+
+/* The data path may still hold the map: keep the addresses, drop the file. */
+static void shm_map_retire(struct shm_map *m) {
+  if (m->retired || m->fd < 0) {
+    return;
+  }
+  mmap(m->hdr, m->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+       0);
+  close(m->fd); /* drops the attach lock and every slot lease of this handle */
+  m->fd = -1;
+  m->retired = 1;
+}
+
+static struct shm_map *shm_cur(const mpib_shm *shm) {
+  int c = atomic_load_explicit(&((mpib_shm *)shm)->cur, memory_order_acquire);
+  return c > 0 ? atomic_load_explicit(&((mpib_shm *)shm)->maps[c - 1], memory_order_relaxed)
+               : NULL;
+}
+
+int mpib_shm_attached(const mpib_shm *shm) { return shm != NULL && shm_cur(shm) != NULL; }
+
+uint32_t mpib_shm_nslots(const mpib_shm *shm) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  return m == NULL ? 0 : m->nslots;
+}
+
+int mpib_shm_handle_new(const char *path, mpib_shm **out) {
+  if (out == NULL) {
+    return -EINVAL;
+  }
+  *out = NULL;
+  mpib_shm *shm = calloc(1, sizeof(*shm));
+  if (shm == NULL) {
+    return -ENOMEM;
+  }
+  if (path != NULL && strlen(path) >= sizeof(shm->path)) {
+    free(shm);
+    return -ENAMETOOLONG;
+  }
+  shm->conns = calloc(MPIB_SHM_MAX_CONNS, sizeof(*shm->conns));
+  shm->bind = calloc(MPIB_SHM_MAX_CONNS, sizeof(*shm->bind));
+  if (shm->conns == NULL || shm->bind == NULL) {
+    free(shm->conns);
+    free((void *)shm->bind);
+    free(shm);
+    return -ENOMEM;
+  }
+  pthread_mutex_init(&shm->mu, NULL);
+  if (path != NULL) {
+    strcpy(shm->path, path);
+  }
+  atomic_init(&shm->cur, 0);
+  for (int i = 0; i < SHM_MAX_MAPS; i++) {
+    atomic_init(&shm->maps[i], NULL);
+  }
   *out = shm;
   return 0;
 }
 
+/* Adds m as the handle's attached map (under mu, or before the handle is shared). */
+static int shm_add_map(mpib_shm *shm, struct shm_map *m) {
+  if (shm->nmaps >= SHM_MAX_MAPS) {
+    return -ENOSPC;
+  }
+  atomic_store_explicit(&shm->maps[shm->nmaps], m, memory_order_release);
+  shm->nmaps++;
+  return shm->nmaps; /* index + 1 */
+}
+
 int mpib_shm_open(const char *path, mpib_shm **out, char *err, size_t errlen) {
   if (path == NULL || out == NULL) {
-    shm_err(err, errlen, "mpib shm: io: null argument");
     return -EINVAL;
   }
   *out = NULL;
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    shm_err(err, errlen, "mpib shm %s: io: open: %s", path, strerror(e));
-    return -e;
+  mpib_shm *shm;
+  int rc = mpib_shm_handle_new(path, &shm);
+  if (rc != 0) {
+    shm_err(err, errlen, "mpib shm %s: io: %s", path, strerror(-rc));
+    return rc;
   }
-  int rc = shm_map(fd, path, out, err, errlen);
-  close(fd); /* the mapping keeps the file */
-  return rc;
+  struct shm_map *m;
+  rc = shm_map_file(path, &m, NULL, err, errlen);
+  if (rc != 0) {
+    mpib_shm_close(shm);
+    return rc;
+  }
+  atomic_store_explicit(&shm->cur, shm_add_map(shm, m), memory_order_release);
+  *out = shm;
+  return 0;
 }
 
-void mpib_shm_close(mpib_shm *shm) {
-  if (shm == NULL) {
-    return;
+int mpib_shm_attach_image(void *buf, size_t len, mpib_shm **out, char *err, size_t errlen) {
+  if (buf == NULL || out == NULL) {
+    return -EINVAL;
   }
-  munmap(shm->hdr, shm->map_size);
-  free(shm->cache);
-  free(shm);
+  *out = NULL;
+  int rc = shm_check_image(buf, len, "(buffer)", err, errlen);
+  if (rc != 0) {
+    return rc;
+  }
+  const struct shm_header *h = buf;
+  mpib_shm *shm;
+  if ((rc = mpib_shm_handle_new(NULL, &shm)) != 0) {
+    return rc;
+  }
+  struct shm_map *m = shm_map_new(buf, (size_t)h->total_size, h->nslots, h->npeers);
+  if (m == NULL) {
+    mpib_shm_close(shm);
+    return -ENOMEM;
+  }
+  atomic_store_explicit(&shm->cur, shm_add_map(shm, m), memory_order_release);
+  *out = shm;
+  return 0;
 }
-
-uint32_t mpib_shm_nslots(const mpib_shm *shm) { return shm == NULL ? 0 : shm->nslots; }
 
 /* ---- seqlock (spec 5.1) ---- */
 
@@ -339,6 +651,16 @@ static int shm_rec_read(struct shm_rec *r, mpib_shm_record *o) {
   return -EBUSY;
 }
 
+static void shm_rec_raw(struct shm_rec *r, mpib_shm_record *o) {
+  o->seq = atomic_load_explicit(&r->seq, memory_order_relaxed);
+  o->sup_bw = atomic_load_explicit(&r->sup_bw, memory_order_relaxed);
+  o->flags = atomic_load_explicit(&r->flags, memory_order_relaxed);
+  o->gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+  o->set_ns = atomic_load_explicit(&r->set_ns, memory_order_relaxed);
+  o->peer_ip = atomic_load_explicit(&r->peer_ip, memory_order_relaxed);
+  o->prefix_len = atomic_load_explicit(&r->prefix_len, memory_order_relaxed);
+}
+
 static void shm_rec_write(struct shm_rec *r, const mpib_shm_record *v) {
   uint32_t w = atomic_load_explicit(&r->seq, memory_order_relaxed) | 1u;
   atomic_store_explicit(&r->seq, w, memory_order_relaxed);
@@ -353,24 +675,99 @@ static void shm_rec_write(struct shm_rec *r, const mpib_shm_record *v) {
 }
 
 int mpib_shm_read_slot_record(mpib_shm *shm, uint32_t slot, mpib_shm_record *r) {
-  if (shm == NULL || slot >= shm->nslots) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || slot >= m->nslots) {
     return -ERANGE;
   }
-  return shm_rec_read(&shm->slots[slot].hint, r);
+  return shm_rec_read(&m->slots[slot].hint, r);
 }
 
 int mpib_shm_write_slot_record(mpib_shm *shm, uint32_t slot, const mpib_shm_record *r) {
-  if (shm == NULL || slot >= shm->nslots) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || slot >= m->nslots) {
     return -ERANGE;
   }
-  shm_rec_write(&shm->slots[slot].hint, r);
+  shm_rec_write(&m->slots[slot].hint, r);
+  return 0;
+}
+
+/* ---- decoding (tests, tools) ---- */
+
+int mpib_shm_decode_header(mpib_shm *shm, mpib_shm_header_info *o) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || o == NULL) {
+    return -ENOENT;
+  }
+  struct shm_header *h = m->hdr;
+  o->version = h->version;
+  o->total_size = h->total_size;
+  o->nslots = h->nslots;
+  o->npeers = h->npeers;
+  o->flags = h->flags;
+  o->heartbeat_ns = atomic_load_explicit(&h->heartbeat_ns, memory_order_acquire);
+  o->agent_pid = atomic_load_explicit(&h->agent_pid, memory_order_relaxed);
+  o->peers_epoch = atomic_load_explicit(&h->peers_epoch, memory_order_relaxed);
+  o->created_ns = atomic_load_explicit(&h->created_ns, memory_order_relaxed);
+  return 0;
+}
+
+int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *o) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || o == NULL) {
+    return -ENOENT;
+  }
+  if (slot >= m->nslots) {
+    return -ERANGE;
+  }
+  struct shm_slot *s = &m->slots[slot];
+  uint64_t owner = atomic_load_explicit(&s->owner, memory_order_acquire);
+  o->state = (uint32_t)owner;
+  o->owner_pid = (uint32_t)(owner >> 32);
+  o->gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
+  o->conn_id = atomic_load_explicit(&s->conn_id, memory_order_relaxed);
+  o->local_sout_ip = atomic_load_explicit(&s->local_sout_ip, memory_order_relaxed);
+  o->peer_sout_ip = atomic_load_explicit(&s->peer_sout_ip, memory_order_relaxed);
+  o->peer_island = atomic_load_explicit(&s->peer_island, memory_order_relaxed);
+  o->path_class = atomic_load_explicit(&s->path_class, memory_order_relaxed);
+  o->is_send = atomic_load_explicit(&s->is_send, memory_order_relaxed);
+  o->nqps_sout = atomic_load_explicit(&s->nqps_sout, memory_order_relaxed);
+  o->nqps_sup = atomic_load_explicit(&s->nqps_sup, memory_order_relaxed);
+  o->pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
+  o->registered_ns = atomic_load_explicit(&s->registered_ns, memory_order_relaxed);
+  shm_rec_raw(&s->hint, &o->hint);
+  o->sout_bytes = atomic_load_explicit(&s->sout_bytes, memory_order_relaxed);
+  o->sout_requests = atomic_load_explicit(&s->sout_requests, memory_order_relaxed);
+  o->sup_bytes = atomic_load_explicit(&s->sup_bytes, memory_order_relaxed);
+  o->sup_requests = atomic_load_explicit(&s->sup_requests, memory_order_relaxed);
+  o->reads_applied = atomic_load_explicit(&s->reads_applied, memory_order_relaxed);
+  o->reads_fallback = atomic_load_explicit(&s->reads_fallback, memory_order_relaxed);
+  o->reads_stale = atomic_load_explicit(&s->reads_stale, memory_order_relaxed);
+  o->clamped = atomic_load_explicit(&s->clamped, memory_order_relaxed);
+  o->last_sup_bw = atomic_load_explicit(&s->last_sup_bw, memory_order_relaxed);
+  o->last_source = atomic_load_explicit(&s->last_source, memory_order_relaxed);
+  o->last_read_ns = atomic_load_explicit(&s->last_read_ns, memory_order_relaxed);
+  return 0;
+}
+
+int mpib_shm_raw_record(mpib_shm *shm, int kind, uint32_t idx, mpib_shm_record *r) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || r == NULL) {
+    return -ENOENT;
+  }
+  if (kind == MPIB_SHM_REC_CLASS && idx < 2) {
+    shm_rec_raw(&m->hdr->cls[idx], r);
+  } else if (kind == MPIB_SHM_REC_PEER && idx < m->npeers) {
+    shm_rec_raw(&m->peers[idx], r);
+  } else {
+    return -ERANGE;
+  }
   return 0;
 }
 
 /* ---- resolution (spec 5.3) ---- */
 
-static int shm_heartbeat_fresh(const mpib_shm *shm, uint64_t now, uint64_t stale_ns) {
-  uint64_t hb = atomic_load_explicit(&shm->hdr->heartbeat_ns, memory_order_acquire);
+static int shm_heartbeat_fresh(const struct shm_map *m, uint64_t now, uint64_t stale_ns) {
+  uint64_t hb = atomic_load_explicit(&m->hdr->heartbeat_ns, memory_order_acquire);
   if (hb == 0) {
     return 0;
   }
@@ -389,12 +786,12 @@ static int shm_prefix_match(uint32_t ip, uint32_t key, uint8_t prefix_len) {
 }
 
 /* Longest valid matching prefix, ties to the lowest index; SHM_NO_PEER when none. */
-static uint32_t shm_peer_scan(mpib_shm *shm, uint32_t ip) {
+static uint32_t shm_peer_scan(struct shm_map *m, uint32_t ip) {
   uint32_t best = SHM_NO_PEER;
   int best_len = -1;
-  for (uint32_t j = 0; j < shm->npeers; j++) {
+  for (uint32_t j = 0; j < m->npeers; j++) {
     mpib_shm_record r;
-    if (shm_rec_read(&shm->peers[j], &r) != 0 || !(r.flags & SHM_FLAG_VALID)) {
+    if (shm_rec_read(&m->peers[j], &r) != 0 || !(r.flags & SHM_FLAG_VALID)) {
       continue;
     }
     if (shm_prefix_match(ip, r.peer_ip, r.prefix_len) && (int)r.prefix_len > best_len) {
@@ -405,14 +802,14 @@ static uint32_t shm_peer_scan(mpib_shm *shm, uint32_t ip) {
   return best;
 }
 
-static uint32_t shm_peer_lookup(mpib_shm *shm, uint32_t slot, uint32_t gen, uint32_t ip) {
-  uint32_t epoch = atomic_load_explicit(&shm->hdr->peers_epoch, memory_order_acquire);
+static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip) {
+  uint32_t epoch = atomic_load_explicit(&m->hdr->peers_epoch, memory_order_acquire);
   uint64_t tag = ((uint64_t)epoch << 32) | gen;
-  struct peer_cache *c = &shm->cache[slot];
+  struct peer_cache *c = &m->cache[slot];
   if (atomic_load_explicit(&c->tag, memory_order_acquire) == tag) {
     return atomic_load_explicit(&c->idx, memory_order_relaxed);
   }
-  uint32_t idx = shm_peer_scan(shm, ip);
+  uint32_t idx = shm_peer_scan(m, ip);
   atomic_store_explicit(&c->idx, idx, memory_order_relaxed);
   atomic_store_explicit(&c->tag, tag, memory_order_release);
   return idx;
@@ -433,15 +830,15 @@ static int shm_none(mpib_shm_hint *out, uint8_t reason) {
 }
 
 /* Peer level: 1 applied, 0 nothing, -1 busy. */
-static int shm_resolve_peer(mpib_shm *shm, uint32_t slot, uint32_t gen, mpib_shm_hint *out) {
-  uint32_t ip = atomic_load_explicit(&shm->slots[slot].peer_sout_ip, memory_order_relaxed);
+static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, mpib_shm_hint *out) {
+  uint32_t ip = atomic_load_explicit(&m->slots[slot].peer_sout_ip, memory_order_relaxed);
   for (int pass = 0; pass < 2; pass++) {
-    uint32_t j = pass == 0 ? shm_peer_lookup(shm, slot, gen, ip) : shm_peer_scan(shm, ip);
-    if (j >= shm->npeers) {
+    uint32_t j = pass == 0 ? shm_peer_lookup(m, slot, gen, ip) : shm_peer_scan(m, ip);
+    if (j >= m->npeers) {
       return 0;
     }
     mpib_shm_record r;
-    if (shm_rec_read(&shm->peers[j], &r) != 0) {
+    if (shm_rec_read(&m->peers[j], &r) != 0) {
       return -1;
     }
     if ((r.flags & SHM_FLAG_VALID) && shm_prefix_match(ip, r.peer_ip, r.prefix_len)) {
@@ -452,15 +849,15 @@ static int shm_resolve_peer(mpib_shm *shm, uint32_t slot, uint32_t gen, mpib_shm
   return 0;
 }
 
-int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
-                     mpib_shm_hint *out) {
-  if (shm == NULL || slot >= shm->nslots) {
+static int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
+                           mpib_shm_hint *out) {
+  if (m == NULL || slot >= m->nslots) {
     return shm_none(out, MPIB_SHM_SRC_BAD_SLOT);
   }
-  if (!shm_heartbeat_fresh(shm, now_ns, stale_ns)) {
+  if (!shm_heartbeat_fresh(m, now_ns, stale_ns)) {
     return shm_none(out, MPIB_SHM_SRC_STALE);
   }
-  struct shm_slot *s = &shm->slots[slot];
+  struct shm_slot *s = &m->slots[slot];
   uint64_t owner = atomic_load_explicit(&s->owner, memory_order_acquire);
   if ((uint32_t)owner != SHM_STATE_ACTIVE) {
     return shm_none(out, MPIB_SHM_SRC_INACTIVE);
@@ -473,13 +870,13 @@ int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t sta
   if ((r.flags & SHM_FLAG_VALID) && r.gen == gen) {
     return shm_apply(out, r.sup_bw, MPIB_SHM_SRC_SLOT);
   }
-  int p = shm_resolve_peer(shm, slot, gen, out);
+  int p = shm_resolve_peer(m, slot, gen, out);
   if (p != 0) {
     return p > 0 ? 1 : shm_none(out, MPIB_SHM_SRC_BUSY);
   }
   uint8_t cls = atomic_load_explicit(&s->path_class, memory_order_relaxed);
   if (cls <= 1) {
-    if (shm_rec_read(&shm->hdr->cls[cls], &r) != 0) {
+    if (shm_rec_read(&m->hdr->cls[cls], &r) != 0) {
       return shm_none(out, MPIB_SHM_SRC_BUSY);
     }
     if (r.flags & SHM_FLAG_VALID) {
@@ -489,38 +886,63 @@ int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t sta
   return shm_none(out, MPIB_SHM_SRC_NO_HINT);
 }
 
-int mpib_shm_read_hint(mpib_shm *shm, uint32_t slot, uint64_t stale_ns, uint32_t *sup_bw) {
+int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
+                     mpib_shm_hint *out) {
+  return shm_resolve_map(shm == NULL ? NULL : shm_cur(shm), slot, now_ns, stale_ns, out);
+}
+
+/* The (map, slot) connection id is bound to, or NULL. Lock-free: the data path's entry. */
+static struct shm_map *shm_bound(mpib_shm *shm, uint32_t id, uint32_t *slot) {
+  if (shm == NULL || id >= MPIB_SHM_MAX_CONNS) {
+    return NULL;
+  }
+  uint64_t b = atomic_load_explicit(&shm->bind[id], memory_order_acquire);
+  uint32_t mi = (uint32_t)(b >> 32);
+  if (mi == 0 || mi > SHM_MAX_MAPS) {
+    return NULL;
+  }
+  struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
+  *slot = (uint32_t)b;
+  return (m != NULL && *slot < m->nslots) ? m : NULL;
+}
+
+int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stale_ns, uint32_t *sup_bw) {
+  uint32_t slot = 0;
+  struct shm_map *m = shm_bound(shm, id, &slot);
+  if (m == NULL) {
+    return 0;
+  }
   uint64_t now = mpib_shm_now_ns();
   mpib_shm_hint h;
-  int ok = mpib_shm_resolve(shm, slot, now, stale_ns, &h);
-  if (h.source != MPIB_SHM_SRC_BAD_SLOT) {
-    struct shm_slot *s = &shm->slots[slot];
-    if (ok) {
-      atomic_fetch_add_explicit(&s->reads_applied, 1, memory_order_relaxed);
-      atomic_store_explicit(&s->last_sup_bw, h.sup_bw, memory_order_relaxed);
-    } else {
-      atomic_fetch_add_explicit(&s->reads_fallback, 1, memory_order_relaxed);
-      if (h.source == MPIB_SHM_SRC_STALE) {
-        atomic_fetch_add_explicit(&s->reads_stale, 1, memory_order_relaxed);
-      }
+  int ok = shm_resolve_map(m, slot, now, stale_ns, &h);
+  struct shm_slot *s = &m->slots[slot];
+  if (ok) {
+    atomic_fetch_add_explicit(&s->reads_applied, 1, memory_order_relaxed);
+    atomic_store_explicit(&s->last_sup_bw, h.sup_bw, memory_order_relaxed);
+  } else {
+    atomic_fetch_add_explicit(&s->reads_fallback, 1, memory_order_relaxed);
+    if (h.source == MPIB_SHM_SRC_STALE) {
+      atomic_fetch_add_explicit(&s->reads_stale, 1, memory_order_relaxed);
     }
-    if (h.clamped) {
-      atomic_fetch_add_explicit(&s->clamped, 1, memory_order_relaxed);
-    }
-    atomic_store_explicit(&s->last_source, h.source, memory_order_relaxed);
-    atomic_store_explicit(&s->last_read_ns, now, memory_order_relaxed);
   }
+  if (h.clamped) {
+    atomic_fetch_add_explicit(&s->clamped, 1, memory_order_relaxed);
+  }
+  atomic_store_explicit(&s->last_source, h.source, memory_order_relaxed);
+  atomic_store_explicit(&s->last_read_ns, now, memory_order_relaxed);
   if (ok && sup_bw != NULL) {
     *sup_bw = h.sup_bw;
   }
   return ok;
 }
 
-void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t slot, int rail, uint64_t bytes) {
-  if (shm == NULL || slot >= shm->nslots || (rail != 0 && rail != 1)) {
+void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes) {
+  uint32_t slot = 0;
+  struct shm_map *m = shm_bound(shm, id, &slot);
+  if (m == NULL || (rail != 0 && rail != 1)) {
     return;
   }
-  struct shm_slot *s = &shm->slots[slot];
+  struct shm_slot *s = &m->slots[slot];
   atomic_fetch_add_explicit(rail == 0 ? &s->sout_bytes : &s->sup_bytes, bytes,
                             memory_order_relaxed);
   atomic_fetch_add_explicit(rail == 0 ? &s->sout_requests : &s->sup_requests, 1,
@@ -552,46 +974,307 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->last_source, 0, memory_order_relaxed);
 }
 
-int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *slot_out) {
-  if (shm == NULL || d == NULL || slot_out == NULL) {
-    return -EINVAL;
+/* Claims a free slot of m for d: lease first (an OFD lock on the slot's first byte), then
+ * the owner CAS, so that a claimed slot always has a live lease (spec 5.4). */
+static int shm_claim(struct shm_map *m, const mpib_conn_desc *d, uint32_t *slot_out) {
+  if (m->retired || atomic_load_explicit(&m->faulted, memory_order_acquire)) {
+    return -ENOSPC;
   }
-  uint32_t pid = d->pid != 0 ? d->pid : (uint32_t)getpid();
-  uint32_t start = (uint32_t)((pid * 31ull + d->conn_id) % shm->nslots);
-  for (uint32_t k = 0; k < shm->nslots; k++) {
-    uint32_t i = (start + k) % shm->nslots;
-    struct shm_slot *s = &shm->slots[i];
+  uint32_t pid = d->pid;
+  uint32_t start = (uint32_t)((pid * 31ull + d->conn_id) % m->nslots);
+  for (uint32_t k = 0; k < m->nslots; k++) {
+    uint32_t i = (start + k) % m->nslots;
+    struct shm_slot *s = &m->slots[i];
+    if (atomic_load_explicit(&s->owner, memory_order_relaxed) != 0) {
+      continue;
+    }
+    if (shm_lock_byte(m->fd, shm_slot_lock_off(i), F_WRLCK) != 0) {
+      continue; /* leased by another process (releasing it right now) */
+    }
     uint64_t expect = 0;
-    if (atomic_load_explicit(&s->owner, memory_order_relaxed) != 0 ||
-        !atomic_compare_exchange_strong_explicit(&s->owner, &expect,
+    if (!atomic_compare_exchange_strong_explicit(&s->owner, &expect,
                                                  SHM_STATE_CLAIMING | (uint64_t)pid << 32,
                                                  memory_order_acq_rel, memory_order_relaxed)) {
+      shm_lock_byte(m->fd, shm_slot_lock_off(i), F_UNLCK);
       continue;
     }
     shm_slot_fill(s, d, pid);
-    atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)pid << 32,
-                          memory_order_release);
+    atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)pid << 32, memory_order_release);
     *slot_out = i;
     return 0;
   }
   return -ENOSPC;
 }
 
-void mpib_shm_release(mpib_shm *shm, uint32_t slot) {
-  if (shm == NULL || slot >= shm->nslots) {
+/* Frees our slot: owner back to 0 (only if still ours), then the lease. */
+static void shm_unclaim(struct shm_map *m, uint32_t slot, uint32_t pid) {
+  if (m->retired || slot >= m->nslots) {
     return;
   }
-  atomic_store_explicit(&shm->slots[slot].owner, 0, memory_order_release);
+  uint64_t mine = SHM_STATE_ACTIVE | (uint64_t)pid << 32;
+  atomic_compare_exchange_strong_explicit(&m->slots[slot].owner, &mine, 0, memory_order_acq_rel,
+                                          memory_order_relaxed);
+  shm_lock_byte(m->fd, shm_slot_lock_off(slot), F_UNLCK);
+}
+
+/* Binds connection id to a slot of map index mi (under mu). 0 or -ENOSPC. */
+static int shm_bind(mpib_shm *shm, uint32_t id, int mi) {
+  struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
+  uint32_t slot;
+  int rc = shm_claim(m, &shm->conns[id].d, &slot);
+  if (rc == 0) {
+    atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | slot, memory_order_release);
+  }
+  return rc;
+}
+
+/* Drops connection id's binding and frees its slot (under mu). */
+static void shm_unbind(mpib_shm *shm, uint32_t id) {
+  uint64_t b = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
+  if (b == 0) {
+    return;
+  }
+  atomic_store_explicit(&shm->bind[id], 0, memory_order_release);
+  struct shm_map *m = atomic_load_explicit(&shm->maps[(b >> 32) - 1], memory_order_relaxed);
+  shm_unclaim(m, (uint32_t)b, shm->conns[id].d.pid);
+}
+
+int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out) {
+  if (shm == NULL || d == NULL || id_out == NULL) {
+    return -EINVAL;
+  }
+  pthread_mutex_lock(&shm->mu);
+  uint32_t id = shm->conn_hi;
+  for (uint32_t i = 0; i < shm->conn_hi; i++) {
+    if (!shm->conns[i].used) {
+      id = i;
+      break;
+    }
+  }
+  if (id >= MPIB_SHM_MAX_CONNS) {
+    pthread_mutex_unlock(&shm->mu);
+    return -ENOSPC;
+  }
+  if (id == shm->conn_hi) {
+    shm->conn_hi++;
+  }
+  shm->conns[id].d = *d;
+  if (shm->conns[id].d.pid == 0) {
+    shm->conns[id].d.pid = (uint32_t)getpid();
+  }
+  shm->conns[id].used = 1;
+  int cur = atomic_load_explicit(&shm->cur, memory_order_relaxed);
+  if (cur == 0 || shm_bind(shm, id, cur) != 0) {
+    shm->unbound++;
+  }
+  pthread_mutex_unlock(&shm->mu);
+  *id_out = id;
+  return 0;
+}
+
+void mpib_shm_release(mpib_shm *shm, uint32_t id) {
+  if (shm == NULL || id >= MPIB_SHM_MAX_CONNS) {
+    return;
+  }
+  pthread_mutex_lock(&shm->mu);
+  if (shm->conns[id].used) {
+    if (atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0) {
+      shm->unbound--;
+    }
+    shm_unbind(shm, id);
+    shm->conns[id].used = 0;
+  }
+  pthread_mutex_unlock(&shm->mu);
+}
+
+int mpib_shm_conn_slot(mpib_shm *shm, uint32_t id, uint32_t *slot, uint32_t *gen) {
+  uint32_t s = 0;
+  struct shm_map *m = shm_bound(shm, id, &s);
+  if (m == NULL) {
+    return -ENOENT;
+  }
+  if (slot != NULL) {
+    *slot = s;
+  }
+  if (gen != NULL) {
+    *gen = atomic_load_explicit(&m->slots[s].gen, memory_order_relaxed);
+  }
+  return 0;
+}
+
+/* ---- the watcher (spec 5.8) ---- */
+
+__attribute__((format(printf, 4, 5))) static void shm_say(mpib_shm *shm, char *msg, size_t len,
+                                                          const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(shm->last_msg, sizeof(shm->last_msg), fmt, ap);
+  va_end(ap);
+  if (msg != NULL && len > 0) {
+    snprintf(msg, len, "%s", shm->last_msg);
+  }
+}
+
+/* Moves every connection to map index mi (under mu); returns how many got a slot. */
+static uint32_t shm_rebind_all(mpib_shm *shm, int mi) {
+  uint32_t bound = 0;
+  shm->unbound = 0;
+  for (uint32_t id = 0; id < shm->conn_hi; id++) {
+    if (!shm->conns[id].used) {
+      continue;
+    }
+    uint64_t old = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
+    struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
+    uint32_t slot;
+    if (shm_claim(m, &shm->conns[id].d, &slot) == 0) {
+      atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | slot, memory_order_release);
+      bound++;
+    } else {
+      atomic_store_explicit(&shm->bind[id], 0, memory_order_release);
+      shm->unbound++;
+    }
+    if (old != 0) {
+      struct shm_map *om = atomic_load_explicit(&shm->maps[(old >> 32) - 1], memory_order_relaxed);
+      shm_unclaim(om, (uint32_t)old, shm->conns[id].d.pid);
+    }
+  }
+  return bound;
+}
+
+static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
+  return shm->bad_errno != 0 && st->st_dev == shm->bad_dev && st->st_ino == shm->bad_ino &&
+         st->st_size == shm->bad_size && st->st_mtim.tv_sec == shm->bad_mtime.tv_sec &&
+         st->st_mtim.tv_nsec == shm->bad_mtime.tv_nsec;
+}
+
+int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
+  if (msg != NULL && msglen > 0) {
+    msg[0] = '\0';
+  }
+  if (shm == NULL || shm->path[0] == '\0') {
+    return MPIB_SHM_POLL_NONE;
+  }
+  pthread_mutex_lock(&shm->mu);
+  int ret = MPIB_SHM_POLL_NONE;
+  int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
+  struct shm_map *cur = ci > 0 ? atomic_load_explicit(&shm->maps[ci - 1], memory_order_relaxed) : NULL;
+  /* 1. A truncated segment (seen by the guard, or by its size): detach. */
+  struct stat cst;
+  if (cur != NULL && cur->fd >= 0 &&
+      (atomic_load_explicit(&cur->faulted, memory_order_acquire) ||
+       (fstat(cur->fd, &cst) == 0 && (uint64_t)cst.st_size < cur->map_size))) {
+    atomic_store_explicit(&shm->cur, 0, memory_order_release);
+    for (uint32_t id = 0; id < shm->conn_hi; id++) {
+      if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) != 0) {
+        shm_unbind(shm, id);
+        shm->unbound++;
+      }
+    }
+    /* The truncated file stays at the path: remember it as refused until it changes. */
+    struct stat tst;
+    if (fstatat(AT_FDCWD, shm->path, &tst, AT_SYMLINK_NOFOLLOW) == 0 && tst.st_dev == cur->dev &&
+        tst.st_ino == cur->ino) {
+      shm->bad_errno = EINVAL;
+      shm->bad_dev = tst.st_dev;
+      shm->bad_ino = tst.st_ino;
+      shm->bad_size = tst.st_size;
+      shm->bad_mtime = tst.st_mtim;
+    }
+    shm_map_retire(cur);
+    cur = NULL;
+    ci = 0;
+    shm_say(shm, msg, msglen,
+            "agent segment %s was truncated: detached, vanilla policy until a valid segment "
+            "appears", shm->path);
+    ret = MPIB_SHM_POLL_DETACHED;
+  }
+  /* 2. A different file at the path (or the first one): attach it. */
+  struct stat st;
+  int have = fstatat(AT_FDCWD, shm->path, &st, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!have && cur == NULL && ret == MPIB_SHM_POLL_NONE && shm->bad_errno != errno) {
+    shm->bad_errno = errno;
+    shm->bad_ino = 0;
+    shm_say(shm, msg, msglen, "mpib shm %s: io: %s", shm->path, strerror(errno));
+    ret = MPIB_SHM_POLL_FAILED;
+  }
+  if (have && (cur == NULL || st.st_dev != cur->dev || st.st_ino != cur->ino) &&
+      !shm_same_bad(shm, &st)) {
+    char err[384] = "";
+    struct shm_map *m = NULL;
+    struct stat ost;
+    int rc = shm->nmaps >= SHM_MAX_MAPS ? -ENOSPC : shm_map_file(shm->path, &m, &ost, err, sizeof(err));
+    if (rc == 0) {
+      int mi = shm_add_map(shm, m);
+      uint32_t bound = shm_rebind_all(shm, mi);
+      atomic_store_explicit(&shm->cur, mi, memory_order_release);
+      if (cur != NULL) {
+        shm_map_retire(cur);
+      }
+      shm->bad_errno = 0;
+      shm_say(shm, msg, msglen, "agent segment %s %s: %u connection(s) registered%s", shm->path,
+              cur != NULL ? "replaced: re-attached" : "attached", (unsigned)bound,
+              shm->unbound ? " (some wait for a free slot)" : "");
+      ret = MPIB_SHM_POLL_ATTACHED;
+    } else {
+      if (rc == -ENOSPC) {
+        shm_err(err, sizeof(err), "mpib shm %.300s: io: attached %d segments already, no more",
+                shm->path, SHM_MAX_MAPS);
+      }
+      shm->bad_errno = rc == 0 ? -1 : -rc;
+      shm->bad_dev = st.st_dev;
+      shm->bad_ino = st.st_ino;
+      shm->bad_size = st.st_size;
+      shm->bad_mtime = st.st_mtim;
+      shm_say(shm, msg, msglen, "%s", err);
+      if (ret == MPIB_SHM_POLL_NONE) {
+        ret = MPIB_SHM_POLL_FAILED;
+      }
+    }
+  } else if (cur != NULL && shm->unbound > 0) {
+    /* 3. Connections that found the segment full: try again. */
+    for (uint32_t id = 0; id < shm->conn_hi && shm->unbound > 0; id++) {
+      if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0 &&
+          shm_bind(shm, id, ci) == 0) {
+        shm->unbound--;
+      }
+    }
+  }
+  pthread_mutex_unlock(&shm->mu);
+  return ret;
+}
+
+void mpib_shm_close(mpib_shm *shm) {
+  if (shm == NULL) {
+    return;
+  }
+  pthread_mutex_lock(&shm->mu);
+  for (uint32_t id = 0; id < shm->conn_hi; id++) {
+    if (shm->conns[id].used) {
+      shm_unbind(shm, id);
+    }
+  }
+  pthread_mutex_unlock(&shm->mu);
+  for (int i = 0; i < shm->nmaps; i++) {
+    struct shm_map *m = atomic_load_explicit(&shm->maps[i], memory_order_relaxed);
+    if (m != NULL) {
+      shm_map_free(m);
+    }
+  }
+  pthread_mutex_destroy(&shm->mu);
+  free(shm->conns);
+  free((void *)shm->bind);
+  free(shm);
 }
 
 /* ---- agent-side helpers (tests, tools) ---- */
 
 void mpib_shm_heartbeat(mpib_shm *shm, uint64_t now_ns) {
-  if (shm == NULL) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL) {
     return;
   }
-  atomic_store_explicit(&shm->hdr->agent_pid, (uint32_t)getpid(), memory_order_relaxed);
-  atomic_store_explicit(&shm->hdr->heartbeat_ns, now_ns, memory_order_release);
+  atomic_store_explicit(&m->hdr->agent_pid, (uint32_t)getpid(), memory_order_relaxed);
+  atomic_store_explicit(&m->hdr->heartbeat_ns, now_ns, memory_order_release);
 }
 
 static uint32_t shm_clamp(uint32_t v, int *clamped) {
@@ -599,44 +1282,52 @@ static uint32_t shm_clamp(uint32_t v, int *clamped) {
   return *clamped ? MPIB_SHM_SUP_BW_MAX : v;
 }
 
-int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, int valid, uint32_t sup_bw) {
-  if (shm == NULL || slot >= shm->nslots) {
+int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen, int valid,
+                           uint32_t sup_bw) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || slot >= m->nslots) {
     return -ERANGE;
   }
-  struct shm_slot *s = &shm->slots[slot];
+  struct shm_slot *s = &m->slots[slot];
   if ((uint32_t)atomic_load_explicit(&s->owner, memory_order_acquire) != SHM_STATE_ACTIVE) {
     return -ENOENT;
+  }
+  uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
+  if (gen != expect_gen) {
+    return -ESTALE;
   }
   int clamped;
   mpib_shm_record r = {.sup_bw = shm_clamp(sup_bw, &clamped),
                        .flags = valid ? SHM_FLAG_VALID : 0,
-                       .gen = atomic_load_explicit(&s->gen, memory_order_relaxed),
+                       .gen = gen,
                        .set_ns = mpib_shm_now_ns()};
   shm_rec_write(&s->hint, &r);
   return clamped;
 }
 
 int mpib_shm_set_class_hint(mpib_shm *shm, int path_class, int valid, uint32_t sup_bw) {
-  if (shm == NULL || path_class < 0 || path_class > 1) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || path_class < 0 || path_class > 1) {
     return -ERANGE;
   }
   int clamped;
   mpib_shm_record r = {.sup_bw = shm_clamp(sup_bw, &clamped),
                        .flags = valid ? SHM_FLAG_VALID : 0,
                        .set_ns = mpib_shm_now_ns()};
-  shm_rec_write(&shm->hdr->cls[path_class], &r);
+  shm_rec_write(&m->hdr->cls[path_class], &r);
   return clamped;
 }
 
 int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, int valid,
                            uint32_t sup_bw) {
-  if (shm == NULL || prefix_len > 32) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL || prefix_len > 32) {
     return -ERANGE;
   }
   uint32_t target = SHM_NO_PEER, free_idx = SHM_NO_PEER;
-  for (uint32_t j = 0; j < shm->npeers && target == SHM_NO_PEER; j++) {
+  for (uint32_t j = 0; j < m->npeers && target == SHM_NO_PEER; j++) {
     mpib_shm_record r;
-    if (shm_rec_read(&shm->peers[j], &r) != 0) {
+    if (shm_rec_read(&m->peers[j], &r) != 0) {
       continue;
     }
     if (!(r.flags & SHM_FLAG_VALID)) {
@@ -660,8 +1351,8 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
                        .set_ns = mpib_shm_now_ns(),
                        .peer_ip = peer_ip,
                        .prefix_len = prefix_len};
-  shm_rec_write(&shm->peers[target], &r);
-  atomic_fetch_add_explicit(&shm->hdr->peers_epoch, 1, memory_order_release);
+  shm_rec_write(&m->peers[target], &r);
+  atomic_fetch_add_explicit(&m->hdr->peers_epoch, 1, memory_order_release);
   return clamped;
 }
 
@@ -676,7 +1367,7 @@ int mpib_shm_create(const char *path, uint32_t nslots, uint32_t npeers, char *er
     shm_err(err, errlen, "mpib shm %s: io: path too long", path);
     return -ENAMETOOLONG;
   }
-  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     int e = errno;
     shm_err(err, errlen, "mpib shm %s: io: create: %s", tmp, strerror(e));

@@ -24,7 +24,7 @@
 #define READERS 3
 
 static mpib_shm *shm;
-static uint32_t slot;
+static uint32_t conn, slot, gen; /* the registered connection and its segment slot */
 static atomic_int done;
 static atomic_ulong torn, ok_reads, busy_reads, bad_values;
 
@@ -73,7 +73,7 @@ static void *flipper(void *arg) {
     if (k % 1024 == 0) {
       mpib_shm_heartbeat(shm, mpib_shm_now_ns());
     }
-    mpib_shm_set_slot_hint(shm, slot, 1, (k & 1) ? 1024 : 256);
+    mpib_shm_set_slot_hint(shm, slot, gen, 1, (k & 1) ? 1024 : 256);
   }
   atomic_store(&done, 1);
   return NULL;
@@ -84,7 +84,7 @@ static void *hot_reader(void *arg) {
   uint64_t stale = 1000000000ull;
   while (!atomic_load(&done)) {
     uint32_t bw = 0;
-    if (mpib_shm_read_hint(shm, slot, stale, &bw)) {
+    if (mpib_shm_read_hint(shm, conn, stale, &bw)) {
       atomic_fetch_add(&ok_reads, 1);
       if (bw != 256 && bw != 1024) {
         atomic_fetch_add(&bad_values, 1);
@@ -121,7 +121,7 @@ int main(void) {
     return 1;
   }
   mpib_conn_desc d = {.path_class = 0, .is_send = 1, .nqps_sout = 1, .nqps_sup = 1};
-  if (mpib_shm_register(shm, &d, &slot) != 0) {
+  if (mpib_shm_register(shm, &d, &conn) != 0 || mpib_shm_conn_slot(shm, conn, &slot, &gen) != 0) {
     fprintf(stderr, "register failed\n");
     return 1;
   }

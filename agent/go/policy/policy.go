@@ -1,5 +1,7 @@
 // Package policy holds the agent's built-in policies: pure decisions over telemetry and a
-// weights file, applied through a HintWriter (a *shm.Segment, or a fake in tests).
+// weights file, applied through a HintWriter (a *shm.Segment, or a fake in tests). The Python
+// agent (agent/python/src/mpib_agent/_policy.py) implements the same rules; the CLI test in
+// agent/go/cmd/mpib-agent runs both.
 package policy
 
 import (
@@ -7,17 +9,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
 )
 
 // HintWriter is the part of *shm.Segment a policy writes through.
 type HintWriter interface {
-	SetSlotHint(slot uint32, supBw uint32, valid bool) error
+	SetSlotHint(slot, gen uint32, supBw uint32, valid bool) error
 	SetPeerHint(ip shm.IPv4, prefixLen uint8, supBw uint32, valid bool) error
 	SetClassHint(class shm.PathClass, supBw uint32, valid bool) error
 }
@@ -28,52 +33,84 @@ type HintWriter interface {
 //	 "peers": {"10.0.2.7": 256, "10.0.2.0/24": 512},
 //	 "conns": {"3": 700, "4242:7": 128}}
 //
-// conns keys are a slot index or PID:CONN_ID; values are sup_bw in parts per 1024.
+// conns keys are a slot index or PID:CONN_ID; values are sup_bw in parts per 1024: JSON
+// integers >= 0 (a value above 1024 is written as 1024, with a warning). Every section is
+// optional; anything else (unknown fields, fractions, negative numbers, null) is refused.
 type Weights struct {
-	Class map[string]uint32 `json:"class"`
-	Peers map[string]uint32 `json:"peers"`
-	Conns map[string]uint32 `json:"conns"`
+	Class map[string]uint32
+	Peers map[string]uint32
+	Conns map[string]uint32
 }
 
-// ErrBadWeights marks a malformed weights file.
-var ErrBadWeights = errors.New("bad weights file")
+// ErrBadWeights marks a malformed weights file. Its code is "bad_weights".
+var ErrBadWeights = errors.New("bad_weights")
+
+var jsonUint = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
 // LoadWeights reads and checks a weights file.
 func LoadWeights(path string) (*Weights, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("load weights: %w", err)
+		return nil, fmt.Errorf("%w: %v", ErrBadWeights, err)
 	}
 	return ParseWeights(b)
 }
 
-// ParseWeights decodes a weights file strictly (unknown fields and bad keys are errors).
+// ParseWeights decodes a weights file strictly.
 func ParseWeights(b []byte) (*Weights, error) {
-	var w Weights
+	bad := func(format string, args ...any) (*Weights, error) {
+		return nil, fmt.Errorf("%w: %s", ErrBadWeights, fmt.Sprintf(format, args...))
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&w); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadWeights, err)
+	dec.UseNumber()
+	var top any
+	if err := dec.Decode(&top); err != nil {
+		return bad("not JSON: %v", err)
 	}
-	for k := range w.Class {
-		if _, err := ParseClass(k); err != nil {
-			return nil, fmt.Errorf("%w: class %q: %v", ErrBadWeights, k, err)
+	if _, err := dec.Token(); err != io.EOF {
+		return bad("not JSON: data after the object")
+	}
+	obj, ok := top.(map[string]any)
+	if !ok {
+		return bad("want a JSON object with class, peers and conns")
+	}
+	w := &Weights{Class: map[string]uint32{}, Peers: map[string]uint32{}, Conns: map[string]uint32{}}
+	for _, field := range sortedKeys(obj) {
+		var dst map[string]uint32
+		var check func(string) error
+		switch field {
+		case "class":
+			dst, check = w.Class, func(k string) error { _, err := ParseClass(k); return err }
+		case "peers":
+			dst, check = w.Peers, func(k string) error { _, _, err := ParsePeer(k); return err }
+		case "conns":
+			dst, check = w.Conns, func(k string) error { _, err := ParseConnSelector(k); return err }
+		default:
+			return bad("unknown field %q (class, peers, conns)", field)
+		}
+		sec, ok := obj[field].(map[string]any)
+		if !ok {
+			return bad("%s: want an object of KEY: sup_bw", field)
+		}
+		for k, v := range sec {
+			if err := check(k); err != nil {
+				return bad("%s %q: %v", field, k, err)
+			}
+			n, ok := v.(json.Number)
+			if !ok || !jsonUint.MatchString(n.String()) {
+				return bad("%s %q: sup_bw %v: want an integer 0..1024", field, k, v)
+			}
+			u, err := strconv.ParseUint(n.String(), 10, 32)
+			if err != nil {
+				u = 1<<32 - 1 // larger than uint32: clamped to 1024 on write anyway
+			}
+			dst[k] = uint32(u)
 		}
 	}
-	for k := range w.Peers {
-		if _, _, err := ParsePeer(k); err != nil {
-			return nil, fmt.Errorf("%w: peer %q: %v", ErrBadWeights, k, err)
-		}
-	}
-	for k := range w.Conns {
-		if _, err := ParseConnSelector(k); err != nil {
-			return nil, fmt.Errorf("%w: conn %q: %v", ErrBadWeights, k, err)
-		}
-	}
-	return &w, nil
+	return w, nil
 }
 
-// ParseClass accepts intra|inter|0|1.
+// ParseClass accepts intra|inter|0|1 (any case).
 func ParseClass(s string) (shm.PathClass, error) {
 	switch strings.ToLower(s) {
 	case "intra", "0":
@@ -84,16 +121,21 @@ func ParseClass(s string) (shm.PathClass, error) {
 	return 0, shm.ErrBadClass
 }
 
-// ParsePeer accepts IP or IP/LEN (LEN defaults to 32).
+var peerRe = regexp.MustCompile(`^([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?:/([0-9]{1,2}))?$`)
+
+// ParsePeer accepts IP or IP/LEN (LEN 0..32, default 32).
 func ParsePeer(s string) (shm.IPv4, uint8, error) {
-	ipStr, lenStr, has := strings.Cut(s, "/")
-	ip, err := shm.ParseIPv4(ipStr)
+	m := peerRe.FindStringSubmatch(s)
+	if m == nil {
+		return 0, 0, fmt.Errorf("want IP or IP/LEN, got %q", s)
+	}
+	ip, err := shm.ParseIPv4(m[1])
 	if err != nil {
 		return 0, 0, err
 	}
 	plen := uint64(32)
-	if has {
-		if plen, err = strconv.ParseUint(lenStr, 10, 8); err != nil || plen > 32 {
+	if m[2] != "" {
+		if plen, _ = strconv.ParseUint(m[2], 10, 8); plen > 32 {
 			return 0, 0, shm.ErrBadPrefix
 		}
 	}
@@ -108,36 +150,82 @@ type ConnSelector struct {
 	ByPIDConnID bool
 }
 
-// ParseConnSelector accepts SLOT or PID:CONN_ID.
+var connRe = regexp.MustCompile(`^([0-9]+)(?::([0-9]+))?$`)
+
+// ParseConnSelector accepts SLOT or PID:CONN_ID (decimal digits only).
 func ParseConnSelector(s string) (ConnSelector, error) {
-	if p, c, ok := strings.Cut(s, ":"); ok {
-		pid, err1 := strconv.ParseUint(p, 10, 32)
-		conn, err2 := strconv.ParseUint(c, 10, 64)
+	m := connRe.FindStringSubmatch(s)
+	bad := fmt.Errorf("want SLOT or PID:CONN_ID, got %q", s)
+	if m == nil {
+		return ConnSelector{}, bad
+	}
+	if strings.Contains(s, ":") {
+		pid, err1 := strconv.ParseUint(m[1], 10, 32)
+		conn, err2 := strconv.ParseUint(m[2], 10, 64)
 		if err1 != nil || err2 != nil {
-			return ConnSelector{}, fmt.Errorf("want SLOT or PID:CONN_ID, got %q", s)
+			return ConnSelector{}, bad
 		}
 		return ConnSelector{PID: uint32(pid), ConnID: conn, ByPIDConnID: true}, nil
 	}
-	slot, err := strconv.ParseUint(s, 10, 32)
+	slot, err := strconv.ParseUint(m[1], 10, 32)
 	if err != nil {
-		return ConnSelector{}, fmt.Errorf("want SLOT or PID:CONN_ID, got %q", s)
+		return ConnSelector{}, bad
 	}
 	return ConnSelector{Slot: uint32(slot)}, nil
 }
 
-// Find returns the slot index the selector names among conns.
-func (c ConnSelector) Find(conns []shm.Slot) (uint32, bool) {
+// Find returns the connection the selector names among conns.
+func (c ConnSelector) Find(conns []shm.Slot) (shm.Slot, bool) {
 	for _, s := range conns {
 		if (!c.ByPIDConnID && s.Index == c.Slot) || (c.ByPIDConnID && s.PID == c.PID && s.ConnID == c.ConnID) {
-			return s.Index, true
+			return s, true
 		}
 	}
-	return 0, false
+	return shm.Slot{}, false
 }
 
-// Apply writes every weight. Clamped values and connections not present are reported in
-// the returned warnings; a write failure stops with an error.
-func (w *Weights) Apply(hw HintWriter, conns []shm.Slot) (warnings []error, err error) {
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Gone reports a slot write refused because the connection closed or the slot now holds
+// another registration: policies skip it.
+func Gone(err error) bool {
+	return errors.Is(err, shm.ErrSlotInactive) || errors.Is(err, shm.ErrGenChanged)
+}
+
+type slotGen struct{ slot, gen, value uint32 }
+
+// Static is the static policy: the weights file, re-read when it changes.
+//   - A file that cannot be read or parsed at the first tick is an error; later, the last good
+//     weights stay in force and the failure is reported once (Warnings).
+//   - A key deleted from the file clears its hint: its connections return to the default.
+//   - conns entries are written for connections that register later too, and again when a
+//     slot key's slot is registered again.
+type Static struct {
+	File string
+
+	w       *Weights // in force
+	stamp   string   // mtime+size of the last load attempt
+	written map[string]slotGen
+	missing map[string]bool // conns keys already reported as not (yet) connected
+}
+
+// Tick applies the weights to conns (the active slots). Notes are lines for the operator,
+// warnings are reported once each; err stops the policy.
+func (p *Static) Tick(hw HintWriter, conns []shm.Slot) (notes []string, warnings []error, err error) {
+	nw, werr := p.reload()
+	if werr != nil {
+		if p.w == nil {
+			return nil, nil, werr
+		}
+		warnings = append(warnings, fmt.Errorf("%w: keeping the last good weights", werr))
+	}
 	note := func(e error) error {
 		if errors.Is(e, shm.ErrHintClamped) {
 			warnings = append(warnings, e)
@@ -145,37 +233,101 @@ func (w *Weights) Apply(hw HintWriter, conns []shm.Slot) (warnings []error, err 
 		}
 		return e
 	}
-	for _, k := range sortedKeys(w.Class) {
-		c, _ := ParseClass(k)
-		if err := note(hw.SetClassHint(c, w.Class[k], true)); err != nil {
-			return warnings, fmt.Errorf("class %s: %w", k, err)
+	if nw != nil {
+		old := p.w
+		if old == nil {
+			old = &Weights{}
 		}
-	}
-	for _, k := range sortedKeys(w.Peers) {
-		ip, plen, _ := ParsePeer(k)
-		if err := note(hw.SetPeerHint(ip, plen, w.Peers[k], true)); err != nil {
-			return warnings, fmt.Errorf("peer %s: %w", k, err)
+		for _, k := range sortedKeys(old.Class) {
+			if _, ok := nw.Class[k]; !ok {
+				c, _ := ParseClass(k)
+				if err := hw.SetClassHint(c, 0, false); err != nil {
+					return notes, warnings, fmt.Errorf("class %s: %w", k, err)
+				}
+				notes = append(notes, fmt.Sprintf("policy: class %s removed: cleared", k))
+			}
 		}
+		for _, k := range sortedKeys(old.Peers) {
+			if _, ok := nw.Peers[k]; !ok {
+				ip, plen, _ := ParsePeer(k)
+				if err := hw.SetPeerHint(ip, plen, 0, false); err != nil {
+					return notes, warnings, fmt.Errorf("peer %s: %w", k, err)
+				}
+				notes = append(notes, fmt.Sprintf("policy: peer %s removed: cleared", k))
+			}
+		}
+		for _, k := range sortedKeys(p.written) {
+			if _, ok := nw.Conns[k]; !ok {
+				sg := p.written[k]
+				if err := hw.SetSlotHint(sg.slot, sg.gen, 0, false); err != nil && !Gone(err) {
+					return notes, warnings, fmt.Errorf("conn %s: %w", k, err)
+				}
+				notes = append(notes, fmt.Sprintf("policy: conn %s removed: slot %d cleared", k, sg.slot))
+			}
+		}
+		for _, k := range sortedKeys(nw.Class) {
+			c, _ := ParseClass(k)
+			if err := note(hw.SetClassHint(c, nw.Class[k], true)); err != nil {
+				return notes, warnings, fmt.Errorf("class %s: %w", k, err)
+			}
+		}
+		for _, k := range sortedKeys(nw.Peers) {
+			ip, plen, _ := ParsePeer(k)
+			if err := note(hw.SetPeerHint(ip, plen, nw.Peers[k], true)); err != nil {
+				return notes, warnings, fmt.Errorf("peer %s: %w", k, err)
+			}
+		}
+		p.w, p.written, p.missing = nw, map[string]slotGen{}, map[string]bool{}
+		notes = append(notes, fmt.Sprintf("policy: static weights loaded: %d class, %d peer, %d conn entries",
+			len(nw.Class), len(nw.Peers), len(nw.Conns)))
 	}
-	for _, k := range sortedKeys(w.Conns) {
+	for _, k := range sortedKeys(p.w.Conns) {
 		sel, _ := ParseConnSelector(k)
-		slot, ok := sel.Find(conns)
+		c, ok := sel.Find(conns)
 		if !ok {
-			warnings = append(warnings, fmt.Errorf("conn %s: %w", k, shm.ErrSlotInactive))
+			if !p.missing[k] {
+				p.missing[k] = true
+				warnings = append(warnings, fmt.Errorf("conn %s: no such connection yet (applied when it appears)", k))
+			}
 			continue
 		}
-		if err := note(hw.SetSlotHint(slot, w.Conns[k], true)); err != nil {
-			return warnings, fmt.Errorf("conn %s: %w", k, err)
+		want := slotGen{c.Index, c.Gen, p.w.Conns[k]}
+		if p.written[k] == want {
+			continue
 		}
+		err := note(hw.SetSlotHint(c.Index, c.Gen, want.value, true))
+		if Gone(err) {
+			continue // closed since conns was read: the next tick sees what replaced it
+		}
+		if err != nil {
+			return notes, warnings, fmt.Errorf("conn %s: %w", k, err)
+		}
+		delete(p.missing, k)
+		p.written[k] = want
+		v, _ := shm.Clamp(want.value)
+		notes = append(notes, fmt.Sprintf("policy: conn %s: slot %d (gen %d) sup_bw=%d", k, c.Index, c.Gen, v))
 	}
-	return warnings, nil
+	return notes, warnings, nil
 }
 
-func sortedKeys(m map[string]uint32) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// reload returns new weights when the file changed and parses, nil when unchanged.
+func (p *Static) reload() (*Weights, error) {
+	st, err := os.Stat(p.File)
+	if err != nil {
+		if stamp := "missing:" + err.Error(); stamp != p.stamp {
+			p.stamp = stamp
+			return nil, fmt.Errorf("%w: %v", ErrBadWeights, err)
+		}
+		return nil, nil
 	}
-	sort.Strings(keys)
-	return keys
+	stamp := st.ModTime().Format(time.RFC3339Nano) + "/" + strconv.FormatInt(st.Size(), 10)
+	if stamp == p.stamp {
+		return nil, nil
+	}
+	w, err := LoadWeights(p.File)
+	p.stamp = stamp
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.File, err)
+	}
+	return w, nil
 }

@@ -2,7 +2,13 @@ package policy
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
 	"testing"
+	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
 )
@@ -11,25 +17,38 @@ type call struct {
 	kind  string
 	key   string
 	value uint32
+	valid bool
 }
 
-type fake struct{ calls []call }
+type fake struct {
+	calls []call
+	gens  map[uint32]uint32 // slot -> current gen (missing: inactive)
+}
 
-func (f *fake) SetSlotHint(slot uint32, v uint32, _ bool) error {
-	f.calls = append(f.calls, call{"slot", shm.IPv4(slot).String(), v})
+func (f *fake) SetSlotHint(slot, gen uint32, v uint32, valid bool) error {
+	if f.gens != nil {
+		cur, ok := f.gens[slot]
+		if !ok {
+			return shm.ErrSlotInactive
+		}
+		if cur != gen {
+			return &shm.GenChangedError{Slot: slot, Expected: gen, Current: cur}
+		}
+	}
+	f.calls = append(f.calls, call{"slot", fmt.Sprintf("%d/%d", slot, gen), v, valid})
 	if v > shm.SupBwMax {
 		return &shm.ClampedError{Requested: v, Applied: shm.SupBwMax}
 	}
 	return nil
 }
 
-func (f *fake) SetPeerHint(ip shm.IPv4, plen uint8, v uint32, _ bool) error {
-	f.calls = append(f.calls, call{"peer", ip.String(), v})
+func (f *fake) SetPeerHint(ip shm.IPv4, plen uint8, v uint32, valid bool) error {
+	f.calls = append(f.calls, call{"peer", fmt.Sprintf("%v/%d", ip, plen), v, valid})
 	return nil
 }
 
-func (f *fake) SetClassHint(c shm.PathClass, v uint32, _ bool) error {
-	f.calls = append(f.calls, call{"class", c.String(), v})
+func (f *fake) SetClassHint(c shm.PathClass, v uint32, valid bool) error {
+	f.calls = append(f.calls, call{"class", c.String(), v, valid})
 	return nil
 }
 
@@ -40,12 +59,24 @@ func TestParseWeights(t *testing.T) {
 	}{
 		{"full", `{"class":{"intra":1024,"inter":0},"peers":{"10.0.2.7":256,"10.0.2.0/24":512},"conns":{"3":700,"42:7":1}}`, true},
 		{"empty", `{}`, true},
+		{"above 1024 (clamped on write)", `{"class":{"intra":5000}}`, true},
+		{"beyond uint32", `{"class":{"intra":99999999999}}`, true},
 		{"unknown field", `{"klass":{}}`, false},
 		{"bad class", `{"class":{"outer":1}}`, false},
 		{"bad peer", `{"peers":{"10.0.2":1}}`, false},
 		{"bad prefix", `{"peers":{"10.0.2.0/33":1}}`, false},
 		{"bad conn", `{"conns":{"x":1}}`, false},
+		{"signed conn", `{"conns":{"+3":1}}`, false},
 		{"negative", `{"class":{"intra":-1}}`, false},
+		{"fraction", `{"class":{"intra":512.5}}`, false},
+		{"fraction .0", `{"class":{"intra":512.0}}`, false},
+		{"exponent", `{"class":{"intra":1e3}}`, false},
+		{"bool", `{"class":{"intra":true}}`, false},
+		{"null value", `{"class":{"intra":null}}`, false},
+		{"null section", `{"class":null}`, false},
+		{"array", `[]`, false},
+		{"trailing data", `{} {}`, false},
+		{"half written", `{"class":{"intra":10`, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,28 +91,85 @@ func TestParseWeights(t *testing.T) {
 	}
 }
 
-func TestApply(t *testing.T) {
-	w, err := ParseWeights([]byte(`{"class":{"inter":0},"peers":{"10.0.2.0/24":512},"conns":{"1":5000,"42:7":100,"9":1}}`))
+// Defect 7 (static policy): a deleted key clears its hint, conns entries reach connections
+// that appear later, a half-saved file keeps the last good weights with one warning.
+func TestStatic(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "w.json")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().Add(time.Duration(len(s)) * time.Millisecond) // a distinct mtime per write
+		os.Chtimes(file, now, now)
+	}
+	p := &Static{File: file}
+	f := &fake{gens: map[uint32]uint32{1: 5}}
+	conn := func(i, gen, pid uint32, id uint64) shm.Slot {
+		return shm.Slot{Index: i, Gen: gen, PID: pid, ConnID: id}
+	}
+	if _, _, err := p.Tick(f, nil); !errors.Is(err, ErrBadWeights) {
+		t.Fatalf("missing file at start: expected ErrBadWeights but got %v", err)
+	}
+	write(`{"class":{"inter":0},"peers":{"10.0.2.0/24":512},"conns":{"1":5000,"42:7":100}}`)
+	_, warnings, err := p.Tick(f, []shm.Slot{conn(1, 5, 1, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns := []shm.Slot{{Index: 1, PID: 1, ConnID: 1}, {Index: 2, PID: 42, ConnID: 7}}
-	f := &fake{}
-	warnings, err := w.Apply(f, conns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []call{{"class", "inter", 0}, {"peer", "10.0.2.0", 512}, {"slot", "0.0.0.1", 5000}, {"slot", "0.0.0.2", 100}}
-	if len(f.calls) != len(want) {
+	want := []call{{"class", "inter", 0, true}, {"peer", "10.0.2.0/24", 512, true}, {"slot", "1/5", 5000, true}}
+	if !reflect.DeepEqual(f.calls, want) {
 		t.Fatalf("expected %v but got %v", want, f.calls)
 	}
-	for i := range want {
-		if f.calls[i] != want[i] {
-			t.Errorf("call %d: expected %v but got %v", i, want[i], f.calls[i])
+	if len(warnings) != 2 || !errors.Is(warnings[0], shm.ErrHintClamped) {
+		t.Fatalf("warnings (clamp, 42:7 missing): %v", warnings)
+	}
+	// Nothing changed: nothing written. Then 42:7 connects (slot 2).
+	f.calls = nil
+	p.Tick(f, []shm.Slot{conn(1, 5, 1, 1)})
+	f.gens[2] = 9
+	_, warnings, _ = p.Tick(f, []shm.Slot{conn(1, 5, 1, 1), conn(2, 9, 42, 7)})
+	if want := []call{{"slot", "2/9", 100, true}}; !reflect.DeepEqual(f.calls, want) || len(warnings) != 0 {
+		t.Fatalf("a connection that appears later: expected %v but got %v (%v)", want, f.calls, warnings)
+	}
+	// Slot 1 is registered again: written again with its new gen.
+	f.calls = nil
+	f.gens[1] = 6
+	p.Tick(f, []shm.Slot{conn(1, 6, 1, 2), conn(2, 9, 42, 7)})
+	if want := []call{{"slot", "1/6", 5000, true}}; !reflect.DeepEqual(f.calls, want) {
+		t.Fatalf("re-registered slot: expected %v but got %v", want, f.calls)
+	}
+	// Half-saved file: the last good weights stay, one warning.
+	f.calls = nil
+	write(`{"class":{"inter":`)
+	_, w1, err1 := p.Tick(f, []shm.Slot{conn(1, 6, 1, 2), conn(2, 9, 42, 7)})
+	_, w2, err2 := p.Tick(f, []shm.Slot{conn(1, 6, 1, 2), conn(2, 9, 42, 7)})
+	if err1 != nil || err2 != nil || len(w1) != 1 || !errors.Is(w1[0], ErrBadWeights) || len(w2) != 0 || len(f.calls) != 0 {
+		t.Fatalf("half-saved file: %v %v %v %v %v", err1, err2, w1, w2, f.calls)
+	}
+	// Keys deleted: their hints are cleared (the connection returns to the default).
+	write(`{"class":{"inter":0}}`)
+	if _, _, err := p.Tick(f, []shm.Slot{conn(1, 6, 1, 2), conn(2, 9, 42, 7)}); err != nil {
+		t.Fatal(err)
+	}
+	want = []call{{"peer", "10.0.2.0/24", 0, false}, {"slot", "2/9", 0, false}, {"slot", "1/6", 0, false}, {"class", "inter", 0, true}}
+	sortCalls := func(c []call) {
+		sort.SliceStable(c, func(i, j int) bool { return c[i].kind+c[i].key < c[j].kind+c[j].key })
+	}
+	sortCalls(want)
+	sortCalls(f.calls)
+	if !reflect.DeepEqual(f.calls, want) {
+		t.Fatalf("deleted keys: expected %v but got %v", want, f.calls)
+	}
+}
+
+func TestParseConnSelector(t *testing.T) {
+	for _, s := range []string{"", "x", "-1", "+3", "1:", ":1", "1:2:3", "4294967296", "1:18446744073709551616", " 3"} {
+		if _, err := ParseConnSelector(s); err == nil {
+			t.Errorf("%q accepted", s)
 		}
 	}
-	if len(warnings) != 2 || !errors.Is(warnings[0], shm.ErrHintClamped) || !errors.Is(warnings[1], shm.ErrSlotInactive) {
-		t.Fatalf("warnings: %v", warnings)
+	if c, err := ParseConnSelector("4242:7"); err != nil || !c.ByPIDConnID || c.PID != 4242 || c.ConnID != 7 {
+		t.Fatalf("4242:7: %+v %v", c, err)
 	}
 }
 

@@ -25,7 +25,7 @@ func validate(b []byte, size int64, path string) (Header, error) {
 	}
 	v := view{b: b}
 	if ver := v.u32(offVersion); ver != Version {
-		return fail(ErrBadVersion, "version %d, this reader implements %d", ver, Version)
+		return fail(ErrBadVersion, "format version %d, this reader implements %d%s", ver, Version, versionAdvice(ver))
 	}
 	h := decodeHeader(v)
 	hs, ss, ps := v.u32(offHeaderSize), v.u32(offSlotSize), v.u32(offPeerSize)
@@ -38,6 +38,14 @@ func validate(b []byte, size int64, path string) (Header, error) {
 		return fail(ErrTooSmall, "%d bytes, the header declares %d", size, h.TotalSize)
 	}
 	return h, nil
+}
+
+// versionAdvice says what to do about a segment of another format version.
+func versionAdvice(ver uint32) string {
+	if ver < Version {
+		return " (a segment made by an older agent: re-create it with the current agent)"
+	}
+	return " (a segment made by a newer agent: upgrade the plugin and agents)"
 }
 
 func decodeHeader(v view) Header {

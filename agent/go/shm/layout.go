@@ -2,21 +2,30 @@ package shm
 
 // Format constants (docs/shm-format.md, section 4).
 const (
-	Magic        = "MPIBHINT"
-	Version      = 1
-	HeaderSize   = 256
-	SlotSize     = 256
-	PeerSize     = 64
-	MaxSlots     = 65536
-	MaxPeers     = 4096
-	SupBwMax     = 1024 // sup_bw is in parts per 1024: 0 all SOUT, 1024 all SUP
-	SeqAttempts  = 8    // seqlock read attempts before a record counts as busy
-	FlagValid    = 1    // hint record flag: the record holds a hint
-	DefaultPath  = "/dev/shm/mpib-hints"
-	DefaultSlots = 1024
-	DefaultPeers = 256
+	Magic       = "MPIBHINT"
+	Version     = 2
+	HeaderSize  = 256
+	SlotSize    = 256
+	PeerSize    = 64
+	MaxSlots    = 65536
+	MaxPeers    = 4096
+	SupBwMax    = 1024 // sup_bw is in parts per 1024: 0 all SOUT, 1024 all SUP
+	SeqAttempts = 8    // seqlock read attempts before a record counts as busy
+	FlagValid   = 1    // hint record flag: the record holds a hint
+	// DefaultPathPrefix + the effective uid is the default segment path (one per user).
+	DefaultPathPrefix = "/dev/shm/mpib-hints-"
+	DefaultSlots      = 1024
+	DefaultPeers      = 256
 	// DefaultStaleMs is the plugin's MPIB_AGENT_STALE_MS default.
 	DefaultStaleMs = 500
+	// MaxStaleMs bounds MPIB_AGENT_STALE_MS (as the plugin does).
+	MaxStaleMs = 3600000
+)
+
+// Lock bytes (spec 5.7): file offsets used as OFD lock keys, never as data.
+const (
+	lockAttach = 0 // shared: a plugin process has the segment attached
+	lockAgent  = 1 // exclusive: the one agent that beats the heartbeat
 )
 
 // SlotState is the low half of a slot's owner word.
@@ -127,3 +136,6 @@ func slotOff(i uint32) int { return HeaderSize + int(i)*SlotSize }
 func peerOff(nslots, j uint32) int { return HeaderSize + int(nslots)*SlotSize + int(j)*PeerSize }
 
 func classOff(c uint8) int { return offClassRecord + int(c)*recSize }
+
+// slotLockOff is the lock byte of slot i's lease: the slot's first byte.
+func slotLockOff(i uint32) int64 { return int64(slotOff(i)) }

@@ -1,5 +1,7 @@
 package shm
 
+import "fmt"
+
 // Source says where a resolved hint came from, or why none applies (spec 5.3).
 type Source uint8
 
@@ -23,12 +25,26 @@ func (s Source) String() string {
 	return "invalid"
 }
 
+// MarshalText writes the source's name ("slot", "stale", ...).
+func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a source's name.
+func (s *Source) UnmarshalText(b []byte) error {
+	for i, n := range sourceNames {
+		if n == string(b) {
+			*s = Source(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown hint source %q", b)
+}
+
 // Resolution is the outcome of the plugin's per-transfer hint lookup.
 type Resolution struct {
-	Applies bool   // a hint applies (source slot, peer or class)
-	SupBw   uint32 // clamped to 0..1024; 0 when !Applies
-	Source  Source
-	Clamped bool // the stored value was above 1024
+	Applies bool   `json:"applies"` // a hint applies (source slot, peer or class)
+	SupBw   uint32 `json:"sup_bw"`  // clamped to 0..1024; 0 when !Applies
+	Source  Source `json:"source"`
+	Clamped bool   `json:"clamped"` // the stored value was above 1024
 }
 
 // HeartbeatFresh applies spec 5.2.

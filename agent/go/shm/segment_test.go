@@ -12,7 +12,7 @@ import (
 
 func newSeg(t *testing.T, nslots, npeers uint32) *Segment {
 	t.Helper()
-	s, err := Create(filepath.Join(t.TempDir(), "hints"), nslots, npeers)
+	s, err := Create(filepath.Join(t.TempDir(), "hints"), nslots, npeers, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,6 +23,24 @@ func newSeg(t *testing.T, nslots, npeers uint32) *Segment {
 func desc(conn uint64, peer string, class PathClass) ConnDesc {
 	return ConnDesc{LocalSoutIP: ip("10.0.1.1"), PeerSoutIP: ip(peer), PathClass: class, IsSend: true,
 		NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: conn}
+}
+
+func gen(t *testing.T, s *Segment, slot uint32) uint32 {
+	t.Helper()
+	sl, err := s.Slot(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sl.Gen
+}
+
+func conns(t *testing.T, s *Segment) []Slot {
+	t.Helper()
+	c, err := s.Connections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func TestCreateMode(t *testing.T) {
@@ -40,7 +58,7 @@ func TestCreateMode(t *testing.T) {
 	if h := s.Header(); h.NSlots != 8 || h.NPeers != 4 || h.Version != Version || h.CreatedNs == 0 {
 		t.Fatalf("header: %+v", h)
 	}
-	if _, err := Create(filepath.Join(t.TempDir(), "x"), 0, 1); !errors.Is(err, ErrBadGeometry) {
+	if _, err := Create(filepath.Join(t.TempDir(), "x"), 0, 1, false); !errors.Is(err, ErrBadGeometry) {
 		t.Fatalf("zero slots: expected ErrBadGeometry but got %v", err)
 	}
 }
@@ -48,7 +66,7 @@ func TestCreateMode(t *testing.T) {
 func TestOpenRefuses(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
-	s, err := Create(good, 4, 4)
+	s, err := Create(good, 4, 4, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +133,12 @@ func TestHintsResolve(t *testing.T) {
 	}
 	steps := []step{
 		{"no agent", func() error { return nil }, a, Resolution{Source: SourceStale}},
-		{"beat, no hint", func() error { s.Beat(now); return nil }, a, Resolution{Source: SourceNoHint}},
+		{"beat, no hint", func() error { return s.Beat(now) }, a, Resolution{Source: SourceNoHint}},
 		{"class", func() error { return s.SetClassHint(InterIsland, 100, true) }, a, Resolution{true, 100, SourceClass, false}},
 		{"island", func() error { return s.SetPeerHint(ip("10.0.2.0"), 24, 200, true) }, b, Resolution{true, 200, SourcePeer, false}},
 		{"peer", func() error { return s.SetPeerHint(ip("10.0.2.7"), 32, 300, true) }, a, Resolution{true, 300, SourcePeer, false}},
-		{"slot", func() error { return s.SetSlotHint(a, 512, true) }, a, Resolution{true, 512, SourceSlot, false}},
-		{"slot cleared", func() error { return s.SetSlotHint(a, 0, false) }, a, Resolution{true, 300, SourcePeer, false}},
+		{"slot", func() error { return s.SetSlotHint(a, gen(t, s, a), 512, true) }, a, Resolution{true, 512, SourceSlot, false}},
+		{"slot cleared", func() error { return s.SetSlotHint(a, gen(t, s, a), 0, false) }, a, Resolution{true, 300, SourcePeer, false}},
 		{"peer cleared", func() error { return s.SetPeerHint(ip("10.0.2.7"), 32, 0, false) }, a, Resolution{true, 200, SourcePeer, false}},
 		{"released", func() error { return s.Release(b) }, b, Resolution{Source: SourceInactive}},
 		{"stop beat", func() error { s.StopBeat(); return nil }, a, Resolution{Source: SourceStale}},
@@ -138,7 +156,7 @@ func TestHintsResolve(t *testing.T) {
 func TestClampReported(t *testing.T) {
 	s := newSeg(t, 2, 2)
 	slot, _ := s.Register(desc(1, "10.0.1.2", IntraIsland))
-	err := s.SetSlotHint(slot, 5000, true)
+	err := s.SetSlotHint(slot, gen(t, s, slot), 5000, true)
 	var ce *ClampedError
 	if !errors.Is(err, ErrHintClamped) || !errors.As(err, &ce) || ce.Requested != 5000 || ce.Applied != 1024 {
 		t.Fatalf("expected a ClampedError 5000->1024 but got %v", err)
@@ -153,10 +171,10 @@ func TestClampReported(t *testing.T) {
 	if err := s.SetPeerHint(0, 33, 1, true); !errors.Is(err, ErrBadPrefix) {
 		t.Fatalf("prefix 33: %v", err)
 	}
-	if err := s.SetSlotHint(1-slot, 1, true); !errors.Is(err, ErrSlotInactive) {
+	if err := s.SetSlotHint(1-slot, 0, 1, true); !errors.Is(err, ErrSlotInactive) {
 		t.Fatalf("free slot: %v", err)
 	}
-	if err := s.SetSlotHint(7, 1, true); !errors.Is(err, ErrSlotRange) {
+	if err := s.SetSlotHint(7, 1, 1, true); !errors.Is(err, ErrSlotRange) {
 		t.Fatalf("slot 7 of 2: %v", err)
 	}
 	s.SetPeerHint(ip("1.1.1.1"), 32, 1, true)
@@ -170,7 +188,7 @@ func TestGenBindsHint(t *testing.T) {
 	s := newSeg(t, 1, 0)
 	s.Beat(Now())
 	slot, _ := s.Register(desc(1, "10.0.1.2", IntraIsland))
-	s.SetSlotHint(slot, 700, true)
+	s.SetSlotHint(slot, gen(t, s, slot), 700, true)
 	s.Release(slot)
 	again, _ := s.Register(desc(2, "10.0.1.2", IntraIsland))
 	if again != slot {
@@ -208,23 +226,8 @@ func TestConcurrentRegister(t *testing.T) {
 		}
 		seen[slot] = true
 	}
-	if len(seen) != 64 || len(s.Connections()) != 64 {
+	if len(seen) != 64 || len(conns(t, s)) != 64 {
 		t.Fatalf("expected 64 distinct slots but got %d", len(seen))
-	}
-}
-
-func TestGC(t *testing.T) {
-	s := newSeg(t, 4, 0)
-	d := desc(1, "10.0.1.2", IntraIsland)
-	d.PID = 4000001
-	dead, _ := s.Register(d)
-	live, _ := s.Register(desc(2, "10.0.1.2", IntraIsland))
-	freed, err := s.GC(nil)
-	if err != nil || len(freed) != 1 || freed[0] != dead {
-		t.Fatalf("GC: expected [%d] but got %v (%v)", dead, freed, err)
-	}
-	if c := s.Connections(); len(c) != 1 || c[0].Index != live {
-		t.Fatalf("after GC: %+v", c)
 	}
 }
 

@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 
 import mpib_agent
+from conftest import fake_register, fake_release
 from mpib_agent._cli import main
-from conftest import fake_register
+
+ENV = dict(os.environ, PYTHONPATH=str(Path(mpib_agent.__file__).parents[1]))
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = str(tmp_path / "hints")
     assert main(["create", "--path", p, "--slots", "4", "--peers", "2"]) == 0
-    assert main(["create", "--path", p]) == 1
     with mpib_agent.open_segment(p) as seg:
         fake_register(seg, 1, "10.0.2.7", 1)
         seg.beat()
+        assert main(["create", "--path", p]) == 1  # live (beating, a plugin leases a slot)
+        assert "segment_live" in capsys.readouterr().err
         assert main(["set", "--path", p, "--conn", "1", "--sup-bw", "512"]) == 0
         assert seg.resolve(1).sup_bw == 512
         assert main(["set", "--path", p, "--conn", f"{os.getpid()}:1", "--clear"]) == 0
@@ -30,13 +33,15 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         err = capsys.readouterr().err
         assert "clamped to 1024" in err
         assert main(["set", "--path", p, "--conn", "3", "--sup-bw", "1"]) == 1
-        assert main(["set", "--path", p, "--sup-bw", "1"]) == 1
+        assert main(["set", "--path", p, "--conn", "1", "--gen", "7", "--sup-bw", "1"]) == 1
+        assert "gen_changed" in capsys.readouterr().err
+        assert main(["set", "--path", p, "--sup-bw", "1"]) == 2
         assert main(["list", "--path", p, "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out[0]["effective"]["source"] == "class"
+        assert out[0]["effective"] == {"applies": True, "sup_bw": 1024, "source": "class", "clamped": False}
         assert main(["list", "--path", p]) == 0
         assert "10.0.2.7" in capsys.readouterr().out
-        assert main(["top", "--path", p, "--count", "1", "--interval", "0.05", "--plain"]) == 0
+        assert main(["top", "--path", p, "--count", "1", "--interval", "50ms", "--plain"]) == 0
         assert "SUP Gb/s" in capsys.readouterr().out
 
 
@@ -51,10 +56,9 @@ def test_refuses_bad_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_kill_goes_stale(tmp_path: Path) -> None:
     p = str(tmp_path / "hints")
     mpib_agent.create(p, 4, 0).close()
-    env = dict(os.environ, PYTHONPATH=str(Path(mpib_agent.__file__).parents[1]))
     with mpib_agent.open_segment(p) as seg:
         for sig in (signal.SIGKILL, signal.SIGTERM):
-            proc = subprocess.Popen([sys.executable, "-m", "mpib_agent", "heartbeat", "--path", p], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "mpib_agent", "heartbeat", "--path", p], env=ENV,
                                     stdout=subprocess.DEVNULL)
             deadline = time.monotonic() + 10
             while not seg.agent_alive(500_000_000) and time.monotonic() < deadline:
@@ -67,3 +71,49 @@ def test_kill_goes_stale(tmp_path: Path) -> None:
                 assert seg.header().heartbeat_ns == 0
             time.sleep(0.6)
             assert not seg.agent_alive(500_000_000)
+
+
+def _wait(cond, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_run_static_weights(tmp_path: Path) -> None:
+    """Defects 2 and 7: a half-saved weights file keeps the last good weights (warning, the
+    loop goes on); a key deleted from the file clears its hint; a conns entry reaches a
+    connection that appears later."""
+    p, w = str(tmp_path / "hints"), tmp_path / "w.json"
+    mpib_agent.create(p, 8, 4).close()
+
+    def write(s: str, n: int) -> None:
+        w.write_text(s)
+        os.utime(w, ns=(n * 10**9, n * 10**9))
+
+    write('{"class": {"inter": 100}, "peers": {"10.0.2.0/24": 300}}', 1)
+    with mpib_agent.open_segment(p) as seg:
+        fake_register(seg, 1, "10.0.2.7", 1)
+        proc = subprocess.Popen([sys.executable, "-m", "mpib_agent", "run", "--policy", "static", "--file", str(w),
+                                 "--path", p, "--interval", "50ms"], env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            _wait(lambda: seg.resolve(1) == mpib_agent.Resolution(True, 300, "peer"), "the peer default")
+            write('{"class": {"inter": 100}, "peers": {"10.0.2.0/24": 3', 2)  # half saved
+            time.sleep(0.3)
+            assert proc.poll() is None, proc.communicate()
+            assert seg.resolve(1) == mpib_agent.Resolution(True, 300, "peer")
+            write('{"class": {"inter": 100}, "conns": {"2": 700}}', 3)  # peer key deleted
+            _wait(lambda: seg.resolve(1) == mpib_agent.Resolution(True, 100, "class"), "the deleted peer key cleared")
+            fake_register(seg, 2, "10.0.2.8", 1)  # connects later
+            _wait(lambda: seg.resolve(2) == mpib_agent.Resolution(True, 700, "slot"), "the conns entry")
+            write('{"class": {"inter": 100}}', 4)  # conns key deleted
+            _wait(lambda: seg.resolve(2) == mpib_agent.Resolution(True, 100, "class"), "the deleted conns key cleared")
+            fake_release(seg, 2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
+        assert "keeping the last good weights" in err
+        assert seg.header().heartbeat_ns == 0

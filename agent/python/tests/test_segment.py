@@ -1,20 +1,24 @@
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 import mpib_agent
-from conftest import VECTORS, fake_register
+from conftest import VECTORS, fake_die, fake_register, fake_release
+from mpib_agent._segment import _lock_byte
 
 
 def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600
     h = seg.header()
-    assert (h.version, h.nslots, h.npeers, h.total_size) == (1, 8, 4, 256 + 8 * 256 + 4 * 64)
+    assert (h.version, h.nslots, h.npeers, h.total_size) == (2, 8, 4, 256 + 8 * 256 + 4 * 64)
 
 
 @pytest.mark.parametrize(
@@ -72,9 +76,9 @@ def test_hint_levels(seg: mpib_agent.Segment) -> None:
     assert seg.resolve(3) == mpib_agent.Resolution(True, 200, "peer")
     seg.set_peer_hint("10.0.2.7", 300)
     assert seg.resolve(2) == mpib_agent.Resolution(True, 300, "peer")
-    seg.set_slot_hint(2, 512)
+    seg.set_slot_hint(2, 512, gen=1)
     assert seg.resolve(2) == mpib_agent.Resolution(True, 512, "slot")
-    seg.set_slot_hint(2, None)
+    seg.set_slot_hint(2, None, gen=1)
     seg.set_peer_hint("10.0.2.7", None)
     assert seg.resolve(2) == mpib_agent.Resolution(True, 200, "peer")
     seg.stop_beat()
@@ -84,7 +88,7 @@ def test_hint_levels(seg: mpib_agent.Segment) -> None:
 def test_clamp_reported(seg: mpib_agent.Segment) -> None:
     fake_register(seg, 0, "10.0.1.2", 0)
     with pytest.warns(mpib_agent.HintClampedWarning) as w:
-        assert seg.set_slot_hint(0, 5000) == 1024
+        assert seg.set_slot_hint(0, 5000, gen=1) == 1024
     assert w[0].message.requested == 5000  # type: ignore[union-attr]
     assert seg.slot(0).hint.sup_bw == 1024
     with warnings.catch_warnings():
@@ -94,8 +98,8 @@ def test_clamp_reported(seg: mpib_agent.Segment) -> None:
 
 def test_errors(seg: mpib_agent.Segment) -> None:
     for call, code in [
-        (lambda: seg.set_slot_hint(1, 1), "slot_inactive"),
-        (lambda: seg.set_slot_hint(99, 1), "slot_range"),
+        (lambda: seg.set_slot_hint(1, 1, gen=1), "slot_inactive"),
+        (lambda: seg.set_slot_hint(99, 1, gen=1), "slot_range"),
         (lambda: seg.set_class_hint("outer", 1), "bad_class"),
         (lambda: seg.set_peer_hint("10.0.0.0/33", 1), "bad_prefix"),
     ]:
@@ -112,16 +116,9 @@ def test_errors(seg: mpib_agent.Segment) -> None:
 def test_gen_binds_hint(seg: mpib_agent.Segment) -> None:
     seg.beat()
     fake_register(seg, 0, "10.0.1.2", 0, gen=1)
-    seg.set_slot_hint(0, 700)
+    seg.set_slot_hint(0, 700, gen=1)
     fake_register(seg, 0, "10.0.1.2", 0, gen=2)  # a new registration of the slot
     assert not seg.resolve(0).applies
-
-
-def test_gc(seg: mpib_agent.Segment) -> None:
-    fake_register(seg, 0, "10.0.1.2", 0, pid=4000001)
-    fake_register(seg, 1, "10.0.1.2", 0)
-    assert seg.gc() == [0]
-    assert [c.index for c in seg.connections()] == [1]
 
 
 def test_rates_and_policy(seg: mpib_agent.Segment) -> None:
@@ -139,6 +136,138 @@ def test_rates_and_policy(seg: mpib_agent.Segment) -> None:
     assert mpib_agent.Proportional(cap_sout=0, cap_sup=1).sup_bw() == 1024
 
 
+def test_gc_lease_not_pid(seg: mpib_agent.Segment) -> None:
+    """Defect 1: a plugin in another PID namespace registers with a pid that does not exist
+    here; its slot lives as long as its lease (an OFD lock), whatever kill(pid, 0) says."""
+    fake_register(seg, 0, "10.0.1.2", 0, pid=4000001)  # live, in a container
+    fake_register(seg, 1, "10.0.1.2", 0, pid=4000002, lease=False)  # its process died
+    assert seg.lease_held(0) and not seg.lease_held(1)
+    assert seg.gc() == [1]
+    assert [c.index for c in seg.connections()] == [0]
+    fake_die(seg, 0)
+    assert seg.gc() == [0]
+    assert seg.connections() == []
+
+
+def test_set_slot_hint_gen_changed(seg: mpib_agent.Segment) -> None:
+    """Defect 3: a hint carries the generation the writer read; a slot registered again in
+    between refuses it with GenerationChanged (a SegmentError, code gen_changed)."""
+    seg.beat()
+    s = fake_register(seg, 0, "10.0.1.2", 0, gen=4)
+    fake_release(seg, 0)
+    fake_register(seg, 0, "10.0.1.9", 0, gen=5)  # another connection took the slot
+    with pytest.raises(mpib_agent.GenerationChanged) as ei:
+        seg.set_slot_hint(0, 900, gen=s.gen)
+    assert (ei.value.code, ei.value.expected, ei.value.current) == ("gen_changed", 4, 5)
+    assert isinstance(ei.value, mpib_agent.SegmentError)
+    assert not seg.resolve(0).applies
+    assert seg.set_slot_hint(0, 900, gen=5) == 900
+
+
+def test_truncate_under_reader(seg: mpib_agent.Segment) -> None:
+    """Defect 4: truncating the segment (same user, `: > file`) under a reader never crashes
+    it: reads give SegmentError("segment_gone"); reattach() follows a re-created segment."""
+    fake_register(seg, 3, "10.0.2.7", 1)
+    errors: list = []
+    gone = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seg.connections()
+                seg.resolve(3)
+                seg.snapshot()
+                seg.beat()
+                seg.set_class_hint("inter", 100)
+            except mpib_agent.SegmentError as e:
+                (gone if e.code == "segment_gone" else errors).append(e)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+    ts = [threading.Thread(target=reader) for _ in range(3)]
+    for t in ts:
+        t.start()
+    time.sleep(0.05)
+    with open(seg.path, "r+b") as f:  # what `: > file` does
+        f.truncate(0)
+    time.sleep(0.1)
+    stop.set()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert gone and seg.err() is not None and seg.err().code == "segment_gone"  # type: ignore[union-attr]
+    assert os.path.getsize(seg.path) == 0, "a write extended the truncated file"
+    assert seg.replaced()
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        mpib_agent.create(seg.path, 4, 2)  # the fake plugin still holds its lease on it
+    assert ei.value.code == "segment_live"
+    mpib_agent.create(seg.path, 4, 2, force=True).close()
+    assert seg.reattach() and seg.nslots == 4 and seg.err() is None
+    assert not seg.reattach()
+
+
+def test_create_refuses_live(tmp_path: Path) -> None:
+    """Defect 5: create refuses a live segment unless forced; symlinks are refused; the
+    default path is per user."""
+    p = str(tmp_path / "hints")
+    mpib_agent.create(p, 4, 0).close()
+    s = mpib_agent.create(p, 4, 0)  # nobody uses it: replaced
+    s.beat()
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        mpib_agent.create(p, 4, 0)
+    assert ei.value.code == "segment_live"
+    s.stop_beat()
+    fd = os.open(p, os.O_RDWR)  # a plugin attached: shared lock on byte 0
+    assert _lock_byte(fd, 0, fcntl.F_RDLCK)
+    lv = mpib_agent.liveness(p)
+    assert lv.locked and not lv.heartbeat_fresh and lv.live
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        mpib_agent.create(p, 4, 0)
+    assert ei.value.code == "segment_live"
+    mpib_agent.create(p, 4, 0, force=True).close()
+    os.close(fd)
+    s.close()
+    link = str(tmp_path / "link")
+    os.symlink(p, link)
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        mpib_agent.open_segment(link)
+    assert ei.value.code == "not_regular"
+    env = dict(os.environ)
+    os.environ.pop("MPIB_SHM_PATH", None)
+    try:
+        assert mpib_agent.default_path() == f"/dev/shm/mpib-hints-{os.geteuid()}"
+    finally:
+        os.environ.update(env)
+    if os.geteuid() == 0:
+        os.lchown(p, 65534, 65534)
+        with pytest.raises(mpib_agent.SegmentError) as ei:
+            mpib_agent.create(p, 4, 0, force=True)
+        assert ei.value.code == "bad_owner"
+
+
+def test_agent_lock_and_own_heartbeat(seg: mpib_agent.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 6: one beating agent at a time; a stop clears only its own heartbeat; the beat
+    period follows MPIB_AGENT_STALE_MS."""
+    other = mpib_agent.open_segment(seg.path)
+    seg.acquire_agent()
+    seg.beat()
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        other.acquire_agent()
+    assert ei.value.code == "agent_running"
+    other.beat(mpib_agent.now_ns() + 1)
+    assert not seg.stop_beat()
+    assert seg.header().heartbeat_ns != 0
+    assert other.stop_beat() and seg.header().heartbeat_ns == 0
+    seg.release_agent()
+    other.acquire_agent()
+    other.close()
+    monkeypatch.setenv("MPIB_AGENT_STALE_MS", "200")
+    assert mpib_agent.beat_period_s() == 0.05
+    monkeypatch.setenv("MPIB_AGENT_STALE_MS", "0")
+    assert mpib_agent.stale_ns_from_env() == 500_000_000
+
+
 def test_run_policy(seg: mpib_agent.Segment) -> None:
     fake_register(seg, 5, "10.0.1.2", 0)
     seen = []
@@ -151,3 +280,42 @@ def test_run_policy(seg: mpib_agent.Segment) -> None:
     mpib_agent.run_policy(seg, policy, interval=0.05, duration=0.3)
     assert seen and seg.slot(5).hint.sup_bw == 640
     assert seg.header().heartbeat_ns == 0  # cleared on exit
+
+
+def test_run_policy_slow_callback_and_vanished_slot(seg: mpib_agent.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 2: the heartbeat has its own thread (a 0.7 s callback never makes it stale) and a
+    connection that closes during the callback is skipped, not fatal."""
+    monkeypatch.setenv("MPIB_AGENT_STALE_MS", "500")
+    fake_register(seg, 1, "10.0.1.2", 0)
+    fake_register(seg, 2, "10.0.1.3", 0)
+    calls = []
+    ages = []
+
+    def policy(rs: list) -> dict:  # type: ignore[type-arg]
+        calls.append(len(rs))
+        if len(calls) == 1:
+            t_end = time.monotonic() + 0.7
+            while time.monotonic() < t_end:  # a slow policy, holding the GIL in Python code
+                ages.append(mpib_agent.now_ns() - seg.header().heartbeat_ns)
+                sum(range(20000))
+            fake_release(seg, 1)  # slot 1's connection closes while the policy runs...
+            fake_register(seg, 1, "10.0.1.4", 0, gen=2)  # ...and another takes its slot
+        return {1: 100, 2: 200}
+
+    with pytest.warns(mpib_agent.SlotSkippedWarning):
+        mpib_agent.run_policy(seg, policy, interval=0.05, duration=1.0)
+    assert len(calls) >= 2, calls
+    assert max(ages) < 500_000_000, f"heartbeat went stale during the callback: {max(ages) / 1e6:.0f} ms"
+    h1 = seg.slot(1).hint
+    assert (h1.gen, h1.sup_bw) == (2, 100)  # refused for gen 1, written for gen 2 at the next tick
+    assert seg.slot(2).hint.sup_bw == 200
+    assert seg.header().heartbeat_ns == 0
+
+
+def test_run_policy_refuses_second_agent(seg: mpib_agent.Segment) -> None:
+    other = mpib_agent.open_segment(seg.path)
+    other.acquire_agent()
+    with pytest.raises(mpib_agent.SegmentError) as ei:
+        mpib_agent.run_policy(seg, lambda rs: None, interval=0.05, duration=0.1)
+    assert ei.value.code == "agent_running"
+    other.close()

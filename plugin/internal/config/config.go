@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -33,7 +34,7 @@ var Knobs = []Knob{
 	{"MPIB_SUP_QP", "1", "QPs per connection on SUP (1..16)"},
 	{"MPIB_SUP_RELAY", "0", "1 = a relay carries SUP between islands: advanced mode may then use SUP across islands"},
 	{"MPIB_FORCE_SUP_BW", "(unset)", "test override of the policy: SUP share in parts per 1024 (0..1024) for every request"},
-	{"MPIB_SHM_PATH", "/dev/shm/mpib-hints", "agent hint segment (advanced mode); see docs/shm-format.md"},
+	{"MPIB_SHM_PATH", "/dev/shm/mpib-hints-EUID", "agent hint segment (advanced mode), one per user (EUID: the effective uid); see docs/shm-format.md"},
 	{"MPIB_AGENT_STALE_MS", "500", "agent heartbeat age after which advanced mode falls back to vanilla"},
 	{"MPIB_IB_TIMEOUT", "20", "RC local ACK timeout exponent (4.096 us * 2^N); wins over NCCL_IB_TIMEOUT"},
 	{"MPIB_IB_RETRY_CNT", "7", "RC retry count; wins over NCCL_IB_RETRY_CNT"},
@@ -58,6 +59,10 @@ var Knobs = []Knob{
 	{"NCCL_IB_USE_INLINE", "1", "1 = send the CTS and size records inline (net_ib's default is 0; MPIB saves the NIC a DMA read per CTS); 0 = never"},
 	{"NCCL_GDR_FLUSH_DISABLE", "0", "as in net_ib: 1 = never flush receives into GPU memory (unsafe before sm90)"},
 }
+
+// DefaultShmPath is MPIB_SHM_PATH's default: one segment per user, /dev/shm/mpib-hints-EUID
+// (the agents use the same default).
+func DefaultShmPath() string { return fmt.Sprintf("/dev/shm/mpib-hints-%d", os.Geteuid()) }
 
 // Rail names one HCA port and its GID index (-1 = auto).
 type Rail struct {
@@ -114,7 +119,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		SupQPs:             p.int("MPIB_SUP_QP", 1, 1, 16),
 		SupRelay:           p.int("MPIB_SUP_RELAY", 0, 0, 1) == 1,
 		ForceSupBW:         p.int("MPIB_FORCE_SUP_BW", -1, 0, 1024),
-		ShmPath:            p.str("MPIB_SHM_PATH", "/dev/shm/mpib-hints"),
+		ShmPath:            p.str("MPIB_SHM_PATH", DefaultShmPath()),
 		AgentStaleMS:       p.int("MPIB_AGENT_STALE_MS", 500, 1, 3600000),
 		IBTimeout:          p.first(20, 1, 31, "MPIB_IB_TIMEOUT", "NCCL_IB_TIMEOUT"),
 		IBRetryCnt:         p.first(7, 0, 7, "MPIB_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"),

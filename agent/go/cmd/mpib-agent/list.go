@@ -2,30 +2,26 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
-	"os"
+	"regexp"
 	"strconv"
-	"text/tabwriter"
 
 	"github.com/mpib/mpib/agent/go/policy"
 	"github.com/mpib/mpib/agent/go/shm"
 )
 
-func staleNs() uint64 {
-	ms := uint64(shm.DefaultStaleMs)
-	if v, err := strconv.ParseUint(os.Getenv("MPIB_AGENT_STALE_MS"), 10, 64); err == nil && v > 0 {
-		ms = v
-	}
-	return ms * 1e6
-}
+func staleNs() uint64 { return uint64(shm.StaleFromEnv()) }
 
-// connView is what list prints per connection (also its --json form).
+// connView is what list --json prints per connection: the slot's fields as in the vectors
+// (testdata/shm) and the hint in effect. mpib-agent-py prints the same objects.
 type connView struct {
 	shm.Slot
 	Effective shm.Resolution `json:"effective"`
-	Source    string         `json:"effective_source"`
 }
+
+const listFmt = "%5s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s\n"
 
 func cmdList(args []string, out io.Writer) error {
 	fs, path := newFlags("list")
@@ -35,11 +31,14 @@ func cmdList(args []string, out io.Writer) error {
 		return err
 	}
 	defer s.Close()
+	conns, err := s.Connections()
+	if err != nil {
+		return err
+	}
 	now := shm.Now()
-	var views []connView
-	for _, c := range s.Connections() {
-		r := s.Resolve(c.Index, now, staleNs())
-		views = append(views, connView{Slot: c, Effective: r, Source: r.Source.String()})
+	views := make([]connView, 0, len(conns))
+	for _, c := range conns {
+		views = append(views, connView{Slot: c, Effective: s.Resolve(c.Index, now, staleNs())})
 	}
 	if *asJSON {
 		enc := json.NewEncoder(out)
@@ -47,8 +46,7 @@ func cmdList(args []string, out io.Writer) error {
 		return enc.Encode(views)
 	}
 	fmt.Fprintln(out, agentStatus(s.Header(), now))
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SLOT\tPID:CONN\tLOCAL\tPEER\tCLASS\tDIR\tQPS\tHINT\tSOURCE\tSOUT_BYTES\tSUP_BYTES")
+	fmt.Fprintf(out, listFmt, "SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES")
 	for _, v := range views {
 		dir := "recv"
 		if v.IsSend == 1 {
@@ -58,11 +56,12 @@ func cmdList(args []string, out io.Writer) error {
 		if v.Effective.Applies {
 			hint = strconv.Itoa(int(v.Effective.SupBw))
 		}
-		fmt.Fprintf(tw, "%d\t%d:%d\t%v\t%v\t%v\t%s\t%d+%d\t%s\t%s\t%d\t%d\n", v.Index, v.PID, v.ConnID,
-			v.LocalSoutIP, v.PeerSoutIP, v.PathClass, dir, v.NQPsSout, v.NQPsSup, hint, v.Source,
-			v.Telemetry.SoutBytes, v.Telemetry.SupBytes)
+		fmt.Fprintf(out, listFmt, strconv.Itoa(int(v.Index)), fmt.Sprintf("%d:%d", v.PID, v.ConnID),
+			v.LocalSoutIP.String(), v.PeerSoutIP.String(), v.PathClass.String(), dir,
+			fmt.Sprintf("%d+%d", v.NQPsSout, v.NQPsSup), hint, v.Effective.Source.String(),
+			strconv.FormatUint(v.Telemetry.SoutBytes, 10), strconv.FormatUint(v.Telemetry.SupBytes, 10))
 	}
-	return tw.Flush()
+	return nil
 }
 
 func agentStatus(h shm.Header, now uint64) string {
@@ -74,35 +73,88 @@ func agentStatus(h shm.Header, now uint64) string {
 	if !shm.HeartbeatFresh(h.HeartbeatNs, now, staleNs()) {
 		state = "STALE (plugins use the vanilla policy)"
 	}
-	return fmt.Sprintf("agent: pid %d, last beat %.0f ms ago, %s", h.AgentPID, float64(age)/1e6, state)
+	return fmt.Sprintf("agent: pid %d, last beat %d ms ago, %s", h.AgentPID, age/1e6, state)
+}
+
+var uintRe = regexp.MustCompile(`^[0-9]+$`)
+
+// parseSupBw reads --sup-bw: an integer >= 0 (above 1024 is clamped on write).
+func parseSupBw(s string) (uint32, error) {
+	if !uintRe.MatchString(s) {
+		return 0, usagef("--sup-bw %q: want an integer 0..1024 (larger values are clamped)", s)
+	}
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		v = 1<<32 - 1
+	}
+	return uint32(v), nil
 }
 
 func cmdSet(args []string, out io.Writer) error {
 	fs, path := newFlags("set")
 	conn := fs.String("conn", "", "connection: SLOT or PID:CONN_ID")
+	genS := fs.String("gen", "", "with --conn: the slot generation the hint is for (default: the one found now)")
 	peer := fs.String("peer", "", "peer default: IP or IP/LEN")
 	class := fs.String("class", "", "path-class default: intra or inter")
-	supBw := fs.Int64("sup-bw", -1, "SUP share in parts per 1024 (0 all SOUT .. 1024 all SUP)")
+	supBwS := fs.String("sup-bw", "", "SUP share in parts per 1024 (0 all SOUT .. 1024 all SUP)")
 	clear := fs.Bool("clear", false, "clear the hint instead of setting it")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	n := 0
-	for _, v := range []string{*conn, *peer, *class} {
-		if v != "" {
+	for _, k := range []string{"conn", "peer", "class"} {
+		if given[k] {
 			n++
 		}
 	}
 	if n != 1 {
-		return fmt.Errorf("give exactly one of --conn, --peer, --class")
+		return usagef("give exactly one of --conn, --peer, --class")
 	}
-	if *clear == (*supBw >= 0) {
-		return fmt.Errorf("give either --sup-bw N or --clear")
+	if *clear == given["sup-bw"] {
+		return usagef("give either --sup-bw N or --clear")
 	}
-	if *supBw > 0xFFFFFFFF {
-		*supBw = 0xFFFFFFFF
+	if given["gen"] && !given["conn"] {
+		return usagef("--gen goes with --conn")
 	}
-	v, valid := uint32(max(*supBw, 0)), !*clear
+	var v uint32
+	if !*clear {
+		var err error
+		if v, err = parseSupBw(*supBwS); err != nil {
+			return err
+		}
+	}
+	valid := !*clear
+	// Parse every selector before touching the segment: a bad one is a usage error.
+	var sel policy.ConnSelector
+	var wantGen uint64
+	var ip shm.IPv4
+	var plen uint8
+	var pc shm.PathClass
+	var err error
+	switch {
+	case given["conn"]:
+		if sel, err = policy.ParseConnSelector(*conn); err != nil {
+			return usagef("--conn: %v", err)
+		}
+		if given["gen"] {
+			if !uintRe.MatchString(*genS) {
+				return usagef("--gen %q: want an integer", *genS)
+			}
+			if wantGen, err = strconv.ParseUint(*genS, 10, 32); err != nil {
+				return usagef("--gen %q: want an integer below 2^32", *genS)
+			}
+		}
+	case given["peer"]:
+		if ip, plen, err = policy.ParsePeer(*peer); err != nil {
+			return usagef("--peer: %v", err)
+		}
+	default:
+		if pc, err = policy.ParseClass(*class); err != nil {
+			return usagef("--class %q: want intra or inter", *class)
+		}
+	}
 	s, err := shm.Open(*path)
 	if err != nil {
 		return err
@@ -110,38 +162,33 @@ func cmdSet(args []string, out io.Writer) error {
 	defer s.Close()
 	what := ""
 	switch {
-	case *conn != "":
-		sel, err := policy.ParseConnSelector(*conn)
+	case given["conn"]:
+		conns, err := s.Connections()
 		if err != nil {
 			return err
 		}
-		slot, ok := sel.Find(s.Connections())
+		c, ok := sel.Find(conns)
 		if !ok {
 			return fmt.Errorf("connection %s: %w", *conn, shm.ErrSlotInactive)
 		}
-		err = report(s.SetSlotHint(slot, v, valid))
-		if err != nil {
+		gen := c.Gen
+		if given["gen"] {
+			gen = uint32(wantGen)
+		}
+		if err := reportClamp(s.SetSlotHint(c.Index, gen, v, valid)); err != nil {
 			return err
 		}
-		what = fmt.Sprintf("slot %d", slot)
-	case *peer != "":
-		ip, plen, err := policy.ParsePeer(*peer)
-		if err != nil {
-			return err
-		}
-		if err := report(s.SetPeerHint(ip, plen, v, valid)); err != nil {
+		what = fmt.Sprintf("slot %d (gen %d)", c.Index, gen)
+	case given["peer"]:
+		if err := reportClamp(s.SetPeerHint(ip, plen, v, valid)); err != nil {
 			return err
 		}
 		what = fmt.Sprintf("peer %v/%d", ip, plen)
 	default:
-		c, err := policy.ParseClass(*class)
-		if err != nil {
+		if err := reportClamp(s.SetClassHint(pc, v, valid)); err != nil {
 			return err
 		}
-		if err := report(s.SetClassHint(c, v, valid)); err != nil {
-			return err
-		}
-		what = "class " + c.String()
+		what = "class " + pc.String()
 	}
 	if valid {
 		c, _ := shm.Clamp(v)
@@ -150,7 +197,7 @@ func cmdSet(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: cleared\n", what)
 	}
 	if h := s.Header(); !shm.HeartbeatFresh(h.HeartbeatNs, shm.Now(), staleNs()) {
-		warn(fmt.Errorf("no live agent heartbeat: the hint applies once `mpib-agent heartbeat` or `run` is running"))
+		warn(fmt.Errorf("no live agent heartbeat: the hint applies once `heartbeat` or `run` is running"))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,9 +31,6 @@ func TestCommands(t *testing.T) {
 	list := func(a []string, b *bytes.Buffer) error { return cmdList(a, b) }
 	top := func(a []string, b *bytes.Buffer) error { return cmdTop(a, b) }
 	run(t, create, "--path", path, "--slots", "8", "--peers", "4")
-	if err := cmdCreate([]string{"--path", path}, &bytes.Buffer{}); err == nil {
-		t.Fatal("create over an existing segment without --force must fail")
-	}
 	seg, err := shm.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +42,9 @@ func TestCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	seg.Beat(shm.Now())
+	if err := cmdCreate([]string{"--path", path}, &bytes.Buffer{}); errCode(err) != "segment_live" {
+		t.Fatalf("create over a live segment without --force: %v", err)
+	}
 	if got := run(t, set, "--path", path, "--conn", fmt.Sprint(slot), "--sup-bw", "512"); !strings.Contains(got, "sup_bw=512") {
 		t.Fatalf("set: %q", got)
 	}
@@ -60,15 +61,24 @@ func TestCommands(t *testing.T) {
 	}
 	// A slot no connection holds (registration picks slots by pid, so derive it).
 	unused := fmt.Sprint((slot + 1) % 8)
-	for _, bad := range [][]string{{"--conn", "0"}, {"--sup-bw", "1"}, {"--conn", unused, "--sup-bw", "1"}, {"--class", "outer", "--sup-bw", "1"}} {
-		if err := cmdSet(append([]string{"--path", path}, bad...), &bytes.Buffer{}); err == nil {
-			t.Errorf("set %v must fail", bad)
+	for _, bad := range []struct {
+		args []string
+		code string
+	}{
+		{[]string{"--conn", "0"}, "usage"},
+		{[]string{"--sup-bw", "1"}, "usage"},
+		{[]string{"--conn", unused, "--sup-bw", "1"}, "slot_inactive"},
+		{[]string{"--conn", fmt.Sprint(slot), "--gen", "77", "--sup-bw", "1"}, "gen_changed"},
+		{[]string{"--class", "outer", "--sup-bw", "1"}, "usage"},
+	} {
+		if err := cmdSet(append([]string{"--path", path}, bad.args...), &bytes.Buffer{}); errCode(err) != bad.code {
+			t.Errorf("set %v: expected %s but got %v", bad.args, bad.code, err)
 		}
 	}
 	if got := run(t, list, "--path", path); !strings.Contains(got, "10.0.2.7") || !strings.Contains(got, "peer") {
 		t.Fatalf("list: %q", got)
 	}
-	if got := run(t, list, "--path", path, "--json"); !strings.Contains(got, `"effective_source": "peer"`) {
+	if got := run(t, list, "--path", path, "--json"); !strings.Contains(got, `"source": "peer"`) {
 		t.Fatalf("list --json: %q", got)
 	}
 	seg.AddTelemetry(slot, 1, 1<<20)
@@ -77,20 +87,42 @@ func TestCommands(t *testing.T) {
 	}
 }
 
-// TestKillGoesStale: a running agent keeps the heartbeat fresh; SIGKILL makes it stale
-// within MPIB_AGENT_STALE_MS; a clean SIGTERM clears it at once.
-func TestKillGoesStale(t *testing.T) {
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// agentBin builds the mpib-agent binary once per test run.
+func agentBin(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "mpib-agent")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mpib-agent-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "mpib-agent")
+		build := exec.Command("go", "build", "-o", binPath, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
 	}
-	path := filepath.Join(dir, "hints")
+	return binPath
+}
+
+// TestKillGoesStale: a running agent keeps the heartbeat fresh; SIGKILL makes it stale
+// within MPIB_AGENT_STALE_MS; a clean SIGTERM clears it at once.
+func TestKillGoesStale(t *testing.T) {
+	bin := agentBin(t)
+	path := filepath.Join(t.TempDir(), "hints")
 	if out, err := exec.Command(bin, "create", "--path", path, "--slots", "4", "--peers", "0").CombinedOutput(); err != nil {
 		t.Fatalf("create: %v\n%s", err, out)
 	}
@@ -123,5 +155,51 @@ func TestKillGoesStale(t *testing.T) {
 		if fresh() {
 			t.Fatalf("%v: heartbeat still fresh after %v", sig, stale)
 		}
+	}
+}
+
+// Defect 6 (CLI): a second beating agent is refused, whichever language; the first keeps
+// beating; the beat period follows MPIB_AGENT_STALE_MS.
+func TestSecondAgentRefused(t *testing.T) {
+	bin := agentBin(t)
+	py := pythonCLI(t)
+	path := filepath.Join(t.TempDir(), "hints")
+	if out, err := exec.Command(bin, "create", "--path", path, "--slots", "4", "--peers", "0").CombinedOutput(); err != nil {
+		t.Fatalf("create: %v\n%s", err, out)
+	}
+	first := exec.Command(bin, "heartbeat", "--path", path)
+	first.Env = append(os.Environ(), "MPIB_AGENT_STALE_MS=200")
+	var firstOut bytes.Buffer
+	first.Stdout = &firstOut
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Process.Kill()
+	seg, _ := shm.Open(path)
+	defer seg.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for seg.Header().HeartbeatNs == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, c := range []cli{{"go", []string{bin}, nil}, py} {
+		for _, args := range [][]string{{"heartbeat"}, {"run", "--policy", "proportional"}} {
+			out, errOut, code := c.run(t, nil, append(args, "--path", path)...)
+			if code != 1 || errCodeOf(errOut) != "agent_running" {
+				t.Errorf("%s %v: expected exit 1 agent_running but got %d %q %q", c.name, args, code, out, errOut)
+			}
+		}
+	}
+	// The first agent beats every 200/4 = 50 ms (not a fixed 100 ms): ~20 beats a second.
+	beats := map[uint64]bool{}
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(3 * time.Millisecond) {
+		beats[seg.Header().HeartbeatNs] = true
+	}
+	first.Process.Signal(syscall.SIGTERM)
+	first.Wait()
+	if len(beats) < 15 || !strings.Contains(firstOut.String(), "every 50 ms") {
+		t.Fatalf("MPIB_AGENT_STALE_MS=200: %d beats in a second, want ~20 (%q)", len(beats), firstOut.String())
+	}
+	if seg.Header().HeartbeatNs != 0 {
+		t.Fatal("SIGTERM: heartbeat not cleared")
 	}
 }

@@ -1,9 +1,10 @@
-"""Agent side of MPIB's shared-memory hint segment (docs/shm-format.md, version 1)."""
+"""Agent side of MPIB's shared-memory hint segment (docs/shm-format.md, version 2)."""
 
 from ._format import (
-    DEFAULT_PATH,
+    DEFAULT_PATH_PREFIX,
     SUP_BW_MAX,
     VERSION,
+    GenerationChanged,
     Header,
     HintClampedWarning,
     Peer,
@@ -17,16 +18,37 @@ from ._format import (
     encode,
     resolve,
 )
-from ._policy import ConnRate, Proportional, rates, run_policy
-from ._segment import Segment, create, now_ns, open_segment
+from ._policy import (
+    ConnRate,
+    Proportional,
+    SlotSkippedWarning,
+    StaticWeights,
+    agent_loop,
+    parse_weights,
+    rates,
+    run_policy,
+)
+from ._segment import (
+    Liveness,
+    Segment,
+    beat_period_s,
+    create,
+    default_path,
+    liveness,
+    now_ns,
+    open_segment,
+    stale_ns_from_env,
+)
 
 __all__ = (
-    "DEFAULT_PATH",
+    "DEFAULT_PATH_PREFIX",
     "SUP_BW_MAX",
     "VERSION",
     "ConnRate",
+    "GenerationChanged",
     "Header",
     "HintClampedWarning",
+    "Liveness",
     "Peer",
     "Proportional",
     "Record",
@@ -34,14 +56,22 @@ __all__ = (
     "Segment",
     "SegmentError",
     "Slot",
+    "SlotSkippedWarning",
     "Snapshot",
+    "StaticWeights",
     "Telemetry",
+    "agent_loop",
+    "beat_period_s",
     "create",
     "decode",
+    "default_path",
     "encode",
+    "liveness",
     "now_ns",
     "open_segment",
+    "parse_weights",
     "rates",
     "resolve",
     "run_policy",
+    "stale_ns_from_env",
 )

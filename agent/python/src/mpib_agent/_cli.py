@@ -1,244 +1,378 @@
-"""mpib-agent-py: the Python agent's command line (same commands as the Go mpib-agent)."""
+"""mpib-agent-py: the Python agent's command line.
+
+Same commands, flags, output and exit status as the Go ``mpib-agent`` (TestCLIsAgree in
+agent/go/cmd/mpib-agent runs both on one segment): 0 done, 1 the operation failed (stderr:
+"mpib-agent-py CMD: CODE: message", CODE shared with the Go agent), 2 the command line is
+wrong.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
+import signal
 import sys
 import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from ._format import SegmentError, heartbeat_fresh
-from ._policy import ConnRate, Proportional, install_sigterm_stop, rates, run_policy
-from ._segment import Segment, create, default_path, now_ns, open_segment, stale_ns_from_env
+from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, class_name, clamp, heartbeat_fresh, total_size
+from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rates
+from ._segment import Segment, beat_period_s, create, default_path, now_ns, open_segment, parse_class, stale_ns_from_env
+
+PROG = "mpib-agent-py"
+
+
+class UsageError(Exception):
+    """A wrong command line (exit 2)."""
+
+
+def _warn(msg: object) -> None:
+    print(f"{PROG}: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def _status(seg: Segment) -> str:
     h = seg.header()
     if h.heartbeat_ns == 0:
         return "agent: none (hints do not apply; plugins use the vanilla policy)"
-    age = (now_ns() - h.heartbeat_ns) / 1e6
-    ok = heartbeat_fresh(h.heartbeat_ns, now_ns(), stale_ns_from_env())
+    now = now_ns()
+    age = int((now - h.heartbeat_ns) / 1e6)
+    ok = heartbeat_fresh(h.heartbeat_ns, now, stale_ns_from_env())
     state = "alive" if ok else "STALE (plugins use the vanilla policy)"
-    return f"agent: pid {h.agent_pid}, last beat {age:.0f} ms ago, {state}"
+    return f"agent: pid {h.agent_pid}, last beat {age} ms ago, {state}"
+
+
+_DUR_RE = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)?$")
+_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, None: 1e9, "m": 60e9, "h": 3600e9}
+_INT_RE = re.compile(r"^[+-]?[0-9]+$")
+_UINT_RE = re.compile(r"^[0-9]+$")
+_NUM_RE = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
+
+
+def _duration_s(flag: str, s: str) -> float:
+    """Seconds (0.5) or a number with a unit (500ms, 2s, 1m); > 0. Returns seconds."""
+    m = _DUR_RE.match(s)
+    if m is None:
+        raise UsageError(f"--{flag} {s!r}: want seconds (0.5) or a number with a unit (500ms, 2s, 1m)")
+    ns = math.floor(float(m.group(1)) * _UNITS[m.group(2)] + 0.5)
+    if ns < 1 or ns > (1 << 62):
+        raise UsageError(f"--{flag} {s!r}: must be above 0")
+    return ns / 1e9
+
+
+def _fmt_ms(seconds: float) -> str:
+    """A duration the way both CLIs print it: milliseconds, up to 3 decimals."""
+    us = math.floor(seconds * 1e6 + 0.5)
+    return f"{us / 1e3:.3f}".rstrip("0").rstrip(".") + " ms"
+
+
+def _int(flag: str, s: str) -> int:
+    if _INT_RE.match(s) is None or not s.isascii():
+        raise UsageError(f"--{flag} {s!r}: want an integer")
+    return int(s)
+
+
+def _sup_bw(s: str) -> int:
+    if _UINT_RE.match(s) is None or not s.isascii():
+        raise UsageError(f"--sup-bw {s!r}: want an integer 0..1024 (larger values are clamped)")
+    return min(int(s), 0xFFFFFFFF)
+
+
+def _capacity(v: str) -> Tuple[float, float]:
+    """sout=X,sup=Y (either or both; X, Y >= 0)."""
+    caps: Dict[str, float] = {}
+    if v == "":
+        return 0.0, 0.0
+    for kv in v.split(","):
+        k, sep, val = kv.partition("=")
+        if not sep or _NUM_RE.match(val) is None or not val.isascii():
+            raise UsageError(f"--capacity {v!r}: want sout=X,sup=Y with numbers >= 0")
+        if k in caps:
+            raise UsageError(f"--capacity {v!r}: rail {k!r} given twice")
+        if k not in ("sout", "sup"):
+            raise UsageError(f"--capacity {v!r}: unknown rail {k!r} (sout, sup)")
+        caps[k] = float(val)
+    return caps.get("sout", 0.0), caps.get("sup", 0.0)
+
+
+# ---- commands -----------------------------------------------------------------------------
 
 
 def _cmd_create(a: argparse.Namespace) -> int:
-    if os.path.exists(a.path) and not a.force:
-        raise SegmentError("exists", "use --force to replace it", a.path)
-    with create(a.path, a.slots, a.peers):
-        print(f"created {a.path}: {a.slots} slots, {a.peers} peers, mode 0600")
+    slots, peers = _int("slots", a.slots), _int("peers", a.peers)
+    if not 1 <= slots <= MAX_SLOTS or not 0 <= peers <= MAX_PEERS:
+        raise SegmentError("bad_geometry", f"--slots {slots} (1..{MAX_SLOTS}) --peers {peers} (0..{MAX_PEERS})",
+                           a.path)
+    with create(a.path, slots, peers, force=a.force):
+        print(f"created {a.path}: {slots} slots, {peers} peers, {total_size(slots, peers)} bytes, mode 0600")
     return 0
+
+
+_LIST_FMT = "{:>5} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14}"
 
 
 def _cmd_list(a: argparse.Namespace) -> int:
     with open_segment(a.path) as seg:
-        rows = [(c, seg.resolve(c.index)) for c in seg.connections()]
+        conns = seg.connections()
+        now, stale = now_ns(), stale_ns_from_env()
+        rows = [(c, seg.resolve(c.index, now, stale)) for c in conns]
         if a.json:
-            out = [dict(asdict(c), effective=asdict(r)) for c, r in rows]
-            print(json.dumps(out, indent=2))
+            print(json.dumps([dict(asdict(c), effective=asdict(r)) for c, r in rows], indent=2))
             return 0
         print(_status(seg))
-        fmt = "{:>5} {:>14} {:>15} {:>15} {:>5} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14}"
-        print(fmt.format("SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES"))
+        print(_LIST_FMT.format("SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
+                               "SOUT_BYTES", "SUP_BYTES"))
         for c, r in rows:
-            print(
-                fmt.format(
-                    c.index, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip,
-                    "intra" if c.path_class == 0 else "inter", "send" if c.is_send else "recv",
-                    f"{c.nqps_sout}+{c.nqps_sup}", r.sup_bw if r.applies else "-", r.source,
-                    c.telemetry.sout_bytes, c.telemetry.sup_bytes,
-                )
-            )
+            print(_LIST_FMT.format(
+                c.index, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
+                "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
+                r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes))
     return 0
-
-
-def _find_conn(seg: Segment, sel: str) -> int:
-    pid, sep, conn = sel.partition(":")
-    for c in seg.connections():
-        if (sep and c.pid == int(pid) and c.conn_id == int(conn)) or (not sep and c.index == int(sel)):
-            return c.index
-    raise SegmentError("slot_inactive", f"no active connection {sel}", seg.path)
 
 
 def _cmd_set(a: argparse.Namespace) -> int:
     if sum(x is not None for x in (a.conn, a.peer, a.cls)) != 1:
-        raise SegmentError("usage", "give exactly one of --conn, --peer, --class")
+        raise UsageError("give exactly one of --conn, --peer, --class")
     if a.clear == (a.sup_bw is not None):
-        raise SegmentError("usage", "give either --sup-bw N or --clear")
-    bw: Optional[int] = None if a.clear else a.sup_bw
+        raise UsageError("give either --sup-bw N or --clear")
+    if a.gen is not None and a.conn is None:
+        raise UsageError("--gen goes with --conn")
+    bw: Optional[int] = None if a.clear else _sup_bw(a.sup_bw)
+    try:
+        if a.conn is not None:
+            sel = parse_conn(a.conn)
+            if a.gen is not None and (_UINT_RE.match(a.gen) is None or int(a.gen) >= 1 << 32):
+                raise UsageError(f"--gen {a.gen!r}: want an integer below 2^32")
+        elif a.peer is not None:
+            ip, plen = parse_peer(a.peer)
+        else:
+            cls = parse_class(a.cls)
+    except SegmentError as e:
+        flag = "conn" if a.conn is not None else "peer" if a.peer is not None else "class"
+        raise UsageError(f"--{flag}: {e.detail}") from None
     with open_segment(a.path) as seg:
         if a.conn is not None:
-            slot = _find_conn(seg, a.conn)
-            v, what = seg.set_slot_hint(slot, bw), f"slot {slot}"
+            c = sel.find(seg.connections())
+            if c is None:
+                raise SegmentError("slot_inactive", f"connection {a.conn}: no active connection", seg.path)
+            gen = int(a.gen) if a.gen is not None else c.gen
+            v, what = seg.set_slot_hint(c.index, bw, gen=gen), f"slot {c.index} (gen {gen})"
         elif a.peer is not None:
-            v, what = seg.set_peer_hint(a.peer, bw), f"peer {a.peer}"
+            v, what = seg.set_peer_hint(ip, bw, prefix_len=plen), f"peer {ip}/{plen}"
         else:
-            v, what = seg.set_class_hint(a.cls, bw), f"class {a.cls}"
+            v, what = seg.set_class_hint(cls, bw), f"class {class_name(cls)}"
         print(f"{what}: cleared" if bw is None else f"{what}: sup_bw={v}")
         if not seg.agent_alive():
-            print("mpib-agent-py: warning: no live agent heartbeat: the hint applies once "
-                  "`mpib-agent-py heartbeat` or `run` is running", file=sys.stderr)
+            _warn("no live agent heartbeat: the hint applies once `heartbeat` or `run` is running")
     return 0
 
 
-def _frame(seg: Segment, rs: List[ConnRate], clear: bool) -> None:
+_TOP_FMT = "{:>5} {:>15} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9}"
+
+
+def _frame(seg: Segment, rs: List[ConnRate], now: int, clear: bool) -> None:
     if clear:
         sys.stdout.write("\x1b[H\x1b[2J")
-    print(f"mpib-agent-py top  {seg.path}  {_status(seg)}")
-    fmt = "{:>5} {:>15} {:>5} {:>5} {:>8} {:>10} {:>10} {:>9}"
-    print(fmt.format("SLOT", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share"))
+    print(f"{PROG} top  {seg.path}  {_status(seg)}")
+    print(_TOP_FMT.format("SLOT", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share"))
     ts = tp = 0.0
     for r in rs:
-        res = seg.resolve(r.slot.index)
+        res = seg.resolve(r.slot.index, now)
         ts, tp = ts + r.sout_bps, tp + r.sup_bps
-        print(fmt.format(r.slot.index, r.slot.peer_sout_ip, "intra" if r.slot.path_class == 0 else "inter",
-                         res.sup_bw if res.applies else "-", res.source, f"{r.sout_bps * 8e-9:.2f}",
-                         f"{r.sup_bps * 8e-9:.2f}", f"{r.sup_share:.3f}"))
+        print(_TOP_FMT.format(r.slot.index, r.slot.peer_sout_ip, class_name(r.slot.path_class),
+                              res.sup_bw if res.applies else "-", res.source, f"{r.sout_bps * 8e-9:.2f}",
+                              f"{r.sup_bps * 8e-9:.2f}", f"{r.sup_share:.3f}"))
     share = tp / (ts + tp) if ts + tp > 0 else 0.0
-    print(fmt.format("total", "", "", "", "", f"{ts * 8e-9:.2f}", f"{tp * 8e-9:.2f}", f"{share:.3f}"))
+    print(_TOP_FMT.format("total", "", "", "", "", f"{ts * 8e-9:.2f}", f"{tp * 8e-9:.2f}", f"{share:.3f}"))
     sys.stdout.flush()
 
 
 def _cmd_top(a: argparse.Namespace) -> int:
+    interval = _duration_s("interval", a.interval)
+    count = _int("count", a.count)
+    if count < 0:
+        raise UsageError(f"--count {count}: want 0 (forever) or more")
     with open_segment(a.path) as seg:
         prev, prev_t = {s.index: s for s in seg.connections()}, now_ns()
         i = 0
         try:
-            while a.count == 0 or i < a.count:
-                time.sleep(a.interval)
-                cur, cur_t = {s.index: s for s in seg.connections()}, now_ns()
-                _frame(seg, rates(prev, cur, (cur_t - prev_t) / 1e9), not a.plain)
+            while count == 0 or i < count:
+                time.sleep(interval)
+                cur_t = now_ns()
+                cur = {s.index: s for s in seg.connections()}
+                _frame(seg, rates(prev, cur, (cur_t - prev_t) / 1e9), cur_t, not a.plain)
                 prev, prev_t, i = cur, cur_t, i + 1
         except KeyboardInterrupt:
             pass
     return 0
 
 
-def _daemon(seg: Segment, callback: Callable[[List[ConnRate]], Optional[Dict[int, int]]], interval: float) -> None:
+def _loop(seg: Segment, tick: Callable[[], None], interval: float) -> None:
     stop = threading.Event()
-    install_sigterm_stop(stop)
-    run_policy(seg, callback, interval, stop=stop)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    agent_loop(seg, tick, interval, stop=stop)
 
 
 def _cmd_heartbeat(a: argparse.Namespace) -> int:
     with open_segment(a.path) as seg:
-        print(f"heartbeat: pid {os.getpid()} beating {a.path} every 100 ms (stop with SIGINT/SIGTERM)", flush=True)
+        seg.acquire_agent()
+        print(f"heartbeat: pid {os.getpid()} beating {a.path} every {_fmt_ms(beat_period_s())} "
+              "(stop with SIGINT/SIGTERM)", flush=True)
 
-        def tick(_: List[ConnRate]) -> None:
+        def tick() -> None:
             seg.gc()
 
-        _daemon(seg, tick, 5.0)
+        _loop(seg, tick, 5.0)
     return 0
 
 
-def _static_callback(seg: Segment, path: str) -> Callable[[List[ConnRate]], Optional[Dict[int, int]]]:
-    state: Dict[str, object] = {"mtime": None}
+def _static_tick(seg: Segment, path: str) -> Callable[[], None]:
+    p = StaticWeights(path)
 
-    def apply(_: List[ConnRate]) -> None:
-        m = os.stat(path).st_mtime_ns
-        if m == state["mtime"]:
-            return
-        with open(path, "rb") as f:
-            w = json.load(f)
-        unknown = set(w) - {"class", "peers", "conns"}
-        if unknown:
-            raise SegmentError("bad_weights", f"unknown fields {sorted(unknown)}", path)
-        for c, v in sorted(w.get("class", {}).items()):
-            seg.set_class_hint(c, int(v))
-        for p, v in sorted(w.get("peers", {}).items()):
-            seg.set_peer_hint(p, int(v))
-        for sel, v in sorted(w.get("conns", {}).items()):
+    def tick() -> None:
+        for n in p.tick(seg, seg.connections()):
+            print(n, flush=True)
+
+    return tick
+
+
+def _proportional_tick(seg: Segment, p: Proportional) -> Callable[[], None]:
+    state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
+    last: Dict[int, Tuple[int, int]] = {}
+
+    def tick() -> None:
+        conns = seg.connections()
+        cur_t, cur = now_ns(), {s.index: s for s in conns}
+        prev = state["prev"]
+        assert isinstance(prev, dict)
+        p.observe(rates(prev, cur, (cur_t - int(state["t"])) / 1e9))  # type: ignore[call-overload]
+        state["prev"], state["t"] = cur, cur_t
+        bw = p.sup_bw()
+        for c in conns:
+            if c.is_send != 1 or last.get(c.index) == (c.gen, bw):
+                continue
             try:
-                seg.set_slot_hint(_find_conn(seg, sel), int(v))
+                seg.set_slot_hint(c.index, bw, gen=c.gen)
             except SegmentError as e:
-                print(f"mpib-agent-py: warning: {e}", file=sys.stderr)
-        state["mtime"] = m
-        print("policy: static weights applied", flush=True)
+                if gone(e):
+                    continue  # closed since the sample: the next tick sees what replaced it
+                raise
+            last[c.index] = (c.gen, bw)
+            print(f"policy: slot {c.index} (gen {c.gen}) peer {c.peer_sout_ip} sup_bw={clamp(bw)[0]}", flush=True)
 
-    return apply
+    return tick
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
+    interval = _duration_s("interval", a.interval)
+    caps = (0.0, 0.0)
+    if a.policy == "static":
+        if not a.file:
+            raise UsageError("--policy static needs --file weights.json")
+    elif a.policy == "proportional":
+        caps = _capacity(a.capacity)
+    else:
+        raise UsageError(f"--policy {a.policy!r}: want static or proportional")
     with open_segment(a.path) as seg:
+        seg.acquire_agent()
         if a.policy == "static":
-            if not a.file:
-                raise SegmentError("usage", "--policy static needs --file weights.json")
-            cb = _static_callback(seg, a.file)
+            tick = _static_tick(seg, a.file)
         else:
-            caps = dict(kv.split("=", 1) for kv in a.capacity.split(",")) if a.capacity else {}
-            p = Proportional(cap_sout=float(caps.get("sout", 0)), cap_sup=float(caps.get("sup", 0)))
+            tick = _proportional_tick(seg, Proportional(cap_sout=caps[0], cap_sup=caps[1]))
+        print(f"run: pid {os.getpid()}, policy {a.policy}, interval {_fmt_ms(interval)}, segment {a.path}, "
+              f"beat every {_fmt_ms(beat_period_s())}", flush=True)
+        n = [0]
 
-            def cb(rs: List[ConnRate]) -> Dict[int, int]:
-                p.observe(rs)
-                bw = p.sup_bw()
-                return {c.index: bw for c in seg.connections() if c.is_send}
+        def with_gc() -> None:
+            tick()
+            n[0] += 1
+            if n[0] % 5 == 0:
+                seg.gc()
 
-        print(f"run: pid {os.getpid()}, policy {a.policy}, interval {a.interval}s, segment {a.path}", flush=True)
-        _daemon(seg, cb, a.interval)
+        _loop(seg, with_gc, interval)
     return 0
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:
     with open_segment(a.path) as seg:
         freed = seg.gc()
-        print(f"reclaimed {len(freed)} slot(s) {freed}")
+        print(f"reclaimed {len(freed)} slot(s)" + (":" + "".join(f" {i}" for i in freed) if freed else ""))
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="mpib-agent-py", description="MPIB hint segment agent (Python)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: usage: {message}\n")
+
+
+def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
+    ap = _Parser(prog=PROG, description="MPIB hint segment agent (Python)", allow_abbrev=False)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    subs: Dict[str, argparse.ArgumentParser] = {}
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+        p = sub.add_parser(name, help=help, allow_abbrev=False)
         p.add_argument("--path", default=default_path(), help="segment file")
+        subs[name] = p
         return p
 
     p = cmd("create", "create the segment (mode 0600)")
-    p.add_argument("--slots", type=int, default=1024)
-    p.add_argument("--peers", type=int, default=256)
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--slots", default="1024")
+    p.add_argument("--peers", default="256")
+    p.add_argument("--force", action="store_true", help="replace a segment even while in use")
     p.set_defaults(fn=_cmd_create)
     p = cmd("list", "list connections and their hints")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_list)
     p = cmd("set", "set or clear a hint")
     p.add_argument("--conn", help="SLOT or PID:CONN_ID")
+    p.add_argument("--gen", help="with --conn: the slot generation the hint is for (default: the one found now)")
     p.add_argument("--peer", help="IP or IP/LEN")
     p.add_argument("--class", dest="cls", help="intra or inter")
-    p.add_argument("--sup-bw", type=int, help="parts per 1024 (0 all SOUT .. 1024 all SUP)")
+    p.add_argument("--sup-bw", help="parts per 1024 (0 all SOUT .. 1024 all SUP)")
     p.add_argument("--clear", action="store_true")
     p.set_defaults(fn=_cmd_set)
     p = cmd("top", "live per-rail throughput")
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--count", type=int, default=0)
+    p.add_argument("--interval", default="1")
+    p.add_argument("--count", default="0")
     p.add_argument("--plain", action="store_true")
     p.set_defaults(fn=_cmd_top)
     for name in ("heartbeat", "daemon"):
-        cmd(name, "beat until killed").set_defaults(fn=_cmd_heartbeat)
+        cmd(name, "beat until stopped").set_defaults(fn=_cmd_heartbeat)
     p = cmd("run", "policy loop with heartbeat")
-    p.add_argument("--policy", choices=("static", "proportional"), default="static")
-    p.add_argument("--file", help="static: weights JSON")
+    p.add_argument("--policy", default="static", help="static | proportional")
+    p.add_argument("--file", help="static: weights JSON (re-read when it changes)")
     p.add_argument("--capacity", default="", help="proportional: sout=X,sup=Y")
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--interval", default="1")
     p.set_defaults(fn=_cmd_run)
     cmd("gc", "reclaim slots of dead processes").set_defaults(fn=_cmd_gc)
-    return ap
+    return ap, subs
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    a = _parser().parse_args(argv)
+    ap, subs = _parser()
+    a, extra = ap.parse_known_args(argv)
+    if extra:
+        subs[a.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda m, *_a, **_k: print(f"mpib-agent-py: warning: {m}", file=sys.stderr)
+        warnings.showwarning = lambda m, *_a, **_k: _warn(m)
         try:
             rc: int = a.fn(a)
             return rc
-        except (SegmentError, OSError, ValueError) as e:
-            print(f"mpib-agent-py {a.cmd}: {e}", file=sys.stderr)
+        except UsageError as e:
+            print(f"{PROG} {a.cmd}: usage: {e}", file=sys.stderr)
+            return 2
+        except SegmentError as e:
+            print(f"{PROG} {a.cmd}: {e.code}: {e}", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as e:
+            print(f"{PROG} {a.cmd}: io: {e}", file=sys.stderr)
             return 1

@@ -1,4 +1,4 @@
-"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md)."""
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 256
 SLOT_SIZE = 256
 PEER_SIZE = 64
@@ -20,8 +20,11 @@ MAX_PEERS = 4096
 SUP_BW_MAX = 1024
 SEQ_ATTEMPTS = 8
 FLAG_VALID = 1
-DEFAULT_PATH = "/dev/shm/mpib-hints"
+DEFAULT_PATH_PREFIX = "/dev/shm/mpib-hints-"  # + the effective uid: one segment per user
 DEFAULT_STALE_MS = 500
+MAX_STALE_MS = 3600000
+LOCK_ATTACH = 0  # lock bytes (spec 5.7): shared by attached plugins
+LOCK_AGENT = 1  # exclusive: the one beating agent
 
 STATE_FREE, STATE_CLAIMING, STATE_ACTIVE = 0, 1, 2
 SOURCES = ("no_hint", "slot", "peer", "class", "stale", "inactive", "busy", "bad_slot")
@@ -57,13 +60,31 @@ if sys.byteorder != "little":  # pragma: no cover
 class SegmentError(ValueError):
     """Any refusal or failed operation. ``code`` is the spec's validation code (bad_magic,
     bad_version, too_small, bad_geometry, not_regular, bad_owner, bad_mode) or an operation
-    code (slot_range, slot_inactive, peer_table_full, slots_full, bad_class, bad_prefix)."""
+    code (slot_range, slot_inactive, gen_changed, peer_table_full, slots_full, bad_class,
+    bad_prefix, bad_value, segment_live, agent_running, segment_gone, bad_weights); the Go
+    agent uses the same codes."""
 
     def __init__(self, code: str, detail: str, path: str = "") -> None:
         self.code = code
         self.detail = detail
         self.path = path
         super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+
+
+class GenerationChanged(SegmentError):
+    """A slot hint was refused: the slot no longer holds the registration (generation) the
+    caller read, i.e. that connection closed and the slot may hold another one."""
+
+    def __init__(self, slot: int, expected: int, current: int, path: str = "") -> None:
+        self.slot = slot
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            "gen_changed",
+            f"slot {slot}: the hint was meant for generation {expected}, the slot now holds "
+            f"generation {current} (that connection closed)",
+            path,
+        )
 
 
 class HintClampedWarning(UserWarning):
@@ -103,21 +124,18 @@ Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
 
 class View:
-    """Little-endian fields of a segment image. A live view (shared mmap) accesses 32/64-bit
-    fields through memoryview casts, i.e. single aligned loads/stores."""
+    """Little-endian fields of a segment image in memory (bytes, bytearray). The live segment
+    is accessed through ``FileView`` (``_segment.py``) instead: never a mapping."""
 
-    def __init__(self, buf: Buffer, live: bool = False) -> None:
+    def __init__(self, buf: Buffer) -> None:
         self.mv = memoryview(buf).cast("B")
-        self.live = live and len(self.mv) % 8 == 0
-        if self.live:
-            self.m32 = self.mv.cast("I")
-            self.m64 = self.mv.cast("Q")
 
     def release(self) -> None:
-        if self.live:
-            self.m32.release()
-            self.m64.release()
         self.mv.release()
+
+    def region(self, off: int, n: int) -> Tuple["View", int]:
+        """A view holding bytes [off, off+n) and the offset of off in it."""
+        return self, off
 
     def u8(self, off: int) -> int:
         return int(self.mv[off])
@@ -127,14 +145,10 @@ class View:
         return v
 
     def u32(self, off: int) -> int:
-        if self.live:
-            return int(self.m32[off >> 2])
         v: int = struct.unpack_from("<I", self.mv, off)[0]
         return v
 
     def u64(self, off: int) -> int:
-        if self.live:
-            return int(self.m64[off >> 3])
         v: int = struct.unpack_from("<Q", self.mv, off)[0]
         return v
 
@@ -145,56 +159,40 @@ class View:
         struct.pack_into("<H", self.mv, off, v & 0xFFFF)
 
     def put32(self, off: int, v: int) -> None:
-        if self.live:
-            self.m32[off >> 2] = v & 0xFFFFFFFF
-        else:
-            struct.pack_into("<I", self.mv, off, v & 0xFFFFFFFF)
+        struct.pack_into("<I", self.mv, off, v & 0xFFFFFFFF)
 
     def put64(self, off: int, v: int) -> None:
-        if self.live:
-            self.m64[off >> 3] = v & 0xFFFFFFFFFFFFFFFF
-        else:
-            struct.pack_into("<Q", self.mv, off, v & 0xFFFFFFFFFFFFFFFF)
+        struct.pack_into("<Q", self.mv, off, v & 0xFFFFFFFFFFFFFFFF)
 
     def raw_record(self, off: int) -> "Record":
-        return Record(
-            seq=self.u32(off + R_SEQ),
-            sup_bw=self.u32(off + R_SUP_BW),
-            flags=self.u32(off + R_FLAGS),
-            gen=self.u32(off + R_GEN),
-            set_ns=self.u64(off + R_SET_NS),
-            peer_ip=ip_str(self.u32(off + R_PEER_IP)),
-            prefix_len=self.u8(off + R_PREFIX),
-        )
+        return record_from(struct.unpack_from(REC_FMT, self.mv, off))
 
     def read_record(self, off: int) -> Tuple["Record", bool]:
-        """Seqlock read (spec 5.1): (record, consistent). A plain view reads once."""
-        attempts = SEQ_ATTEMPTS if self.live else 1
-        for _ in range(attempts):
-            s1 = self.u32(off + R_SEQ)
-            if s1 & 1:
-                continue
-            r = self.raw_record(off)
-            if self.u32(off + R_SEQ) == s1:
-                r.seq = s1
-                return r, True
-        return self.raw_record(off), False
+        """An image is read once: (record, consistent) where an odd seq is inconsistent."""
+        r = self.raw_record(off)
+        return r, not r.seq & 1
 
     def write_fields(self, off: int, r: "Record") -> None:
-        self.put32(off + R_SUP_BW, r.sup_bw)
-        self.put32(off + R_FLAGS, r.flags)
-        self.put32(off + R_GEN, r.gen)
-        self.put64(off + R_SET_NS, r.set_ns)
-        self.put32(off + R_PEER_IP, ip_int(r.peer_ip))
-        self.put8(off + R_PREFIX, r.prefix_len)
+        struct.pack_into(REC_FIELDS_FMT, self.mv, off + R_SUP_BW, *record_fields(r))
 
     def write_record(self, off: int, r: "Record") -> None:
-        """Seqlock write (spec 5.1); the caller holds the writer lock. Ordering of the
-        stores relies on the CPU keeping store order (x86-64); see docs/agent.md."""
         w = self.u32(off + R_SEQ) | 1
         self.put32(off + R_SEQ, w)
         self.write_fields(off, r)
         self.put32(off + R_SEQ, w + 1)
+
+
+REC_FMT = "<IIIIQIB"  # seq, sup_bw, flags, gen, set_ns, peer_ip, prefix_len (29 bytes)
+REC_FIELDS_FMT = "<IIIQIB"  # the same without seq, from offset +4 (25 bytes)
+
+
+def record_from(t: Tuple[int, ...]) -> "Record":
+    return Record(seq=t[0], sup_bw=t[1], flags=t[2], gen=t[3], set_ns=t[4], peer_ip=ip_str(t[5]), prefix_len=t[6])
+
+
+def record_fields(r: "Record") -> Tuple[int, ...]:
+    return (r.sup_bw & 0xFFFFFFFF, r.flags & 0xFFFFFFFF, r.gen & 0xFFFFFFFF, r.set_ns & 0xFFFFFFFFFFFFFFFF,
+            ip_int(r.peer_ip), r.prefix_len & 0xFF)
 
 
 @dataclass
@@ -322,7 +320,9 @@ def validate_header(head: Buffer, size: int, path: str = "") -> Header:
     v = View(hb)
     ver = v.u32(OFF_VERSION)
     if ver != VERSION:
-        raise _fail("bad_version", f"version {ver}, this reader implements {VERSION}", path)
+        advice = ("a segment made by an older agent: re-create it with the current agent" if ver < VERSION
+                  else "a segment made by a newer agent: upgrade the plugin and agents")
+        raise _fail("bad_version", f"format version {ver}, this reader implements {VERSION} ({advice})", path)
     h = decode_header(v)
     hs, ss, ps = v.u32(OFF_HEADER_SIZE), v.u32(OFF_SLOT_SIZE), v.u32(OFF_PEER_SIZE)
     if (
@@ -344,7 +344,7 @@ def validate_header(head: Buffer, size: int, path: str = "") -> Header:
     return h
 
 
-def decode_header(v: View) -> Header:
+def decode_header(v: Any) -> Header:
     return Header(
         version=v.u32(OFF_VERSION),
         total_size=v.u64(OFF_TOTAL),
@@ -358,7 +358,7 @@ def decode_header(v: View) -> Header:
     )
 
 
-def decode_slot(v: View, i: int, hint: Optional[Record] = None) -> Slot:
+def decode_slot(v: Any, i: int, hint: Optional[Record] = None) -> Slot:
     off = slot_off(i)
     owner = v.u64(off + S_OWNER)
     tel = Telemetry(
@@ -413,7 +413,7 @@ def decode(buf: Buffer) -> Snapshot:
         v.release()
 
 
-def _put_record(v: View, off: int, r: Record) -> None:
+def _put_record(v: Any, off: int, r: Record) -> None:
     v.put32(off + R_SEQ, r.seq)
     v.write_fields(off, r)
 
@@ -452,7 +452,7 @@ def encode(snap: Snapshot) -> bytes:
     return bytes(buf)
 
 
-def encode_slot(v: View, s: Slot) -> None:
+def encode_slot(v: Any, s: Slot) -> None:
     off = slot_off(s.index)
     v.put64(off + S_OWNER, s.state | s.owner_pid << 32)
     v.put32(off + S_GEN, s.gen)
@@ -470,9 +470,14 @@ def encode_slot(v: View, s: Slot) -> None:
     put_telemetry(v, off, s.telemetry)
 
 
-def put_telemetry(v: View, off: int, t: Telemetry) -> None:
+def put_telemetry(v: Any, off: int, t: Telemetry) -> None:
     for name, o, size in TELEMETRY:
         (v.put64 if size == 8 else v.put32)(off + o, getattr(t, name))
+
+
+def class_name(c: int) -> str:
+    """Path class as both CLIs print it."""
+    return {0: "intra", 1: "inter"}.get(c, "invalid")
 
 
 def clamp(v: int) -> Tuple[int, bool]:
@@ -503,10 +508,14 @@ def _none(reason: str) -> Resolution:
     return Resolution(False, 0, reason, False)
 
 
-def peer_scan(v: View, h: Header, ip: int) -> Optional[int]:
+def peer_scan(v: Any, h: Header, ip: int) -> Optional[int]:
+    """Longest valid matching prefix (ties: lowest index); entries caught mid-write are
+    skipped. The entries are read in one piece (``region``), the chosen one again by the
+    caller under its seqlock."""
     best, best_len = None, -1
+    pv, base = v.region(peer_off(h.nslots, 0), h.npeers * PEER_SIZE)
     for j in range(h.npeers):
-        r, ok = v.read_record(peer_off(h.nslots, j))
+        r, ok = pv.read_record(base + j * PEER_SIZE)
         if not ok or not r.valid:
             continue
         if prefix_match(ip, ip_int(r.peer_ip), r.prefix_len) and r.prefix_len > best_len:
@@ -514,7 +523,7 @@ def peer_scan(v: View, h: Header, ip: int) -> Optional[int]:
     return best
 
 
-def resolve_view(v: View, h: Header, slot: int, now: int, stale_ns: int) -> Resolution:
+def resolve_view(v: Any, h: Header, slot: int, now: int, stale_ns: int) -> Resolution:
     """Spec 5.3."""
     if not 0 <= slot < h.nslots:
         return _none("bad_slot")

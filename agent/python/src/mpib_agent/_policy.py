@@ -1,15 +1,23 @@
-"""Telemetry rates, the proportional policy and a callback-style policy loop."""
+"""Telemetry rates, the built-in policies and the agent loop (heartbeat + policy ticks).
+
+The rules are the Go agent's (agent/go/policy, agent/go/cmd/mpib-agent); the Go CLI test
+TestCLIsAgree runs both agents on one segment.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ._format import SUP_BW_MAX, Slot
-from ._segment import Segment, now_ns
+from ._format import SUP_BW_MAX, SegmentError, Slot, clamp, ip_int
+from ._segment import Segment, beat_period_s, now_ns, parse_class
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,110 @@ class Proportional:
 
 def _share(sout: float, sup: float) -> int:
     sout, sup = max(sout, 0.0), max(sup, 0.0)
-    return 512 if sout + sup == 0 else round(SUP_BW_MAX * sup / (sout + sup))
+    if sout + sup == 0:
+        return 512
+    x = SUP_BW_MAX * sup / (sout + sup)
+    return int(x + 0.5)  # half away from zero, as Go's math.Round (Python's round() is half-even)
+
+
+class SlotSkippedWarning(UserWarning):
+    """A hint was not written because its connection closed (or its slot now holds another
+    registration) while the policy ran; the loop goes on."""
+
+
+def gone(e: SegmentError) -> bool:
+    """A slot write refused because the connection closed or was replaced."""
+    return e.code in ("slot_inactive", "gen_changed")
+
+
+# ---- the agent loop -----------------------------------------------------------------------
+
+
+class _Beater(threading.Thread):
+    """Beats every ``period`` seconds from its own thread (a slow policy never lets the
+    heartbeat go stale) and, every 250 ms, follows a replaced or truncated segment."""
+
+    def __init__(self, seg: Segment, period: float, note: Callable[[str], None]) -> None:
+        super().__init__(name="mpib-agent-beat", daemon=True)
+        self.seg, self.period, self.note = seg, period, note
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        last_check, last_warn = 0.0, ""
+        while not self.halt.wait(self.period):
+            try:
+                self.seg.beat()
+            except (SegmentError, OSError):
+                pass
+            if time.monotonic() - last_check < 0.25:
+                continue
+            last_check = time.monotonic()
+            try:
+                if self.seg.reattach():
+                    self.seg.beat()
+                    self.note(f"segment {self.seg.path} replaced: re-attached")
+                    last_warn = ""
+                elif self.seg.err() is not None and last_warn != "gone":
+                    last_warn = "gone"
+                    warnings.warn(f"{self.seg.err()}: waiting for a new segment at the path", stacklevel=1)
+            except (SegmentError, OSError) as e:
+                if str(e) != last_warn:
+                    last_warn = str(e)
+                    warnings.warn(f"segment {self.seg.path} replaced or truncated, the new one is unusable: {e}",
+                                  stacklevel=1)
+
+
+def agent_loop(
+    seg: Segment,
+    tick: Callable[[], None],
+    interval: float,
+    *,
+    duration: Optional[float] = None,
+    stop: Optional[threading.Event] = None,
+    beat_every: Optional[float] = None,
+    immediate: bool = True,
+    note: Callable[[str], None] = lambda s: print(s, flush=True),
+) -> None:
+    """The one beating agent of ``seg`` (spec 5.2, 5.7): takes the agent lock
+    (SegmentError("agent_running") when another agent, Go or Python, holds it), beats every
+    ``beat_every`` s (default MPIB_AGENT_STALE_MS/4) from its own thread, and calls ``tick``
+    every ``interval`` s (first at once when ``immediate``) until ``duration`` elapses,
+    ``stop`` is set, or KeyboardInterrupt. On the way out it clears the heartbeat only if it is
+    still its own, and drops the agent lock."""
+    stop = stop or threading.Event()
+    seg.acquire_agent()
+    beater = _Beater(seg, beat_every if beat_every is not None else beat_period_s(), note)
+    try:
+        seg.beat()
+        beater.start()
+        t0 = time.monotonic()
+        next_tick = t0 if immediate else t0 + interval
+        while not stop.is_set():
+            now = time.monotonic()
+            if duration is not None and now - t0 >= duration:
+                break
+            if now >= next_tick:
+                if seg.err() is None:
+                    try:
+                        tick()
+                    except SegmentError as e:
+                        if e.code != "segment_gone":
+                            raise
+                next_tick += interval
+                if next_tick < time.monotonic():
+                    next_tick = time.monotonic() + interval
+            wait = next_tick - time.monotonic()
+            if duration is not None:
+                wait = min(wait, t0 + duration - time.monotonic())
+            stop.wait(max(wait, 0.0))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        beater.halt.set()
+        if beater.is_alive():
+            beater.join()
+        seg.stop_beat()
+        seg.release_agent()
 
 
 Policy = Callable[[List[ConnRate]], Optional[Dict[int, int]]]
@@ -96,41 +207,251 @@ def run_policy(
     *,
     duration: Optional[float] = None,
     stop: Optional[threading.Event] = None,
-    beat_every: float = 0.1,
+    beat_every: Optional[float] = None,
 ) -> None:
-    """Beats the heartbeat every ``beat_every`` s and every ``interval`` s calls
-    ``callback(rates)`` with the per-connection rates of the last interval; the callback
-    returns {slot: sup_bw} to write (or None). Runs until ``duration`` elapses, ``stop`` is
-    set, or KeyboardInterrupt; then clears the heartbeat (plugins fall back to vanilla)."""
-    stop = stop or threading.Event()
-    t0 = time.monotonic()
-    prev = {s.index: s for s in seg.connections()}
-    prev_t = now_ns()
-    next_tick = t0 + interval
-    seg.beat()
-    try:
-        while not stop.is_set():
-            now = time.monotonic()
-            if duration is not None and now - t0 >= duration:
-                break
-            if now >= next_tick:
-                cur_t = now_ns()
-                cur = {s.index: s for s in seg.connections()}
-                hints = callback(rates(prev, cur, (cur_t - prev_t) / 1e9))
-                prev, prev_t = cur, cur_t
-                for slot, bw in (hints or {}).items():
-                    seg.set_slot_hint(slot, bw)
-                next_tick += interval
-                if next_tick < now:
-                    next_tick = now + interval
-            seg.beat()
-            stop.wait(min(beat_every, max(next_tick - time.monotonic(), 0.001)))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        seg.stop_beat()
+    """Runs ``callback`` as the segment's policy. Every ``interval`` s it is called with the
+    per-connection rates of the last interval and returns {slot: sup_bw} to write (or None).
+    Each hint is written for the registration (gen) the rates were computed on; a connection
+    that closed meanwhile is skipped with a SlotSkippedWarning. The heartbeat is beaten every
+    ``beat_every`` s (default MPIB_AGENT_STALE_MS/4) from its own thread, so a slow callback
+    never makes plugins fall back. Runs until ``duration`` elapses, ``stop`` is set, or
+    KeyboardInterrupt; then clears its own heartbeat (plugins fall back to vanilla at once).
+    Raises SegmentError("agent_running") when another agent beats the segment."""
+    state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
+
+    def tick() -> None:
+        cur_t = now_ns()
+        cur = {s.index: s for s in seg.connections()}
+        prev = state["prev"]
+        assert isinstance(prev, dict)
+        hints = callback(rates(prev, cur, (cur_t - int(state["t"])) / 1e9))  # type: ignore[call-overload]
+        state["prev"], state["t"] = cur, cur_t
+        for slot, bw in (hints or {}).items():
+            c = cur.get(slot)
+            if c is None:
+                warnings.warn(SlotSkippedWarning(f"slot {slot}: no active connection in this sample"), stacklevel=2)
+                continue
+            try:
+                seg.set_slot_hint(slot, bw, gen=c.gen)
+            except SegmentError as e:
+                if not gone(e):
+                    raise
+                warnings.warn(SlotSkippedWarning(str(e)), stacklevel=2)
+
+    agent_loop(seg, tick, interval, duration=duration, stop=stop, beat_every=beat_every, immediate=False,
+               note=lambda s: None)
 
 
 def install_sigterm_stop(stop: threading.Event) -> None:
     """Makes SIGTERM set ``stop`` (for daemons)."""
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+
+# ---- the static policy ----------------------------------------------------------------------
+
+_PEER_RE = re.compile(r"^([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?:/([0-9]{1,2}))?$")
+_CONN_RE = re.compile(r"^([0-9]+)(?::([0-9]+))?$")
+
+
+def parse_peer(s: str) -> Tuple[str, int]:
+    """IP or IP/LEN (LEN 0..32, default 32) -> (ip, len); SegmentError bad_value/bad_prefix."""
+    m = _PEER_RE.match(s)
+    if m is None or not s.isascii():
+        raise SegmentError("bad_value", f"want IP or IP/LEN, got {s!r}")
+    try:
+        ip_int(m.group(1))
+    except ValueError:
+        raise SegmentError("bad_value", f"{m.group(1)!r} is not an IPv4 address") from None
+    plen = int(m.group(2)) if m.group(2) is not None else 32
+    if plen > 32:
+        raise SegmentError("bad_prefix", "prefix length must be 0..32")
+    return m.group(1), plen
+
+
+@dataclass(frozen=True)
+class ConnSelector:
+    """A connection by slot index (pid is None) or by PID:CONN_ID."""
+
+    slot: int = 0
+    pid: Optional[int] = None
+    conn_id: int = 0
+
+    def find(self, conns: List[Slot]) -> Optional[Slot]:
+        for c in conns:
+            if (self.pid is None and c.index == self.slot) or (
+                    self.pid is not None and c.pid == self.pid and c.conn_id == self.conn_id):
+                return c
+        return None
+
+
+def parse_conn(s: str) -> ConnSelector:
+    """SLOT or PID:CONN_ID (decimal digits only)."""
+    m = _CONN_RE.match(s)
+    if m is None or not s.isascii():
+        raise SegmentError("bad_value", f"want SLOT or PID:CONN_ID, got {s!r}")
+    if m.group(2) is not None:
+        pid, conn = int(m.group(1)), int(m.group(2))
+        if pid >= 1 << 32 or conn >= 1 << 64:
+            raise SegmentError("bad_value", f"want SLOT or PID:CONN_ID, got {s!r}")
+        return ConnSelector(pid=pid, conn_id=conn)
+    if int(m.group(1)) >= 1 << 32:
+        raise SegmentError("bad_value", f"want SLOT or PID:CONN_ID, got {s!r}")
+    return ConnSelector(slot=int(m.group(1)))
+
+
+class _NotInt:
+    def __init__(self, s: str) -> None:
+        self.s = s
+
+    def __repr__(self) -> str:
+        return self.s
+
+
+def _bad_constant(s: str) -> None:
+    raise ValueError(f"{s} is not JSON")
+
+
+@dataclass
+class Weights:
+    """The static policy file: {"class": {...}, "peers": {...}, "conns": {...}}, sup_bw
+    values as JSON integers >= 0 (above 1024 written as 1024 with a warning)."""
+
+    cls: Dict[str, int] = field(default_factory=dict)
+    peers: Dict[str, int] = field(default_factory=dict)
+    conns: Dict[str, int] = field(default_factory=dict)
+
+
+def parse_weights(data: bytes) -> Weights:
+    """Strict parse (same rules as the Go agent); SegmentError("bad_weights")."""
+
+    def bad(msg: str) -> SegmentError:
+        return SegmentError("bad_weights", msg)
+
+    try:
+        top = json.loads(data.decode("utf-8"), parse_float=_NotInt, parse_constant=_bad_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"not JSON: {e}") from None
+    if not isinstance(top, dict):
+        raise bad("want a JSON object with class, peers and conns")
+    w = Weights()
+    checks: Dict[str, Tuple[Dict[str, int], Callable[[str], object]]] = {
+        "class": (w.cls, parse_class),
+        "peers": (w.peers, parse_peer),
+        "conns": (w.conns, parse_conn),
+    }
+    for name in sorted(top):
+        if name not in checks:
+            raise bad(f"unknown field {name!r} (class, peers, conns)")
+        sec = top[name]
+        if not isinstance(sec, dict):
+            raise bad(f"{name}: want an object of KEY: sup_bw")
+        dst, check = checks[name]
+        for k, v in sec.items():
+            try:
+                check(k)
+            except SegmentError as e:
+                raise bad(f"{name} {k!r}: {e.detail}") from None
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(f"{name} {k!r}: sup_bw {v!r}: want an integer 0..1024")
+            dst[k] = min(v, 0xFFFFFFFF)
+    return w
+
+
+class StaticWeights:
+    """The static policy (Go: policy.Static): the weights file, re-read when it changes.
+
+    - A file that cannot be read or parsed at the first tick raises SegmentError; later, the
+      last good weights stay in force and the failure is reported once (a warning).
+    - A key deleted from the file clears its hint: its connections return to the default.
+    - conns entries are written for connections that register later too, and again when a
+      slot key's slot is registered again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.w: Optional[Weights] = None
+        self.stamp = ""
+        self.written: Dict[str, Tuple[int, int, int]] = {}
+        self.missing: Dict[str, bool] = {}
+
+    def _reload(self) -> Optional[Weights]:
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            stamp = f"missing:{e}"
+            if stamp == self.stamp:
+                return None
+            self.stamp = stamp
+            raise SegmentError("bad_weights", str(e), self.path) from None
+        stamp = f"{st.st_mtime_ns}/{st.st_size}"
+        if stamp == self.stamp:
+            return None
+        self.stamp = stamp
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise SegmentError("bad_weights", str(e), self.path) from None
+        try:
+            return parse_weights(data)
+        except SegmentError as e:
+            raise SegmentError("bad_weights", e.detail, self.path) from None
+
+    def tick(self, seg: Segment, conns: List[Slot]) -> List[str]:
+        """Applies the weights; returns lines for the operator (warnings go to warnings)."""
+        notes: List[str] = []
+        try:
+            nw = self._reload()
+        except SegmentError as e:
+            if self.w is None:
+                raise
+            warnings.warn(f"{e}: keeping the last good weights", stacklevel=2)
+            nw = None
+        if nw is not None:
+            old = self.w or Weights()
+            for k in sorted(old.cls):
+                if k not in nw.cls:
+                    seg.set_class_hint(k, None)
+                    notes.append(f"policy: class {k} removed: cleared")
+            for k in sorted(old.peers):
+                if k not in nw.peers:
+                    ip, plen = parse_peer(k)
+                    seg.set_peer_hint(ip, None, prefix_len=plen)
+                    notes.append(f"policy: peer {k} removed: cleared")
+            for k in sorted(self.written):
+                if k not in nw.conns:
+                    slot, gen, _ = self.written[k]
+                    try:
+                        seg.set_slot_hint(slot, None, gen=gen)
+                    except SegmentError as e:
+                        if not gone(e):
+                            raise
+                    notes.append(f"policy: conn {k} removed: slot {slot} cleared")
+            for k in sorted(nw.cls):
+                seg.set_class_hint(k, nw.cls[k])
+            for k in sorted(nw.peers):
+                ip, plen = parse_peer(k)
+                seg.set_peer_hint(ip, nw.peers[k], prefix_len=plen)
+            self.w, self.written, self.missing = nw, {}, {}
+            notes.append(f"policy: static weights loaded: {len(nw.cls)} class, {len(nw.peers)} peer, "
+                         f"{len(nw.conns)} conn entries")
+        assert self.w is not None
+        for k in sorted(self.w.conns):
+            c = parse_conn(k).find(conns)
+            if c is None:
+                if not self.missing.get(k):
+                    self.missing[k] = True
+                    warnings.warn(f"conn {k}: no such connection yet (applied when it appears)", stacklevel=2)
+                continue
+            want = (c.index, c.gen, self.w.conns[k])
+            if self.written.get(k) == want:
+                continue
+            try:
+                seg.set_slot_hint(c.index, want[2], gen=c.gen)
+            except SegmentError as e:
+                if gone(e):
+                    continue  # closed since conns was read: the next tick sees what replaced it
+                raise
+            self.missing.pop(k, None)
+            self.written[k] = want
+            notes.append(f"policy: conn {k}: slot {c.index} (gen {c.gen}) sup_bw={clamp(want[2])[0]}")
+        return notes

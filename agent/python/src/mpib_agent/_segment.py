@@ -1,24 +1,37 @@
-"""A live read-write mapping of the segment (spec sections 5 and 6)."""
+"""The live segment (spec sections 5 and 6), read and written through its file descriptor.
+
+Python never maps the segment: a mapped file that someone truncates raises SIGBUS at the next
+access, which no Python code can survive. Every field is read with one ``os.pread`` and
+written with one ``os.pwrite`` of its size at its aligned offset, so a truncated segment
+gives a short read (``SegmentError("segment_gone")``), never a crash. Each system call
+completes before the next starts, which gives the seqlock its order (spec 5.1).
+"""
 
 from __future__ import annotations
 
+import errno
 import fcntl
-import mmap
 import os
 import stat
+import struct
 import tempfile
+import threading
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Union
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple, Union
 
 from ._format import (
-    DEFAULT_PATH,
+    DEFAULT_PATH_PREFIX,
+    DEFAULT_STALE_MS,
     FLAG_VALID,
     HEADER_SIZE,
+    LOCK_AGENT,
     MAGIC,
     MAX_PEERS,
     MAX_SLOTS,
+    MAX_STALE_MS,
     OFF_AGENT_PID,
     OFF_CREATED,
     OFF_HEADER_SIZE,
@@ -31,12 +44,18 @@ from ._format import (
     OFF_TOTAL,
     OFF_VERSION,
     PEER_SIZE,
+    R_SEQ,
+    R_SUP_BW,
+    REC_FIELDS_FMT,
+    REC_FMT,
     S_GEN,
     S_HINT,
     S_OWNER,
+    SEQ_ATTEMPTS,
     SLOT_SIZE,
     STATE_ACTIVE,
     VERSION,
+    GenerationChanged,
     Header,
     HintClampedWarning,
     Record,
@@ -50,9 +69,12 @@ from ._format import (
     decode_header,
     decode_slot,
     decode_view,
+    heartbeat_fresh,
     ip_int,
     ip_str,
     peer_off,
+    record_fields,
+    record_from,
     resolve_view,
     slot_off,
     total_size,
@@ -66,15 +88,21 @@ def now_ns() -> int:
 
 
 def default_path() -> str:
-    return os.environ.get("MPIB_SHM_PATH") or DEFAULT_PATH
+    """$MPIB_SHM_PATH, else /dev/shm/mpib-hints-EUID (the plugin's default too)."""
+    return os.environ.get("MPIB_SHM_PATH") or f"{DEFAULT_PATH_PREFIX}{os.geteuid()}"
 
 
 def stale_ns_from_env() -> int:
-    try:
-        ms = int(os.environ.get("MPIB_AGENT_STALE_MS", ""))
-    except ValueError:
-        ms = 0
-    return (ms if ms > 0 else 500) * 1_000_000
+    """MPIB_AGENT_STALE_MS (1..3600000, else 500) in ns, read as the plugin reads it."""
+    v = os.environ.get("MPIB_AGENT_STALE_MS", "")
+    ms = int(v) if v.isdigit() and v.isascii() and 1 <= int(v) <= MAX_STALE_MS else DEFAULT_STALE_MS
+    return ms * 1_000_000
+
+
+def beat_period_s(stale_ns: Optional[int] = None) -> float:
+    """How often an agent beats: stale/4 (spec 5.2), at least 1 ms."""
+    st = stale_ns_from_env() if stale_ns is None else stale_ns
+    return max(st // 4, 1_000_000) / 1e9
 
 
 _CLASSES = {"intra": 0, "inter": 1, "0": 0, "1": 1}
@@ -87,16 +115,185 @@ def parse_class(c: Union[str, int]) -> int:
     return v
 
 
-class Segment:
-    """A mapped hint segment. Use :func:`open_segment` or :func:`create`; close it (or use it
-    as a context manager) when done."""
+# ---- OFD locks (spec 5.7) ---------------------------------------------------------------
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, header: Header) -> None:
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock on Linux x86-64 and aarch64 (32 bytes)
+
+
+def _lock_byte(fd: int, off: int, typ: int) -> bool:
+    """Takes (F_RDLCK/F_WRLCK, never waiting) or drops (F_UNLCK) an OFD lock on one byte;
+    False when another open file description holds a conflicting one."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(typ, os.SEEK_SET, off, 1, 0))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _lock_held(fd: int, off: int, length: int = 1) -> bool:
+    """Whether another open file description holds a lock on [off, off+length) (0: to EOF)."""
+    t = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, off, length, 0)))
+    return bool(t[0] != fcntl.F_UNLCK)
+
+
+def slot_lock_off(i: int) -> int:
+    """The lock byte of slot i's lease: the slot's first byte."""
+    return slot_off(i)
+
+
+# ---- the file view ----------------------------------------------------------------------
+
+
+class FileView:
+    """Fields of the segment file through pread/pwrite (see the module's docstring)."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+        self.gone = False
+
+    def _gone(self) -> SegmentError:
+        self.gone = True
+        return SegmentError("segment_gone", "the segment was truncated under this process "
+                            "(re-create it; reattach() follows a new one)", self.path)
+
+    def read(self, off: int, n: int) -> bytes:
+        if self.gone:
+            raise self._gone()
+        b = os.pread(self.fd, n, off)
+        if len(b) != n:
+            raise self._gone()
+        return b
+
+    def write(self, off: int, b: bytes) -> None:
+        if self.gone:
+            raise self._gone()
+        os.pwrite(self.fd, b, off)
+
+    def region(self, off: int, n: int) -> Tuple[View, int]:
+        return View(self.read(off, n)), 0
+
+    def u8(self, off: int) -> int:
+        return self.read(off, 1)[0]
+
+    def u16(self, off: int) -> int:
+        v: int = struct.unpack("<H", self.read(off, 2))[0]
+        return v
+
+    def u32(self, off: int) -> int:
+        v: int = struct.unpack("<I", self.read(off, 4))[0]
+        return v
+
+    def u64(self, off: int) -> int:
+        v: int = struct.unpack("<Q", self.read(off, 8))[0]
+        return v
+
+    def put8(self, off: int, v: int) -> None:
+        self.write(off, struct.pack("<B", v & 0xFF))
+
+    def put16(self, off: int, v: int) -> None:
+        self.write(off, struct.pack("<H", v & 0xFFFF))
+
+    def put32(self, off: int, v: int) -> None:
+        self.write(off, struct.pack("<I", v & 0xFFFFFFFF))
+
+    def put64(self, off: int, v: int) -> None:
+        self.write(off, struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF))
+
+    def raw_record(self, off: int) -> Record:
+        return record_from(struct.unpack(REC_FMT, self.read(off, struct.calcsize(REC_FMT))))
+
+    def read_record(self, off: int) -> Tuple[Record, bool]:
+        """Seqlock read (spec 5.1): (record, consistent)."""
+        n = struct.calcsize(REC_FIELDS_FMT)
+        for _ in range(SEQ_ATTEMPTS):
+            s1 = self.u32(off + R_SEQ)
+            if s1 & 1:
+                continue
+            fields = struct.unpack(REC_FIELDS_FMT, self.read(off + R_SUP_BW, n))
+            if self.u32(off + R_SEQ) == s1:
+                return record_from((s1,) + fields), True
+        return self.raw_record(off), False
+
+    def write_fields(self, off: int, r: Record) -> None:
+        self.write(off + R_SUP_BW, struct.pack(REC_FIELDS_FMT, *record_fields(r)))
+
+    def write_record(self, off: int, r: Record) -> None:
+        """Seqlock write (spec 5.1); the caller holds the writer lock."""
+        w = self.u32(off + R_SEQ) | 1
+        self.put32(off + R_SEQ, w)
+        self.write_fields(off, r)
+        self.put32(off + R_SEQ, w + 1)
+
+
+# ---- liveness -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Whether a segment file is in use (spec 5.8)."""
+
+    heartbeat_fresh: bool = False
+    agent_pid: int = 0
+    locked: bool = False  # a plugin has it attached, an agent holds the agent lock, or a slot is leased
+
+    @property
+    def live(self) -> bool:
+        return self.heartbeat_fresh or self.locked
+
+    def __str__(self) -> str:
+        if self.locked and self.heartbeat_fresh:
+            return f"an agent (pid {self.agent_pid}) beats it and processes hold it open"
+        if self.heartbeat_fresh:
+            return f"an agent (pid {self.agent_pid}) beats it"
+        if self.locked:
+            return "plugin or agent processes hold it open"
+        return "unused"
+
+
+def liveness(path: str) -> Liveness:
+    """Inspects the file at path without using it: a missing file or one that is not a
+    segment is not live."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Liveness()
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return Liveness()
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Liveness()
+        fresh, pid = False, 0
+        head = os.pread(fd, HEADER_SIZE, 0)
+        if len(head) == HEADER_SIZE and head[:8] == MAGIC:
+            h = decode_header(View(head))
+            if h.version == VERSION:
+                fresh, pid = heartbeat_fresh(h.heartbeat_ns, now_ns(), stale_ns_from_env()), h.agent_pid
+        return Liveness(fresh, pid, _lock_held(fd, 0, 0))
+    finally:
+        os.close(fd)
+
+
+# ---- the segment --------------------------------------------------------------------------
+
+
+class Segment:
+    """An open hint segment. Use :func:`open_segment` or :func:`create`; close it (or use it
+    as a context manager) when done. Safe for use from several threads."""
+
+    def __init__(self, path: str, fd: int, header: Header, st: os.stat_result) -> None:
         self.path = path
         self._fd = fd
-        self._mm = mm
         self._h = header
-        self._v = View(mm, live=True)
+        self._v = FileView(fd, path)
+        self._dev, self._ino = st.st_dev, st.st_ino
+        self._io = threading.RLock()  # reattach() swaps the descriptor under it
+        self._agent = False
+        self._last_beat = 0
 
     def __enter__(self) -> "Segment":
         return self
@@ -105,12 +302,11 @@ class Segment:
         self.close()
 
     def close(self) -> None:
-        if self._fd < 0:
-            return
-        self._v.release()
-        self._mm.close()
-        os.close(self._fd)
-        self._fd = -1
+        with self._io:
+            if self._fd < 0:
+                return
+            os.close(self._fd)  # drops this Segment's locks
+            self._fd = -1
 
     @property
     def nslots(self) -> int:
@@ -120,66 +316,120 @@ class Segment:
     def npeers(self) -> int:
         return self._h.npeers
 
+    def err(self) -> Optional[SegmentError]:
+        """SegmentError("segment_gone") once the segment was truncated, else None."""
+        return self._v._gone() if self._v.gone else None
+
     def header(self) -> Header:
         """The header with the live heartbeat and epoch."""
-        return decode_header(self._v)
+        with self._io:
+            return decode_header(View(self._v.read(0, HEADER_SIZE)))
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        """The writer lock (spec 5.5)."""
+        with self._io:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    # -- heartbeat -------------------------------------------------------------------------
+    def _check_size(self) -> None:
+        """Refuses to write into a truncated file (a pwrite would extend it)."""
+        if os.fstat(self._fd).st_size < self._h.total_size:
+            raise self._v._gone()
+
+    # -- the agent lock and the heartbeat ---------------------------------------------------
+
+    def acquire_agent(self) -> None:
+        """Takes the agent lock (spec 5.7): one beating agent per segment. Raises
+        SegmentError("agent_running") when another agent (Go or Python) holds it."""
+        with self._io:
+            if self._agent:
+                return
+            if not _lock_byte(self._fd, LOCK_AGENT, fcntl.F_WRLCK):
+                pid = struct.unpack("<I", os.pread(self._fd, 4, OFF_AGENT_PID).ljust(4, b"\0"))[0]
+                raise SegmentError("agent_running", f"pid {pid} runs a heartbeat or policy loop on it; stop it first",
+                                   self.path)
+            self._agent = True
+
+    def release_agent(self) -> None:
+        with self._io:
+            if self._agent and self._fd >= 0:
+                _lock_byte(self._fd, LOCK_AGENT, fcntl.F_UNLCK)
+            self._agent = False
 
     def beat(self, now: Optional[int] = None) -> None:
         """Stores the heartbeat; hints apply only while it is fresh."""
-        self._v.put32(OFF_AGENT_PID, os.getpid())
-        self._v.put64(OFF_HEARTBEAT, now_ns() if now is None else now)
+        t = now_ns() if now is None else now
+        with self._io:
+            self._check_size()
+            self._v.put32(OFF_AGENT_PID, os.getpid())
+            self._v.put64(OFF_HEARTBEAT, t)
+            self._last_beat = t
 
-    def stop_beat(self) -> None:
-        """Clean exit: plugins fall back to vanilla at once."""
-        self._v.put64(OFF_HEARTBEAT, 0)
+    def stop_beat(self) -> bool:
+        """Clean exit: plugins fall back to vanilla at once. Clears the heartbeat only if it is
+        still the one this Segment stored (never another agent's); returns whether it did."""
+        with self._io:
+            last, self._last_beat = self._last_beat, 0
+            try:
+                if last and self._v.u64(OFF_HEARTBEAT) == last:
+                    self._v.put64(OFF_HEARTBEAT, 0)
+                    return True
+            except SegmentError:
+                pass
+            return False
 
     def agent_alive(self, stale_ns: Optional[int] = None) -> bool:
-        from ._format import heartbeat_fresh
-
         st = stale_ns_from_env() if stale_ns is None else stale_ns
-        return heartbeat_fresh(self._v.u64(OFF_HEARTBEAT), now_ns(), st)
+        return heartbeat_fresh(self.header().heartbeat_ns, now_ns(), st)
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading ----------------------------------------------------------------------------
 
     def connections(self) -> List[Slot]:
         """Active slots, hints read under their seqlock."""
-        out = []
-        for i in range(self._h.nslots):
-            off = slot_off(i)
-            if self._v.u64(off + S_OWNER) & 0xFFFFFFFF == STATE_ACTIVE:
-                rec, _ = self._v.read_record(off + S_HINT)
-                out.append(decode_slot(self._v, i, rec))
-        return out
+        with self._io:
+            n = self._h.nslots
+            img = View(self._v.read(0, slot_off(n)))  # header and slots in one read
+            out = []
+            for i in range(n):
+                off = slot_off(i)
+                if img.u64(off + S_OWNER) & 0xFFFFFFFF == STATE_ACTIVE:
+                    rec, _ = self._v.read_record(off + S_HINT)
+                    out.append(decode_slot(img, i, rec))
+            return out
 
     def slot(self, i: int) -> Slot:
         self._check_slot(i)
-        rec, _ = self._v.read_record(slot_off(i) + S_HINT)
-        return decode_slot(self._v, i, rec)
+        with self._io:
+            img = View(self._v.read(0, slot_off(i + 1)))
+            rec, _ = self._v.read_record(slot_off(i) + S_HINT)
+            return decode_slot(img, i, rec)
 
     def snapshot(self) -> Snapshot:
-        return decode_view(self._v, self.header())
+        with self._io:
+            snap = decode_view(View(self._v.read(0, self._h.total_size)), self.header())
+            for p in snap.peers:
+                p.record, _ = self._v.read_record(peer_off(self._h.nslots, p.index))
+            for s in snap.slots:
+                s.hint, _ = self._v.read_record(slot_off(s.index) + S_HINT)
+            snap.class_defaults = [self._v.read_record(class_off(c))[0] for c in (0, 1)]
+            return snap
 
     def resolve(self, slot: int, now: Optional[int] = None, stale_ns: Optional[int] = None) -> Resolution:
         """What the plugin would decide for ``slot`` now (spec 5.3)."""
-        return resolve_view(
-            self._v,
-            self._h,
-            slot,
-            now_ns() if now is None else now,
-            stale_ns_from_env() if stale_ns is None else stale_ns,
-        )
+        with self._io:
+            return resolve_view(
+                self._v,
+                self._h,
+                slot,
+                now_ns() if now is None else now,
+                stale_ns_from_env() if stale_ns is None else stale_ns,
+            )
 
-    # -- writing hints ---------------------------------------------------------------------
+    # -- writing hints ----------------------------------------------------------------------
 
     def _check_slot(self, i: int) -> None:
         if not 0 <= i < self._h.nslots:
@@ -187,23 +437,29 @@ class Segment:
 
     @staticmethod
     def _clamp(sup_bw: int) -> int:
-        if sup_bw < 0:
-            raise SegmentError("bad_value", f"sup_bw {sup_bw} is negative")
+        if isinstance(sup_bw, bool) or not isinstance(sup_bw, int) or sup_bw < 0:
+            raise SegmentError("bad_value", f"sup_bw {sup_bw!r}: want an integer 0..1024")
         v, clamped = clamp(sup_bw)
         if clamped:
             warnings.warn(HintClampedWarning(sup_bw, v), stacklevel=3)
         return v
 
-    def set_slot_hint(self, slot: int, sup_bw: Optional[int]) -> int:
-        """Sets (or with None clears) an ACTIVE slot's hint. Returns the stored value; a
-        value above 1024 is stored as 1024 with a HintClampedWarning."""
+    def set_slot_hint(self, slot: int, sup_bw: Optional[int], *, gen: int) -> int:
+        """Sets (or with None clears) the hint of ACTIVE slot ``slot`` for the registration
+        ``gen`` the caller read (``Slot.gen``): when the slot now holds another registration
+        the write is refused with :class:`GenerationChanged`, so a hint never lands on another
+        connection. Returns the stored value; a value above 1024 is stored as 1024 with a
+        HintClampedWarning."""
         self._check_slot(slot)
         v = 0 if sup_bw is None else self._clamp(sup_bw)
         off = slot_off(slot)
         with self._lock():
+            self._check_size()
             if self._v.u64(off + S_OWNER) & 0xFFFFFFFF != STATE_ACTIVE:
                 raise SegmentError("slot_inactive", f"slot {slot} is not active", self.path)
-            gen = self._v.u32(off + S_GEN)
+            cur = self._v.u32(off + S_GEN)
+            if cur != gen:
+                raise GenerationChanged(slot, gen, cur, self.path)
             rec = Record(sup_bw=v, flags=0 if sup_bw is None else FLAG_VALID, gen=gen, set_ns=now_ns())
             self._v.write_record(off + S_HINT, rec)
         return v
@@ -213,6 +469,7 @@ class Segment:
         c = parse_class(path_class)
         v = 0 if sup_bw is None else self._clamp(sup_bw)
         with self._lock():
+            self._check_size()
             rec = Record(sup_bw=v, flags=0 if sup_bw is None else FLAG_VALID, set_ns=now_ns())
             self._v.write_record(class_off(c), rec)
         return v
@@ -220,15 +477,21 @@ class Segment:
     def set_peer_hint(self, peer: str, sup_bw: Optional[int], prefix_len: Optional[int] = None) -> int:
         """Sets (or clears) the default for a peer: "10.0.2.7", "10.0.2.0/24"."""
         ip_s, _, plen_s = peer.partition("/")
-        plen = prefix_len if prefix_len is not None else int(plen_s) if plen_s else 32
+        try:
+            plen = prefix_len if prefix_len is not None else int(plen_s) if plen_s else 32
+            ip = ip_int(ip_s)
+        except ValueError as e:
+            raise SegmentError("bad_value", f"peer {peer!r}: {e}") from None
         if not 0 <= plen <= 32:
             raise SegmentError("bad_prefix", f"prefix length {plen} not in 0..32")
-        ip = ip_int(ip_s)
         v = 0 if sup_bw is None else self._clamp(sup_bw)
         with self._lock():
+            self._check_size()
             target, free = None, None
+            base = peer_off(self._h.nslots, 0)
+            img = View(self._v.read(base, self._h.npeers * PEER_SIZE))
             for j in range(self._h.npeers):
-                r, ok = self._v.read_record(peer_off(self._h.nslots, j))
+                r, ok = img.read_record(j * PEER_SIZE)
                 if not ok:
                     continue
                 if not r.valid and free is None:
@@ -253,36 +516,76 @@ class Segment:
             self._v.put32(OFF_PEERS_EPOCH, self._v.u32(OFF_PEERS_EPOCH) + 1)
         return v
 
-    def gc(self, alive: Optional[Callable[[int], bool]] = None) -> List[int]:
-        """Reclaims slots whose owner process is gone (spec 5.7); returns their indices."""
-        is_alive = alive or _pid_alive
+    # -- slots of dead processes ------------------------------------------------------------
+
+    def lease_held(self, i: int) -> bool:
+        """Whether a live process holds slot i's lease (spec 5.7)."""
+        self._check_slot(i)
+        with self._io:
+            return _lock_held(self._fd, slot_lock_off(i))
+
+    def gc(self) -> List[int]:
+        """Reclaims slots whose owner is gone (spec 5.7): an owner word that is not zero while
+        no process holds the slot's lease (an OFD lock the kernel drops when its holder dies,
+        whatever PID namespace it lives in). Returns their indices."""
         freed = []
         with self._lock():
+            self._check_size()
+            img = View(self._v.read(0, slot_off(self._h.nslots)))
             for i in range(self._h.nslots):
                 off = slot_off(i)
-                owner = self._v.u64(off + S_OWNER)
-                if owner and not is_alive(owner >> 32) and self._v.u64(off + S_OWNER) == owner:
-                    self._v.put64(off + S_OWNER, 0)
+                owner = img.u64(off + S_OWNER)
+                if owner and not _lock_held(self._fd, slot_lock_off(i)) and self._v.u64(off + S_OWNER) == owner:
+                    self._v.put64(off + S_OWNER, 0)  # no CAS in Python: safe under the lock (spec 5.7)
                     freed.append(i)
         return freed
 
+    # -- a replaced or truncated segment ----------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
-    if pid == 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    def replaced(self) -> bool:
+        """Whether the path names another file than the open one, or it was truncated."""
+        with self._io:
+            if self._v.gone:
+                return True
+            try:
+                st = os.lstat(self.path)
+            except OSError:
+                return False
+            return (st.st_dev, st.st_ino) != (self._dev, self._ino) or os.fstat(self._fd).st_size < self._h.total_size
+
+    def reattach(self) -> bool:
+        """Moves to the segment now at the path when the file was replaced or truncated. An
+        agent lock held on the old file is taken on the new one first (SegmentError
+        agent_running when another agent holds it: nothing moves). Returns whether it moved."""
+        if not self.replaced():
+            return False
+        n = open_segment(self.path)
+        with self._io:
+            try:
+                if self._agent:
+                    n.acquire_agent()
+            except BaseException:
+                n.close()
+                raise
+            old = self._fd
+            self._fd, self._h, self._v = n._fd, n._h, n._v
+            self._dev, self._ino = n._dev, n._ino
+            self._last_beat = 0
+            n._fd = -1
+            os.close(old)
         return True
-    return True
 
 
 def open_segment(path: Optional[str] = None) -> Segment:
-    """Opens and validates (spec section 6) the segment; raises SegmentError or OSError."""
+    """Opens and validates (spec section 6) the segment; raises SegmentError or OSError. A
+    symbolic link is refused (O_NOFOLLOW)."""
     p = path or default_path()
-    fd = os.open(p, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SegmentError("not_regular", "a symbolic link (refused: O_NOFOLLOW)", p) from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -293,18 +596,32 @@ def open_segment(path: Optional[str] = None) -> Segment:
             raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} is group/world writable (want 0600)", p)
         head = os.pread(fd, HEADER_SIZE, 0)
         h = validate_header(head, st.st_size, p)
-        mm = mmap.mmap(fd, h.total_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)
         raise
-    return Segment(p, fd, mm, h)
+    return Segment(p, fd, h, st)
 
 
-def create(path: Optional[str] = None, nslots: int = 1024, npeers: int = 256) -> Segment:
-    """Creates a zeroed segment with mode 0600 (replacing any file there) and opens it."""
+def create(path: Optional[str] = None, nslots: int = 1024, npeers: int = 256, *, force: bool = False) -> Segment:
+    """Creates a zeroed segment with mode 0600 and opens it (spec 5.8). Refuses
+    (SegmentError("segment_live")) to replace a segment in use (an agent beats it, or a plugin
+    or agent holds it open) unless ``force``: plugins then move to the new segment within
+    their poll period. A file at path owned by another user is always refused (bad_owner)."""
     p = path or default_path()
     if not 1 <= nslots <= MAX_SLOTS or not 0 <= npeers <= MAX_PEERS:
         raise SegmentError("bad_geometry", f"nslots={nslots} (1..{MAX_SLOTS}) npeers={npeers} (0..{MAX_PEERS})", p)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if st.st_uid != os.geteuid():
+            raise SegmentError("bad_owner", f"exists and belongs to uid {st.st_uid} (this process runs as "
+                               f"{os.geteuid()}): remove it or choose another MPIB_SHM_PATH", p)
+        if not force:
+            lv = liveness(p)
+            if lv.live:
+                raise SegmentError("segment_live", f"{lv} (use --force to replace it; plugins move to the new segment)", p)
     size = total_size(nslots, npeers)
     head = bytearray(HEADER_SIZE)
     v = View(head)
@@ -333,4 +650,5 @@ def create(path: Optional[str] = None, nslots: int = 1024, npeers: int = 256) ->
     return open_segment(p)
 
 
-__all__ = ["Segment", "create", "open_segment", "now_ns", "default_path", "stale_ns_from_env"]
+__all__ = ["Segment", "Liveness", "create", "open_segment", "liveness", "now_ns", "default_path",
+           "stale_ns_from_env", "beat_period_s"]
