@@ -14,11 +14,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/benchstat"
 )
 
 // Benchmarks (go run mage.go bench): the plugin against perftest on the same soft-RoCE rails,
-// back to back in one run, reported as ratios. They run only with MPIB_BENCH=1; results go
-// to $MPIB_BENCH_OUT (JSON) for docs/benchmarks.md and the plot.
+// reported as ratios. Every ratio is measured as MPIB_BENCH_PAIRS (default 7) interleaved
+// pairs in one lab boot (plugin, reference, plugin, reference, ...), so the lab's drift falls
+// on both sides of each pair; the report gives the median ratio and a 90 % bootstrap
+// confidence interval of that median (integration/benchstat). They run only with
+// MPIB_BENCH=1; results go to $MPIB_BENCH_OUT (JSON) for docs/benchmarks.md and the plot.
 
 func benchOrSkip(t *testing.T) *Topology {
 	t.Helper()
@@ -28,39 +33,47 @@ func benchOrSkip(t *testing.T) *Topology {
 	return labOrSkip(t)
 }
 
-func benchReps() int {
-	if n, err := strconv.Atoi(os.Getenv("MPIB_BENCH_REPS")); err == nil && n > 0 {
-		return n
+// benchPairs is how many interleaved (plugin, reference) pairs each ratio gets:
+// MPIB_BENCH_PAIRS, else the older MPIB_BENCH_REPS, else 7.
+func benchPairs() int {
+	for _, k := range []string{"MPIB_BENCH_PAIRS", "MPIB_BENCH_REPS"} {
+		if n, err := strconv.Atoi(os.Getenv(k)); err == nil && n > 0 {
+			return n
+		}
 	}
-	return 3
+	return 7
 }
 
 // figure is one measured line of the benchmark report.
 type figure struct {
-	Name     string    `json:"name"` // P1, P2, P3, P4
-	Key      string    `json:"key"`  // size=N or split=...
-	Ratio    float64   `json:"ratio"`
-	Plugin   float64   `json:"plugin"`
-	Ref      float64   `json:"ref"`
-	Unit     string    `json:"unit"`
-	Ratios   []float64 `json:"ratios"` // every repetition, for the spread
-	SupShare float64   `json:"sup_share,omitempty"`
+	Name   string    `json:"name"` // P1..P5, connect, resources
+	Key    string    `json:"key"`  // size=N or split=...
+	Ratio  float64   `json:"ratio"`
+	CILow  float64   `json:"ci_low"`
+	CIHigh float64   `json:"ci_high"`
+	Pairs  int       `json:"pairs"`
+	Plugin float64   `json:"plugin"`
+	Ref    float64   `json:"ref"`
+	Unit   string    `json:"unit"`
+	Ratios []float64 `json:"ratios"` // every pair, in the order measured
+	// A second reference for the same plugin runs (P1: ib_write_bw at NCCL's depth of 8;
+	// P2: both rails' ib_write_bw at once; P5: ib_write_bw's message rate), with its own
+	// per-pair ratios and interval.
+	AltLabel  string    `json:"alt_label,omitempty"`
+	AltRef    float64   `json:"alt_ref,omitempty"`
+	AltRatio  float64   `json:"alt_ratio,omitempty"`
+	AltCILow  float64   `json:"alt_ci_low,omitempty"`
+	AltCIHigh float64   `json:"alt_ci_high,omitempty"`
+	AltRatios []float64 `json:"alt_ratios,omitempty"`
+	SupShare  float64   `json:"sup_share,omitempty"`
 	// P2 only: the sum of both rails' ib_write_bw run at the same time.
 	ConcurrentRef float64 `json:"concurrent_ref,omitempty"`
-	Note          string  `json:"note,omitempty"` // what else the run measured, for the table
+	Preposted     *bool   `json:"preposted,omitempty"` // P3
+	Mode          string  `json:"mode,omitempty"`      // P4: vanilla or advanced
+	Note          string  `json:"note,omitempty"`      // what else the run measured, for the table
 }
 
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
+func median(xs []float64) float64 { return benchstat.Median(xs) }
 
 func spread(xs []float64) float64 {
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -68,6 +81,24 @@ func spread(xs []float64) float64 {
 		lo, hi = math.Min(lo, x), math.Max(hi, x)
 	}
 	return hi - lo
+}
+
+// ratioFigure fills the ratio, its interval and the medians of both sides from per-pair values.
+func ratioFigure(name, key, unit string, plugin, ref []float64) figure {
+	ratios := make([]float64, len(plugin))
+	for i := range plugin {
+		ratios[i] = plugin[i] / ref[i]
+	}
+	s := benchstat.Summarize(ratios)
+	return figure{Name: name, Key: key, Ratio: s.Median, CILow: s.Lo, CIHigh: s.Hi, Pairs: s.N,
+		Plugin: median(plugin), Ref: median(ref), Unit: unit, Ratios: ratios}
+}
+
+// withAlt adds a second reference measured in the same pairs.
+func (f figure) withAlt(label string, plugin, ref []float64) figure {
+	g := ratioFigure("", "", "", plugin, ref)
+	f.AltLabel, f.AltRef, f.AltRatio, f.AltCILow, f.AltCIHigh, f.AltRatios = label, g.Ref, g.Ratio, g.CILow, g.CIHigh, g.Ratios
+	return f
 }
 
 func saveFigures(t *testing.T, name string, figs []figure) {
@@ -81,14 +112,31 @@ func saveFigures(t *testing.T, name string, figs []figure) {
 	}
 }
 
-var bwLineRe = regexp.MustCompile(`nettest-bw: size=(\d+) iters=\d+ seconds=[\d.]+ mbps=([\d.]+) role=server`)
+// benchClock prints how long each benchmark took, for the report's time budget.
+func benchClock(t *testing.T) func() {
+	start := time.Now()
+	return func() {
+		fmt.Printf("bench: %s took %.0f s (%d pairs)\n", t.Name(), time.Since(start).Seconds(), benchPairs())
+	}
+}
+
+var bwLineRe = regexp.MustCompile(`nettest-bw: size=(\d+) iters=(\d+) seconds=([\d.]+) mbps=([\d.]+) role=server`)
+
+// bwPoint is the receiver's view of one size of a nettest bw run.
+type bwPoint struct {
+	mbps, msgsPerSec float64
+}
 
 // pluginBW runs mpib-nettest in bw mode and returns receiver-side Mbit/s per size.
 func pluginBW(t *testing.T, server, client *Node, env []string, sizes []int, seconds float64) map[int]float64 {
-	return pluginBWArgs(t, server, client, sizes, seconds, env)
+	out := map[int]float64{}
+	for s, p := range pluginBWArgs(t, server, client, sizes, seconds, env) {
+		out[s] = p.mbps
+	}
+	return out
 }
 
-func pluginBWArgs(t *testing.T, server, client *Node, sizes []int, seconds float64, env []string, extra ...string) map[int]float64 {
+func pluginBWArgs(t *testing.T, server, client *Node, sizes []int, seconds float64, env []string, extra ...string) map[int]bwPoint {
 	t.Helper()
 	var list []string
 	for _, s := range sizes {
@@ -102,10 +150,13 @@ func pluginBWArgs(t *testing.T, server, client *Node, sizes []int, seconds float
 	if res.serverCode != 0 || res.clientCode != 0 {
 		t.Fatalf("nettest bw failed:\n%s", res)
 	}
-	out := map[int]float64{}
+	out := map[int]bwPoint{}
 	for _, m := range bwLineRe.FindAllStringSubmatch(res.serverOut, -1) {
 		size, _ := strconv.Atoi(m[1])
-		out[size], _ = strconv.ParseFloat(m[2], 64)
+		iters, _ := strconv.ParseFloat(m[2], 64)
+		secs, _ := strconv.ParseFloat(m[3], 64)
+		mbps, _ := strconv.ParseFloat(m[4], 64)
+		out[size] = bwPoint{mbps: mbps, msgsPerSec: iters / secs}
 	}
 	if len(out) != len(sizes) {
 		t.Fatalf("nettest bw reported %d of %d sizes:\n%s", len(out), len(sizes), res)
@@ -113,52 +164,75 @@ func pluginBWArgs(t *testing.T, server, client *Node, sizes []int, seconds float
 	return out
 }
 
-// perftestBW returns ib_write_bw's Mbit/s for one rail and size, moving about `bytes`.
-func perftestBW(t *testing.T, server, client *Node, rail Rail, size int, bytes int) float64 {
+// perftestRun runs ib_write_bw for one rail and size, moving about `bytes` (at least
+// minIters writes), at perftest's default depth or txDepth writes in flight.
+func perftestRun(t *testing.T, server, client *Node, rail Rail, size, bytes, minIters, txDepth int) *WriteBWResult {
 	t.Helper()
-	iters := bytes / size
-	if iters < 5 {
-		iters = 5 // perftest's minimum
-	}
+	iters := max(bytes/size, minIters, 5) // 5: perftest's minimum
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	res, err := WriteBW{Server: server, Client: client, Rail: rail, Size: size, Iters: iters, Timeout: 3 * time.Minute}.Run(ctx)
+	res, err := WriteBW{Server: server, Client: client, Rail: rail, Size: size, Iters: iters, TxDepth: txDepth,
+		NoCounters: true, Timeout: 3 * time.Minute}.Run(ctx)
 	if err != nil {
-		t.Fatalf("ib_write_bw %s size %d: %v", rail, size, err)
+		t.Fatalf("ib_write_bw %s size %d depth %d: %v", rail, size, txDepth, err)
 	}
 	if res.ClientCode != 0 {
-		t.Fatalf("ib_write_bw %s size %d: client exit %d\n%s", rail, size, res.ClientCode, res.Output)
+		t.Fatalf("ib_write_bw %s size %d depth %d: client exit %d\n%s", rail, size, txDepth, res.ClientCode, res.Output)
 	}
-	return res.Gbps * 1000
+	return res
 }
+
+// perftestBW returns ib_write_bw's Mbit/s for one rail and size, moving about `bytes`.
+func perftestBW(t *testing.T, server, client *Node, rail Rail, size int, bytes int) float64 {
+	return perftestRun(t, server, client, rail, size, bytes, 0, 0).Gbps * 1000
+}
+
+// msgRate is perftest's message rate, from whichever of its two columns is the finer
+// figure: "BW average[MB/sec]" has two decimals (coarse for small messages), "MsgRate[Mpps]"
+// six (coarse for large ones).
+func msgRate(res *WriteBWResult, size int) float64 {
+	fromBW := res.Gbps * 1e9 / 8 / float64(size)
+	mbytes := res.Gbps * 1e9 / 8 / (1 << 20)
+	if res.MsgRate <= 0 || 0.005/mbytes < 0.5/res.MsgRate {
+		return fromBW
+	}
+	return res.MsgRate
+}
+
+// P1 sizes. 64 MiB is left out: perftest's minimum of 5 iterations makes each of its runs
+// 320 MiB (17 s at 150 Mbit/s), and 16 MiB is already in the large-message regime.
+var p1Sizes = []int{64 << 10, 1 << 20, 4 << 20, 16 << 20}
+
+// nccl's proxy keeps NCCL_STEPS = 8 requests in flight per connection; ib_write_bw's default
+// is 128 writes. P1 measures the reference both ways.
+const ncclDepth = 8
 
 func TestBenchP1SingleRail(t *testing.T) {
 	lab := benchOrSkip(t)
+	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	sizes := []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
-	ratios := map[int][]float64{}
-	plugin, ref := map[int][]float64{}, map[int][]float64{}
-	for rep := 0; rep < benchReps(); rep++ {
-		for _, s := range sizes {
-			// Vanilla intra-island: every byte and the CTS on SUP, the same rail perftest
-			// uses; the two run back to back per size, so that the lab's drift (TCG speed
-			// moves by 10-20 % within minutes) falls on both sides of a ratio alike.
-			got := pluginBW(t, a2, a1, nil, []int{s}, 3)[s]
-			r := perftestBW(t, a2, a1, SUP, s, 32<<20)
-			plugin[s] = append(plugin[s], got)
-			ref[s] = append(ref[s], r)
-			ratios[s] = append(ratios[s], got/r)
+	plugin, ref, ref8 := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+	for pair := 0; pair < benchPairs(); pair++ {
+		// Vanilla intra-island: every byte and the CTS on SUP, the same rail perftest uses.
+		// A pair is one nettest run over every size (3 s each), then ib_write_bw per size at
+		// its default depth and at NCCL's 8; pairs follow each other, so the lab's drift
+		// (TCG speed moves by 10-20 % within minutes) falls on both sides of a ratio alike.
+		got := pluginBW(t, a2, a1, nil, p1Sizes, 3)
+		for _, s := range p1Sizes {
+			plugin[s] = append(plugin[s], got[s])
+			ref[s] = append(ref[s], perftestBW(t, a2, a1, SUP, s, 32<<20))
+			ref8[s] = append(ref8[s], perftestRun(t, a2, a1, SUP, s, 32<<20, 0, ncclDepth).Gbps*1000)
 		}
 	}
 	var figs []figure
-	for _, s := range sizes {
-		f := figure{Name: "P1", Key: fmt.Sprintf("size=%d", s), Ratio: median(ratios[s]), Plugin: median(plugin[s]),
-			Ref: median(ref[s]), Unit: "mbps", Ratios: ratios[s]}
+	for _, s := range p1Sizes {
+		f := ratioFigure("P1", fmt.Sprintf("size=%d", s), "mbps", plugin[s], ref[s]).
+			withAlt("ib_write_bw --tx-depth 8", plugin[s], ref8[s])
 		figs = append(figs, f)
-		fmt.Printf("P1 size=%d ratio=%.3f plugin_mbps=%.1f ref_mbps=%.1f reps=%d spread=%.3f\n",
-			s, f.Ratio, f.Plugin, f.Ref, len(ratios[s]), spread(ratios[s]))
-		if s >= 1<<20 && f.Ratio < 0.95 {
-			t.Logf("P1 size=%d below the 0.95 target", s)
+		fmt.Printf("P1 size=%d ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f ref_depth8_mbps=%.1f reps=%d spread=%.3f ratio_depth8=%.3f ci_depth8_low=%.3f ci_depth8_high=%.3f\n",
+			s, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.AltRef, f.Pairs, spread(f.Ratios), f.AltRatio, f.AltCILow, f.AltCIHigh)
+		if s >= 1<<20 && f.CIHigh < 0.95 {
+			t.Logf("P1 size=%d: the whole interval is below the 0.95 target", s)
 		}
 	}
 	saveFigures(t, "p1", figs)
@@ -166,11 +240,12 @@ func TestBenchP1SingleRail(t *testing.T) {
 
 func TestBenchP2UnequalRails(t *testing.T) {
 	lab := benchOrSkip(t)
+	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx := context.Background()
 	// 25 + 50 Mbit/s stays under what the 2-vCPU lab VM pushes on both rails at once
 	// (ib_write_bw on both at 40 + 80 Mbit/s made only ~84 Mbit/s together); the run checks
-	// that ceiling again each repetition (concurrent_ref_mbps).
+	// that ceiling again each pair (concurrent_ref_mbps).
 	shape := map[Rail]string{SOUT: "netem rate 25mbit limit 10000", SUP: "netem rate 50mbit limit 10000"}
 	for r, q := range shape {
 		if err := lab.Shape(ctx, a1, r, q); err != nil {
@@ -183,37 +258,39 @@ func TestBenchP2UnequalRails(t *testing.T) {
 		}
 	}()
 	const size = 4 << 20
+	const refBytes = 16 << 20 // 5.4 s at 25 Mbit/s: the netem rate is exact, so short runs suffice
 	type split struct {
 		name  string
 		supBW int
 	}
-	ratios, plugin, ref, shares := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	plugin, ref, conc, shares := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	var order []string
-	var concurrent []float64
-	for rep := 0; rep < benchReps(); rep++ {
-		sout := perftestBW(t, a2, a1, SOUT, size, 24<<20)
-		sup := perftestBW(t, a2, a1, SUP, size, 24<<20)
-		concurrent = append(concurrent, perftestBWBothRails(t, a2, a1, size, 24<<20))
+	for pair := 0; pair < benchPairs(); pair++ {
+		sout := perftestBW(t, a2, a1, SOUT, size, refBytes)
+		sup := perftestBW(t, a2, a1, SUP, size, refBytes)
+		concurrent := perftestBWBothRails(t, a2, a1, size, refBytes)
 		prop := int(math.Round(1024 * sup / (sup + sout)))
 		splits := []split{{"proportional", prop}, {"equal", 512}, {"sout-only", 0}}
 		order = nil
 		for _, sp := range splits {
 			order = append(order, sp.name)
-			got := pluginBW(t, a2, a1, []string{fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", sp.supBW)}, []int{size}, 5)[size]
-			ratios[sp.name] = append(ratios[sp.name], got/(sout+sup))
+			got := pluginBW(t, a2, a1, []string{fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", sp.supBW)}, []int{size}, 4)[size]
 			plugin[sp.name] = append(plugin[sp.name], got)
 			ref[sp.name] = append(ref[sp.name], sout+sup)
+			conc[sp.name] = append(conc[sp.name], concurrent)
 			shares[sp.name] = append(shares[sp.name], float64(sp.supBW)/1024)
 		}
 	}
 	var figs []figure
 	for _, name := range order {
-		f := figure{Name: "P2", Key: "split=" + name, Ratio: median(ratios[name]), Plugin: median(plugin[name]),
-			Ref: median(ref[name]), Unit: "mbps", Ratios: ratios[name], SupShare: median(shares[name]),
-			ConcurrentRef: median(concurrent), Note: fmt.Sprintf("ib_write_bw on both rails at once: %.1f Mbit/s", median(concurrent))}
+		f := ratioFigure("P2", "split="+name, "mbps", plugin[name], ref[name]).
+			withAlt("ib_write_bw on both rails at once", plugin[name], conc[name])
+		f.SupShare, f.ConcurrentRef = median(shares[name]), median(conc[name])
+		f.Note = fmt.Sprintf("ib_write_bw on both rails at once: %.1f Mbit/s", f.ConcurrentRef)
 		figs = append(figs, f)
-		fmt.Printf("P2 split=%s ratio=%.3f plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f\n",
-			name, f.Ratio, f.Plugin, f.Ref, f.SupShare, len(ratios[name]), spread(ratios[name]), median(concurrent))
+		fmt.Printf("P2 split=%s ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f ratio_concurrent=%.3f ci_concurrent_low=%.3f ci_concurrent_high=%.3f\n",
+			name, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.SupShare, f.Pairs, spread(f.Ratios), f.ConcurrentRef,
+			f.AltRatio, f.AltCILow, f.AltCIHigh)
 	}
 	saveFigures(t, "p2", figs)
 }
@@ -231,7 +308,7 @@ func perftestBWBothRails(t *testing.T, server, client *Node, size int, bytes int
 	results := make(chan result, 2)
 	for i, rail := range []Rail{SOUT, SUP} {
 		w := WriteBW{Server: server, Client: client, Rail: rail, Size: size, Iters: max(bytes/size, 5),
-			Port: 18540 + i, Timeout: 3 * time.Minute}
+			Port: 18540 + i, Timeout: 3 * time.Minute, NoCounters: true}
 		go func() {
 			res, err := w.Run(ctx)
 			results <- result{res, err}
@@ -261,35 +338,59 @@ var (
 	perfLatRe = regexp.MustCompile(`(?m)^\s*8\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)`)
 )
 
+// pluginLat runs one nettest ping-pong of 8-byte messages and returns the median one-way
+// latency (us) and the RDMA packets per round trip on the client's SUP device.
+func pluginLat(t *testing.T, server, client *Node, iters, warmup int, prepost bool) (us, pkts float64) {
+	t.Helper()
+	args := []string{"--mode", "lat", "--sizes", "8", "--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(warmup)}
+	if prepost {
+		args = append(args, "--prepost", "--window", strconv.Itoa(ncclDepth))
+	}
+	before := counters(t, client, SUP)
+	res := runPair(context.Background(), t, server, client, pluginEnv(server), pluginEnv(client), args...)
+	m := latRe.FindStringSubmatch(res.clientOut)
+	if res.clientCode != 0 || res.serverCode != 0 || m == nil {
+		t.Fatalf("nettest lat (prepost=%v) failed:\n%s", prepost, res)
+	}
+	pkts = packetsPer(t, client, SUP, before, iters+warmup)
+	us, _ = strconv.ParseFloat(m[2], 64)
+	return us, pkts
+}
+
 func TestBenchP3Latency(t *testing.T) {
 	lab := benchOrSkip(t)
+	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	ctx := context.Background()
 	const iters, warmup = 1000, 100
-	var ratios, plugin, ref, pluginPkts, refPkts []float64
-	for rep := 0; rep < benchReps(); rep++ {
+	var pre, plain, ref, prePkts, plainPkts, refPkts []float64
+	for pair := 0; pair < benchPairs(); pair++ {
 		// Packets per round trip on the client's SUP device (sent + received, ACKs included)
 		// say what a round trip costs in rxe's per-packet work, which dominates under TCG.
+		// Order per pair: preposted, ib_write_lat, the old ping-pong; both ratios use the
+		// reference between them.
+		p, pp := pluginLat(t, a2, a1, iters, warmup, true)
 		before := counters(t, a1, SUP)
-		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "lat", "--sizes", "8",
-			"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(warmup))
-		m := latRe.FindStringSubmatch(res.clientOut)
-		if res.clientCode != 0 || m == nil {
-			t.Fatalf("nettest lat failed:\n%s", res)
-		}
-		pp := packetsPer(t, a1, SUP, before, iters+warmup)
-		p, _ := strconv.ParseFloat(m[2], 64)
-		before = counters(t, a1, SUP)
 		r := perftestLat(t, a2, a1, iters)
 		rp := packetsPer(t, a1, SUP, before, iters)
-		plugin, ref, ratios = append(plugin, p), append(ref, r), append(ratios, p/r)
-		pluginPkts, refPkts = append(pluginPkts, pp), append(refPkts, rp)
+		q, qp := pluginLat(t, a2, a1, iters, warmup, false)
+		pre, plain, ref = append(pre, p), append(plain, q), append(ref, r)
+		prePkts, plainPkts, refPkts = append(prePkts, pp), append(plainPkts, qp), append(refPkts, rp)
 	}
-	f := figure{Name: "P3", Key: "size=8", Ratio: median(ratios), Plugin: median(plugin), Ref: median(ref), Unit: "us", Ratios: ratios,
-		Note: fmt.Sprintf("RDMA packets per round trip (client, sent+received): plugin %.2f, ib_write_lat %.2f", median(pluginPkts), median(refPkts))}
-	fmt.Printf("P3 size=8 ratio=%.3f plugin_us=%.1f ref_us=%.1f reps=%d spread=%.3f plugin_pkts_per_rtt=%.2f ref_pkts_per_rtt=%.2f\n",
-		f.Ratio, f.Plugin, f.Ref, len(ratios), spread(ratios), median(pluginPkts), median(refPkts))
-	saveFigures(t, "p3", []figure{f})
+	var figs []figure
+	for _, c := range []struct {
+		preposted bool
+		vals      []float64
+		pkts      []float64
+	}{{true, pre, prePkts}, {false, plain, plainPkts}} {
+		f := ratioFigure("P3", "size=8", "us", c.vals, ref)
+		f.Preposted = &c.preposted
+		f.Note = fmt.Sprintf("preposted=%v; RDMA packets per round trip (client, sent+received): plugin %.2f, ib_write_lat %.2f",
+			c.preposted, median(c.pkts), median(refPkts))
+		figs = append(figs, f)
+		fmt.Printf("P3 size=8 ratio=%.3f ci_low=%.3f ci_high=%.3f preposted=%v pairs=%d plugin_us=%.1f ref_us=%.1f reps=%d spread=%.3f plugin_pkts_per_rtt=%.2f ref_pkts_per_rtt=%.2f\n",
+			f.Ratio, f.CILow, f.CIHigh, c.preposted, f.Pairs, f.Plugin, f.Ref, f.Pairs, spread(f.Ratios), median(c.pkts), median(refPkts))
+	}
+	saveFigures(t, "p3", figs)
 }
 
 func counters(t *testing.T, n *Node, r Rail) Counters {
@@ -353,23 +454,46 @@ func perftestLatOnce(t *testing.T, server, client *Node, iters int) string {
 // callgrind: every call nettest makes to isend and test (polls that find nothing included),
 // inclusive of what they call, divided by the messages sent. Go's asynchronous preemption
 // signals trip a callgrind assertion, so the run turns them off (the data path is C and
-// never meets the Go scheduler).
+// never meets the Go scheduler). Vanilla, then advanced mode (MPIB_MODE=1) with the agent's
+// segment and heartbeat live on the sender, so that every request reads its hint.
 func TestBenchP4InstructionsPerMessage(t *testing.T) {
 	lab := benchOrSkip(t)
+	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	var figs []figure
+	for _, mode := range []string{"vanilla", "advanced"} {
+		var env []string
+		if mode == "advanced" {
+			a1.Exec(ctx, nil, "rm", "-f", segPath)
+			goAgent.run(ctx, t, a1, "create")
+			beat, err := a1.Start(ctx, nil, goAgent.cmd[0], "heartbeat", "--path", segPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer beat.Kill(context.Background())
+			env = []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
+		}
+		figs = append(figs, callgrindPerMessage(ctx, t, a2, a1, mode, env))
+	}
+	saveFigures(t, "p4", figs)
+}
+
+func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node, mode string, env []string) figure {
+	t.Helper()
 	const iters = 2000
 	const out = "/tmp/mpib.callgrind"
-	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2), clientEnv: pluginEnv(a1, "GODEBUG=asyncpreemptoff=1"),
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server, env...),
+		clientEnv:  pluginEnv(client, append([]string{"GODEBUG=asyncpreemptoff=1"}, env...)...),
 		clientWrap: []string{"valgrind", "--tool=callgrind", "--callgrind-out-file=" + out},
 		args:       []string{"--abi", "11", "--timeout-s", "300", "--mode", "bw", "--sizes", "4096", "--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}})
 	stdout, errOut, code, err := cli.Wait(ctx)
 	srv.Wait(ctx)
 	if err != nil || code != 0 {
-		t.Fatalf("callgrind run: %v exit %d\n%s\n%s", err, code, stdout, tail(errOut, 3000))
+		t.Fatalf("callgrind run (%s): %v exit %d\n%s\n%s", mode, err, code, stdout, tail(errOut, 3000))
 	}
-	raw, catErr, code, err := a1.Exec(ctx, nil, "cat", out)
+	raw, catErr, code, err := client.Exec(ctx, nil, "cat", out)
 	if err != nil || code != 0 {
 		t.Fatalf("reading %s: %v exit %d %s", out, err, code, catErr)
 	}
@@ -386,14 +510,68 @@ func TestBenchP4InstructionsPerMessage(t *testing.T) {
 				seen = append(seen, fmt.Sprintf("%s calls=%d", name, c.Calls))
 			}
 		}
+		sort.Strings(seen)
 		t.Fatalf("expected at least %d calls to isend_v10 and mpib_test, found %d and %d (%v)", iters, isend.Calls, test.Calls, seen)
 	}
 	perMsg := float64(isend.Ir+test.Ir) / iters
-	fmt.Printf("P4 size=4096 instructions_per_message=%.0f isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d\n",
-		perMsg, float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
+	fmt.Printf("P4 size=4096 instructions_per_message=%.0f mode=%s isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d\n",
+		perMsg, mode, float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
 		float64(isend.Calls)/iters, float64(test.Calls)/iters, iters)
-	saveFigures(t, "p4", []figure{{Name: "P4", Key: "size=4096", Plugin: perMsg, Unit: "instructions",
+	return figure{Name: "P4", Key: "size=4096 mode=" + mode, Mode: mode, Plugin: perMsg, Unit: "instructions",
 		Note: fmt.Sprintf("per call: isend %.0f, test %.0f; calls per message: isend %.2f, test %.2f",
 			float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
-			float64(isend.Calls)/iters, float64(test.Calls)/iters)}})
+			float64(isend.Calls)/iters, float64(test.Calls)/iters)}
+}
+
+// P5: message rate for small messages, a1 -> a2 (window 8, sampled checks off, sizes
+// checked): both rails (MPIB_FORCE_SUP_BW=512: whole messages alternate between SOUT and
+// SUP) against one rail (MPIB_FORCE_SUP_BW=0: all on SOUT), and against ib_write_bw's
+// message rate on SUP at its default depth. Per pair: both rails, one rail, ib_write_bw.
+var p5Sizes = []int{8, 512, 4096, 65536}
+
+func TestBenchP5MessageRate(t *testing.T) {
+	lab := benchOrSkip(t)
+	defer benchClock(t)()
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	const seconds = 2
+	both, one, ref := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+	for pair := 0; pair < benchPairs(); pair++ {
+		b := pluginBWArgs(t, a2, a1, p5Sizes, seconds, []string{"MPIB_FORCE_SUP_BW=512"}, "--verify", "off")
+		o := pluginBWArgs(t, a2, a1, p5Sizes, seconds, []string{"MPIB_FORCE_SUP_BW=0"}, "--verify", "off")
+		for _, s := range p5Sizes {
+			both[s] = append(both[s], b[s].msgsPerSec)
+			one[s] = append(one[s], o[s].msgsPerSec)
+			// About 2 s of writes at the plugin's rate (perftest's own rate is higher), at
+			// least 1000.
+			res := perftestRun(t, a2, a1, SUP, s, 0, max(int(2*b[s].msgsPerSec), 1000), 0)
+			ref[s] = append(ref[s], msgRate(res, s))
+		}
+	}
+	var figs []figure
+	for _, s := range p5Sizes {
+		f := ratioFigure("P5", fmt.Sprintf("size=%d", s), "msgs/s", both[s], one[s]).
+			withAlt("ib_write_bw message rate (SUP)", both[s], ref[s])
+		figs = append(figs, f)
+		fmt.Printf("P5 size=%d ratio_vs_single_rail=%.3f ci_low=%.3f ci_high=%.3f msgs_per_s=%.0f single_rail_msgs_per_s=%.0f pairs=%d ref_msgs_per_s=%.0f ratio_vs_ib_write_bw=%.3f ci_ref_low=%.3f ci_ref_high=%.3f\n",
+			s, f.Ratio, f.CILow, f.CIHigh, f.Plugin, f.Ref, f.Pairs, f.AltRef, f.AltRatio, f.AltCILow, f.AltCIHigh)
+	}
+	saveFigures(t, "p5", figs)
+}
+
+func TestParsePerftestRates(t *testing.T) {
+	out := ` #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 8          20000            0.80               0.76               0.099614
+`
+	gbps, rate, err := parseBWLine(out)
+	if err != nil || rate != 99614 || math.Abs(gbps-0.76*(1<<20)*8/1e9) > 1e-12 {
+		t.Fatalf("parseBWLine: %v %v %v", gbps, rate, err)
+	}
+	res := &WriteBWResult{Gbps: gbps, MsgRate: rate}
+	if got := msgRate(res, 8); got != 99614 {
+		t.Fatalf("8 B: message rate %v, want perftest's MsgRate column", got)
+	}
+	res = &WriteBWResult{Gbps: 18.5 * (1 << 20) * 8 / 1e9, MsgRate: 0.000296 * 1e6}
+	if got := msgRate(res, 65536); math.Abs(got-18.5*(1<<20)/65536) > 1e-9 {
+		t.Fatalf("64 KiB: message rate %v, want the BW column's", got)
+	}
 }

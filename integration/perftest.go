@@ -18,11 +18,14 @@ type WriteBW struct {
 	Iters          int           // iterations (default 500)
 	Port           int           // TCP port of perftest's out-of-band exchange (default 18515)
 	Timeout        time.Duration // bound on the client (default 60 s)
+	TxDepth        int           // perftest --tx-depth: writes in flight (0: perftest's default, 128)
+	NoCounters     bool          // skip the rail counters (six execs fewer: benchmarks)
 }
 
 // WriteBWResult is what a WriteBW run measured.
 type WriteBWResult struct {
 	Gbps         float64       // perftest's "BW average[MB/sec]" in Gbit/s
+	MsgRate      float64       // perftest's "MsgRate[Mpps]" in messages per second
 	Wall         time.Duration // client wall time
 	ClientStdout string
 	ClientCode   int
@@ -69,20 +72,25 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		other = SUP
 	}
 	args := func(n *Node) []string {
-		return []string{"ib_write_bw", "-d", n.Dev(w.Rail), "-x", strconv.Itoa(n.GIDIndex(w.Rail)), "-F",
+		a := []string{"ib_write_bw", "-d", n.Dev(w.Rail), "-x", strconv.Itoa(n.GIDIndex(w.Rail)), "-F",
 			"-s", strconv.Itoa(w.Size), "-n", strconv.Itoa(w.Iters), "-p", strconv.Itoa(w.Port)}
+		if w.TxDepth > 0 {
+			a = append(a, "--tx-depth", strconv.Itoa(w.TxDepth))
+		}
+		return a
 	}
-	cBefore, err := w.Client.Counters(ctx, w.Rail)
-	if err != nil {
-		return nil, err
-	}
-	sBefore, err := w.Server.Counters(ctx, w.Rail)
-	if err != nil {
-		return nil, err
-	}
-	oBefore, err := w.Client.Counters(ctx, other)
-	if err != nil {
-		return nil, err
+	var cBefore, sBefore, oBefore Counters
+	var err error
+	if !w.NoCounters {
+		if cBefore, err = w.Client.Counters(ctx, w.Rail); err != nil {
+			return nil, err
+		}
+		if sBefore, err = w.Server.Counters(ctx, w.Rail); err != nil {
+			return nil, err
+		}
+		if oBefore, err = w.Client.Counters(ctx, other); err != nil {
+			return nil, err
+		}
 	}
 	srv, err := w.Server.Start(ctx, nil, append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()) + 10)}, args(w.Server)...)...)
 	if err != nil {
@@ -112,17 +120,19 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		res.ServerCode = -1
 	}
 	res.Output = fmt.Sprintf("client (%s):\n%s%s\nserver (%s):\n%s%s", w.Client.Name(), cout, cerr, w.Server.Name(), sout, serr)
-	if res.ClientRail, err = delta(ctx, w.Client, w.Rail, cBefore); err != nil {
-		return nil, err
-	}
-	if res.ServerRail, err = delta(ctx, w.Server, w.Rail, sBefore); err != nil {
-		return nil, err
-	}
-	if res.ClientOther, err = delta(ctx, w.Client, other, oBefore); err != nil {
-		return nil, err
+	if !w.NoCounters {
+		if res.ClientRail, err = delta(ctx, w.Client, w.Rail, cBefore); err != nil {
+			return nil, err
+		}
+		if res.ServerRail, err = delta(ctx, w.Server, w.Rail, sBefore); err != nil {
+			return nil, err
+		}
+		if res.ClientOther, err = delta(ctx, w.Client, other, oBefore); err != nil {
+			return nil, err
+		}
 	}
 	if ccode == 0 {
-		res.Gbps, err = parseBWAverage(cout)
+		res.Gbps, res.MsgRate, err = parseBWLine(cout)
 		if err != nil {
 			return nil, fmt.Errorf("%w\n%s", err, res.Output)
 		}
@@ -153,6 +163,13 @@ var errNoFigure = errors.New("not a measurement (perftest's CPU-frequency estima
 // Gbit/s. perftest's MB is 2^20 bytes; its --report_gbits figure has only two decimals
 // (10 Mbit/s steps), too coarse for ratios on rails of a few hundred Mbit/s.
 func parseBWAverage(out string) (float64, error) {
+	gbps, _, err := parseBWLine(out)
+	return gbps, err
+}
+
+// parseBWLine reads the "BW average[MB/sec]" column (returned in Gbit/s, as parseBWAverage)
+// and the "MsgRate[Mpps]" column (returned in messages per second; 0 when absent).
+func parseBWLine(out string) (gbps, msgsPerSec float64, err error) {
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
 		if !strings.Contains(l, "BW average[MB/sec]") {
@@ -164,13 +181,18 @@ func parseBWAverage(out string) (float64, error) {
 				mbytes, err := strconv.ParseFloat(f[3], 64)
 				if err != nil || math.IsInf(mbytes, 0) || math.IsNaN(mbytes) || mbytes <= 0 {
 					// inf / nan: perftest's CPU-frequency estimate failed, not a figure.
-					return 0, fmt.Errorf("perftest BW average %q: %w", f[3], errNoFigure)
+					return 0, 0, fmt.Errorf("perftest BW average %q: %w", f[3], errNoFigure)
 				}
-				return mbytes * (1 << 20) * 8 / 1e9, nil
+				if len(f) >= 5 {
+					if mpps, err := strconv.ParseFloat(f[4], 64); err == nil && !math.IsInf(mpps, 0) && !math.IsNaN(mpps) {
+						msgsPerSec = mpps * 1e6
+					}
+				}
+				return mbytes * (1 << 20) * 8 / 1e9, msgsPerSec, nil
 			}
 		}
 	}
-	return 0, fmt.Errorf("no BW average[MB/sec] in perftest output")
+	return 0, 0, fmt.Errorf("no BW average[MB/sec] in perftest output")
 }
 
 // waitListen waits until a TCP port listens in the node.

@@ -113,7 +113,7 @@ const char *nt_mode_name(enum nt_mode m) {
   case NT_LAT: return "lat";
   case NT_BADHANDLE: return "badhandle";
   case NT_GARBAGE: return "garbage-peer";
-  default: return nt_lifecycle_mode_name(m);
+  default: return nt_mode_is_scale(m) ? nt_scale_mode_name(m) : nt_lifecycle_mode_name(m);
   }
 }
 
@@ -151,7 +151,11 @@ static void nt_usage(FILE *f) {
           "  --traffic-class N     per-communicator traffic class passed to the plugin (0..255)\n"
           "  --fork-every-ms N     fork children (_exit / execv /bin/true) every N ms after connect\n"
           "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
+          "  --comms N             connect, resources: connections per direction (default 8)\n"
+          "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
+          "  --prepost             lat: keep --window receives posted, the next before each send\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
+          "scale modes: connect, resources (--comms N);\n"
           "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
           "  --help\n"
           "\n"
@@ -235,7 +239,8 @@ enum {
   OPT_ROLE = 256, OPT_LISTEN, OPT_CONNECT, OPT_PLUGIN, OPT_ABI, OPT_DEV, OPT_MODE, OPT_TIMEOUT, OPT_SEED,
   OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
   OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP, OPT_PROFILER,
-  OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE /* lifecycle.c */
+  OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
+  OPT_COMMS, OPT_PREPOST, OPT_ROUNDS    /* scale.c, lat */
 };
 
 static const struct option nt_long_opts[] = {
@@ -253,7 +258,9 @@ static const struct option nt_long_opts[] = {
     {"stats-file", required_argument, 0, OPT_STATS}, {"counter", required_argument, 0, OPT_COUNTER},
     {"help", no_argument, 0, OPT_HELP},             {"profiler", no_argument, 0, OPT_PROFILER},
     {"traffic-class", required_argument, 0, OPT_TCLASS}, {"fork-every-ms", required_argument, 0, OPT_FORKMS},
-    {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {0, 0, 0, 0}};
+    {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {"comms", required_argument, 0, OPT_COMMS},
+    {"prepost", no_argument, 0, OPT_PREPOST},           {"rounds", required_argument, 0, OPT_ROUNDS},
+    {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
 static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
@@ -313,6 +320,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
         o->mode = NT_GARBAGE;
       } else if (nt_lifecycle_parse_mode(a, &o->mode) == 0) {
         /* lifecycle.c */
+      } else if (nt_scale_parse_mode(a, &o->mode) == 0) {
+        /* scale.c */
       } else {
         NT_BAD("unknown --mode '%s' (verify, bw, lat, badhandle, garbage-peer)", a);
       }
@@ -430,6 +439,17 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       o->abort_sender = strcmp(a, "sender") == 0;
       break;
+    case OPT_COMMS:
+      if (nt_parse_int(a, 1, NT_MAX_COMMS, &o->comms) != 0) {
+        NT_BAD("--comms must be 1..%d, not '%s'", NT_MAX_COMMS, a);
+      }
+      break;
+    case OPT_PREPOST: o->prepost = 1; break;
+    case OPT_ROUNDS:
+      if (nt_parse_int(a, 1, 100, &o->rounds) != 0) {
+        NT_BAD("--rounds must be 1..100, not '%s'", a);
+      }
+      break;
     case OPT_HELP: nt_usage(stdout); return 1;
     case OPT_PROFILER: o->profiler = 1; break;
     default:
@@ -492,6 +512,19 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (o->mode != NT_BW && o->seconds > 0) {
     NT_BAD("--seconds applies to bw only");
   }
+  if (o->comms == 0) {
+    o->comms = 8;
+  } else if (!nt_mode_is_scale(o->mode)) {
+    NT_BAD("--comms applies to the connect and resources modes only");
+  }
+  if (o->rounds == 0) {
+    o->rounds = 1;
+  } else if (!nt_mode_is_scale(o->mode)) {
+    NT_BAD("--rounds applies to the connect and resources modes only");
+  }
+  if (o->prepost && o->mode != NT_LAT) {
+    NT_BAD("--prepost applies to lat only");
+  }
   if (o->mode == NT_LAT && o->multi != 1) {
     NT_BAD("--multi applies to verify and bw only");
   }
@@ -502,9 +535,9 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
 static void nt_hello(const struct nt_opts *o, char *buf, size_t len) {
   int off = snprintf(buf, len,
                      "nettest-1 mode=%s seed=%" PRIu64 " multi=%d window=%d max=%zu count=%" PRIu64
-                     " bytes=%" PRIu64 " iters=%" PRIu64 " warmup=%" PRIu64 " seconds=%g verify=%d mem=%zu sizes=",
+                     " bytes=%" PRIu64 " iters=%" PRIu64 " warmup=%" PRIu64 " seconds=%g verify=%d mem=%zu comms=%d rounds=%d prepost=%d sizes=",
                      nt_mode_name(o->mode), o->seed, o->multi, o->window, o->max_size, o->count, o->bytes, o->iters,
-                     o->warmup, o->seconds, o->verify, o->mem_limit);
+                     o->warmup, o->seconds, o->verify, o->mem_limit, o->comms, o->rounds, o->prepost);
   for (int i = 0; i < o->nsizes && off < (int)len - 24; i++) {
     off += snprintf(buf + off, len - (size_t)off, "%s%zu", i ? "," : "", o->sizes[i]);
   }
@@ -624,6 +657,10 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     goto out;
   }
   ret = NT_EXIT_FAIL;
+  if (nt_mode_is_scale(o->mode)) {
+    ret = nt_mode_scale(o, n, &oob); /* scale.c: its own listeners, no main connection */
+    goto out;
+  }
   nt_phase("listen");
   ncclResult_t nrc = nt_net_listen(n, o->dev, conn.local_handle, &conn.lcomm);
   if (nrc != ncclSuccess || conn.lcomm == NULL) {

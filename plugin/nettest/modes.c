@@ -440,6 +440,76 @@ static double nt_pct(const double *v, uint64_t n, double q) {
   return v[i < n ? i : n - 1];
 }
 
+/* --prepost: one size of ping-pong as NCCL's proxy runs its steps. Each side keeps W = --window
+ * receives posted ahead in W buffers (slot i % W for message i), and reposts a slot as soon as
+ * its message is checked: the server posts the receive for ping i+W before it sends pong i.
+ * So the CTS for every message left long before the message is sent, and a round trip is one
+ * data write each way. The receives are tested oldest first. */
+static int nt_lat_size_prepost(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
+                               struct nt_region *sr, struct nt_region *rr, size_t stride, int si, double *rtt,
+                               struct nt_stats *st) {
+  size_t size = o->sizes[si];
+  uint64_t total = o->warmup + o->iters, base = (uint64_t)si << 40;
+  uint64_t w = (uint64_t)o->window < total ? (uint64_t)o->window : total;
+  int client = o->role == NT_CLIENT;
+  int rtag = client ? NT_TAG_PONG : NT_TAG_PING, stag = client ? NT_TAG_PING : NT_TAG_PONG;
+  void *rreq[NT_MAX_WINDOW] = {0}, *sreq = NULL;
+  for (uint64_t j = 0; j < w; j++) {
+    if (nt_post_irecv(n, c->rcomm, rr->p + j * stride, size, rtag, rr->mh, o->timeout_s, &rreq[j], st) != 0) {
+      return -1;
+    }
+  }
+  for (uint64_t i = 0; i < total; i++) {
+    int rsize = -1;
+    uint8_t *rb = rr->p + (i % w) * stride;
+    double t0 = nt_now(), t1;
+    if (client) {
+      if (o->verify) {
+        nt_pattern_fill_sampled(sr->p, size, o->seed, base + i, NT_TAG_PING);
+      }
+      t0 = nt_now();
+      if (nt_post_isend(n, oob, c->scomm, sr->p, size, stag, sr->mh, o->timeout_s, &sreq, st) != 0 ||
+          nt_wait_pair(n, oob, sreq, rreq[i % w], &rsize, o->timeout_s, st) != 0) {
+        return -1;
+      }
+      t1 = nt_now();
+    } else {
+      if (nt_wait_pair(n, oob, NULL, rreq[i % w], &rsize, o->timeout_s, st) != 0) {
+        return -1;
+      }
+      t1 = nt_now();
+    }
+    rreq[i % w] = NULL;
+    nt_lat_check(o, rb, size, rsize, base + i, rtag, st);
+    if (i >= o->warmup) {
+      if (client) {
+        rtt[i - o->warmup] = (t1 - t0) * 1e6;
+      }
+      st->msgs++;
+      st->bytes += (uint64_t)(rsize > 0 ? rsize : 0);
+      if (i == o->warmup) {
+        st->t0 = client ? t0 : t1;
+      }
+      st->t1 = t1;
+    }
+    /* The slot is checked: post it again for message i + W, before this side sends. */
+    if (i + w < total &&
+        nt_post_irecv(n, c->rcomm, rb, size, rtag, rr->mh, o->timeout_s, &rreq[i % w], st) != 0) {
+      return -1;
+    }
+    if (!client) {
+      if (o->verify) {
+        nt_pattern_fill_sampled(sr->p, size, o->seed, base + i, NT_TAG_PONG);
+      }
+      if (nt_post_isend(n, oob, c->scomm, sr->p, size, stag, sr->mh, o->timeout_s, &sreq, st) != 0 ||
+          nt_wait_pair(n, oob, sreq, NULL, NULL, o->timeout_s, st) != 0) {
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
 /* One size of ping-pong. Message index i of this size is (size index << 40) + i on both sides. */
 static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
                        struct nt_region *sr, struct nt_region *rr, int si, double *rtt, struct nt_stats *st) {
@@ -519,7 +589,9 @@ int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct 
   }
   struct nt_region sr, rr;
   memset(&rr, 0, sizeof(rr));
-  if (nt_region_setup(n, c->scomm, maxsz, &sr) != 0 || nt_region_setup(n, c->rcomm, maxsz, &rr) != 0) {
+  /* --prepost: --window receive buffers, a page apart at least */
+  size_t stride = nt_round_page(maxsz ? maxsz : 1), rlen = o->prepost ? stride * (size_t)o->window : maxsz;
+  if (nt_region_setup(n, c->scomm, maxsz, &sr) != 0 || nt_region_setup(n, c->rcomm, rlen, &rr) != 0) {
     nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
     if (sr.p != NULL) {
       nt_region_free(n, &sr);
@@ -542,7 +614,8 @@ int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct 
     if (nt_oob_sync(oob, label, o->timeout_s) != 0) {
       goto out;
     }
-    if (nt_lat_size(o, n, oob, c, &sr, &rr, si, rtt, &st) != 0) {
+    if ((o->prepost ? nt_lat_size_prepost(o, n, oob, c, &sr, &rr, stride, si, rtt, &st)
+                    : nt_lat_size(o, n, oob, c, &sr, &rr, si, rtt, &st)) != 0) {
       nt_oob_abort(oob, "%s: size %zu: %s", nt_role_name(o->role), o->sizes[si], st.first_err);
       goto out;
     }
@@ -567,9 +640,10 @@ int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct 
       qsort(rtt, m, sizeof(double), nt_cmp_double);
       double avg = m ? sum / (double)m : 0;
       nt_out("nettest-lat: size=%zu iters=%" PRIu64 " avg_us=%.3f p50_us=%.3f p99_us=%.3f rtt_avg_us=%.3f "
-             "rtt_p50_us=%.3f rtt_p99_us=%.3f rtt_min_us=%.3f rtt_max_us=%.3f role=client verified=%s",
+             "rtt_p50_us=%.3f rtt_p99_us=%.3f rtt_min_us=%.3f rtt_max_us=%.3f role=client verified=%s prepost=%s",
              o->sizes[si], m, avg / 2, nt_pct(rtt, m, 0.5) / 2, nt_pct(rtt, m, 0.99) / 2, avg, nt_pct(rtt, m, 0.5),
-             nt_pct(rtt, m, 0.99), m ? rtt[0] : 0.0, m ? rtt[m - 1] : 0.0, ok ? "true" : "false");
+             nt_pct(rtt, m, 0.99), m ? rtt[0] : 0.0, m ? rtt[m - 1] : 0.0, ok ? "true" : "false",
+             o->prepost ? "true" : "false");
     }
     verified &= ok;
     mismatches += st.mismatches;

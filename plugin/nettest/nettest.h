@@ -29,7 +29,8 @@
 
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
 enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
-               NT_FINALIZE_HS, NT_ABORT, NT_STRAY }; /* lifecycle.c: finalize-during-handshake, ... */
+               NT_FINALIZE_HS, NT_ABORT, NT_STRAY, /* lifecycle.c: finalize-during-handshake, ... */
+               NT_CONNECT, NT_RESOURCES };         /* scale.c */
 
 struct nt_counter {
   const char *name;
@@ -68,6 +69,10 @@ struct nt_opts {
   int fork_ms;       /* --fork-every-ms: fork children this often while the mode runs */
   int abort_sender;  /* --abort-side: abort-mid-transfer aborts the sender (else the receiver) */
   int profiler;      /* --profiler (net.c) */
+  /* scale.c, modes.c */
+  int comms;   /* --comms: connections per direction in the scale modes */
+  int prepost; /* --prepost: lat keeps --window receives posted ahead, the next one before each send */
+  int rounds;  /* --rounds: scale modes repeat the whole cycle (leak check across rounds) */
 };
 
 /* ---- net.c: the plugin behind one version-independent interface ---- */
@@ -251,6 +256,13 @@ int nt_mode_is_lifecycle(enum nt_mode m);
 int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 void nt_forker_start(const struct nt_opts *o);
 void nt_forker_stop(const struct nt_opts *o);
+
+/* ---- scale.c: many connections (connect, resources) ---- */
+#define NT_MAX_COMMS 4096
+int nt_scale_parse_mode(const char *name, enum nt_mode *m);
+const char *nt_scale_mode_name(enum nt_mode m);
+int nt_mode_is_scale(enum nt_mode m);
+int nt_mode_scale(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob);
 
 /* ---- sniff.c: RoCE v2 TOS sniffer (--mode sniff, no plugin) ---- */
 int nt_sniff_wanted(int argc, char **argv);
