@@ -1,0 +1,224 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scale: many connections between two nodes through mpib-nettest's connect and resources
+// modes (plugin/nettest/scale.c, docs/nettest.md "Scale modes"). Each side listens N times,
+// the handles cross the side channel, and one thread polls N connects and N accepts until
+// all are up (NCCL's proxy); then a verified message on every comm in both directions, and
+// everything is closed. TestScaleConnect (8 comms per process) is part of the normal suite;
+// the 512-connection run is slow under TCG and runs with the benchmarks (TestBenchScale512,
+// MPIB_BENCH=1) or with MPIB_SCALE=1.
+
+// kvLines parses every "prefix: k=v k=v ..." result line of out into a map, in order.
+func kvLines(out, prefix string) []map[string]string {
+	var ms []map[string]string
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		m := map[string]string{}
+		for _, f := range strings.Fields(strings.TrimPrefix(line, prefix)) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				m[k] = v
+			}
+		}
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+func kvFloat(m map[string]string, k string) float64 {
+	v, err := strconv.ParseFloat(m[k], 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return v
+}
+
+// scaleResult is both sides' lines of one connect/resources run.
+type scaleResult struct {
+	res                pairResult
+	connect, resources [2]map[string]string   // [server, client], first round
+	rounds             [2][]map[string]string // [server, client], resources line of every round
+	wall               time.Duration
+}
+
+// runScale runs nettest --mode mode --comms n between two nodes with a generous bound.
+func runScale(t *testing.T, server, client *Node, mode string, n, rounds int, timeout time.Duration, extra ...string) scaleResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := append([]string{"--timeout-s", strconv.Itoa(int(timeout.Seconds()) - 30), "--mode", mode, "--comms", strconv.Itoa(n),
+		"--rounds", strconv.Itoa(rounds)}, extra...)
+	start := time.Now()
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server), clientEnv: pluginEnv(client), args: args})
+	var r scaleResult
+	var cerr, serr error
+	r.res.clientOut, r.res.clientErr, r.res.clientCode, cerr = cli.Wait(ctx)
+	r.res.serverOut, r.res.serverErr, r.res.serverCode, serr = srv.Wait(ctx)
+	r.wall = time.Since(start)
+	if cerr != nil || serr != nil {
+		srv.Kill(context.Background())
+		cli.Kill(context.Background())
+		t.Fatalf("nettest --mode %s --comms %d did not finish in %v: client %v, server %v", mode, n, timeout, cerr, serr)
+	}
+	for i, out := range []string{r.res.serverOut, r.res.clientOut} {
+		if c := kvLines(out, "nettest-connect:"); len(c) > 0 {
+			r.connect[i] = c[0]
+		}
+		r.rounds[i] = kvLines(out, "nettest-resources:")
+		if len(r.rounds[i]) > 0 {
+			r.resources[i] = r.rounds[i][0]
+		}
+	}
+	return r
+}
+
+// ok reports whether both sides exited 0 and printed verified=true (first round; a later
+// round that fails makes the process exit 1).
+func (r scaleResult) ok() bool {
+	if r.res.serverCode != 0 || r.res.clientCode != 0 {
+		return false
+	}
+	for i := range 2 {
+		if r.connect[i] == nil || r.connect[i]["verified"] != "true" || r.resources[i] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// diag returns the driver's own messages and the plugin's warnings from both sides' stderr
+// (the plugin's INFO lines for 2 x 512 comms would bury them).
+func (r scaleResult) diag() string {
+	var b strings.Builder
+	for i, errOut := range []string{r.res.serverErr, r.res.clientErr} {
+		fmt.Fprintf(&b, "%s (exit %d):\n", []string{"server", "client"}[i], []int{r.res.serverCode, r.res.clientCode}[i])
+		n := 0
+		for _, l := range strings.Split(errOut, "\n") {
+			low := strings.ToLower(l)
+			if strings.HasPrefix(l, "mpib-nettest:") || strings.HasPrefix(l, "NCCL WARN") || strings.Contains(l, "reclaimed") ||
+				strings.Contains(low, "dropped") || strings.Contains(low, "fail") || strings.Contains(low, "timeout") ||
+				strings.Contains(low, "timed out") || strings.Contains(low, "refused") || strings.Contains(low, "reset") {
+				if n++; n <= 40 {
+					fmt.Fprintf(&b, "  %s\n", l)
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+// worst returns the larger of the two sides' values of key in the connect line.
+func (r scaleResult) worst(key string) float64 {
+	return math.Max(kvFloat(r.connect[0], key), kvFloat(r.connect[1], key))
+}
+
+// nodeLimits reports what a node allows a process: fds, locked memory, and the rxe device's
+// object limits (which bound how many connections a device can carry).
+func nodeLimits(t *testing.T, n *Node) string {
+	t.Helper()
+	script := `printf 'nofile=%s/%s memlock=%s/%s ' "$(ulimit -Sn)" "$(ulimit -Hn)" "$(ulimit -Sl)" "$(ulimit -Hl)";` +
+		`ibv_devinfo -v -d "$0" 2>/dev/null | awk '$1=="max_qp:"||$1=="max_cq:"||$1=="max_srq:"||$1=="max_mr:"||$1=="max_qp_wr:"{printf "%s=%s ", substr($1,1,length($1)-1), $2}';` +
+		`awk '/MemTotal|MemAvailable/{printf "%s=%dMiB ", substr($1,1,length($1)-1), $2/1024}' /proc/meminfo`
+	out, errOut, code, err := n.Exec(context.Background(), nil, "sh", "-c", script, n.Dev(SUP))
+	if err != nil || code != 0 {
+		return fmt.Sprintf("unknown (%v exit %d %s)", err, code, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestScaleConnect: 4 send + 4 receive comms per process (comms=8), both directions set up at
+// once, inside island A (a1 <-> a2: SOUT and SUP QPs) and across islands (a1 <-> b1: SOUT
+// only, through the router). Every comm carries one verified 4 KiB message each way. The
+// cycle runs twice in each process: the times are the first round's (what a job's start
+// sees); no fd may stay open after either round, and the second round must end with the
+// first round's fds and fewer than 4 threads more than it (the Go runtime keeps the threads
+// it made and now and then makes one more; a thread per connection would add 4).
+func TestScaleConnect(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2, b1 := lab.Node("a1"), lab.Node("a2"), lab.Node("b1")
+	times := map[string]float64{}
+	for _, c := range []struct {
+		name   string
+		server *Node
+	}{{"intra", a2}, {"inter", b1}} {
+		r := runScale(t, c.server, a1, "connect", 4, 2, 3*time.Minute)
+		if !r.ok() {
+			t.Fatalf("connect %s (a1 <-> %s) failed:\n%s\n%s", c.name, c.server.Name(), r.diag(), r.res)
+		}
+		for i := range 2 {
+			if len(r.rounds[i]) != 2 {
+				t.Fatalf("%s: expected 2 rounds:\n%s", c.name, r.res)
+			}
+			r1, r2 := r.rounds[i][0], r.rounds[i][1]
+			if r1["leaked_fds"] != "0" || r2["leaked_fds"] != "0" {
+				t.Errorf("%s: fds open after close: %v / %v", c.name, r1, r2)
+			}
+			if kvFloat(r2, "threads_closed")-kvFloat(r1, "threads_closed") >= 4 || kvFloat(r2, "fds_closed") != kvFloat(r1, "fds_closed") {
+				t.Errorf("%s: round 2 ended with more threads or fds than round 1: %v / %v", c.name, r1, r2)
+			}
+			cl := r.connect[i]
+			fmt.Printf("scale: pair=a1-%s side=%s total_s=%s longest_connect_ms=%s longest_accept_ms=%s connect_calls=%s accept_calls=%s threads=%s->%s->%s,%s fds=%s->%s->%s,%s rss_kib=%s->%s->%s\n",
+				c.server.Name(), []string{"server", "client"}[i], cl["total_s"], cl["longest_connect_ms"], cl["longest_accept_ms"],
+				cl["connect_calls"], cl["accept_calls"], r1["threads_before"], r1["threads_connected"], r1["threads_closed"], r2["threads_closed"],
+				r1["fds_before"], r1["fds_connected"], r1["fds_closed"], r2["fds_closed"], r1["rss_before_kib"], r1["rss_connected_kib"], r2["rss_closed_kib"])
+		}
+		times[c.name] = r.worst("total_s")
+		fmt.Printf("scale: pair=a1-%s comms=4+4 total_s=%.3f longest_call_ms=%.1f wall_s=%.1f\n", c.server.Name(),
+			times[c.name], r.worst("longest_call_ms"), r.wall.Seconds())
+	}
+	fmt.Printf("connect: comms=8 intra_s=%.3f inter_s=%.3f\n", times["intra"], times["inter"])
+}
+
+// TestBenchScale512 (also with MPIB_SCALE=1): 512 connections per direction between a1 and
+// a2, i.e. per process 512 listen, 512 send and 512 recv comms; one 64 KiB verified message
+// on each comm each way; then everything closed. Prints the resources and connect lines.
+// The plugin may fail at this scale: the test then reports how (which call, after how many
+// comms, with what the nodes allow) and fails.
+func TestBenchScale512(t *testing.T) {
+	if os.Getenv("MPIB_SCALE") != "1" && os.Getenv("MPIB_BENCH") != "1" {
+		t.Skip("the 512-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1")
+	}
+	lab := labOrSkip(t)
+	defer benchClock(t)()
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	const n = 512
+	fmt.Printf("scale: limits a1: %s\n", nodeLimits(t, a1))
+	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute)
+	for i, side := range []string{"server a2", "client a1"} {
+		fmt.Printf("scale: %s %v\n", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-resources:"))
+		fmt.Printf("scale: %s %v\n", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-connect:"))
+	}
+	if !r.ok() {
+		t.Fatalf("%d connections failed after %.0f s:\n%s", n, r.wall.Seconds(), r.diag())
+	}
+	perConn := math.Max(kvFloat(r.resources[0], "per_conn_kib"), kvFloat(r.resources[1], "per_conn_kib"))
+	fmt.Printf("resources: conns=%d per_conn_kib=%.0f verified=true\n", n, perConn)
+	fmt.Printf("connect: comms=%d total_s=%.3f longest_call_ms=%.1f\n", n, r.worst("total_s"), r.worst("longest_call_ms"))
+	for i := range 2 {
+		if r.resources[i]["leaked_fds"] != "0" {
+			t.Errorf("fds leaked after close: %v", r.resources[i])
+		}
+	}
+	saveFigures(t, "scale", []figure{
+		{Name: "resources", Key: fmt.Sprintf("conns=%d", n), Plugin: perConn, Unit: "KiB per connection",
+			Note: fmt.Sprintf("RSS a1 %s -> %s KiB connected, a2 %s -> %s KiB; threads a1 %s -> %s -> %s; fds a1 %s -> %s -> %s",
+				r.resources[1]["rss_before_kib"], r.resources[1]["rss_connected_kib"], r.resources[0]["rss_before_kib"],
+				r.resources[0]["rss_connected_kib"], r.resources[1]["threads_before"], r.resources[1]["threads_connected"],
+				r.resources[1]["threads_closed"], r.resources[1]["fds_before"], r.resources[1]["fds_connected"], r.resources[1]["fds_closed"])},
+		{Name: "connect", Key: fmt.Sprintf("comms=%d", n), Plugin: r.worst("total_s"), Unit: "s",
+			Note: fmt.Sprintf("longest single call %.1f ms (connect %.1f, accept %.1f)", r.worst("longest_call_ms"),
+				r.worst("longest_connect_ms"), r.worst("longest_accept_ms"))},
+	})
+}

@@ -1,0 +1,664 @@
+/*
+ * Scale modes: many connections between two processes (docs/nettest.md, "Scale modes").
+ *
+ * - connect: each side listens N times (--comms N), the two sides swap the N handles over the
+ *   side channel, then one thread calls connect on the N peer handles and accept on the N
+ *   listen comms, interleaved, until every one has returned a comm (NCCL's proxy: one thread
+ *   progressing every pending connection). It measures the wall time of the whole setup and
+ *   the longest single connect() or accept() call. Then one verified message (--sizes, default
+ *   4 KiB; --count messages) travels on every comm in both directions at once, and
+ *   everything is closed in NCCL's order.
+ * - resources: the same run (default 64 KiB messages), read as a resource figure: the
+ *   process's VmRSS, open fds and threads before the first listen, once connected, after the
+ *   data and after close. per_conn_kib = (RSS connected - RSS before) / N, where one
+ *   connection is what a process holds for one peer in both directions: a listen comm, a
+ *   send comm and a recv comm. Nothing may leak: the fds after close must come back to what
+ *   they were before the first listen.
+ *
+ * Both modes print both lines (the mode only sets the default message size):
+ *   nettest-connect: comms=N total_s=X longest_call_ms=X verified=B role=R ...
+ *   nettest-resources: conns=N per_conn_kib=N verified=B role=R ...
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "nettest.h"
+
+#define NT_SC_PAGE 4096
+#define NT_SC_TAG 7
+#define NT_SC_HANDLES_PER_MSG 128 /* 16 KiB of handles per side-channel message */
+#define NT_SC_SETTLE_S 5.0        /* after close: wait this long for fds to come back */
+
+static const struct {
+  const char *name;
+  enum nt_mode mode;
+} nt_sc_modes[] = {
+    {"connect", NT_CONNECT},
+    {"resources", NT_RESOURCES},
+};
+
+int nt_scale_parse_mode(const char *name, enum nt_mode *m) {
+  for (size_t i = 0; i < sizeof(nt_sc_modes) / sizeof(nt_sc_modes[0]); i++) {
+    if (strcmp(name, nt_sc_modes[i].name) == 0) {
+      *m = nt_sc_modes[i].mode;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+const char *nt_scale_mode_name(enum nt_mode m) {
+  for (size_t i = 0; i < sizeof(nt_sc_modes) / sizeof(nt_sc_modes[0]); i++) {
+    if (nt_sc_modes[i].mode == m) {
+      return nt_sc_modes[i].name;
+    }
+  }
+  return "?";
+}
+
+int nt_mode_is_scale(enum nt_mode m) { return m == NT_CONNECT || m == NT_RESOURCES; }
+
+/* ---- process resources ---- */
+
+struct nt_proc {
+  long rss_kib, hwm_kib;
+  int threads, fds;
+};
+
+static void nt_proc_read(struct nt_proc *p) {
+  memset(p, 0, sizeof(*p));
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f != NULL) {
+    char line[256];
+    while (fgets(line, sizeof(line), f) != NULL) {
+      if (strncmp(line, "VmRSS:", 6) == 0) {
+        p->rss_kib = strtol(line + 6, NULL, 10);
+      } else if (strncmp(line, "VmHWM:", 6) == 0) {
+        p->hwm_kib = strtol(line + 6, NULL, 10);
+      } else if (strncmp(line, "Threads:", 8) == 0) {
+        p->threads = (int)strtol(line + 8, NULL, 10);
+      }
+    }
+    fclose(f);
+  }
+  DIR *d = opendir("/proc/self/fd");
+  if (d != NULL) {
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      if (e->d_name[0] != '.') {
+        p->fds++;
+      }
+    }
+    closedir(d);
+    p->fds--; /* the directory's own fd */
+  }
+}
+
+/* The fds open now with their targets, to tell afterwards which ones are new. */
+struct nt_fdset {
+  int n;
+  int *fd;
+  char (*target)[64];
+};
+
+static void nt_fd_target(int fd, char *buf, size_t len) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  ssize_t r = readlink(path, buf, len - 1);
+  buf[r > 0 ? (size_t)r : 0] = '\0';
+}
+
+static void nt_fdset_free(struct nt_fdset *f) {
+  free(f->fd);
+  free(f->target);
+  memset(f, 0, sizeof(*f));
+}
+
+static void nt_fdset_read(struct nt_fdset *f) {
+  nt_fdset_free(f);
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL) {
+    return;
+  }
+  int cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) {
+      continue;
+    }
+    if (f->n == cap) {
+      cap = cap ? 2 * cap : 256;
+      int *nfd = realloc(f->fd, (size_t)cap * sizeof(int));
+      char(*nt)[64] = nfd ? realloc(f->target, (size_t)cap * 64) : NULL;
+      if (nfd) f->fd = nfd;
+      if (nt == NULL) break;
+      f->target = nt;
+    }
+    f->fd[f->n] = atoi(e->d_name);
+    nt_fd_target(f->fd[f->n], f->target[f->n], 64);
+    f->n++;
+  }
+  closedir(d);
+}
+
+/* Counts the fds in `now` that were not in `before` (same number and target). The Go
+ * runtime's netpoller (an epoll fd and an eventfd, created at the plugin's first listen and
+ * kept for the life of the process) is counted apart; anything else is a leak, and the first
+ * few are named on stderr. */
+static int nt_fd_leaks(const struct nt_fdset *before, const struct nt_fdset *now, int *runtime) {
+  int leaked = 0;
+  *runtime = 0;
+  for (int i = 0; i < now->n; i++) {
+    int found = 0;
+    for (int j = 0; j < before->n && !found; j++) {
+      found = before->fd[j] == now->fd[i] && strcmp(before->target[j], now->target[i]) == 0;
+    }
+    if (found) {
+      continue;
+    }
+    if (strcmp(now->target[i], "anon_inode:[eventpoll]") == 0 || strcmp(now->target[i], "anon_inode:[eventfd]") == 0) {
+      (*runtime)++;
+    } else if (++leaked <= 8) {
+      nt_err("fd %d is open after every comm was closed: %s", now->fd[i], now->target[i]);
+    }
+  }
+  return leaked;
+}
+
+/* Many connections need many fds: use the hard limit, as launchers of large jobs do. */
+static void nt_raise_nofile(struct rlimit *out) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+      getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    *out = rl;
+  } else {
+    memset(out, 0, sizeof(*out));
+  }
+}
+
+static long long nt_lim(rlim_t v) { return v == RLIM_INFINITY ? -1 : (long long)v; }
+
+/* ---- payload: a function of (sender role, comm index, message index, word) ---- */
+
+static uint64_t nt_sc_word(uint64_t seed, int sender_role, int comm, uint64_t msg, size_t w) {
+  return nt_mix64(seed ^ nt_mix64(((uint64_t)sender_role << 62) ^ ((uint64_t)comm << 32) ^ (msg << 8)) ^
+                  (w * 0x9e3779b97f4a7c15ULL));
+}
+
+static void nt_sc_fill(uint8_t *b, size_t size, uint64_t seed, int role, int comm, uint64_t msg) {
+  for (size_t off = 0; off < size; off += 8) {
+    uint64_t v = nt_sc_word(seed, role, comm, msg, off / 8);
+    size_t n = size - off < 8 ? size - off : 8;
+    memcpy(b + off, &v, n);
+  }
+}
+
+/* Returns the first bad offset, or (size_t)-1 when every byte matches. */
+static size_t nt_sc_check(const uint8_t *b, size_t size, uint64_t seed, int role, int comm, uint64_t msg) {
+  for (size_t off = 0; off < size; off += 8) {
+    uint64_t v = nt_sc_word(seed, role, comm, msg, off / 8);
+    size_t n = size - off < 8 ? size - off : 8;
+    if (memcmp(b + off, &v, n) != 0) {
+      for (size_t j = 0; j < n; j++) {
+        if (b[off + j] != ((uint8_t *)&v)[j]) {
+          return off + j;
+        }
+      }
+    }
+  }
+  return (size_t)-1;
+}
+
+/* ---- the run ---- */
+
+struct nt_sc {
+  int n;
+  void **lcomm, **scomm, **rcomm;
+  uint8_t (*mine)[NCCL_NET_HANDLE_MAXSIZE];
+  uint8_t (*peer)[NCCL_NET_HANDLE_MAXSIZE];
+  void **smh, **rmh, **sreq, **rreq;
+  uint64_t *smsg, *rmsg; /* next message index to post / complete per comm */
+  uint8_t *region;
+  size_t region_len, stride;
+};
+
+static int nt_sc_alloc(struct nt_sc *s, int n) {
+  memset(s, 0, sizeof(*s));
+  s->n = n;
+  s->lcomm = calloc((size_t)n, sizeof(void *));
+  s->scomm = calloc((size_t)n, sizeof(void *));
+  s->rcomm = calloc((size_t)n, sizeof(void *));
+  s->smh = calloc((size_t)n, sizeof(void *));
+  s->rmh = calloc((size_t)n, sizeof(void *));
+  s->sreq = calloc((size_t)n, sizeof(void *));
+  s->rreq = calloc((size_t)n, sizeof(void *));
+  s->smsg = calloc((size_t)n, sizeof(uint64_t));
+  s->rmsg = calloc((size_t)n, sizeof(uint64_t));
+  s->mine = calloc((size_t)n, NCCL_NET_HANDLE_MAXSIZE);
+  s->peer = calloc((size_t)n, NCCL_NET_HANDLE_MAXSIZE);
+  return s->lcomm && s->scomm && s->rcomm && s->smh && s->rmh && s->sreq && s->rreq && s->smsg && s->rmsg &&
+                 s->mine && s->peer
+             ? 0
+             : -1;
+}
+
+static void nt_sc_free(struct nt_sc *s) {
+  free(s->lcomm), free(s->scomm), free(s->rcomm), free(s->smh), free(s->rmh), free(s->sreq), free(s->rreq);
+  free(s->smsg), free(s->rmsg), free(s->mine), free(s->peer);
+  nt_free_region(s->region, s->region_len);
+}
+
+/* Swap the handles in messages of NT_SC_HANDLES_PER_MSG (each side sends a chunk, then reads
+ * the peer's, so neither can fill the socket while the other is not reading). */
+static int nt_sc_swap_handles(struct nt_opts *o, struct nt_oob *oob, struct nt_sc *s) {
+  for (int i = 0; i < s->n; i += NT_SC_HANDLES_PER_MSG) {
+    int k = s->n - i < NT_SC_HANDLES_PER_MSG ? s->n - i : NT_SC_HANDLES_PER_MSG;
+    uint32_t want = (uint32_t)k * NCCL_NET_HANDLE_MAXSIZE, len = 0;
+    if (nt_oob_send(oob, NT_MSG_HANDLE, s->mine[i], want) != 0 ||
+        nt_oob_recv(oob, NT_MSG_HANDLE, s->peer[i], want, &len, o->timeout_s) != 0) {
+      return -1;
+    }
+    if (len != want) {
+      nt_err("peer sent %u bytes of handles %d.., expected %u", len, i, want);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+struct nt_sc_setup {
+  double total_s, longest_connect_ms, longest_accept_ms;
+  int longest_connect_i, longest_accept_i;
+  uint64_t connect_calls, accept_calls, sweeps;
+};
+
+/* One thread, every pending connect and accept per sweep, until all returned a comm. */
+static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s,
+                           struct nt_sc_setup *r) {
+  memset(r, 0, sizeof(*r));
+  int ndone = 0, total = 2 * s->n;
+  double t0 = nt_now(), deadline = t0 + o->timeout_s;
+  while (ndone < total) {
+    int progressed = 0;
+    for (int i = 0; i < s->n; i++) {
+      if (s->scomm[i] == NULL) {
+        double a = nt_now();
+        ncclResult_t rc = nt_net_connect(n, o->dev, s->peer[i], &s->scomm[i]);
+        double ms = (nt_now() - a) * 1000;
+        r->connect_calls++;
+        if (ms > r->longest_connect_ms) {
+          r->longest_connect_ms = ms;
+          r->longest_connect_i = i;
+        }
+        if (rc != ncclSuccess) {
+          nt_err("connect #%d of %d failed: rc=%d (%d of %d comms were up)", i, s->n, rc, ndone, total);
+          return -1;
+        }
+        if (s->scomm[i] != NULL) {
+          ndone++, progressed = 1;
+        }
+      }
+      if (s->rcomm[i] == NULL) {
+        double a = nt_now();
+        ncclResult_t rc = nt_net_accept(n, s->lcomm[i], &s->rcomm[i]);
+        double ms = (nt_now() - a) * 1000;
+        r->accept_calls++;
+        if (ms > r->longest_accept_ms) {
+          r->longest_accept_ms = ms;
+          r->longest_accept_i = i;
+        }
+        if (rc != ncclSuccess) {
+          nt_err("accept #%d of %d failed: rc=%d (%d of %d comms were up)", i, s->n, rc, ndone, total);
+          return -1;
+        }
+        if (s->rcomm[i] != NULL) {
+          ndone++, progressed = 1;
+        }
+      }
+    }
+    r->sweeps++;
+    nt_heartbeat();
+    if (ndone == total) {
+      break;
+    }
+    if (nt_now() > deadline) {
+      int sc = 0, rc = 0;
+      for (int i = 0; i < s->n; i++) {
+        sc += s->scomm[i] != NULL;
+        rc += s->rcomm[i] != NULL;
+      }
+      nt_err("connection setup timed out after %d s: %d of %d connects and %d of %d accepts done", o->timeout_s, sc,
+             s->n, rc, s->n);
+      return -1;
+    }
+    if (r->sweeps % 16 == 0 && nt_oob_peek(oob) < 0) {
+      nt_err("peer gave up during connection setup");
+      return -1;
+    }
+    if (!progressed) {
+      usleep(50);
+    }
+  }
+  r->total_s = nt_now() - t0;
+  return 0;
+}
+
+struct nt_sc_data {
+  double seconds;
+  uint64_t msgs_sent, msgs_recv, bytes_recv, mismatches;
+  char first_err[256];
+};
+
+static void nt_sc_fail(struct nt_sc_data *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void nt_sc_fail(struct nt_sc_data *d, const char *fmt, ...) {
+  d->mismatches++;
+  if (d->first_err[0] == '\0') {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->first_err, sizeof(d->first_err), fmt, ap);
+    va_end(ap);
+    nt_err("%s", d->first_err);
+  }
+}
+
+/* Every comm carries `count` messages of `size` bytes in each direction, one outstanding
+ * per comm, all comms at once. Returns -1 on a plugin error or a stall. */
+static int nt_sc_transfer(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s, size_t size,
+                          uint64_t count, struct nt_sc_data *d) {
+  int peer_role = o->role == NT_SERVER ? NT_CLIENT : NT_SERVER;
+  uint64_t need = (uint64_t)s->n * count * 2, done = 0;
+  double t0 = nt_now(), last = t0;
+  unsigned spins = 0;
+  while (done < need) {
+    int progressed = 0;
+    for (int i = 0; i < s->n; i++) {
+      uint8_t *sb = s->region + (size_t)i * 2 * s->stride, *rb = sb + s->stride;
+      ncclResult_t rc;
+      int isdone = 0, sizes[NT_MAX_MULTI] = {-1};
+      /* receive side */
+      if (s->rmsg[i] < count) {
+        if (s->rreq[i] == NULL) {
+          void *data[1] = {rb}, *mhs[1] = {s->rmh[i]};
+          size_t sz[1] = {size};
+          int tags[1] = {NT_SC_TAG};
+          if ((rc = nt_net_irecv(n, s->rcomm[i], 1, data, sz, tags, mhs, &s->rreq[i])) != ncclSuccess) {
+            nt_err("irecv on comm #%d failed: rc=%d", i, rc);
+            return -1;
+          }
+        } else if ((rc = nt_net_test(n, s->rreq[i], &isdone, sizes)) != ncclSuccess) {
+          nt_err("test(recv) on comm #%d failed: rc=%d", i, rc);
+          return -1;
+        } else if (isdone) {
+          s->rreq[i] = NULL;
+          if (sizes[0] < 0 || (size_t)sizes[0] != size) {
+            nt_sc_fail(d, "comm #%d msg %" PRIu64 ": received size %d, expected %zu", i, s->rmsg[i], sizes[0], size);
+          } else {
+            size_t bad = nt_sc_check(rb, size, o->seed, peer_role, i, s->rmsg[i]);
+            if (bad != (size_t)-1) {
+              nt_sc_fail(d, "comm #%d msg %" PRIu64 ": first mismatch at offset %zu (a message of another comm?)", i,
+                         s->rmsg[i], bad);
+            }
+          }
+          s->rmsg[i]++;
+          d->msgs_recv++;
+          d->bytes_recv += size;
+          done++, progressed = 1;
+        }
+      }
+      /* send side */
+      if (s->smsg[i] < count) {
+        if (s->sreq[i] == NULL) {
+          nt_sc_fill(sb, size, o->seed, (int)o->role, i, s->smsg[i]);
+          if ((rc = nt_net_isend(n, s->scomm[i], sb, size, NT_SC_TAG, s->smh[i], &s->sreq[i])) != ncclSuccess) {
+            nt_err("isend on comm #%d failed: rc=%d", i, rc);
+            return -1;
+          }
+        } else if ((rc = nt_net_test(n, s->sreq[i], &isdone, sizes)) != ncclSuccess) {
+          nt_err("test(send) on comm #%d failed: rc=%d", i, rc);
+          return -1;
+        } else if (isdone) {
+          s->sreq[i] = NULL;
+          s->smsg[i]++;
+          d->msgs_sent++;
+          done++, progressed = 1;
+        }
+      }
+    }
+    double now = nt_now();
+    if (progressed) {
+      last = now;
+      nt_heartbeat();
+    } else if (now - last > o->timeout_s) {
+      nt_err("data: no progress for %d s (%" PRIu64 " of %" PRIu64 " sends and receives done)", o->timeout_s, done,
+             need);
+      return -1;
+    }
+    if (++spins % 64 == 0 && nt_oob_peek(oob) < 0) {
+      nt_err("peer gave up during the data phase");
+      return -1;
+    }
+  }
+  d->seconds = nt_now() - t0;
+  return 0;
+}
+
+static int nt_sc_register(struct nt_net *n, struct nt_sc *s, size_t size) {
+  s->stride = (size + NT_SC_PAGE - 1) / NT_SC_PAGE * NT_SC_PAGE;
+  s->region_len = s->stride * 2 * (size_t)s->n;
+  s->region = nt_alloc_region(s->region_len);
+  if (s->region == NULL) {
+    nt_err("cannot allocate %zu bytes of buffers: %s", s->region_len, strerror(errno));
+    return -1;
+  }
+  for (int i = 0; i < s->n; i++) {
+    uint8_t *sb = s->region + (size_t)i * 2 * s->stride, *rb = sb + s->stride;
+    ncclResult_t rc = nt_net_regmr(n, s->scomm[i], sb, s->stride, &s->smh[i]);
+    if (rc == ncclSuccess) {
+      rc = nt_net_regmr(n, s->rcomm[i], rb, s->stride, &s->rmh[i]);
+    }
+    if (rc != ncclSuccess) {
+      nt_err("regMr on comm #%d failed: rc=%d (check ulimit -l)", i, rc);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* NCCL's order: deregMr, closeSend, closeRecv, closeListen. Returns the number of errors. */
+static int nt_sc_close(struct nt_net *n, struct nt_sc *s) {
+  int bad = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (s->smh[i] != NULL && nt_net_deregmr(n, s->scomm[i], s->smh[i]) != ncclSuccess) {
+      bad++;
+    }
+    if (s->rmh[i] != NULL && nt_net_deregmr(n, s->rcomm[i], s->rmh[i]) != ncclSuccess) {
+      bad++;
+    }
+    s->smh[i] = s->rmh[i] = NULL;
+  }
+  for (int i = 0; i < s->n; i++) {
+    if (s->scomm[i] != NULL && nt_net_close_send(n, s->scomm[i]) != ncclSuccess) {
+      bad++;
+    }
+    s->scomm[i] = NULL;
+  }
+  for (int i = 0; i < s->n; i++) {
+    if (s->rcomm[i] != NULL && nt_net_close_recv(n, s->rcomm[i]) != ncclSuccess) {
+      bad++;
+    }
+    s->rcomm[i] = NULL;
+  }
+  for (int i = 0; i < s->n; i++) {
+    if (s->lcomm[i] != NULL && nt_net_close_listen(n, s->lcomm[i]) != ncclSuccess) {
+      bad++;
+    }
+    s->lcomm[i] = NULL;
+  }
+  if (bad) {
+    nt_err("%d close/deregMr calls failed", bad);
+  }
+  return bad;
+}
+
+static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, int round,
+                          const struct rlimit *nofile, const struct rlimit *memlock) {
+  int N = o->comms;
+  size_t size = o->nsizes > 0 ? o->sizes[0] : (o->mode == NT_RESOURCES ? 65536 : 4096);
+  uint64_t count = o->count_set ? o->count : 1;
+  struct nt_fdset fds0 = {0}, fds4 = {0};
+  struct nt_sc s;
+  struct nt_sc_setup su;
+  struct nt_sc_data d;
+  memset(&su, 0, sizeof(su));
+  memset(&d, 0, sizeof(d));
+  int ret = NT_EXIT_FAIL, up = 0;
+  double listen_s = 0, close_s = 0;
+  if (nt_sc_alloc(&s, N) != 0) {
+    nt_err("out of memory for %d comms", N);
+    nt_oob_abort(oob, "%s: out of memory", nt_role_name(o->role));
+    nt_sc_free(&s);
+    return NT_EXIT_FAIL;
+  }
+  struct nt_proc p0, p1, p2, p3, p4;
+  memset(&p0, 0, sizeof(p0)), p1 = p2 = p3 = p4 = p0;
+  if (nt_oob_sync(oob, "scale-start", o->timeout_s) != 0) {
+    goto out;
+  }
+  nt_proc_read(&p0);
+  nt_fdset_read(&fds0);
+  nt_phase("scale-listen");
+  double t = nt_now();
+  for (int i = 0; i < N; i++) {
+    ncclResult_t rc = nt_net_listen(n, o->dev, s.mine[i], &s.lcomm[i]);
+    if (rc != ncclSuccess || s.lcomm[i] == NULL) {
+      nt_proc_read(&p1);
+      nt_err("listen #%d of %d failed: rc=%d (fds open %d, RLIMIT_NOFILE %lld)", i, N, rc, p1.fds,
+             nt_lim(nofile->rlim_cur));
+      nt_oob_abort(oob, "%s: listen #%d failed rc=%d", nt_role_name(o->role), i, rc);
+      goto out;
+    }
+    nt_heartbeat();
+  }
+  listen_s = nt_now() - t;
+  if (nt_sc_swap_handles(o, oob, &s) != 0) {
+    goto out;
+  }
+  nt_proc_read(&p1);
+  if (nt_oob_sync(oob, "scale-connect", o->timeout_s) != 0) {
+    goto out;
+  }
+  nt_phase("scale-connect");
+  if (nt_sc_establish(o, n, oob, &s, &su) != 0) {
+    nt_oob_abort(oob, "%s: connection setup of %d comms failed", nt_role_name(o->role), N);
+    goto out;
+  }
+  up = 1;
+  nt_proc_read(&p2);
+  nt_err("scale: %d send + %d recv comms up in %.3f s (longest connect %.1f ms, accept %.1f ms)", N, N, su.total_s,
+         su.longest_connect_ms, su.longest_accept_ms);
+  nt_phase("scale-data");
+  if (nt_sc_register(n, &s, size) != 0) {
+    nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
+    goto out;
+  }
+  if (nt_oob_sync(oob, "scale-data", o->timeout_s) != 0) {
+    goto out;
+  }
+  if (nt_sc_transfer(o, n, oob, &s, size, count, &d) != 0) {
+    nt_oob_abort(oob, "%s: data phase failed", nt_role_name(o->role));
+    goto out;
+  }
+  nt_proc_read(&p3);
+  /* Each side checked what it received; the verdicts are swapped. */
+  char mine[64], theirs[64];
+  uint32_t len = 0;
+  int peer_ok = 0;
+  snprintf(mine, sizeof(mine), "verified=%d", d.mismatches == 0);
+  if (nt_oob_send(oob, NT_MSG_RESULT, mine, (uint32_t)strlen(mine)) != 0 ||
+      nt_oob_recv(oob, NT_MSG_RESULT, theirs, sizeof(theirs) - 1, &len, o->timeout_s) != 0) {
+    goto out;
+  }
+  theirs[len] = '\0';
+  peer_ok = strcmp(theirs, "verified=1") == 0;
+  if (nt_oob_sync(oob, "scale-close", o->timeout_s) != 0) {
+    goto out;
+  }
+  ret = d.mismatches == 0 && peer_ok ? NT_EXIT_OK : NT_EXIT_FAIL;
+out:
+  nt_phase("scale-close");
+  t = nt_now();
+  if (nt_sc_close(n, &s) != 0 && ret == NT_EXIT_OK) {
+    ret = NT_EXIT_FAIL;
+  }
+  close_s = nt_now() - t;
+  if (!up) {
+    nt_sc_free(&s);
+    nt_fdset_free(&fds0);
+    return ret;
+  }
+  /* The plugin may close sockets from its own threads: give the fds a moment to come back. */
+  double settle_end = nt_now() + NT_SC_SETTLE_S;
+  for (;;) {
+    nt_proc_read(&p4);
+    if (p4.fds <= p0.fds || nt_now() > settle_end) {
+      break;
+    }
+    nt_heartbeat();
+    usleep(50000);
+  }
+  int verified = ret == NT_EXIT_OK, runtime_fds = 0;
+  nt_fdset_read(&fds4);
+  int leaked_fds = nt_fd_leaks(&fds0, &fds4, &runtime_fds);
+  nt_fdset_free(&fds0);
+  nt_fdset_free(&fds4);
+  if (leaked_fds > 0) {
+    nt_err("round %d: %d fds still open after closing every comm (not counting %d of the Go runtime's)", round,
+           leaked_fds, runtime_fds);
+    ret = NT_EXIT_FAIL;
+  }
+  double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
+  nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "
+         "longest_accept_ms=%.1f connect_calls=%" PRIu64 " accept_calls=%" PRIu64 " sweeps=%" PRIu64
+         " listen_s=%.3f data_s=%.3f close_s=%.3f size=%zu count=%" PRIu64 " round=%d",
+         N, su.total_s, longest, verified ? "true" : "false", nt_role_name(o->role), su.longest_connect_ms,
+         su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size,
+         count, round);
+  nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
+         "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
+         "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
+         "threads_closed=%d nofile=%lld memlock=%lld round=%d",
+         N, N > 0 ? (p2.rss_kib - p0.rss_kib) / N : 0, verified ? "true" : "false", nt_role_name(o->role),
+         p0.rss_kib, p1.rss_kib, p2.rss_kib, p3.rss_kib, p4.rss_kib, p4.hwm_kib, p0.fds, p1.fds, p2.fds, p4.fds,
+         leaked_fds, runtime_fds, p0.threads, p2.threads, p4.threads, nt_lim(nofile->rlim_cur),
+         nt_lim(memlock->rlim_cur), round);
+  nt_sc_free(&s);
+  return ret;
+}
+
+/* --rounds R: the whole cycle R times in one process. The first round pays for what the
+ * process keeps (the Go runtime's threads and netpoller); later rounds must end where the
+ * first ended. */
+int nt_mode_scale(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob) {
+  struct rlimit nofile, memlock;
+  nt_raise_nofile(&nofile);
+  if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) {
+    memset(&memlock, 0, sizeof(memlock));
+  }
+  int ret = NT_EXIT_OK;
+  for (int r = 1; r <= o->rounds && ret == NT_EXIT_OK; r++) {
+    ret = nt_scale_round(o, n, oob, r, &nofile, &memlock);
+  }
+  return ret;
+}
