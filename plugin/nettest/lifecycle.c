@@ -74,7 +74,7 @@ int nt_mode_is_lifecycle(enum nt_mode m) { return m == NT_FINALIZE_HS || m == NT
 static int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
                            int *accept_errors) {
   double start = nt_now(), deadline = start + o->timeout_s;
-  unsigned spins = 0;
+  int spins = 0;
   while (c->scomm == NULL || c->rcomm == NULL) {
     ncclResult_t rc;
     if (c->scomm == NULL && (rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm)) != ncclSuccess) {
@@ -93,13 +93,7 @@ static int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
         return -1;
       }
     }
-    if (nt_now() > deadline) {
-      nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s,
-             c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
-      return -1;
-    }
-    if (++spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
-      nt_err("peer gave up during connection setup");
+    if (nt_setup_give_up(o, oob, c, deadline, &spins)) {
       return -1;
     }
     usleep(50);

@@ -104,6 +104,22 @@ void nt_err(const char *fmt, ...) {
   fprintf(stderr, "mpib-nettest: %s\n", buf);
 }
 
+/* One step of a connection-setup loop: whether to give up (deadline passed, or the peer gave
+ * up on the side channel, checked every 64 spins), saying why. */
+int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline,
+                     int *spins) {
+  if (nt_now() > deadline) {
+    nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s,
+           c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
+    return 1;
+  }
+  if (++*spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
+    nt_err("peer gave up during connection setup");
+    return 1;
+  }
+  return 0;
+}
+
 const char *nt_role_name(enum nt_role r) { return r == NT_SERVER ? "server" : "client"; }
 
 const char *nt_mode_name(enum nt_mode m) {
@@ -580,7 +596,7 @@ static void nt_counters(struct nt_opts *o, int after) {
 /* NCCL's proxy calls connect and accept repeatedly until both return a comm. */
 static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   double start = nt_now(), deadline = start + o->timeout_s;
-  unsigned spins = 0;
+  int spins = 0;
   while (c->scomm == NULL || c->rcomm == NULL) {
     if (c->scomm == NULL) {
       ncclResult_t rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm);
@@ -599,13 +615,7 @@ static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
     if (c->scomm != NULL && c->rcomm != NULL) {
       break;
     }
-    if (nt_now() > deadline) {
-      nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s,
-             c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
-      return -1;
-    }
-    if (++spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
-      nt_err("peer gave up during connection setup");
+    if (nt_setup_give_up(o, oob, c, deadline, &spins)) {
       return -1;
     }
     usleep(50);

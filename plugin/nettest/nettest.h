@@ -238,6 +238,8 @@ struct nt_conn {
   uint8_t local_handle[NCCL_NET_HANDLE_MAXSIZE];
   uint8_t peer_handle[NCCL_NET_HANDLE_MAXSIZE];
 };
+int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline,
+                     int *spins);
 
 int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);

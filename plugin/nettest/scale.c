@@ -282,13 +282,22 @@ struct nt_sc_setup {
   double total_s, longest_connect_ms, longest_accept_ms;
   int longest_connect_i, longest_accept_i;
   uint64_t connect_calls, accept_calls, sweeps;
+  /* The longest call of each kind: a comm's first connect (starts the handshake), a poll
+   * that returned no comm, and the call that returned the comm. */
+  double connect_first_ms, connect_poll_ms, connect_done_ms, accept_poll_ms, accept_done_ms;
 };
+
+static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
 
 /* One thread, every pending connect and accept per sweep, until all returned a comm. */
 static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s,
                            struct nt_sc_setup *r) {
   memset(r, 0, sizeof(*r));
   int ndone = 0, total = 2 * s->n;
+  uint8_t *started = calloc((size_t)s->n, 1);
+  if (started == NULL) {
+    return -1;
+  }
   double t0 = nt_now(), deadline = t0 + o->timeout_s;
   while (ndone < total) {
     int progressed = 0;
@@ -304,8 +313,11 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
         }
         if (rc != ncclSuccess) {
           nt_err("connect #%d of %d failed: rc=%d (%d of %d comms were up)", i, s->n, rc, ndone, total);
+          free(started);
           return -1;
         }
+        nt_max(!started[i] ? &r->connect_first_ms : s->scomm[i] ? &r->connect_done_ms : &r->connect_poll_ms, ms);
+        started[i] = 1;
         if (s->scomm[i] != NULL) {
           ndone++, progressed = 1;
         }
@@ -321,8 +333,10 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
         }
         if (rc != ncclSuccess) {
           nt_err("accept #%d of %d failed: rc=%d (%d of %d comms were up)", i, s->n, rc, ndone, total);
+          free(started);
           return -1;
         }
+        nt_max(s->rcomm[i] ? &r->accept_done_ms : &r->accept_poll_ms, ms);
         if (s->rcomm[i] != NULL) {
           ndone++, progressed = 1;
         }
@@ -341,10 +355,12 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
       }
       nt_err("connection setup timed out after %d s: %d of %d connects and %d of %d accepts done", o->timeout_s, sc,
              s->n, rc, s->n);
+      free(started);
       return -1;
     }
     if (r->sweeps % 16 == 0 && nt_oob_peek(oob) < 0) {
       nt_err("peer gave up during connection setup");
+      free(started);
       return -1;
     }
     if (!progressed) {
@@ -352,6 +368,7 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     }
   }
   r->total_s = nt_now() - t0;
+  free(started);
   return 0;
 }
 
@@ -631,10 +648,12 @@ out:
   double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
   nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "
          "longest_accept_ms=%.1f connect_calls=%" PRIu64 " accept_calls=%" PRIu64 " sweeps=%" PRIu64
-         " listen_s=%.3f data_s=%.3f close_s=%.3f size=%zu count=%" PRIu64 " round=%d",
+         " listen_s=%.3f data_s=%.3f close_s=%.3f size=%zu count=%" PRIu64 " round=%d"
+         " connect_first_ms=%.1f connect_poll_ms=%.1f connect_done_ms=%.1f accept_poll_ms=%.1f accept_done_ms=%.1f",
          N, su.total_s, longest, verified ? "true" : "false", nt_role_name(o->role), su.longest_connect_ms,
          su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size,
-         count, round);
+         count, round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms,
+         su.accept_done_ms);
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
          "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
