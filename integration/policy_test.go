@@ -144,10 +144,10 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
 	// Five phases of settle + measure bytes (~0.84 GB) plus the agent CLIs' seconds at full
-	// speed fit with room to spare; verified byte for byte (the test waits for the whole
-	// transfer, so it is not made longer than needed).
+	// speed fit with room to spare; verified byte for byte. 1.2 GB was too little for the
+	// Python agent, whose CLI calls take seconds each.
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1200M", "--max-size", "1M", "--window", "8"}})
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "2000M", "--max-size", "1M", "--window", "8"}})
 	slot := agent.sendSlot(ctx, t, a1)
 
 	type phase struct {

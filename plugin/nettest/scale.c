@@ -153,7 +153,7 @@ static void nt_fdset_read(struct nt_fdset *f) {
  * runtime's netpoller (an epoll fd and an eventfd, created at the plugin's first listen and
  * kept for the life of the process) is counted apart; anything else is a leak, and the first
  * few are named on stderr. */
-static int nt_fd_leaks(const struct nt_fdset *before, const struct nt_fdset *now, int *runtime) {
+static int nt_fd_leaks(const struct nt_fdset *before, const struct nt_fdset *now, int *runtime, int quiet) {
   int leaked = 0;
   *runtime = 0;
   for (int i = 0; i < now->n; i++) {
@@ -166,7 +166,7 @@ static int nt_fd_leaks(const struct nt_fdset *before, const struct nt_fdset *now
     }
     if (strcmp(now->target[i], "anon_inode:[eventpoll]") == 0 || strcmp(now->target[i], "anon_inode:[eventfd]") == 0) {
       (*runtime)++;
-    } else if (++leaked <= 8) {
+    } else if (++leaked <= 8 && !quiet) {
       nt_err("fd %d is open after every comm was closed: %s", now->fd[i], now->target[i]);
     }
   }
@@ -627,17 +627,20 @@ out:
   }
   /* The plugin may close sockets from its own threads: give the fds a moment to come back. */
   double settle_end = nt_now() + NT_SC_SETTLE_S;
+  int verified = ret == NT_EXIT_OK, runtime_fds = 0, leaked_fds;
   for (;;) {
-    nt_proc_read(&p4);
-    if (p4.fds <= p0.fds || nt_now() > settle_end) {
+    nt_fdset_read(&fds4);
+    leaked_fds = nt_fd_leaks(&fds0, &fds4, &runtime_fds, 1);
+    if (leaked_fds == 0 || nt_now() > settle_end) {
       break;
     }
     nt_heartbeat();
     usleep(50000);
   }
-  int verified = ret == NT_EXIT_OK, runtime_fds = 0;
-  nt_fdset_read(&fds4);
-  int leaked_fds = nt_fd_leaks(&fds0, &fds4, &runtime_fds);
+  nt_proc_read(&p4);
+  if (leaked_fds > 0) {
+    nt_fd_leaks(&fds0, &fds4, &runtime_fds, 0); /* name them */
+  }
   nt_fdset_free(&fds0);
   nt_fdset_free(&fds4);
   if (leaked_fds > 0) {
