@@ -213,8 +213,9 @@ func TestBenchScale512(t *testing.T) {
 	}
 	saveFigures(t, "scale", []figure{
 		{Name: "resources", Key: fmt.Sprintf("conns=%d", n), Plugin: perConn, Unit: "KiB per connection",
-			Note: fmt.Sprintf("RSS a1 %s -> %s KiB connected, a2 %s -> %s KiB; threads a1 %s -> %s -> %s; fds a1 %s -> %s -> %s",
-				r.resources[1]["rss_before_kib"], r.resources[1]["rss_connected_kib"], r.resources[0]["rss_before_kib"],
+			Note: fmt.Sprintf("RSS a1 %s -> %s KiB connected (verbs rings %s, anonymous %s), a2 %s -> %s KiB; threads a1 %s -> %s -> %s; fds a1 %s -> %s -> %s",
+				r.resources[1]["rss_before_kib"], r.resources[1]["rss_connected_kib"], r.resources[1]["rss_verbs_connected_kib"],
+				r.resources[1]["rss_anon_connected_kib"], r.resources[0]["rss_before_kib"],
 				r.resources[0]["rss_connected_kib"], r.resources[1]["threads_before"], r.resources[1]["threads_connected"],
 				r.resources[1]["threads_closed"], r.resources[1]["fds_before"], r.resources[1]["fds_connected"], r.resources[1]["fds_closed"])},
 		{Name: "connect", Key: fmt.Sprintf("comms=%d", n), Plugin: r.worst("total_s"), Unit: "s",

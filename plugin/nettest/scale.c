@@ -73,6 +73,42 @@ struct nt_proc {
   int threads, fds;
 };
 
+/* Resident KiB of the verbs mappings (queues and doorbells the provider mapped from
+ * /dev/infiniband/uverbsN: rxe's QP, CQ and SRQ rings) and of anonymous memory (heaps: the
+ * plugin's C allocations, the Go heap and goroutine stacks), from /proc/self/smaps. */
+static void nt_smaps(long *verbs_kib, long *anon_kib) {
+  *verbs_kib = *anon_kib = 0;
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (f == NULL) {
+    return;
+  }
+  char line[512];
+  int kind = 0; /* 1 verbs, 2 anonymous */
+  while (fgets(line, sizeof(line), f) != NULL) {
+    unsigned long a, b;
+    if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, ':') != NULL && line[0] != 'R') {
+      /* a mapping header: address range, perms, offset, dev, inode, [path] */
+      char *path = NULL;
+      int field = 0;
+      for (char *p = line; *p && *p != '\n'; p++) {
+        if (*p != ' ' && (p == line || p[-1] == ' ') && ++field == 6) {
+          path = p;
+          break;
+        }
+      }
+      kind = path == NULL ? 2 : strncmp(path, "/dev/infiniband/", 16) == 0 ? 1 : strncmp(path, "[heap]", 6) == 0 ? 2 : 0;
+    } else if (strncmp(line, "Rss:", 4) == 0) {
+      long kib = strtol(line + 4, NULL, 10);
+      if (kind == 1) {
+        *verbs_kib += kib;
+      } else if (kind == 2) {
+        *anon_kib += kib;
+      }
+    }
+  }
+  fclose(f);
+}
+
 static void nt_proc_read(struct nt_proc *p) {
   memset(p, 0, sizeof(*p));
   FILE *f = fopen("/proc/self/status", "r");
@@ -542,6 +578,7 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   memset(&d, 0, sizeof(d));
   int ret = NT_EXIT_FAIL, up = 0;
   double listen_s = 0, close_s = 0;
+  long verbs_kib = 0, anon_kib = 0;
   if (nt_sc_alloc(&s, N) != 0) {
     nt_err("out of memory for %d comms", N);
     nt_oob_abort(oob, "%s: out of memory", nt_role_name(o->role));
@@ -583,6 +620,7 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   }
   up = 1;
   nt_proc_read(&p2);
+  nt_smaps(&verbs_kib, &anon_kib);
   nt_err("scale: %d send + %d recv comms up in %.3f s (longest connect %.1f ms, accept %.1f ms)", N, N, su.total_s,
          su.longest_connect_ms, su.longest_accept_ms);
   nt_phase("scale-data");
@@ -660,11 +698,11 @@ out:
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
          "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
-         "threads_closed=%d nofile=%lld memlock=%lld round=%d",
+         "threads_closed=%d nofile=%lld memlock=%lld round=%d rss_verbs_connected_kib=%ld rss_anon_connected_kib=%ld",
          N, N > 0 ? (p2.rss_kib - p0.rss_kib) / N : 0, verified ? "true" : "false", nt_role_name(o->role),
          p0.rss_kib, p1.rss_kib, p2.rss_kib, p3.rss_kib, p4.rss_kib, p4.hwm_kib, p0.fds, p1.fds, p2.fds, p4.fds,
          leaked_fds, runtime_fds, p0.threads, p2.threads, p4.threads, nt_lim(nofile->rlim_cur),
-         nt_lim(memlock->rlim_cur), round);
+         nt_lim(memlock->rlim_cur), round, verbs_kib, anon_kib);
   nt_sc_free(&s);
   return ret;
 }
