@@ -326,7 +326,7 @@ func TestLifecycleDeviceRemoved(t *testing.T) {
 	force, noFailover := "MPIB_FORCE_SUP_BW=512", "MPIB_FAILOVER=0"
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, force, noFailover),
 		clientEnv: pluginEnv(a1, force, noFailover),
-		args: lcArgs("--mode", "verify", "--bytes", "4G", "--max-size", "4M", "--timeout-s", "60")})
+		args:      lcArgs("--mode", "verify", "--bytes", "4G", "--max-size", "4M", "--timeout-s", "60")})
 	if err := waitRailTraffic(ctx, a1, SUP, 4<<20, srv, cli); err != nil {
 		s, c := waitBoth(srv, cli, time.Now(), time.Now())
 		t.Fatalf("no SUP traffic from a1 before the deletion: %v\nserver %s\nclient %s", err, s, c)
