@@ -43,6 +43,7 @@ static void handle_event(int rail, const struct ibv_async_event *ev) {
     return;
   case IBV_EVENT_COMM_EST:
   case IBV_EVENT_SQ_DRAINED:
+  case IBV_EVENT_QP_LAST_WQE_REACHED: /* an SRQ QP forced to the error state by a failover */
   case IBV_EVENT_SRQ_LIMIT_REACHED:
     return; /* expected in normal operation */
   default:
