@@ -140,6 +140,7 @@ struct slot_plan {
   size_t sout[MPIB_MAX_RECVS]; /* bytes of each request on SOUT; SUP carries the rest */
   uint32_t mask;               /* rails carrying something (at least one) */
   int leader;                  /* the rail whose final write carries the size records */
+  int range_rail;              /* the rail whose byte ranges the chain carries (a replay: the failed one) */
   int size_in_imm;
   uint32_t imm;
 };
@@ -157,6 +158,7 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
   for (int r = 0; r < nreqs; r++) {
     size_t size = reqs[r]->size;
     p->sout[r] = whole < 0 ? mpib_split_sout_bytes(size, sup_bw) : whole == MPIB_RAIL_SOUT ? size : 0;
+    c->slot_sout[slot][r] = (uint32_t)p->sout[r];
     if (p->sout[r] > 0) p->mask |= 1u << MPIB_RAIL_SOUT;
     if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
     c->sizes[slot][r] = (int32_t)size;
@@ -199,9 +201,10 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
   struct ibv_sge sges[MPIB_MAX_RECVS + 1];
   int nwr = 0;
+  int rr = replay ? p->range_rail : rail;
   for (int r = 0; r < nreqs; r++) {
-    size_t off = rail == MPIB_RAIL_SOUT ? 0 : p->sout[r];
-    size_t len = rail == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
+    size_t off = rr == MPIB_RAIL_SOUT ? 0 : p->sout[r];
+    size_t len = rr == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
                                  .lkey = reqs[r]->mh->mr[rail]->lkey};
@@ -541,11 +544,17 @@ static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, stru
 }
 
 /* Sender -> receiver: a notice about rail r, carried by the other rail (or by r itself once
- * its probes proved it). */
+ * its probes proved it), and over the control socket, which does not queue behind the data
+ * on that rail's QP (mpib_notice_order: the receiver takes the newer). */
 static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
   int via = (cmd == MPIB_NOTICE_FAIL || rail_usable(c, 1 - r)) ? 1 - r : r;
   uint64_t *stage = notice_word(c, r);
   *stage = mpib_notice_encode(c->rail[r].gen, cmd);
+  if (c->ctrl_fd >= 0) {
+    uint8_t msg[10] = {'N', (uint8_t)r};
+    for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
+    (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
   return post_control(c, via, stage, c->sizes_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
 }
 
@@ -630,15 +639,18 @@ static void slot_try_complete(struct mpib_comm *c, int slot) {
   c->slot_posted_seq1[slot] = 0;
 }
 
-/* Sender: posts the replays decided by send_resolve, as far as the send queue has room. */
+/* Sender: posts the replays decided by send_resolve, as far as the send queue has room. A
+ * replay re-sends the failed rail's byte ranges of the slot on the surviving rail, on the QP
+ * that carried the slot's own part there, so those bytes have landed when the replay's
+ * immediate arrives: the receiver completes the slot on it. */
 static ncclResult_t post_replays(struct mpib_comm *c) {
   int s = rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS && c->replays_waiting > 0; slot++) {
     if (c->slot_replay[slot] != 1) continue;
     if (!rail_usable(c, s)) return rail_fail(c, s, "completion-error", "no rail left to replay on");
     struct mpib_request **reqs = c->slot_reqs[slot];
-    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0};
-    for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = s == MPIB_RAIL_SOUT ? reqs[r]->size : 0;
+    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0, .range_rail = c->slot_replay_rail[slot]};
+    for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = c->slot_sout[slot][r];
     p.imm = mpib_imm_encode_replay((uint32_t)slot, p.mask, reqs[0]->seq);
     int rc = post_chain(c, slot, s, &p, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
@@ -661,6 +673,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
     if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], seq, r)) {
       c->slot_replay[slot] = 1;
+      c->slot_replay_rail[slot] = (uint8_t)r;
       c->replays_waiting++;
       replays++;
     } else {
@@ -844,7 +857,9 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
     ncclResult_t res = ncclSuccess;
     if (!c->is_send) {
       uint64_t word = __atomic_load_n(notice_word(c, r), __ATOMIC_ACQUIRE);
-      if (word != rc->notice_seen) {
+      uint64_t tcp = __atomic_load_n(&c->tcp_notice[r], __ATOMIC_ACQUIRE);
+      if (mpib_notice_order(tcp) > mpib_notice_order(word)) word = tcp;
+      if (word != rc->notice_seen && mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
         rc->notice_seen = word;
         res = recv_notice(c, r, word, mpib_now_ns());
       }

@@ -274,6 +274,17 @@ static inline int mpib_notice_decode(uint64_t word, uint32_t *gen, uint32_t *cmd
   return (word >> 40) == 0 && *gen != 0 && *cmd >= MPIB_NOTICE_FAIL && *cmd <= MPIB_NOTICE_UP ? 0 : -1;
 }
 
+/* Notices come by two paths (an RDMA write, which may queue behind megabytes of data on the
+ * surviving rail's QP, and the TCP control socket), so the receiver acts on whichever is
+ * newer. A rail's notices only move forward: RECOVER(g), UP(g), FAIL(g), RECOVER(g + 1), ...
+ * This is their order (0 for a word that is no notice). */
+static inline uint64_t mpib_notice_order(uint64_t word) {
+  uint32_t gen, cmd;
+  if (mpib_notice_decode(word, &gen, &cmd) != 0) return 0;
+  static const uint32_t rank[] = {0, 3, 1, 2}; /* FAIL after RECOVER and UP of the same generation */
+  return (uint64_t)gen * 4 + rank[cmd];
+}
+
 /* The receiver's answer for one rail, RDMA-written into the sender's memory after the CTS FIFO:
  * the generation it fenced (with what it had then) and the generation it rebuilt its QPs for. */
 #define MPIB_FENCE_SLOTS 32

@@ -102,6 +102,18 @@ static void test_failover(void) {
   EXPECT_EQ("empty notice rejected", mpib_notice_decode(0, &g, &cmd), -1);
   EXPECT_EQ("unknown command rejected", mpib_notice_decode(mpib_notice_encode(7, 9), &g, &cmd), -1);
   EXPECT_EQ("high garbage rejected", mpib_notice_decode(0xFFFFull << 48 | 0x701, &g, &cmd), -1);
+  /* Notices of one rail in the order the sender sends them: each must order after the last. */
+  const uint64_t seq[] = {mpib_notice_encode(1, MPIB_NOTICE_FAIL), mpib_notice_encode(2, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(2, MPIB_NOTICE_FAIL), mpib_notice_encode(3, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(3, MPIB_NOTICE_UP), mpib_notice_encode(3, MPIB_NOTICE_FAIL),
+                          mpib_notice_encode(300, MPIB_NOTICE_RECOVER)};
+  uint64_t prev = 0;
+  for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+    EXPECT_EQ("notices only move forward", mpib_notice_order(seq[i]) > prev, 1);
+    prev = mpib_notice_order(seq[i]);
+  }
+  EXPECT_EQ("no notice orders first", mpib_notice_order(0), 0);
+  EXPECT_EQ("a malformed word orders first", mpib_notice_order(mpib_notice_encode(5, 77)), 0);
   EXPECT_EQ("generations start far apart", mpib_gen_psn(1) != mpib_gen_psn(2) && mpib_gen_psn(2) != 0, 1);
   EXPECT_EQ("psn fits 24 bits", mpib_gen_psn(0xFFFFFFFFu) >> 24, 0);
   struct mpib_fence_rec rec = {.fence_gen = 3, .ready_gen = 2};
