@@ -68,6 +68,7 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
 }
 
 static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail);
+static void publish_rail_state(struct mpib_comm *c, int r);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
 
@@ -76,6 +77,7 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
     if (c->nqps[r] && rail_fatal(r) && c->rail[r].state != MPIB_RAIL_DEAD) {
       if (c->rail[r].state == MPIB_RAIL_DOWN) {
         c->rail[r].state = MPIB_RAIL_DEAD; /* already failed over: it just never comes back */
+        publish_rail_state(c, r);
         continue;
       }
       if (c->rail[r].state == MPIB_RAIL_FENCING) continue;
@@ -507,6 +509,15 @@ static uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Publishes a rail's state to the agent's telemetry (docs/shm-format.md 4.3). */
+static void publish_rail_state(struct mpib_comm *c, int r) {
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (shm == NULL || c->shm_slot < 0) return;
+  int st = c->rail[r].state;
+  int pub = st == MPIB_RAIL_UP ? MPIB_SHM_RAIL_UP : st == MPIB_RAIL_DEAD ? MPIB_SHM_RAIL_FAILED : MPIB_SHM_RAIL_DOWN;
+  mpib_shm_set_rail_state(shm, (uint32_t)c->shm_slot, r, pub, wall_ms() * 1000000ull);
+}
+
 /* Whether a rail can carry this connection's traffic right now. */
 static int rail_usable(const struct mpib_comm *c, int r) {
   return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(r) && !rail_down(r);
@@ -600,6 +611,7 @@ static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, co
   if (retrying) rc->attempts++;
   rc->state = MPIB_RAIL_FENCING;
   rc->since_ns = mpib_now_ns();
+  if (!retrying) publish_rail_state(c, r);
   if (!retrying || rc->attempts <= 3)
     MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
               (unsigned long long)wall_ms(), reason, rail_name(s), rc->gen, detail);
@@ -683,6 +695,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   }
   uint64_t now = mpib_now_ns();
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   rc->since_ns = now;
   rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
@@ -749,6 +762,7 @@ static ncclResult_t probe_done(struct mpib_comm *c, int r) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (rc->state != MPIB_RAIL_PROBING || --rc->probes > 0) return ncclSuccess;
   rc->state = MPIB_RAIL_UP;
+  publish_rail_state(c, r);
   MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", rail_name(r),
             (unsigned long long)wall_ms(), rc->gen, rc->attempts);
   rc->attempts = 0;
@@ -806,6 +820,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
     st->seen[slot] = req ? (uint8_t)req->seen_mask : 0;
   }
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   return post_record(c, r);
 }
@@ -842,6 +857,7 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   if (cmd == MPIB_NOTICE_RECOVER && gen > rc->gen) return recv_recover(c, r, gen, now);
   if (cmd == MPIB_NOTICE_UP && gen == rc->gen && rc->state == MPIB_RAIL_RECOVERING) {
     rc->state = MPIB_RAIL_UP;
+    publish_rail_state(c, r);
     if (c->cts_rail_pref == r) c->cts_rail = r;
     MPIB_INFO("%s rail: back in service (generation %u)", rail_name(r), gen);
   }
