@@ -144,6 +144,7 @@ struct mpib_rail_ctl {
   uint64_t retry_at_ns;  /* DOWN: the next recovery attempt */
   uint32_t attempts;     /* recoveries that failed in a row (back-off) */
   uint32_t probes;       /* PROBING: probe writes not yet completed */
+  int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
 };
 
