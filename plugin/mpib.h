@@ -247,6 +247,7 @@ struct mpib_comm {
   uint64_t whole_msg_max;        /* slots of at most this many bytes go whole to one rail */
   int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
   uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */
+  int hint_due;                  /* read the hint again (a telemetry batch was posted) */
   uint64_t tele_bytes[MPIB_NRAILS];
   uint32_t tele_slots;           /* telemetry batched since the last flush */
 

@@ -91,14 +91,18 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
-/* Advanced mode reads the agent's hint (a clock read and a seqlock) once every
- * MPIB_HINT_REFRESH slots per comm, not per message: a hint takes effect within that many
- * messages. A comm also posts its telemetry to the segment in batches of that many slots
- * (mpib_telemetry_flush), so the segment's shared cache lines are written that much less. */
+/* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
+ * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
+ * MPIB_TELEMETRY_BYTES bytes were posted since the last batch, whichever comes first. Small
+ * messages then write the segment's shared cache lines 16 times less often; large ones still
+ * report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new hint
+ * takes effect within 16 messages or 1 MiB. */
 #define MPIB_HINT_REFRESH 16
+#define MPIB_TELEMETRY_BYTES (1u << 20)
 
 static uint32_t cached_hint(struct mpib_comm *c) {
-  if (c->hint_uses++ % MPIB_HINT_REFRESH == 0) {
+  if (c->hint_uses++ == 0 || c->hint_due) {
+    c->hint_due = 0;
     mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
     uint32_t bw;
     if (shm && mpib_shm_read_hint(shm, (uint32_t)c->shm_slot, mpib_g.agent_stale_ns, &bw) == 1) {
@@ -118,6 +122,7 @@ void mpib_telemetry_flush(struct mpib_comm *c) {
     c->tele_bytes[rail] = 0;
   }
   c->tele_slots = 0;
+  c->hint_due = 1;
 }
 
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
@@ -270,7 +275,9 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
     ncclResult_t res = post_rail(c, slot, rail, &plan);
     if (res != ncclSuccess) return res;
   }
-  if (++c->tele_slots >= MPIB_HINT_REFRESH) mpib_telemetry_flush(c);
+  if (++c->tele_slots >= MPIB_HINT_REFRESH ||
+      c->tele_bytes[MPIB_RAIL_SOUT] + c->tele_bytes[MPIB_RAIL_SUP] >= MPIB_TELEMETRY_BYTES)
+    mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
