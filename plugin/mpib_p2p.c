@@ -69,6 +69,7 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
 
 static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail);
 static void publish_rail_state(struct mpib_comm *c, int r);
+static int rail_usable(const struct mpib_comm *c, int r);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
 
@@ -136,8 +137,9 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP)) return 0;
-  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT)) && c->nqps[MPIB_RAIL_SUP])
+  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP) || rail_fatal(MPIB_RAIL_SUP)) return 0;
+  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT) || rail_fatal(MPIB_RAIL_SOUT)) &&
+      c->nqps[MPIB_RAIL_SUP])
     return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
@@ -265,7 +267,9 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
   return ncclSuccess;
 }
 
-/* Post the slot's matched sends on every active rail. */
+/* Post the slot's matched sends on every active rail. A rail that refuses the post (its
+ * device just died, say) fails over like any failed rail: its part of the slot counts as sent
+ * and lost, and the failover replays it on the other rail. */
 static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
@@ -273,6 +277,10 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
     ncclResult_t res = post_rail(c, slot, rail, &plan);
+    if (res == ncclSystemError && mpib_g.failover && rail_usable(c, 1 - rail)) {
+      c->slot_rails[slot] |= 1u << rail;
+      res = rail_fail(c, rail, "completion-error", "posting to it failed");
+    }
     if (res != ncclSuccess) return res;
   }
   if (++c->tele_slots >= MPIB_HINT_REFRESH ||
@@ -411,12 +419,19 @@ static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalle
   return rc;
 }
 
-/* Receives are kept posted on every rail that can still deliver (a dead device cannot). */
-static int srq_refill_all(struct mpib_comm *c) {
+/* Keeps a rail's receives posted; a rail that refuses them (its device just died) fails over. */
+static ncclResult_t srq_refill_or_fail(struct mpib_comm *c, int r) {
+  if (!c->srq[r] || c->rail[r].state == MPIB_RAIL_DEAD || mpib_srq_refill(c, r) == 0) return ncclSuccess;
+  if (c->rail[r].state != MPIB_RAIL_UP) return ncclSuccess; /* already out of service */
+  return rail_fail(c, r, "completion-error", "posting receives to it failed");
+}
+
+static ncclResult_t srq_refill_all(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->srq[r] && c->rail[r].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, r)) return -1;
+    ncclResult_t res = srq_refill_or_fail(c, r);
+    if (res != ncclSuccess) return res;
   }
-  return 0;
+  return ncclSuccess;
 }
 
 ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
@@ -454,17 +469,22 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     req->sizes[r] = 0;
   }
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
-  int rc = post_cts(c, slot, c->cts_rail, n, slot == 0);
+  int rail = c->cts_rail;
+  int rc = post_cts(c, slot, rail, n, slot == 0);
   if (rc) {
-    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(c->cts_rail), strerror(rc));
-    req->type = MPIB_REQ_FREE;
-    return ncclSystemError;
+    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
+    if (!mpib_g.failover || !rail_usable(c, 1 - rail)) {
+      req->type = MPIB_REQ_FREE;
+      return ncclSystemError;
+    }
   }
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
   c->recvs_open++;
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
-  if (srq_refill_all(c)) return ncclSystemError;
+  ncclResult_t res = rc ? rail_fail(c, rail, "completion-error", "posting the CTS failed") : ncclSuccess;
+  if (res == ncclSuccess) res = srq_refill_all(c);
+  if (res != ncclSuccess) return res;
   *request = req;
   return ncclSuccess;
 }
@@ -855,7 +875,10 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   }
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
-  if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
+  if (c->srq[r] && mpib_srq_refill(c, r)) {
+    rc->state = MPIB_RAIL_DOWN; /* the sender times out and retries */
+    return ncclSuccess;
+  }
   fence_rec(c, r)->ready_gen = gen;
   return post_record(c, r);
 }
@@ -1029,7 +1052,8 @@ static ncclResult_t progress(struct mpib_comm *c) {
         if (res != ncclSuccess) return res;
       }
     } while (n == 16);
-    if (c->srq[rail] && c->rail[rail].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, rail)) return ncclSystemError;
+    ncclResult_t res = srq_refill_or_fail(c, rail);
+    if (res != ncclSuccess) return res;
   }
   return failover_tick(c);
 }
