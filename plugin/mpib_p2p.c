@@ -710,7 +710,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
     uint64_t seq = c->slot_posted_seq1[slot] - 1;
     c->slot_rails[slot] &= ~(1u << r);
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
-    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], seq, r)) {
+    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], rec->next_seq, seq, r)) {
       c->slot_replay[slot] = 1;
       c->slot_replay_rail[slot] = (uint8_t)r;
       c->replays_waiting++;
@@ -849,6 +849,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   if (res != ncclSuccess) return res;
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->fence_gen = rc->gen;
+  st->next_seq = c->fifo_head;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     st->open_seq1[slot] = req ? req->seq + 1 : 0;
