@@ -757,3 +757,51 @@ func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeN
 		return nil
 	})
 }
+
+// AddTelemetryN counts bytes carried by requests requests on a rail (0 SOUT, 1 SUP), as the
+// plugin does for a batch of transfers. For fakes, simulators and tools.
+func (s *Segment) AddTelemetryN(slot uint32, rail int, bytes, requests uint64) error {
+	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
+		return fmt.Errorf("telemetry slot %d rail %d: %w", slot, rail, ErrSlotRange)
+	}
+	return s.do(func(v view) error {
+		off := slotOff(slot)
+		b, r := slSoutBytes, slSoutRequests
+		if rail == 1 {
+			b, r = slSupBytes, slSupRequests
+		}
+		v.add64(off+b, bytes)
+		v.add64(off+r, requests)
+		return nil
+	})
+}
+
+// RecordRead updates a slot's read telemetry after a hint read that returned res at now, as
+// the plugin does (spec 5.3, end): reads_applied or reads_fallback (+reads_stale), clamped,
+// last_sup_bw (applied reads), last_source, last_read_ns. For fakes, simulators and tools.
+func (s *Segment) RecordRead(slot uint32, res Resolution, now uint64) error {
+	if slot >= s.h.NSlots {
+		return fmt.Errorf("record read slot %d: %w", slot, ErrSlotRange)
+	}
+	return s.do(func(v view) error {
+		off := slotOff(slot)
+		if SlotState(uint32(v.u64(off+slOwner))) != StateActive {
+			return nil
+		}
+		if res.Applies {
+			v.add64(off+slReadsApplied, 1)
+			v.put32(off+slLastSupBw, res.SupBw)
+		} else {
+			v.add64(off+slReadsFallback, 1)
+			if res.Source == SourceStale {
+				v.add64(off+slReadsStale, 1)
+			}
+		}
+		if res.Clamped {
+			v.add64(off+slClamped, 1)
+		}
+		v.put32(off+slLastSource, uint32(res.Source))
+		v.put64(off+slLastReadNs, now)
+		return nil
+	})
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -309,6 +311,20 @@ func TestCLIsAgree(t *testing.T) {
 				},
 			}},
 		{name: "gc", args: []string{"gc"}},
+		{name: "run closed-loop, step 0", args: []string{"run", "--policy", "closed-loop", "--step", "0"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, step 257", args: []string{"run", "--policy", "closed-loop", "--step", "257"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, negative step", args: []string{"run", "--policy", "closed-loop", "--step", "-8"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, fractional step", args: []string{"run", "--policy", "closed-loop", "--step", "1.5"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, step not a number", args: []string{"run", "--policy", "closed-loop", "--step", "x"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, empty step", args: []string{"run", "--policy", "closed-loop", "--step", ""}, exit: 2, code: "usage"},
+		{name: "run closed-loop, bad interval", args: []string{"run", "--policy", "closed-loop", "--interval", "0"}, exit: 2, code: "usage"},
+		{name: "run closed-loop, no segment", args: []string{"run", "--policy", "closed-loop", "--step", "256", "--path", filepath.Join(dir, "missing")}, exit: 1, code: "io"},
+		{name: "record, no --out", args: []string{"record", "--count", "1"}, exit: 2, code: "usage"},
+		{name: "record, bad format", args: []string{"record", "--out", filepath.Join(dir, "r.xml"), "--format", "xml"}, exit: 2, code: "usage"},
+		{name: "record, negative count", args: []string{"record", "--out", filepath.Join(dir, "r.csv"), "--count", "-1"}, exit: 2, code: "usage"},
+		{name: "record, zero interval", args: []string{"record", "--out", filepath.Join(dir, "r.csv"), "--interval", "0"}, exit: 2, code: "usage"},
+		{name: "record, no file", args: []string{"record", "--out", filepath.Join(dir, "r.csv"), "--count", "1", "--path", filepath.Join(dir, "missing")}, exit: 1, code: "io"},
+		{name: "top --json, bad count", args: []string{"top", "--json", "--count", "x"}, exit: 2, code: "usage"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -415,7 +431,13 @@ func runLoop(t *testing.T, c cli, env []string, fx *fixture, args []string, step
 		mu.Lock()
 		quiet := time.Since(last) > 400*time.Millisecond && o.Len() > 0
 		mu.Unlock()
-		if time.Now().After(deadline) || (quiet && k == nsteps) {
+		exited := false
+		select {
+		case <-done: // the loop exited on its own (refused its command line, failed)
+			exited = true
+		default:
+		}
+		if exited || time.Now().After(deadline) || (quiet && k == nsteps) {
 			break
 		}
 		if quiet {
@@ -440,4 +462,200 @@ func runLoop(t *testing.T, c cli, env []string, fx *fixture, args []string, step
 	mu.Lock()
 	defer mu.Unlock()
 	return o.String(), e.String(), code
+}
+
+// sampleFixed are the fields of a top --json / record connection that do not depend on when
+// it was sampled.
+var sampleFixed = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "last_sup_bw", "sout_state", "sup_state"}
+
+// sampleShape is a top --json / record jsonl line reduced to what both CLIs must agree on:
+// the keys in order, the JSON type of every value, and the values that do not depend on
+// time; it fails the test when the line is not {"t": number, "conns": [...]}.
+func sampleShape(t *testing.T, who, line string) string {
+	t.Helper()
+	if k := jsonKeys(t, []byte(line)); !reflect.DeepEqual(k, []string{"t", "conns"}) {
+		t.Errorf("%s: top-level keys %v, want [t conns]: %s", who, k, line)
+	}
+	var smp struct {
+		T     any               `json:"t"`
+		Conns []json.RawMessage `json:"conns"`
+	}
+	if err := json.Unmarshal([]byte(line), &smp); err != nil {
+		t.Errorf("%s: %v: %s", who, err, line)
+		return ""
+	}
+	if _, ok := smp.T.(float64); !ok {
+		t.Errorf("%s: t is not a number: %s", who, line)
+	}
+	var shape []string
+	for _, raw := range smp.Conns {
+		keys := jsonKeys(t, raw)
+		if !reflect.DeepEqual(keys, topKeys) {
+			t.Errorf("%s: connection keys %v, want %v", who, keys, topKeys)
+		}
+		var c map[string]any
+		json.Unmarshal(raw, &c)
+		parts := []string{}
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s:%T", k, c[k]))
+		}
+		for _, k := range sampleFixed {
+			parts = append(parts, fmt.Sprintf("%s=%v", k, c[k]))
+		}
+		shape = append(shape, strings.Join(parts, " "))
+	}
+	return strings.Join(shape, "\n")
+}
+
+// jsonKeys returns an object's keys in the order they appear.
+func jsonKeys(t *testing.T, raw []byte) []string {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Errorf("not a JSON object: %s", raw)
+		return nil
+	}
+	var keys []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Errorf("%v: %s", err, raw)
+			return keys
+		}
+		keys = append(keys, fmt.Sprint(k))
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Errorf("%v: %s", err, raw)
+			return keys
+		}
+	}
+	return keys
+}
+
+// TestCLIsAgreeSamples runs `top --json --count 1` and `record --format jsonl|csv` of both
+// CLIs on one segment (connections with telemetry and rail states) and requires the same
+// structure: keys and their order, value types, row and column counts, and the same values
+// for every field that does not depend on the sampling time (rates may differ).
+func TestCLIsAgreeSamples(t *testing.T) {
+	goCLI := cli{"go", []string{agentBin(t)}, nil}
+	pyCLI := pythonCLI(t)
+	dir := t.TempDir()
+	env := []string{cliEnvStale}
+	f := newFixture(t, dir, "sampled")
+	f.seg.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789)
+	f.seg.RecordRead(f.a, shm.Resolution{Applies: true, SupBw: 700, Source: shm.SourceSlot}, shm.Now())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // traffic on a's SOUT and b's both rails while the CLIs sample
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+				f.seg.AddTelemetryN(f.a, 0, 1<<20, 1)
+				f.seg.AddTelemetryN(f.b, 0, 1<<19, 1)
+				f.seg.AddTelemetryN(f.b, 1, 1<<19, 1)
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	type result struct{ top, jsonl, csvHead, csvShape string }
+	var res [2]result
+	for j, c := range []cli{goCLI, pyCLI} {
+		r := &res[j]
+		o, e, code := c.run(t, env, "top", "--json", "--count", "1", "--interval", "200ms", "--path", f.path)
+		lines := strings.Split(strings.TrimRight(o, "\n"), "\n")
+		if code != 0 || len(lines) != 1 {
+			t.Errorf("%s top --json --count 1: exit %d, want one line:\n%s\nstderr: %s", c.name, code, o, e)
+		} else {
+			r.top = sampleShape(t, c.name+" top --json", lines[0])
+		}
+		jl := filepath.Join(dir, c.name+".jsonl")
+		_, e, code = c.run(t, env, "record", "--out", jl, "--format", "jsonl", "--count", "2", "--interval", "0.1", "--path", f.path)
+		b, _ := os.ReadFile(jl)
+		lines = strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if code != 0 || len(lines) != 2 {
+			t.Errorf("%s record --format jsonl --count 2: exit %d, want 2 lines:\n%s\nstderr: %s", c.name, code, b, e)
+		} else {
+			r.jsonl = sampleShape(t, c.name+" record jsonl", lines[0]) + "\n" + sampleShape(t, c.name+" record jsonl", lines[1])
+		}
+		cf := filepath.Join(dir, c.name+".csv")
+		_, e, code = c.run(t, env, "record", "--out", cf, "--format", "csv", "--count", "1", "--interval", "100ms", "--path", f.path)
+		fh, err := os.Open(cf)
+		if err != nil {
+			t.Errorf("%s record --format csv: exit %d, %v\nstderr: %s", c.name, code, err, e)
+			continue
+		}
+		rows, err := csv.NewReader(fh).ReadAll()
+		fh.Close()
+		if code != 0 || err != nil || len(rows) != 4 { // header + three connections
+			t.Errorf("%s record --format csv --count 1: exit %d, %v, want a header and 3 rows: %q\nstderr: %s", c.name, code, err, rows, e)
+			continue
+		}
+		r.csvHead = strings.Join(rows[0], ",")
+		if want := strings.Join(append([]string{"t"}, topKeys...), ","); r.csvHead != want {
+			t.Errorf("%s record csv header %q, want %q", c.name, r.csvHead, want)
+		}
+		var shape []string
+		for _, row := range rows[1:] {
+			if len(row) != len(rows[0]) {
+				t.Errorf("%s record csv: row %q has %d columns, header %d", c.name, row, len(row), len(rows[0]))
+				continue
+			}
+			for k, col := range rows[0] {
+				switch col {
+				case "t", "sout_mbps", "sup_mbps":
+					if _, err := strconv.ParseFloat(row[k], 64); err != nil {
+						t.Errorf("%s record csv: %s %q is not a number", c.name, col, row[k])
+					}
+				default:
+					shape = append(shape, col+"="+row[k])
+				}
+			}
+		}
+		r.csvShape = strings.Join(shape, " ")
+	}
+	if res[0].top != res[1].top {
+		t.Errorf("top --json differs:\n--- go\n%s\n--- python\n%s", res[0].top, res[1].top)
+	}
+	if res[0].jsonl != res[1].jsonl {
+		t.Errorf("record jsonl differs:\n--- go\n%s\n--- python\n%s", res[0].jsonl, res[1].jsonl)
+	}
+	if res[0].csvHead != res[1].csvHead || res[0].csvShape != res[1].csvShape {
+		t.Errorf("record csv differs:\n--- go\n%s\n%s\n--- python\n%s\n%s", res[0].csvHead, res[0].csvShape, res[1].csvHead, res[1].csvShape)
+	}
+	if !strings.Contains(res[0].top, "sup_state=down") || !strings.Contains(res[0].top, "last_sup_bw=700") {
+		t.Errorf("go top --json lacks the fixture's rail state or last_sup_bw:\n%s", res[0].top)
+	}
+}
+
+// TestCLIsAgreeClosedLoop runs `run --policy closed-loop` of both CLIs on copies of one
+// segment whose connections move no bytes: each starts every send connection at sup_bw 512
+// (for the slot's gen) and writes nothing else; both must leave the same segment.
+func TestCLIsAgreeClosedLoop(t *testing.T) {
+	goCLI := cli{"go", []string{agentBin(t)}, nil}
+	pyCLI := pythonCLI(t)
+	dir := t.TempDir()
+	env := []string{cliEnvStale}
+	var states [2]string
+	for j, c := range []cli{goCLI, pyCLI} {
+		fx := newFixture(t, dir, "closed-"+c.name)
+		_, e, code := runLoop(t, c, env, fx, []string{"run", "--policy", "closed-loop", "--step", "32", "--interval", "50ms", "--path", fx.path}, nil, 0)
+		if code != 0 {
+			t.Errorf("%s run --policy closed-loop: exit %d\nstderr: %s", c.name, code, e)
+		}
+		for _, s := range []uint32{fx.a, fx.b} {
+			sl, _ := fx.seg.Slot(s)
+			if !sl.Hint.Valid() || sl.Hint.SupBw != 512 || sl.Hint.Gen != sl.Gen {
+				t.Errorf("%s run --policy closed-loop: slot %d hint %+v, want sup_bw 512 for gen %d", c.name, s, sl.Hint, sl.Gen)
+			}
+		}
+		states[j] = fx.state(t)
+	}
+	if states[0] != states[1] {
+		t.Errorf("resulting segment differs:\n--- go\n%s\n--- python\n%s", states[0], states[1])
+	}
 }

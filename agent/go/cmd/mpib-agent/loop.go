@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bufio"
+	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -153,18 +156,26 @@ func parseCapacity(v string) (sout, sup float64, err error) {
 
 func cmdRun(args []string, w io.Writer) error {
 	fs, path := newFlags("run")
-	pol := fs.String("policy", "static", "static | proportional")
+	pol := fs.String("policy", "static", "static | proportional | closed-loop")
 	file := fs.String("file", "", "static: weights JSON (re-read when it changes)")
 	capacity := fs.String("capacity", "", "proportional: rail capacities, e.g. sout=100,sup=200 (default: measure)")
-	intervalS := fs.String("interval", "1", "policy interval")
+	stepS := fs.String("step", strconv.Itoa(policy.ClosedLoopStep), "closed-loop: initial probe step in parts per 1024 (1..256)")
+	intervalS := fs.String("interval", "", "policy interval (default 1 s; closed-loop 0.5 s)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *intervalS == "" {
+		*intervalS = "1"
+		if *pol == "closed-loop" {
+			*intervalS = "0.5"
+		}
 	}
 	interval, err := parseDuration("interval", *intervalS)
 	if err != nil {
 		return err
 	}
 	var cs, cp float64
+	var step int64
 	switch *pol {
 	case "static":
 		if *file == "" {
@@ -174,8 +185,15 @@ func cmdRun(args []string, w io.Writer) error {
 		if cs, cp, err = parseCapacity(*capacity); err != nil {
 			return err
 		}
+	case "closed-loop":
+		if step, err = parseInt("step", *stepS); err != nil {
+			return err
+		}
+		if step < 1 || step > policy.ClosedLoopMaxStep {
+			return usagef("--step %d: want an integer 1..%d", step, policy.ClosedLoopMaxStep)
+		}
 	default:
-		return usagef("--policy %q: want static or proportional", *pol)
+		return usagef("--policy %q: want static, proportional or closed-loop", *pol)
 	}
 	s, err := shm.Open(*path)
 	if err != nil {
@@ -187,10 +205,13 @@ func cmdRun(args []string, w io.Writer) error {
 		return err
 	}
 	var tick func() error
-	if *pol == "static" {
+	switch *pol {
+	case "static":
 		tick = staticTick(s, &policy.Static{File: *file}, out)
-	} else {
+	case "proportional":
 		tick = proportionalTick(s, &policy.Proportional{CapSout: cs, CapSup: cp}, out)
+	default:
+		tick = closedLoopTick(s, &policy.ClosedLoop{Step: uint32(step)}, out)
 	}
 	out.printf("run: pid %d, policy %s, interval %s, segment %s, beat every %s\n", os.Getpid(), *pol,
 		fmtDur(interval), *path, fmtDur(shm.BeatPeriod(shm.StaleFromEnv())))
@@ -205,6 +226,21 @@ func cmdRun(args []string, w io.Writer) error {
 		}
 		return nil
 	})
+}
+
+func closedLoopTick(s *shm.Segment, p *policy.ClosedLoop, out *lockedWriter) func() error {
+	return func() error {
+		now := shm.Now()
+		conns, err := s.Connections()
+		if err != nil {
+			return err
+		}
+		notes, err := p.Tick(s, now, conns)
+		for _, n := range notes {
+			out.printf("%s\n", n)
+		}
+		return err
+	}
 }
 
 func staticTick(s *shm.Segment, p *policy.Static, out *lockedWriter) func() error {
@@ -263,25 +299,53 @@ func cmdTop(args []string, out io.Writer) error {
 	intervalS := fs.String("interval", "1", "refresh interval")
 	countS := fs.String("count", "0", "refreshes before exiting (0: until interrupted)")
 	plain := fs.Bool("plain", false, "append frames instead of refreshing in place")
+	asJSON := fs.Bool("json", false, "print one JSON object per line per interval instead of frames")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	interval, err := parseDuration("interval", *intervalS)
+	interval, count, err := parseIntervalCount(*intervalS, *countS)
 	if err != nil {
 		return err
-	}
-	count, err := parseInt("count", *countS)
-	if err != nil {
-		return err
-	}
-	if count < 0 {
-		return usagef("--count %d: want 0 (forever) or more", count)
 	}
 	s, err := shm.Open(*path)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	return sampleLoop(s, interval, count, func(rates []shm.ConnRate, now uint64, wall time.Time) error {
+		if *asJSON {
+			b, err := json.Marshal(newTopSample(wall, rates))
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(out, "%s\n", b)
+			return err
+		}
+		frame(out, s, rates, now, !*plain)
+		return nil
+	})
+}
+
+// parseIntervalCount reads top's and record's --interval and --count.
+func parseIntervalCount(intervalS, countS string) (time.Duration, int64, error) {
+	interval, err := parseDuration("interval", intervalS)
+	if err != nil {
+		return 0, 0, err
+	}
+	count, err := parseInt("count", countS)
+	if err != nil {
+		return 0, 0, err
+	}
+	if count < 0 {
+		return 0, 0, usagef("--count %d: want 0 (forever) or more", count)
+	}
+	return interval, count, nil
+}
+
+// sampleLoop calls fn every interval with the rates since the previous sample, count times
+// (0: until SIGINT/SIGTERM).
+func sampleLoop(s *shm.Segment, interval time.Duration, count int64,
+	fn func(rates []shm.ConnRate, now uint64, wall time.Time) error) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
@@ -298,16 +362,138 @@ func cmdTop(args []string, out io.Writer) error {
 			return nil
 		case <-t.C:
 		}
-		now := shm.Now()
+		now, wall := shm.Now(), time.Now()
 		conns, err := s.Connections()
 		if err != nil {
 			return err
 		}
 		cur := shm.NewSample(now, conns)
-		frame(out, s, shm.Rates(prev, cur), now, !*plain)
+		if err := fn(shm.Rates(prev, cur), now, wall); err != nil {
+			return err
+		}
 		prev = cur
 	}
 	return nil
+}
+
+// topConn is one connection of a `top --json` line or a `record` row; mpib-agent-py prints
+// the same fields in the same order (path_class and is_send as numbers, as in list --json;
+// rail states as strings).
+type topConn struct {
+	Slot      uint32        `json:"slot"`
+	Gen       uint32        `json:"gen"`
+	PID       uint32        `json:"pid"`
+	ConnID    uint64        `json:"conn_id"`
+	IsSend    uint8         `json:"is_send"`
+	PathClass shm.PathClass `json:"path_class"`
+	SoutMbps  float64       `json:"sout_mbps"`
+	SupMbps   float64       `json:"sup_mbps"`
+	LastSupBw uint32        `json:"last_sup_bw"`
+	SoutState shm.RailState `json:"sout_state"`
+	SupState  shm.RailState `json:"sup_state"`
+}
+
+// topSample is one `top --json` line: {"t": unix seconds, "conns": [...]}.
+type topSample struct {
+	T     float64   `json:"t"`
+	Conns []topConn `json:"conns"`
+}
+
+// csvHeader is record --format csv's header: t, then topConn's fields.
+var csvHeader = []string{"t", "slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
+	"last_sup_bw", "sout_state", "sup_state"}
+
+// mbps is bytes per second in megabits per second, to 3 decimals.
+func mbps(bps float64) float64 { return math.Round(bps*8/1e6*1e3) / 1e3 }
+
+func newTopSample(wall time.Time, rates []shm.ConnRate) topSample {
+	ts := topSample{T: float64(wall.UnixMicro()) / 1e6, Conns: make([]topConn, 0, len(rates))}
+	for _, r := range rates {
+		sl := r.Slot
+		ts.Conns = append(ts.Conns, topConn{Slot: sl.Index, Gen: sl.Gen, PID: sl.PID, ConnID: sl.ConnID,
+			IsSend: sl.IsSend, PathClass: sl.PathClass, SoutMbps: mbps(r.SoutBps), SupMbps: mbps(r.SupBps),
+			LastSupBw: sl.Telemetry.LastSupBw, SoutState: sl.Telemetry.SoutState, SupState: sl.Telemetry.SupState})
+	}
+	return ts
+}
+
+func ffmt(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// csvRows is a sample as record --format csv rows (one per connection).
+func (ts topSample) csvRows() [][]string {
+	rows := make([][]string, 0, len(ts.Conns))
+	t := strconv.FormatFloat(ts.T, 'f', 6, 64)
+	for _, c := range ts.Conns {
+		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+		rows = append(rows, []string{t, u(uint64(c.Slot)), u(uint64(c.Gen)), u(uint64(c.PID)), u(c.ConnID),
+			u(uint64(c.IsSend)), u(uint64(c.PathClass)), ffmt(c.SoutMbps), ffmt(c.SupMbps), u(uint64(c.LastSupBw)),
+			c.SoutState.String(), c.SupState.String()})
+	}
+	return rows
+}
+
+func cmdRecord(args []string, out io.Writer) error {
+	fs, path := newFlags("record")
+	outFile := fs.String("out", "", "file to write the samples to (replaced)")
+	format := fs.String("format", "jsonl", "jsonl (one top --json object per line) or csv (one row per connection per sample)")
+	intervalS := fs.String("interval", "1", "sampling interval")
+	countS := fs.String("count", "0", "samples before exiting (0: until interrupted)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *outFile == "" {
+		return usagef("record needs --out FILE")
+	}
+	if *format != "jsonl" && *format != "csv" {
+		return usagef("--format %q: want jsonl or csv", *format)
+	}
+	interval, count, err := parseIntervalCount(*intervalS, *countS)
+	if err != nil {
+		return err
+	}
+	s, err := shm.Open(*path)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	f, err := os.Create(*outFile)
+	if err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	defer f.Close()
+	bw := bufio.NewWriter(f)
+	cw := csv.NewWriter(bw)
+	if *format == "csv" {
+		if err := cw.Write(csvHeader); err != nil {
+			return fmt.Errorf("record %s: %w", *outFile, err)
+		}
+		cw.Flush()
+	}
+	n := 0
+	err = sampleLoop(s, interval, count, func(rates []shm.ConnRate, _ uint64, wall time.Time) error {
+		ts := newTopSample(wall, rates)
+		if *format == "csv" {
+			if err := cw.WriteAll(ts.csvRows()); err != nil { // WriteAll flushes into bw
+				return fmt.Errorf("record %s: %w", *outFile, err)
+			}
+		} else {
+			b, err := json.Marshal(ts)
+			if err != nil {
+				return err
+			}
+			bw.Write(append(b, '\n'))
+		}
+		n++
+		if err := bw.Flush(); err != nil { // every sample reaches the file at once
+			return fmt.Errorf("record %s: %w", *outFile, err)
+		}
+		return nil
+	})
+	if ferr := bw.Flush(); err == nil && ferr != nil {
+		err = fmt.Errorf("record %s: %w", *outFile, ferr)
+	}
+	fmt.Fprintf(out, "recorded %d sample(s) to %s\n", n, *outFile)
+	return err
 }
 
 func gbps(bps float64) string { return strconv.FormatFloat(bps*8/1e9, 'f', 2, 64) }

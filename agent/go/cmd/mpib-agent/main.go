@@ -30,13 +30,18 @@ commands:
   create     create the segment (mode 0600)          [--slots N --peers N --force]
   list       list connections and their hints        [--json]
   set        set or clear a hint                     (--conn SLOT|PID:CONN [--gen G] | --peer IP[/LEN] | --class intra|inter) (--sup-bw N | --clear)
-  top        live per-rail throughput                [--interval D --count N --plain]
+  top        live per-rail throughput                [--interval D --count N --plain --json]
+  record     write samples to a file                 --out FILE [--format jsonl|csv --interval D --count N]
   heartbeat  beat until stopped (hints apply only while an agent beats)
-  run        policy loop with heartbeat              --policy static --file W.json | --policy proportional [--capacity sout=X,sup=Y] [--interval D]
+  run        policy loop with heartbeat              --policy static --file W.json | --policy proportional [--capacity sout=X,sup=Y]
+                                                     | --policy closed-loop [--step N] [--interval D]
   gc         reclaim slots of dead processes
 
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
-durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m);
+durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
+closed-loop --step: initial probe step in parts per 1024, integer 1..256 (default 64);
+top --json and record: {"t": unix s, "conns": [{slot, gen, pid, conn_id, is_send, path_class,
+  sout_mbps, sup_mbps, last_sup_bw, sout_state, sup_state}]} per interval (csv: one row per connection);
 agents beat every MPIB_AGENT_STALE_MS/4 (default 500 ms)
 `
 
@@ -47,7 +52,7 @@ func main() {
 	}
 	cmds := map[string]func([]string, io.Writer) error{
 		"create": cmdCreate, "list": cmdList, "set": cmdSet, "top": cmdTop,
-		"heartbeat": cmdHeartbeat, "daemon": cmdHeartbeat, "run": cmdRun, "gc": cmdGC,
+		"heartbeat": cmdHeartbeat, "daemon": cmdHeartbeat, "run": cmdRun, "gc": cmdGC, "record": cmdRecord,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {

@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
+	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -201,5 +205,131 @@ func TestSecondAgentRefused(t *testing.T) {
 	}
 	if seg.Header().HeartbeatNs != 0 {
 		t.Fatal("SIGTERM: heartbeat not cleared")
+	}
+}
+
+// topKeys is the order of a top --json connection's fields.
+var topKeys = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
+	"last_sup_bw", "sout_state", "sup_state"}
+
+func TestTopJSONAndRecord(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hints")
+	seg, err := shm.Create(path, 8, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	ip, _ := shm.ParseIPv4("10.0.2.7")
+	slot, err := seg.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 77, ConnID: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg.SetRailState(slot, 1, shm.RailDown, 1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // traffic on SOUT
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				seg.AddTelemetryN(slot, 0, 1<<20, 4)
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	var out bytes.Buffer
+	if err := cmdTop([]string{"--path", path, "--json", "--count", "2", "--interval", "50ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("top --json --count 2: want 2 lines, got %q", out.String())
+	}
+	var smp struct {
+		T     float64          `json:"t"`
+		Conns []map[string]any `json:"conns"`
+	}
+	if err := json.Unmarshal([]byte(lines[1]), &smp); err != nil || len(smp.Conns) != 1 {
+		t.Fatalf("top --json: %v %s", err, lines[1])
+	}
+	if k := jsonKeys(t, []byte(lines[1])); !reflect.DeepEqual(k, []string{"t", "conns"}) {
+		t.Fatalf("top --json keys: %v", k)
+	}
+	if math.Abs(smp.T-float64(time.Now().UnixNano())/1e9) > 5 {
+		t.Fatalf("t is not unix seconds: %v", smp.T)
+	}
+	c := smp.Conns[0]
+	if c["slot"] != float64(slot) || c["pid"] != 77.0 || c["conn_id"] != 5.0 || c["is_send"] != 1.0 ||
+		c["path_class"] != 1.0 || c["sout_state"] != "up" || c["sup_state"] != "down" ||
+		c["sout_mbps"].(float64) <= 0 || c["sup_mbps"] != 0.0 {
+		t.Fatalf("top --json connection: %v", c)
+	}
+	var raw struct{ Conns []json.RawMessage }
+	json.Unmarshal([]byte(lines[1]), &raw)
+	if k := jsonKeys(t, raw.Conns[0]); !reflect.DeepEqual(k, topKeys) {
+		t.Fatalf("top --json connection keys: %v", k)
+	}
+
+	jl := filepath.Join(dir, "rec.jsonl")
+	out.Reset()
+	if err := cmdRecord([]string{"--path", path, "--out", jl, "--count", "2", "--interval", "50ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(jl)
+	if ls := strings.Split(strings.TrimSpace(string(b)), "\n"); len(ls) != 2 || !strings.HasPrefix(ls[0], `{"t":`) {
+		t.Fatalf("record jsonl: %q", b)
+	}
+	cf := filepath.Join(dir, "rec.csv")
+	if err := cmdRecord([]string{"--path", path, "--out", cf, "--format", "csv", "--count", "2", "--interval", "0.05"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(mustOpen(t, cf)).ReadAll()
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("record csv: %v %v", err, rows)
+	}
+	if !reflect.DeepEqual(rows[0], append([]string{"t"}, topKeys...)) || rows[1][1] != fmt.Sprint(slot) ||
+		rows[1][10] != "up" || rows[1][11] != "down" || rows[1][6] != "1" {
+		t.Fatalf("record csv: %v", rows)
+	}
+	for _, bad := range [][]string{{"--out", ""}, {"--out", cf, "--format", "xml"}, {"--out", cf, "--count", "-1"},
+		{"--out", cf, "--interval", "0"}, {"--out", cf, "extra"}} {
+		if err := cmdRecord(append([]string{"--path", path}, bad...), &out); errCode(err) != "usage" {
+			t.Errorf("record %v: want a usage error, got %v", bad, err)
+		}
+	}
+	if err := cmdRecord([]string{"--path", path, "--out", filepath.Join(dir, "no", "such", "dir"), "--count", "1"}, &out); errCode(err) != "io" {
+		t.Errorf("record to a missing directory: want io, got %v", err)
+	}
+}
+
+func mustOpen(t *testing.T, p string) *os.File {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestRunClosedLoopFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "none")
+	for _, bad := range [][]string{{"--step", "0"}, {"--step", "257"}, {"--step", "x"}, {"--step", "1.5"},
+		{"--step", "-8"}, {"--step", ""}, {"--interval", "0"}, {"--interval", "abc"}} {
+		args := append([]string{"--path", path, "--policy", "closed-loop"}, bad...)
+		if err := cmdRun(args, &bytes.Buffer{}); errCode(err) != "usage" {
+			t.Errorf("run %v: want a usage error, got %v", args, err)
+		}
+	}
+	for _, ok := range [][]string{{"--step", "1"}, {"--step", "256"}, {"--step", "+16"}, {}} {
+		args := append([]string{"--path", path, "--policy", "closed-loop"}, ok...)
+		if err := cmdRun(args, &bytes.Buffer{}); errCode(err) != "io" { // flags fine; no segment there
+			t.Errorf("run %v: want the flags accepted (then io: no segment), got %v", args, err)
+		}
 	}
 }

@@ -1,0 +1,364 @@
+//go:build linux
+
+// Package sim is a fake MPIB plugin with a model of the two rails, for testing and trying
+// policies without a cluster. It writes a real hint segment (docs/shm-format.md): it registers
+// its connections the way the plugin does (spec 5.4), resolves the agent's hints per
+// connection the way the plugin does (spec 5.3, with the read telemetry), records rail state
+// changes, and posts the bytes and requests each rail carried at the modelled rates. Its clock
+// is virtual and advances only when asked (Advance, Run), so a minute of traffic simulates in
+// milliseconds; the segment's timestamps (heartbeat, hint reads) use that clock.
+//
+// Rail model, per connection: a message of MsgBytes is split by w = sup_bw (parts per 1024);
+// each rail that carries part of it takes latency + bytes*8/capacity, and the message takes
+// the longest of those (the rails run in parallel). A seeded multiplicative noise scales each
+// step's message time. A rail that is down or failed carries nothing: as the plugin fails
+// over, its share goes to the live rail whatever the hint says. Capacities and states change
+// at given times (Event).
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"sort"
+	"time"
+
+	"github.com/mpib/mpib/agent/go/shm"
+)
+
+// Rail is one rail of a connection.
+type Rail struct {
+	Mbps    float64       // capacity, megabits per second
+	Latency time.Duration // per message
+}
+
+// Conn describes one simulated connection. Zero values get defaults: PID 4242, ConnID its
+// index, peer 10.0.2.(index+2), path class 0 (intra-island: vanilla is all SUP), 4 MiB
+// messages, send. (registered_ns is the host's clock, as Segment.Register writes it.)
+type Conn struct {
+	PID        uint32
+	ConnID     uint64
+	Peer       string        // peer SOUT IPv4
+	PathClass  shm.PathClass // 0 intra, 1 inter
+	Recv       bool          // a receive connection (reads no hints, uses the vanilla split)
+	MsgBytes   float64       // message size S
+	Rails      [2]Rail       // 0 SOUT, 1 SUP
+	StartAfter time.Duration // registered at this virtual time (0: at New)
+}
+
+// Event changes a rail at a virtual time: its capacity and its state. A rail that goes down
+// or failed carries nothing until an event sets it up again.
+type Event struct {
+	At    time.Duration
+	Conn  int // index in the connections; -1: every connection
+	Rail  int // 0 SOUT, 1 SUP
+	Mbps  float64
+	State shm.RailState // up, down or failed
+}
+
+// Config are the simulator's knobs; zero values get the defaults.
+type Config struct {
+	Seed    int64
+	Noise   float64       // standard deviation of the log of the per-step time factor; default 0.03, <0: none
+	Step    time.Duration // simulation step; default 10 ms
+	StaleMs uint64        // the plugin's MPIB_AGENT_STALE_MS; default 500
+}
+
+// Sim is one simulated plugin (several connections, any pids) on one segment.
+type Sim struct {
+	seg    *shm.Segment
+	cfg    Config
+	rng    *rand.Rand
+	start  uint64 // virtual CLOCK_MONOTONIC at New
+	now    uint64
+	conns  []*conn
+	events []Event // sorted by At, not yet applied
+}
+
+type conn struct {
+	spec       Conn
+	rails      [2]Rail
+	state      [2]shm.RailState
+	slot       uint32
+	registered bool
+	bytes      [2]float64 // posted, not yet written (fractions)
+	reqs       [2]float64
+	delivered  float64 // bytes moved
+	optimal    float64 // bytes the best split would have moved (noise-free)
+	lastW      uint32
+	lastRes    shm.Resolution
+}
+
+// realtimeBase is the CLOCK_REALTIME the virtual clock starts at (rail-state change times).
+const realtimeBase = 1_763_856_000_000_000_000
+
+// New registers conns (those with StartAfter 0) on seg and returns the simulator at virtual
+// time 0. seg's heartbeat is the agent's: beat it with Now() (Run does).
+func New(seg *shm.Segment, cfg Config, conns []Conn, events []Event) (*Sim, error) {
+	if cfg.Noise == 0 {
+		cfg.Noise = 0.03
+	}
+	if cfg.Noise < 0 {
+		cfg.Noise = 0
+	}
+	if cfg.Step <= 0 {
+		cfg.Step = 10 * time.Millisecond
+	}
+	if cfg.StaleMs == 0 {
+		cfg.StaleMs = shm.DefaultStaleMs
+	}
+	s := &Sim{seg: seg, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), start: 1_000_000_000_000}
+	s.now = s.start
+	for i, c := range conns {
+		if c.PID == 0 {
+			c.PID = 4242
+		}
+		if c.ConnID == 0 {
+			c.ConnID = uint64(i)
+		}
+		if c.Peer == "" {
+			c.Peer = fmt.Sprintf("10.0.2.%d", i+2)
+		}
+		if c.MsgBytes <= 0 {
+			c.MsgBytes = 4 << 20
+		}
+		s.conns = append(s.conns, &conn{spec: c, rails: c.Rails})
+	}
+	for _, e := range events {
+		if e.Conn < -1 || e.Conn >= len(conns) || e.Rail < 0 || e.Rail > 1 {
+			return nil, fmt.Errorf("sim: event %+v: no such connection or rail", e)
+		}
+	}
+	s.events = append([]Event(nil), events...)
+	sort.SliceStable(s.events, func(a, b int) bool { return s.events[a].At < s.events[b].At })
+	if err := s.apply(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Now is the virtual CLOCK_MONOTONIC in nanoseconds.
+func (s *Sim) Now() uint64 { return s.now }
+
+// Elapsed is the virtual time since New.
+func (s *Sim) Elapsed() time.Duration { return time.Duration(s.now - s.start) }
+
+// Segment is the segment the simulator writes.
+func (s *Sim) Segment() *shm.Segment { return s.seg }
+
+// Slot is connection i's slot (valid once registered).
+func (s *Sim) Slot(i int) uint32 { return s.conns[i].slot }
+
+// Delivered is the bytes connection i has moved so far.
+func (s *Sim) Delivered(i int) float64 { return s.conns[i].delivered }
+
+// Optimal is the bytes connection i would have moved so far at the best split in force at
+// every step (noise-free), the yardstick of a policy.
+func (s *Sim) Optimal(i int) float64 { return s.conns[i].optimal }
+
+// Split is the sup_bw connection i used in the last step (after failover).
+func (s *Sim) Split(i int) uint32 { return s.conns[i].lastW }
+
+// Resolution is connection i's last hint read.
+func (s *Sim) Resolution(i int) shm.Resolution { return s.conns[i].lastRes }
+
+// Rails is connection i's rails and states now.
+func (s *Sim) Rails(i int) ([2]Rail, [2]shm.RailState) { return s.conns[i].rails, s.conns[i].state }
+
+// apply registers due connections and applies due events.
+func (s *Sim) apply() error {
+	el := s.Elapsed()
+	for _, c := range s.conns {
+		if c.registered || c.spec.StartAfter > el {
+			continue
+		}
+		ip, err := shm.ParseIPv4(c.spec.Peer)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		local, _ := shm.ParseIPv4("10.0.1.1")
+		slot, err := s.seg.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
+			PathClass: c.spec.PathClass, IsSend: !c.spec.Recv, NQPsSout: 1, NQPsSup: 1, PID: c.spec.PID, ConnID: c.spec.ConnID})
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		c.slot, c.registered = slot, true
+		for r := 0; r < 2; r++ {
+			if c.state[r] != shm.RailUp {
+				_ = s.seg.SetRailState(slot, r, c.state[r], realtimeBase+s.now-s.start)
+			}
+		}
+	}
+	for len(s.events) > 0 && s.events[0].At <= el {
+		e := s.events[0]
+		s.events = s.events[1:]
+		for i, c := range s.conns {
+			if e.Conn != -1 && e.Conn != i {
+				continue
+			}
+			c.rails[e.Rail].Mbps = e.Mbps
+			if c.state[e.Rail] != e.State {
+				c.state[e.Rail] = e.State
+				if c.registered {
+					if err := s.seg.SetRailState(c.slot, e.Rail, e.State, realtimeBase+s.now-s.start); err != nil {
+						return fmt.Errorf("sim: %w", err)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// MsgTime is the time in seconds a message of msgBytes takes on rails at split w (parts
+// per 1024), noise-free; +Inf when the split puts bytes on a rail that cannot carry them.
+func MsgTime(rails [2]Rail, up [2]bool, msgBytes float64, w uint32) float64 {
+	sup := msgBytes * float64(min(w, shm.SupBwMax)) / shm.SupBwMax
+	part := [2]float64{msgBytes - sup, sup}
+	t := 0.0
+	for r := 0; r < 2; r++ {
+		if part[r] <= 0 {
+			continue
+		}
+		if !up[r] || rails[r].Mbps <= 0 {
+			return math.Inf(1)
+		}
+		t = math.Max(t, rails[r].Latency.Seconds()+part[r]*8/(rails[r].Mbps*1e6))
+	}
+	return t
+}
+
+// Optimum is the split (0..1024) at which a message takes the least time on rails, and that
+// time in seconds (+Inf when no rail can carry it).
+func Optimum(rails [2]Rail, up [2]bool, msgBytes float64) (uint32, float64) {
+	best, bestT := uint32(0), math.Inf(1)
+	for w := uint32(0); w <= shm.SupBwMax; w++ {
+		if t := MsgTime(rails, up, msgBytes, w); t < bestT {
+			best, bestT = w, t
+		}
+	}
+	return best, bestT
+}
+
+// OptimumOf is connection i's best split now and its throughput in bytes per second.
+func (s *Sim) OptimumOf(i int) (uint32, float64) {
+	c := s.conns[i]
+	w, t := Optimum(c.rails, c.up(), c.spec.MsgBytes)
+	if math.IsInf(t, 1) {
+		return w, 0
+	}
+	return w, c.spec.MsgBytes / t
+}
+
+func (c *conn) up() [2]bool {
+	return [2]bool{c.state[0] == shm.RailUp && c.rails[0].Mbps > 0, c.state[1] == shm.RailUp && c.rails[1].Mbps > 0}
+}
+
+// Advance runs the simulation for d of virtual time, in steps.
+func (s *Sim) Advance(d time.Duration) error {
+	end := s.now + uint64(d)
+	for s.now < end {
+		dt := min(uint64(s.cfg.Step), end-s.now)
+		if err := s.step(dt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Sim) step(dtNs uint64) error {
+	if err := s.apply(); err != nil {
+		return err
+	}
+	dt := float64(dtNs) / 1e9
+	stale := s.cfg.StaleMs * 1e6
+	for _, c := range s.conns {
+		if !c.registered {
+			continue
+		}
+		// The hint the plugin reads for this step's transfers (spec 5.3), else vanilla.
+		w := uint32(0)
+		if c.spec.PathClass == shm.IntraIsland {
+			w = shm.SupBwMax
+		}
+		if !c.spec.Recv {
+			res := s.seg.Resolve(c.slot, s.now, stale)
+			if err := s.seg.RecordRead(c.slot, res, s.now); err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			c.lastRes = res
+			if res.Applies {
+				w = res.SupBw
+			}
+		}
+		up := c.up()
+		switch { // failover: a rail out of service carries nothing
+		case !up[0] && up[1]:
+			w = shm.SupBwMax
+		case up[0] && !up[1]:
+			w = 0
+		}
+		c.lastW = w
+		if _, t := Optimum(c.rails, up, c.spec.MsgBytes); !math.IsInf(t, 1) {
+			c.optimal += c.spec.MsgBytes / t * dt
+		}
+		t := MsgTime(c.rails, up, c.spec.MsgBytes, w)
+		if math.IsInf(t, 1) || t <= 0 {
+			continue
+		}
+		noise := 1.0
+		if s.cfg.Noise > 0 {
+			noise = math.Exp(s.cfg.Noise * s.rng.NormFloat64())
+		}
+		t *= noise
+		msgs := dt / t
+		sup := c.spec.MsgBytes * float64(w) / shm.SupBwMax
+		part := [2]float64{c.spec.MsgBytes - sup, sup}
+		for r := 0; r < 2; r++ {
+			if part[r] <= 0 {
+				continue
+			}
+			c.bytes[r] += msgs * part[r]
+			c.reqs[r] += msgs
+			b, q := math.Floor(c.bytes[r]), math.Floor(c.reqs[r])
+			if b > 0 {
+				if err := s.seg.AddTelemetryN(c.slot, r, uint64(b), uint64(q)); err != nil {
+					return fmt.Errorf("sim: %w", err)
+				}
+				c.bytes[r] -= b
+				c.reqs[r] -= q
+			}
+		}
+		c.delivered += c.spec.MsgBytes * msgs
+	}
+	s.now += dtNs
+	return nil
+}
+
+// Run advances the simulation by d, beating the segment's heartbeat at every step (as an
+// agent's beater does) and calling tick with the virtual time every interval (first after one
+// interval). A tick error stops the run.
+func (s *Sim) Run(d, interval time.Duration, tick func(now uint64) error) error {
+	if interval <= 0 {
+		return errors.New("sim: interval must be above 0")
+	}
+	end := s.now + uint64(d)
+	next := s.now + uint64(interval)
+	for s.now < end {
+		if err := s.seg.Beat(s.now); err != nil {
+			return err
+		}
+		dt := min(uint64(s.cfg.Step), end-s.now, next-s.now)
+		if err := s.step(dt); err != nil {
+			return err
+		}
+		if s.now >= next {
+			if err := tick(s.now); err != nil {
+				return err
+			}
+			next += uint64(interval)
+		}
+	}
+	return nil
+}
