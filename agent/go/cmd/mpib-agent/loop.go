@@ -211,7 +211,7 @@ func cmdRun(args []string, w io.Writer) error {
 	case "proportional":
 		tick = proportionalTick(s, &policy.Proportional{CapSout: cs, CapSup: cp}, out)
 	default:
-		tick = closedLoopTick(s, &policy.ClosedLoop{Step: uint32(step)}, out)
+		tick = closedLoopTick(s, &policy.ClosedLoop{Step: uint32(step), Reprobe: policy.DefaultReprobe}, out)
 	}
 	out.printf("run: pid %d, policy %s, interval %s, segment %s, beat every %s\n", os.Getpid(), *pol,
 		fmtDur(interval), *path, fmtDur(shm.BeatPeriod(shm.StaleFromEnv())))

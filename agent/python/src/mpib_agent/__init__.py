@@ -18,6 +18,7 @@ from ._format import (
     encode,
     resolve,
 )
+from ._closedloop import ClosedLoopPolicy
 from ._policy import (
     ConnRate,
     Proportional,
@@ -39,11 +40,13 @@ from ._segment import (
     open_segment,
     stale_ns_from_env,
 )
+from ._watch import watch
 
 __all__ = (
     "DEFAULT_PATH_PREFIX",
     "SUP_BW_MAX",
     "VERSION",
+    "ClosedLoopPolicy",
     "ConnRate",
     "GenerationChanged",
     "Header",
@@ -74,4 +77,5 @@ __all__ = (
     "resolve",
     "run_policy",
     "stale_ns_from_env",
+    "watch",
 )

@@ -9,6 +9,7 @@ wrong.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -19,11 +20,23 @@ import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
+from ._closedloop import MAX_STEP, ClosedLoopPolicy
 from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, class_name, clamp, heartbeat_fresh, total_size
 from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rates
-from ._segment import Segment, beat_period_s, create, default_path, now_ns, open_segment, parse_class, stale_ns_from_env
+from ._segment import (
+    Segment,
+    beat_period_s,
+    create,
+    default_path,
+    liveness,
+    now_ns,
+    open_segment,
+    parse_class,
+    stale_ns_from_env,
+)
+from ._watch import CSVWriter, sample, watch, write_jsonl
 
 PROG = "mpib-agent-py"
 
@@ -206,10 +219,91 @@ def _cmd_top(a: argparse.Namespace) -> int:
                 time.sleep(interval)
                 cur_t = now_ns()
                 cur = {s.index: s for s in seg.connections()}
-                _frame(seg, rates(prev, cur, (cur_t - prev_t) / 1e9), cur_t, not a.plain)
+                if a.json:
+                    write_jsonl(sys.stdout, sample(prev, cur, (cur_t - prev_t) / 1e9))
+                else:
+                    _frame(seg, rates(prev, cur, (cur_t - prev_t) / 1e9), cur_t, not a.plain)
                 prev, prev_t, i = cur, cur_t, i + 1
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT and SIGTERM set while the block runs (then the old handlers)."""
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _cmd_record(a: argparse.Namespace) -> int:
+    interval = _duration_s("interval", a.interval)
+    count = _int("count", a.count)
+    if count < 0:
+        raise UsageError(f"--count {count}: want 0 (until stopped) or more")
+    if a.format not in ("jsonl", "csv"):
+        raise UsageError(f"--format {a.format!r}: want jsonl or csv")
+    open_segment(a.path).close()  # refuse a bad segment before creating the output
+    n = 0
+    with _stop_on_signals() as stop, open(a.out, "w", encoding="utf-8", newline="") as out:
+        cw = CSVWriter(out) if a.format == "csv" else None
+        for s in watch(a.path, interval, count=count or None, stop=stop):
+            if cw is not None:
+                cw.write(s)
+            else:
+                write_jsonl(out, s)
+            n += 1
+    print(f"record: {n} sample(s) written to {a.out}", file=sys.stderr)
+    return 0
+
+
+def _speed(s: str) -> float:
+    if _NUM_RE.match(s) is None or not s.isascii() or float(s) <= 0 or float(s) > 1e6:
+        raise UsageError(f"--speed {s!r}: want a number above 0 (1 = real time, 10 = ten times faster)")
+    return float(s)
+
+
+def _cmd_sim(a: argparse.Namespace) -> int:
+    from . import sim
+
+    if a.list:
+        for line in sim.describe():
+            print(line)
+        return 0
+    if a.scenario is None:
+        raise UsageError("give --scenario NAME (--list shows them)")
+    if a.scenario not in sim.SCENARIOS:
+        raise UsageError(f"--scenario {a.scenario!r}: want one of {', '.join(sim.SCENARIOS)}")
+    sc = sim.SCENARIOS[a.scenario]
+    speed = _speed(a.speed)
+    duration = sc.duration
+    if a.duration is not None:
+        duration = 0.0 if a.duration == "0" else _duration_s("duration", a.duration)
+    seed: Optional[int] = None
+    if a.seed is not None:
+        if _UINT_RE.match(a.seed) is None or not a.seed.isascii():
+            raise UsageError(f"--seed {a.seed!r}: want an integer >= 0")
+        seed = int(a.seed)
+    lv = liveness(a.path)
+    if lv.locked:
+        _warn(f"{a.path} is in use ({lv}): the simulated connections join the ones there")
+    with _stop_on_signals() as stop, sim.Simulator(sc, a.path, seed=seed, realtime=True) as sm:
+        made = "created" if sm.created else "attached to"
+        print(f"sim: scenario {sc.name}: {sc.description}", flush=True)
+        until = "until stopped" if duration == 0 else f"{duration:g} s simulated ({duration / speed:g} s)"
+        print(f"sim: {made} {a.path}; speed {speed:g}x; {until}", flush=True)
+        for c in sm.conns:
+            print(f"sim: conn {c.index}: slot {c.slot} gen {c.gen} pid:conn_id {c.pid}:{c.conn_id} "
+                  f"{'send' if c.spec.is_send else 'recv'} SOUT {c.sout.mbps / 1000:g} Gb/s, "
+                  f"SUP {c.sup.mbps / 1000:g} Gb/s; best split {c.optimum()[0]}", flush=True)
+        sm.run(duration, speed=speed, stop=stop)
+        for line in sm.summary():
+            print(f"sim: {line}", flush=True)
     return 0
 
 
@@ -270,20 +364,54 @@ def _proportional_tick(seg: Segment, p: Proportional) -> Callable[[], None]:
     return tick
 
 
+def _closed_loop_tick(seg: Segment, p: ClosedLoopPolicy) -> Callable[[], None]:
+    state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
+
+    def tick() -> None:
+        cur_t = now_ns()
+        cur = {s.index: s for s in seg.connections()}
+        prev = state["prev"]
+        assert isinstance(prev, dict)
+        hints = p(rates(prev, cur, (cur_t - int(state["t"])) / 1e9))  # type: ignore[call-overload]
+        state["prev"], state["t"] = cur, cur_t
+        for slot, bw in hints.items():
+            try:
+                seg.set_slot_hint(slot, bw, gen=cur[slot].gen)
+            except SegmentError as e:
+                if gone(e):
+                    p.conns.pop(slot, None)  # closed since the sample: the next tick sees what replaced it
+                    continue
+                raise
+
+    return tick
+
+
+def _step(s: str) -> int:
+    if _UINT_RE.match(s) is None or not s.isascii() or not 1 <= int(s) <= MAX_STEP:
+        raise UsageError(f"--step {s!r}: want an integer 1..{MAX_STEP} (parts per 1024)")
+    return int(s)
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
-    interval = _duration_s("interval", a.interval)
     caps = (0.0, 0.0)
     if a.policy == "static":
         if not a.file:
             raise UsageError("--policy static needs --file weights.json")
     elif a.policy == "proportional":
         caps = _capacity(a.capacity)
-    else:
-        raise UsageError(f"--policy {a.policy!r}: want static or proportional")
+    elif a.policy != "closed-loop":
+        raise UsageError(f"--policy {a.policy!r}: want static, proportional or closed-loop")
+    if a.step is not None and a.policy != "closed-loop":
+        raise UsageError("--step goes with --policy closed-loop")
+    step = _step(a.step) if a.step is not None else 64
+    interval = _duration_s("interval", a.interval if a.interval is not None else
+                           ("0.5" if a.policy == "closed-loop" else "1"))
     with open_segment(a.path) as seg:
         seg.acquire_agent()
         if a.policy == "static":
             tick = _static_tick(seg, a.file)
+        elif a.policy == "closed-loop":
+            tick = _closed_loop_tick(seg, ClosedLoopPolicy(step, note=lambda s: print(s, flush=True)))
         else:
             tick = _proportional_tick(seg, Proportional(cap_sout=caps[0], cap_sup=caps[1]))
         print(f"run: pid {os.getpid()}, policy {a.policy}, interval {_fmt_ms(interval)}, segment {a.path}, "
@@ -344,14 +472,29 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--interval", default="1")
     p.add_argument("--count", default="0")
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON sample per line per interval")
     p.set_defaults(fn=_cmd_top)
+    p = cmd("record", "write telemetry samples to a file")
+    p.add_argument("--out", required=True, help="output file")
+    p.add_argument("--format", default="jsonl", help="jsonl | csv")
+    p.add_argument("--interval", default="1")
+    p.add_argument("--count", default="0", help="samples (0: until stopped)")
+    p.set_defaults(fn=_cmd_record)
+    p = cmd("sim", "simulated plugin with a rail model (for trying policies)")
+    p.add_argument("--scenario", help="scenario name (--list shows them)")
+    p.add_argument("--duration", help="simulated time (default: the scenario's; 0: until stopped)")
+    p.add_argument("--speed", default="1", help="simulated seconds per real second")
+    p.add_argument("--seed", help="noise seed")
+    p.add_argument("--list", action="store_true", help="list the scenarios")
+    p.set_defaults(fn=_cmd_sim)
     for name in ("heartbeat", "daemon"):
         cmd(name, "beat until stopped").set_defaults(fn=_cmd_heartbeat)
     p = cmd("run", "policy loop with heartbeat")
-    p.add_argument("--policy", default="static", help="static | proportional")
+    p.add_argument("--policy", default="static", help="static | proportional | closed-loop")
     p.add_argument("--file", help="static: weights JSON (re-read when it changes)")
     p.add_argument("--capacity", default="", help="proportional: sout=X,sup=Y")
-    p.add_argument("--interval", default="1")
+    p.add_argument("--step", help="closed-loop: initial probe step, parts per 1024 (1..256, default 64)")
+    p.add_argument("--interval", help="default 1 (closed-loop: 0.5)")
     p.set_defaults(fn=_cmd_run)
     cmd("gc", "reclaim slots of dead processes").set_defaults(fn=_cmd_gc)
     return ap, subs

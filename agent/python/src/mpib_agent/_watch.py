@@ -1,0 +1,97 @@
+"""Telemetry samples: ``watch`` (API), ``top --json`` and ``record`` (CLI). The Go agent's
+``top --json`` prints the same fields."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+from typing import IO, Any, Dict, Generator, List, Optional
+
+from ._format import SegmentError, Slot
+from ._policy import rates
+from ._segment import Segment, now_ns, open_segment
+
+CONN_FIELDS = ("slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps", "last_sup_bw",
+               "sout_state", "sup_state")
+CSV_FIELDS = ("t",) + CONN_FIELDS
+
+
+def _num(x: float) -> float:
+    """Mbit/s to 3 decimals; an integral value as an int, so that JSON and CSV print it as the
+    Go agent does (0, not 0.0)."""
+    v = round(x, 3)
+    return int(v) if v.is_integer() else v
+
+
+def sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float, t: Optional[float] = None) -> Dict[str, Any]:
+    """One sample: {"t": unix seconds, "conns": [...]} for the connections present in both
+    snapshots with the same gen, rates in Mbit/s over ``dt_s``."""
+    conns: List[Dict[str, Any]] = []
+    for r in rates(prev, cur, dt_s):
+        s = r.slot
+        conns.append({
+            "slot": s.index, "gen": s.gen, "pid": s.pid, "conn_id": s.conn_id, "is_send": s.is_send,
+            "path_class": s.path_class, "sout_mbps": _num(r.sout_bps * 8e-6), "sup_mbps": _num(r.sup_bps * 8e-6),
+            "last_sup_bw": s.telemetry.last_sup_bw, "sout_state": s.telemetry.sout_state,
+            "sup_state": s.telemetry.sup_state,
+        })
+    return {"t": time.time_ns() // 1000 / 1e6 if t is None else t, "conns": conns}
+
+
+def _snap(seg: Segment) -> Dict[int, Slot]:
+    return {s.index: s for s in seg.connections()}
+
+
+def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[int] = None,
+          stop: Optional[threading.Event] = None) -> Generator[Dict[str, Any], None, None]:
+    """Yields a sample (see :func:`sample`) every ``interval`` seconds: per connection its
+    slot, gen, pid, conn_id, is_send, path_class, per-rail posted rates (``sout_mbps``,
+    ``sup_mbps``, Mbit/s), ``last_sup_bw`` and rail states. A connection appears from its
+    second sample on (a rate needs two). Stops after ``count`` samples or when ``stop`` is set
+    (or when the caller stops iterating); follows a segment replaced at the path."""
+    if not interval > 0:
+        raise ValueError(f"interval {interval!r}: want seconds above 0")
+    stop = stop or threading.Event()
+    with open_segment(path) as seg:
+        prev, prev_t = _snap(seg), now_ns()
+        n = 0
+        next_t = time.monotonic() + interval
+        while count is None or n < count:
+            if stop.wait(max(next_t - time.monotonic(), 0.0)):
+                return
+            next_t += interval
+            try:
+                if seg.reattach():
+                    prev, prev_t = {}, now_ns()
+                cur_t, cur = now_ns(), _snap(seg)
+            except SegmentError as e:
+                if e.code != "segment_gone":
+                    raise
+                cur_t, cur = now_ns(), {}
+            yield sample(prev, cur, (cur_t - prev_t) / 1e9)
+            prev, prev_t, n = cur, cur_t, n + 1
+
+
+def write_jsonl(out: IO[str], s: Dict[str, Any]) -> None:
+    out.write(json.dumps(s, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+class CSVWriter:
+    """One row per connection per sample; header ``t`` + the connection fields."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.w = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
+        self.w.writeheader()
+        out.flush()
+
+    def write(self, s: Dict[str, Any]) -> None:
+        for c in s["conns"]:
+            self.w.writerow(dict(c, t=f"{s['t']:.6f}"))
+        self.out.flush()
+
+
+__all__ = ["watch", "sample", "CONN_FIELDS", "CSV_FIELDS", "CSVWriter", "write_jsonl"]

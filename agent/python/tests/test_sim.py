@@ -1,0 +1,207 @@
+"""The simulator: a plugin's role on a real segment (registration, leases, hint reads,
+telemetry, rail states), its model, and its CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import mpib_agent
+from mpib_agent import sim
+from mpib_agent._cli import main
+from mpib_agent._plugin import ConnDesc, PluginProcess
+
+ENV = dict(os.environ, PYTHONPATH=str(Path(mpib_agent.__file__).parents[1]))
+
+
+def test_plugin_registration(tmp_path: Path) -> None:
+    p = str(tmp_path / "hints")
+    mpib_agent.create(p, 4, 0).close()
+    with mpib_agent.open_segment(p) as agent:
+        assert not mpib_agent.liveness(p).locked
+        plug = PluginProcess(p, pid=77)
+        assert mpib_agent.liveness(p).locked  # the attach lock
+        i = plug.register(ConnDesc(conn_id=5, peer_sout_ip="10.0.2.9"))
+        s = agent.slot(i)
+        assert (s.state, s.gen, s.pid, s.conn_id, s.peer_sout_ip, s.peer_island, s.is_send) == \
+            (2, 1, 77, 5, "10.0.2.9", "10.0.2.0", 1)
+        assert agent.lease_held(i) and agent.gc() == []  # a live lease is never reclaimed
+        plug.set_rail_state(i, "sup", 1, 123)
+        plug.set_rail_state(i, "sup", 2, 124)  # down -> failed is not another failover
+        t = agent.slot(i).telemetry
+        assert (t.sup_state, t.sup_state_ns, t.failovers) == ("failed", 124, 1)
+        plug.release(i)
+        assert agent.slot(i).state == 0 and not agent.lease_held(i)
+        j = plug.register(ConnDesc(conn_id=5))
+        assert j == i and agent.slot(j).gen == 2 and agent.slot(j).telemetry.failovers == 0  # telemetry restarts
+        for k in range(3):
+            plug.register(ConnDesc(conn_id=10 + k))
+        with pytest.raises(mpib_agent.SegmentError) as ei:
+            plug.register(ConnDesc(conn_id=20))
+        assert ei.value.code == "slots_full"
+        plug.close()
+        assert agent.connections() == [] and not mpib_agent.liveness(p).locked
+        plug = PluginProcess(p)
+        plug.register(ConnDesc(conn_id=1))
+        os.close(plug.seg._fd)  # the process dies: its lease goes with it
+        plug.seg._fd = -1
+        assert len(agent.gc()) == 1
+
+
+def test_hints_and_telemetry(tmp_path: Path) -> None:
+    p = str(tmp_path / "hints")
+    with sim.Simulator("fail", p, seed=3, nslots=8, npeers=2) as sm, mpib_agent.open_segment(p) as agent:
+        assert sm.created
+        c = sm.conns[0]
+        sm.advance(1.0)  # no agent: stale, vanilla (intra-island: all SUP)
+        s = agent.slot(c.slot)
+        assert s.telemetry.sout_bytes == 0 and s.telemetry.sup_bytes > 0 and s.telemetry.reads_stale > 0
+        assert c.split == 1024
+        sm.agent = agent
+        agent.set_class_hint("intra", 300)
+        sm.advance(1.0)
+        t = agent.slot(c.slot).telemetry
+        assert (t.last_sup_bw, mpib_agent._format.SOURCES[t.last_source], t.reads_applied > 0) == (300, "class", True)
+        agent.set_slot_hint(c.slot, 683, gen=c.gen)
+        before = agent.slot(c.slot).telemetry
+        sm.advance(1.0)
+        t = agent.slot(c.slot).telemetry
+        gbps = (t.sout_bytes + t.sup_bytes - before.sout_bytes - before.sup_bytes) * 8 / 1e9
+        assert 280 < gbps < 320  # ~300 Gb/s at the best split of 100 + 200 Gb/s
+        assert abs((t.sup_bytes - before.sup_bytes) / (t.sout_bytes - before.sout_bytes) - 683 / 341) < 0.01
+        assert abs((t.sup_requests - before.sup_requests) - (t.sout_requests - before.sout_requests)) <= 1
+        sm.advance(27.5)  # SUP goes down at 30 s: all on SOUT whatever the hint
+        t = agent.slot(c.slot).telemetry
+        assert (t.sup_state, t.failovers, c.split, c.optimum()) == ("down", 1, 0, (0, pytest.approx(12.5e9, rel=0.03)))
+        assert t.sup_state_ns > 0
+        sm.advance(15.0)
+        assert agent.slot(c.slot).telemetry.sup_state == "up" and c.split == 683
+    with mpib_agent.open_segment(p) as agent:
+        assert agent.connections() == []  # released at close
+
+
+def test_model() -> None:
+    r100, r200 = sim.Rail(100_000.0, 0.0), sim.Rail(200_000.0, 0.0)
+    assert sim.optimum(r100, r200, (True, True), 3 << 20)[0] == 683
+    assert sim.optimum(r100, r200, (True, False), 3 << 20) == (0, pytest.approx(12.5e9))
+    assert sim.msg_time(r100, r200, (False, True), 1 << 20, 0) == float("inf")
+    assert sim.optimum(r100, r200, (False, False), 1 << 20) == (0, 0.0)
+    with pytest.raises(mpib_agent.SegmentError):
+        sim.scenario("nope")
+    assert list(sim.SCENARIOS) == ["equal", "2to1", "4to1", "fail", "shift"]
+
+
+def test_multi_processes(tmp_path: Path) -> None:
+    p = str(tmp_path / "hints")
+    with sim.Simulator("2to1", p, seed=1, nslots=16, npeers=0) as sm, mpib_agent.open_segment(p) as agent:
+        sm.advance(0.5)
+        conns = agent.connections()
+        assert sorted((s.pid, s.conn_id, s.is_send) for s in conns) == [(4242, 0, 1), (4243, 7, 1), (4243, 8, 0)]
+        assert all(s.telemetry.sup_bytes > 0 for s in conns)  # no agent: vanilla intra-island, all SUP
+
+
+def test_sim_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = str(tmp_path / "hints")
+    for args, msg in ((["--scenario", "nope"], "want one of equal, 2to1, 4to1, fail, shift"),
+                      ([], "give --scenario"),
+                      (["--scenario", "equal", "--speed", "0"], "--speed '0'"),
+                      (["--scenario", "equal", "--speed", "-2"], "--speed '-2'"),
+                      (["--scenario", "equal", "--speed", "x"], "--speed 'x'"),
+                      (["--scenario", "equal", "--duration", "-1"], "--duration '-1'"),
+                      (["--scenario", "equal", "--duration", "1 s"], "--duration '1 s'"),
+                      (["--scenario", "equal", "--seed", "1.5"], "--seed '1.5'")):
+        assert main(["sim", "--path", p] + args) == 2, args
+        err = capsys.readouterr().err
+        assert "mpib-agent-py sim: usage:" in err and msg in err, (args, err)
+    assert not os.path.exists(p)
+    assert main(["sim", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in sim.SCENARIOS)
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"x" * 300)
+    bad.chmod(0o600)
+    assert main(["sim", "--path", str(bad), "--scenario", "equal", "--duration", "0.1"]) == 1
+    assert "bad_magic" in capsys.readouterr().err
+
+
+def test_run_closed_loop_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = str(tmp_path / "hints")
+    mpib_agent.create(p, 4, 0).close()
+    for args, msg in ((["--step", "0"], "--step '0': want an integer 1..256"),
+                      (["--step", "257"], "--step '257'"),
+                      (["--step", "8.5"], "--step '8.5'"),
+                      (["--interval", "0"], "--interval '0'"),
+                      (["--policy", "nope"], "want static, proportional or closed-loop")):
+        a = ["run", "--path", p, "--policy", "closed-loop"] + args
+        assert main(a) == 2, a
+        assert msg in capsys.readouterr().err
+    assert main(["run", "--path", p, "--policy", "proportional", "--step", "8"]) == 2
+    assert "--step goes with --policy closed-loop" in capsys.readouterr().err
+
+
+def test_sim_cli_with_agent(tmp_path: Path) -> None:
+    """The real-time simulator and `run --policy closed-loop`, two processes."""
+    p = str(tmp_path / "hints")
+    simp = subprocess.Popen([sys.executable, "-m", "mpib_agent", "sim", "--path", p, "--scenario", "fail",
+                             "--duration", "0", "--speed", "4", "--seed", "1"], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    agent = None
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(p) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        agent = subprocess.Popen([sys.executable, "-m", "mpib_agent", "run", "--policy", "closed-loop", "--path", p,
+                                  "--interval", "0.1", "--step", "64"], env=ENV, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        with mpib_agent.open_segment(p) as seg:
+            c = seg.connections()[0]
+            assert mpib_agent._format.SOURCES[c.telemetry.last_source] == "slot" and c.telemetry.reads_applied > 0
+    finally:
+        for proc in (agent, simp):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+    assert agent is not None
+    out, err = agent.communicate(timeout=10)
+    assert agent.returncode == 0, err
+    assert "closed-loop: slot" in out and "sup_bw 512 -> " in out  # it moved (which way: the virtual-clock tests)
+    out, err = simp.communicate(timeout=10)
+    assert simp.returncode == 0, err
+    assert "sim: scenario fail" in out and "of the optimum" in out
+    with mpib_agent.open_segment(p) as seg:
+        assert seg.connections() == []
+
+
+def test_follows_replaced_segment(tmp_path: Path) -> None:
+    """A segment replaced at the path (create --force): the real-time simulator registers its
+    connections there again, as the plugin's watcher does, and watch() follows."""
+    import threading
+
+    p = str(tmp_path / "hints")
+    stop = threading.Event()
+    notes: list = []  # type: ignore[type-arg]
+    with sim.Simulator("equal", p, seed=1, nslots=8, npeers=0) as sm:
+        t = threading.Thread(target=sm.run, kwargs={"duration": 0, "stop": stop, "note": notes.append})
+        t.start()
+        try:
+            w = mpib_agent.watch(p, 0.1)
+            assert len(next(w)["conns"]) == 1
+            mpib_agent.create(p, 4, 0, force=True).close()
+            deadline = time.monotonic() + 5
+            while not any("replaced" in n for n in notes) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with mpib_agent.open_segment(p) as seg:
+                assert seg.nslots == 4 and len(seg.connections()) == 1
+            for _ in range(3):
+                s = next(w)
+            assert len(s["conns"]) == 1 and s["conns"][0]["sout_mbps"] + s["conns"][0]["sup_mbps"] > 0
+            w.close()
+        finally:
+            stop.set()
+            t.join()
