@@ -48,7 +48,7 @@ func (Test) Unit() error {
 // Integration runs the soft-RoCE lab suite (builds and boots the lab on demand).
 func (Test) Integration() error {
 	mg.Deps(Build)
-	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "60m", "./integration/...")
+	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "80m", "./integration/...")
 }
 
 // unitPackages lists every package except the lab suite.
