@@ -342,7 +342,9 @@ type faultStep struct {
 	recoverOK  bool  // the rail can come back in this process
 	note       string
 	holdBytes  uint64 // client tx on the other rail while the fault held
-	afterBytes uint64 // client tx on the rail after its recovery
+	afterBytes uint64 // client tx on the rail from the restore to the next fault
+	cutTx      map[Rail]uint64
+	upTx       map[Rail]uint64
 }
 
 // TestFaultFailover runs, per (rail, mode), one a1 -> a2 transfer with link-down, blackhole,
@@ -369,9 +371,12 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	// In vanilla a1 -> a2 everything (data and CTS) rides SUP: SOUT is idle, and only a port
 	// event can reveal a fault on it.
 	idle := mode == "vanilla" && rail == SOUT
-	dataRail := SUP
+	fc, err := newFaultCtl(ctx, a1, a2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, mode), faultEnv(a1, mode),
-		"--mode", "verify", "--bytes", "1000G", "--max-size", "512K", "--window", "8", "--timeout-s", "30")
+		"--mode", "verify", "--bytes", "1000G", "--max-size", "64K", "--window", "8", "--timeout-s", "30")
 	killed := false
 	defer func() {
 		if !killed {
@@ -379,9 +384,10 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 			fp.cli.Kill(context.Background())
 		}
 	}()
-	if err := waitRailTraffic(ctx, a1, dataRail, 2<<20, fp.srv, fp.cli); err != nil {
+	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
 		s, c := fp.stop(ctx, time.Now())
-		t.Fatalf("no %s traffic from a1 before the faults: %v\nserver %s\nclient %s", dataRail, err, s, c)
+		killed = true
+		t.Fatalf("no SUP traffic from a1 before the faults: %v\nserver %s\nclient %s", err, s, c)
 	}
 	var steps []*faultStep
 	fail := func(format string, args ...any) {
@@ -389,143 +395,94 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 		killed = true
 		t.Fatalf(format+"\nserver %s\nclient %s", append(args, s, c)...)
 	}
-	// waitFailover waits for the data path's failover of the rail decided after cut.
-	waitFailover := func(cut int64, within time.Duration) bool {
-		_, ok := fp.waitEvent(ctx, time.Now().Add(within), func(e railEvent) bool {
-			return e.kind == "failover" && e.rail == rail && fp.dataPath(e) && e.ms >= cut-100
-		})
-		return ok
-	}
-	// waitRecovered waits until every data-path side that failed over since cut has a
-	// recovery after its last failover.
-	waitRecovered := func(cut int64, within time.Duration) {
-		deadline := time.Now().Add(within)
-		for time.Now().Before(deadline) && !fp.exited() {
-			last := map[string]string{}
-			for _, e := range fp.events(ctx) {
-				if e.rail == rail && fp.dataPath(e) && e.ms >= cut-100 {
-					last[e.node] = e.kind
-				}
-			}
-			done := true
-			for _, k := range last {
-				done = done && k == "recovery"
-			}
-			if done {
-				return
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	txDelta := func(n *Node, r Rail, d time.Duration) uint64 {
-		c0, err := n.Counters(ctx, r)
+	// The timeline is fixed (no polling: every exec costs the emulated CPUs that carry the
+	// traffic): a fault holds 2.5 s (detection <= 1 s, then 1.5 s on the other rail), then
+	// 4.5 s for recovery (<= 3 s) and traffic on the rail again before the next fault.
+	const hold, settle = 2500 * time.Millisecond, 4500 * time.Millisecond
+	var prev *faultStep
+	stamp := func(st *faultStep, what string, script string) fcStamp {
+		x, err := fc.run(ctx, script)
 		if err != nil {
-			return 0
+			fail("%s: %s: %v", st.name, what, err)
 		}
-		time.Sleep(d)
-		c1, err := n.Counters(ctx, r)
-		if err != nil {
-			return 0
-		}
-		return c1.TxBytes - c0.TxBytes
+		return x
 	}
-	// cutHoldRestore runs one fault: apply, wait for the failover (when one is expected),
-	// hold 1.5 s more measuring the other rail, restore, wait for recovery, settle.
-	cutHoldRestore := func(name, cutCmd, upCmd string, on *Node) {
-		st := &faultStep{name: name, detectWant: !idle || name == "link-down", recoverOK: true}
+	begin := func(name string, detect, recover bool) *faultStep {
+		st := &faultStep{name: name, detectWant: detect, recoverOK: recover}
 		steps = append(steps, st)
-		var err error
-		if st.cut, err = nodeStamp(ctx, on, cutCmd); err != nil {
-			fail("%s: %v", name, err)
-		}
-		if st.detectWant {
-			waitFailover(st.cut, 6*time.Second)
-		} else {
-			time.Sleep(time.Second)
-		}
-		st.holdBytes = txDelta(a1, other, 1500*time.Millisecond)
-		if st.up, err = nodeStamp(ctx, on, upCmd); err != nil {
-			fail("%s: restoring: %v", name, err)
-		}
-		waitRecovered(st.cut, 8*time.Second)
-		st.afterBytes = txDelta(a1, rail, 1500*time.Millisecond)
+		return st
 	}
-	cutHoldRestore("link-down", linkDownCmd(a1, rail), linkUpCmd(a1, rail), a1)
-	cutHoldRestore("blackhole", blackholeCmd(a2, rail), unblackholeCmd(a2, rail), a2)
-	cutHoldRestore("loss", lossCmd(a1, rail), unlossCmd(a1, rail), a1)
+	// closePrev records the rail's traffic between the previous fault's restore and now.
+	closePrev := func(x fcStamp) {
+		if prev != nil && prev.upTx != nil {
+			prev.afterBytes = x.tx[rail] - prev.upTx[rail]
+		}
+	}
+	simple := func(name string, on *Node, cut, restore string) {
+		st := begin(name, !idle || name == "link-down", true)
+		x := stamp(st, "cut", fc.in(on, cut))
+		closePrev(x)
+		st.cut, st.cutTx = x.ms, x.tx
+		time.Sleep(hold)
+		y := stamp(st, "restore", fc.in(on, restore))
+		st.up, st.upTx = y.ms, y.tx
+		st.holdBytes = y.tx[other] - x.tx[other]
+		prev = st
+		time.Sleep(settle)
+	}
+	simple("link-down", a1, linkDownCmd(a1, rail), linkUpCmd(a1, rail))
+	simple("blackhole", a2, blackholeCmd(a2, rail), unblackholeCmd(a2, rail))
+	simple("loss", a1, lossCmd(a1, rail), unlossCmd(a1, rail))
 
-	// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery from the last up.
+	// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
 	{
-		st := &faultStep{name: "flap", detectWant: true, recoverOK: true}
-		steps = append(steps, st)
+		st := begin("flap", true, true)
 		d := a1.Netdev(rail)
-		out, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", fmt.Sprintf(`t0=$(date +%%s%%3N)
-			for i in $(seq 20); do ip link set dev %s down; sleep 0.1; t1=$(date +%%s%%3N); ip link set dev %s up; sleep 0.2; done
-			%s
-			echo $t0 $t1`, d, d, strings.TrimPrefix(routeBack(a1, rail), "; ")))
-		f := strings.Fields(out)
-		if err != nil || code != 0 || len(f) != 2 {
-			fail("flap: %v exit %d: %s %s", err, code, out, errOut)
-		}
-		st.cut, _ = strconv.ParseInt(f[0], 10, 64)
-		st.up, _ = strconv.ParseInt(f[1], 10, 64)
-		waitRecovered(st.cut, 8*time.Second)
-		st.afterBytes = txDelta(a1, rail, 1500*time.Millisecond)
+		x := stamp(st, "flap", fc.in(a1, fmt.Sprintf(`for i in $(seq 20); do ip link set dev %s down; sleep 0.1; date +%%s%%3N >/tmp/fault-flap-up; ip link set dev %s up; sleep 0.2; done%s`,
+			d, d, routeBack(a1, rail))))
+		closePrev(x)
+		st.cut = x.ms
+		y := stamp(st, "flap end", fc.in(a1, "cat /tmp/fault-flap-up"))
+		st.up, _ = strconv.ParseInt(strings.TrimSpace(y.out), 10, 64)
+		st.upTx = y.tx
+		prev = st
+		time.Sleep(settle)
 	}
 
 	// glitch: a 300 ms far-end black hole that heals by itself.
 	{
-		st := &faultStep{name: "glitch"}
-		steps = append(steps, st)
-		out, errOut, code, err := a2.Exec(ctx, nil, "sh", "-c", fmt.Sprintf(`t0=$(date +%%s%%3N); %s; sleep 0.3; t1=$(date +%%s%%3N); %s; echo $t0 $t1`,
-			blackholeCmd(a2, rail), unblackholeCmd(a2, rail)))
-		f := strings.Fields(out)
-		if err != nil || code != 0 || len(f) != 2 {
-			fail("glitch: %v exit %d: %s %s", err, code, out, errOut)
-		}
-		st.cut, _ = strconv.ParseInt(f[0], 10, 64)
-		st.up, _ = strconv.ParseInt(f[1], 10, 64)
-		waitRecovered(st.cut, 6*time.Second)
-		time.Sleep(2 * time.Second)
+		st := begin("glitch", false, true)
+		x := stamp(st, "glitch", fc.in(a2, blackholeCmd(a2, rail)+"; sleep 0.3; date +%s%3N; "+unblackholeCmd(a2, rail)))
+		closePrev(x)
+		st.cut = x.ms
+		st.up, _ = strconv.ParseInt(strings.TrimSpace(x.out), 10, 64)
+		st.upTx = nil
+		prev = nil
+		time.Sleep(3 * time.Second)
 	}
 
-	// device-deleted, last: the deletion may wait for the processes' verbs contexts, so it
-	// runs in the background (stamped into a file of the node) and is waited for after stop.
-	st := &faultStep{name: "device-deleted", detectWant: true, recoverOK: false, note: "device-gone"}
-	steps = append(steps, st)
-	stampFile := fp.base + ".del"
-	del, err := rxeScript(ctx, a1, fmt.Sprintf(`date +%%s%%3N >/proc/$0/root%s; nsenter -t $0 -n rdma link delete %s; echo rc=$?`, stampFile, a1.Dev(rail)))
-	if err != nil {
-		fail("device-deleted: %v", err)
-	}
-	t.Cleanup(func() {
-		wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer wcancel()
-		del.Wait(wctx)
-	})
-	time.Sleep(300 * time.Millisecond)
-	for i := 0; i < 50 && st.cut == 0; i++ {
-		if out, _, _, err := a1.Exec(ctx, nil, "cat", stampFile); err == nil {
-			st.cut, _ = strconv.ParseInt(strings.TrimSpace(out), 10, 64)
-		}
-		if st.cut == 0 {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	waitFailover(st.cut, 6*time.Second)
-	st.holdBytes = txDelta(a1, other, 1500*time.Millisecond)
+	// device-deleted, last: the deletion waits for the processes' verbs contexts, so it runs
+	// in the background in the router; its exit status lands in a file there.
+	st := begin("device-deleted", true, false)
+	st.note = "device-gone"
+	rcFile := fp.base + ".delrc"
+	x := stamp(st, "delete", fmt.Sprintf("(nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
+		fc.pid[a1.Name()], a1.Dev(rail), rcFile))
+	st.cut, st.cutTx = x.ms, x.tx
+	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
+	time.Sleep(hold)
+	y := stamp(st, "after delete", "true")
+	st.holdBytes = y.tx[other] - x.tx[other]
 	s, c := fp.stop(ctx, time.Now().Add(90*time.Second))
 	killed = true
-	dctx, dcancel := context.WithTimeout(ctx, 90*time.Second)
-	dout, _, dcode, derr := del.Wait(dctx)
-	dcancel()
-	t.Logf("rdma link delete %s: %s (exit %d, %v)", a1.Dev(rail), strings.TrimSpace(dout), dcode, derr)
+	drc := fc.waitFile(ctx, rcFile, 90*time.Second)
+	t.Logf("rdma link delete %s: %q", a1.Dev(rail), drc)
 	if s.hung || c.hung {
 		t.Errorf("a driver did not exit within 90 s of the stop request after %s was deleted", a1.Dev(rail))
 	}
 	endMS, _ := strconv.ParseInt(lcField(s.out, "nettest-stall:", "end_ms"), 10, 64)
 	if endMS == 0 {
-		endMS = st.cut + 5000
+		endMS = st.cut + hold.Milliseconds()
 	}
 	for i, x := range steps {
 		if i+1 < len(steps) {
@@ -536,6 +493,86 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	}
 	evs := fp.events(ctx)
 	reportFaultSteps(t, fp, steps, evs, s, c, rail, mode, idle)
+}
+
+// ---- fault commands run from the router (host PID namespace) with nsenter ----
+
+// faultCtl runs fault scripts in the router, which reaches every node's network namespace
+// through nsenter: one exec per step, stamped with the VM's clock, and reading a1's rail
+// tx bytes (/proc/net/dev follows the network namespace) at the same moment.
+type faultCtl struct {
+	lab     *Topology
+	pid     map[string]int
+	src     *Node // whose tx bytes are read (the sender)
+	netdevs map[Rail]string
+}
+
+type fcStamp struct {
+	ms  int64
+	tx  map[Rail]uint64
+	out string // the script's own output
+}
+
+func newFaultCtl(ctx context.Context, src *Node, others ...*Node) (*faultCtl, error) {
+	fc := &faultCtl{lab: src.topo, pid: map[string]int{}, src: src, netdevs: map[Rail]string{}}
+	for _, n := range append([]*Node{src}, others...) {
+		info, err := n.ctr.Inspect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		fc.pid[n.Name()] = info.State.Pid
+	}
+	for _, r := range Rails {
+		fc.netdevs[r] = src.Netdev(r)
+	}
+	return fc, nil
+}
+
+// in wraps a command to run in node n's network namespace.
+func (fc *faultCtl) in(n *Node, cmd string) string {
+	return fmt.Sprintf("nsenter -t %d -n sh -c '%s'", fc.pid[n.Name()], cmd)
+}
+
+// run prints the clock and the sender's tx bytes per rail, then runs script.
+func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
+	full := fmt.Sprintf("date +%%s%%3N; nsenter -t %d -n sed 's/:/ /' /proc/net/dev | awk '$1==\"%s\"||$1==\"%s\"{print $1, $10}'; echo ---; %s",
+		fc.pid[fc.src.Name()], fc.netdevs[SOUT], fc.netdevs[SUP], script)
+	out, errOut, code, err := fc.lab.router.Exec(ctx, nil, "sh", "-c", full)
+	if err != nil {
+		return fcStamp{}, err
+	}
+	if code != 0 {
+		return fcStamp{}, fmt.Errorf("router: %s: exit %d: %s %s", script, code, strings.TrimSpace(errOut), strings.TrimSpace(out))
+	}
+	head, rest, _ := strings.Cut(out, "---\n")
+	f := strings.Fields(head)
+	x := fcStamp{tx: map[Rail]uint64{}, out: rest}
+	if len(f) != 5 {
+		return x, fmt.Errorf("router: stamp and counters: %q", head)
+	}
+	x.ms, _ = strconv.ParseInt(f[0], 10, 64)
+	for i := 1; i+1 < len(f); i += 2 {
+		v, _ := strconv.ParseUint(f[i+1], 10, 64)
+		for _, r := range Rails {
+			if f[i] == fc.netdevs[r] {
+				x.tx[r] = v
+			}
+		}
+	}
+	return x, nil
+}
+
+// waitFile waits for a file in the router and returns its content ("" at the deadline).
+func (fc *faultCtl) waitFile(ctx context.Context, path string, within time.Duration) string {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		out, _, code, err := fc.lab.router.Exec(ctx, nil, "cat", path)
+		if err == nil && code == 0 {
+			return strings.TrimSpace(out)
+		}
+		time.Sleep(time.Second)
+	}
+	return ""
 }
 
 // reportFaultSteps prints one evidence line per step and checks the targets.
