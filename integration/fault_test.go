@@ -438,12 +438,11 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	{
 		st := begin("flap", true, true)
 		d := a1.Netdev(rail)
-		x := stamp(st, "flap", fc.in(a1, fmt.Sprintf(`for i in $(seq 20); do ip link set dev %s down; sleep 0.1; date +%%s%%3N >/tmp/fault-flap-up; ip link set dev %s up; sleep 0.2; done%s`,
+		x := stamp(st, "flap", fc.in(a1, fmt.Sprintf(`for i in $(seq 20); do ip link set dev %s down; sleep 0.1; echo U=$(date +%%s%%3N); ip link set dev %s up; sleep 0.2; done%s`,
 			d, d, routeBack(a1, rail))))
 		closePrev(x)
-		st.cut = x.ms
-		y := stamp(st, "flap end", fc.in(a1, "cat /tmp/fault-flap-up"))
-		st.up, _ = strconv.ParseInt(strings.TrimSpace(y.out), 10, 64)
+		st.cut, st.up = x.ms, x.mark("U", true)
+		y := stamp(st, "flap end", "true")
 		st.upTx = y.tx
 		prev = st
 		time.Sleep(settle)
@@ -452,10 +451,9 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	// glitch: a 300 ms far-end black hole that heals by itself.
 	{
 		st := begin("glitch", false, true)
-		x := stamp(st, "glitch", fc.in(a2, blackholeCmd(a2, rail)+"; sleep 0.3; date +%s%3N; "+unblackholeCmd(a2, rail)))
+		x := stamp(st, "glitch", fc.in(a2, blackholeCmd(a2, rail)+"; sleep 0.3; echo U=$(date +%s%3N); "+unblackholeCmd(a2, rail)))
 		closePrev(x)
-		st.cut = x.ms
-		st.up, _ = strconv.ParseInt(strings.TrimSpace(x.out), 10, 64)
+		st.cut, st.up = x.ms, x.mark("U", false)
 		st.upTx = nil
 		prev = nil
 		time.Sleep(3 * time.Second)
@@ -466,7 +464,7 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	st := begin("device-deleted", true, false)
 	st.note = "device-gone"
 	rcFile := fp.base + ".delrc"
-	x := stamp(st, "delete", fmt.Sprintf("(nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
+	x := stamp(st, "delete", fmt.Sprintf("echo T=$(date +%%s%%3N); (nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
 		fc.pid[a1.Name()], a1.Dev(rail), rcFile))
 	st.cut, st.cutTx = x.ms, x.tx
 	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
@@ -529,8 +527,24 @@ func newFaultCtl(ctx context.Context, src *Node, others ...*Node) (*faultCtl, er
 }
 
 // in wraps a command to run in node n's network namespace.
+// It prints T=<unix ms> right before the command (the moment of the cut: taken in the same
+// shell, one process start before it).
 func (fc *faultCtl) in(n *Node, cmd string) string {
-	return fmt.Sprintf("nsenter -t %d -n sh -c '%s'", fc.pid[n.Name()], cmd)
+	return fmt.Sprintf("nsenter -t %d -n sh -c 'echo T=$(date +%%s%%3N); %s'", fc.pid[n.Name()], cmd)
+}
+
+// mark returns the value of the first (or with last, the last) line KEY=<ms> of a script's output.
+func (x fcStamp) mark(key string, last bool) int64 {
+	var v int64
+	for _, l := range strings.Split(x.out, "\n") {
+		if s, ok := strings.CutPrefix(strings.TrimSpace(l), key+"="); ok {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err == nil && (v == 0 || last) {
+				v = n
+			}
+		}
+	}
+	return v
 }
 
 // run prints the clock and the sender's tx bytes per rail, then runs script.
@@ -551,6 +565,9 @@ func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
 		return x, fmt.Errorf("router: stamp and counters: %q", head)
 	}
 	x.ms, _ = strconv.ParseInt(f[0], 10, 64)
+	if t := x.mark("T", false); t != 0 {
+		x.ms = t
+	}
 	for i := 1; i+1 < len(f); i += 2 {
 		v, _ := strconv.ParseUint(f[i+1], 10, 64)
 		for _, r := range Rails {

@@ -68,13 +68,23 @@ int nt_mode_is_scale(enum nt_mode m) { return m == NT_CONNECT || m == NT_RESOURC
 
 /* ---- process resources ---- */
 
-/* --rdma-res: this process's QPs and MRs as the kernel lists them (`rdma res show qp|mr`,
- * lines ending in "... pid <pid> ..."; the pid as this process's namespace sees it). -1 when
- * the command fails. */
+/* --rdma-res: this process's QPs and MRs as the kernel lists them (`rdma res show qp|mr`).
+ * The kernel names the thread that created each object ("pid <tid> comm <thread name>"),
+ * and the plugin's Go threads come and go, so a line is ours when its comm is this process's
+ * command name (/proc/self/comm, which threads inherit): one driver per node, as in the lab.
+ * -1 when the command fails. */
 static int nt_rdma_res_count(const char *what) {
-  char cmd[128], pid[32], line[1024];
+  char cmd[128], comm[64] = "", line[1024];
+  FILE *c = fopen("/proc/self/comm", "r");
+  if (c == NULL || fgets(comm, sizeof(comm), c) == NULL) {
+    if (c != NULL) {
+      fclose(c);
+    }
+    return -1;
+  }
+  fclose(c);
+  comm[strcspn(comm, "\n")] = '\0';
   snprintf(cmd, sizeof(cmd), "rdma res show %s 2>/dev/null", what);
-  snprintf(pid, sizeof(pid), "%d", (int)getpid());
   FILE *f = popen(cmd, "r");
   if (f == NULL) {
     return -1;
@@ -83,7 +93,7 @@ static int nt_rdma_res_count(const char *what) {
   while (fgets(line, sizeof(line), f) != NULL) {
     char *save = NULL, *prev = NULL;
     for (char *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
-      if (prev != NULL && strcmp(prev, "pid") == 0 && strcmp(tok, pid) == 0) {
+      if (prev != NULL && strcmp(prev, "comm") == 0 && strcmp(tok, comm) == 0) {
         n++;
         break;
       }
