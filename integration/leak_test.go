@@ -12,7 +12,7 @@ import (
 )
 
 // Resource leaks over many cycles in one process: connect/close (the driver's connect mode,
-// one connection per round, --rounds), and rail failover/recovery (a1's SUP link flapped
+// 10 connections per round, --rounds 100), and rail failover/recovery (a1's SUP link flapped
 // with a recovery after each cut, during one transfer). QPs and MRs are the kernel's view
 // (`rdma res show qp|mr`, the process's pid), fds, threads and VmRSS come from /proc. Growth
 // is the figure after the last cycle minus the figure after the first few. Fixed lines:
