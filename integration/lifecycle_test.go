@@ -316,14 +316,17 @@ func waitRailTraffic(ctx context.Context, n *Node, r Rail, min uint64, procs ...
 // (forced split) and measures how long until both drivers exit with an error (error_ms, the
 // later of the two); hang=true when either still ran 30 s after the deletion (then both are
 // killed). The device is then recreated as the harness made it and a transfer proves it.
+// Failover is off here (MPIB_FAILOVER=0): this is the error path of a connection that cannot
+// go on; with failover the transfer continues on SOUT (integration/fault_test.go).
 func TestLifecycleDeviceRemoved(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	force := "MPIB_FORCE_SUP_BW=512"
-	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, force), clientEnv: pluginEnv(a1, force),
-		args: lcArgs("--mode", "verify", "--bytes", "4G", "--max-size", "4M", "--timeout-s", "60")})
+	force, noFailover := "MPIB_FORCE_SUP_BW=512", "MPIB_FAILOVER=0"
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, force, noFailover),
+		clientEnv: pluginEnv(a1, force, noFailover),
+		args:      lcArgs("--mode", "verify", "--bytes", "4G", "--max-size", "4M", "--timeout-s", "60")})
 	if err := waitRailTraffic(ctx, a1, SUP, 4<<20, srv, cli); err != nil {
 		s, c := waitBoth(srv, cli, time.Now(), time.Now())
 		t.Fatalf("no SUP traffic from a1 before the deletion: %v\nserver %s\nclient %s", err, s, c)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 )
@@ -165,16 +166,31 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 	registry.mu.Lock()
 	registry.comms[comm] = lc
 	registry.mu.Unlock()
+	// The data path writes one byte on this socket when its side of the connection failed
+	// for good (no rail left), so that the peer fails its requests at once instead of
+	// waiting for its own timeouts.
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) { C.mpib_comm_set_ctrl_fd(comm, C.int(fd)) })
+		}
+	}
 	go lc.watch()
 }
 
-// watch waits for the peer's end of the control socket to close. Peers never write after the
-// handshake, so any return from Read means the peer is gone (or misbehaves).
+// watch waits for the peer's end of the control socket to close, or for the one byte 'F' its
+// data path sends when its side failed for good; after the handshake peers write nothing
+// else, so any other return from Read means the peer is gone (or misbehaves).
 func (lc *liveComm) watch() {
 	defer close(lc.watchDone)
 	var b [1]byte
-	_, err := lc.conn.Read(b[:])
+	n, err := lc.conn.Read(b[:])
 	if lc.closing.Load() {
+		return
+	}
+	if n == 1 && b[0] == 'F' {
+		C.mpib_comm_peer_failed(lc.comm)
+		warnf("peer %v reported that its side of the connection failed (no rail left): requests waiting on it fail now",
+			lc.conn.RemoteAddr())
 		return
 	}
 	C.mpib_comm_peer_gone(lc.comm)
@@ -190,6 +206,7 @@ func closeComm(comm *C.struct_mpib_comm) {
 	delete(registry.comms, comm)
 	registry.mu.Unlock()
 	if lc != nil {
+		C.mpib_comm_set_ctrl_fd(comm, -1) // the socket closes below
 		lc.closing.Store(true)
 		lc.conn.Close()
 		<-lc.watchDone

@@ -26,15 +26,32 @@
  * per FIFO lap. */
 #define MPIB_SRQ_DEPTH (2 * MPIB_MAX_REQUESTS) /* receives posted per rail per recv comm */
 #define MPIB_SRQ_REFILL 16                      /* refill once this many were consumed */
-#define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 8)
+#define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 16)
 /* Send queue: per slot up to MPIB_MAX_RECVS writes plus the final write-with-imm (sender);
  * one CTS write per slot (receiver). */
 #define MPIB_SEND_WR_SENDER (MPIB_MAX_REQUESTS * (MPIB_MAX_RECVS + 1) + 8)
 #define MPIB_SEND_WR_RECEIVER (MPIB_MAX_REQUESTS + 8)
+/* Sender CQ: its signalled writes and replays, or, once a rail failed, every write of a full
+ * send queue completing in error. */
+#define MPIB_CQ_DEPTH_SENDER (MPIB_SEND_WR_SENDER + MPIB_MAX_REQUESTS + 16)
 #define MPIB_NO_OVERRIDE UINT32_MAX
 #define MPIB_PAGE 4096
 #define MPIB_CTS_BYTES (sizeof(mpib_cts_row) * MPIB_MAX_REQUESTS)
 #define MPIB_SIZES_BYTES (sizeof(mpib_sizes_row) * MPIB_MAX_REQUESTS)
+/* After the CTS FIFO: the receiver's fence records, one per rail (the sender's copy is written
+ * by the receiver; the receiver's is its staging). After the size records: the sender's
+ * notice word per rail (likewise). See mpib_policy.h. */
+#define MPIB_CTS_AREA (MPIB_CTS_BYTES + MPIB_NRAILS * sizeof(struct mpib_fence_rec))
+#define MPIB_SIZES_AREA (MPIB_SIZES_BYTES + MPIB_NRAILS * sizeof(uint64_t))
+_Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers every FIFO slot");
+/* Send completions: wr_id names what completed. Data writes carry the slot's sequence number,
+ * the rail's generation (a completion of an older generation is ignored) and a replay bit;
+ * control writes carry a kind with bit 63 set. */
+#define MPIB_WRID_SPECIAL (1ull << 63)
+#define MPIB_WRID_REPLAY (1ull << 62)
+#define MPIB_WRID_GEN_SHIFT 56
+#define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_GEN_SHIFT) - 1)
+enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV };
 
 /* One physical rail device (global, opened once at init by the Go control plane). */
 struct mpib_dev {
@@ -73,6 +90,9 @@ struct mpib_global {
   int use_inline;           /* NCCL_IB_USE_INLINE: CTS and size records sent inline */
   int ece_enable;           /* NCCL_IB_ECE_ENABLE */
   uint64_t whole_msg_max;   /* MPIB_WHOLE_MSG_MAX */
+  int failover;             /* MPIB_FAILOVER: a failed rail's traffic moves to the other rail */
+  uint64_t recovery_backoff_ms, recovery_backoff_max_ms;
+  uint64_t failover_timeout_ms; /* how long a sender waits for the receiver's fence record */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
   /* Properties reported to NCCL. */
@@ -114,6 +134,17 @@ struct mpib_request {
   int flush_pending;
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
+};
+
+/* One rail's failover state in one comm (mpib_p2p.c). */
+struct mpib_rail_ctl {
+  int state;             /* MPIB_RAIL_* */
+  uint32_t gen;          /* generation of the rail's QPs, from 1; a rebuild adds one */
+  uint64_t since_ns;     /* when the state was entered */
+  uint64_t retry_at_ns;  /* DOWN: the next recovery attempt */
+  uint32_t attempts;     /* recoveries that failed in a row (back-off) */
+  uint32_t probes;       /* PROBING: probe writes not yet completed */
+  uint64_t notice_seen;  /* receiver: the last notice word handled */
 };
 
 struct mpib_qp {
@@ -174,7 +205,11 @@ struct mpib_comm {
   int srq_posted[MPIB_NRAILS];
   uint64_t fifo_head; /* sequence number of the next request */
   uint32_t force_sup_bw;
-  int rail_failed[MPIB_NRAILS]; /* a fatal completion was seen: the rail is out of service */
+  int cts_rail_pref; /* the policy's CTS rail; cts_rail moves off it while it is failed */
+  struct mpib_rail_ctl rail[MPIB_NRAILS];
+  struct mpib_rail_info rem_rail[MPIB_NRAILS]; /* the peer's QPs, kept to rebuild a rail */
+  enum ibv_mtu rail_mtu[MPIB_NRAILS];
+  int ctrl_fd; /* the TCP control socket (owned by Go): tells the peer this side failed */
 
   /* Peer's buffer for our RDMA writes (sender: size records; receiver: CTS FIFO). */
   uint64_t rem_addr;
@@ -184,6 +219,9 @@ struct mpib_comm {
   struct mpib_request *slot_reqs[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
   int slot_matched[MPIB_MAX_REQUESTS];
   uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* sender: rails whose completion is pending */
+  uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS]; /* sender: seq + 1 of the posted slot, 0 = none */
+  uint8_t slot_replay[MPIB_MAX_REQUESTS];       /* sender: 1 replay to post, 2 posted */
+  int replays_waiting;                          /* sender: slots with slot_replay == 1 */
 
   /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
   struct ibv_qp *flush_qp[MPIB_NRAILS];
@@ -260,6 +298,13 @@ void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */
 void mpib_set_shm(void *shm);
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
+/* Failover support (mpib_setup.c): force a rail's QPs to the error state; reset them and
+ * reconnect them to the peer's same QPs, starting at psn. Return 0 or -errno. */
+int mpib_rail_to_error(struct mpib_comm *c, int rail);
+int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
+void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
+/* The peer said over the control socket that its side failed: waiting requests fail now. */
+void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 size_t mpib_comm_host_bytes(int is_send);

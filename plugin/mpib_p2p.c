@@ -10,9 +10,18 @@
  * rail's final write also carries the size records. The receiver consumes one SRQ receive per
  * rail, learns the expected mask from the first immediate and completes when every active
  * rail has reported.
+ *
+ * A rail that fails (an error completion of any status, a port that went down, a dead device,
+ * or the peer saying so) leaves service for the connection without an error to NCCL: both
+ * ends fence it (its QPs forced to the error state), the receiver tells the sender which of
+ * the open slots it already has, the sender replays the others whole on the surviving rail,
+ * and the CTS moves there too. The sender then retries the rail with back-off: QPs reset and
+ * reconnected, a probe write per QP, back in service. Protocol and timeline: docs/failover.md.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "mpib.h"
@@ -45,6 +54,10 @@ static int rail_down(int rail) { return __atomic_load_n(&mpib_g.dev[rail].port_d
  * grace period (a peer that exits right after its last completion must not fail requests
  * whose completions are already on their way). The reason is logged once per comm. */
 #define MPIB_PEER_GONE_GRACE_NS 1000000000ull
+/* After fencing a rail the receiver waits this long before reporting what it has, so that a
+ * write the NIC was processing at the fence has produced its completion (net_ib's probe waits
+ * 10 ms too). */
+#define MPIB_FENCE_SETTLE_NS 10000000ull
 
 static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char *what) {
   if (!c->failure_reported) {
@@ -54,13 +67,20 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
   return ncclRemoteError;
 }
 
+static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail);
+
+static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
+
 static ncclResult_t comm_health(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->nqps[r] && __atomic_load_n(&mpib_g.dev[r].fatal, __ATOMIC_ACQUIRE)) {
-      if (!c->failure_reported) MPIB_WARN("%s comm: device %s (%s rail) failed fatally", c->is_send ? "send" : "recv",
-                                          mpib_g.dev[r].name, rail_name(r));
-      c->failure_reported = 1;
-      return ncclSystemError;
+    if (c->nqps[r] && rail_fatal(r) && c->rail[r].state != MPIB_RAIL_DEAD) {
+      if (c->rail[r].state == MPIB_RAIL_DOWN) {
+        c->rail[r].state = MPIB_RAIL_DEAD; /* already failed over: it just never comes back */
+        continue;
+      }
+      if (c->rail[r].state == MPIB_RAIL_FENCING) continue;
+      ncclResult_t res = rail_fail(c, r, "device-fatal", mpib_g.dev[r].name);
+      if (res != ncclSuccess) return ncclSystemError;
     }
   }
   uint64_t gone = __atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE);
@@ -109,8 +129,9 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail_failed[MPIB_RAIL_SUP] || rail_down(MPIB_RAIL_SUP)) return 0;
-  if ((c->rail_failed[MPIB_RAIL_SOUT] || rail_down(MPIB_RAIL_SOUT)) && c->nqps[MPIB_RAIL_SUP]) return MPIB_SUP_BW_MAX;
+  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP)) return 0;
+  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT)) && c->nqps[MPIB_RAIL_SUP])
+    return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
 
@@ -151,17 +172,30 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
                            p->size_in_imm ? (uint32_t)reqs[0]->size : MPIB_IMM_NO_SIZE);
 }
 
+/* Work request ids: see MPIB_WRID_* in mpib.h. */
+static uint64_t wrid_data(const struct mpib_comm *c, int rail, uint64_t seq, int replay) {
+  return (replay ? MPIB_WRID_REPLAY : 0) | (uint64_t)(c->rail[rail].gen & 0x3Fu) << MPIB_WRID_GEN_SHIFT |
+         (seq & MPIB_WRID_SEQ_MASK);
+}
+static uint64_t wrid_special(const struct mpib_comm *c, int rail, int kind) {
+  return MPIB_WRID_SPECIAL | (uint64_t)(c->rail[rail].gen & 0xFFFFFFu) << 8 | (uint64_t)kind;
+}
+#define MPIB_WRID_RECV (MPIB_WRID_SPECIAL | MPIB_WR_RECV) /* SRQ receives outlive QP generations */
+static int wrid_current(const struct mpib_comm *c, int rail, uint64_t id) {
+  if (id & MPIB_WRID_SPECIAL) return ((id >> 8) & 0xFFFFFFu) == (c->rail[rail].gen & 0xFFFFFFu);
+  return ((id >> MPIB_WRID_GEN_SHIFT) & 0x3Fu) == (c->rail[rail].gen & 0x3Fu);
+}
+static int wrid_kind(uint64_t id) { return (id & MPIB_WRID_SPECIAL) ? (int)(id & 0xFFu) : 0; }
+
 /* Posts one rail's chain for a slot: a write per request part, the last one (or a final
- * write carrying the size records) with the immediate and signalled. */
-static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
+ * write carrying the size records) with the immediate and signalled. A replay re-sends the
+ * whole slot this way. Returns 0 or the errno of ibv_post_send. */
+static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p, int replay) {
   int nreqs = c->slot_matched[slot];
   struct mpib_request **reqs = c->slot_reqs[slot];
   const struct mpib_cts *cts = c->cts_snap[slot];
   int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-  if (qi < 0 || c->qps[qi].qp == NULL) {
-    MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
-    return ncclInternalError;
-  }
+  if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
   struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
   struct ibv_sge sges[MPIB_MAX_RECVS + 1];
   int nwr = 0;
@@ -171,8 +205,8 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
                                  .lkey = reqs[r]->mh->mr[rail]->lkey};
-    wrs[nwr] = (struct ibv_send_wr){.wr_id = (uint64_t)slot, .sg_list = &sges[nwr], .num_sge = 1,
-                                    .opcode = IBV_WR_RDMA_WRITE};
+    wrs[nwr] = (struct ibv_send_wr){.wr_id = wrid_special(c, rail, MPIB_WR_UNSIGNALLED), .sg_list = &sges[nwr],
+                                    .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
     wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
     wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
     nwr++;
@@ -182,7 +216,7 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
     last = &wrs[0]; /* the data write itself carries the immediate */
   } else {
     last = &wrs[nwr];
-    *last = (struct ibv_send_wr){.wr_id = (uint64_t)slot};
+    *last = (struct ibv_send_wr){0};
     last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
     last->wr.rdma.rkey = c->rem_rkey[rail];
     if (rail == p->leader && !p->size_in_imm) {
@@ -197,16 +231,27 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
   last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   last->send_flags |= IBV_SEND_SIGNALED;
   last->imm_data = p->imm;
+  last->wr_id = wrid_data(c, rail, reqs[0]->seq, replay);
   for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
-  if (mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
+  if (!replay && mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
+  if (rc) return rc;
+  if (!replay) c->slot_rails[slot] |= 1u << rail;
+  c->pending[rail]++;
+  return 0;
+}
+
+static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
+  int rc = post_chain(c, slot, rail, p, 0);
+  if (rc == EINVAL) {
+    MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
+    return ncclInternalError;
+  }
   if (rc) {
     MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
     return ncclSystemError;
   }
-  c->slot_rails[slot] |= 1u << rail;
-  c->pending[rail]++;
   return ncclSuccess;
 }
 
@@ -214,6 +259,7 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
 static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
+  c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
     ncclResult_t res = post_rail(c, slot, rail, &plan);
@@ -323,7 +369,7 @@ int mpib_srq_refill(struct mpib_comm *c, int rail) {
   if (missing < MPIB_SRQ_REFILL) return 0;
   struct ibv_recv_wr wrs[MPIB_SRQ_DEPTH];
   for (int i = 0; i < missing; i++) {
-    wrs[i] = (struct ibv_recv_wr){.wr_id = (uint64_t)rail, .num_sge = 0, .next = i + 1 < missing ? &wrs[i + 1] : NULL};
+    wrs[i] = (struct ibv_recv_wr){.wr_id = MPIB_WRID_RECV, .num_sge = 0, .next = i + 1 < missing ? &wrs[i + 1] : NULL};
   }
   struct ibv_recv_wr *bad = NULL;
   int rc = ibv_post_srq_recv(c->srq[rail], &wrs[0], &bad);
@@ -331,6 +377,32 @@ int mpib_srq_refill(struct mpib_comm *c, int rail) {
   if (rc) {
     MPIB_WARN("%s rail: ibv_post_srq_recv failed: %s", rail_name(rail), strerror(rc));
     return -rc;
+  }
+  return 0;
+}
+
+/* RDMA-writes a slot's CTS elements into the sender's FIFO on `rail`. Writing them again
+ * (after the CTS rail failed) is harmless: the same bytes land in the same place. */
+static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled) {
+  int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  struct mpib_cts *cts = c->cts[slot];
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->cts_mr[rail]->lkey};
+  struct ibv_send_wr wr = {.wr_id = wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
+                           .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+  if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
+  if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
+  wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
+  wr.wr.rdma.rkey = c->rem_rkey[rail];
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  if (rc == 0 && signalled) c->pending[rail]++;
+  return rc;
+}
+
+/* Receives are kept posted on every rail that can still deliver (a dead device cannot). */
+static int srq_refill_all(struct mpib_comm *c) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (c->srq[r] && c->rail[r].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, r)) return -1;
   }
   return 0;
 }
@@ -369,30 +441,18 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     cts[r].check = mpib_cts_check(&cts[r]);
     req->sizes[r] = 0;
   }
-  int rail = c->cts_rail;
-  int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->cts_mr[rail]->lkey};
-  struct ibv_send_wr wr = {.wr_id = UINT64_MAX, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
-  if (slot == 0) wr.send_flags = IBV_SEND_SIGNALED;
-  if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
-  wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
-  wr.wr.rdma.rkey = c->rem_rkey[rail];
-  struct ibv_send_wr *bad = NULL;
-  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  int rc = post_cts(c, slot, c->cts_rail, n, slot == 0);
   if (rc) {
-    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
+    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(c->cts_rail), strerror(rc));
     req->type = MPIB_REQ_FREE;
     return ncclSystemError;
   }
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
   c->recvs_open++;
-  if (slot == 0) c->pending[rail]++;
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
-  }
+  if (srq_refill_all(c)) return ncclSystemError;
   *request = req;
   return ncclSuccess;
 }
@@ -412,7 +472,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   }
   struct mpib_mr *mh = mhandles[last];
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->flush_qp[rail]) continue;
+    if (!c->flush_qp[rail] || c->rail[rail].state != MPIB_RAIL_UP) continue; /* a failed rail wrote nothing since */
     struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[rail]->lkey};
     struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
                              .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
@@ -436,46 +496,403 @@ ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
   return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
 }
 
-static ncclResult_t completion_error(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
-  c->rail_failed[rail] = 1;
-  MPIB_WARN("%s rail: completion error on QP %u: %s (status %d, vendor error %u, opcode %d)",
-            rail_name(rail), wc->qp_num, ibv_wc_status_str(wc->status), wc->status, wc->vendor_err,
-            wc->opcode);
-  return ncclRemoteError;
+/* ---- Failover: a rail leaves service, the connection goes on (docs/failover.md) ---- */
+
+static uint64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
-  uint64_t slot = wc->wr_id;
-  if (slot >= MPIB_MAX_REQUESTS) return ncclSuccess;
-  if (mpib_profiling()) mpib_prof_send_rail_done(c, (int)slot, rail);
-  c->slot_rails[slot] &= ~(1u << rail);
-  if (c->slot_rails[slot] != 0) return ncclSuccess;
+/* Whether a rail can carry this connection's traffic right now. */
+static int rail_usable(const struct mpib_comm *c, int r) {
+  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(r) && !rail_down(r);
+}
+
+/* The peer's requests would otherwise wait for their own timeouts: one byte on the control
+ * socket makes its watcher fail them at once (lifecycle.go). */
+static void notify_peer_failed(struct mpib_comm *c) {
+  if (c->ctrl_fd >= 0) (void)send(c->ctrl_fd, "F", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* The receiver's fence record of a rail: the sender's copy (written by the receiver) or the
+ * receiver's staging, after the CTS FIFO. The sender's notice word follows the size records. */
+static struct mpib_fence_rec *fence_rec(struct mpib_comm *c, int r) {
+  return (struct mpib_fence_rec *)((char *)c->cts + MPIB_CTS_BYTES) + r;
+}
+static uint64_t *notice_word(struct mpib_comm *c, int r) { return (uint64_t *)((char *)c->sizes + MPIB_SIZES_BYTES) + r; }
+
+/* One signalled RDMA write of a control structure on `via`; len bytes from local to the
+ * peer's buffer at offset off. */
+static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, struct ibv_mr *mr, uint32_t len,
+                                 uint64_t off) {
+  struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = wrid_special(c, via, MPIB_WR_CTRL), .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+  if (len <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE;
+  wr.wr.rdma.remote_addr = c->rem_addr + off;
+  wr.wr.rdma.rkey = c->rem_rkey[via];
+  struct ibv_send_wr *bad = NULL;
+  int qi = mpib_qp_index(via, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  if (rc) return comm_failed(c, "posting a failover message failed: ", strerror(rc));
+  c->pending[via]++;
+  return ncclSuccess;
+}
+
+/* Sender -> receiver: a notice about rail r, carried by the other rail (or by r itself once
+ * its probes proved it). */
+static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
+  int via = (cmd == MPIB_NOTICE_FAIL || rail_usable(c, 1 - r)) ? 1 - r : r;
+  uint64_t *stage = notice_word(c, r);
+  *stage = mpib_notice_encode(c->rail[r].gen, cmd);
+  return post_control(c, via, stage, c->sizes_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
+}
+
+/* Receiver -> sender: its fence record of rail r, carried by the other rail. */
+static ncclResult_t post_record(struct mpib_comm *c, int r) {
+  int via = 1 - r;
+  if (!rail_usable(c, via)) return rail_fail(c, via, "completion-error", "no rail left for the fence record");
+  struct mpib_fence_rec *st = fence_rec(c, r);
+  st->check = mpib_fence_check(st);
+  return post_control(c, via, st, c->cts_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
+}
+
+/* Receiver: every open slot's CTS again, on the rail that took the CTS over. */
+static int repost_open_cts(struct mpib_comm *c, int rail) {
+  int last = -1;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++)
+    if (c->slot_reqs[slot][0]) last = slot;
+  for (int slot = 0; slot <= last; slot++) {
+    struct mpib_request *req = c->slot_reqs[slot][0];
+    if (req == NULL) continue;
+    int rc = post_cts(c, slot, rail, req->nreqs, slot == last);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Takes rail r out of service for this connection. Without another usable rail (or with
+ * MPIB_FAILOVER=0) the connection fails, and the peer is told. */
+static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  int s = 1 - r;
+  const char *side = c->is_send ? "send" : "recv";
+  if (!mpib_g.failover || !rail_usable(c, s)) {
+    if (!c->failure_reported)
+      MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): %s",
+                rail_name(r), side, (unsigned long long)wall_ms(), reason, rc->gen, detail,
+                mpib_g.failover ? "no other rail can carry this connection" : "MPIB_FAILOVER=0");
+    c->failure_reported = 1;
+    notify_peer_failed(c);
+    return ncclRemoteError;
+  }
+  int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
+  if (retrying) rc->attempts++;
+  rc->state = MPIB_RAIL_FENCING;
+  rc->since_ns = mpib_now_ns();
+  if (!retrying || rc->attempts <= 3)
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
+              (unsigned long long)wall_ms(), reason, rail_name(s), rc->gen, detail);
+  if (!rail_fatal(r)) mpib_rail_to_error(c, r);
+  if (!c->is_send && c->cts_rail == r) {
+    c->cts_rail = s;
+    int e = repost_open_cts(c, s);
+    if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
+  }
+  if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);
+  return ncclSuccess;
+}
+
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc);
+
+/* Everything rail r's CQ holds, handled now (a dead device's CQ is not touched). */
+static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
+  struct ibv_wc wcs[16];
+  int n;
+  if (!c->cq[r] || rail_fatal(r)) return ncclSuccess;
+  while ((n = ibv_poll_cq(c->cq[r], 16, wcs)) > 0) {
+    for (int i = 0; i < n; i++) {
+      ncclResult_t res = handle_completion(c, r, &wcs[i]);
+      if (res != ncclSuccess) return res;
+    }
+  }
+  return ncclSuccess;
+}
+
+static void slot_try_complete(struct mpib_comm *c, int slot) {
+  if (c->slot_rails[slot] != 0 || c->slot_replay[slot] != 0) return;
   for (int r = 0; r < c->slot_matched[slot]; r++) {
     c->slot_reqs[slot][r]->done = 1;
     c->slot_reqs[slot][r] = NULL;
   }
   c->slot_matched[slot] = 0;
+  c->slot_posted_seq1[slot] = 0;
+}
+
+/* Sender: posts the replays decided by send_resolve, as far as the send queue has room. */
+static ncclResult_t post_replays(struct mpib_comm *c) {
+  int s = rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS && c->replays_waiting > 0; slot++) {
+    if (c->slot_replay[slot] != 1) continue;
+    if (!rail_usable(c, s)) return rail_fail(c, s, "completion-error", "no rail left to replay on");
+    struct mpib_request **reqs = c->slot_reqs[slot];
+    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0};
+    for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = s == MPIB_RAIL_SOUT ? reqs[r]->size : 0;
+    p.imm = mpib_imm_encode_replay((uint32_t)slot, p.mask, reqs[0]->seq);
+    int rc = post_chain(c, slot, s, &p, 1);
+    if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
+    if (rc) return rail_fail(c, s, "completion-error", "posting a replay failed");
+    c->slot_replay[slot] = 2;
+    c->replays_waiting--;
+  }
   return ncclSuccess;
 }
 
-static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
-  uint32_t slot, mask, seq8, imm_size;
-  c->srq_posted[rail]--;
-  if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8, &imm_size) != 0) {
-    MPIB_WARN("%s rail: malformed completion from the peer (imm 0x%x)", rail_name(rail), wc->imm_data);
-    return ncclRemoteError;
+/* Sender: the receiver's record of rail r says which open slots it already has; the others
+ * are replayed whole on the surviving rail (mpib_replay_needed). */
+static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  int replays = 0, settled = 0;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
+    if (!c->slot_posted_seq1[slot] || !(c->slot_rails[slot] & (1u << r))) continue;
+    uint64_t seq = c->slot_posted_seq1[slot] - 1;
+    c->slot_rails[slot] &= ~(1u << r);
+    if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
+    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], seq, r)) {
+      c->slot_replay[slot] = 1;
+      c->replays_waiting++;
+      replays++;
+    } else {
+      settled++;
+      slot_try_complete(c, slot);
+    }
   }
-  struct mpib_request *req = c->slot_reqs[slot][0];
-  if (req == NULL || (req->seq & 0xFF) != seq8 || (mask & ~(1u << MPIB_RAIL_SOUT | 1u << MPIB_RAIL_SUP)) ||
-      (req->expected_mask && req->expected_mask != mask) || (req->seen_mask & (1u << rail))) {
-    MPIB_WARN("%s rail: completion for slot %u (seq %u, mask %u) matches no posted receive", rail_name(rail),
-              slot, seq8, mask);
-    return ncclRemoteError;
+  uint64_t now = mpib_now_ns();
+  rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  c->pending[r] = 0;
+  rc->since_ns = now;
+  rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
+                                                   mpib_g.recovery_backoff_max_ms) * 1000000ull;
+  MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered", rail_name(r),
+            rc->gen, replays, settled);
+  return post_replays(c);
+}
+
+/* Reads the receiver's record of rail r when it is complete and names generation `gen` in
+ * the given field (fence or ready). */
+static int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
+  volatile struct mpib_fence_rec *in = fence_rec(c, r);
+  uint64_t want = c->rail[r].gen;
+  if ((ready ? in->ready_gen : in->fence_gen) != want) return 0;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  memcpy(out, (const void *)in, sizeof *out);
+  return (ready ? out->ready_gen : out->fence_gen) == want && out->check == mpib_fence_check(out);
+}
+
+/* Sender, rail DOWN: reset and reconnect its QPs as generation + 1 and ask the receiver to do
+ * the same. A failure here is retried after the back-off. */
+static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  ncclResult_t res = drain_rail(c, r); /* stale completions of the failed generation */
+  if (res != ncclSuccess) return res;
+  rc->gen++;
+  rc->since_ns = now;
+  int e = mpib_rail_reconnect(c, r, mpib_gen_psn(rc->gen));
+  if (e) {
+    rc->attempts++;
+    rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
+                                                     mpib_g.recovery_backoff_max_ms) * 1000000ull;
+    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); next attempt in %llu ms", rail_name(r), strerror(-e),
+              (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
+    return ncclSuccess;
   }
-  req->expected_mask = mask;
-  req->seen_mask |= 1u << rail;
-  if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
-  if (req->seen_mask != req->expected_mask) return ncclSuccess;
+  rc->state = MPIB_RAIL_RECOVERING;
+  return post_notice(c, r, MPIB_NOTICE_RECOVER);
+}
+
+/* Sender: one zero-byte write per QP of the rebuilt rail; all must complete before the rail
+ * carries data again. */
+static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
+  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  rc->state = MPIB_RAIL_PROBING;
+  rc->since_ns = now;
+  rc->probes = 0;
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_PROBE), .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = c->rem_addr;
+    wr.wr.rdma.rkey = c->rem_rkey[r];
+    struct ibv_send_wr *bad = NULL;
+    if (ibv_post_send(c->qps[base + (int)i].qp, &wr, &bad)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
+    rc->probes++;
+    c->pending[r]++;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t probe_done(struct mpib_comm *c, int r) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  if (rc->state != MPIB_RAIL_PROBING || --rc->probes > 0) return ncclSuccess;
+  rc->state = MPIB_RAIL_UP;
+  MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", rail_name(r),
+            (unsigned long long)wall_ms(), rc->gen, rc->attempts);
+  rc->attempts = 0;
+  return post_notice(c, r, MPIB_NOTICE_UP);
+}
+
+/* Sender side of a rail that is not simply UP. */
+static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  struct mpib_fence_rec rec;
+  uint64_t timeout = mpib_g.failover_timeout_ms * 1000000ull;
+  switch (rc->state) {
+  case MPIB_RAIL_FENCING:
+    if (read_record(c, r, 0, &rec)) return send_resolve(c, r, &rec);
+    if (now - rc->since_ns > timeout) {
+      notify_peer_failed(c);
+      return comm_failed(c, "the receiver never answered the failover of rail ", rail_name(r));
+    }
+    return ncclSuccess;
+  case MPIB_RAIL_DOWN: {
+    uint64_t port_back = __atomic_load_n(&mpib_g.dev[r].port_change_ns, __ATOMIC_RELAXED);
+    int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
+    if (due && !rail_down(r) && !rail_fatal(r) && rail_usable(c, 1 - r)) return send_recover(c, r, now);
+    return ncclSuccess;
+  }
+  case MPIB_RAIL_RECOVERING:
+    if (read_record(c, r, 1, &rec)) return post_probes(c, r, now);
+    if (now - rc->since_ns > timeout) { /* the receiver did not rebuild: try again later */
+      rc->state = MPIB_RAIL_DOWN;
+      rc->attempts++;
+      rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
+                                                       mpib_g.recovery_backoff_max_ms) * 1000000ull;
+    }
+    return ncclSuccess;
+  case MPIB_RAIL_PROBING:
+    if (now - rc->since_ns > timeout) return rail_fail(c, r, "probe-failed", "the probes never completed");
+    return ncclSuccess;
+  default:
+    return ncclSuccess;
+  }
+}
+
+/* Receiver: rail r fenced a moment ago; once what was already in flight has landed, report
+ * what it has to the sender. */
+static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  if (now - rc->since_ns < MPIB_FENCE_SETTLE_NS) return ncclSuccess;
+  ncclResult_t res = drain_rail(c, r);
+  if (res != ncclSuccess) return res;
+  struct mpib_fence_rec *st = fence_rec(c, r);
+  st->fence_gen = rc->gen;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
+    struct mpib_request *req = c->slot_reqs[slot][0];
+    st->open_seq1[slot] = req ? req->seq + 1 : 0;
+    st->seen[slot] = req ? (uint8_t)req->seen_mask : 0;
+  }
+  rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  c->pending[r] = 0;
+  return post_record(c, r);
+}
+
+/* Receiver: the sender rebuilt rail r as generation gen; do the same and say so. */
+static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  if (rail_fatal(r)) return ncclSuccess;
+  rc->state = MPIB_RAIL_DOWN; /* completions of the old generation are dropped by the drain */
+  ncclResult_t res = drain_rail(c, r);
+  if (res != ncclSuccess) return res;
+  rc->gen = gen;
+  int e = mpib_rail_reconnect(c, r, mpib_gen_psn(gen));
+  if (e) {
+    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
+    return ncclSuccess;
+  }
+  rc->state = MPIB_RAIL_RECOVERING;
+  rc->since_ns = now;
+  if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
+  fence_rec(c, r)->ready_gen = gen;
+  return post_record(c, r);
+}
+
+static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  uint32_t gen, cmd;
+  if (mpib_notice_decode(word, &gen, &cmd) != 0) {
+    MPIB_WARN("%s rail: ignoring a malformed failover notice 0x%llx from the peer", rail_name(r), (unsigned long long)word);
+    return ncclSuccess;
+  }
+  int live = rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_RECOVERING;
+  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && live) return rail_fail(c, r, "peer-notice", "the sender failed it");
+  if (cmd == MPIB_NOTICE_RECOVER && gen > rc->gen) return recv_recover(c, r, gen, now);
+  if (cmd == MPIB_NOTICE_UP && gen == rc->gen && rc->state == MPIB_RAIL_RECOVERING) {
+    rc->state = MPIB_RAIL_UP;
+    if (c->cts_rail_pref == r) c->cts_rail = r;
+    MPIB_INFO("%s rail: back in service (generation %u)", rail_name(r), gen);
+  }
+  return ncclSuccess;
+}
+
+/* Runs on every progress call. With every rail UP it costs a load or two per rail: the port
+ * state, and the peer's record (sender) or notice (receiver) word. */
+static ncclResult_t failover_tick(struct mpib_comm *c) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (!c->nqps[r]) continue;
+    struct mpib_rail_ctl *rc = &c->rail[r];
+    ncclResult_t res = ncclSuccess;
+    if (!c->is_send) {
+      uint64_t word = __atomic_load_n(notice_word(c, r), __ATOMIC_ACQUIRE);
+      if (word != rc->notice_seen) {
+        rc->notice_seen = word;
+        res = recv_notice(c, r, word, mpib_now_ns());
+      }
+    } else if (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) {
+      struct mpib_fence_rec rec;
+      if (read_record(c, r, 0, &rec) && (res = rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
+        res = send_resolve(c, r, &rec);
+    }
+    if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && rail_down(r))
+      res = rail_fail(c, r, "port-down", mpib_g.dev[r].name);
+    if (res == ncclSuccess && rc->state != MPIB_RAIL_UP && rc->state != MPIB_RAIL_DEAD) {
+      uint64_t now = mpib_now_ns();
+      res = c->is_send ? send_rail_tick(c, r, now)
+                       : rc->state == MPIB_RAIL_FENCING ? recv_fence_settle(c, r, now) : ncclSuccess;
+    }
+    if (res != ncclSuccess) return res;
+  }
+  return c->replays_waiting > 0 ? post_replays(c) : ncclSuccess;
+}
+
+/* ---- Completions ---- */
+
+static ncclResult_t rail_error(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  int st = c->rail[rail].state;
+  if (st == MPIB_RAIL_FENCING || st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess; /* the rest of its queue */
+  char detail[160];
+  snprintf(detail, sizeof detail, "%s, status %d, vendor error %u, QP %u", ibv_wc_status_str(wc->status), wc->status,
+           wc->vendor_err, wc->qp_num);
+  return rail_fail(c, rail, st == MPIB_RAIL_PROBING ? "probe-failed" : "completion-error", detail);
+}
+
+static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t id) {
+  uint64_t seq = id & MPIB_WRID_SEQ_MASK;
+  int slot = (int)(seq % MPIB_MAX_REQUESTS);
+  if (c->slot_posted_seq1[slot] != seq + 1) return ncclSuccess; /* already settled by a failover */
+  if (id & MPIB_WRID_REPLAY) {
+    c->slot_replay[slot] = 0;
+  } else {
+    if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
+    if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
+    c->slot_rails[slot] &= ~(1u << rail);
+  }
+  slot_try_complete(c, slot);
+  return ncclSuccess;
+}
+
+/* A receive's sizes, from the immediate or the size records, checked against its buffers. */
+static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size) {
   if (imm_size != MPIB_IMM_NO_SIZE && req->nreqs != 1) {
     MPIB_WARN("%s rail: size in the immediate for a grouped receive of %d", rail_name(rail), req->nreqs);
     return ncclRemoteError;
@@ -495,21 +912,59 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   return ncclSuccess;
 }
 
+static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+  uint32_t slot, mask, seq8, imm_size;
+  if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8, &imm_size) != 0) {
+    MPIB_WARN("%s rail: malformed completion from the peer (imm 0x%x)", rail_name(rail), wc->imm_data);
+    return ncclRemoteError;
+  }
+  /* A fenced rail's late write: the sender was told the slot lacks it and replays it whole. */
+  if (c->rail[rail].state == MPIB_RAIL_DOWN || c->rail[rail].state == MPIB_RAIL_DEAD) return ncclSuccess;
+  struct mpib_request *req = c->slot_reqs[slot][0];
+  int replay = mpib_imm_is_replay(wc->imm_data);
+  if (req == NULL || (req->seq & 0xFF) != seq8 || (mask & ~(1u << MPIB_RAIL_SOUT | 1u << MPIB_RAIL_SUP)) ||
+      (!replay && ((req->expected_mask && req->expected_mask != mask) || (req->seen_mask & (1u << rail))))) {
+    MPIB_WARN("%s rail: completion for slot %u (seq %u, mask %u%s) matches no posted receive", rail_name(rail), slot,
+              seq8, mask, replay ? ", replay" : "");
+    return ncclRemoteError;
+  }
+  if (!replay) { /* a replay carries the whole slot: nothing else is awaited */
+    req->expected_mask = mask;
+    req->seen_mask |= 1u << rail;
+    if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
+    if (req->seen_mask != req->expected_mask) return ncclSuccess;
+  }
+  return recv_finish(c, rail, slot, req, imm_size);
+}
+
 /* Whether a rail can have completions to deliver: signalled sends outstanding, or (receiver)
- * receives posted that the peer's writes can complete. An idle rail costs no poll. */
+ * receives posted that the peer's writes can complete. An idle rail costs no poll; neither
+ * does a failed one (its CQ is drained when it is rebuilt) or a dead device. */
 static int rail_busy(const struct mpib_comm *c, int rail) {
-  return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0);
+  int st = c->rail[rail].state;
+  if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD || rail_fatal(rail)) return 0;
+  return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0) || st == MPIB_RAIL_FENCING;
 }
 
 static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
-  if (wc->status != IBV_WC_SUCCESS) return completion_error(c, rail, wc);
-  if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) return on_recv_completion(c, rail, wc);
-  c->pending[rail]--;
-  if (c->is_send) return on_send_completion(c, rail, wc);
-  return ncclSuccess; /* a signalled CTS write */
+  uint64_t id = wc->wr_id;
+  if (id == MPIB_WRID_RECV) { /* an SRQ receive: they outlive QP generations */
+    c->srq_posted[rail]--;
+    if (wc->status != IBV_WC_SUCCESS) return rail_error(c, rail, wc);
+    return on_recv_completion(c, rail, wc);
+  }
+  int st = c->rail[rail].state;
+  if (!wrid_current(c, rail, id) || st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess;
+  if (wc->status != IBV_WC_SUCCESS) return rail_error(c, rail, wc);
+  if (c->pending[rail]) c->pending[rail]--;
+  int kind = wrid_kind(id);
+  if (kind == MPIB_WR_PROBE) return probe_done(c, rail);
+  if (kind == 0 && c->is_send) return on_send_completion(c, rail, id);
+  return ncclSuccess; /* a signalled CTS or control write */
 }
 
-/* Drains the completion queues of the rails that have work, each while it yields. */
+/* Drains the completion queues of the rails that have work, each while it yields, then lets
+ * the failover state machine move. */
 static ncclResult_t progress(struct mpib_comm *c) {
   struct ibv_wc wcs[16];
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
@@ -518,29 +973,34 @@ static ncclResult_t progress(struct mpib_comm *c) {
     do {
       n = ibv_poll_cq(c->cq[rail], 16, wcs);
       if (n < 0) {
-        MPIB_WARN("%s rail: ibv_poll_cq failed", rail_name(rail));
-        return ncclSystemError;
+        if (c->rail[rail].state != MPIB_RAIL_UP) break;
+        ncclResult_t res = rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
+        if (res != ncclSuccess) return res;
+        break;
       }
       for (int i = 0; i < n; i++) {
         ncclResult_t res = handle_completion(c, rail, &wcs[i]);
         if (res != ncclSuccess) return res;
       }
     } while (n == 16);
-    if (c->srq[rail] && mpib_srq_refill(c, rail)) return ncclSystemError;
+    if (c->srq[rail] && c->rail[rail].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, rail)) return ncclSystemError;
   }
-  return ncclSuccess;
+  return failover_tick(c);
 }
 
 static ncclResult_t flush_progress(struct mpib_comm *c) {
   struct ibv_wc wc;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->flush_cq[rail]) continue;
+    if (!c->flush_cq[rail] || rail_fatal(rail)) continue;
     int n;
     while ((n = ibv_poll_cq(c->flush_cq[rail], 1, &wc)) > 0) {
-      if (wc.status != IBV_WC_SUCCESS) return completion_error(c, rail, &wc);
+      /* A flush read that failed on a rail leaving service orders nothing more: it counts. */
+      if (wc.status != IBV_WC_SUCCESS && c->rail[rail].state == MPIB_RAIL_UP) {
+        ncclResult_t res = rail_error(c, rail, &wc);
+        if (res != ncclSuccess) return res;
+      }
       ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_pending--;
     }
-    if (n < 0) return ncclSystemError;
   }
   return ncclSuccess;
 }

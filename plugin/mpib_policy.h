@@ -26,13 +26,16 @@ enum { MPIB_MODE_VANILLA = 0, MPIB_MODE_ADVANCED = 1 };
  *   bit  7      the size is in bits 16..31 (a single request below 64 KiB): the write that
  *               carries the immediate carries data and no size record is written
  *   bits 8..15  low 8 bits of the request's FIFO sequence number, checked by the receiver
- *   bits 16..31 the size when bit 7 is set, else zero (non-zero means a corrupt peer) */
+ *   bits 16..31 the size when bit 7 is set; else bit 16 marks a REPLAY (a whole slot re-sent
+ *               on a surviving rail after a failover, see mpib_replay_needed) and bits 17..31
+ *               are zero (non-zero means a corrupt peer) */
 #define MPIB_IMM_MASK_SHIFT 5u
 #define MPIB_IMM_SIZE_FLAG 0x80u
 #define MPIB_IMM_SEQ_SHIFT 8u
 #define MPIB_IMM_SIZE_SHIFT 16u
 #define MPIB_IMM_MAX_SIZE 0xFFFFu
 #define MPIB_IMM_NO_SIZE UINT32_MAX
+#define MPIB_IMM_REPLAY_FLAG (1u << MPIB_IMM_SIZE_SHIFT)
 
 /* size: the request size to carry in the immediate, or MPIB_IMM_NO_SIZE. */
 static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t seq, uint32_t size) {
@@ -47,12 +50,22 @@ static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t se
 static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, uint32_t *seq8, uint32_t *size) {
   uint32_t m = (imm >> MPIB_IMM_MASK_SHIFT) & 0x3u;
   int has_size = (imm & MPIB_IMM_SIZE_FLAG) != 0;
-  if (m == 0 || (!has_size && (imm >> MPIB_IMM_SIZE_SHIFT) != 0)) return -1;
+  if (m == 0 || (!has_size && (imm >> (MPIB_IMM_SIZE_SHIFT + 1)) != 0)) return -1;
   *slot = imm & 0x1Fu;
   *mask = m;
   *seq8 = (imm >> MPIB_IMM_SEQ_SHIFT) & 0xFFu;
   *size = has_size ? imm >> MPIB_IMM_SIZE_SHIFT : MPIB_IMM_NO_SIZE;
   return 0;
+}
+
+/* A replay's immediate: the slot's whole content came again on the rails in `mask`. It never
+ * carries the size (the replay always writes the size records). */
+static inline uint32_t mpib_imm_encode_replay(uint32_t slot, uint32_t mask, uint64_t seq) {
+  return mpib_imm_encode(slot, mask, seq, MPIB_IMM_NO_SIZE) | MPIB_IMM_REPLAY_FLAG;
+}
+
+static inline int mpib_imm_is_replay(uint32_t imm) {
+  return (imm & MPIB_IMM_SIZE_FLAG) == 0 && (imm & MPIB_IMM_REPLAY_FLAG) != 0;
 }
 
 static inline uint32_t mpib_clamp_sup_bw(uint32_t sup_bw) {
@@ -219,6 +232,71 @@ static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, in
     ah->grh.traffic_class = local_link_layer == IBV_LINK_LAYER_INFINIBAND ? 0 : tc;
   }
   return 0;
+}
+
+/* ---- Rail failover (mpib_p2p.c; design and timeline in docs/failover.md) ----
+ * A rail's life per connection: UP -> FENCING (failed: its QPs forced to the error state so
+ * nothing more of it lands) -> DOWN (the receiver told the sender what it has; the sender
+ * replayed the rest on the other rail) -> RECOVERING (QPs reset and reconnected, generation
+ * + 1) -> PROBING (a zero-byte write per QP) -> UP. DEAD: the device is gone for good. */
+enum { MPIB_RAIL_UP = 0, MPIB_RAIL_FENCING, MPIB_RAIL_DOWN, MPIB_RAIL_RECOVERING, MPIB_RAIL_PROBING, MPIB_RAIL_DEAD };
+
+/* Whether the sender must replay a slot it posted on the failed rail. After fencing the rail
+ * the receiver reports, per FIFO slot, the sequence number + 1 of its still-open receive
+ * (open_seq1, 0 = none) and the rails whose final write it has seen. A receive that is no
+ * longer open, or that saw the failed rail's write, needs nothing (the write landed; only its
+ * acknowledgement was lost). One that is open and did not see it can no longer complete
+ * without a replay (the rail is fenced), so a replay can never land in a buffer the receiver
+ * has already handed back to NCCL. */
+static inline int mpib_replay_needed(uint64_t open_seq1, uint32_t seen_mask, uint64_t slot_seq, int failed_rail) {
+  return open_seq1 == slot_seq + 1 && !(seen_mask & (1u << failed_rail));
+}
+
+/* Delay before the next attempt to bring a failed rail back: initial_ms doubled per failed
+ * attempt, capped at max_ms. Never gives up: a flapping link is retried at most every max_ms. */
+static inline uint64_t mpib_recovery_backoff_ms(uint32_t failed_attempts, uint64_t initial_ms, uint64_t max_ms) {
+  uint64_t d = initial_ms;
+  for (uint32_t i = 0; i < failed_attempts && d < max_ms; i++) d *= 2;
+  return d < max_ms ? d : max_ms;
+}
+
+/* The starting packet sequence number of a rail's QPs in generation `gen`: each rebuild starts
+ * far from the previous one, so a stray packet of an old generation is outside the window. */
+static inline uint32_t mpib_gen_psn(uint32_t gen) { return (gen * 0x00A5A5A5u) & 0xFFFFFFu; }
+
+/* Notices the sender RDMA-writes into the receiver's notice word of a rail (one 8-byte store):
+ * generation << 8 | command. */
+enum { MPIB_NOTICE_FAIL = 1, MPIB_NOTICE_RECOVER = 2, MPIB_NOTICE_UP = 3 };
+static inline uint64_t mpib_notice_encode(uint32_t gen, uint32_t cmd) { return (uint64_t)gen << 8 | (cmd & 0xFFu); }
+static inline int mpib_notice_decode(uint64_t word, uint32_t *gen, uint32_t *cmd) {
+  *gen = (uint32_t)(word >> 8);
+  *cmd = (uint32_t)(word & 0xFFu);
+  return (word >> 40) == 0 && *gen != 0 && *cmd >= MPIB_NOTICE_FAIL && *cmd <= MPIB_NOTICE_UP ? 0 : -1;
+}
+
+/* The receiver's answer for one rail, RDMA-written into the sender's memory after the CTS FIFO:
+ * the generation it fenced (with what it had then) and the generation it rebuilt its QPs for. */
+#define MPIB_FENCE_SLOTS 32
+struct mpib_fence_rec {
+  uint64_t fence_gen;
+  uint64_t ready_gen;
+  uint64_t open_seq1[MPIB_FENCE_SLOTS];
+  uint8_t seen[MPIB_FENCE_SLOTS];
+  uint64_t check;
+  uint8_t pad[56];
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct mpib_fence_rec) == 384, "fence record layout");
+
+/* As the CTS, a record is trusted only when its checksum matches (rxe copies it with memcpy). */
+static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r) {
+  uint64_t h = 0x2545F4914F6CDD1Dull ^ r->fence_gen;
+  h = (h ^ r->ready_gen) * 0xBF58476D1CE4E5B9ull;
+  for (int i = 0; i < MPIB_FENCE_SLOTS; i++) {
+    h ^= r->open_seq1[i] + ((uint64_t)r->seen[i] << 56);
+    h *= 0x94D049BB133111EBull;
+    h ^= h >> 29;
+  }
+  return h;
 }
 
 #endif

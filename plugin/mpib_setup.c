@@ -229,7 +229,7 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
 
 /* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
 static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
-                      const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc) {
+                      const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
   struct mpib_dev *d = &mpib_g.dev[rail];
   if (rem->ece_valid && mpib_g.ece_enable) {
     struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
@@ -245,7 +245,7 @@ static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = mtu;
   a.dest_qp_num = rem_qpn;
-  a.rq_psn = 0;
+  a.rq_psn = psn;
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = 12;
   int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
@@ -256,7 +256,7 @@ static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t
   a.timeout = mpib_g.ib_timeout;
   a.retry_cnt = mpib_g.ib_retry_cnt;
   a.rnr_retry = 7;
-  a.sq_psn = 0;
+  a.sq_psn = psn;
   a.max_rd_atomic = 1;
   rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
@@ -287,16 +287,18 @@ static int flush_setup(struct mpib_comm *c, int rail) {
   if (!c->flush_mr[rail]) return -ENOMEM;
   struct mpib_rail_info self;
   local_rail_info(c, rail, &self);
-  return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc);
+  return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc, 0);
 }
 
 static int rail_setup(struct mpib_comm *c, int rail) {
   struct mpib_dev *d = &mpib_g.dev[rail];
   if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;
-  c->cq[rail] = ibv_create_cq(d->ctx, MPIB_CQ_DEPTH, NULL, NULL, 0);
+  /* A failed QP completes every outstanding work request in error, signalled or not: the
+   * sender's CQ holds a full send queue's worth besides the normal completions. */
+  c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
   if (!c->cq[rail]) return -ENOMEM;
-  c->cts_mr[rail] = reg_local(rail, c->cts, MPIB_CTS_BYTES);
-  c->sizes_mr[rail] = reg_local(rail, c->sizes, MPIB_SIZES_BYTES);
+  c->cts_mr[rail] = reg_local(rail, c->cts, MPIB_CTS_AREA);
+  c->sizes_mr[rail] = reg_local(rail, c->sizes, MPIB_SIZES_AREA);
   if (!c->cts_mr[rail] || !c->sizes_mr[rail]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
@@ -339,7 +341,7 @@ static void *page_alloc(size_t size) {
 /* Host memory one comm allocates (the verbs provider's queues come on top). */
 size_t mpib_comm_host_bytes(int is_send) {
   size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
-  return sizeof(struct mpib_comm) + pool + 2 * MPIB_PAGE + ((MPIB_CTS_BYTES + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+  return sizeof(struct mpib_comm) + pool + 2 * MPIB_PAGE + ((MPIB_CTS_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
@@ -348,14 +350,17 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   memset(c, 0, sizeof *c);
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
-  c->cts = page_alloc(MPIB_CTS_BYTES);
-  c->sizes = page_alloc(MPIB_SIZES_BYTES);
+  c->cts = page_alloc(MPIB_CTS_AREA);
+  c->sizes = page_alloc(MPIB_SIZES_AREA);
   c->flush_buf = page_alloc(MPIB_PAGE);
   c->is_send = p->is_send;
   c->mode = p->mode;
   c->path_class = p->path_class;
   c->sup_relay = mpib_g.sup_relay;
   c->cts_rail = mpib_cts_rail(p->mode, p->path_class);
+  c->cts_rail_pref = c->cts_rail;
+  c->ctrl_fd = -1;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;
   c->shm_slot = -1;
   c->tc = (uint8_t)p->tc;
@@ -424,9 +429,11 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     c->rem_rkey[r] = remote->rail[r].rkey;
     enum ibv_mtu mtu = mpib_g.dev[r].active_mtu;
     if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
+    c->rem_rail[r] = remote->rail[r];
+    c->rail_mtu[r] = mtu;
     for (uint32_t i = 0; i < c->nqps[r]; i++) {
       int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
-                          qp_traffic_class(c));
+                          qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
       if (rc) {
         MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r),
                   c->qps[base + i].qp->qp_num, remote->rail[r].qpn[i], strerror(-rc));
@@ -437,6 +444,65 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   }
   return 0;
 }
+
+static int rail_base(const struct mpib_comm *c, int r) { return r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT]; }
+
+/* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
+ * arrives for them, and their outstanding work requests complete in error. */
+int mpib_rail_to_error(struct mpib_comm *c, int r) {
+  int first = 0;
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int rc = ibv_modify_qp(c->qps[rail_base(c, r) + i].qp, &a, IBV_QP_STATE);
+    if (rc && !first) first = rc;
+  }
+  return -first;
+}
+
+/* Brings a failed rail's QPs back: RESET, INIT, then RTR/RTS against the same remote QPs
+ * (the peer does the same with the same psn). */
+/* After a port flap the kernel may have re-added the rail's GID at another index: find the
+ * same address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. */
+static int refresh_gid_index(struct mpib_comm *c, int r) {
+  uint8_t gid[16];
+  int type, want_type;
+  if (mpib_gid_entry(r, c->gid_index[r], gid, &want_type) == 0 && memcmp(gid, c->gid[r].raw, 16) == 0) return 0;
+  /* The original type is what the entry had at connect time; without it, take RoCE v2. */
+  want_type = IBV_GID_TYPE_ROCE_V2;
+  int n = mpib_g.dev[r].gid_tbl_len;
+  for (int i = 0; i < n; i++) {
+    if (mpib_gid_entry(r, i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[r].raw, 16) == 0) {
+      MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(r), c->gid_index[r], i);
+      c->gid_index[r] = i;
+      return 0;
+    }
+  }
+  return -EADDRNOTAVAIL;
+}
+
+int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
+  struct mpib_dev *d = &mpib_g.dev[r];
+  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+    int rc = refresh_gid_index(c, r);
+    if (rc) return rc;
+  }
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    struct ibv_qp *qp = c->qps[rail_base(c, r) + i].qp;
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = d->pkey_index;
+    a.port_num = d->port;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
+    int rc = qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], qp_traffic_class(c), psn);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) { c->ctrl_fd = fd; }
 
 static void rail_destroy(struct mpib_comm *c, int r) {
   if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
@@ -482,6 +548,12 @@ void mpib_comm_destroy(struct mpib_comm *c) {
 }
 
 void mpib_comm_peer_gone(struct mpib_comm *c) { __atomic_store_n(&c->peer_gone_ns, mpib_now_ns(), __ATOMIC_RELEASE); }
+
+/* Backdated past the grace period: the peer said it failed, nothing more is on its way. */
+void mpib_comm_peer_failed(struct mpib_comm *c) {
+  uint64_t now = mpib_now_ns();
+  __atomic_store_n(&c->peer_gone_ns, now > 2000000000ull ? now - 2000000000ull : 1, __ATOMIC_RELEASE);
+}
 
 uint64_t mpib_now_ns(void) {
   struct timespec ts;

@@ -136,6 +136,10 @@ func applyConfig(cfg config.Config) {
 	g.use_inline = boolInt(cfg.UseInline)
 	g.ece_enable = boolInt(cfg.ECE)
 	g.whole_msg_max = C.uint64_t(cfg.WholeMsgMax)
+	g.failover = boolInt(cfg.Failover)
+	g.recovery_backoff_ms = C.uint64_t(cfg.RecoveryBackoffMS)
+	g.recovery_backoff_max_ms = C.uint64_t(max(cfg.RecoveryBackoffMax, cfg.RecoveryBackoffMS))
+	g.failover_timeout_ms = C.uint64_t(cfg.FailoverTimeoutMS)
 	g.agent_stale_ns = C.uint64_t(cfg.AgentStaleMS) * 1000000
 }
 

@@ -62,8 +62,58 @@ static void test_imm(void) {
   EXPECT_EQ("imm too large for the immediate", mpib_imm_encode(1, 1, 1, 65536) >> 7, 1u << 1);
   EXPECT_EQ("imm zero mask rejected", mpib_imm_decode(0x00000003u, &s, &m, &q, &z), -1);
   EXPECT_EQ("imm high bits without size flag rejected",
-            mpib_imm_decode(mpib_imm_encode(1, 1, 1, MPIB_IMM_NO_SIZE) | 0x10000u, &s, &m, &q, &z), -1);
+            mpib_imm_decode(mpib_imm_encode(1, 1, 1, MPIB_IMM_NO_SIZE) | 0x20000u, &s, &m, &q, &z), -1);
   EXPECT_EQ("imm garbage rejected", mpib_imm_decode(0xDEADBE1Fu, &s, &m, &q, &z), -1);
+  /* A replay: slot, mask and sequence as usual, no size, the replay bit. */
+  uint32_t rep = mpib_imm_encode_replay(30, 2, 0x1234);
+  EXPECT_EQ("replay imm decodes", mpib_imm_decode(rep, &s, &m, &q, &z), 0);
+  EXPECT_EQ("replay slot", s, 30);
+  EXPECT_EQ("replay mask", m, 2);
+  EXPECT_EQ("replay seq", q, 0x34);
+  EXPECT_EQ("replay carries no size", z, MPIB_IMM_NO_SIZE);
+  EXPECT_EQ("replay is a replay", mpib_imm_is_replay(rep), 1);
+  EXPECT_EQ("plain imm is no replay", mpib_imm_is_replay(mpib_imm_encode(30, 2, 0x1234, MPIB_IMM_NO_SIZE)), 0);
+  /* Bit 16 of an immediate that carries the size is part of the size, not a replay mark. */
+  EXPECT_EQ("size 1 is no replay", mpib_imm_is_replay(mpib_imm_encode(3, 1, 7, 1)), 0);
+}
+
+static void test_failover(void) {
+  enum { SOUT = MPIB_RAIL_SOUT, SUP = MPIB_RAIL_SUP };
+  static const struct { uint64_t open_seq1; uint32_t seen; uint64_t seq; int rail; int want; const char *why; } cases[] = {
+      {101, 0, 100, SUP, 1, "open, nothing seen: it can only complete by a replay"},
+      {101, 1u << SOUT, 100, SUP, 1, "open, saw only the surviving rail"},
+      {101, 1u << SUP, 100, SUP, 0, "open, saw the failed rail's write: only its ACK was lost"},
+      {101, 3, 100, SUP, 0, "saw both"},
+      {0, 0, 100, SUP, 0, "no open receive in the slot: it completed"},
+      {133, 0, 100, SUP, 0, "the slot holds a later receive: this one completed"},
+      {101, 1u << SUP, 100, SOUT, 1, "SOUT failed, saw only SUP"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    EXPECT_EQ(cases[i].why, mpib_replay_needed(cases[i].open_seq1, cases[i].seen, cases[i].seq, cases[i].rail),
+              cases[i].want);
+  static const struct { uint32_t attempts; uint64_t want; } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};
+  for (size_t i = 0; i < sizeof backoff / sizeof backoff[0]; i++)
+    EXPECT_EQ("backoff doubles to the cap", mpib_recovery_backoff_ms(backoff[i].attempts, 250, 2000), backoff[i].want);
+  EXPECT_EQ("backoff cap below the start", mpib_recovery_backoff_ms(0, 3000, 2000), 2000);
+  uint32_t g, cmd;
+  EXPECT_EQ("notice decodes", mpib_notice_decode(mpib_notice_encode(7, MPIB_NOTICE_RECOVER), &g, &cmd), 0);
+  EXPECT_EQ("notice gen", g, 7);
+  EXPECT_EQ("notice cmd", cmd, MPIB_NOTICE_RECOVER);
+  EXPECT_EQ("empty notice rejected", mpib_notice_decode(0, &g, &cmd), -1);
+  EXPECT_EQ("unknown command rejected", mpib_notice_decode(mpib_notice_encode(7, 9), &g, &cmd), -1);
+  EXPECT_EQ("high garbage rejected", mpib_notice_decode(0xFFFFull << 48 | 0x701, &g, &cmd), -1);
+  EXPECT_EQ("generations start far apart", mpib_gen_psn(1) != mpib_gen_psn(2) && mpib_gen_psn(2) != 0, 1);
+  EXPECT_EQ("psn fits 24 bits", mpib_gen_psn(0xFFFFFFFFu) >> 24, 0);
+  struct mpib_fence_rec rec = {.fence_gen = 3, .ready_gen = 2};
+  rec.open_seq1[5] = 42;
+  rec.seen[5] = 1;
+  rec.check = mpib_fence_check(&rec);
+  uint64_t good = rec.check;
+  rec.seen[5] = 2; /* a torn copy: one field from a newer store */
+  EXPECT_EQ("torn record detected", mpib_fence_check(&rec) != good, 1);
+  rec.seen[5] = 1;
+  rec.fence_gen = 4;
+  EXPECT_EQ("record generation covered", mpib_fence_check(&rec) != good, 1);
 }
 
 static void test_qp_index(void) {
@@ -234,6 +284,7 @@ static void test_whole_message(void) {
 }
 
 int main(void) {
+  test_failover();
   test_whole_message();
   test_flush_needed();
   test_build_ah();

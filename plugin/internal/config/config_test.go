@@ -26,8 +26,9 @@ func TestParseDefaults(t *testing.T) {
 	want := Config{
 		Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, OOBInterface: "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: DefaultShmPath(),
-		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 7, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
+		AgentStaleMS: 500, IBTimeout: 15, IBRetryCnt: 5, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
+		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)

@@ -14,7 +14,7 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	Version       = 2          // 2: traffic class/SL, LID, link layer, SUP prefix and ECE in the metadata
+	Version       = 3          // 3: rail failover (replay immediates, fence records, notices); 2: traffic class/SL, LID, link layer, SUP prefix and ECE
 	HandleSize    = 128        // NCCL_NET_HANDLE_MAXSIZE
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
