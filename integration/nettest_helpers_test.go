@@ -25,7 +25,7 @@ func init() { oobPort.Store(18600) }
 func pluginEnv(n *Node, extra ...string) []string {
 	env := []string{
 		"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + n.Dev(SUP), "MPIB_OOB_IF=" + n.Netdev(SOUT),
-		"MPIB_IB_TIMEOUT=14", "NCCL_DEBUG=INFO",
+		"NCCL_DEBUG=INFO",
 	}
 	return append(env, extra...)
 }

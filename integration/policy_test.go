@@ -22,11 +22,15 @@ type agentCLI struct {
 	name string
 	cmd  []string
 	env  []string
+	// The phases' transfer: five phases of settle + measure bytes (~0.84 GB) plus what flows
+	// while the agent's CLI calls run. The Go CLI answers in milliseconds; the Python CLI
+	// takes seconds per call under the lab's emulated CPU (1.2 GB was too little for it).
+	transfer string
 }
 
 var (
-	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
-	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"}, []string{"PYTHONPATH=" + NodeBuildDir + "/python/src"}}
+	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil, "1200M"}
+	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"}, []string{"PYTHONPATH=" + NodeBuildDir + "/python/src"}, "2000M"}
 )
 
 func (a agentCLI) run(ctx context.Context, t *testing.T, n *Node, args ...string) string {
@@ -143,11 +147,9 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	defer beat.Kill(context.Background())
 
 	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
-	// Five phases of settle + measure bytes (~0.84 GB) plus the agent CLIs' seconds at full
-	// speed fit with room to spare; verified byte for byte. 1.2 GB was too little for the
-	// Python agent, whose CLI calls take seconds each.
+	// Verified byte for byte (see agentCLI.transfer for its size).
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "2000M", "--max-size", "1M", "--window", "8"}})
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", agent.transfer, "--max-size", "1M", "--window", "8"}})
 	slot := agent.sendSlot(ctx, t, a1)
 
 	type phase struct {

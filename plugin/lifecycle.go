@@ -8,6 +8,8 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -177,17 +179,30 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 	go lc.watch()
 }
 
-// watch waits for the peer's end of the control socket to close, or for the one byte 'F' its
-// data path sends when its side failed for good; after the handshake peers write nothing
-// else, so any other return from Read means the peer is gone (or misbehaves).
+// watch reads the control socket after the handshake. The peer's data path writes two kinds
+// of messages there: 'N' rail word (a failover notice, 1 + 1 + 8 bytes little-endian, also
+// sent by RDMA; see post_notice in mpib_p2p.c) and 'F' (its side failed for good: fail the
+// requests waiting on it now). Anything else, or the end of the stream, means the peer is
+// gone (or misbehaves).
 func (lc *liveComm) watch() {
 	defer close(lc.watchDone)
-	var b [1]byte
-	n, err := lc.conn.Read(b[:])
+	var b [10]byte
+	var err error
+	for {
+		if _, err = io.ReadFull(lc.conn, b[:1]); err != nil || b[0] != 'N' {
+			break
+		}
+		if _, err = io.ReadFull(lc.conn, b[1:]); err != nil {
+			break
+		}
+		if !lc.closing.Load() {
+			C.mpib_comm_tcp_notice(lc.comm, C.int(b[1]), C.uint64_t(binary.LittleEndian.Uint64(b[2:])))
+		}
+	}
 	if lc.closing.Load() {
 		return
 	}
-	if n == 1 && b[0] == 'F' {
+	if err == nil && b[0] == 'F' {
 		C.mpib_comm_peer_failed(lc.comm)
 		warnf("peer %v reported that its side of the connection failed (no rail left): requests waiting on it fail now",
 			lc.conn.RemoteAddr())

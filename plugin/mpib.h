@@ -144,6 +144,7 @@ struct mpib_rail_ctl {
   uint64_t retry_at_ns;  /* DOWN: the next recovery attempt */
   uint32_t attempts;     /* recoveries that failed in a row (back-off) */
   uint32_t probes;       /* PROBING: probe writes not yet completed */
+  int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
 };
 
@@ -221,6 +222,9 @@ struct mpib_comm {
   uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* sender: rails whose completion is pending */
   uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS]; /* sender: seq + 1 of the posted slot, 0 = none */
   uint8_t slot_replay[MPIB_MAX_REQUESTS];       /* sender: 1 replay to post, 2 posted */
+  uint8_t slot_replay_rail[MPIB_MAX_REQUESTS];  /* sender: the failed rail whose bytes it re-sends */
+  uint32_t slot_sout[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS]; /* sender: each request's SOUT bytes */
+  uint64_t tcp_notice[MPIB_NRAILS]; /* receiver: the last notice per rail that came over TCP */
   int replays_waiting;                          /* sender: slots with slot_replay == 1 */
 
   /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
@@ -243,6 +247,7 @@ struct mpib_comm {
   uint64_t whole_msg_max;        /* slots of at most this many bytes go whole to one rail */
   int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
   uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */
+  int hint_due;                  /* read the hint again (a telemetry batch was posted) */
   uint64_t tele_bytes[MPIB_NRAILS];
   uint32_t tele_slots;           /* telemetry batched since the last flush */
 
@@ -303,6 +308,8 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
 int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
+/* A notice word about a rail that arrived on the control socket (lifecycle.go). */
+void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
 /* The peer said over the control socket that its side failed: waiting requests fail now. */
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */

@@ -68,6 +68,8 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
 }
 
 static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail);
+static void publish_rail_state(struct mpib_comm *c, int r);
+static int rail_usable(const struct mpib_comm *c, int r);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
 
@@ -76,6 +78,7 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
     if (c->nqps[r] && rail_fatal(r) && c->rail[r].state != MPIB_RAIL_DEAD) {
       if (c->rail[r].state == MPIB_RAIL_DOWN) {
         c->rail[r].state = MPIB_RAIL_DEAD; /* already failed over: it just never comes back */
+        publish_rail_state(c, r);
         continue;
       }
       if (c->rail[r].state == MPIB_RAIL_FENCING) continue;
@@ -89,14 +92,18 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
-/* Advanced mode reads the agent's hint (a clock read and a seqlock) once every
- * MPIB_HINT_REFRESH slots per comm, not per message: a hint takes effect within that many
- * messages. A comm also posts its telemetry to the segment in batches of that many slots
- * (mpib_telemetry_flush), so the segment's shared cache lines are written that much less. */
+/* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
+ * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
+ * MPIB_TELEMETRY_BYTES bytes were posted since the last batch, whichever comes first. Small
+ * messages then write the segment's shared cache lines 16 times less often; large ones still
+ * report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new hint
+ * takes effect within 16 messages or 1 MiB. */
 #define MPIB_HINT_REFRESH 16
+#define MPIB_TELEMETRY_BYTES (1u << 20)
 
 static uint32_t cached_hint(struct mpib_comm *c) {
-  if (c->hint_uses++ % MPIB_HINT_REFRESH == 0) {
+  if (c->hint_uses++ == 0 || c->hint_due) {
+    c->hint_due = 0;
     mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
     uint32_t bw;
     if (shm && mpib_shm_read_hint(shm, (uint32_t)c->shm_slot, mpib_g.agent_stale_ns, &bw) == 1) {
@@ -116,6 +123,7 @@ void mpib_telemetry_flush(struct mpib_comm *c) {
     c->tele_bytes[rail] = 0;
   }
   c->tele_slots = 0;
+  c->hint_due = 1;
 }
 
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
@@ -129,8 +137,9 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP)) return 0;
-  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT)) && c->nqps[MPIB_RAIL_SUP])
+  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP) || rail_fatal(MPIB_RAIL_SUP)) return 0;
+  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT) || rail_fatal(MPIB_RAIL_SOUT)) &&
+      c->nqps[MPIB_RAIL_SUP])
     return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
@@ -140,6 +149,7 @@ struct slot_plan {
   size_t sout[MPIB_MAX_RECVS]; /* bytes of each request on SOUT; SUP carries the rest */
   uint32_t mask;               /* rails carrying something (at least one) */
   int leader;                  /* the rail whose final write carries the size records */
+  int range_rail;              /* the rail whose byte ranges the chain carries (a replay: the failed one) */
   int size_in_imm;
   uint32_t imm;
 };
@@ -157,6 +167,7 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
   for (int r = 0; r < nreqs; r++) {
     size_t size = reqs[r]->size;
     p->sout[r] = whole < 0 ? mpib_split_sout_bytes(size, sup_bw) : whole == MPIB_RAIL_SOUT ? size : 0;
+    c->slot_sout[slot][r] = (uint32_t)p->sout[r];
     if (p->sout[r] > 0) p->mask |= 1u << MPIB_RAIL_SOUT;
     if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
     c->sizes[slot][r] = (int32_t)size;
@@ -199,9 +210,10 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
   struct ibv_sge sges[MPIB_MAX_RECVS + 1];
   int nwr = 0;
+  int rr = replay ? p->range_rail : rail;
   for (int r = 0; r < nreqs; r++) {
-    size_t off = rail == MPIB_RAIL_SOUT ? 0 : p->sout[r];
-    size_t len = rail == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
+    size_t off = rr == MPIB_RAIL_SOUT ? 0 : p->sout[r];
+    size_t len = rr == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
                                  .lkey = reqs[r]->mh->mr[rail]->lkey};
@@ -255,7 +267,9 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
   return ncclSuccess;
 }
 
-/* Post the slot's matched sends on every active rail. */
+/* Post the slot's matched sends on every active rail. A rail that refuses the post (its
+ * device just died, say) fails over like any failed rail: its part of the slot counts as sent
+ * and lost, and the failover replays it on the other rail. */
 static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
@@ -263,9 +277,15 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
     ncclResult_t res = post_rail(c, slot, rail, &plan);
+    if (res == ncclSystemError && mpib_g.failover && rail_usable(c, 1 - rail)) {
+      c->slot_rails[slot] |= 1u << rail;
+      res = rail_fail(c, rail, "completion-error", "posting to it failed");
+    }
     if (res != ncclSuccess) return res;
   }
-  if (++c->tele_slots >= MPIB_HINT_REFRESH) mpib_telemetry_flush(c);
+  if (++c->tele_slots >= MPIB_HINT_REFRESH ||
+      c->tele_bytes[MPIB_RAIL_SOUT] + c->tele_bytes[MPIB_RAIL_SUP] >= MPIB_TELEMETRY_BYTES)
+    mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -399,12 +419,19 @@ static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalle
   return rc;
 }
 
-/* Receives are kept posted on every rail that can still deliver (a dead device cannot). */
-static int srq_refill_all(struct mpib_comm *c) {
+/* Keeps a rail's receives posted; a rail that refuses them (its device just died) fails over. */
+static ncclResult_t srq_refill_or_fail(struct mpib_comm *c, int r) {
+  if (!c->srq[r] || c->rail[r].state == MPIB_RAIL_DEAD || mpib_srq_refill(c, r) == 0) return ncclSuccess;
+  if (c->rail[r].state != MPIB_RAIL_UP) return ncclSuccess; /* already out of service */
+  return rail_fail(c, r, "completion-error", "posting receives to it failed");
+}
+
+static ncclResult_t srq_refill_all(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->srq[r] && c->rail[r].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, r)) return -1;
+    ncclResult_t res = srq_refill_or_fail(c, r);
+    if (res != ncclSuccess) return res;
   }
-  return 0;
+  return ncclSuccess;
 }
 
 ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
@@ -442,17 +469,22 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     req->sizes[r] = 0;
   }
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
-  int rc = post_cts(c, slot, c->cts_rail, n, slot == 0);
+  int rail = c->cts_rail;
+  int rc = post_cts(c, slot, rail, n, slot == 0);
   if (rc) {
-    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(c->cts_rail), strerror(rc));
-    req->type = MPIB_REQ_FREE;
-    return ncclSystemError;
+    MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
+    if (!mpib_g.failover || !rail_usable(c, 1 - rail)) {
+      req->type = MPIB_REQ_FREE;
+      return ncclSystemError;
+    }
   }
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
   c->recvs_open++;
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
-  if (srq_refill_all(c)) return ncclSystemError;
+  ncclResult_t res = rc ? rail_fail(c, rail, "completion-error", "posting the CTS failed") : ncclSuccess;
+  if (res == ncclSuccess) res = srq_refill_all(c);
+  if (res != ncclSuccess) return res;
   *request = req;
   return ncclSuccess;
 }
@@ -504,6 +536,15 @@ static uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Publishes a rail's state to the agent's telemetry (docs/shm-format.md 4.3). */
+static void publish_rail_state(struct mpib_comm *c, int r) {
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (shm == NULL || c->shm_slot < 0) return;
+  int st = c->rail[r].state;
+  int pub = st == MPIB_RAIL_UP ? MPIB_SHM_RAIL_UP : st == MPIB_RAIL_DEAD ? MPIB_SHM_RAIL_FAILED : MPIB_SHM_RAIL_DOWN;
+  mpib_shm_set_rail_state(shm, (uint32_t)c->shm_slot, r, pub, wall_ms() * 1000000ull);
+}
+
 /* Whether a rail can carry this connection's traffic right now. */
 static int rail_usable(const struct mpib_comm *c, int r) {
   return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(r) && !rail_down(r);
@@ -541,11 +582,17 @@ static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, stru
 }
 
 /* Sender -> receiver: a notice about rail r, carried by the other rail (or by r itself once
- * its probes proved it). */
+ * its probes proved it), and over the control socket, which does not queue behind the data
+ * on that rail's QP (mpib_notice_order: the receiver takes the newer). */
 static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
   int via = (cmd == MPIB_NOTICE_FAIL || rail_usable(c, 1 - r)) ? 1 - r : r;
   uint64_t *stage = notice_word(c, r);
   *stage = mpib_notice_encode(c->rail[r].gen, cmd);
+  if (c->ctrl_fd >= 0) {
+    uint8_t msg[10] = {'N', (uint8_t)r};
+    for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
+    (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
   return post_control(c, via, stage, c->sizes_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
 }
 
@@ -591,6 +638,7 @@ static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, co
   if (retrying) rc->attempts++;
   rc->state = MPIB_RAIL_FENCING;
   rc->since_ns = mpib_now_ns();
+  if (!retrying) publish_rail_state(c, r);
   if (!retrying || rc->attempts <= 3)
     MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
               (unsigned long long)wall_ms(), reason, rail_name(s), rc->gen, detail);
@@ -630,15 +678,18 @@ static void slot_try_complete(struct mpib_comm *c, int slot) {
   c->slot_posted_seq1[slot] = 0;
 }
 
-/* Sender: posts the replays decided by send_resolve, as far as the send queue has room. */
+/* Sender: posts the replays decided by send_resolve, as far as the send queue has room. A
+ * replay re-sends the failed rail's byte ranges of the slot on the surviving rail, on the QP
+ * that carried the slot's own part there, so those bytes have landed when the replay's
+ * immediate arrives: the receiver completes the slot on it. */
 static ncclResult_t post_replays(struct mpib_comm *c) {
   int s = rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS && c->replays_waiting > 0; slot++) {
     if (c->slot_replay[slot] != 1) continue;
     if (!rail_usable(c, s)) return rail_fail(c, s, "completion-error", "no rail left to replay on");
     struct mpib_request **reqs = c->slot_reqs[slot];
-    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0};
-    for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = s == MPIB_RAIL_SOUT ? reqs[r]->size : 0;
+    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0, .range_rail = c->slot_replay_rail[slot]};
+    for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = c->slot_sout[slot][r];
     p.imm = mpib_imm_encode_replay((uint32_t)slot, p.mask, reqs[0]->seq);
     int rc = post_chain(c, slot, s, &p, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
@@ -659,8 +710,9 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
     uint64_t seq = c->slot_posted_seq1[slot] - 1;
     c->slot_rails[slot] &= ~(1u << r);
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
-    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], seq, r)) {
+    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], rec->next_seq, seq, r)) {
       c->slot_replay[slot] = 1;
+      c->slot_replay_rail[slot] = (uint8_t)r;
       c->replays_waiting++;
       replays++;
     } else {
@@ -670,6 +722,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   }
   uint64_t now = mpib_now_ns();
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   rc->since_ns = now;
   rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
@@ -736,6 +789,7 @@ static ncclResult_t probe_done(struct mpib_comm *c, int r) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (rc->state != MPIB_RAIL_PROBING || --rc->probes > 0) return ncclSuccess;
   rc->state = MPIB_RAIL_UP;
+  publish_rail_state(c, r);
   MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", rail_name(r),
             (unsigned long long)wall_ms(), rc->gen, rc->attempts);
   rc->attempts = 0;
@@ -749,10 +803,18 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   uint64_t timeout = mpib_g.failover_timeout_ms * 1000000ull;
   switch (rc->state) {
   case MPIB_RAIL_FENCING:
-    if (read_record(c, r, 0, &rec)) return send_resolve(c, r, &rec);
-    if (now - rc->since_ns > timeout) {
-      notify_peer_failed(c);
-      return comm_failed(c, "the receiver never answered the failover of rail ", rail_name(r));
+    /* The receiver answers from its own calls into the plugin: one that has no receive open
+     * (it completed them all; only acknowledgements were lost) answers when NCCL posts its
+     * next one. A dead receiver closes the control socket (comm_health fails us then), so
+     * waiting longer is only logged. */
+    if (read_record(c, r, 0, &rec)) {
+      rc->slow_reported = 0;
+      return send_resolve(c, r, &rec);
+    }
+    if (now - rc->since_ns > timeout && !rc->slow_reported) {
+      rc->slow_reported = 1;
+      MPIB_WARN("%s rail: the receiver has not answered its failover for %llu ms (it has no receive open?); "
+                "requests it carried wait for the answer", rail_name(r), (unsigned long long)((now - rc->since_ns) / 1000000ull));
     }
     return ncclSuccess;
   case MPIB_RAIL_DOWN: {
@@ -787,12 +849,14 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   if (res != ncclSuccess) return res;
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->fence_gen = rc->gen;
+  st->next_seq = c->fifo_head;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     st->open_seq1[slot] = req ? req->seq + 1 : 0;
     st->seen[slot] = req ? (uint8_t)req->seen_mask : 0;
   }
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   return post_record(c, r);
 }
@@ -812,7 +876,10 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   }
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
-  if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSystemError;
+  if (c->srq[r] && mpib_srq_refill(c, r)) {
+    rc->state = MPIB_RAIL_DOWN; /* the sender times out and retries */
+    return ncclSuccess;
+  }
   fence_rec(c, r)->ready_gen = gen;
   return post_record(c, r);
 }
@@ -829,6 +896,7 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   if (cmd == MPIB_NOTICE_RECOVER && gen > rc->gen) return recv_recover(c, r, gen, now);
   if (cmd == MPIB_NOTICE_UP && gen == rc->gen && rc->state == MPIB_RAIL_RECOVERING) {
     rc->state = MPIB_RAIL_UP;
+    publish_rail_state(c, r);
     if (c->cts_rail_pref == r) c->cts_rail = r;
     MPIB_INFO("%s rail: back in service (generation %u)", rail_name(r), gen);
   }
@@ -844,7 +912,9 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
     ncclResult_t res = ncclSuccess;
     if (!c->is_send) {
       uint64_t word = __atomic_load_n(notice_word(c, r), __ATOMIC_ACQUIRE);
-      if (word != rc->notice_seen) {
+      uint64_t tcp = __atomic_load_n(&c->tcp_notice[r], __ATOMIC_ACQUIRE);
+      if (mpib_notice_order(tcp) > mpib_notice_order(word)) word = tcp;
+      if (word != rc->notice_seen && mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
         rc->notice_seen = word;
         res = recv_notice(c, r, word, mpib_now_ns());
       }
@@ -983,7 +1053,8 @@ static ncclResult_t progress(struct mpib_comm *c) {
         if (res != ncclSuccess) return res;
       }
     } while (n == 16);
-    if (c->srq[rail] && c->rail[rail].state != MPIB_RAIL_DEAD && mpib_srq_refill(c, rail)) return ncclSystemError;
+    ncclResult_t res = srq_refill_or_fail(c, rail);
+    if (res != ncclSuccess) return res;
   }
   return failover_tick(c);
 }

@@ -243,12 +243,16 @@ enum { MPIB_RAIL_UP = 0, MPIB_RAIL_FENCING, MPIB_RAIL_DOWN, MPIB_RAIL_RECOVERING
 
 /* Whether the sender must replay a slot it posted on the failed rail. After fencing the rail
  * the receiver reports, per FIFO slot, the sequence number + 1 of its still-open receive
- * (open_seq1, 0 = none) and the rails whose final write it has seen. A receive that is no
- * longer open, or that saw the failed rail's write, needs nothing (the write landed; only its
- * acknowledgement was lost). One that is open and did not see it can no longer complete
- * without a replay (the rail is fenced), so a replay can never land in a buffer the receiver
- * has already handed back to NCCL. */
-static inline int mpib_replay_needed(uint64_t open_seq1, uint32_t seen_mask, uint64_t slot_seq, int failed_rail) {
+ * (open_seq1, 0 = none) and the rails whose final write it has seen, and next_seq, the
+ * sequence number of the first receive it had not posted yet. A receive that is no longer
+ * open, or that saw the failed rail's write, needs nothing (the write landed; only its
+ * acknowledgement was lost). One that is open and did not see it, or one posted after the
+ * report (the sender may have sent on the rail before it learned of the fence), can no
+ * longer complete without a replay (the rail is fenced), so a replay can never land in a
+ * buffer the receiver has already handed back to NCCL. */
+static inline int mpib_replay_needed(uint64_t open_seq1, uint32_t seen_mask, uint64_t next_seq, uint64_t slot_seq,
+                                     int failed_rail) {
+  if (slot_seq >= next_seq) return 1;
   return open_seq1 == slot_seq + 1 && !(seen_mask & (1u << failed_rail));
 }
 
@@ -274,6 +278,17 @@ static inline int mpib_notice_decode(uint64_t word, uint32_t *gen, uint32_t *cmd
   return (word >> 40) == 0 && *gen != 0 && *cmd >= MPIB_NOTICE_FAIL && *cmd <= MPIB_NOTICE_UP ? 0 : -1;
 }
 
+/* Notices come by two paths (an RDMA write, which may queue behind megabytes of data on the
+ * surviving rail's QP, and the TCP control socket), so the receiver acts on whichever is
+ * newer. A rail's notices only move forward: RECOVER(g), UP(g), FAIL(g), RECOVER(g + 1), ...
+ * This is their order (0 for a word that is no notice). */
+static inline uint64_t mpib_notice_order(uint64_t word) {
+  uint32_t gen, cmd;
+  if (mpib_notice_decode(word, &gen, &cmd) != 0) return 0;
+  static const uint32_t rank[] = {0, 3, 1, 2}; /* FAIL after RECOVER and UP of the same generation */
+  return (uint64_t)gen * 4 + rank[cmd];
+}
+
 /* The receiver's answer for one rail, RDMA-written into the sender's memory after the CTS FIFO:
  * the generation it fenced (with what it had then) and the generation it rebuilt its QPs for. */
 #define MPIB_FENCE_SLOTS 32
@@ -282,8 +297,9 @@ struct mpib_fence_rec {
   uint64_t ready_gen;
   uint64_t open_seq1[MPIB_FENCE_SLOTS];
   uint8_t seen[MPIB_FENCE_SLOTS];
+  uint64_t next_seq;
   uint64_t check;
-  uint8_t pad[56];
+  uint8_t pad[48];
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct mpib_fence_rec) == 384, "fence record layout");
 
@@ -291,6 +307,7 @@ _Static_assert(sizeof(struct mpib_fence_rec) == 384, "fence record layout");
 static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r) {
   uint64_t h = 0x2545F4914F6CDD1Dull ^ r->fence_gen;
   h = (h ^ r->ready_gen) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ r->next_seq) * 0xBF58476D1CE4E5B9ull;
   for (int i = 0; i < MPIB_FENCE_SLOTS; i++) {
     h ^= r->open_seq1[i] + ((uint64_t)r->seen[i] << 56);
     h *= 0x94D049BB133111EBull;

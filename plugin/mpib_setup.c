@@ -504,6 +504,10 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
 
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) { c->ctrl_fd = fd; }
 
+void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
+  if (rail >= 0 && rail < MPIB_NRAILS) __atomic_store_n(&c->tcp_notice[rail], word, __ATOMIC_RELEASE);
+}
+
 static void rail_destroy(struct mpib_comm *c, int r) {
   if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
   if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);

@@ -116,7 +116,11 @@ struct shm_slot {
   _Atomic uint32_t last_sup_bw;
   _Atomic uint32_t last_source;
   _Atomic uint64_t last_read_ns;
-  uint8_t reserved3[48];
+  _Atomic uint8_t rail_state[2]; /* MPIB_SHM_RAIL_* per rail (0 SOUT, 1 SUP) */
+  uint16_t reserved3;
+  _Atomic uint32_t failovers;
+  _Atomic uint64_t rail_state_ns[2]; /* CLOCK_REALTIME ns of the last change, 0 = never */
+  uint8_t reserved4[24];
 };
 _Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 256 bytes");
 _Static_assert(offsetof(struct shm_slot, conn_id) == 16, "conn_id at +16");
@@ -127,6 +131,9 @@ _Static_assert(offsetof(struct shm_slot, hint) == 64, "hint at +64");
 _Static_assert(offsetof(struct shm_slot, sout_bytes) == 128, "telemetry at +128");
 _Static_assert(offsetof(struct shm_slot, last_sup_bw) == 192, "last_sup_bw at +192");
 _Static_assert(offsetof(struct shm_slot, last_read_ns) == 200, "last_read_ns at +200");
+_Static_assert(offsetof(struct shm_slot, rail_state) == 208, "rail states at +208");
+_Static_assert(offsetof(struct shm_slot, failovers) == 212, "failovers at +212");
+_Static_assert(offsetof(struct shm_slot, rail_state_ns) == 216, "rail state times at +216");
 
 /* Lock bytes (spec 5.7): OFD locks on these file offsets, never on data. */
 #define SHM_LOCK_ATTACH 0 /* shared: a plugin process has the segment attached */
@@ -949,6 +956,20 @@ void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes
                             memory_order_relaxed);
 }
 
+void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns) {
+  uint32_t slot = 0;
+  struct shm_map *m = shm_bound(shm, id, &slot);
+  if (m == NULL || (rail != 0 && rail != 1)) {
+    return;
+  }
+  struct shm_slot *s = &m->slots[slot];
+  if (state != MPIB_SHM_RAIL_UP && atomic_load_explicit(&s->rail_state[rail], memory_order_relaxed) == MPIB_SHM_RAIL_UP) {
+    atomic_fetch_add_explicit(&s->failovers, 1, memory_order_relaxed);
+  }
+  atomic_store_explicit(&s->rail_state_ns[rail], realtime_ns, memory_order_relaxed);
+  atomic_store_explicit(&s->rail_state[rail], (uint8_t)state, memory_order_relaxed);
+}
+
 /* ---- registration (spec 5.4) ---- */
 
 static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t pid) {
@@ -972,6 +993,11 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   }
   atomic_store_explicit(&s->last_sup_bw, 0, memory_order_relaxed);
   atomic_store_explicit(&s->last_source, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->failovers, 0, memory_order_relaxed);
+  for (int r = 0; r < 2; r++) {
+    atomic_store_explicit(&s->rail_state[r], MPIB_SHM_RAIL_UP, memory_order_relaxed);
+    atomic_store_explicit(&s->rail_state_ns[r], 0, memory_order_relaxed);
+  }
 }
 
 /* Claims a free slot of m for d: lease first (an OFD lock on the slot's first byte), then

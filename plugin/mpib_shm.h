@@ -145,6 +145,10 @@ MPIB_SHM_HIDDEN int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stal
                                        uint32_t *sup_bw);
 /* Relaxed atomics: adds bytes and one request to the rail (0 SOUT, 1 SUP) of connection id. */
 MPIB_SHM_HIDDEN void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes);
+/* A rail's state in connection id's telemetry (spec 4.3): in service, out of service after a
+ * failover (retried), or failed for good (its device is gone); when, in CLOCK_REALTIME ns. */
+enum { MPIB_SHM_RAIL_UP = 0, MPIB_SHM_RAIL_DOWN = 1, MPIB_SHM_RAIL_FAILED = 2 };
+MPIB_SHM_HIDDEN void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns);
 
 /* By segment slot index, on the attached segment (tests and tools). */
 /* Pure resolution at an explicit time (no telemetry written). 1 when a hint applies, else 0;

@@ -195,8 +195,8 @@ func fillProperties(cfg config.Config) {
 	g.prop_ptr_support = C.int(support &^ placeOnPCI(cfg))
 	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
 	g.prop_max_comms = C.mpib_max_comms(&nqps[0])
-	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections (device limits)",
-		cfg.SoutQPs, cfg.SupQPs, C.MPIB_CQ_DEPTH, C.MPIB_SRQ_DEPTH, C.MPIB_SEND_WR_SENDER, C.MPIB_SEND_WR_RECEIVER,
+	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d/%d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections (device limits)",
+		cfg.SoutQPs, cfg.SupQPs, C.MPIB_CQ_DEPTH_SENDER, C.MPIB_CQ_DEPTH, C.MPIB_SRQ_DEPTH, C.MPIB_SEND_WR_SENDER, C.MPIB_SEND_WR_RECEIVER,
 		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.prop_max_comms))
 }
 

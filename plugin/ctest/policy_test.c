@@ -79,17 +79,20 @@ static void test_imm(void) {
 
 static void test_failover(void) {
   enum { SOUT = MPIB_RAIL_SOUT, SUP = MPIB_RAIL_SUP };
-  static const struct { uint64_t open_seq1; uint32_t seen; uint64_t seq; int rail; int want; const char *why; } cases[] = {
-      {101, 0, 100, SUP, 1, "open, nothing seen: it can only complete by a replay"},
-      {101, 1u << SOUT, 100, SUP, 1, "open, saw only the surviving rail"},
-      {101, 1u << SUP, 100, SUP, 0, "open, saw the failed rail's write: only its ACK was lost"},
-      {101, 3, 100, SUP, 0, "saw both"},
-      {0, 0, 100, SUP, 0, "no open receive in the slot: it completed"},
-      {133, 0, 100, SUP, 0, "the slot holds a later receive: this one completed"},
-      {101, 1u << SUP, 100, SOUT, 1, "SOUT failed, saw only SUP"},
+  static const struct { uint64_t open_seq1; uint32_t seen; uint64_t next; uint64_t seq; int rail; int want; const char *why; } cases[] = {
+      {101, 0, 110, 100, SUP, 1, "open, nothing seen: it can only complete by a replay"},
+      {101, 1u << SOUT, 110, 100, SUP, 1, "open, saw only the surviving rail"},
+      {101, 1u << SUP, 110, 100, SUP, 0, "open, saw the failed rail's write: only its ACK was lost"},
+      {101, 3, 110, 100, SUP, 0, "saw both"},
+      {0, 0, 110, 100, SUP, 0, "no open receive in the slot: it completed"},
+      {133, 0, 140, 100, SUP, 0, "the slot holds a later receive: this one completed"},
+      {101, 1u << SUP, 110, 100, SOUT, 1, "SOUT failed, saw only SUP"},
+      {68, 0, 100, 100, SUP, 1, "posted after the report (the receiver fenced first): its rail part is lost"},
+      {0, 0, 100, 131, SUP, 1, "far past the report: lost too"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    EXPECT_EQ(cases[i].why, mpib_replay_needed(cases[i].open_seq1, cases[i].seen, cases[i].seq, cases[i].rail),
+    EXPECT_EQ(cases[i].why,
+              mpib_replay_needed(cases[i].open_seq1, cases[i].seen, cases[i].next, cases[i].seq, cases[i].rail),
               cases[i].want);
   static const struct { uint32_t attempts; uint64_t want; } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};
   for (size_t i = 0; i < sizeof backoff / sizeof backoff[0]; i++)
@@ -102,6 +105,18 @@ static void test_failover(void) {
   EXPECT_EQ("empty notice rejected", mpib_notice_decode(0, &g, &cmd), -1);
   EXPECT_EQ("unknown command rejected", mpib_notice_decode(mpib_notice_encode(7, 9), &g, &cmd), -1);
   EXPECT_EQ("high garbage rejected", mpib_notice_decode(0xFFFFull << 48 | 0x701, &g, &cmd), -1);
+  /* Notices of one rail in the order the sender sends them: each must order after the last. */
+  const uint64_t seq[] = {mpib_notice_encode(1, MPIB_NOTICE_FAIL), mpib_notice_encode(2, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(2, MPIB_NOTICE_FAIL), mpib_notice_encode(3, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(3, MPIB_NOTICE_UP), mpib_notice_encode(3, MPIB_NOTICE_FAIL),
+                          mpib_notice_encode(300, MPIB_NOTICE_RECOVER)};
+  uint64_t prev = 0;
+  for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+    EXPECT_EQ("notices only move forward", mpib_notice_order(seq[i]) > prev, 1);
+    prev = mpib_notice_order(seq[i]);
+  }
+  EXPECT_EQ("no notice orders first", mpib_notice_order(0), 0);
+  EXPECT_EQ("a malformed word orders first", mpib_notice_order(mpib_notice_encode(5, 77)), 0);
   EXPECT_EQ("generations start far apart", mpib_gen_psn(1) != mpib_gen_psn(2) && mpib_gen_psn(2) != 0, 1);
   EXPECT_EQ("psn fits 24 bits", mpib_gen_psn(0xFFFFFFFFu) >> 24, 0);
   struct mpib_fence_rec rec = {.fence_gen = 3, .ready_gen = 2};

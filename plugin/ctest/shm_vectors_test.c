@@ -237,6 +237,27 @@ static uint32_t jip(const jv *o, const char *key) {
   return a << 24 | b << 16 | c << 8 | d;
 }
 
+/* "up", "down", "failed", "unknown(N)" -> the slot's u8 rail state (spec 4.3). */
+static uint8_t jrail(const jv *o, const char *key) {
+  const char *s = js(o, key);
+  unsigned n;
+  char tail;
+  if (strcmp(s, "up") == 0) {
+    return 0;
+  }
+  if (strcmp(s, "down") == 0) {
+    return 1;
+  }
+  if (strcmp(s, "failed") == 0) {
+    return 2;
+  }
+  if (sscanf(s, "unknown(%u%c", &n, &tail) == 2 && tail == ')' && n > 2 && n <= 255) {
+    return (uint8_t)n;
+  }
+  jmissing++;
+  return 0;
+}
+
 /* ---- this file's own encoder: the spec's offsets (docs/shm-format.md, section 4) ---- */
 
 static void put(uint8_t *img, size_t off, uint64_t v, int size) {
@@ -305,10 +326,13 @@ static uint8_t *encode(const jv *seg, size_t *len) {
     } tel[] = {{"sout_bytes", 128, 8},    {"sout_requests", 136, 8}, {"sup_bytes", 144, 8},
                {"sup_requests", 152, 8},  {"reads_applied", 160, 8}, {"reads_fallback", 168, 8},
                {"reads_stale", 176, 8},   {"clamped", 184, 8},       {"last_sup_bw", 192, 4},
-               {"last_source", 196, 4},   {"last_read_ns", 200, 8}};
+               {"last_source", 196, 4},   {"last_read_ns", 200, 8},  {"failovers", 212, 4},
+               {"sout_state_ns", 216, 8}, {"sup_state_ns", 224, 8}};
     for (size_t k = 0; k < sizeof(tel) / sizeof(tel[0]); k++) {
       put(img, off + tel[k].off, ju(t, tel[k].name), (int)tel[k].size);
     }
+    put(img, off + 208, jrail(t, "sout_state"), 1);
+    put(img, off + 209, jrail(t, "sup_state"), 1);
   }
   *len = size;
   return img;

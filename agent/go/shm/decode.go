@@ -128,6 +128,11 @@ func decodeTelemetry(v view, off int) Telemetry {
 		LastSupBw:     v.u32(off + slLastSupBw),
 		LastSource:    v.u32(off + slLastSource),
 		LastReadNs:    v.u64(off + slLastReadNs),
+		SoutState:     RailState(v.u8(off + slSoutState)),
+		SupState:      RailState(v.u8(off + slSupState)),
+		Failovers:     v.u32(off + slFailovers),
+		SoutStateNs:   v.u64(off + slSoutStateNs),
+		SupStateNs:    v.u64(off + slSupStateNs),
 	}
 }
 
@@ -215,4 +220,9 @@ func putTelemetry(v view, off int, t Telemetry) {
 	v.put32(off+slLastSupBw, t.LastSupBw)
 	v.put32(off+slLastSource, t.LastSource)
 	v.put64(off+slLastReadNs, t.LastReadNs)
+	v.put8(off+slSoutState, uint8(t.SoutState))
+	v.put8(off+slSupState, uint8(t.SupState))
+	v.put32(off+slFailovers, t.Failovers)
+	v.put64(off+slSoutStateNs, t.SoutStateNs)
+	v.put64(off+slSupStateNs, t.SupStateNs)
 }

@@ -1,5 +1,11 @@
 package shm
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
@@ -56,6 +62,56 @@ const (
 	IntraIsland PathClass = 0
 	InterIsland PathClass = 1
 )
+
+// RailState is a rail's state on one connection (slot telemetry, sout_state/sup_state).
+// It marshals to JSON as "up", "down", "failed", or "unknown(N)" for any other value.
+type RailState uint8
+
+const (
+	RailUp     RailState = 0 // in service
+	RailDown   RailState = 1 // out of service after a failover, retried with back-off
+	RailFailed RailState = 2 // its device is gone; never retried
+)
+
+func (r RailState) String() string {
+	switch r {
+	case RailUp:
+		return "up"
+	case RailDown:
+		return "down"
+	case RailFailed:
+		return "failed"
+	}
+	return "unknown(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ParseRailState is the inverse of RailState.String.
+func ParseRailState(s string) (RailState, error) {
+	switch s {
+	case "up":
+		return RailUp, nil
+	case "down":
+		return RailDown, nil
+	case "failed":
+		return RailFailed, nil
+	}
+	if n, ok := strings.CutPrefix(s, "unknown("); ok {
+		if n, ok := strings.CutSuffix(n, ")"); ok {
+			if v, err := strconv.ParseUint(n, 10, 8); err == nil && RailState(v).String() == s {
+				return RailState(v), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("rail state %q: want up, down, failed or unknown(N)", s)
+}
+
+func (r RailState) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+func (r *RailState) UnmarshalText(b []byte) error {
+	v, err := ParseRailState(string(b))
+	*r = v
+	return err
+}
 
 func (c PathClass) String() string {
 	switch c {
@@ -123,6 +179,11 @@ const (
 	slLastSupBw     = 192
 	slLastSource    = 196
 	slLastReadNs    = 200
+	slSoutState     = 208
+	slSupState      = 209
+	slFailovers     = 212
+	slSoutStateNs   = 216
+	slSupStateNs    = 224
 	slTelemetry     = 128 // telemetry spans [128, 256)
 )
 

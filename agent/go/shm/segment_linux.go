@@ -735,3 +735,25 @@ func (s *Segment) AddTelemetry(slot uint32, rail int, bytes uint64) error {
 		return nil
 	})
 }
+
+// SetRailState records a rail's (0 SOUT, 1 SUP) state change at realtimeNs as the plugin
+// does (mpib_shm_set_rail_state): failovers counts a rail leaving service (up -> not up).
+// For fakes, tests and tools.
+func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeNs uint64) error {
+	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
+		return fmt.Errorf("rail state slot %d rail %d: %w", slot, rail, ErrSlotRange)
+	}
+	return s.do(func(v view) error {
+		off := slotOff(slot)
+		st, ns := slSoutState, slSoutStateNs
+		if rail == 1 {
+			st, ns = slSupState, slSupStateNs
+		}
+		if state != RailUp && RailState(v.u8(off+st)) == RailUp {
+			v.add32(off+slFailovers, 1)
+		}
+		v.put64(off+ns, realtimeNs)
+		v.put8(off+st, uint8(state))
+		return nil
+	})
+}

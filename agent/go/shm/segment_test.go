@@ -246,3 +246,30 @@ func TestTelemetry(t *testing.T) {
 		t.Fatalf("expected %+v but got %+v", want, sl.Telemetry)
 	}
 }
+
+// TestRailState records rail state changes as the plugin does: a rail leaving service counts
+// a failover, coming back (or a further change while out) does not; a new claim zeroes all.
+func TestRailState(t *testing.T) {
+	s := newSeg(t, 2, 0)
+	slot, _ := s.Register(desc(1, "10.0.1.2", IntraIsland))
+	s.SetRailState(slot, 1, RailDown, 100)
+	s.SetRailState(slot, 1, RailFailed, 200) // still out of service: no new failover
+	s.SetRailState(slot, 0, RailDown, 300)
+	s.SetRailState(slot, 0, RailUp, 400) // rejoined
+	if err := s.SetRailState(slot, 2, RailDown, 1); !errors.Is(err, ErrSlotRange) {
+		t.Fatalf("rail 2: %v", err)
+	}
+	if err := s.SetRailState(2, 0, RailDown, 1); !errors.Is(err, ErrSlotRange) {
+		t.Fatalf("slot 2: %v", err)
+	}
+	sl, _ := s.Slot(slot)
+	want := Telemetry{SoutState: RailUp, SupState: RailFailed, Failovers: 2, SoutStateNs: 400, SupStateNs: 200}
+	if sl.Telemetry != want {
+		t.Fatalf("expected %+v but got %+v", want, sl.Telemetry)
+	}
+	s.Release(slot)
+	slot2, _ := s.Register(desc(1, "10.0.1.2", IntraIsland)) // same pid and conn: same slot
+	if sl, _ := s.Slot(slot2); slot2 != slot || sl.Telemetry != (Telemetry{}) {
+		t.Fatalf("a new claim must zero the rail states: %+v", sl.Telemetry)
+	}
+}

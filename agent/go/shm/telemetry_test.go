@@ -1,6 +1,11 @@
 package shm
 
-import "testing"
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
 
 func TestRates(t *testing.T) {
 	sl := func(i, gen uint32, sout, sup uint64) Slot {
@@ -18,5 +23,92 @@ func TestRates(t *testing.T) {
 	}
 	if Rates(b, a) != nil {
 		t.Fatal("reversed samples must give nothing")
+	}
+}
+
+// TestRailStateDecode sets the rail-state bytes of a slot at the spec's offsets (4.3:
+// +208 sout_state u8, +209 sup_state u8, +212 failovers u32, +216 sout_state_ns u64,
+// +224 sup_state_ns u64) by hand and checks the decoding, the JSON (strings for the states,
+// "unknown(N)" for values the spec does not name) and the re-encoding.
+func TestRailStateDecode(t *testing.T) {
+	b, err := Encode(base())
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(slot uint32, rel int, v uint64, size int) {
+		for k := 0; k < size; k++ {
+			b[HeaderSize+int(slot)*SlotSize+rel+k] = byte(v >> (8 * k))
+		}
+	}
+	put(1, 0, uint64(StateActive)|4242<<32, 8)
+	put(1, 208, 1, 1) // sout down
+	put(1, 209, 2, 1) // sup failed
+	put(1, 212, 5, 4)
+	put(1, 216, 1_763_856_000_000_000_001, 8)
+	put(1, 224, 0xFFFFFFFFFFFFFFFE, 8)
+	put(2, 208, 3, 1)   // unknown
+	put(2, 209, 255, 1) // unknown
+	put(2, 212, 0xFFFFFFFF, 4)
+	snap, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Slots) != 2 {
+		t.Fatalf("expected slots 1 and 2 but got %+v", snap.Slots)
+	}
+	want1 := Telemetry{SoutState: RailDown, SupState: RailFailed, Failovers: 5,
+		SoutStateNs: 1_763_856_000_000_000_001, SupStateNs: 0xFFFFFFFFFFFFFFFE}
+	want2 := Telemetry{SoutState: RailState(3), SupState: RailState(255), Failovers: 0xFFFFFFFF}
+	if snap.Slots[0].Telemetry != want1 || snap.Slots[1].Telemetry != want2 {
+		t.Fatalf("expected %+v and %+v but got %+v and %+v", want1, want2, snap.Slots[0].Telemetry, snap.Slots[1].Telemetry)
+	}
+	js, err := json.Marshal(snap.Slots[1].Telemetry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`"sout_state":"unknown(3)"`, `"sup_state":"unknown(255)"`, `"failovers":4294967295`,
+		`"sout_state_ns":0`, `"sup_state_ns":0`} {
+		if !strings.Contains(string(js), f) {
+			t.Errorf("JSON lacks %s: %s", f, js)
+		}
+	}
+	js, _ = json.Marshal(snap.Slots[0].Telemetry)
+	for _, f := range []string{`"sout_state":"down"`, `"sup_state":"failed"`, `"failovers":5`,
+		`"sout_state_ns":1763856000000000001`, `"sup_state_ns":18446744073709551614`} {
+		if !strings.Contains(string(js), f) {
+			t.Errorf("JSON lacks %s: %s", f, js)
+		}
+	}
+	var back Snapshot
+	js, _ = json.Marshal(snap)
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := Encode(&back)
+	if err != nil || !bytes.Equal(enc, b) {
+		t.Fatalf("JSON round trip does not re-encode the image (err %v)", err)
+	}
+}
+
+func TestRailStateNames(t *testing.T) {
+	for v := 0; v < 256; v++ {
+		r := RailState(v)
+		got, err := ParseRailState(r.String())
+		if err != nil || got != r {
+			t.Fatalf("%d: %q parses to %v, %v", v, r.String(), got, err)
+		}
+	}
+	if RailUp.String() != "up" || RailDown.String() != "down" || RailFailed.String() != "failed" ||
+		RailState(9).String() != "unknown(9)" {
+		t.Fatal("rail state names")
+	}
+	for _, s := range []string{"", "UP", "unknown(1)", "unknown(256)", "unknown(07)", "unknown(-1)", "unknown(9", "unknown()"} {
+		if _, err := ParseRailState(s); err == nil {
+			t.Errorf("%q must be refused", s)
+		}
+	}
+	var r RailState
+	if err := json.Unmarshal([]byte(`"sideways"`), &r); err == nil {
+		t.Error("an unknown rail state name must not unmarshal")
 	}
 }

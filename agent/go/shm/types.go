@@ -63,7 +63,7 @@ type Header struct {
 	CreatedNs   uint64 `json:"created_ns"`
 }
 
-// Telemetry is a slot's plugin-written counters.
+// Telemetry is a slot's plugin-written counters and rail states.
 type Telemetry struct {
 	SoutBytes     uint64 `json:"sout_bytes"`
 	SoutRequests  uint64 `json:"sout_requests"`
@@ -76,6 +76,12 @@ type Telemetry struct {
 	LastSupBw     uint32 `json:"last_sup_bw"`
 	LastSource    uint32 `json:"last_source"`
 	LastReadNs    uint64 `json:"last_read_ns"`
+	// Rail states (spec 4.3): a rail leaves service (failover) and rejoins it.
+	SoutState   RailState `json:"sout_state"`
+	SupState    RailState `json:"sup_state"`
+	Failovers   uint32    `json:"failovers"`     // times a rail of this connection left service
+	SoutStateNs uint64    `json:"sout_state_ns"` // CLOCK_REALTIME ns of the last SoutState change, 0 never
+	SupStateNs  uint64    `json:"sup_state_ns"`  // same for SupState
 }
 
 // Slot is one connection slot: descriptor, hint and telemetry.

@@ -182,6 +182,25 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
+		{name: "rail_states", desc: "rail states, their change times and failover counts in the slot telemetry (+208..+231): down, failed, rejoined, unknown values 7 and 255; hints unaffected",
+			snap: func() *Snapshot {
+				s := base()
+				s.Class[1] = hint(2, 256, FlagValid, 0)
+				s0 := active(0, 7001, 1, 1, "10.0.2.7", "10.0.2.0", InterIsland)
+				s0.Hint = hint(2, 0, FlagValid, 1) // the agent moved everything to SOUT
+				s0.Telemetry = Telemetry{SoutBytes: 1 << 20, SoutRequests: 16, SupBytes: 1 << 21, SupRequests: 32,
+					SupState: RailDown, Failovers: 3, SupStateNs: 1_763_856_000_123_456_789}
+				s1 := active(1, 7001, 1, 2, "10.0.2.8", "10.0.2.0", InterIsland)
+				s1.Telemetry = Telemetry{SoutState: RailFailed, SupState: RailUp, Failovers: 2,
+					SoutStateNs: 1_763_856_001_000_000_000, SupStateNs: 1_763_856_002_000_000_000} // SUP left and rejoined
+				s2 := active(2, 7001, 1, 3, "10.0.1.2", "10.0.1.0", IntraIsland)
+				s2.Telemetry = Telemetry{SoutState: RailState(7), SupState: RailState(255), Failovers: 0xFFFFFFFF,
+					SoutStateNs: 0xFFFFFFFFFFFFFFFF, SupStateNs: 1}
+				s3 := Slot{Index: 3, Gen: 4, Telemetry: Telemetry{SupState: RailFailed, Failovers: 1, SupStateNs: 1_763_856_003_000_000_000}}
+				s.Slots = []Slot{s0, s1, s2, s3}
+				return s
+			},
+			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
 		{name: "bad_magic", desc: "the basic segment with magic MPIBHINX", snap: basic,
 			mutate: func(b []byte) []byte { b[7] = 'X'; return b }},
 		{name: "bad_version", desc: "the basic segment with format version 1 (made by an older agent): refused", snap: basic,

@@ -40,7 +40,19 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         out = json.loads(capsys.readouterr().out)
         assert out[0]["effective"] == {"applies": True, "sup_bw": 1024, "source": "class", "clamped": False}
         assert main(["list", "--path", p]) == 0
-        assert "10.0.2.7" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "10.0.2.7" in out and " up/up " in out and "RAILS FAILOVERS" in out
+        fd = os.open(p, os.O_RDWR)  # the plugin: SUP failed over, SOUT in a state unknown here
+        os.pwrite(fd, bytes([7, 1, 0, 0]) + (1).to_bytes(4, "little") + (5).to_bytes(8, "little")
+                  + (1_763_856_000_123_456_789).to_bytes(8, "little"), 256 + 256 + 208)
+        os.close(fd)
+        assert main(["list", "--path", p, "--json"]) == 0
+        tel = json.loads(capsys.readouterr().out)[0]["telemetry"]
+        assert {k: tel[k] for k in ("sout_state", "sup_state", "failovers", "sout_state_ns", "sup_state_ns")} == {
+            "sout_state": "unknown(7)", "sup_state": "down", "failovers": 1, "sout_state_ns": 5,
+            "sup_state_ns": 1_763_856_000_123_456_789}
+        assert main(["list", "--path", p]) == 0
+        assert " unknown(7)/down         1" in capsys.readouterr().out
         assert main(["top", "--path", p, "--count", "1", "--interval", "50ms", "--plain"]) == 0
         assert "SUP Gb/s" in capsys.readouterr().out
 

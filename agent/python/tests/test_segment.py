@@ -319,3 +319,69 @@ def test_run_policy_refuses_second_agent(seg: mpib_agent.Segment) -> None:
         mpib_agent.run_policy(seg, lambda rs: None, interval=0.05, duration=0.1)
     assert ei.value.code == "agent_running"
     other.close()
+
+
+def _put_rail_bytes(buf: bytearray, off: int, sout: int, sup: int, failovers: int, sout_ns: int, sup_ns: int) -> None:
+    """The rail-state telemetry of the slot at ``off``, at the spec's offsets (4.3), by hand."""
+    buf[off + 208] = sout
+    buf[off + 209] = sup
+    buf[off + 212 : off + 216] = failovers.to_bytes(4, "little")
+    buf[off + 216 : off + 224] = sout_ns.to_bytes(8, "little")
+    buf[off + 224 : off + 232] = sup_ns.to_bytes(8, "little")
+
+
+def test_rail_state_decode() -> None:
+    """sout_state/sup_state (u8 at +208/+209), failovers (u32 at +212) and their change times
+    (u64 at +216/+224): names for the states the spec defines, unknown(N) for others."""
+    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
+        header=mpib_agent.Header(total_size=256 + 4 * 256, nslots=4, npeers=0))))
+    s1, s2, s3 = (mpib_agent._format.slot_off(i) for i in (1, 2, 3))
+    _put_rail_bytes(img, s1, 1, 2, 5, 1_763_856_000_000_000_001, 0xFFFFFFFFFFFFFFFE)
+    _put_rail_bytes(img, s2, 3, 255, 0xFFFFFFFF, 0, 0)
+    _put_rail_bytes(img, s3, 0, 0, 2, 10, 20)  # both rails left service and rejoined
+    snap = mpib_agent.decode(bytes(img))
+    got = {s.index: s.telemetry for s in snap.slots}
+    T = mpib_agent.Telemetry
+    assert got == {
+        1: T(sout_state="down", sup_state="failed", failovers=5, sout_state_ns=1_763_856_000_000_000_001,
+             sup_state_ns=0xFFFFFFFFFFFFFFFE),
+        2: T(sout_state="unknown(3)", sup_state="unknown(255)", failovers=0xFFFFFFFF),
+        3: T(sout_state="up", sup_state="up", failovers=2, sout_state_ns=10, sup_state_ns=20),
+    }
+    assert mpib_agent.encode(snap) == bytes(img)
+    assert mpib_agent.encode(mpib_agent.Snapshot.from_dict(snap.to_dict())) == bytes(img)
+    tel = snap.to_dict()["slots"][1]["telemetry"]
+    assert {k: tel[k] for k in ("sout_state", "sup_state", "failovers", "sout_state_ns", "sup_state_ns")} == {
+        "sout_state": "unknown(3)", "sup_state": "unknown(255)", "failovers": 4294967295,
+        "sout_state_ns": 0, "sup_state_ns": 0}
+
+
+def test_rail_state_names() -> None:
+    from mpib_agent._format import rail_state_name, rail_state_value
+
+    for v in range(256):
+        assert rail_state_value(rail_state_name(v)) == v
+    assert [rail_state_name(v) for v in (0, 1, 2, 9)] == ["up", "down", "failed", "unknown(9)"]
+    for bad in ("", "UP", "unknown(1)", "unknown(256)", "unknown(07)", "unknown(-1)", "unknown(9", "unknown()"):
+        with pytest.raises(ValueError):
+            rail_state_value(bad)
+
+
+def test_rail_state_live(seg: mpib_agent.Segment) -> None:
+    """A plugin's rail-state stores are seen by connections(), slot() and snapshot(); a new
+    claim (fake_register writes zero telemetry, as the plugin does) resets them."""
+    fake_register(seg, 2, "10.0.2.7", 1)
+    off = mpib_agent._format.slot_off(2)
+    fd = os.open(seg.path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([2, 1]), off + 208)
+        os.pwrite(fd, (3).to_bytes(4, "little"), off + 212)
+        os.pwrite(fd, (111).to_bytes(8, "little") + (222).to_bytes(8, "little"), off + 216)
+    finally:
+        os.close(fd)
+    want = ("failed", "down", 3, 111, 222)
+    for t in (seg.connections()[0].telemetry, seg.slot(2).telemetry, seg.snapshot().slots[0].telemetry):
+        assert (t.sout_state, t.sup_state, t.failovers, t.sout_state_ns, t.sup_state_ns) == want
+    fake_register(seg, 2, "10.0.2.7", 1, gen=2)
+    t = seg.slot(2).telemetry
+    assert (t.sout_state, t.sup_state, t.failovers, t.sout_state_ns, t.sup_state_ns) == ("up", "up", 0, 0, 0)

@@ -41,7 +41,7 @@ var Knobs = []Knob{
 	{"MPIB_FAILOVER", "1", "1 = a failed rail's traffic moves to the other rail and the rail is retried in the background; 0 = any rail error fails the connection (net_ib without NCCL_IB_RESILIENCY_PORT_FAILOVER)"},
 	{"MPIB_RECOVERY_BACKOFF_MS", "250", "first retry of a failed rail after this long, doubling per failed attempt (a port that comes back up is retried at once)"},
 	{"MPIB_RECOVERY_BACKOFF_MAX_MS", "2000", "the longest wait between retries of a failed rail; retries never stop"},
-	{"MPIB_FAILOVER_TIMEOUT_MS", "5000", "how long one side waits for the peer's answer during a failover or recovery step before the connection fails (failover) or the attempt is retried (recovery)"},
+	{"MPIB_FAILOVER_TIMEOUT_MS", "5000", "how long the sender waits for the receiver's answer to a recovery attempt before it retries, and for its fence record before it logs the wait (it keeps waiting: a dead peer is caught by the control socket)"},
 	{"MPIB_IB_TC", "(unset)", "traffic class of the connection (the IP TOS byte on RoCE); wins over NCCL_IB_TC and NCCL's per-communicator class"},
 	{"MPIB_IB_SL", "(unset)", "service level of the connection; wins over NCCL_IB_SL"},
 	{"MPIB_RELAXED_ORDERING", "(unset)", "1 = register memory with relaxed ordering, 0 = strict; wins over NCCL_IB_PCI_RELAXED_ORDERING"},

@@ -172,6 +172,9 @@ func TestCLIsAgree(t *testing.T) {
 	f := newFixture(t, dir, "listed")
 	f.seg.SetClassHint(shm.InterIsland, 300, true)
 	f.seg.AddTelemetry(f.a, 1, 12345)
+	f.seg.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789) // SUP failed over
+	f.seg.SetRailState(f.b, 0, shm.RailFailed, 1_763_856_001_000_000_000)
+	f.seg.SetRailState(f.b, 1, shm.RailState(9), 7) // a state this agent does not know
 	gOut, gErr, gCode := goCLI.run(t, env, "list", "--json", "--path", f.path)
 	pOut, pErr, pCode := pyCLI.run(t, env, "list", "--json", "--path", f.path)
 	if gCode != 0 || pCode != 0 || gOut != pOut {
@@ -185,9 +188,32 @@ func TestCLIsAgree(t *testing.T) {
 		!reflect.DeepEqual(eff, map[string]any{"applies": false, "sup_bw": 0.0, "source": "no_hint", "clamped": false}) {
 		t.Fatalf("effective: %v", eff)
 	}
+	rails := map[float64]map[string]any{} // slot index -> the rail-state fields of its telemetry
+	for _, c := range listed {
+		tel, _ := c["telemetry"].(map[string]any)
+		r := map[string]any{}
+		for _, k := range []string{"sout_state", "sup_state", "failovers", "sout_state_ns", "sup_state_ns"} {
+			r[k] = tel[k]
+		}
+		idx, _ := c["index"].(float64)
+		rails[idx] = r
+	}
+	wantRails := map[float64]map[string]any{
+		float64(f.a): {"sout_state": "up", "sup_state": "down", "failovers": 1.0, "sout_state_ns": 0.0, "sup_state_ns": 1763856000123456789.0},
+		float64(f.b): {"sout_state": "failed", "sup_state": "unknown(9)", "failovers": 2.0, "sout_state_ns": 1763856001000000000.0, "sup_state_ns": 7.0},
+	}
+	if !strings.Contains(gOut, "\"sup_state_ns\": 1763856000123456789\n") { // exact, not as a float64
+		t.Fatalf("list --json: sup_state_ns of slot %d is not exact:\n%s", f.a, gOut)
+	}
+	for idx, w := range wantRails {
+		if !reflect.DeepEqual(rails[idx], w) {
+			t.Fatalf("list --json: slot %v rail states: expected %v but got %v", idx, w, rails[idx])
+		}
+	}
 	gOut, _, _ = goCLI.run(t, env, "list", "--path", f.path)
 	pOut, _, _ = pyCLI.run(t, env, "list", "--path", f.path)
-	if normalize(gOut) != normalize(pOut) || !strings.Contains(gOut, " inter ") {
+	if normalize(gOut) != normalize(pOut) || !strings.Contains(gOut, " inter ") ||
+		!strings.Contains(gOut, " up/down ") || !strings.Contains(gOut, " failed/unknown(9) ") {
 		t.Fatalf("list differs:\n--- go\n%s--- python\n%s", gOut, pOut)
 	}
 	emptyPath := filepath.Join(dir, "empty")

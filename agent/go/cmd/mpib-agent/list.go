@@ -21,7 +21,7 @@ type connView struct {
 	Effective shm.Resolution `json:"effective"`
 }
 
-const listFmt = "%5s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s\n"
+const listFmt = "%5s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s %13s %9s\n"
 
 func cmdList(args []string, out io.Writer) error {
 	fs, path := newFlags("list")
@@ -46,7 +46,8 @@ func cmdList(args []string, out io.Writer) error {
 		return enc.Encode(views)
 	}
 	fmt.Fprintln(out, agentStatus(s.Header(), now))
-	fmt.Fprintf(out, listFmt, "SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES")
+	fmt.Fprintf(out, listFmt, "SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES",
+		"RAILS", "FAILOVERS")
 	for _, v := range views {
 		dir := "recv"
 		if v.IsSend == 1 {
@@ -59,7 +60,9 @@ func cmdList(args []string, out io.Writer) error {
 		fmt.Fprintf(out, listFmt, strconv.Itoa(int(v.Index)), fmt.Sprintf("%d:%d", v.PID, v.ConnID),
 			v.LocalSoutIP.String(), v.PeerSoutIP.String(), v.PathClass.String(), dir,
 			fmt.Sprintf("%d+%d", v.NQPsSout, v.NQPsSup), hint, v.Effective.Source.String(),
-			strconv.FormatUint(v.Telemetry.SoutBytes, 10), strconv.FormatUint(v.Telemetry.SupBytes, 10))
+			strconv.FormatUint(v.Telemetry.SoutBytes, 10), strconv.FormatUint(v.Telemetry.SupBytes, 10),
+			v.Telemetry.SoutState.String()+"/"+v.Telemetry.SupState.String(),
+			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10))
 	}
 	return nil
 }

@@ -113,7 +113,7 @@ def _cmd_create(a: argparse.Namespace) -> int:
     return 0
 
 
-_LIST_FMT = "{:>5} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14}"
+_LIST_FMT = "{:>5} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14} {:>13} {:>9}"
 
 
 def _cmd_list(a: argparse.Namespace) -> int:
@@ -126,12 +126,13 @@ def _cmd_list(a: argparse.Namespace) -> int:
             return 0
         print(_status(seg))
         print(_LIST_FMT.format("SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
-                               "SOUT_BYTES", "SUP_BYTES"))
+                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS"))
         for c, r in rows:
             print(_LIST_FMT.format(
                 c.index, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
                 "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
-                r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes))
+                r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes,
+                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers))
     return 0
 
 

@@ -51,7 +51,13 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("last_sup_bw", 192, 4),
     ("last_source", 196, 4),
     ("last_read_ns", 200, 8),
+    ("failovers", 212, 4),
+    ("sout_state_ns", 216, 8),
+    ("sup_state_ns", 224, 8),
 )
+# rail states (u8 each): field name, offset; JSON and the dataclass hold rail_state_name()
+RAIL_STATE_FIELDS: Tuple[Tuple[str, int], ...] = (("sout_state", 208), ("sup_state", 209))
+RAIL_STATES = ("up", "down", "failed")  # 0 in service, 1 out after a failover, 2 device gone
 
 if sys.byteorder != "little":  # pragma: no cover
     raise ImportError("mpib_agent: the hint segment is little-endian and accessed in place")
@@ -94,6 +100,22 @@ class HintClampedWarning(UserWarning):
         self.requested = requested
         self.applied = applied
         super().__init__(f"sup_bw {requested} out of range 0..1024: clamped to {applied}")
+
+
+def rail_state_name(v: int) -> str:
+    """A rail state as both agents print it: up, down, failed, or unknown(N)."""
+    return RAIL_STATES[v] if 0 <= v < len(RAIL_STATES) else f"unknown({v})"
+
+
+def rail_state_value(s: str) -> int:
+    """The inverse of rail_state_name; raises ValueError."""
+    if s in RAIL_STATES:
+        return RAIL_STATES.index(s)
+    if s.startswith("unknown(") and s.endswith(")"):
+        n = s[len("unknown("):-1]
+        if n.isascii() and n.isdigit() and 0 <= int(n) <= 0xFF and rail_state_name(int(n)) == s:
+            return int(n)
+    raise ValueError(f"rail state {s!r}: want up, down, failed or unknown(N)")
 
 
 def total_size(nslots: int, npeers: int) -> int:
@@ -238,6 +260,12 @@ class Telemetry:
     last_sup_bw: int = 0
     last_source: int = 0
     last_read_ns: int = 0
+    # rail states (spec 4.3): a rail leaves service (failover) and rejoins it
+    sout_state: str = "up"  # up, down, failed, unknown(N)
+    sup_state: str = "up"
+    failovers: int = 0  # times a rail of this connection left service
+    sout_state_ns: int = 0  # CLOCK_REALTIME ns of the last sout_state change, 0 never
+    sup_state_ns: int = 0
 
 
 @dataclass
@@ -361,12 +389,11 @@ def decode_header(v: Any) -> Header:
 def decode_slot(v: Any, i: int, hint: Optional[Record] = None) -> Slot:
     off = slot_off(i)
     owner = v.u64(off + S_OWNER)
-    tel = Telemetry(
-        **{
-            name: (v.u64(off + o) if size == 8 else v.u32(off + o))
-            for name, o, size in TELEMETRY
-        }
-    )
+    counters: Dict[str, Any] = {
+        name: (v.u64(off + o) if size == 8 else v.u32(off + o)) for name, o, size in TELEMETRY
+    }
+    rails: Dict[str, Any] = {name: rail_state_name(v.u8(off + o)) for name, o in RAIL_STATE_FIELDS}
+    tel = Telemetry(**counters, **rails)
     return Slot(
         index=i,
         state=owner & 0xFFFFFFFF,
@@ -473,6 +500,8 @@ def encode_slot(v: Any, s: Slot) -> None:
 def put_telemetry(v: Any, off: int, t: Telemetry) -> None:
     for name, o, size in TELEMETRY:
         (v.put64 if size == 8 else v.put32)(off + o, getattr(t, name))
+    for name, o in RAIL_STATE_FIELDS:
+        v.put8(off + o, rail_state_value(getattr(t, name)))
 
 
 def class_name(c: int) -> str:
