@@ -89,9 +89,11 @@ func TestLeakConnectClose(t *testing.T) {
 		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s", s, c)
 	}
 	var g leakGrowth
-	for _, x := range []exitInfo{s, c} {
+	for i, x := range []exitInfo{s, c} {
 		var first, last *leakSample
+		var series []string // round:rss_kib/threads, to tell a plateau from a steady leak
 		for _, m := range leakLineRe.FindAllStringSubmatch(x.out, -1) {
+			series = append(series, m[1]+":"+m[4]+"/"+m[3])
 			round, _ := strconv.Atoi(m[1])
 			var ls leakSample
 			ls.fds, _ = strconv.Atoi(m[2])
@@ -112,7 +114,8 @@ func TestLeakConnectClose(t *testing.T) {
 		if first == nil || last == nil {
 			t.Fatalf("no nettest-leak lines for round %d and round %d:\n%s", base, rounds, x)
 		}
-		t.Logf("after round %d: %s; after round %d: %s", base, first, rounds, last)
+		t.Logf("%s after round %d: %s; after round %d: %s", []string{"server", "client"}[i], base, first, rounds, last)
+		t.Logf("%s round:rss_kib/threads %s", []string{"server", "client"}[i], strings.Join(series, " "))
 		g.add(*first, *last)
 	}
 	checkLeak(t, "connect-close", cycles, g)
