@@ -83,7 +83,7 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 	fp := &faultPair{server: server, client: client, base: fmt.Sprintf("/tmp/fault-%d-%d", os.Getpid(), faultSeq.Add(1))}
 	fp.stopFile = fp.base + ".stop"
 	port := strconv.Itoa(int(oobPort.Add(1)))
-	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS)}, args...)
+	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile}, args...)
 	wrap := func(role string) []string {
 		return []string{"sh", "-c", `exec "$@" >"$0.out" 2>"$0.err"`, fp.base + "-" + role, nettestBin, "--role", role}
 	}
