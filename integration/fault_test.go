@@ -286,19 +286,6 @@ func routeBack(n *Node, r Rail) string {
 }
 
 func linkDownCmd(n *Node, r Rail) string { return "ip link set dev " + n.Netdev(r) + " down" }
-func linkUpCmd(n *Node, r Rail) string {
-	return "ip link set dev " + n.Netdev(r) + " up" + routeBack(n, r)
-}
-func blackholeCmd(n *Node, r Rail) string {
-	d := n.Netdev(r)
-	return "tc qdisc add dev " + d + " ingress && tc filter add dev " + d + " parent ffff: matchall action drop"
-}
-func unblackholeCmd(n *Node, r Rail) string { return "tc qdisc del dev " + n.Netdev(r) + " ingress" }
-func lossCmd(n *Node, r Rail) string {
-	return "tc qdisc replace dev " + n.Netdev(r) + " root netem loss 100%"
-}
-func unlossCmd(n *Node, r Rail) string { return "tc qdisc del dev " + n.Netdev(r) + " root" }
-
 // restoreLab puts every fault back: links up, no qdiscs, routes, rxe devices present (with
 // their GIDs). A failure here breaks later lab tests: say so loudly.
 func restoreLab(t *testing.T, nodes ...*Node) {
@@ -345,8 +332,8 @@ type faultStep struct {
 	afterBytes uint64 // client tx on the rail from the restore to the next fault
 	cutTx      map[Rail]uint64
 	upTx       map[Rail]uint64
-	cutRunMS   int64 // how long the cut command itself took (E - T)
-	upRunMS    int64 // the same for the restore
+	cutRunMS   int64 // the cut's uncertainty: half the run time of its command (glitch: the hole's shortest length)
+	upRunMS    int64 // the same for the restore (glitch: the hole's longest length)
 }
 
 // TestFaultFailover runs, per (rail, mode), one a1 -> a2 transfer with link-down, blackhole,
@@ -420,27 +407,40 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 			prev.afterBytes = x.tx[rail] - prev.upTx[rail]
 		}
 	}
-	simple := func(name string, on *Node, cut, restore string) {
+	// simple runs one fault whose cut and restore are each one command (one process start
+	// in the node: under load a start can take hundreds of ms, so the moment is the
+	// midpoint of the stamps around the command, ± half its run time, printed as *_err_ms);
+	// prep and unprep (qdiscs that do nothing yet, routes back) run in their own execs.
+	simple := func(name string, on *Node, prep, cut, restore, unprep string) {
 		st := begin(name, !idle || name == "link-down", true)
+		if prep != "" {
+			stamp(st, "prepare", fc.in(on, prep))
+		}
 		x := stamp(st, "cut", fc.in(on, cut))
 		closePrev(x)
-		st.cut, st.cutTx = x.ms, x.tx
-		st.cutRunMS = x.mark("E", true) - x.ms
+		e := x.mark("E", true)
+		st.cut, st.cutTx, st.cutRunMS = (x.ms+e)/2, x.tx, (e-x.ms)/2
 		h, z := hold, settle
 		if !st.detectWant { // an idle rail: nothing to detect or recover, only a check that the transfer goes on
 			h, z = 1500*time.Millisecond, 1500*time.Millisecond
 		}
 		time.Sleep(h)
 		y := stamp(st, "restore", fc.in(on, restore))
-		st.up, st.upTx = y.ms, y.tx
-		st.upRunMS = y.mark("E", true) - y.ms
+		e = y.mark("E", true)
+		st.up, st.upTx, st.upRunMS = (y.ms+e)/2, y.tx, (e-y.ms)/2
 		st.holdBytes = y.tx[other] - x.tx[other]
 		prev = st
+		if unprep != "" {
+			stamp(st, "unprepare", fc.in(on, unprep))
+		}
 		time.Sleep(z)
 	}
-	simple("link-down", a1, linkDownCmd(a1, rail), linkUpCmd(a1, rail))
-	simple("blackhole", a2, blackholeCmd(a2, rail), unblackholeCmd(a2, rail))
-	simple("loss", a1, lossCmd(a1, rail), unlossCmd(a1, rail))
+	ad, bd := a1.Netdev(rail), a2.Netdev(rail)
+	simple("link-down", a1, "", "ip link set dev "+ad+" down", "ip link set dev "+ad+" up", strings.TrimPrefix(routeBack(a1, rail), "; "))
+	simple("blackhole", a2, "tc qdisc add dev "+bd+" ingress", "tc filter add dev "+bd+" parent ffff: matchall action drop",
+		"tc filter del dev "+bd+" parent ffff:", "tc qdisc del dev "+bd+" ingress")
+	simple("loss", a1, "tc qdisc replace dev "+ad+" root netem loss 0%", "tc qdisc change dev "+ad+" root netem loss 100%",
+		"tc qdisc change dev "+ad+" root netem loss 0%", "tc qdisc del dev "+ad+" root")
 
 	// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
 	{
@@ -456,14 +456,17 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 		time.Sleep(settle)
 	}
 
-	// glitch: a 300 ms far-end black hole that heals by itself.
+	// glitch: a 300 ms far-end black hole that heals by itself. T and U frame the filter's
+	// insertion, V and E its removal: the hole lasted between V-U and E-T.
 	{
 		st := begin("glitch", false, true)
-		x := stamp(st, "glitch", fc.in(a2, blackholeCmd(a2, rail)+"; sleep 0.3; echo U=$(date +%s%3N); "+unblackholeCmd(a2, rail)))
+		stamp(st, "prepare", fc.in(a2, "tc qdisc add dev "+bd+" ingress"))
+		x := stamp(st, "glitch", fc.in(a2, "tc filter add dev "+bd+" parent ffff: matchall action drop; echo U=$(date +%s%3N); sleep 0.3; echo V=$(date +%s%3N); tc filter del dev "+bd+" parent ffff:"))
 		closePrev(x)
-		st.cut, st.up = x.ms, x.mark("U", false)
-		st.upRunMS = x.mark("E", true) - st.up // the black hole lasted up - cut + part of this
-		st.upTx = nil
+		u, v, e := x.mark("U", false), x.mark("V", false), x.mark("E", true)
+		st.cut, st.up = (x.ms+u)/2, (v+e)/2
+		st.cutRunMS, st.upRunMS = v-u, e-x.ms // the hole's shortest and longest possible length
+		stamp(st, "unprepare", fc.in(a2, "tc qdisc del dev "+bd+" ingress"))
 		prev = nil
 		time.Sleep(3 * time.Second)
 	}
@@ -666,11 +669,11 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 			fmt.Printf("fault: case=glitch rail=%s pair=%s mode=%s stall_ms=%d verified=%v nccl_errors=%d\n",
 				rail, pair, mode, stall, verifiedOK, nerr)
 			t.Logf("fault-detail: case=glitch rail=%s mode=%s failover=%v detected_ms=%d recovered_ms=%d blackhole_ms=%d..%d",
-				rail, mode, first != nil, detected, recovered, st.up-st.cut, st.up-st.cut+st.upRunMS)
+				rail, mode, first != nil, detected, recovered, st.cutRunMS, st.upRunMS)
 		} else {
 			fmt.Printf("fault: case=%s rail=%s pair=%s mode=%s detected_ms=%d stall_ms=%d continued_on=%s recovered_ms=%d%s verified=%v nccl_errors=%d\n",
 				st.name, rail, pair, mode, detected, stall, continued, recovered, tail, verifiedOK, nerr)
-			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_cmd_ms=%d up_cmd_ms=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
+			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
 				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, st.holdBytes, st.afterBytes)
 		}
 		// Targets.
