@@ -286,6 +286,7 @@ func routeBack(n *Node, r Rail) string {
 }
 
 func linkDownCmd(n *Node, r Rail) string { return "ip link set dev " + n.Netdev(r) + " down" }
+
 // restoreLab puts every fault back: links up, no qdiscs, routes, rxe devices present (with
 // their GIDs). A failure here breaks later lab tests: say so loudly.
 func restoreLab(t *testing.T, nodes ...*Node) {
