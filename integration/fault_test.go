@@ -637,9 +637,10 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 				lastSend = &evs[i]
 			}
 		}
+		// The cut's moment is known to ± cutRunMS: a decision inside that band reads 0.
 		detected, continued := int64(-1), "none"
 		if first != nil {
-			detected, continued = first.ms-st.cut, first.continued
+			detected, continued = max(0, first.ms-st.cut), first.continued
 		}
 		recovered := int64(-1)
 		reason := ""
@@ -674,8 +675,12 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		} else {
 			fmt.Printf("fault: case=%s rail=%s pair=%s mode=%s detected_ms=%d stall_ms=%d continued_on=%s recovered_ms=%d%s verified=%v nccl_errors=%d\n",
 				st.name, rail, pair, mode, detected, stall, continued, recovered, tail, verifiedOK, nerr)
-			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
-				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, st.holdBytes, st.afterBytes)
+			raw := int64(-1)
+			if first != nil {
+				raw = first.ms - st.cut
+			}
+			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
+				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, st.holdBytes, st.afterBytes)
 		}
 		// Targets.
 		if stall > maxStallMS {
