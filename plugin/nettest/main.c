@@ -169,7 +169,12 @@ static void nt_usage(FILE *f) {
           "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
           "  --comms N             connect, resources: connections per direction (default 8)\n"
           "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
+          "  --report-every K      connect, resources: print the per-round lines every K rounds\n"
+          "  --rdma-res            connect, resources: count this process's QPs/MRs (rdma res) per report\n"
           "  --prepost             lat: keep --window receives posted, the next before each send\n"
+          "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
+          "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
+          "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
           "scale modes: connect, resources (--comms N);\n"
           "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
@@ -256,7 +261,9 @@ enum {
   OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
   OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP, OPT_PROFILER,
   OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
-  OPT_COMMS, OPT_PREPOST, OPT_ROUNDS    /* scale.c, lat */
+  OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
+  OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, /* fault watch (xfer.c) */
+  OPT_REPORTEVERY, OPT_RDMARES          /* scale.c leak checks */
 };
 
 static const struct option nt_long_opts[] = {
@@ -276,6 +283,9 @@ static const struct option nt_long_opts[] = {
     {"traffic-class", required_argument, 0, OPT_TCLASS}, {"fork-every-ms", required_argument, 0, OPT_FORKMS},
     {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {"comms", required_argument, 0, OPT_COMMS},
     {"prepost", no_argument, 0, OPT_PREPOST},           {"rounds", required_argument, 0, OPT_ROUNDS},
+    {"gap-ms", required_argument, 0, OPT_GAPMS},        {"stop-file", required_argument, 0, OPT_STOPFILE},
+    {"ignore-peer-abort", no_argument, 0, OPT_IGNPEER}, {"report-every", required_argument, 0, OPT_REPORTEVERY},
+    {"rdma-res", no_argument, 0, OPT_RDMARES},
     {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
@@ -462,10 +472,33 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       break;
     case OPT_PREPOST: o->prepost = 1; break;
     case OPT_ROUNDS:
-      if (nt_parse_int(a, 1, 100, &o->rounds) != 0) {
-        NT_BAD("--rounds must be 1..100, not '%s'", a);
+      if (nt_parse_int(a, 1, 10000, &o->rounds) != 0) {
+        NT_BAD("--rounds must be 1..10000, not '%s'", a);
       }
       break;
+    case OPT_GAPMS:
+      if (nt_parse_int(a, 1, 3600000, &nt_watch.gap_ms) != 0) {
+        NT_BAD("--gap-ms must be 1..3600000, not '%s'", a);
+      }
+      nt_watch.enabled = 1;
+      break;
+    case OPT_STOPFILE:
+      if (a[0] == '\0') {
+        NT_BAD("--stop-file needs a path");
+      }
+      nt_watch.stop_file = a;
+      nt_watch.enabled = 1;
+      break;
+    case OPT_IGNPEER:
+      nt_watch.ignore_peer = 1;
+      nt_watch.enabled = 1;
+      break;
+    case OPT_REPORTEVERY:
+      if (nt_parse_int(a, 1, 10000, &o->report_every) != 0) {
+        NT_BAD("--report-every must be 1..10000, not '%s'", a);
+      }
+      break;
+    case OPT_RDMARES: o->rdma_res = 1; break;
     case OPT_HELP: nt_usage(stdout); return 1;
     case OPT_PROFILER: o->profiler = 1; break;
     default:
@@ -537,6 +570,12 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     o->rounds = 1;
   } else if (!nt_mode_is_scale(o->mode)) {
     NT_BAD("--rounds applies to the connect and resources modes only");
+  }
+  if (nt_watch.enabled && o->mode != NT_VERIFY) {
+    NT_BAD("--gap-ms, --stop-file and --ignore-peer-abort apply to verify only");
+  }
+  if ((o->report_every || o->rdma_res) && !nt_mode_is_scale(o->mode)) {
+    NT_BAD("--report-every and --rdma-res apply to the connect and resources modes only");
   }
   if (o->prepost && o->mode != NT_LAT) {
     NT_BAD("--prepost applies to lat only");

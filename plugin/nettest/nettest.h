@@ -73,6 +73,8 @@ struct nt_opts {
   int comms;   /* --comms: connections per direction in the scale modes */
   int prepost; /* --prepost: lat keeps --window receives posted ahead, the next one before each send */
   int rounds;  /* --rounds: scale modes repeat the whole cycle (leak check across rounds) */
+  int report_every; /* --report-every: scale modes print the per-round lines every K rounds */
+  int rdma_res;     /* --rdma-res: scale modes count this process's QPs and MRs (rdma res) per report */
 };
 
 /* ---- net.c: the plugin behind one version-independent interface ---- */
@@ -214,12 +216,28 @@ struct nt_xfer {
 
 struct nt_stats {
   uint64_t msgs, bytes, groups;
+  /* fault watch (always kept; printed as nettest-stall with --gap-ms, --stop-file or --ignore-peer-abort) */
+  uint64_t nccl_errors;  /* non-success returns of plugin calls in the engine */
+  double error_at_ms;    /* unix ms of the first one, 0 when none */
+  double last_done_ms;   /* unix ms of the last completed request (or of the start) */
+  double max_gap_ms, max_gap_from_ms;
+  uint64_t gaps;         /* gaps of at least --gap-ms */
   double t0, t1;
   uint64_t mismatches;
   uint64_t flushes;
   char first_err[512];
   int fatal; /* plugin error, stall or peer abort: the run cannot continue */
 };
+
+/* Fault-watch options of verify (main.c sets them; docs/nettest.md "Fault watch"). */
+struct nt_watch {
+  int enabled;           /* any of the options below was given */
+  int gap_ms;            /* --gap-ms: print each gap between completions of at least this long */
+  const char *stop_file; /* --stop-file: the receiver stops posting once this file exists */
+  int ignore_peer;       /* --ignore-peer-abort: the data loop ignores the peer's ABORT / closed side channel */
+};
+extern struct nt_watch nt_watch;
+double nt_wall_ms(void); /* CLOCK_REALTIME in milliseconds (comparable with `date +%s%3N`) */
 
 void nt_canary_fill(uint8_t *p, size_t len);
 int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *s, struct nt_stats *st);

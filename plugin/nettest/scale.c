@@ -68,6 +68,41 @@ int nt_mode_is_scale(enum nt_mode m) { return m == NT_CONNECT || m == NT_RESOURC
 
 /* ---- process resources ---- */
 
+/* --rdma-res: this process's QPs and MRs as the kernel lists them (`rdma res show qp|mr`).
+ * The kernel names the thread that created each object ("pid <tid> comm <thread name>"),
+ * and the plugin's Go threads come and go, so a line is ours when its comm is this process's
+ * command name (/proc/self/comm, which threads inherit): one driver per node, as in the lab.
+ * -1 when the command fails. */
+static int nt_rdma_res_count(const char *what) {
+  char cmd[128], comm[64] = "", line[1024];
+  FILE *c = fopen("/proc/self/comm", "r");
+  if (c == NULL || fgets(comm, sizeof(comm), c) == NULL) {
+    if (c != NULL) {
+      fclose(c);
+    }
+    return -1;
+  }
+  fclose(c);
+  comm[strcspn(comm, "\n")] = '\0';
+  snprintf(cmd, sizeof(cmd), "rdma res show %s 2>/dev/null", what);
+  FILE *f = popen(cmd, "r");
+  if (f == NULL) {
+    return -1;
+  }
+  int n = 0;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    char *save = NULL, *prev = NULL;
+    for (char *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
+      if (prev != NULL && strcmp(prev, "comm") == 0 && strcmp(tok, comm) == 0) {
+        n++;
+        break;
+      }
+      prev = tok;
+    }
+  }
+  return pclose(f) == 0 ? n : -1;
+}
+
 struct nt_proc {
   long rss_kib, hwm_kib;
   int threads, fds;
@@ -685,6 +720,17 @@ out:
     nt_err("round %d: %d fds still open after closing every comm (not counting %d of the Go runtime's)", round,
            leaked_fds, runtime_fds);
     ret = NT_EXIT_FAIL;
+  }
+  int report = o->report_every == 0 || round == 1 || round % o->report_every == 0 || round == o->rounds ||
+               ret != NT_EXIT_OK;
+  if (!report) {
+    nt_sc_free(&s);
+    return ret;
+  }
+  if (o->report_every > 0 || o->rdma_res) {
+    int qps = o->rdma_res ? nt_rdma_res_count("qp") : -1, mrs = o->rdma_res ? nt_rdma_res_count("mr") : -1;
+    nt_out("nettest-leak: round=%d role=%s fds=%d threads=%d rss_kib=%ld qps=%d mrs=%d leaked_fds=%d", round,
+           nt_role_name(o->role), p4.fds, p4.threads, p4.rss_kib, qps, mrs, leaked_fds);
   }
   double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
   nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "

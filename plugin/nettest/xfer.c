@@ -8,9 +8,12 @@
  * of isends; both test only the oldest outstanding group, in order. isend/irecv returning a
  * NULL request means "not now": the engine keeps testing and retries.
  */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "nettest.h"
 
@@ -46,6 +49,70 @@ void nt_stats_fail(struct nt_stats *st, int fatal, const char *fmt, ...) {
   vsnprintf(st->first_err, sizeof(st->first_err), fmt, ap);
   va_end(ap);
   nt_err("%s", st->first_err);
+}
+
+/* ---- fault watch: gaps between completions, plugin error returns (docs/nettest.md) ---- */
+
+struct nt_watch nt_watch;
+
+double nt_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* A plugin call returned rc != ncclSuccess: count it and print the moment at once. */
+static void nt_plugin_error(struct nt_stats *st, const char *side, const char *call, int rc) {
+  double now = nt_wall_ms();
+  st->nccl_errors++;
+  if (st->error_at_ms == 0) {
+    st->error_at_ms = now;
+  }
+  nt_out("nettest-error: side=%s call=%s rc=%d at_ms=%.0f", side, call, rc, now);
+}
+
+static void nt_watch_start(struct nt_stats *st) { st->last_done_ms = nt_wall_ms(); }
+
+/* A request completed: close the gap since the previous completion. */
+static void nt_watch_done(struct nt_stats *st, const char *side) {
+  double now = nt_wall_ms(), gap = now - st->last_done_ms;
+  if (gap > st->max_gap_ms) {
+    st->max_gap_ms = gap;
+    st->max_gap_from_ms = st->last_done_ms;
+  }
+  if (nt_watch.gap_ms > 0 && gap >= nt_watch.gap_ms) {
+    st->gaps++;
+    nt_out("nettest-gap: side=%s from_ms=%.0f to_ms=%.0f gap_ms=%.0f", side, st->last_done_ms, now, gap);
+  }
+  st->last_done_ms = now;
+}
+
+/* End of a transfer: a failed run's open gap (last completion to now) counts too. */
+static void nt_watch_end(struct nt_stats *st, const char *side, uint64_t completed) {
+  double now = nt_wall_ms();
+  if (st->fatal && now - st->last_done_ms > st->max_gap_ms) {
+    st->max_gap_ms = now - st->last_done_ms;
+    st->max_gap_from_ms = st->last_done_ms;
+  }
+  if (nt_watch.enabled) {
+    nt_out("nettest-stall: side=%s max_gap_ms=%.0f max_gap_from_ms=%.0f gaps=%" PRIu64 " completed=%" PRIu64
+           " nccl_errors=%" PRIu64 " error_at_ms=%.0f end_ms=%.0f fatal=%s",
+           side, st->max_gap_ms, st->max_gap_from_ms, st->gaps, completed, st->nccl_errors,
+           st->error_at_ms > 0 ? st->error_at_ms : -1.0, now, st->fatal ? "true" : "false");
+  }
+}
+
+/* --stop-file: checked at most every 100 ms. */
+static int nt_stop_file_seen(double *next_check) {
+  if (nt_watch.stop_file == NULL) {
+    return 0;
+  }
+  double now = nt_now();
+  if (now < *next_check) {
+    return 0;
+  }
+  *next_check = now + 0.1;
+  return access(nt_watch.stop_file, F_OK) == 0;
 }
 
 /* ---- schedule ---- */
@@ -249,6 +316,7 @@ struct nt_pacer {
   double next_peek;
   unsigned spins;
   int progressed;
+  int peer_gone;
 };
 
 static void nt_pacer_init(struct nt_pacer *p) {
@@ -277,6 +345,14 @@ static int nt_pace(struct nt_pacer *p, struct nt_oob *oob, int timeout_s, struct
   if (oob != NULL && now >= p->next_peek) {
     p->next_peek = now + NT_PEEK_INTERVAL;
     int t = nt_oob_peek(oob);
+    if (t < 0 && nt_watch.ignore_peer) {
+      if (!p->peer_gone) {
+        p->peer_gone = 1;
+        nt_err("%s: peer aborted or closed the side channel; ignored (--ignore-peer-abort)", who);
+      }
+      p->next_peek = 1e300; /* only the plugin or the stall limit ends the run now */
+      return 0;
+    }
     if (t < 0) {
       nt_stats_fail(st, 1, "%s: peer aborted or closed the side channel", who);
       return -1;
@@ -299,6 +375,7 @@ int nt_wait_req(struct nt_net *net, struct nt_oob *oob, void *req, int *sizes, i
     int done = 0;
     ncclResult_t rc = nt_net_test(net, req, &done, sizes);
     if (rc != ncclSuccess) {
+      nt_plugin_error(st, what, "test", rc);
       nt_stats_fail(st, 1, "test(%s) failed: rc=%d", what, rc);
       return -1;
     }
@@ -342,6 +419,7 @@ static int nt_post_send(const struct nt_xfer *x, int slot, struct nt_sslot *s, s
     void *req = NULL;
     ncclResult_t rc = nt_net_isend(x->net, x->comm, nt_slot_buf(x, slot, j), s->g.sizes[j], s->g.tags[j], x->mh, &req);
     if (rc != ncclSuccess) {
+      nt_plugin_error(st, "send", "isend", rc);
       nt_stats_fail(st, 1, "isend(msg=%llu size=%zu tag=%d) failed: rc=%d",
                     (unsigned long long)(s->g.first_msg + (uint64_t)j), s->g.sizes[j], s->g.tags[j], rc);
       return -1;
@@ -367,6 +445,7 @@ static int nt_test_send(const struct nt_xfer *x, struct nt_sslot *s, struct nt_s
     int done = 0, sizes[NT_MAX_MULTI];
     ncclResult_t rc = nt_net_test(x->net, s->req[j], &done, sizes);
     if (rc != ncclSuccess) {
+      nt_plugin_error(st, "send", "test", rc);
       nt_stats_fail(st, 1, "test(send msg=%llu) failed: rc=%d", (unsigned long long)(s->g.first_msg + (uint64_t)j), rc);
       return -1;
     }
@@ -387,6 +466,7 @@ int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
   nt_pacer_init(&p);
   st->t0 = nt_now();
   st->t1 = st->t0;
+  nt_watch_start(st);
   for (;;) {
     int progressed = 0;
     if (!cur_open && !sched_done && outstanding < x->window && started < limit) {
@@ -422,6 +502,7 @@ int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
         st->groups++;
         completed++;
         st->t1 = nt_now();
+        nt_watch_done(st, "send");
         head = (head + 1) % x->window;
         outstanding--;
         progressed = 1;
@@ -435,7 +516,7 @@ int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
     if (t < 0) {
       break;
     }
-    if (t == NT_MSG_STOP && x->seconds > 0 && limit == UINT64_MAX) {
+    if (t == NT_MSG_STOP && (x->seconds > 0 || nt_watch.stop_file != NULL) && limit == UINT64_MAX) {
       uint8_t b[8];
       uint32_t len = 0;
       if (nt_oob_recv(x->oob, NT_MSG_STOP, b, sizeof(b), &len, x->timeout_s) != 0 || len != 8) {
@@ -463,6 +544,7 @@ int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
       }
     }
   }
+  nt_watch_end(st, "send", completed);
   return st->fatal ? -1 : 0;
 }
 
@@ -533,6 +615,7 @@ static int nt_flush(const struct nt_xfer *x, int slot, const struct nt_group *g,
   void *req = NULL;
   ncclResult_t rc = nt_net_iflush(x->net, x->comm, g->n, data, rsizes, mhs, &req);
   if (rc != ncclSuccess) {
+    nt_plugin_error(st, "recv", "iflush", rc);
     nt_stats_fail(st, 1, "iflush(msg=%llu) failed: rc=%d", (unsigned long long)g->first_msg, rc);
     return -1;
   }
@@ -554,6 +637,7 @@ static int nt_post_recv(const struct nt_xfer *x, int slot, struct nt_rslot *s, s
   s->req = NULL;
   ncclResult_t rc = nt_net_irecv(x->net, x->comm, s->g.n, data, sizes, s->g.tags, mhs, &s->req);
   if (rc != ncclSuccess) {
+    nt_plugin_error(st, "recv", "irecv", rc);
     nt_stats_fail(st, 1, "irecv(n=%d first_msg=%llu) failed: rc=%d", s->g.n, (unsigned long long)s->g.first_msg, rc);
     return -1;
   }
@@ -567,10 +651,12 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
   struct nt_pacer p;
   nt_pacer_init(&p);
   st->t0 = 0;
+  double next_stop_check = 0;
+  nt_watch_start(st);
   for (;;) {
     int progressed = 0;
     if (!sched_done && !stopped && outstanding < x->window) {
-      if (x->seconds > 0 && posted > 0 && nt_now() - st->t0 >= x->seconds) {
+      if (posted > 0 && ((x->seconds > 0 && nt_now() - st->t0 >= x->seconds) || nt_stop_file_seen(&next_stop_check))) {
         uint8_t b[8];
         for (int i = 0; i < 8; i++) {
           b[i] = (uint8_t)(posted >> (56 - 8 * i));
@@ -615,6 +701,7 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
       }
       ncclResult_t rc = nt_net_test(x->net, s->req, &done, rsizes);
       if (rc != ncclSuccess) {
+        nt_plugin_error(st, "recv", "test", rc);
         nt_stats_fail(st, 1, "test(recv first_msg=%llu) failed: rc=%d", (unsigned long long)s->g.first_msg, rc);
         break;
       }
@@ -630,6 +717,7 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
         st->msgs += (uint64_t)s->g.n;
         st->groups++;
         completed++;
+        nt_watch_done(st, "recv");
         head = (head + 1) % x->window;
         outstanding--;
         progressed = 1;
@@ -646,6 +734,7 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
   if (st->t0 == 0) {
     st->t0 = st->t1 = nt_now();
   }
+  nt_watch_end(st, "recv", completed);
   return st->fatal ? -1 : 0;
 }
 

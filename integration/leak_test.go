@@ -1,0 +1,225 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Resource leaks over many cycles in one process: connect/close (the driver's connect mode,
+// 10 connections per round, --rounds 100), and rail failover/recovery (a1's SUP link flapped
+// with a recovery after each cut, during one transfer). QPs and MRs are the kernel's view
+// (`rdma res show qp|mr`, the process's pid), fds, threads and VmRSS come from /proc. Growth
+// is the figure after the last cycle minus the figure after the first few. Fixed lines:
+//
+//	leak: cycles=1000 kind=connect-close fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+//	leak: cycles=100 kind=failover-recovery fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+
+const maxRSSGrowthKiB = 1024
+
+type leakSample struct {
+	fds, threads, qps, mrs int
+	rssKiB                 int64
+}
+
+func (s leakSample) String() string {
+	return fmt.Sprintf("fds=%d threads=%d rss_kib=%d qps=%d mrs=%d", s.fds, s.threads, s.rssKiB, s.qps, s.mrs)
+}
+
+// growth is the worst (largest) growth over the processes.
+type leakGrowth struct {
+	fds, qps, mrs, threads int
+	rssKiB                 int64
+}
+
+func (g *leakGrowth) add(first, last leakSample) {
+	g.fds = max(g.fds, last.fds-first.fds)
+	g.qps = max(g.qps, last.qps-first.qps)
+	g.mrs = max(g.mrs, last.mrs-first.mrs)
+	g.threads = max(g.threads, last.threads-first.threads)
+	g.rssKiB = max(g.rssKiB, last.rssKiB-first.rssKiB)
+}
+
+func checkLeak(t *testing.T, kind string, cycles int, g leakGrowth) {
+	fmt.Printf("leak: cycles=%d kind=%s fds_growth=%d qps_growth=%d mrs_growth=%d threads_growth=%d rss_growth_kib=%d\n",
+		cycles, kind, g.fds, g.qps, g.mrs, g.threads, g.rssKiB)
+	if g.fds > 0 || g.qps > 0 || g.mrs > 0 || g.threads > 0 {
+		t.Errorf("%s: fds/QPs/MRs/threads grew by %d/%d/%d/%d over %d cycles, want 0", kind, g.fds, g.qps, g.mrs, g.threads, cycles)
+	}
+	if g.rssKiB > maxRSSGrowthKiB {
+		t.Errorf("%s: RSS grew by %d KiB over %d cycles, want <= %d", kind, g.rssKiB, cycles, maxRSSGrowthKiB)
+	}
+}
+
+func leakCycles(def int) int {
+	if v, err := strconv.Atoi(os.Getenv("MPIB_LEAK_CYCLES")); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+) threads=(\d+) rss_kib=(\d+) qps=(-?\d+) mrs=(-?\d+)`)
+
+// TestLeakConnectClose: 1000 connections opened and closed in one pair of processes (a1 -> a2,
+// vanilla): 100 rounds of 10 at once (listen, connect/accept, one verified message each way,
+// close; a round of one connection costs about a second of the lab's emulated CPUs). Each
+// side reports fds, threads, RSS and its QPs/MRs every 5 rounds; baseline: round 10 (100
+// connections in).
+func TestLeakConnectClose(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	const comms, every, base = 10, 5, 10
+	cycles := leakCycles(1000)
+	rounds := max(cycles/comms, base+every)
+	cycles = rounds * comms
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	start := time.Now()
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: faultEnv(a2, "vanilla"), clientEnv: faultEnv(a1, "vanilla"),
+		args: []string{"--mode", "connect", "--comms", strconv.Itoa(comms), "--rounds", strconv.Itoa(rounds), "--report-every", strconv.Itoa(every),
+			"--rdma-res", "--timeout-s", "60"}})
+	s, c := waitBoth(srv, cli, start.Add(25*time.Minute), start.Add(25*time.Minute))
+	t.Logf("%d connect/close cycles (%d rounds of %d) in %.1f s", cycles, rounds, comms, time.Since(start).Seconds())
+	if s.code != 0 || c.code != 0 || s.hung || c.hung {
+		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s", s, c)
+	}
+	var g leakGrowth
+	for i, x := range []exitInfo{s, c} {
+		var first, last *leakSample
+		var series []string // round:rss_kib/threads, to tell a plateau from a steady leak
+		for _, m := range leakLineRe.FindAllStringSubmatch(x.out, -1) {
+			series = append(series, m[1]+":"+m[4]+"/"+m[3])
+			round, _ := strconv.Atoi(m[1])
+			var ls leakSample
+			ls.fds, _ = strconv.Atoi(m[2])
+			ls.threads, _ = strconv.Atoi(m[3])
+			ls.rssKiB, _ = strconv.ParseInt(m[4], 10, 64)
+			ls.qps, _ = strconv.Atoi(m[5])
+			ls.mrs, _ = strconv.Atoi(m[6])
+			if ls.qps < 0 || ls.mrs < 0 {
+				t.Fatalf("the driver could not count its QPs/MRs with rdma res (round %d):\n%s", round, x)
+			}
+			if round == base {
+				first = &ls
+			}
+			if round == rounds {
+				last = &ls
+			}
+		}
+		if first == nil || last == nil {
+			t.Fatalf("no nettest-leak lines for round %d and round %d:\n%s", base, rounds, x)
+		}
+		t.Logf("%s after round %d: %s; after round %d: %s", []string{"server", "client"}[i], base, first, rounds, last)
+		t.Logf("%s round:rss_kib/threads %s", []string{"server", "client"}[i], strings.Join(series, " "))
+		g.add(*first, *last)
+	}
+	checkLeak(t, "connect-close", cycles, g)
+}
+
+// probe reads the process's resources in its node. The kernel names the thread that made each
+// QP/MR (pid <tid> comm <name>): the node's lines of comm mpib-nettest are the driver's (one
+// driver per node here).
+func probe(ctx context.Context, p *Process) (leakSample, error) {
+	script := `pid=$(cat "/tmp/.mpib-proc-$0") || exit 1
+	echo $(ls /proc/$pid/fd | wc -l) $(ls /proc/$pid/task | wc -l) $(awk '/^VmRSS:/{print $2}' /proc/$pid/status) \
+		$(rdma res show qp | grep -cE " comm mpib-nettest( |$)") $(rdma res show mr | grep -cE " comm mpib-nettest( |$)")`
+	out, errOut, code, err := p.node.Exec(ctx, nil, "sh", "-c", script, p.tag)
+	if err != nil || code != 0 {
+		return leakSample{}, fmt.Errorf("probe in %s: exit %d %v: %s", p.node.Name(), code, err, errOut)
+	}
+	f := strings.Fields(out)
+	if len(f) != 5 {
+		return leakSample{}, fmt.Errorf("probe in %s: %q", p.node.Name(), out)
+	}
+	var s leakSample
+	s.fds, _ = strconv.Atoi(f[0])
+	s.threads, _ = strconv.Atoi(f[1])
+	s.rssKiB, _ = strconv.ParseInt(f[2], 10, 64)
+	s.qps, _ = strconv.Atoi(f[3])
+	s.mrs, _ = strconv.Atoi(f[4])
+	return s, nil
+}
+
+// TestLeakFailoverRecovery: during one a1 -> a2 transfer (vanilla: all on SUP), a1's SUP link
+// goes down until a1's send comm fails over, then up until it recovers, 100 times. Both
+// processes are probed after cycle 5 and after the last; the transfer must stay verified.
+func TestLeakFailoverRecovery(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	t.Cleanup(func() { restoreLab(t, a1, a2) })
+	cycles := leakCycles(100)
+	const warm = 5
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla"), faultEnv(a1, "vanilla"),
+		"--mode", "verify", "--bytes", "1000G", "--max-size", "256K", "--timeout-s", "30")
+	done := false
+	defer func() {
+		if !done {
+			fp.srv.Kill(context.Background())
+			fp.cli.Kill(context.Background())
+		}
+	}()
+	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
+		s, c := fp.stop(ctx, time.Now())
+		done = true
+		t.Fatalf("no SUP traffic: %v\nserver %s\nclient %s", err, s, c)
+	}
+	// cyclesScript runs cycles [from, to]: down until one more failover line of a1's send
+	// comm, up until one more recovery line (5 s / 10 s each), then 0.3 s of traffic.
+	d, log := a1.Netdev(SUP), fp.base+"-client.err"
+	cyclesScript := func(from, to int) string {
+		return fmt.Sprintf(`f() { grep -c "$1: rail=SUP side=send" %s; }
+		for i in $(seq %d %d); do
+			nf=$(f failover); nr=$(f recovery)
+			ip link set dev %s down
+			k=0; while [ "$(f failover)" -le "$nf" ]; do k=$((k+1)); [ $k -gt 100 ] && { echo "cycle $i: no failover in 5 s"; ip link set dev %s up; exit 1; }; sleep 0.05; done
+			ip link set dev %s up
+			k=0; while [ "$(f recovery)" -le "$nr" ]; do k=$((k+1)); [ $k -gt 200 ] && { echo "cycle $i: no recovery in 10 s"; exit 1; }; sleep 0.05; done
+			sleep 0.3
+		done; echo ok`, log, from, to, d, d, d)
+	}
+	run := func(from, to int) {
+		t0 := time.Now()
+		out, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", cyclesScript(from, to))
+		t.Logf("cycles %d..%d: %.1f s: %s", from, to, time.Since(t0).Seconds(), strings.TrimSpace(out))
+		if err != nil || code != 0 {
+			s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
+			done = true
+			t.Fatalf("failover/recovery cycles %d..%d: exit %d %v: %s %s\nserver %s\nclient %s", from, to, code, err, out, errOut, s, c)
+		}
+	}
+	sample := func() [2]leakSample {
+		time.Sleep(time.Second)
+		var r [2]leakSample
+		for i, p := range []*Process{fp.cli, fp.srv} {
+			s, err := probe(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r[i] = s
+		}
+		return r
+	}
+	run(1, warm)
+	first := sample()
+	run(warm+1, cycles)
+	last := sample()
+	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
+	done = true
+	var g leakGrowth
+	for i, role := range []string{"client", "server"} {
+		t.Logf("%s after cycle %d: %s; after cycle %d: %s", role, warm, first[i], cycles, last[i])
+		g.add(first[i], last[i])
+	}
+	checkLeak(t, "failover-recovery", cycles, g)
+	m := resultRe.FindStringSubmatch(s.out)
+	if s.code != 0 || c.code != 0 || m == nil || m[4] != "true" || ncclErrors(s.out, c.out) != 0 {
+		t.Errorf("the transfer under %d failover/recovery cycles must stay verified with no plugin error:\nserver %s\nclient %s", cycles, s, c)
+	}
+}
