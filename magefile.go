@@ -51,6 +51,15 @@ func (Test) Integration() error {
 	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "80m", "./integration/...")
 }
 
+// Faults runs the lab's fault-injection and leak suites (docs/failover.md): rails cut,
+// black-holed, lossy, flapping and deleted under verified transfers, errors where no rail is
+// left, and 1,000 connect/close and 100 failover/recovery cycles (about 25 minutes).
+func (Test) Faults() error {
+	mg.Deps(Build)
+	env := map[string]string{"MPIB_FAULTS": "1"}
+	return sh.RunWithV(env, "go", "test", "-count=1", "-v", "-timeout", "60m", "-run", "^Test(Fault|Leak)", "./integration/")
+}
+
 // unitPackages lists every package except the lab suite.
 func unitPackages() ([]string, error) {
 	out, err := sh.Output("go", "list", "./...")

@@ -340,7 +340,7 @@ type faultStep struct {
 // TestFaultFailover runs, per (rail, mode), one a1 -> a2 transfer with link-down, blackhole,
 // loss, flap and glitch in sequence (each recovered before the next) and device-deleted last.
 func TestFaultFailover(t *testing.T) {
-	lab := labOrSkip(t)
+	lab := faultsOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
 	for _, c := range []struct {
@@ -769,7 +769,7 @@ func checkErrorCase(t *testing.T, name string, ec errorCase, wantSender, wantRec
 // TestFaultErrors: no rail survives (inter-island SOUT cut, both rails down, the peer killed):
 // each surviving side must get an error from the plugin within 5 s, and nobody hangs.
 func TestFaultErrors(t *testing.T) {
-	lab := labOrSkip(t)
+	lab := faultsOrSkip(t)
 	a1, a2, b1 := lab.Node("a1"), lab.Node("a2"), lab.Node("b1")
 	t.Cleanup(func() { restoreLab(t, a1, a2, b1) })
 
@@ -809,4 +809,16 @@ func TestFaultErrors(t *testing.T) {
 		checkErrorCase(t, "peer-killed (receiver killed)", errorCase{senderMS: rk.senderMS, receiverMS: -1, hang: rk.c.hung}, true, false)
 		checkErrorCase(t, "peer-killed (sender killed)", errorCase{senderMS: -1, receiverMS: sk.receiverMS, hang: sk.s.hung}, false, true)
 	})
+}
+
+// faultsOrSkip gates the fault-injection and leak suites (about 25 minutes of lab time under
+// the lab's emulated CPUs, longer than the whole rest of the lab suite): they run with
+// MPIB_FAULTS=1, as `go run mage.go test:faults` sets it.
+func faultsOrSkip(t *testing.T) *Topology {
+	t.Helper()
+	if os.Getenv("MPIB_FAULTS") != "1" {
+		t.Skip("the fault-injection and leak suites run with MPIB_FAULTS=1 (go run mage.go test:faults): " +
+			"about 25 minutes of lab time, over the CI budget; see docs/failover.md")
+	}
+	return labOrSkip(t)
 }

@@ -51,7 +51,7 @@ _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers eve
 #define MPIB_WRID_REPLAY (1ull << 62)
 #define MPIB_WRID_GEN_SHIFT 56
 #define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_GEN_SHIFT) - 1)
-enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV };
+enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV, MPIB_WR_KEEPALIVE };
 
 /* One physical rail device (global, opened once at init by the Go control plane). */
 struct mpib_dev {
@@ -145,6 +145,7 @@ struct mpib_rail_ctl {
   uint32_t attempts;     /* recoveries that failed in a row (back-off) */
   uint32_t probes;       /* PROBING: probe writes not yet completed */
   int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
+  int keepalive_out;     /* a keepalive write is outstanding on the rail */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
 };
 
@@ -244,6 +245,11 @@ struct mpib_comm {
 
   uint32_t pending[MPIB_NRAILS]; /* signalled sends not yet completed, per rail */
   int recvs_open;                /* receiver: irecvs not yet completed */
+  /* Keepalive (mpib_p2p.c keepalive_tick): a comm NCCL keeps polling that has made no progress
+   * for a second writes zero bytes on each rail, so a dead path errors even with nothing else
+   * in flight (the control socket may share the dead network). */
+  uint32_t idle_polls;
+  uint64_t progress_count, progress_seen, idle_since_ns;
   uint64_t whole_msg_max;        /* slots of at most this many bytes go whole to one rail */
   int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
   uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */

@@ -70,6 +70,7 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
 static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail);
 static void publish_rail_state(struct mpib_comm *c, int r);
 static int rail_usable(const struct mpib_comm *c, int r);
+static ncclResult_t progress(struct mpib_comm *c);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
 
@@ -310,7 +311,10 @@ static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
 static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
   volatile struct mpib_cts *fifo = c->cts[slot];
   struct mpib_cts *snap = c->cts_snap[slot];
-  if (fifo[0].seq != want) return comm_health(c); /* no CTS yet: NCCL retries */
+  if (fifo[0].seq != want) { /* no CTS yet: NCCL retries; now and then poll (keepalive, failover) */
+    ncclResult_t res = (++c->idle_polls & 15) == 0 ? progress(c) : ncclSuccess;
+    return res != ncclSuccess ? res : comm_health(c);
+  }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   mpib_cts_snapshot(&fifo[0], &snap[0]);
   if (!mpib_cts_landed(&snap[0], want)) return cts_still_landing(c, slot);
@@ -375,6 +379,7 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
     ncclResult_t res = post_slot(c, slot);
     if (res != ncclSuccess) return res;
     c->fifo_head++;
+    c->progress_count++;
   }
   *request = req;
   return ncclSuccess;
@@ -638,6 +643,7 @@ static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, co
   if (retrying) rc->attempts++;
   rc->state = MPIB_RAIL_FENCING;
   rc->since_ns = mpib_now_ns();
+  rc->keepalive_out = 0;
   if (!retrying) publish_rail_state(c, r);
   if (!retrying || rc->attempts <= 3)
     MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
@@ -670,6 +676,7 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
 
 static void slot_try_complete(struct mpib_comm *c, int slot) {
   if (c->slot_rails[slot] != 0 || c->slot_replay[slot] != 0) return;
+  c->progress_count++;
   for (int r = 0; r < c->slot_matched[slot]; r++) {
     c->slot_reqs[slot][r]->done = 1;
     c->slot_reqs[slot][r] = NULL;
@@ -979,6 +986,7 @@ static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, st
   req->done = 1;
   c->slot_reqs[slot][0] = NULL;
   c->recvs_open--;
+  c->progress_count++;
   return ncclSuccess;
 }
 
@@ -1029,8 +1037,41 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struc
   if (c->pending[rail]) c->pending[rail]--;
   int kind = wrid_kind(id);
   if (kind == MPIB_WR_PROBE) return probe_done(c, rail);
+  if (kind == MPIB_WR_KEEPALIVE) c->rail[rail].keepalive_out = 0;
   if (kind == 0 && c->is_send) return on_send_completion(c, rail, id);
   return ncclSuccess; /* a signalled CTS or control write */
+}
+
+/* A comm NCCL keeps polling (a receiver with receives open, a sender waiting for a CTS or a
+ * completion) that has made no progress for MPIB_KEEPALIVE_NS writes zero bytes on each rail
+ * in service, once per period: on a live path the write completes and nothing happens; on a
+ * dead one it errors after the RC budget and the rail fails over, or, with no rail left, the
+ * connection fails. Without it a receiver whose sender's path died silently would wait
+ * forever when the control socket shares the dead network. Checked every 256th poll. */
+#define MPIB_KEEPALIVE_NS 1000000000ull
+
+static ncclResult_t keepalive_tick(struct mpib_comm *c) {
+  uint64_t now = mpib_now_ns();
+  if (c->progress_count != c->progress_seen || c->idle_since_ns == 0) {
+    c->progress_seen = c->progress_count;
+    c->idle_since_ns = now;
+    return ncclSuccess;
+  }
+  if (now - c->idle_since_ns < MPIB_KEEPALIVE_NS || (!c->is_send && c->recvs_open == 0)) return ncclSuccess;
+  c->idle_since_ns = now;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (!c->nqps[r] || c->rail[r].state != MPIB_RAIL_UP || c->rail[r].keepalive_out || rail_fatal(r)) continue;
+    struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = c->rem_addr;
+    wr.wr.rdma.rkey = c->rem_rkey[r];
+    struct ibv_send_wr *bad = NULL;
+    int qi = mpib_qp_index(r, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
+    c->rail[r].keepalive_out = 1;
+    c->pending[r]++;
+  }
+  return ncclSuccess;
 }
 
 /* Drains the completion queues of the rails that have work, each while it yields, then lets
@@ -1054,6 +1095,10 @@ static ncclResult_t progress(struct mpib_comm *c) {
       }
     } while (n == 16);
     ncclResult_t res = srq_refill_or_fail(c, rail);
+    if (res != ncclSuccess) return res;
+  }
+  if ((++c->idle_polls & 255) == 0) {
+    ncclResult_t res = keepalive_tick(c);
     if (res != ncclSuccess) return res;
   }
   return failover_tick(c);
