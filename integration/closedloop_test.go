@@ -279,7 +279,7 @@ func testClosedLoop(t *testing.T, agent agentCLI) {
 	// Phase 1 starts when the loop's first hint is in the segment (the slot's hint is no longer
 	// the sweep's last one; the loop starts at 512 and probes from there), polled inside a1.
 	t0 := nodeSh(ctx, t, a1, `timeout 90 sh -c 'while "$0" list --json --path "$1" | grep -q "\"sup_bw\": $2,"; do sleep 0.1; done' "$0" "$1" "$2" || exit 1`,
-		ref.cmd[0], segPath, strconv.Itoa(optimum(clSupCutKbit) + clSweepOffset))
+		ref.cmd[0], segPath, strconv.Itoa(optimum(clSupCutKbit)+clSweepOffset))
 	if !running(loop) {
 		out, errOut, code, _ := loop.Wait(ctx)
 		t.Fatalf("%s agent run exited %d:\n%s%s", agent.name, code, out, errOut)
