@@ -623,8 +623,10 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		stall := stallIn(gaps, st.cut, st.end)
 		// Detection: the first failover line of either end of the data path. Recovery is
 		// driven by the sender (it rebuilds the rail, probes it and prints the recovery
-		// line): its last event in the window must be a recovery.
-		var first, lastSend *railEvent
+		// line): recovered_ms is its first recovery after the restore (0 when it was back
+		// before, e.g. a glitch; -1 when its last event is a failover). Failovers after that
+		// recovery, with no fault on, are counted in the detail line (spurious).
+		var first, lastSend, recAfter *railEvent
 		for i := range evs {
 			e := evs[i]
 			if e.rail != rail || !fp.dataPath(e) || e.ms < st.cut-100 || e.ms > st.end {
@@ -636,6 +638,15 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 			if e.node == fp.client.Name() && (lastSend == nil || e.ms >= lastSend.ms) {
 				lastSend = &evs[i]
 			}
+			if e.node == fp.client.Name() && e.kind == "recovery" && e.ms >= st.up-100 && (recAfter == nil || e.ms < recAfter.ms) {
+				recAfter = &evs[i]
+			}
+		}
+		spurious := 0
+		for _, e := range evs {
+			if recAfter != nil && e.kind == "failover" && e.rail == rail && fp.dataPath(e) && e.ms > recAfter.ms && e.ms <= st.end {
+				spurious++
+			}
 		}
 		// The cut's moment is known to ± cutRunMS: a decision inside that band reads 0.
 		detected, continued := int64(-1), "none"
@@ -646,12 +657,14 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		reason := ""
 		if first != nil && st.recoverOK {
 			switch {
+			case recAfter != nil:
+				recovered = max(0, recAfter.ms-st.up)
+			case lastSend != nil && lastSend.kind == "recovery":
+				recovered = 0
 			case lastSend == nil:
 				reason = "sender-never-failed-over"
-			case lastSend.kind != "recovery":
-				reason = "not-recovered"
 			default:
-				recovered = max(0, lastSend.ms-st.up)
+				reason = "not-recovered"
 			}
 		}
 		if !st.recoverOK {
@@ -670,8 +683,8 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		if st.name == "glitch" {
 			fmt.Printf("fault: case=glitch rail=%s pair=%s mode=%s stall_ms=%d verified=%v nccl_errors=%d\n",
 				rail, pair, mode, stall, verifiedOK, nerr)
-			t.Logf("fault-detail: case=glitch rail=%s mode=%s failover=%v detected_ms=%d recovered_ms=%d blackhole_ms=%d..%d",
-				rail, mode, first != nil, detected, recovered, st.cutRunMS, st.upRunMS)
+			t.Logf("fault-detail: case=glitch rail=%s mode=%s failover=%v detected_ms=%d recovered_ms=%d blackhole_ms=%d..%d spurious_failovers=%d",
+				rail, mode, first != nil, detected, recovered, st.cutRunMS, st.upRunMS, spurious)
 		} else {
 			fmt.Printf("fault: case=%s rail=%s pair=%s mode=%s detected_ms=%d stall_ms=%d continued_on=%s recovered_ms=%d%s verified=%v nccl_errors=%d\n",
 				st.name, rail, pair, mode, detected, stall, continued, recovered, tail, verifiedOK, nerr)
@@ -679,8 +692,8 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 			if first != nil {
 				raw = first.ms - st.cut
 			}
-			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
-				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, st.holdBytes, st.afterBytes)
+			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d spurious_failovers=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
+				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, spurious, st.holdBytes, st.afterBytes)
 		}
 		// Targets.
 		if stall > maxStallMS {
