@@ -76,6 +76,7 @@ type faultPair struct {
 	srv, cli       *Process
 	base           string // /tmp/fault-N: <base>-server.{out,err} in the server, -client in the client
 	stopFile       string // in the server (the receiver stops posting when it exists)
+	stopped        bool   // stop ran: the drivers have ended (or were killed there)
 }
 
 func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, serverEnv, clientEnv []string, args ...string) *faultPair {
@@ -107,7 +108,29 @@ func (p *Process) pid(ctx context.Context) (string, error) {
 }
 
 // stop asks the receiver to stop posting (the sender follows) and waits for both to exit.
+// startFaultTransfer starts a long verified a1 -> a2 transfer in the given mode (ended by
+// stop) and waits until it carries traffic on SUP; the caller defers killUnlessStopped.
+func startFaultTransfer(ctx context.Context, t *testing.T, a1, a2 *Node, mode string, args ...string) *faultPair {
+	t.Helper()
+	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, mode), faultEnv(a1, mode),
+		append([]string{"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30"}, args...)...)
+	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
+		s, c := fp.stop(ctx, time.Now())
+		t.Fatalf("no SUP traffic from a1 before the faults: %v\nserver %s\nclient %s", err, s, c)
+	}
+	return fp
+}
+
+// killUnlessStopped kills drivers that stop never ended (a test that failed early).
+func (fp *faultPair) killUnlessStopped() {
+	if !fp.stopped {
+		fp.srv.Kill(context.Background())
+		fp.cli.Kill(context.Background())
+	}
+}
+
 func (fp *faultPair) stop(ctx context.Context, deadline time.Time) (s, c exitInfo) {
+	fp.stopped = true
 	fp.server.Exec(ctx, nil, "touch", fp.stopFile)
 	s, c = waitBoth(fp.srv, fp.cli, deadline, deadline)
 	s.out, s.err = fp.files(fp.server, "server")
@@ -365,24 +388,11 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, mode), faultEnv(a1, mode),
-		"--mode", "verify", "--bytes", "1000G", "--max-size", "64K", "--window", "8", "--timeout-s", "30")
-	killed := false
-	defer func() {
-		if !killed {
-			fp.srv.Kill(context.Background())
-			fp.cli.Kill(context.Background())
-		}
-	}()
-	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
-		s, c := fp.stop(ctx, time.Now())
-		killed = true
-		t.Fatalf("no SUP traffic from a1 before the faults: %v\nserver %s\nclient %s", err, s, c)
-	}
+	fp := startFaultTransfer(ctx, t, a1, a2, mode, "--max-size", "64K", "--window", "8")
+	defer fp.killUnlessStopped()
 	var steps []*faultStep
 	fail := func(format string, args ...any) {
 		s, c := fp.stop(ctx, time.Now().Add(10*time.Second))
-		killed = true
 		t.Fatalf(format+"\nserver %s\nclient %s", append(args, s, c)...)
 	}
 	// The timeline is fixed (no polling: every exec costs the emulated CPUs that carry the
@@ -485,7 +495,6 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	y := stamp(st, "after delete", "true")
 	st.holdBytes = y.tx[other] - x.tx[other]
 	s, c := fp.stop(ctx, time.Now().Add(90*time.Second))
-	killed = true
 	drc := fc.waitFile(ctx, rcFile, 90*time.Second)
 	t.Logf("rdma link delete %s: %q", a1.Dev(rail), drc)
 	if s.hung || c.hung {

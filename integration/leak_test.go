@@ -156,20 +156,8 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	const warm = 5
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla"), faultEnv(a1, "vanilla"),
-		"--mode", "verify", "--bytes", "1000G", "--max-size", "256K", "--timeout-s", "30")
-	done := false
-	defer func() {
-		if !done {
-			fp.srv.Kill(context.Background())
-			fp.cli.Kill(context.Background())
-		}
-	}()
-	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
-		s, c := fp.stop(ctx, time.Now())
-		done = true
-		t.Fatalf("no SUP traffic: %v\nserver %s\nclient %s", err, s, c)
-	}
+	fp := startFaultTransfer(ctx, t, a1, a2, "vanilla", "--max-size", "256K")
+	defer fp.killUnlessStopped()
 	// cyclesScript runs cycles [from, to]: down until one more failover line of a1's send
 	// comm, up until one more recovery line (5 s / 10 s each), then 0.3 s of traffic.
 	d, log := a1.Netdev(SUP), fp.base+"-client.err"
@@ -190,7 +178,6 @@ func TestLeakFailoverRecovery(t *testing.T) {
 		t.Logf("cycles %d..%d: %.1f s: %s", from, to, time.Since(t0).Seconds(), strings.TrimSpace(out))
 		if err != nil || code != 0 {
 			s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
-			done = true
 			t.Fatalf("failover/recovery cycles %d..%d: exit %d %v: %s %s\nserver %s\nclient %s", from, to, code, err, out, errOut, s, c)
 		}
 	}
@@ -211,7 +198,6 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	run(warm+1, cycles)
 	last := sample()
 	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
-	done = true
 	var g leakGrowth
 	for i, role := range []string{"client", "server"} {
 		t.Logf("%s after cycle %d: %s; after cycle %d: %s", role, warm, first[i], cycles, last[i])

@@ -721,19 +721,7 @@ func (s *Segment) Release(slot uint32) error {
 
 // AddTelemetry counts bytes and one request on a rail (0 SOUT, 1 SUP), as the plugin does.
 func (s *Segment) AddTelemetry(slot uint32, rail int, bytes uint64) error {
-	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
-		return fmt.Errorf("telemetry slot %d rail %d: %w", slot, rail, ErrSlotRange)
-	}
-	return s.do(func(v view) error {
-		off := slotOff(slot)
-		b, r := slSoutBytes, slSoutRequests
-		if rail == 1 {
-			b, r = slSupBytes, slSupRequests
-		}
-		v.add64(off+b, bytes)
-		v.add64(off+r, 1)
-		return nil
-	})
+	return s.AddTelemetryN(slot, rail, bytes, 1)
 }
 
 // SetRailState records a rail's (0 SOUT, 1 SUP) state change at realtimeNs as the plugin

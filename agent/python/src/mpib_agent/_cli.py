@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence,
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
 from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, class_name, clamp, heartbeat_fresh, total_size
-from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rates
+from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates
 from ._segment import (
     Segment,
     beat_period_s,
@@ -365,15 +365,11 @@ def _proportional_tick(seg: Segment, p: Proportional) -> Callable[[], None]:
 
 
 def _closed_loop_tick(seg: Segment, p: ClosedLoopPolicy) -> Callable[[], None]:
-    state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
+    next_sample = rate_sampler(seg)
 
     def tick() -> None:
-        cur_t = now_ns()
-        cur = {s.index: s for s in seg.connections()}
-        prev = state["prev"]
-        assert isinstance(prev, dict)
-        hints = p(rates(prev, cur, (cur_t - int(state["t"])) / 1e9))  # type: ignore[call-overload]
-        state["prev"], state["t"] = cur, cur_t
+        cur, rs = next_sample()
+        hints = p(rs)
         for slot, bw in hints.items():
             try:
                 seg.set_slot_hint(slot, bw, gen=cur[slot].gen)

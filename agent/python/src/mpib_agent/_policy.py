@@ -36,6 +36,23 @@ class ConnRate:
         return self.sup_bps / t if t > 0 else 0.0
 
 
+def rate_sampler(seg: Segment) -> Callable[[], Tuple[Dict[int, Slot], List[ConnRate]]]:
+    """A function that samples seg's connections and returns them (by slot) with each one's
+    rates since the previous call (the first call: since rate_sampler was called)."""
+    prev: Dict[int, Slot] = {s.index: s for s in seg.connections()}
+    prev_t = now_ns()
+
+    def next_sample() -> Tuple[Dict[int, Slot], List[ConnRate]]:
+        nonlocal prev, prev_t
+        cur_t = now_ns()
+        cur = {s.index: s for s in seg.connections()}
+        rs = rates(prev, cur, (cur_t - prev_t) / 1e9)
+        prev, prev_t = cur, cur_t
+        return cur, rs
+
+    return next_sample
+
+
 def rates(prev: Mapping[int, Slot], cur: Mapping[int, Slot], dt_s: float) -> List[ConnRate]:
     """Rates of slots present in both samples with the same gen (indexed by slot)."""
     out: List[ConnRate] = []
@@ -217,15 +234,11 @@ def run_policy(
     never makes plugins fall back. Runs until ``duration`` elapses, ``stop`` is set, or
     KeyboardInterrupt; then clears its own heartbeat (plugins fall back to vanilla at once).
     Raises SegmentError("agent_running") when another agent beats the segment."""
-    state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
+    next_sample = rate_sampler(seg)
 
     def tick() -> None:
-        cur_t = now_ns()
-        cur = {s.index: s for s in seg.connections()}
-        prev = state["prev"]
-        assert isinstance(prev, dict)
-        hints = callback(rates(prev, cur, (cur_t - int(state["t"])) / 1e9))  # type: ignore[call-overload]
-        state["prev"], state["t"] = cur, cur_t
+        cur, rs = next_sample()
+        hints = callback(rs)
         for slot, bw in (hints or {}).items():
             c = cur.get(slot)
             if c is None:
