@@ -685,6 +685,11 @@ static void slot_try_complete(struct mpib_comm *c, int slot) {
   c->slot_posted_seq1[slot] = 0;
 }
 
+/* When a DOWN rail is tried again: the back-off after rc->attempts failed attempts. */
+static uint64_t next_retry_ns(const struct mpib_rail_ctl *rc, uint64_t now) {
+  return now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms, mpib_g.recovery_backoff_max_ms) * 1000000ull;
+}
+
 /* Sender: posts the replays decided by send_resolve, as far as the send queue has room. A
  * replay re-sends the failed rail's byte ranges of the slot on the surviving rail, on the QP
  * that carried the slot's own part there, so those bytes have landed when the replay's
@@ -732,8 +737,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   rc->since_ns = now;
-  rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
-                                                   mpib_g.recovery_backoff_max_ms) * 1000000ull;
+  rc->retry_at_ns = next_retry_ns(rc, now);
   MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered", rail_name(r),
             rc->gen, replays, settled);
   return post_replays(c);
@@ -761,8 +765,7 @@ static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
   int e = mpib_rail_reconnect(c, r, mpib_gen_psn(rc->gen));
   if (e) {
     rc->attempts++;
-    rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
-                                                     mpib_g.recovery_backoff_max_ms) * 1000000ull;
+    rc->retry_at_ns = next_retry_ns(rc, now);
     MPIB_INFO("%s rail: reconnecting its QPs failed (%s); next attempt in %llu ms", rail_name(r), strerror(-e),
               (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
     return ncclSuccess;
@@ -774,7 +777,6 @@ static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
 /* Sender: one zero-byte write per QP of the rebuilt rail; all must complete before the rail
  * carries data again. */
 static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
-  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   struct mpib_rail_ctl *rc = &c->rail[r];
   rc->state = MPIB_RAIL_PROBING;
   rc->since_ns = now;
@@ -785,7 +787,8 @@ static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
     wr.wr.rdma.remote_addr = c->rem_addr;
     wr.wr.rdma.rkey = c->rem_rkey[r];
     struct ibv_send_wr *bad = NULL;
-    if (ibv_post_send(c->qps[base + (int)i].qp, &wr, &bad)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
+    int qi = mpib_qp_index(r, i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* every QP of the rail once */
+    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
     rc->probes++;
     c->pending[r]++;
   }
@@ -835,8 +838,7 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     if (now - rc->since_ns > timeout) { /* the receiver did not rebuild: try again later */
       rc->state = MPIB_RAIL_DOWN;
       rc->attempts++;
-      rc->retry_at_ns = now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms,
-                                                       mpib_g.recovery_backoff_max_ms) * 1000000ull;
+      rc->retry_at_ns = next_retry_ns(rc, now);
     }
     return ncclSuccess;
   case MPIB_RAIL_PROBING:

@@ -522,7 +522,7 @@ static void rail_destroy(struct mpib_comm *c, int r) {
 }
 
 static void rail_qps_destroy(struct mpib_comm *c, int r) {
-  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  int base = rail_base(c, r);
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     if (c->qps[base + i].qp) ibv_destroy_qp(c->qps[base + i].qp);
     c->qps[base + i].qp = NULL;
