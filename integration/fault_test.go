@@ -19,7 +19,7 @@ import (
 //	recovery: rail=SUP side=send restored_ms=<unix ms> gen=N
 //
 // attribute each fault, and the driver's nettest-gap lines give the stalls. Times of cuts and
-// restores are taken with `date +%s%3N` in the node right before the command: the nodes share
+// restores are taken with bash's clock (nowUS) right before and after the command: the nodes share
 // the VM's kernel and clock with the plugin's CLOCK_REALTIME. Fixed evidence lines:
 //
 //	fault: case=link-down rail=SUP pair=a1-a2 mode=vanilla detected_ms=N stall_ms=N continued_on=SOUT recovered_ms=N verified=true nccl_errors=0
@@ -31,13 +31,28 @@ import (
 // Every case restores the lab (links up, qdiscs gone, routes back, rxe devices present) in a
 // t.Cleanup, also on failure.
 
-// Targets (issue 9).
-const (
-	maxDetectMS  = 1000
-	maxStallMS   = 1500
-	maxRecoverMS = 3000
-	maxErrorMS   = 5000
+// faultLimits are what a case's figures are checked against. The issue's targets are timing
+// targets, and a timing target is only as good as the host it is measured on: the default lab
+// suite (CI, a shared machine) checks that failover works at all, within bounds a broken or
+// stuck failover cannot meet (3x the targets; the error bound stays the issue's 5 s, the
+// line between an error and a hang), and prints every figure; `go run mage.go test:faults`
+// (MPIB_FAULTS=1) checks the targets themselves.
+type faultLimits struct {
+	detectMS, stallMS, recoverMS, errorMS int64
+	name                                  string
+}
+
+var (
+	faultTargets = faultLimits{1000, 1500, 3000, 5000, "the issue's targets"}
+	faultBounds  = faultLimits{3000, 4500, 9000, 5000, "the CI bounds (3x the targets; MPIB_FAULTS=1 checks the targets)"}
 )
+
+func currentFaultLimits() faultLimits {
+	if os.Getenv("MPIB_FAULTS") == "1" {
+		return faultTargets
+	}
+	return faultBounds
+}
 
 // faultGapMS is the driver's --gap-ms: gaps between completions shorter than this are not
 // reported, so a stall_ms of 0 means "under 50 ms".
@@ -363,7 +378,7 @@ type faultStep struct {
 // TestFaultFailover runs, per (rail, mode), one a1 -> a2 transfer with link-down, blackhole,
 // loss, flap and glitch in sequence (each recovered before the next) and device-deleted last.
 func TestFaultFailover(t *testing.T) {
-	lab := faultsOrSkip(t)
+	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
 	for _, c := range []struct {
@@ -448,8 +463,7 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	}
 	ad, bd := a1.Netdev(rail), a2.Netdev(rail)
 	simple("link-down", a1, "", "ip link set dev "+ad+" down", "ip link set dev "+ad+" up", strings.TrimPrefix(routeBack(a1, rail), "; "))
-	simple("blackhole", a2, "tc qdisc add dev "+bd+" ingress", "tc filter add dev "+bd+" parent ffff: matchall action drop",
-		"tc filter del dev "+bd+" parent ffff:", "tc qdisc del dev "+bd+" ingress")
+	simple("blackhole", a2, blackholePrep(bd), blackholeSet("drop"), blackholeSet("pass"), "tc qdisc del dev "+bd+" ingress")
 	simple("loss", a1, "tc qdisc replace dev "+ad+" root netem loss 0%", "tc qdisc change dev "+ad+" root netem loss 100%",
 		"tc qdisc change dev "+ad+" root netem loss 0%", "tc qdisc del dev "+ad+" root")
 
@@ -457,8 +471,8 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	{
 		st := begin("flap", true, true)
 		d := a1.Netdev(rail)
-		x := stamp(st, "flap", fc.in(a1, fmt.Sprintf(`for i in $(seq 20); do ip link set dev %s down; sleep 0.1; echo U=$(date +%%s%%3N); ip link set dev %s up; sleep 0.2; done%s`,
-			d, d, routeBack(a1, rail))))
+		x := stamp(st, "flap", fc.in(a1, fmt.Sprintf(`for i in $(seq 20); do ip link set dev %s down; sleep 0.1; echo U=%s; ip link set dev %s up; sleep 0.2; done%s`,
+			d, nowUS, d, routeBack(a1, rail))))
 		closePrev(x)
 		st.cut, st.up = x.ms, x.mark("U", true)
 		y := stamp(st, "flap end", "true")
@@ -471,8 +485,8 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	// insertion, V and E its removal: the hole lasted between V-U and E-T.
 	{
 		st := begin("glitch", false, true)
-		stamp(st, "prepare", fc.in(a2, "tc qdisc add dev "+bd+" ingress"))
-		x := stamp(st, "glitch", fc.in(a2, "tc filter add dev "+bd+" parent ffff: matchall action drop; echo U=$(date +%s%3N); sleep 0.3; echo V=$(date +%s%3N); tc filter del dev "+bd+" parent ffff:"))
+		stamp(st, "prepare", fc.in(a2, blackholePrep(bd)))
+		x := stamp(st, "glitch", fc.in(a2, blackholeSet("drop")+"; echo U="+nowUS+"; sleep 0.3; echo V="+nowUS+"; "+blackholeSet("pass")))
 		closePrev(x)
 		u, v, e := x.mark("U", false), x.mark("V", false), x.mark("E", true)
 		st.cut, st.up = (x.ms+u)/2, (v+e)/2
@@ -487,8 +501,8 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	st := begin("device-deleted", true, false)
 	st.note = "device-gone"
 	rcFile := fp.base + ".delrc"
-	x := stamp(st, "delete", fmt.Sprintf("echo T=$(date +%%s%%3N); (nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
-		fc.pid[a1.Name()], a1.Dev(rail), rcFile))
+	x := stamp(st, "delete", fmt.Sprintf("echo T=%s; (nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
+		nowUS, fc.pid[a1.Name()], a1.Dev(rail), rcFile))
 	st.cut, st.cutTx = x.ms, x.tx
 	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
 	time.Sleep(hold)
@@ -553,17 +567,37 @@ func newFaultCtl(ctx context.Context, src *Node, others ...*Node) (*faultCtl, er
 // shell, one process start before it) and E=<unix ms> after it (how long the command took
 // to run: under load a process start in the emulated VM can take hundreds of ms).
 func (fc *faultCtl) in(n *Node, cmd string) string {
-	return fmt.Sprintf("nsenter -t %d -n sh -c 'echo T=$(date +%%s%%3N); %s; echo E=$(date +%%s%%3N)'", fc.pid[n.Name()], cmd)
+	return fmt.Sprintf("nsenter -t %d -n bash -c 'echo T=%s; %s; echo E=%s'", fc.pid[n.Name()], nowUS, cmd, nowUS)
 }
 
-// mark returns the value of the first (or with last, the last) line KEY=<ms> of a script's output.
+// nowUS is bash's clock in microseconds, read without starting a process: under load a
+// process start in the emulated VM (a `date`) takes hundreds of ms, which would widen the
+// window in which a fault's moment is known.
+const nowUS = "${EPOCHREALTIME/./}"
+
+// The far-end black hole is an ingress filter whose action is switched between pass and
+// drop by its index: installing the filter (and loading its modules) happens in the
+// preparation, so the cut itself is one quick netlink change.
+const blackholeAction = "41"
+
+func blackholePrep(dev string) string {
+	return "tc actions flush action gact 2>/dev/null; tc qdisc add dev " + dev + " ingress && tc filter add dev " + dev +
+		" parent ffff: matchall action gact pass index " + blackholeAction
+}
+
+func blackholeSet(verdict string) string {
+	return "tc actions change action gact " + verdict + " index " + blackholeAction
+}
+
+// mark returns the value in ms of the first (or with last, the last) line KEY=<µs> (nowUS) of a
+// script's output.
 func (x fcStamp) mark(key string, last bool) int64 {
 	var v int64
 	for _, l := range strings.Split(x.out, "\n") {
 		if s, ok := strings.CutPrefix(strings.TrimSpace(l), key+"="); ok {
 			n, err := strconv.ParseInt(s, 10, 64)
 			if err == nil && (v == 0 || last) {
-				v = n
+				v = n / 1000 // nowUS
 			}
 		}
 	}
@@ -574,7 +608,7 @@ func (x fcStamp) mark(key string, last bool) int64 {
 func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
 	full := fmt.Sprintf("date +%%s%%3N; nsenter -t %d -n sed 's/:/ /' /proc/net/dev | awk '$1==\"%s\"||$1==\"%s\"{print $1, $10}'; echo ---; %s",
 		fc.pid[fc.src.Name()], fc.netdevs[SOUT], fc.netdevs[SUP], script)
-	out, errOut, code, err := fc.lab.router.Exec(ctx, nil, "sh", "-c", full)
+	out, errOut, code, err := fc.lab.router.Exec(ctx, nil, "bash", "-c", full)
 	if err != nil {
 		return fcStamp{}, err
 	}
@@ -704,26 +738,37 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 			t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d spurious_failovers=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
 				st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, spurious, st.holdBytes, st.afterBytes)
 		}
-		// Targets.
-		if stall > maxStallMS {
-			t.Errorf("%s: stall_ms=%d > %d", st.name, stall, maxStallMS)
+		// Targets (or bounds, see faultLimits).
+		lim := currentFaultLimits()
+		for _, f := range []struct {
+			name      string
+			v, target int64
+			applies   bool
+		}{{"detected_ms", detected, faultTargets.detectMS, first != nil}, {"stall_ms", stall, faultTargets.stallMS, true},
+			{"recovered_ms", recovered, faultTargets.recoverMS, recovered >= 0}} {
+			if f.applies && f.v > f.target {
+				t.Logf("fault-target: case=%s rail=%s mode=%s %s=%d over the target %d", st.name, rail, mode, f.name, f.v, f.target)
+			}
+		}
+		if stall > lim.stallMS {
+			t.Errorf("%s: stall_ms=%d > %d (%s)", st.name, stall, lim.stallMS, lim.name)
 		}
 		if st.name == "glitch" {
-			if first != nil && (recovered < 0 || recovered > maxRecoverMS) {
-				t.Errorf("glitch: the rail failed over and came back %d ms after the black hole healed, want 0..%d (-1: %s)", recovered, maxRecoverMS, reason)
+			if first != nil && (recovered < 0 || recovered > lim.recoverMS) {
+				t.Errorf("glitch: the rail failed over and came back %d ms after the black hole healed, want 0..%d (-1: %s; %s)", recovered, lim.recoverMS, reason, lim.name)
 			}
 			continue
 		}
 		if st.detectWant || !idle {
-			if detected < 0 || detected > maxDetectMS {
-				t.Errorf("%s: detected_ms=%d, want 0..%d (no failover line of the data path: -1)", st.name, detected, maxDetectMS)
+			if detected < 0 || detected > lim.detectMS {
+				t.Errorf("%s: detected_ms=%d, want 0..%d (no failover line of the data path: -1; %s)", st.name, detected, lim.detectMS, lim.name)
 			}
 			if first != nil && continued != string(other) {
 				t.Errorf("%s: continued_on=%s, want %s", st.name, continued, other)
 			}
 		}
-		if st.recoverOK && first != nil && (recovered < 0 || recovered > maxRecoverMS) {
-			t.Errorf("%s: recovered_ms=%d, want 0..%d (-1: %s)", st.name, recovered, maxRecoverMS, reason)
+		if st.recoverOK && first != nil && (recovered < 0 || recovered > lim.recoverMS) {
+			t.Errorf("%s: recovered_ms=%d, want 0..%d (-1: %s; %s)", st.name, recovered, lim.recoverMS, reason, lim.name)
 		}
 		if !idle && st.name != "flap" && st.holdBytes < 256<<10 {
 			t.Errorf("%s: a1 sent only %d bytes on %s while %s was cut: the transfer did not continue there", st.name, st.holdBytes, other, rail)
@@ -782,8 +827,8 @@ func checkErrorCase(t *testing.T, name string, ec errorCase, wantSender, wantRec
 		ms   int64
 		who  string
 	}{{wantSender, ec.senderMS, "sender"}, {wantReceiver, ec.receiverMS, "receiver"}} {
-		if x.want && (x.ms < 0 || x.ms > maxErrorMS) {
-			t.Errorf("%s: %s_error_ms=%d, want a plugin error within %d ms (-1: none; the stall limit or a signal ended it)", name, x.who, x.ms, maxErrorMS)
+		if lim := currentFaultLimits(); x.want && (x.ms < 0 || x.ms > lim.errorMS) {
+			t.Errorf("%s: %s_error_ms=%d, want a plugin error within %d ms (-1: none; the stall limit or a signal ended it)", name, x.who, x.ms, lim.errorMS)
 		}
 	}
 }
@@ -791,7 +836,7 @@ func checkErrorCase(t *testing.T, name string, ec errorCase, wantSender, wantRec
 // TestFaultErrors: no rail survives (inter-island SOUT cut, both rails down, the peer killed):
 // each surviving side must get an error from the plugin within 5 s, and nobody hangs.
 func TestFaultErrors(t *testing.T) {
-	lab := faultsOrSkip(t)
+	lab := labOrSkip(t)
 	a1, a2, b1 := lab.Node("a1"), lab.Node("a2"), lab.Node("b1")
 	t.Cleanup(func() { restoreLab(t, a1, a2, b1) })
 
@@ -833,14 +878,15 @@ func TestFaultErrors(t *testing.T) {
 	})
 }
 
-// faultsOrSkip gates the fault-injection and leak suites (about 25 minutes of lab time under
-// the lab's emulated CPUs, longer than the whole rest of the lab suite): they run with
-// MPIB_FAULTS=1, as `go run mage.go test:faults` sets it.
-func faultsOrSkip(t *testing.T) *Topology {
+// leaksOrSkip gates the leak suite (1000 connect/close and 100 failover/recovery cycles: about
+// 13 minutes of lab time under the lab's emulated CPUs, over the CI budget): it runs with
+// MPIB_FAULTS=1, as `go run mage.go test:faults` sets it. The fault cases run in every lab
+// suite (see faultLimits for what they check there).
+func leaksOrSkip(t *testing.T) *Topology {
 	t.Helper()
 	if os.Getenv("MPIB_FAULTS") != "1" {
-		t.Skip("the fault-injection and leak suites run with MPIB_FAULTS=1 (go run mage.go test:faults): " +
-			"about 25 minutes of lab time, over the CI budget; see docs/failover.md")
+		t.Skip("the leak suite runs with MPIB_FAULTS=1 (go run mage.go test:faults): " +
+			"about 13 minutes of lab time, over the CI budget; see docs/failover.md")
 	}
 	return labOrSkip(t)
 }

@@ -93,9 +93,10 @@ func startTopology(ctx context.Context, cfg lab.Config, env *lab.Env) (t *Topolo
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
 	t = &Topology{env: env, cfg: cfg, cli: cli, nets: map[string]*testcontainers.DockerNetwork{}, nodes: map[string]*Node{}}
+	built := t // the failing step's `return nil, err` clears t before this runs
 	defer func() {
 		if err != nil {
-			_ = t.teardown(context.WithoutCancel(ctx))
+			_ = built.teardown(context.WithoutCancel(ctx))
 		}
 	}()
 	start := time.Now()

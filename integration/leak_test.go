@@ -71,7 +71,7 @@ var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+
 // side reports fds, threads, RSS and its QPs/MRs every 5 rounds; baseline: round 10 (100
 // connections in).
 func TestLeakConnectClose(t *testing.T) {
-	lab := faultsOrSkip(t)
+	lab := leaksOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	const comms, every, base = 10, 5, 10
 	cycles := leakCycles(1000)
@@ -149,7 +149,7 @@ func probe(ctx context.Context, p *Process) (leakSample, error) {
 // goes down until a1's send comm fails over, then up until it recovers, 100 times. Both
 // processes are probed after cycle 5 and after the last; the transfer must stay verified.
 func TestLeakFailoverRecovery(t *testing.T) {
-	lab := faultsOrSkip(t)
+	lab := leaksOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
 	cycles := leakCycles(100)

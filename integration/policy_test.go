@@ -22,15 +22,11 @@ type agentCLI struct {
 	name string
 	cmd  []string
 	env  []string
-	// The phases' transfer: five phases of settle + measure bytes (~0.84 GB) plus what flows
-	// while the agent's CLI calls run. The Go CLI answers in milliseconds; the Python CLI
-	// takes seconds per call under the lab's emulated CPU (1.2 GB was too little for it).
-	transfer string
 }
 
 var (
-	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil, "1200M"}
-	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"}, []string{"PYTHONPATH=" + NodeBuildDir + "/python/src"}, "2000M"}
+	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
+	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"}, []string{"PYTHONPATH=" + NodeBuildDir + "/python/src"}}
 )
 
 func (a agentCLI) run(ctx context.Context, t *testing.T, n *Node, args ...string) string {
@@ -131,6 +127,7 @@ const (
 	// window is many times larger than that.
 	phaseSettle  = 40 << 20
 	phaseMeasure = 128 << 20 // bytes measured per phase
+	policyStale  = 2 * time.Second
 )
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
@@ -140,16 +137,33 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	defer cancel()
 	a1.Exec(ctx, nil, "rm", "-f", segPath)
 	agent.run(ctx, t, a1, "create")
-	beat, err := a1.Start(ctx, agent.env, append(agent.cmd, "heartbeat", "--path", segPath)...)
+	// The agent beats at a quarter of the plugins' staleness limit, which it reads from the
+	// same variable.
+	staleEnv := "MPIB_AGENT_STALE_MS=" + strconv.Itoa(int(policyStale.Milliseconds()))
+	beat, err := a1.Start(ctx, append([]string{staleEnv}, agent.env...), append(agent.cmd, "heartbeat", "--path", segPath)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
 
-	mode := []string{"MPIB_MODE=1", "MPIB_AGENT_STALE_MS=500", "MPIB_SHM_PATH=" + segPath}
-	// Verified byte for byte (see agentCLI.transfer for its size).
+	// The staleness limit leaves room for the lab's scheduling hiccups (a heartbeat process
+	// descheduled for half a second under the emulated CPUs would send a message the vanilla
+	// way and move a phase's share).
+	mode := []string{"MPIB_MODE=1", staleEnv, "MPIB_SHM_PATH=" + segPath}
+	// Verified byte for byte. The transfer is open-ended: it runs until every phase has been
+	// measured and the receiver sees the stop file (a fixed size would have to cover the
+	// slowest agent's CLI calls and then keep the lab busy after the last phase).
+	stopFile := fmt.Sprintf("/tmp/policy-%s-%d.stop", agent.name, time.Now().UnixNano())
+	a2.Exec(ctx, nil, "rm", "-f", stopFile)
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", agent.transfer, "--max-size", "1M", "--window", "8"}})
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1000G", "--stop-file", stopFile, "--max-size", "1M", "--window", "8"}})
+	defer func() { // a phase that failed leaves the transfer running
+		for _, p := range []*Process{srv, cli} {
+			if running(p) {
+				p.Kill(context.Background())
+			}
+		}
+	}()
 	slot := agent.sendSlot(ctx, t, a1)
 
 	type phase struct {
@@ -162,7 +176,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
 		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
 		if !running(cli) {
-			t.Fatalf("the transfer ended before phase hint=%d was measured: raise --bytes", hint)
+			t.Fatalf("the transfer ended before phase hint=%d was measured", hint)
 		}
 		phases = append(phases, phase{hint, s, b})
 	}
@@ -170,9 +184,13 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	if err := beat.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // MPIB_AGENT_STALE_MS
+	time.Sleep(policyStale)
 	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
 	stillRunning := running(cli)
+	if _, _, code, err := a2.Exec(ctx, nil, "touch", stopFile); err != nil || code != 0 {
+		t.Fatalf("touch %s in a2: exit %d %v", stopFile, code, err)
+	}
+	defer a2.Exec(context.Background(), nil, "rm", "-f", stopFile)
 
 	cOut, cErr, cCode, err1 := cli.Wait(ctx)
 	sOut, sErr, sCode, err2 := srv.Wait(ctx)
@@ -184,7 +202,8 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	for _, p := range phases {
 		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true\n", agent.name, p.hint, p.share)
 		if want := float64(p.hint) / 1024; math.Abs(p.share-want) > 0.01 || p.bytes < 1<<20 {
-			t.Errorf("hint %d: SUP share %.4f over %d bytes, want %.4f within 0.01", p.hint, p.share, p.bytes, want)
+			t.Errorf("hint %d: SUP share %.4f over %d bytes, want %.4f within 0.01 (rail events of the run: %q)",
+				p.hint, p.share, p.bytes, want, railEventLines(cErr+sErr))
 		}
 	}
 	fmt.Printf("policy: pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true\n", fallback)
@@ -218,4 +237,16 @@ func TestPolicyGarbageSegment(t *testing.T) {
 	if !strings.Contains(res.clientErr, "agent segment") {
 		t.Errorf("the plugin did not say why it ignored the segment:\n%s", tail(res.clientErr, 2000))
 	}
+}
+
+// railEventLines are the plugin's failover and recovery lines in a driver's stderr: a rail
+// that left service moves traffic off the hinted split.
+func railEventLines(stderr string) []string {
+	var lines []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "failover:") || strings.Contains(l, "recovery:") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return lines
 }

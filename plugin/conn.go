@@ -405,6 +405,7 @@ func handshake(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (
 
 // handshakeSteps returns the comm even with an error once it exists, for handshake to free.
 func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (*C.struct_mpib_comm, error) {
+	st := setupTimes{last: time.Now()}
 	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
 	cfg := plugin.cfg
@@ -416,10 +417,12 @@ func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass i
 	if err != nil {
 		return nil, err
 	}
+	st.mark(&st.params)
 	comm, _ := withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
 	if comm == nil {
 		return nil, errors.New("creating the connection's verbs resources failed (see the warning above)")
 	}
+	st.mark(&st.create)
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)
 	mine := metadataFromC(&info, cfg.Mode, path, prefix)
@@ -427,6 +430,7 @@ func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass i
 	if err != nil {
 		return comm, err
 	}
+	st.mark(&st.exchange)
 	if isSend {
 		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
 	}
@@ -439,14 +443,38 @@ func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass i
 	if rc != 0 {
 		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
 	}
+	st.mark(&st.connect)
 	if err := exchangeAck(c, peer); err != nil {
 		return comm, err
 	}
+	st.mark(&st.ack)
 	registerWithAgent(comm, local, peer, path, isSend)
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, traffic class %d, SL %d",
+	st.mark(&st.agent)
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, traffic class %d, SL %d, setup %v",
 		map[bool]string{true: "send", false: "recv"}[isSend], local, peer, path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl))
+		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl), &st)
 	return comm, nil
+}
+
+// setupTimes is where one handshake's time went after the control connection was up (the
+// INFO line of each comm: connection setup is paid per peer at every job start). exchange
+// and ack include waiting for the peer to reach the same step.
+type setupTimes struct {
+	last                                          time.Time
+	params, create, exchange, connect, ack, agent time.Duration
+}
+
+// mark ends the step d at now (params: classification and the GIDs).
+func (st *setupTimes) mark(d *time.Duration) {
+	now := time.Now()
+	*d = now.Sub(st.last)
+	st.last = now
+}
+
+func (st *setupTimes) String() string {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f",
+		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent))
 }
 
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
