@@ -4,7 +4,9 @@
 // policies without a cluster. It writes a real hint segment (docs/shm-format.md): it registers
 // its connections the way the plugin does (spec 5.4), resolves the agent's hints per
 // connection the way the plugin does (spec 5.3, with the read telemetry), records rail state
-// changes, and posts the bytes and requests each rail carried at the modelled rates. Its clock
+// changes, and publishes the telemetry of format version 3 at the modelled rates: per rail the
+// bytes and requests posted and completed, busy time, bytes in flight, the split applied and
+// the wall clock (send connections; receive connections only their posted bytes). Its clock
 // is virtual and advances only when asked (Advance, Run), so a minute of traffic simulates in
 // milliseconds; the segment's timestamps (heartbeat, hint reads) use that clock.
 //
