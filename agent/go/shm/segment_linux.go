@@ -719,7 +719,8 @@ func (s *Segment) Release(slot uint32) error {
 	})
 }
 
-// AddTelemetry counts bytes and one request on a rail (0 SOUT, 1 SUP), as the plugin does.
+// AddTelemetry counts bytes and one request posted on a rail (0 SOUT, 1 SUP): the posted part
+// of a plugin's telemetry batch (FlushTelemetry publishes a whole one).
 func (s *Segment) AddTelemetry(slot uint32, rail int, bytes uint64) error {
 	return s.AddTelemetryN(slot, rail, bytes, 1)
 }
@@ -746,8 +747,8 @@ func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeN
 	})
 }
 
-// AddTelemetryN counts bytes carried by requests requests on a rail (0 SOUT, 1 SUP), as the
-// plugin does for a batch of transfers. For fakes, simulators and tools.
+// AddTelemetryN counts bytes carried by requests requests posted on a rail (0 SOUT, 1 SUP), the
+// posted part of a plugin's batch of transfers. For fakes, simulators and tools.
 func (s *Segment) AddTelemetryN(slot uint32, rail int, bytes, requests uint64) error {
 	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
 		return fmt.Errorf("telemetry slot %d rail %d: %w", slot, rail, ErrSlotRange)
