@@ -11,6 +11,7 @@
 
 #include "mpib_log.h"
 #include "mpib_policy.h"
+#include "mpib_shm.h"
 #include "nccl_abi.h"
 
 #define MPIB_MAX_REQUESTS NCCL_NET_MAX_REQUESTS /* CTS FIFO slots per comm */
@@ -254,8 +255,16 @@ struct mpib_comm {
   int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
   uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */
   int hint_due;                  /* read the hint again (a telemetry batch was posted) */
-  uint64_t tele_bytes[MPIB_NRAILS];
-  uint32_t tele_slots;           /* telemetry batched since the last flush */
+  /* Sender's agent telemetry (docs/shm-format.md 4.3), kept here and published to the segment
+   * in batches (mpib_telemetry_flush), never per message: counters since the last flush, and
+   * the bytes in flight per rail (a running gauge, not reset by a flush). */
+  mpib_shm_tele_batch tele;
+  uint32_t tele_slots;           /* slots posted since the last flush */
+  uint32_t tele_done;            /* slots completed since the last flush */
+  uint64_t tele_now_ns;          /* the completion clock of this progress call, 0 = not read yet */
+  uint64_t slot_post_ns[MPIB_MAX_REQUESTS];               /* sender: when each slot was posted */
+  uint64_t slot_rail_bytes[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* sender: each slot's bytes per rail */
+  uint8_t slot_rail_reqs[MPIB_MAX_REQUESTS][MPIB_NRAILS];   /* sender: its requests with bytes there */
 
   int shm_slot; /* agent segment slot, -1 when none */
   int req_cursor;

@@ -95,10 +95,11 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
 
 /* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
  * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
- * MPIB_TELEMETRY_BYTES bytes were posted since the last batch, whichever comes first. Small
- * messages then write the segment's shared cache lines 16 times less often; large ones still
- * report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new hint
- * takes effect within 16 messages or 1 MiB. */
+ * MPIB_TELEMETRY_BYTES bytes were posted, or as many completed, since the last batch,
+ * whichever comes first, and when a comm NCCL keeps polling has gone idle (keepalive_tick).
+ * Small messages then write the segment's shared cache lines 16 times less often; large ones
+ * still report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new
+ * hint takes effect within 16 messages or 1 MiB. */
 #define MPIB_HINT_REFRESH 16
 #define MPIB_TELEMETRY_BYTES (1u << 20)
 
@@ -116,15 +117,61 @@ static uint32_t cached_hint(struct mpib_comm *c) {
   return c->hint_bw;
 }
 
+static uint64_t wall_ns(void);
+
+/* Publishes the batch (send comms: a recv comm's telemetry is its rail states only) with the
+ * wall clock, one CLOCK_REALTIME read per batch, so that agents correlate nodes. */
 void mpib_telemetry_flush(struct mpib_comm *c) {
   mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
-  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (shm && c->shm_slot >= 0 && c->tele_bytes[rail])
-      mpib_shm_add_telemetry(shm, (uint32_t)c->shm_slot, rail, c->tele_bytes[rail]);
-    c->tele_bytes[rail] = 0;
+  if (shm && c->shm_slot >= 0 && c->is_send) {
+    c->tele.wall_ns = wall_ns();
+    mpib_shm_flush_telemetry(shm, (uint32_t)c->shm_slot, &c->tele);
   }
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) /* the in-flight gauge carries over */
+    c->tele.rail[rail] = (mpib_shm_rail_batch){.inflight_bytes = c->tele.rail[rail].inflight_bytes};
   c->tele_slots = 0;
+  c->tele_done = 0;
   c->hint_due = 1;
+}
+
+static int telemetry_due(const struct mpib_comm *c) {
+  const mpib_shm_rail_batch *t = c->tele.rail;
+  return c->tele_slots >= MPIB_HINT_REFRESH || c->tele_done >= MPIB_HINT_REFRESH ||
+         t[0].posted_bytes + t[1].posted_bytes >= MPIB_TELEMETRY_BYTES ||
+         t[0].completed_bytes + t[1].completed_bytes >= MPIB_TELEMETRY_BYTES;
+}
+
+/* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per rail and its
+ * post time; the bytes of rail `ranges` count as posted on `carrier` (the same rail, or the
+ * surviving one for a replay) and in flight there until tele_complete. */
+static void tele_post(struct mpib_comm *c, int slot, int carrier, int ranges) {
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  t->posted_bytes += c->slot_rail_bytes[slot][ranges];
+  t->posted_requests += c->slot_rail_reqs[slot][ranges];
+  t->inflight_bytes += c->slot_rail_bytes[slot][ranges];
+}
+
+static void tele_drop(struct mpib_comm *c, int rail, uint64_t bytes) {
+  uint64_t *f = &c->tele.rail[rail].inflight_bytes;
+  *f = *f > bytes ? *f - bytes : 0;
+}
+
+/* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
+ * part (shared by the completions it handles), and none without an agent segment. */
+static uint64_t completion_now(struct mpib_comm *c) {
+  if (c->shm_slot < 0) return 0;
+  if (c->tele_now_ns == 0) c->tele_now_ns = mpib_now_ns();
+  return c->tele_now_ns;
+}
+
+/* The slot's `ranges` bytes completed on `carrier`: their requests spent now - post time there. */
+static void tele_complete(struct mpib_comm *c, int slot, int carrier, int ranges) {
+  uint64_t now = completion_now(c), posted = c->slot_post_ns[slot];
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  t->completed_bytes += c->slot_rail_bytes[slot][ranges];
+  t->completed_requests += c->slot_rail_reqs[slot][ranges];
+  if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][ranges] * (now - posted);
+  tele_drop(c, carrier, c->slot_rail_bytes[slot][ranges]);
 }
 
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
@@ -165,6 +212,10 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
   for (int r = 0; r < nreqs; r++) total += reqs[r]->size;
   int whole = total <= c->whole_msg_max ? mpib_whole_message_rail(total, sup_bw, &c->sup_owed) : -1;
   p->mask = 0;
+  uint64_t *bytes = c->slot_rail_bytes[slot];
+  uint8_t *rreqs = c->slot_rail_reqs[slot];
+  bytes[MPIB_RAIL_SOUT] = bytes[MPIB_RAIL_SUP] = 0;
+  rreqs[MPIB_RAIL_SOUT] = rreqs[MPIB_RAIL_SUP] = 0;
   for (int r = 0; r < nreqs; r++) {
     size_t size = reqs[r]->size;
     p->sout[r] = whole < 0 ? mpib_split_sout_bytes(size, sup_bw) : whole == MPIB_RAIL_SOUT ? size : 0;
@@ -172,9 +223,12 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
     if (p->sout[r] > 0) p->mask |= 1u << MPIB_RAIL_SOUT;
     if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
     c->sizes[slot][r] = (int32_t)size;
-    c->tele_bytes[MPIB_RAIL_SOUT] += p->sout[r];
-    c->tele_bytes[MPIB_RAIL_SUP] += size - p->sout[r];
+    bytes[MPIB_RAIL_SOUT] += p->sout[r];
+    bytes[MPIB_RAIL_SUP] += size - p->sout[r];
+    rreqs[MPIB_RAIL_SOUT] += p->sout[r] > 0;
+    rreqs[MPIB_RAIL_SUP] += size > p->sout[r];
   }
+  c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
   if (p->mask == 0) p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
   p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
@@ -275,8 +329,12 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
   c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
+  /* The post time for the completion latency: the path reads no clock per message otherwise,
+   * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
+  c->slot_post_ns[slot] = c->shm_slot >= 0 ? mpib_now_ns() : 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
+    tele_post(c, slot, rail, rail);
     ncclResult_t res = post_rail(c, slot, rail, &plan);
     if (res == ncclSystemError && mpib_g.failover && rail_usable(c, 1 - rail)) {
       c->slot_rails[slot] |= 1u << rail;
@@ -284,9 +342,8 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
     }
     if (res != ncclSuccess) return res;
   }
-  if (++c->tele_slots >= MPIB_HINT_REFRESH ||
-      c->tele_bytes[MPIB_RAIL_SOUT] + c->tele_bytes[MPIB_RAIL_SUP] >= MPIB_TELEMETRY_BYTES)
-    mpib_telemetry_flush(c);
+  c->tele_slots++;
+  if (telemetry_due(c)) mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -535,11 +592,12 @@ ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
 
 /* ---- Failover: a rail leaves service, the connection goes on (docs/failover.md) ---- */
 
-static uint64_t wall_ms(void) {
+static uint64_t wall_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+static uint64_t wall_ms(void) { return wall_ns() / 1000000u; }
 
 /* Publishes a rail's state to the agent's telemetry (docs/shm-format.md 4.3). */
 static void publish_rail_state(struct mpib_comm *c, int r) {
@@ -677,6 +735,7 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
 static void slot_try_complete(struct mpib_comm *c, int slot) {
   if (c->slot_rails[slot] != 0 || c->slot_replay[slot] != 0) return;
   c->progress_count++;
+  c->tele_done++;
   for (int r = 0; r < c->slot_matched[slot]; r++) {
     c->slot_reqs[slot][r]->done = 1;
     c->slot_reqs[slot][r] = NULL;
@@ -706,6 +765,7 @@ static ncclResult_t post_replays(struct mpib_comm *c) {
     int rc = post_chain(c, slot, s, &p, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
     if (rc) return rail_fail(c, s, "completion-error", "posting a replay failed");
+    tele_post(c, slot, s, c->slot_replay_rail[slot]);
     c->slot_replay[slot] = 2;
     c->replays_waiting--;
   }
@@ -727,8 +787,10 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
       c->slot_replay_rail[slot] = (uint8_t)r;
       c->replays_waiting++;
       replays++;
+      tele_drop(c, r, c->slot_rail_bytes[slot][r]); /* lost on r: the replay counts on the other rail */
     } else {
       settled++;
+      tele_complete(c, slot, r, r); /* the receiver has them: delivered by r */
       slot_try_complete(c, slot);
     }
   }
@@ -961,12 +1023,15 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
   if (c->slot_posted_seq1[slot] != seq + 1) return ncclSuccess; /* already settled by a failover */
   if (id & MPIB_WRID_REPLAY) {
     c->slot_replay[slot] = 0;
+    tele_complete(c, slot, rail, c->slot_replay_rail[slot]); /* the failed rail's bytes, carried by this one */
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
     c->slot_rails[slot] &= ~(1u << rail);
+    tele_complete(c, slot, rail, rail);
   }
   slot_try_complete(c, slot);
+  if (telemetry_due(c)) mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -1059,6 +1124,9 @@ static ncclResult_t keepalive_tick(struct mpib_comm *c) {
     c->idle_since_ns = now;
     return ncclSuccess;
   }
+  /* Idle for 256 polls: what is left of the telemetry batch is published now, not at the next
+   * message (the agent would see the last completions late and the bytes in flight stuck). */
+  if (c->tele_slots || c->tele_done) mpib_telemetry_flush(c);
   if (now - c->idle_since_ns < MPIB_KEEPALIVE_NS || (!c->is_send && c->recvs_open == 0)) return ncclSuccess;
   c->idle_since_ns = now;
   for (int r = 0; r < MPIB_NRAILS; r++) {
@@ -1080,6 +1148,7 @@ static ncclResult_t keepalive_tick(struct mpib_comm *c) {
  * the failover state machine move. */
 static ncclResult_t progress(struct mpib_comm *c) {
   struct ibv_wc wcs[16];
+  c->tele_now_ns = 0; /* completion_now reads the clock afresh for this call's completions */
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!c->cq[rail] || !rail_busy(c, rail)) continue;
     int n;

@@ -1,5 +1,5 @@
 /*
- * MPIB shared-memory hint segment, format version 2 (docs/shm-format.md).
+ * MPIB shared-memory hint segment, format version 3 (docs/shm-format.md).
  * Every struct below mirrors a table of the spec; the _Static_asserts pin the offsets.
  *
  * Process model: one handle (struct mpib_shm) per process holds a table of connections and
@@ -34,7 +34,7 @@
 
 #define SHM_MAGIC "MPIBHINT"
 #define SHM_HEADER_SIZE 256u
-#define SHM_SLOT_SIZE 256u
+#define SHM_SLOT_SIZE 384u
 #define SHM_PEER_SIZE 64u
 #define SHM_MAX_SLOTS 65536u
 #define SHM_MAX_PEERS 4096u
@@ -120,9 +120,19 @@ struct shm_slot {
   uint16_t reserved3;
   _Atomic uint32_t failovers;
   _Atomic uint64_t rail_state_ns[2]; /* CLOCK_REALTIME ns of the last change, 0 = never */
-  uint8_t reserved4[24];
+  /* Version 3: what the plugin applied and when it last flushed, then per rail what completed. */
+  _Atomic uint32_t applied_sup_bw;
+  uint32_t reserved4;
+  _Atomic uint64_t flush_wall_ns; /* CLOCK_REALTIME ns */
+  uint64_t reserved5;
+  struct shm_rail_done {
+    _Atomic uint64_t bytes, requests;
+    _Atomic uint64_t inflight_bytes; /* a gauge */
+    _Atomic uint64_t busy_ns;        /* sum of completion - post time over the requests */
+  } done[2];
+  uint8_t reserved6[64];
 };
-_Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 256 bytes");
+_Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 384 bytes");
 _Static_assert(offsetof(struct shm_slot, conn_id) == 16, "conn_id at +16");
 _Static_assert(offsetof(struct shm_slot, path_class) == 36, "path_class at +36");
 _Static_assert(offsetof(struct shm_slot, nqps_sup) == 40, "nqps_sup at +40");
@@ -134,6 +144,10 @@ _Static_assert(offsetof(struct shm_slot, last_read_ns) == 200, "last_read_ns at 
 _Static_assert(offsetof(struct shm_slot, rail_state) == 208, "rail states at +208");
 _Static_assert(offsetof(struct shm_slot, failovers) == 212, "failovers at +212");
 _Static_assert(offsetof(struct shm_slot, rail_state_ns) == 216, "rail state times at +216");
+_Static_assert(offsetof(struct shm_slot, applied_sup_bw) == 232, "applied_sup_bw at +232");
+_Static_assert(offsetof(struct shm_slot, flush_wall_ns) == 240, "flush_wall_ns at +240");
+_Static_assert(offsetof(struct shm_slot, done) == 256, "completion telemetry at +256");
+_Static_assert(offsetof(struct shm_slot, done[1].busy_ns) == 312, "sup busy_ns at +312");
 
 /* Lock bytes (spec 5.7): OFD locks on these file offsets, never on data. */
 #define SHM_LOCK_ATTACH 0 /* shared: a plugin process has the segment attached */
@@ -718,6 +732,21 @@ int mpib_shm_decode_header(mpib_shm *shm, mpib_shm_header_info *o) {
   return 0;
 }
 
+/* The rail states and the version 3 completion telemetry of a slot. */
+static void shm_decode_rails(struct shm_slot *s, mpib_shm_slot_info *o) {
+  for (int r = 0; r < 2; r++) {
+    o->rail_state[r] = atomic_load_explicit(&s->rail_state[r], memory_order_relaxed);
+    o->rail_state_ns[r] = atomic_load_explicit(&s->rail_state_ns[r], memory_order_relaxed);
+    o->completed_bytes[r] = atomic_load_explicit(&s->done[r].bytes, memory_order_relaxed);
+    o->completed_requests[r] = atomic_load_explicit(&s->done[r].requests, memory_order_relaxed);
+    o->inflight_bytes[r] = atomic_load_explicit(&s->done[r].inflight_bytes, memory_order_relaxed);
+    o->busy_ns[r] = atomic_load_explicit(&s->done[r].busy_ns, memory_order_relaxed);
+  }
+  o->failovers = atomic_load_explicit(&s->failovers, memory_order_relaxed);
+  o->applied_sup_bw = atomic_load_explicit(&s->applied_sup_bw, memory_order_relaxed);
+  o->flush_wall_ns = atomic_load_explicit(&s->flush_wall_ns, memory_order_relaxed);
+}
+
 int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *o) {
   struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
   if (m == NULL || o == NULL) {
@@ -753,6 +782,7 @@ int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *o) {
   o->last_sup_bw = atomic_load_explicit(&s->last_sup_bw, memory_order_relaxed);
   o->last_source = atomic_load_explicit(&s->last_source, memory_order_relaxed);
   o->last_read_ns = atomic_load_explicit(&s->last_read_ns, memory_order_relaxed);
+  shm_decode_rails(s, o);
   return 0;
 }
 
@@ -956,6 +986,31 @@ void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes
                             memory_order_relaxed);
 }
 
+void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_batch *b) {
+  uint32_t slot = 0;
+  struct shm_map *m = shm_bound(shm, id, &slot);
+  if (m == NULL || b == NULL) {
+    return;
+  }
+  struct shm_slot *s = &m->slots[slot];
+  for (int r = 0; r < 2; r++) {
+    const mpib_shm_rail_batch *rb = &b->rail[r];
+    if (rb->posted_bytes || rb->posted_requests) {
+      atomic_fetch_add_explicit(r == 0 ? &s->sout_bytes : &s->sup_bytes, rb->posted_bytes, memory_order_relaxed);
+      atomic_fetch_add_explicit(r == 0 ? &s->sout_requests : &s->sup_requests, rb->posted_requests,
+                                memory_order_relaxed);
+    }
+    if (rb->completed_bytes || rb->completed_requests || rb->busy_ns) {
+      atomic_fetch_add_explicit(&s->done[r].bytes, rb->completed_bytes, memory_order_relaxed);
+      atomic_fetch_add_explicit(&s->done[r].requests, rb->completed_requests, memory_order_relaxed);
+      atomic_fetch_add_explicit(&s->done[r].busy_ns, rb->busy_ns, memory_order_relaxed);
+    }
+    atomic_store_explicit(&s->done[r].inflight_bytes, rb->inflight_bytes, memory_order_relaxed);
+  }
+  atomic_store_explicit(&s->applied_sup_bw, b->applied_sup_bw, memory_order_relaxed);
+  atomic_store_explicit(&s->flush_wall_ns, b->wall_ns, memory_order_relaxed);
+}
+
 void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns) {
   uint32_t slot = 0;
   struct shm_map *m = shm_bound(shm, id, &slot);
@@ -987,16 +1042,22 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->registered_ns, mpib_shm_now_ns(), memory_order_relaxed);
   _Atomic uint64_t *tel[] = {&s->sout_bytes,    &s->sout_requests,  &s->sup_bytes,
                              &s->sup_requests,  &s->reads_applied,  &s->reads_fallback,
-                             &s->reads_stale,   &s->clamped,        &s->last_read_ns};
+                             &s->reads_stale,   &s->clamped,        &s->last_read_ns,
+                             &s->flush_wall_ns};
   for (size_t i = 0; i < sizeof(tel) / sizeof(tel[0]); i++) {
     atomic_store_explicit(tel[i], 0, memory_order_relaxed);
   }
   atomic_store_explicit(&s->last_sup_bw, 0, memory_order_relaxed);
   atomic_store_explicit(&s->last_source, 0, memory_order_relaxed);
   atomic_store_explicit(&s->failovers, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->applied_sup_bw, 0, memory_order_relaxed);
   for (int r = 0; r < 2; r++) {
     atomic_store_explicit(&s->rail_state[r], MPIB_SHM_RAIL_UP, memory_order_relaxed);
     atomic_store_explicit(&s->rail_state_ns[r], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->done[r].bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->done[r].requests, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->done[r].inflight_bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->done[r].busy_ns, 0, memory_order_relaxed);
   }
 }
 

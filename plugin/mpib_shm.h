@@ -1,5 +1,5 @@
 /*
- * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 2.
+ * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 3.
  * The format is specified in docs/shm-format.md; testdata/shm/ pins it.
  * Pure C11 + POSIX: no verbs, no Go, no NCCL. All symbols are hidden (never exported).
  *
@@ -11,7 +11,8 @@
  *   register each connection at connect/accept (an id valid for the handle's life, bound to a
  *   slot of the current segment whenever one is attached), release it at close;
  *   call mpib_shm_read_hint per transfer (no system call: a vDSO clock read and a few loads),
- *   account posted bytes per rail with mpib_shm_add_telemetry.
+ *   publish the connection's telemetry in batches with mpib_shm_flush_telemetry (posted and
+ *   completed bytes and requests per rail, busy time, bytes in flight, the applied split).
  * Liveness: the handle keeps the segment's file open and holds an OFD lock on the first byte
  * of every slot it owns, so agents in any PID namespace see a slot's owner die with it.
  * Safety: a SIGBUS guard turns a truncated mapping into zero pages (no hint), never a crash.
@@ -25,7 +26,7 @@
 
 #define MPIB_SHM_HIDDEN __attribute__((visibility("hidden")))
 
-#define MPIB_SHM_VERSION 2u
+#define MPIB_SHM_VERSION 3u
 #define MPIB_SHM_DEFAULT_PREFIX "/dev/shm/mpib-hints-" /* + the effective uid */
 #define MPIB_SHM_DEFAULT_STALE_MS 500u
 #define MPIB_SHM_SUP_BW_MAX 1024u
@@ -98,7 +99,28 @@ typedef struct {
   uint64_t reads_applied, reads_fallback, reads_stale, clamped;
   uint32_t last_sup_bw, last_source;
   uint64_t last_read_ns;
+  uint8_t rail_state[2]; /* per rail: 0 SOUT, 1 SUP */
+  uint32_t failovers;
+  uint64_t rail_state_ns[2];
+  uint32_t applied_sup_bw; /* version 3 */
+  uint64_t flush_wall_ns;
+  uint64_t completed_bytes[2], completed_requests[2], inflight_bytes[2], busy_ns[2];
 } mpib_shm_slot_info;
+
+/* What the plugin publishes for one connection at a telemetry flush (spec 4.3). Counters are
+ * deltas since the previous flush; inflight_bytes, applied_sup_bw and wall_ns replace the
+ * stored values. */
+typedef struct {
+  uint64_t posted_bytes, posted_requests;
+  uint64_t completed_bytes, completed_requests;
+  uint64_t busy_ns;        /* sum of completion - post time over completed_requests */
+  uint64_t inflight_bytes; /* gauge: posted and not completed yet */
+} mpib_shm_rail_batch;
+typedef struct {
+  mpib_shm_rail_batch rail[2]; /* 0 SOUT, 1 SUP */
+  uint32_t applied_sup_bw;     /* the split of the last posted message, after guard and failover */
+  uint64_t wall_ns;            /* CLOCK_REALTIME ns of the flush */
+} mpib_shm_tele_batch;
 
 enum { MPIB_SHM_REC_CLASS = 0, MPIB_SHM_REC_PEER = 1 };
 
@@ -143,8 +165,12 @@ MPIB_SHM_HIDDEN int mpib_shm_conn_slot(mpib_shm *shm, uint32_t id, uint32_t *slo
  * not bound to a slot (caller falls back to vanilla). No system call. */
 MPIB_SHM_HIDDEN int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stale_ns,
                                        uint32_t *sup_bw);
-/* Relaxed atomics: adds bytes and one request to the rail (0 SOUT, 1 SUP) of connection id. */
+/* Relaxed atomics: adds bytes and one request to the rail (0 SOUT, 1 SUP) of connection id
+ * (tests and tools; the plugin publishes with mpib_shm_flush_telemetry). */
 MPIB_SHM_HIDDEN void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes);
+/* Relaxed atomics: publishes a batch to connection id's slot (adds the counters, stores the
+ * gauges, the applied split and the wall clock). Not per message: the data path batches. */
+MPIB_SHM_HIDDEN void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_batch *b);
 /* A rail's state in connection id's telemetry (spec 4.3): in service, out of service after a
  * failover (retried), or failed for good (its device is gone); when, in CLOCK_REALTIME ns. */
 enum { MPIB_SHM_RAIL_UP = 0, MPIB_SHM_RAIL_DOWN = 1, MPIB_SHM_RAIL_FAILED = 2 };

@@ -27,6 +27,8 @@
 
 #include "../mpib_shm.h"
 
+#define SLOT 384 /* slot size (spec 4.3): a slot's lease is the lock on its first byte */
+
 static int failures;
 
 #define CHECK(cond, ...)                                          \
@@ -203,7 +205,7 @@ int main(void) {
   mpib_shm *old_agent = agent_on(path, 500);
   uint32_t old_slot;
   CHECK(mpib_shm_conn_slot(plug, conns[0], &old_slot, NULL) == 0, "bound");
-  CHECK(lock_held(path, 256 + (off_t)old_slot * 256), "lease in the first segment");
+  CHECK(lock_held(path, 256 + (off_t)old_slot * SLOT), "lease in the first segment");
   CHECK(mpib_shm_create(path, 16, 4, err, sizeof(err)) == 0, "replace: %s", err);
   mpib_shm *new_agent = agent_on(path, 600);
   poll_says("replaced: re-attached: 2 connection(s)", MPIB_SHM_POLL_ATTACHED);
@@ -212,11 +214,11 @@ int main(void) {
   CHECK(mpib_shm_decode_slot(old_agent, old_slot, &si) == 0 && si.state == 0,
         "the old segment's slot %u is still owned (state %u)", old_slot, si.state);
   mpib_shm_close(old_agent);
-  CHECK(!lock_held(old, 256 + (off_t)old_slot * 256) && !lock_held(old, 0),
+  CHECK(!lock_held(old, 256 + (off_t)old_slot * SLOT) && !lock_held(old, 0),
         "the plugin still holds locks on the old segment");
   uint32_t new_slot;
   CHECK(mpib_shm_conn_slot(plug, conns[0], &new_slot, NULL) == 0 &&
-            lock_held(path, 256 + (off_t)new_slot * 256) && lock_held(path, 0),
+            lock_held(path, 256 + (off_t)new_slot * SLOT) && lock_held(path, 0),
         "no lease in the new segment");
 
   /* Garbage or a symbolic link at the path: refused once, the attachment stays. */

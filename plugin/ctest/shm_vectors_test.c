@@ -27,6 +27,8 @@
 
 #include "../mpib_shm.h"
 
+#define SLOT 384 /* slot size (spec 4.3) */
+
 static int failures;
 
 #define CHECK(cond, ...)                                          \
@@ -279,14 +281,14 @@ static void enc_record(uint8_t *img, size_t off, const jv *r) {
 static uint8_t *encode(const jv *seg, size_t *len) {
   const jv *h = jget(seg, "header");
   uint64_t nslots = ju(h, "nslots"), npeers = ju(h, "npeers");
-  size_t size = 256 + (size_t)nslots * 256 + (size_t)npeers * 64;
+  size_t size = 256 + (size_t)nslots * SLOT + (size_t)npeers * 64;
   uint8_t *img = calloc(1, size);
   memcpy(img, "MPIBHINT", 8);
   put(img, 8, ju(h, "version"), 4);
   put(img, 12, 256, 4);
   put(img, 16, ju(h, "total_size"), 8);
   put(img, 24, nslots, 4);
-  put(img, 28, 256, 4);
+  put(img, 28, SLOT, 4);
   put(img, 32, npeers, 4);
   put(img, 36, 64, 4);
   put(img, 40, ju(h, "flags"), 4);
@@ -300,13 +302,13 @@ static uint8_t *encode(const jv *seg, size_t *len) {
   }
   const jv *peers = jget(seg, "peers");
   for (size_t i = 0; peers != NULL && i < peers->n; i++) {
-    enc_record(img, 256 + (size_t)nslots * 256 + ju(&peers->v[i], "index") * 64,
+    enc_record(img, 256 + (size_t)nslots * SLOT + ju(&peers->v[i], "index") * 64,
                jget(&peers->v[i], "record"));
   }
   const jv *slots = jget(seg, "slots");
   for (size_t i = 0; slots != NULL && i < slots->n; i++) {
     const jv *s = &slots->v[i], *t = jget(s, "telemetry");
-    size_t off = 256 + ju(s, "index") * 256;
+    size_t off = 256 + ju(s, "index") * SLOT;
     put(img, off + 0, ju(s, "state") | ju(s, "owner_pid") << 32, 8);
     put(img, off + 8, ju(s, "gen"), 4);
     put(img, off + 16, ju(s, "conn_id"), 8);
@@ -327,7 +329,12 @@ static uint8_t *encode(const jv *seg, size_t *len) {
                {"sup_requests", 152, 8},  {"reads_applied", 160, 8}, {"reads_fallback", 168, 8},
                {"reads_stale", 176, 8},   {"clamped", 184, 8},       {"last_sup_bw", 192, 4},
                {"last_source", 196, 4},   {"last_read_ns", 200, 8},  {"failovers", 212, 4},
-               {"sout_state_ns", 216, 8}, {"sup_state_ns", 224, 8}};
+               {"sout_state_ns", 216, 8}, {"sup_state_ns", 224, 8},
+               {"applied_sup_bw", 232, 4}, {"flush_wall_ns", 240, 8},
+               {"sout_completed_bytes", 256, 8}, {"sout_completed_requests", 264, 8},
+               {"sout_inflight_bytes", 272, 8}, {"sout_busy_ns", 280, 8},
+               {"sup_completed_bytes", 288, 8}, {"sup_completed_requests", 296, 8},
+               {"sup_inflight_bytes", 304, 8}, {"sup_busy_ns", 312, 8}};
     for (size_t k = 0; k < sizeof(tel) / sizeof(tel[0]); k++) {
       put(img, off + tel[k].off, ju(t, tel[k].name), (int)tel[k].size);
     }
@@ -360,6 +367,24 @@ static int all_zero(const uint8_t *b, size_t n) {
   return 1;
 }
 
+/* The rail states and the version 3 completion telemetry of a decoded slot. */
+static void check_rails(const mpib_shm_slot_info *s, const jv *t, const char *name, uint32_t i) {
+  static const char *rail[2] = {"sout", "sup"};
+  char k[64];
+  for (int r = 0; r < 2; r++) {
+#define TEL(field) (snprintf(k, sizeof k, "%s_" field, rail[r]), ju(t, k))
+    CHECK(s->completed_bytes[r] == TEL("completed_bytes") && s->completed_requests[r] == TEL("completed_requests") &&
+              s->inflight_bytes[r] == TEL("inflight_bytes") && s->busy_ns[r] == TEL("busy_ns") &&
+              s->rail_state_ns[r] == TEL("state_ns"),
+          "%s: slot %u %s completion telemetry differs from the vector", name, i, rail[r]);
+#undef TEL
+  }
+  CHECK(s->rail_state[0] == jrail(t, "sout_state") && s->rail_state[1] == jrail(t, "sup_state") &&
+            s->failovers == ju(t, "failovers") && s->applied_sup_bw == ju(t, "applied_sup_bw") &&
+            s->flush_wall_ns == ju(t, "flush_wall_ns"),
+        "%s: slot %u rail states, applied split or flush time differ from the vector", name, i);
+}
+
 static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const char *name) {
   mpib_shm_header_info h;
   const jv *wh = jget(seg, "header");
@@ -390,7 +415,7 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
       }
     }
     if (want == NULL) {
-      CHECK(all_zero(img + 256 + (size_t)h.nslots * 256 + (size_t)j * 64, 64),
+      CHECK(all_zero(img + 256 + (size_t)h.nslots * SLOT + (size_t)j * 64, 64),
             "%s: peer %u is not listed but not zero", name, j);
       continue;
     }
@@ -412,7 +437,7 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
       }
     }
     if (w == NULL) {
-      CHECK(all_zero(img + 256 + (size_t)i * 256, 256), "%s: slot %u is not listed but not zero",
+      CHECK(all_zero(img + 256 + (size_t)i * SLOT, SLOT), "%s: slot %u is not listed but not zero",
             name, i);
       continue;
     }
@@ -438,6 +463,7 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
               s.last_sup_bw == ju(t, "last_sup_bw") && s.last_source == ju(t, "last_source") &&
               s.last_read_ns == ju(t, "last_read_ns"),
           "%s: slot %u telemetry differs from the vector", name, i);
+    check_rails(&s, t, name, i);
   }
   CHECK(slots != NULL && listed == slots->n, "%s: slots listed beyond nslots", name);
   CHECK(mpib_shm_decode_slot(shm, h.nslots, &(mpib_shm_slot_info){0}) == -ERANGE,
@@ -515,6 +541,12 @@ static void check_vector(const char *dir, const char *json_name) {
           "%s: expected error %s but got %d/%d/%d: %s", name, want, vrc, rc, irc, err);
     CHECK(jget(&vec, "segment") == NULL || jget(&vec, "segment")->t == J_NULL,
           "%s: an invalid vector has no segment", name);
+    /* A segment of another version says which side is older. */
+    uint32_t ver = (uint32_t)(uint8_t)img[8] | (uint32_t)(uint8_t)img[9] << 8;
+    if (strcmp(want, "bad_version") == 0)
+      CHECK(strstr(err, ver < MPIB_SHM_VERSION ? "older agent" : "newer agent") != NULL &&
+                strstr(err, "implements 3") != NULL,
+            "%s: version %u: the message must say which side is older: %s", name, ver, err);
   }
   if (shm != NULL && ishm != NULL) {
     const jv *seg = jget(&vec, "segment");
@@ -611,7 +643,7 @@ static void test_file_checks(const char *dir) {
 static uint64_t slot_u64(const char *path, uint32_t slot, unsigned off) {
   uint64_t v = 0;
   int fd = open(path, O_RDONLY);
-  if (pread(fd, &v, sizeof(v), 256 + (off_t)slot * 256 + off) != (ssize_t)sizeof(v)) {
+  if (pread(fd, &v, sizeof(v), 256 + (off_t)slot * SLOT + off) != (ssize_t)sizeof(v)) {
     v = UINT64_MAX;
   }
   close(fd);
@@ -636,6 +668,35 @@ static uint32_t slot_of(mpib_shm *shm, uint32_t id, uint32_t *gen) {
   return s;
 }
 
+/* A telemetry batch lands at the spec's offsets: counters add up, gauges are replaced. */
+static void test_flush(mpib_shm *shm, uint32_t id, const char *path, uint32_t s) {
+  mpib_shm_tele_batch b = {.applied_sup_bw = 700, .wall_ns = 1763856000000000001ull};
+  b.rail[0] = (mpib_shm_rail_batch){.posted_bytes = 10, .posted_requests = 2, .completed_bytes = 6,
+                                    .completed_requests = 1, .busy_ns = 900, .inflight_bytes = 4};
+  b.rail[1] = (mpib_shm_rail_batch){.completed_bytes = 30, .completed_requests = 3, .busy_ns = 5000, .inflight_bytes = 8};
+  mpib_shm_flush_telemetry(shm, id, &b);
+  b.rail[0].inflight_bytes = 0;
+  b.applied_sup_bw = 512;
+  b.wall_ns++;
+  mpib_shm_flush_telemetry(shm, id, &b);
+  mpib_shm_flush_telemetry(shm, 99, &b); /* unused id: ignored */
+  mpib_shm_flush_telemetry(shm, id, NULL);
+  CHECK(slot_u64(path, s, 128) == 1020 && slot_u64(path, s, 136) == 5, "posted sout: %" PRIu64, slot_u64(path, s, 128));
+  CHECK(slot_u64(path, s, 144) == 8000 && slot_u64(path, s, 152) == 2, "posted sup");
+  CHECK((uint32_t)slot_u64(path, s, 232) == 512 && slot_u64(path, s, 240) == 1763856000000000002ull,
+        "applied split and flush time");
+  CHECK(slot_u64(path, s, 256) == 12 && slot_u64(path, s, 264) == 2 && slot_u64(path, s, 272) == 0 &&
+            slot_u64(path, s, 280) == 1800,
+        "sout completion telemetry");
+  CHECK(slot_u64(path, s, 288) == 60 && slot_u64(path, s, 296) == 6 && slot_u64(path, s, 304) == 8 &&
+            slot_u64(path, s, 312) == 10000,
+        "sup completion telemetry");
+  mpib_shm_slot_info si;
+  CHECK(mpib_shm_decode_slot(shm, s, &si) == 0 && si.completed_bytes[1] == 60 && si.busy_ns[0] == 1800 &&
+            si.inflight_bytes[1] == 8 && si.applied_sup_bw == 512,
+        "decoded completion telemetry");
+}
+
 static void test_api(void) {
   char dir[] = "/tmp/mpib-shm-apiXXXXXX";
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -658,7 +719,7 @@ static void test_api(void) {
     d.conn_id = (uint64_t)i;
     CHECK(mpib_shm_register(shm, &d, &ids[i]) == 0, "register %d", i);
     slots[i] = slot_of(shm, ids[i], NULL);
-    CHECK(lock_held(path, 256 + (off_t)slots[i] * 256), "slot %u: no lease", slots[i]);
+    CHECK(lock_held(path, 256 + (off_t)slots[i] * SLOT), "slot %u: no lease", slots[i]);
   }
   /* Full: the connection gets an id, no slot; it gets one when a slot frees (poll). */
   CHECK(mpib_shm_register(shm, &d, &extra) == 0, "register into a full segment");
@@ -666,7 +727,7 @@ static void test_api(void) {
   uint32_t bw = 77;
   CHECK(mpib_shm_read_hint(shm, extra, 1000000000ull, &bw) == 0 && bw == 77, "unbound: no hint");
   mpib_shm_release(shm, ids[3]);
-  CHECK(!lock_held(path, 256 + (off_t)slots[3] * 256), "release keeps the lease");
+  CHECK(!lock_held(path, 256 + (off_t)slots[3] * SLOT), "release keeps the lease");
   CHECK(slot_u64(path, slots[3], 0) == 0, "release: owner word not zero");
   mpib_shm_poll(shm, NULL, 0);
   CHECK(slot_of(shm, extra, NULL) == slots[3], "the waiting connection takes the freed slot");
@@ -712,6 +773,7 @@ static void test_api(void) {
   CHECK(slot_u64(path, s, 128) == 1000 && slot_u64(path, s, 136) == 1, "sout telemetry");
   CHECK(slot_u64(path, s, 144) == 8000 && slot_u64(path, s, 152) == 2, "sup telemetry");
   CHECK(slot_u64(path, s, 160) == 1, "reads_applied %" PRIu64, slot_u64(path, s, 160));
+  test_flush(shm, ids[0], path, s);
 
   mpib_shm_heartbeat(shm, mpib_shm_now_ns() - 2 * stale);
   CHECK(mpib_shm_read_hint(shm, ids[0], stale, &bw) == 0, "stale agent");
@@ -728,7 +790,7 @@ static void test_api(void) {
 
   /* The process dies (its handle closes): every lease and the attach lock go. */
   mpib_shm_close(shm);
-  CHECK(!lock_held(path, 0) && !lock_held(path, 256 + (off_t)slots[1] * 256),
+  CHECK(!lock_held(path, 0) && !lock_held(path, 256 + (off_t)slots[1] * SLOT),
         "locks survive the handle");
   unlink(path);
   rmdir(dir);

@@ -133,6 +133,17 @@ func decodeTelemetry(v view, off int) Telemetry {
 		Failovers:     v.u32(off + slFailovers),
 		SoutStateNs:   v.u64(off + slSoutStateNs),
 		SupStateNs:    v.u64(off + slSupStateNs),
+		AppliedSupBw:  v.u32(off + slAppliedSupBw),
+		FlushWallNs:   v.u64(off + slFlushWallNs),
+
+		SoutCompletedBytes:    v.u64(off + slRailDone + rdBytes),
+		SoutCompletedRequests: v.u64(off + slRailDone + rdRequests),
+		SoutInflightBytes:     v.u64(off + slRailDone + rdInflight),
+		SoutBusyNs:            v.u64(off + slRailDone + rdBusyNs),
+		SupCompletedBytes:     v.u64(off + slRailDone + rdSize + rdBytes),
+		SupCompletedRequests:  v.u64(off + slRailDone + rdSize + rdRequests),
+		SupInflightBytes:      v.u64(off + slRailDone + rdSize + rdInflight),
+		SupBusyNs:             v.u64(off + slRailDone + rdSize + rdBusyNs),
 	}
 }
 
@@ -225,4 +236,15 @@ func putTelemetry(v view, off int, t Telemetry) {
 	v.put32(off+slFailovers, t.Failovers)
 	v.put64(off+slSoutStateNs, t.SoutStateNs)
 	v.put64(off+slSupStateNs, t.SupStateNs)
+	v.put32(off+slAppliedSupBw, t.AppliedSupBw)
+	v.put64(off+slFlushWallNs, t.FlushWallNs)
+	done := [2][4]uint64{
+		{t.SoutCompletedBytes, t.SoutCompletedRequests, t.SoutInflightBytes, t.SoutBusyNs},
+		{t.SupCompletedBytes, t.SupCompletedRequests, t.SupInflightBytes, t.SupBusyNs},
+	}
+	for r, fs := range done { // in the block's order: rdBytes, rdRequests, rdInflight, rdBusyNs
+		for k, x := range fs {
+			v.put64(off+slRailDone+r*rdSize+k*8, x)
+		}
+	}
 }

@@ -9,9 +9,9 @@ import (
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
-	Version     = 2
+	Version     = 3
 	HeaderSize  = 256
-	SlotSize    = 256
+	SlotSize    = 384
 	PeerSize    = 64
 	MaxSlots    = 65536
 	MaxPeers    = 4096
@@ -184,7 +184,16 @@ const (
 	slFailovers     = 212
 	slSoutStateNs   = 216
 	slSupStateNs    = 224
-	slTelemetry     = 128 // telemetry spans [128, 256)
+	slAppliedSupBw  = 232
+	slFlushWallNs   = 240
+	// Per-rail completion telemetry (version 3): one 32-byte block per rail, SOUT then SUP.
+	slRailDone  = 256
+	rdBytes     = 0  // completed_bytes
+	rdRequests  = 8  // completed_requests
+	rdInflight  = 16 // inflight_bytes (a gauge)
+	rdBusyNs    = 24 // busy_ns: sum of completion - post time over completed requests
+	rdSize      = 32
+	slTelemetry = 128 // telemetry spans [128, SlotSize)
 )
 
 // TotalSize is the size of a segment with nslots slots and npeers peer entries.

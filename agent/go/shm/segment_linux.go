@@ -719,7 +719,8 @@ func (s *Segment) Release(slot uint32) error {
 	})
 }
 
-// AddTelemetry counts bytes and one request on a rail (0 SOUT, 1 SUP), as the plugin does.
+// AddTelemetry counts bytes and one request posted on a rail (0 SOUT, 1 SUP): the posted part
+// of a plugin's telemetry batch (FlushTelemetry publishes a whole one).
 func (s *Segment) AddTelemetry(slot uint32, rail int, bytes uint64) error {
 	return s.AddTelemetryN(slot, rail, bytes, 1)
 }
@@ -746,8 +747,8 @@ func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeN
 	})
 }
 
-// AddTelemetryN counts bytes carried by requests requests on a rail (0 SOUT, 1 SUP), as the
-// plugin does for a batch of transfers. For fakes, simulators and tools.
+// AddTelemetryN counts bytes carried by requests requests posted on a rail (0 SOUT, 1 SUP), the
+// posted part of a plugin's batch of transfers. For fakes, simulators and tools.
 func (s *Segment) AddTelemetryN(slot uint32, rail int, bytes, requests uint64) error {
 	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
 		return fmt.Errorf("telemetry slot %d rail %d: %w", slot, rail, ErrSlotRange)
@@ -760,6 +761,50 @@ func (s *Segment) AddTelemetryN(slot uint32, rail int, bytes, requests uint64) e
 		}
 		v.add64(off+b, bytes)
 		v.add64(off+r, requests)
+		return nil
+	})
+}
+
+// RailBatch is one rail's part of a telemetry batch: counters to add, and InflightBytes, a
+// gauge that replaces the stored value.
+type RailBatch struct {
+	PostedBytes, PostedRequests       uint64
+	CompletedBytes, CompletedRequests uint64
+	BusyNs                            uint64 // sum of completion - post time over CompletedRequests
+	InflightBytes                     uint64
+}
+
+// TelemetryBatch is what the plugin publishes to a slot at one flush (mpib_shm_flush_telemetry).
+type TelemetryBatch struct {
+	Rails        [2]RailBatch // 0 SOUT, 1 SUP
+	AppliedSupBw uint32       // split of the last posted message, after the guard and failover
+	WallNs       uint64       // CLOCK_REALTIME ns of the flush
+}
+
+// FlushTelemetry publishes a batch as the plugin does at a telemetry flush (spec 4.3):
+// relaxed adds of the counters, stores of the gauges, the applied split and the wall-clock
+// stamp. For fakes, simulators and tools.
+func (s *Segment) FlushTelemetry(slot uint32, b TelemetryBatch) error {
+	if slot >= s.h.NSlots {
+		return fmt.Errorf("telemetry slot %d: %w", slot, ErrSlotRange)
+	}
+	return s.do(func(v view) error {
+		off := slotOff(slot)
+		for r, rb := range b.Rails {
+			bytes, reqs := slSoutBytes, slSoutRequests
+			if r == 1 {
+				bytes, reqs = slSupBytes, slSupRequests
+			}
+			v.add64(off+bytes, rb.PostedBytes)
+			v.add64(off+reqs, rb.PostedRequests)
+			blk := off + slRailDone + r*rdSize
+			v.add64(blk+rdBytes, rb.CompletedBytes)
+			v.add64(blk+rdRequests, rb.CompletedRequests)
+			v.add64(blk+rdBusyNs, rb.BusyNs)
+			v.put64(blk+rdInflight, rb.InflightBytes)
+		}
+		v.put32(off+slAppliedSupBw, b.AppliedSupBw)
+		v.put64(off+slFlushWallNs, b.WallNs)
 		return nil
 	})
 }

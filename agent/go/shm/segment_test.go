@@ -247,6 +247,29 @@ func TestTelemetry(t *testing.T) {
 	}
 }
 
+// TestFlushTelemetry publishes two batches as the plugin does: counters add up, the
+// in-flight gauges, the applied split and the wall-clock stamp are replaced.
+func TestFlushTelemetry(t *testing.T) {
+	s := newSeg(t, 2, 0)
+	slot, _ := s.Register(desc(1, "10.0.1.2", IntraIsland))
+	b := TelemetryBatch{AppliedSupBw: 600, WallNs: 10, Rails: [2]RailBatch{
+		{PostedBytes: 100, PostedRequests: 2, CompletedBytes: 50, CompletedRequests: 1, BusyNs: 7000, InflightBytes: 50},
+		{PostedBytes: 300, PostedRequests: 2, CompletedBytes: 300, CompletedRequests: 2, BusyNs: 9000}}}
+	s.FlushTelemetry(slot, b)
+	b.AppliedSupBw, b.WallNs, b.Rails[0].InflightBytes = 400, 20, 0
+	s.FlushTelemetry(slot, b)
+	if err := s.FlushTelemetry(2, b); !errors.Is(err, ErrSlotRange) {
+		t.Fatalf("slot 2: %v", err)
+	}
+	sl, _ := s.Slot(slot)
+	want := Telemetry{SoutBytes: 200, SoutRequests: 4, SupBytes: 600, SupRequests: 4, AppliedSupBw: 400, FlushWallNs: 20,
+		SoutCompletedBytes: 100, SoutCompletedRequests: 2, SoutBusyNs: 14000,
+		SupCompletedBytes: 600, SupCompletedRequests: 4, SupBusyNs: 18000}
+	if sl.Telemetry != want {
+		t.Fatalf("expected %+v but got %+v", want, sl.Telemetry)
+	}
+}
+
 // TestRailState records rail state changes as the plugin does: a rail leaving service counts
 // a failover, coming back (or a further change while out) does not; a new claim zeroes all.
 func TestRailState(t *testing.T) {

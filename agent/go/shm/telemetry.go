@@ -24,6 +24,13 @@ type ConnRate struct {
 	SupBps        float64 // bytes per second on SUP
 	SoutReqPerSec float64
 	SupReqPerSec  float64
+	// From the completion telemetry (format version 3): bytes per second whose completion the
+	// sender saw, and the mean completion latency of the requests completed in the interval
+	// (0 when none completed).
+	SoutCompletedBps float64
+	SupCompletedBps  float64
+	SoutLatencyNs    float64
+	SupLatencyNs     float64
 }
 
 // SupShare is SUP's share of the bytes moved (0 when nothing moved).
@@ -59,13 +66,27 @@ func Rates(a, b Sample) []ConnRate {
 			}
 			return float64(y-x) / dt
 		}
+		p, c := prev.Telemetry, cur.Telemetry
 		out = append(out, ConnRate{
-			Slot:          cur,
-			SoutBps:       d(prev.Telemetry.SoutBytes, cur.Telemetry.SoutBytes),
-			SupBps:        d(prev.Telemetry.SupBytes, cur.Telemetry.SupBytes),
-			SoutReqPerSec: d(prev.Telemetry.SoutRequests, cur.Telemetry.SoutRequests),
-			SupReqPerSec:  d(prev.Telemetry.SupRequests, cur.Telemetry.SupRequests),
+			Slot:             cur,
+			SoutBps:          d(p.SoutBytes, c.SoutBytes),
+			SupBps:           d(p.SupBytes, c.SupBytes),
+			SoutReqPerSec:    d(p.SoutRequests, c.SoutRequests),
+			SupReqPerSec:     d(p.SupRequests, c.SupRequests),
+			SoutCompletedBps: d(p.SoutCompletedBytes, c.SoutCompletedBytes),
+			SupCompletedBps:  d(p.SupCompletedBytes, c.SupCompletedBytes),
+			SoutLatencyNs:    meanLatency(p.SoutBusyNs, c.SoutBusyNs, p.SoutCompletedRequests, c.SoutCompletedRequests),
+			SupLatencyNs:     meanLatency(p.SupBusyNs, c.SupBusyNs, p.SupCompletedRequests, c.SupCompletedRequests),
 		})
 	}
 	return out
+}
+
+// meanLatency is the mean completion latency in ns of the requests completed between two
+// samples: the busy time they added over their number (0 when none completed).
+func meanLatency(busy0, busy1, req0, req1 uint64) float64 {
+	if req1 <= req0 || busy1 < busy0 {
+		return 0
+	}
+	return float64(busy1-busy0) / float64(req1-req0)
 }

@@ -82,6 +82,20 @@ type Telemetry struct {
 	Failovers   uint32    `json:"failovers"`     // times a rail of this connection left service
 	SoutStateNs uint64    `json:"sout_state_ns"` // CLOCK_REALTIME ns of the last SoutState change, 0 never
 	SupStateNs  uint64    `json:"sup_state_ns"`  // same for SupState
+	// Version 3 (spec 4.3): what the plugin applied, when it last published, and per rail what
+	// completed. Throughput is the difference of *CompletedBytes between two samples over
+	// their interval; mean completion latency is the difference of *BusyNs over that of
+	// *CompletedRequests.
+	AppliedSupBw          uint32 `json:"applied_sup_bw"`          // split of the last posted message, after the guard and failover
+	FlushWallNs           uint64 `json:"flush_wall_ns"`           // CLOCK_REALTIME ns of the plugin's last telemetry flush, 0 never
+	SoutCompletedBytes    uint64 `json:"sout_completed_bytes"`    // bytes whose completion the sender saw on SOUT
+	SoutCompletedRequests uint64 `json:"sout_completed_requests"` // request parts completed on SOUT
+	SoutInflightBytes     uint64 `json:"sout_inflight_bytes"`     // gauge: bytes posted on SOUT, not completed yet
+	SoutBusyNs            uint64 `json:"sout_busy_ns"`            // sum of completion - post time over SoutCompletedRequests
+	SupCompletedBytes     uint64 `json:"sup_completed_bytes"`
+	SupCompletedRequests  uint64 `json:"sup_completed_requests"`
+	SupInflightBytes      uint64 `json:"sup_inflight_bytes"`
+	SupBusyNs             uint64 `json:"sup_busy_ns"`
 }
 
 // Slot is one connection slot: descriptor, hint and telemetry.

@@ -4,7 +4,9 @@
 // policies without a cluster. It writes a real hint segment (docs/shm-format.md): it registers
 // its connections the way the plugin does (spec 5.4), resolves the agent's hints per
 // connection the way the plugin does (spec 5.3, with the read telemetry), records rail state
-// changes, and posts the bytes and requests each rail carried at the modelled rates. Its clock
+// changes, and publishes the telemetry of format version 3 at the modelled rates: per rail the
+// bytes and requests posted and completed, busy time, bytes in flight, the split applied and
+// the wall clock (send connections; receive connections only their posted bytes). Its clock
 // is virtual and advances only when asked (Advance, Run), so a minute of traffic simulates in
 // milliseconds; the segment's timestamps (heartbeat, hint reads) use that clock.
 //
@@ -84,8 +86,10 @@ type conn struct {
 	registered bool
 	bytes      [2]float64 // posted, not yet written (fractions)
 	reqs       [2]float64
-	delivered  float64 // bytes moved
-	optimal    float64 // bytes the best split would have moved (noise-free)
+	tele       [2][3]float64 // completed bytes, requests and busy ns, not yet written
+	inflight   [2]float64    // bytes in flight per rail (a gauge)
+	delivered  float64       // bytes moved
+	optimal    float64       // bytes the best split would have moved (noise-free)
 	lastW      uint32
 	lastRes    shm.Resolution
 }
@@ -312,28 +316,71 @@ func (s *Sim) step(dtNs uint64) error {
 			noise = math.Exp(s.cfg.Noise * s.rng.NormFloat64())
 		}
 		t *= noise
-		msgs := dt / t
 		sup := c.spec.MsgBytes * float64(w) / shm.SupBwMax
 		part := [2]float64{c.spec.MsgBytes - sup, sup}
-		for r := 0; r < 2; r++ {
-			if part[r] <= 0 {
-				continue
-			}
-			c.bytes[r] += msgs * part[r]
-			c.reqs[r] += msgs
-			b, q := math.Floor(c.bytes[r]), math.Floor(c.reqs[r])
-			if b > 0 {
-				if err := s.seg.AddTelemetryN(c.slot, r, uint64(b), uint64(q)); err != nil {
-					return fmt.Errorf("sim: %w", err)
-				}
-				c.bytes[r] -= b
-				c.reqs[r] -= q
-			}
+		if err := s.account(c, part, up, dt/t, noise, w); err != nil {
+			return err
 		}
-		c.delivered += c.spec.MsgBytes * msgs
+		c.delivered += c.spec.MsgBytes * dt / t
 	}
 	s.now += dtNs
 	return nil
+}
+
+// account publishes one step of connection c's traffic, msgs messages split into part, as the
+// plugin's telemetry flush does: per rail the bytes and requests posted and completed, the
+// time each completed request spent on the rail (its latency plus its part at the rail's
+// capacity, times the step's noise), the bytes in flight (one message's part while the rail
+// carries traffic: messages follow each other), the split applied and the wall clock. A
+// recv connection, like the plugin's, publishes only its posted bytes and requests.
+func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64, w uint32) error {
+	var b shm.TelemetryBatch
+	for r := 0; r < 2; r++ {
+		f := &c.tele[r]
+		inflight := 0.0
+		if part[r] > 0 {
+			inflight = part[r]
+			f[0] += msgs * part[r] // completed bytes
+			f[1] += msgs           // completed requests
+			f[2] += msgs * (c.rails[r].Latency.Seconds() + part[r]*8/(c.rails[r].Mbps*1e6)) * noise * 1e9
+		}
+		// Posted = completed + what entered the pipe: a part newly in flight is posted before it
+		// completes; one that left it (smaller split) completed without a new post, unless the
+		// rail left service (failover: those bytes are lost on it).
+		grow := inflight - c.inflight[r]
+		posted, postedReqs := msgs*part[r]+max(grow, 0), msgs
+		if up[r] {
+			f[0] += max(-grow, 0)
+		}
+		if part[r] <= 0 {
+			postedReqs = 0
+		}
+		c.bytes[r] += posted
+		c.reqs[r] += postedReqs
+		c.inflight[r] = inflight
+		rb := &b.Rails[r]
+		rb.PostedBytes, rb.PostedRequests = takeWhole(&c.bytes[r]), takeWhole(&c.reqs[r])
+		rb.CompletedBytes, rb.CompletedRequests, rb.BusyNs = takeWhole(&f[0]), takeWhole(&f[1]), takeWhole(&f[2])
+		rb.InflightBytes = uint64(inflight)
+	}
+	if c.spec.Recv {
+		b = shm.TelemetryBatch{Rails: [2]shm.RailBatch{
+			{PostedBytes: b.Rails[0].PostedBytes, PostedRequests: b.Rails[0].PostedRequests},
+			{PostedBytes: b.Rails[1].PostedBytes, PostedRequests: b.Rails[1].PostedRequests}}}
+	} else {
+		b.AppliedSupBw, b.WallNs = w, realtimeBase+s.now-s.start
+	}
+	if err := s.seg.FlushTelemetry(c.slot, b); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	return nil
+}
+
+// takeWhole removes the whole part of *x and returns it.
+func takeWhole(x *float64) uint64 {
+	n := math.Floor(*x)
+	*x -= n
+	return uint64(n)
 }
 
 // Run advances the simulation by d, beating the segment's heartbeat at every step (as an

@@ -44,7 +44,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert "10.0.2.7" in out and " up/up " in out and "RAILS FAILOVERS" in out
         fd = os.open(p, os.O_RDWR)  # the plugin: SUP failed over, SOUT in a state unknown here
         os.pwrite(fd, bytes([7, 1, 0, 0]) + (1).to_bytes(4, "little") + (5).to_bytes(8, "little")
-                  + (1_763_856_000_123_456_789).to_bytes(8, "little"), 256 + 256 + 208)
+                  + (1_763_856_000_123_456_789).to_bytes(8, "little"), mpib_agent._format.slot_off(1) + 208)
         os.close(fd)
         assert main(["list", "--path", p, "--json"]) == 0
         tel = json.loads(capsys.readouterr().out)[0]["telemetry"]

@@ -18,7 +18,7 @@ def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600
     h = seg.header()
-    assert (h.version, h.nslots, h.npeers, h.total_size) == (2, 8, 4, 256 + 8 * 256 + 4 * 64)
+    assert (h.version, h.nslots, h.npeers, h.total_size) == (3, 8, 4, 256 + 8 * 384 + 4 * 64)
 
 
 @pytest.mark.parametrize(
@@ -334,7 +334,7 @@ def test_rail_state_decode() -> None:
     """sout_state/sup_state (u8 at +208/+209), failovers (u32 at +212) and their change times
     (u64 at +216/+224): names for the states the spec defines, unknown(N) for others."""
     img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
-        header=mpib_agent.Header(total_size=256 + 4 * 256, nslots=4, npeers=0))))
+        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
     s1, s2, s3 = (mpib_agent._format.slot_off(i) for i in (1, 2, 3))
     _put_rail_bytes(img, s1, 1, 2, 5, 1_763_856_000_000_000_001, 0xFFFFFFFFFFFFFFFE)
     _put_rail_bytes(img, s2, 3, 255, 0xFFFFFFFF, 0, 0)
@@ -385,3 +385,38 @@ def test_rail_state_live(seg: mpib_agent.Segment) -> None:
     fake_register(seg, 2, "10.0.2.7", 1, gen=2)
     t = seg.slot(2).telemetry
     assert (t.sout_state, t.sup_state, t.failovers, t.sout_state_ns, t.sup_state_ns) == ("up", "up", 0, 0, 0)
+
+
+def test_version_message() -> None:
+    """A segment of another format version is refused saying which side is older: a version 2
+    segment (256-byte slots) predates this reader, version 4 comes from a newer agent."""
+    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
+        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
+    for ver, want in ((2, "older agent"), (4, "newer agent")):
+        img[8:12] = ver.to_bytes(4, "little")
+        with pytest.raises(mpib_agent.SegmentError) as ei:
+            mpib_agent.decode(bytes(img))
+        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 3" in str(ei.value)
+
+
+def test_completion_decode() -> None:
+    """Version 3 telemetry at the spec's offsets (4.3): applied_sup_bw u32 at +232,
+    flush_wall_ns u64 at +240, then per rail (SOUT at +256, SUP at +288) completed_bytes,
+    completed_requests, inflight_bytes, busy_ns, u64 each."""
+    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
+        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
+    off = mpib_agent._format.slot_off(2)
+    img[off + 232: off + 236] = (700).to_bytes(4, "little")
+    img[off + 240: off + 248] = (1_763_856_000_000_000_003).to_bytes(8, "little")
+    for k, v in enumerate((11, 12, 13, 14, 21, 22, 23, 0xFFFFFFFFFFFFFFFF)):
+        img[off + 256 + 8 * k: off + 264 + 8 * k] = v.to_bytes(8, "little")
+    snap = mpib_agent.decode(bytes(img))
+    assert [s.index for s in snap.slots] == [2]
+    assert snap.slots[0].telemetry == mpib_agent.Telemetry(
+        applied_sup_bw=700, flush_wall_ns=1_763_856_000_000_000_003, sout_completed_bytes=11,
+        sout_completed_requests=12, sout_inflight_bytes=13, sout_busy_ns=14, sup_completed_bytes=21,
+        sup_completed_requests=22, sup_inflight_bytes=23, sup_busy_ns=0xFFFFFFFFFFFFFFFF)
+    assert mpib_agent.encode(snap) == bytes(img)
+    r = mpib_agent.rates({2: snap.slots[0]}, {2: mpib_agent.Slot(index=2, telemetry=mpib_agent.Telemetry(
+        sup_completed_bytes=8021, sup_completed_requests=26, sup_busy_ns=0))}, 2.0)
+    assert r[0].sup_completed_bps == 4000 and r[0].sup_latency_ns == 0  # busy went backwards: no latency

@@ -205,3 +205,43 @@ def test_follows_replaced_segment(tmp_path: Path) -> None:
         finally:
             stop.set()
             t.join()
+
+
+def test_completion_telemetry(tmp_path: Path) -> None:
+    """The simulator publishes the plugin's format version 3 telemetry from its rail model, so
+    an agent reads the same fields against it as against a live plugin: per rail completed
+    bytes at the modelled rate, the completion latency, one message's part in flight, the
+    split applied, the wall clock of the flush; nothing more on a rail once it is down."""
+    p = str(tmp_path / "hints")
+    msg = 4 << 20
+    sc = sim.Scenario("t", "test", (sim.Conn(sim.Rail(10_000.0, 20.0), sim.Rail(30_000.0, 50.0), path_class=1, msg_bytes=msg),
+                                    sim.Conn(sim.Rail(10_000.0), sim.Rail(10_000.0), is_send=False)),
+                      (sim.Event(2.0, "sup", state="down"),), noise=0.0)
+    with sim.Simulator(sc, p, nslots=8, npeers=0) as sm, mpib_agent.open_segment(p) as agent:
+        sm.agent = agent
+        agent.set_class_hint("inter", 512)
+        c = sm.conns[0]
+        sm.advance(0.5)
+        a = {s.index: s for s in agent.connections()}
+        sm.advance(1.0)
+        b = {s.index: s for s in agent.connections()}
+        r = [x for x in mpib_agent.rates(a, b, 1.0) if x.slot.index == c.slot][0]
+        t_sout, t_sup = 20e-6 + msg / 2 * 8 / 10e9, 50e-6 + msg / 2 * 8 / 30e9
+        assert r.sout_completed_bps == pytest.approx(msg / 2 / t_sout, rel=0.01)
+        assert r.sup_completed_bps == pytest.approx(msg / 2 / t_sout, rel=0.01)
+        assert r.sout_latency_ns == pytest.approx(t_sout * 1e9, rel=0.01)
+        assert r.sup_latency_ns == pytest.approx(t_sup * 1e9, rel=0.01)
+        t = b[c.slot].telemetry
+        assert (t.sout_inflight_bytes, t.sup_inflight_bytes, t.applied_sup_bw) == (msg // 2, msg // 2, 512)
+        assert t.flush_wall_ns == sm.realtime_ns() and 0 <= t.sout_bytes - t.sout_completed_bytes <= msg // 2 + 1
+        recv = b[sm.conns[1].slot].telemetry
+        assert recv.sout_bytes + recv.sup_bytes > 0 and recv.sout_completed_bytes == recv.sup_completed_bytes == 0
+        assert recv.flush_wall_ns == 0
+        sm.advance(1.0)  # SUP goes down at 2 s: everything on SOUT
+        a = {s.index: s for s in agent.connections()}
+        sm.advance(1.0)
+        b = {s.index: s for s in agent.connections()}
+        r = [x for x in mpib_agent.rates(a, b, 1.0) if x.slot.index == c.slot][0]
+        t = b[c.slot].telemetry
+        assert r.sup_completed_bps == 0 and r.sup_latency_ns == 0 and t.sup_inflight_bytes == 0
+        assert (t.applied_sup_bw, t.sout_inflight_bytes) == (0, msg)

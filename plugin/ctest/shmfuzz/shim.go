@@ -106,11 +106,15 @@ func (im *Image) DecodeHeader() (Header, bool) {
 		uint32(h.peers_epoch), uint64(h.total_size), uint64(h.heartbeat_ns), uint64(h.created_ns)}, true
 }
 
-// SlotFields are the decoded descriptor fields and the raw hint of a slot.
+// SlotFields are the decoded descriptor fields, the raw hint and telemetry of a slot.
 type SlotFields struct {
 	State, OwnerPID, Gen, PeerIP, PID, HintSeq, HintSupBw, HintFlags, HintGen uint32
 	ConnID, SoutBytes, SupBytes, LastReadNs                                   uint64
 	PathClass, IsSend                                                         uint8
+	// Version 3 completion telemetry (a sample of its fields: one per offset group).
+	AppliedSupBw                                                      uint32
+	FlushWallNs, SoutCompletedBytes, SoutBusyNs, SupCompletedRequests uint64
+	SupInflightBytes                                                  uint64
 }
 
 // DecodeSlot runs mpib_shm_decode_slot.
@@ -122,11 +126,12 @@ func (im *Image) DecodeSlot(i uint32) (SlotFields, bool) {
 	return SlotFields{uint32(s.state), uint32(s.owner_pid), uint32(s.gen), uint32(s.peer_sout_ip), uint32(s.pid),
 		uint32(s.hint.seq), uint32(s.hint.sup_bw), uint32(s.hint.flags), uint32(s.hint.gen),
 		uint64(s.conn_id), uint64(s.sout_bytes), uint64(s.sup_bytes), uint64(s.last_read_ns),
-		uint8(s.path_class), uint8(s.is_send)}, true
+		uint8(s.path_class), uint8(s.is_send), uint32(s.applied_sup_bw), uint64(s.flush_wall_ns),
+		uint64(s.completed_bytes[0]), uint64(s.busy_ns[0]), uint64(s.completed_requests[1]), uint64(s.inflight_bytes[1])}, true
 }
 
 // Exercise runs the plugin's per-connection calls on the image: register (claims a free slot
-// or waits), read_hint, add_telemetry, release. It returns read_hint's result.
+// or waits), read_hint, add_telemetry, flush_telemetry, release. It returns read_hint's result.
 func (im *Image) Exercise(connID uint64, stale uint64) (int, uint32) {
 	d := C.mpib_conn_desc{peer_sout_ip: C.uint32_t(connID), path_class: C.uint8_t(connID % 3), is_send: 1,
 		pid: 4242, conn_id: C.uint64_t(connID)}
@@ -137,6 +142,10 @@ func (im *Image) Exercise(connID uint64, stale uint64) (int, uint32) {
 	var bw C.uint32_t
 	ok := C.mpib_shm_read_hint(im.shm, id, C.uint64_t(stale), &bw)
 	C.mpib_shm_add_telemetry(im.shm, id, 1, 4096)
+	var b C.mpib_shm_tele_batch
+	b.rail[0].completed_bytes, b.rail[0].completed_requests, b.rail[0].busy_ns = 4096, 1, 1000
+	b.rail[1].inflight_bytes, b.applied_sup_bw, b.wall_ns = 4096, 512, 1
+	C.mpib_shm_flush_telemetry(im.shm, id, &b)
 	C.mpib_shm_release(im.shm, id)
 	return int(ok), uint32(bw)
 }

@@ -177,6 +177,9 @@ func TestCLIsAgree(t *testing.T) {
 	f.seg.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789) // SUP failed over
 	f.seg.SetRailState(f.b, 0, shm.RailFailed, 1_763_856_001_000_000_000)
 	f.seg.SetRailState(f.b, 1, shm.RailState(9), 7) // a state this agent does not know
+	f.seg.FlushTelemetry(f.a, shm.TelemetryBatch{AppliedSupBw: 300, WallNs: 1_763_856_000_999_999_999,
+		Rails: [2]shm.RailBatch{{CompletedBytes: 1 << 40, CompletedRequests: 9, BusyNs: 1<<63 + 1, InflightBytes: 77},
+			{CompletedBytes: 5, CompletedRequests: 1, BusyNs: 6, InflightBytes: 0xFFFFFFFFFFFFFFFF}}})
 	gOut, gErr, gCode := goCLI.run(t, env, "list", "--json", "--path", f.path)
 	pOut, pErr, pCode := pyCLI.run(t, env, "list", "--json", "--path", f.path)
 	if gCode != 0 || pCode != 0 || gOut != pOut {
@@ -204,7 +207,13 @@ func TestCLIsAgree(t *testing.T) {
 		float64(f.a): {"sout_state": "up", "sup_state": "down", "failovers": 1.0, "sout_state_ns": 0.0, "sup_state_ns": 1763856000123456789.0},
 		float64(f.b): {"sout_state": "failed", "sup_state": "unknown(9)", "failovers": 2.0, "sout_state_ns": 1763856001000000000.0, "sup_state_ns": 7.0},
 	}
-	if !strings.Contains(gOut, "\"sup_state_ns\": 1763856000123456789\n") { // exact, not as a float64
+	for _, want := range []string{"\"applied_sup_bw\": 300,", "\"flush_wall_ns\": 1763856000999999999,", "\"sout_completed_bytes\": 1099511627776,",
+		"\"sout_busy_ns\": 9223372036854775809,", "\"sout_inflight_bytes\": 77,", "\"sup_inflight_bytes\": 18446744073709551615,"} {
+		if !strings.Contains(gOut, want) { // exact, not as a float64
+			t.Fatalf("list --json lacks %s:\n%s", want, gOut)
+		}
+	}
+	if !strings.Contains(gOut, "\"sup_state_ns\": 1763856000123456789,") { // exact, not as a float64
 		t.Fatalf("list --json: sup_state_ns of slot %d is not exact:\n%s", f.a, gOut)
 	}
 	for idx, w := range wantRails {
@@ -466,7 +475,8 @@ func runLoop(t *testing.T, c cli, env []string, fx *fixture, args []string, step
 
 // sampleFixed are the fields of a top --json / record connection that do not depend on when
 // it was sampled.
-var sampleFixed = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "last_sup_bw", "sout_state", "sup_state"}
+var sampleFixed = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "last_sup_bw", "sout_state", "sup_state",
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
 
 // sampleShape is a top --json / record jsonl line reduced to what both CLIs must agree on:
 // the keys in order, the JSON type of every value, and the values that do not depend on
@@ -555,8 +565,10 @@ func TestCLIsAgreeSamples(t *testing.T) {
 				return
 			case <-time.After(2 * time.Millisecond):
 				f.seg.AddTelemetryN(f.a, 0, 1<<20, 1)
-				f.seg.AddTelemetryN(f.b, 0, 1<<19, 1)
-				f.seg.AddTelemetryN(f.b, 1, 1<<19, 1)
+				f.seg.FlushTelemetry(f.b, shm.TelemetryBatch{AppliedSupBw: 512, WallNs: 1_763_856_000_000_000_007,
+					Rails: [2]shm.RailBatch{
+						{PostedBytes: 1 << 19, PostedRequests: 1, CompletedBytes: 1 << 19, CompletedRequests: 1, BusyNs: 90_000, InflightBytes: 1 << 19},
+						{PostedBytes: 1 << 19, PostedRequests: 1, CompletedBytes: 1 << 19, CompletedRequests: 1, BusyNs: 70_000, InflightBytes: 3}}})
 			}
 		}
 	}()
@@ -607,7 +619,7 @@ func TestCLIsAgreeSamples(t *testing.T) {
 			}
 			for k, col := range rows[0] {
 				switch col {
-				case "t", "sout_mbps", "sup_mbps":
+				case "t", "sout_mbps", "sup_mbps", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us":
 					if _, err := strconv.ParseFloat(row[k], 64); err != nil {
 						t.Errorf("%s record csv: %s %q is not a number", c.name, col, row[k])
 					}
@@ -627,8 +639,10 @@ func TestCLIsAgreeSamples(t *testing.T) {
 	if res[0].csvHead != res[1].csvHead || res[0].csvShape != res[1].csvShape {
 		t.Errorf("record csv differs:\n--- go\n%s\n%s\n--- python\n%s\n%s", res[0].csvHead, res[0].csvShape, res[1].csvHead, res[1].csvShape)
 	}
-	if !strings.Contains(res[0].top, "sup_state=down") || !strings.Contains(res[0].top, "last_sup_bw=700") {
-		t.Errorf("go top --json lacks the fixture's rail state or last_sup_bw:\n%s", res[0].top)
+	if !strings.Contains(res[0].top, "sup_state=down") || !strings.Contains(res[0].top, "last_sup_bw=700") ||
+		!strings.Contains(res[0].top, "applied_sup_bw=512 flush_wall_ns=") ||
+		!strings.Contains(res[0].top, "sup_inflight_bytes=3") {
+		t.Errorf("go top --json lacks the fixture's rail state, last_sup_bw or completion gauges:\n%s", res[0].top)
 	}
 }
 

@@ -391,6 +391,17 @@ type topConn struct {
 	LastSupBw uint32        `json:"last_sup_bw"`
 	SoutState shm.RailState `json:"sout_state"`
 	SupState  shm.RailState `json:"sup_state"`
+	// Completion telemetry (format version 3): per rail the completed throughput and the mean
+	// completion latency over the interval, the bytes in flight now; the split the plugin
+	// applied; its last flush, CLOCK_REALTIME ns (to correlate nodes, and see a stale batch).
+	SoutCompletedMbps float64 `json:"sout_completed_mbps"`
+	SupCompletedMbps  float64 `json:"sup_completed_mbps"`
+	SoutLatencyUs     float64 `json:"sout_latency_us"`
+	SupLatencyUs      float64 `json:"sup_latency_us"`
+	SoutInflightBytes uint64  `json:"sout_inflight_bytes"`
+	SupInflightBytes  uint64  `json:"sup_inflight_bytes"`
+	AppliedSupBw      uint32  `json:"applied_sup_bw"`
+	FlushWallNs       uint64  `json:"flush_wall_ns"`
 }
 
 // topSample is one `top --json` line: {"t": unix seconds, "conns": [...]}.
@@ -401,18 +412,26 @@ type topSample struct {
 
 // csvHeader is record --format csv's header: t, then topConn's fields.
 var csvHeader = []string{"t", "slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
-	"last_sup_bw", "sout_state", "sup_state"}
+	"last_sup_bw", "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
 
 // mbps is bytes per second in megabits per second, to 3 decimals.
 func mbps(bps float64) float64 { return math.Round(bps*8/1e6*1e3) / 1e3 }
 
+// micros is nanoseconds in microseconds, to 3 decimals.
+func micros(ns float64) float64 { return math.Round(ns) / 1e3 }
+
 func newTopSample(wall time.Time, rates []shm.ConnRate) topSample {
 	ts := topSample{T: float64(wall.UnixMicro()) / 1e6, Conns: make([]topConn, 0, len(rates))}
 	for _, r := range rates {
-		sl := r.Slot
+		sl, tel := r.Slot, r.Slot.Telemetry
 		ts.Conns = append(ts.Conns, topConn{Slot: sl.Index, Gen: sl.Gen, PID: sl.PID, ConnID: sl.ConnID,
 			IsSend: sl.IsSend, PathClass: sl.PathClass, SoutMbps: mbps(r.SoutBps), SupMbps: mbps(r.SupBps),
-			LastSupBw: sl.Telemetry.LastSupBw, SoutState: sl.Telemetry.SoutState, SupState: sl.Telemetry.SupState})
+			LastSupBw: tel.LastSupBw, SoutState: tel.SoutState, SupState: tel.SupState,
+			SoutCompletedMbps: mbps(r.SoutCompletedBps), SupCompletedMbps: mbps(r.SupCompletedBps),
+			SoutLatencyUs: micros(r.SoutLatencyNs), SupLatencyUs: micros(r.SupLatencyNs),
+			SoutInflightBytes: tel.SoutInflightBytes, SupInflightBytes: tel.SupInflightBytes,
+			AppliedSupBw: tel.AppliedSupBw, FlushWallNs: tel.FlushWallNs})
 	}
 	return ts
 }
@@ -427,7 +446,9 @@ func (ts topSample) csvRows() [][]string {
 		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 		rows = append(rows, []string{t, u(uint64(c.Slot)), u(uint64(c.Gen)), u(uint64(c.PID)), u(c.ConnID),
 			u(uint64(c.IsSend)), u(uint64(c.PathClass)), ffmt(c.SoutMbps), ffmt(c.SupMbps), u(uint64(c.LastSupBw)),
-			c.SoutState.String(), c.SupState.String()})
+			c.SoutState.String(), c.SupState.String(), ffmt(c.SoutCompletedMbps), ffmt(c.SupCompletedMbps),
+			ffmt(c.SoutLatencyUs), ffmt(c.SupLatencyUs), u(c.SoutInflightBytes), u(c.SupInflightBytes),
+			u(uint64(c.AppliedSupBw)), u(c.FlushWallNs)})
 	}
 	return rows
 }

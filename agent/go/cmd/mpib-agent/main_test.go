@@ -210,7 +210,8 @@ func TestSecondAgentRefused(t *testing.T) {
 
 // topKeys is the order of a top --json connection's fields.
 var topKeys = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
-	"last_sup_bw", "sout_state", "sup_state"}
+	"last_sup_bw", "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
 
 func TestTopJSONAndRecord(t *testing.T) {
 	dir := t.TempDir()
@@ -236,7 +237,9 @@ func TestTopJSONAndRecord(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(5 * time.Millisecond):
-				seg.AddTelemetryN(slot, 0, 1<<20, 4)
+				seg.FlushTelemetry(slot, shm.TelemetryBatch{AppliedSupBw: 0, WallNs: 1_763_856_000_000_000_001,
+					Rails: [2]shm.RailBatch{{PostedBytes: 1 << 20, PostedRequests: 4, CompletedBytes: 1 << 20,
+						CompletedRequests: 4, BusyNs: 4 * 250_000, InflightBytes: 1 << 18}}})
 			}
 		}
 	}()
@@ -266,7 +269,9 @@ func TestTopJSONAndRecord(t *testing.T) {
 	c := smp.Conns[0]
 	if c["slot"] != float64(slot) || c["pid"] != 77.0 || c["conn_id"] != 5.0 || c["is_send"] != 1.0 ||
 		c["path_class"] != 1.0 || c["sout_state"] != "up" || c["sup_state"] != "down" ||
-		c["sout_mbps"].(float64) <= 0 || c["sup_mbps"] != 0.0 {
+		c["sout_mbps"].(float64) <= 0 || c["sup_mbps"] != 0.0 || c["sout_completed_mbps"].(float64) <= 0 ||
+		c["sup_completed_mbps"] != 0.0 || c["sout_latency_us"] != 250.0 || c["sup_latency_us"] != 0.0 ||
+		c["sout_inflight_bytes"] != float64(1<<18) || c["flush_wall_ns"] != 1763856000000000001.0 {
 		t.Fatalf("top --json connection: %v", c)
 	}
 	var raw struct{ Conns []json.RawMessage }

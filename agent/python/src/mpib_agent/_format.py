@@ -1,4 +1,4 @@
-"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v2)."""
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v3)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 256
-SLOT_SIZE = 256
+SLOT_SIZE = 384
 PEER_SIZE = 64
 REC_SIZE = 64
 MAX_SLOTS = 65536
@@ -54,7 +54,19 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("failovers", 212, 4),
     ("sout_state_ns", 216, 8),
     ("sup_state_ns", 224, 8),
+    # version 3: the split applied, the last flush (CLOCK_REALTIME), per rail what completed
+    ("applied_sup_bw", 232, 4),
+    ("flush_wall_ns", 240, 8),
+    ("sout_completed_bytes", 256, 8),
+    ("sout_completed_requests", 264, 8),
+    ("sout_inflight_bytes", 272, 8),  # a gauge
+    ("sout_busy_ns", 280, 8),
+    ("sup_completed_bytes", 288, 8),
+    ("sup_completed_requests", 296, 8),
+    ("sup_inflight_bytes", 304, 8),
+    ("sup_busy_ns", 312, 8),
 )
+S_TELEMETRY = 128  # telemetry spans [128, SLOT_SIZE): zeroed at each claim
 # rail states (u8 each): field name, offset; JSON and the dataclass hold rail_state_name()
 RAIL_STATE_FIELDS: Tuple[Tuple[str, int], ...] = (("sout_state", 208), ("sup_state", 209))
 RAIL_STATES = ("up", "down", "failed")  # 0 in service, 1 out after a failover, 2 device gone
@@ -266,6 +278,18 @@ class Telemetry:
     failovers: int = 0  # times a rail of this connection left service
     sout_state_ns: int = 0  # CLOCK_REALTIME ns of the last sout_state change, 0 never
     sup_state_ns: int = 0
+    # version 3 (spec 4.3): throughput = d(*_completed_bytes)/dt, mean completion latency =
+    # d(*_busy_ns)/d(*_completed_requests) between two samples of the same gen
+    applied_sup_bw: int = 0  # split of the last posted message, after the guard and failover
+    flush_wall_ns: int = 0  # CLOCK_REALTIME ns of the plugin's last telemetry flush, 0 never
+    sout_completed_bytes: int = 0
+    sout_completed_requests: int = 0
+    sout_inflight_bytes: int = 0  # gauge: posted on SOUT, not completed yet
+    sout_busy_ns: int = 0  # sum of completion - post time over sout_completed_requests
+    sup_completed_bytes: int = 0
+    sup_completed_requests: int = 0
+    sup_inflight_bytes: int = 0
+    sup_busy_ns: int = 0
 
 
 @dataclass

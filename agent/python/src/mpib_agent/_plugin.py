@@ -41,6 +41,8 @@ from ._format import (
     S_QSUP,
     S_REG,
     S_SEND,
+    S_TELEMETRY,
+    SLOT_SIZE,
     SOURCES,
     STATE_ACTIVE,
     STATE_CLAIMING,
@@ -133,7 +135,7 @@ class PluginProcess:
                 v.put16(off + S_QSUP, d.nqps_sup)
                 v.put32(off + S_PID, self.pid)
                 v.put64(off + S_REG, now_ns())
-                v.write(off + 128, bytes(128))  # telemetry restarts at 0 with each claim
+                v.write(off + S_TELEMETRY, bytes(SLOT_SIZE - S_TELEMETRY))  # telemetry restarts at 0 with each claim
                 v.put64(off + S_OWNER, STATE_ACTIVE | self.pid << 32)
                 self.slots[i] = gen
                 return i

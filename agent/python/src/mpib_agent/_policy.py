@@ -29,6 +29,13 @@ class ConnRate:
     sup_bps: float
     sout_req_per_s: float
     sup_req_per_s: float
+    # from the completion telemetry (format version 3): bytes per second whose completion the
+    # sender saw, and the mean completion latency of the requests completed in the interval
+    # (0 when none completed)
+    sout_completed_bps: float = 0.0
+    sup_completed_bps: float = 0.0
+    sout_latency_ns: float = 0.0
+    sup_latency_ns: float = 0.0
 
     @property
     def sup_share(self) -> float:
@@ -74,9 +81,21 @@ def rates(prev: Mapping[int, Slot], cur: Mapping[int, Slot], dt_s: float) -> Lis
                 d(pt.sup_bytes, ct.sup_bytes),
                 d(pt.sout_requests, ct.sout_requests),
                 d(pt.sup_requests, ct.sup_requests),
+                d(pt.sout_completed_bytes, ct.sout_completed_bytes),
+                d(pt.sup_completed_bytes, ct.sup_completed_bytes),
+                mean_latency(pt.sout_busy_ns, ct.sout_busy_ns, pt.sout_completed_requests, ct.sout_completed_requests),
+                mean_latency(pt.sup_busy_ns, ct.sup_busy_ns, pt.sup_completed_requests, ct.sup_completed_requests),
             )
         )
     return out
+
+
+def mean_latency(busy0: int, busy1: int, req0: int, req1: int) -> float:
+    """Mean completion latency (ns) of the requests completed between two samples: the busy
+    time they added over their number (0 when none completed)."""
+    if req1 <= req0 or busy1 < busy0:
+        return 0.0
+    return (busy1 - busy0) / (req1 - req0)
 
 
 @dataclass

@@ -14,13 +14,14 @@ from ._policy import rates
 from ._segment import Segment, now_ns, open_segment
 
 CONN_FIELDS = ("slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps", "last_sup_bw",
-               "sout_state", "sup_state")
+               "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
+               "sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns")
 CSV_FIELDS = ("t",) + CONN_FIELDS
 
 
 def _num(x: float) -> float:
-    """Mbit/s to 3 decimals; an integral value as an int, so that JSON and CSV print it as the
-    Go agent does (0, not 0.0)."""
+    """Mbit/s (or microseconds) to 3 decimals; an integral value as an int, so that JSON and
+    CSV print it as the Go agent does (0, not 0.0)."""
     v = round(x, 3)
     return int(v) if v.is_integer() else v
 
@@ -30,12 +31,15 @@ def sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float, t: Optional
     snapshots with the same gen, rates in Mbit/s over ``dt_s``."""
     conns: List[Dict[str, Any]] = []
     for r in rates(prev, cur, dt_s):
-        s = r.slot
+        s, tel = r.slot, r.slot.telemetry
         conns.append({
             "slot": s.index, "gen": s.gen, "pid": s.pid, "conn_id": s.conn_id, "is_send": s.is_send,
             "path_class": s.path_class, "sout_mbps": _num(r.sout_bps * 8e-6), "sup_mbps": _num(r.sup_bps * 8e-6),
-            "last_sup_bw": s.telemetry.last_sup_bw, "sout_state": s.telemetry.sout_state,
-            "sup_state": s.telemetry.sup_state,
+            "last_sup_bw": tel.last_sup_bw, "sout_state": tel.sout_state, "sup_state": tel.sup_state,
+            "sout_completed_mbps": _num(r.sout_completed_bps * 8e-6), "sup_completed_mbps": _num(r.sup_completed_bps * 8e-6),
+            "sout_latency_us": _num(round(r.sout_latency_ns) / 1e3), "sup_latency_us": _num(round(r.sup_latency_ns) / 1e3),
+            "sout_inflight_bytes": tel.sout_inflight_bytes, "sup_inflight_bytes": tel.sup_inflight_bytes,
+            "applied_sup_bw": tel.applied_sup_bw, "flush_wall_ns": tel.flush_wall_ns,
         })
     return {"t": time.time_ns() // 1000 / 1e6 if t is None else t, "conns": conns}
 
@@ -48,7 +52,12 @@ def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[
           stop: Optional[threading.Event] = None) -> Generator[Dict[str, Any], None, None]:
     """Yields a sample (see :func:`sample`) every ``interval`` seconds: per connection its
     slot, gen, pid, conn_id, is_send, path_class, per-rail posted rates (``sout_mbps``,
-    ``sup_mbps``, Mbit/s), ``last_sup_bw`` and rail states. A connection appears from its
+    ``sup_mbps``, Mbit/s), ``last_sup_bw`` and rail states, and the completion telemetry:
+    per-rail completed rates (``sout_completed_mbps``, ``sup_completed_mbps``), mean completion
+    latency over the interval (``sout_latency_us``, ``sup_latency_us``, 0 when nothing
+    completed), bytes in flight (``sout_inflight_bytes``, ``sup_inflight_bytes``), the split
+    the plugin applied (``applied_sup_bw``) and its last flush (``flush_wall_ns``,
+    CLOCK_REALTIME). A connection appears from its
     second sample on (a rate needs two). Stops after ``count`` samples or when ``stop`` is set
     (or when the caller stops iterating); follows a segment replaced at the path."""
     if not interval > 0:

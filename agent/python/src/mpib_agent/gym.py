@@ -13,7 +13,11 @@ agent), runs ``interval`` simulated seconds, and reads the telemetry back.
 - ``obs``: a dict: ``sout_mbps``, ``sup_mbps`` (posted rates of the send connections, summed,
   Mbit/s, from the telemetry), ``sup_bw`` (the split the plugin applied: ``last_sup_bw`` of
   the first send connection), ``sout_state``/``sup_state`` (``up``, ``down``, ``failed``: the
-  worst over the send connections) and ``t`` (simulated seconds).
+  worst over the send connections), ``t`` (simulated seconds), and from the completion
+  telemetry: ``sout_completed_mbps``, ``sup_completed_mbps`` (delivered rates, summed),
+  ``sout_latency_us``, ``sup_latency_us`` (mean completion latency of the first send
+  connection over the step, 0 when nothing completed) and ``applied_sup_bw`` (its split after
+  failover: 0 or 1024 while a rail is out, whatever the action).
 - ``reward``: the bytes the send connections moved during the step divided by what the best
   split would have moved (noise-free), about 1.0 at the optimum.
 - ``info``: ``optimum_mbps``, ``achieved_mbps``, ``optimum_sup_bw`` (of the first send
@@ -31,6 +35,7 @@ import tempfile
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ._format import RAIL_STATES, SUP_BW_MAX
+from ._policy import rates
 from ._segment import Segment, open_segment
 from .sim import Scenario, Simulator
 
@@ -140,20 +145,22 @@ class SplitEnv:
         sends = [c for c in sim.conns if c.spec.is_send]
         moved = sum(c.delivered - before[c.index][0] for c in sends)
         best = sum(c.optimal - before[c.index][1] for c in sends)
-        sout = sup = 0.0
-        for c in sends:
-            s, p = snap.get(c.slot), snap0.get(c.slot)
-            if s is not None and p is not None and s.gen == p.gen:
-                sout += (s.telemetry.sout_bytes - p.telemetry.sout_bytes) * 8 / self.interval / 1e6
-                sup += (s.telemetry.sup_bytes - p.telemetry.sup_bytes) * 8 / self.interval / 1e6
+        rs = {r.slot.index: r for r in rates(snap0, snap, self.interval)}
+        mine = [rs[c.slot] for c in sends if c.slot in rs]
         first = snap.get(sends[0].slot) if sends else None
+        lead = rs.get(sends[0].slot) if sends else None
         obs: Obs = {
-            "sout_mbps": sout,
-            "sup_mbps": sup,
+            "sout_mbps": sum(r.sout_bps for r in mine) * 8e-6,
+            "sup_mbps": sum(r.sup_bps for r in mine) * 8e-6,
             "sup_bw": first.telemetry.last_sup_bw if first is not None else 0,
             "sout_state": _worst([snap[c.slot].telemetry.sout_state for c in sends if c.slot in snap]),
             "sup_state": _worst([snap[c.slot].telemetry.sup_state for c in sends if c.slot in snap]),
             "t": sim.t,
+            "sout_completed_mbps": sum(r.sout_completed_bps for r in mine) * 8e-6,
+            "sup_completed_mbps": sum(r.sup_completed_bps for r in mine) * 8e-6,
+            "sout_latency_us": lead.sout_latency_ns / 1e3 if lead is not None else 0.0,
+            "sup_latency_us": lead.sup_latency_ns / 1e3 if lead is not None else 0.0,
+            "applied_sup_bw": first.telemetry.applied_sup_bw if first is not None else 0,
         }
         info = {
             "optimum_mbps": best * 8 / self.interval / 1e6,

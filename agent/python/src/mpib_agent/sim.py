@@ -8,7 +8,9 @@ the agent's hints for every send connection exactly as the plugin does (spec 5.3
 package's resolver; vanilla when no hint applies: intra-island all SUP, inter-island all
 SOUT), and writes the telemetry of spec 4.3: posted bytes and requests per rail, the read
 counters, ``last_sup_bw``/``last_source``/``last_read_ns``, rail states with their change
-times and the failover count. It never beats: the heartbeat is the agent's.
+times and the failover count, and (send connections) the completion telemetry of format
+version 3: per rail completed bytes and requests, bytes in flight and busy time, the split
+applied and the wall clock of each flush. It never beats: the heartbeat is the agent's.
 
 Rail model, per connection: messages of ``msg_bytes`` S, one after the other, split by
 w = sup_bw (parts per 1024). A rail that carries b bytes of a message takes
@@ -169,6 +171,8 @@ def optimum(sout: Rail, sup: Rail, up: Tuple[bool, bool], msg_bytes: float) -> T
 
 
 _TEL_NAMES = ("sout_bytes", "sout_requests", "sup_bytes", "sup_requests")
+_DONE_NAMES = ("sout_completed_bytes", "sout_completed_requests", "sout_busy_ns",
+               "sup_completed_bytes", "sup_completed_requests", "sup_busy_ns")
 
 
 @dataclass
@@ -183,6 +187,8 @@ class SimConn:
     slot: int = -1
     gen: int = 0
     posted: List[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # as _TEL_NAMES
+    done: List[float] = field(default_factory=lambda: [0.0] * 6)  # as _DONE_NAMES
+    inflight: List[float] = field(default_factory=lambda: [0.0, 0.0])  # bytes per rail (a gauge)
     counters: Dict[str, int] = field(default_factory=dict)  # read telemetry, written at flush
     delivered: float = 0.0  # bytes moved since start
     optimal: float = 0.0  # bytes the best split would have moved (noise-free)
@@ -210,6 +216,31 @@ class SimConn:
 
     def vanilla(self) -> int:
         return SUP_BW_MAX if self.spec.path_class == 0 else 0
+
+    def account(self, parts: Tuple[float, float], up: Tuple[bool, bool], msgs: float, noise: float) -> None:
+        """Counts ``msgs`` messages split into ``parts`` (SOUT, SUP bytes) as the plugin's
+        telemetry does: per rail the bytes and requests posted and completed, the time each
+        completed request spent on the rail (its latency plus its part at the rail's capacity,
+        times the tick's noise) and the bytes in flight (one message's part while the rail
+        carries traffic: messages follow each other). A part newly in flight is posted before it
+        completes; one that left the pipe (a smaller split) completed without a new post,
+        unless its rail left service (failover: those bytes are lost on it)."""
+        for r, (part, rail) in enumerate(zip(parts, (self.sout, self.sup))):
+            inflight = part if part > 0 else 0.0
+            grow = inflight - self.inflight[r]
+            done = self.done[3 * r: 3 * r + 3]
+            if part > 0:
+                done[0] += msgs * part
+                done[1] += msgs
+                done[2] += msgs * (rail.latency_us * 1e-6 + part * 8 / (rail.mbps * 1e6)) * noise * 1e9
+                self.posted[2 * r] += msgs * part
+                self.posted[2 * r + 1] += msgs
+            if grow > 0:
+                self.posted[2 * r] += grow
+            elif up[r]:
+                done[0] -= grow
+            self.done[3 * r: 3 * r + 3] = done
+            self.inflight[r] = inflight
 
 
 class Simulator:
@@ -262,6 +293,8 @@ class Simulator:
                                              path_class=c.spec.path_class, is_send=c.spec.is_send))
                 c.gen = p.slots[c.slot]
                 c.posted = [0.0] * 4
+                c.done = [0.0] * 6
+                c.inflight = [0.0, 0.0]
                 c.counters = {}
                 for r, st in enumerate(c.state):
                     if st != 0:
@@ -340,28 +373,29 @@ class Simulator:
             t_msg = msg_time(c.sout, c.sup, up, c.spec.msg_bytes, w)
             msgs = 0.0
             if 0 < t_msg < math.inf:
+                noise = 1.0
                 if self.scenario.noise > 0:
-                    t_msg *= math.exp(self.scenario.noise * self.rng.gauss(0.0, 1.0))
-                msgs = dt / t_msg
+                    noise = math.exp(self.scenario.noise * self.rng.gauss(0.0, 1.0))
+                msgs = dt / (t_msg * noise)
                 b_sup = c.spec.msg_bytes * w / SUP_BW_MAX
-                b_sout = c.spec.msg_bytes - b_sup
-                if b_sout > 0:
-                    c.posted[0] += msgs * b_sout
-                    c.posted[1] += msgs
-                if b_sup > 0:
-                    c.posted[2] += msgs * b_sup
-                    c.posted[3] += msgs
+                c.account((c.spec.msg_bytes - b_sup, b_sup), up, msgs, noise)
                 c.delivered += msgs * c.spec.msg_bytes
             if res is not None:
                 PluginProcess.record_read(res, max(1, int(msgs)), now, c.counters)
         self.t += dt
 
     def _flush(self) -> None:
-        """Writes every connection's telemetry."""
+        """Writes every connection's telemetry; a receive connection, like the plugin's,
+        writes no completion telemetry."""
         for c in self.conns:
             vals = dict(c.counters)
             for name, v in zip(_TEL_NAMES, c.posted):
                 vals[name] = int(v)
+            if c.spec.is_send:
+                for name, v in zip(_DONE_NAMES, c.done):
+                    vals[name] = int(v)
+                vals["sout_inflight_bytes"], vals["sup_inflight_bytes"] = int(c.inflight[0]), int(c.inflight[1])
+                vals["applied_sup_bw"], vals["flush_wall_ns"] = c.split, self.realtime_ns()
             self._proc(c).put_counters(c.slot, vals)
 
     def advance(self, seconds: float) -> None:
