@@ -39,9 +39,32 @@ func (a agentCLI) run(ctx context.Context, t *testing.T, n *Node, args ...string
 }
 
 type listedConn struct {
-	Index  uint32 `json:"index"`
-	IsSend uint8  `json:"is_send"`
-	PID    uint32 `json:"pid"`
+	Index     uint32 `json:"index"`
+	IsSend    uint8  `json:"is_send"`
+	PID       uint32 `json:"pid"`
+	Telemetry struct {
+		AppliedSupBw       uint32 `json:"applied_sup_bw"`
+		SoutCompletedBytes uint64 `json:"sout_completed_bytes"`
+		SupCompletedBytes  uint64 `json:"sup_completed_bytes"`
+		SoutBusyNs         uint64 `json:"sout_busy_ns"`
+		SupBusyNs          uint64 `json:"sup_busy_ns"`
+	} `json:"telemetry"`
+}
+
+// telemetry reads one slot's telemetry through the agent's list --json.
+func (a agentCLI) telemetry(ctx context.Context, t *testing.T, n *Node, slot uint32) listedConn {
+	t.Helper()
+	var conns []listedConn
+	if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json")), &conns); err != nil {
+		t.Fatalf("%s agent list --json: %v", a.name, err)
+	}
+	for _, c := range conns {
+		if c.Index == slot {
+			return c
+		}
+	}
+	t.Fatalf("%s agent list --json: slot %d is gone", a.name, slot)
+	return listedConn{}
 }
 
 // sendSlot waits until a send connection is registered in the segment and returns its slot.
@@ -90,7 +113,8 @@ func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
 // supShareOver waits until n has transmitted `settle` more bytes (requests posted under the
 // previous policy drain), then measures n's SUP share over the next `measure` bytes. Phases
 // are counted in bytes, not seconds, so they hold whatever speed the lab runs at.
-func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure uint64) (float64, uint64) {
+// atMeasure, when given, runs when the measured window starts and again when it ends.
+func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure uint64, atMeasure func()) (float64, uint64) {
 	t.Helper()
 	waitBytes := func(want uint64) (sout, sup uint64) {
 		sout0, sup0 := railTx(ctx, t, n)
@@ -107,7 +131,13 @@ func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure ui
 		}
 	}
 	waitBytes(settle)
+	if atMeasure != nil {
+		atMeasure()
+	}
 	sout, sup := waitBytes(measure)
+	if atMeasure != nil {
+		atMeasure()
+	}
 	return share(sup, sup+sout), sup + sout
 }
 
@@ -129,6 +159,15 @@ const (
 	phaseMeasure = 128 << 20 // bytes measured per phase
 	policyStale  = 2 * time.Second
 )
+
+// policyPhase is one hint's measurement: the wire's SUP share over the window and the
+// agent's view of the slot when the window started and ended.
+type policyPhase struct {
+	hint  int
+	share float64
+	bytes uint64
+	tele  [2]listedConn
+}
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
 	lab := labOrSkip(t)
@@ -166,26 +205,23 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	}()
 	slot := agent.sendSlot(ctx, t, a1)
 
-	type phase struct {
-		hint  int
-		share float64
-		bytes uint64
-	}
-	var phases []phase
+	var phases []policyPhase
 	for _, hint := range []int{0, 512, 1024, 256} {
 		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
-		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
+		var tele []listedConn
+		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, func() { tele = append(tele, agent.telemetry(ctx, t, a1, slot)) })
 		if !running(cli) {
 			t.Fatalf("the transfer ended before phase hint=%d was measured", hint)
 		}
-		phases = append(phases, phase{hint, s, b})
+		phases = append(phases, policyPhase{hint, s, b, [2]listedConn{tele[0], tele[1]}})
 	}
 	// The agent dies: its heartbeat goes stale and the plugin falls back to vanilla (all SUP).
 	if err := beat.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(policyStale)
-	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure)
+	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, nil)
+	fbApplied := agent.telemetry(ctx, t, a1, slot).Telemetry.AppliedSupBw
 	stillRunning := running(cli)
 	if _, _, code, err := a2.Exec(ctx, nil, "touch", stopFile); err != nil || code != 0 {
 		t.Fatalf("touch %s in a2: exit %d %v", stopFile, code, err)
@@ -205,6 +241,10 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 			t.Errorf("hint %d: SUP share %.4f over %d bytes, want %.4f within 0.01 (rail events of the run: %q)",
 				p.hint, p.share, p.bytes, want, railEventLines(cErr+sErr))
 		}
+	}
+	checkPhaseTelemetry(t, agent.name, phases)
+	if fbApplied != 1024 {
+		t.Errorf("after the agent died the plugin's telemetry says applied_sup_bw=%d, want vanilla 1024", fbApplied)
 	}
 	fmt.Printf("policy: pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true\n", fallback)
 	if !stillRunning || fallback < 0.99 || fbBytes < 1<<20 {
@@ -249,4 +289,27 @@ func railEventLines(stderr string) []string {
 		}
 	}
 	return lines
+}
+
+// checkPhaseTelemetry holds the plugin's completion telemetry (segment format 3) against what
+// the wire showed: over each phase's window the completed bytes split like the hint (within
+// 0.02: a batch of up to 1 MiB may be unpublished at either end of the window), the applied
+// split is the hint, and completions took time on every rail that carried bytes.
+func checkPhaseTelemetry(t *testing.T, agent string, phases []policyPhase) {
+	for _, p := range phases {
+		hint, a, b := p.hint, p.tele[0].Telemetry, p.tele[1].Telemetry
+		sout, sup := b.SoutCompletedBytes-a.SoutCompletedBytes, b.SupCompletedBytes-a.SupCompletedBytes
+		s := share(sup, sup+sout)
+		fmt.Printf("policy-telemetry: agent=%s hint=%d completed_sup_share=%.3f completed_bytes=%d applied_sup_bw=%d sout_busy_ms=%.0f sup_busy_ms=%.0f\n",
+			agent, hint, s, sup+sout, b.AppliedSupBw, float64(b.SoutBusyNs-a.SoutBusyNs)/1e6, float64(b.SupBusyNs-a.SupBusyNs)/1e6)
+		if want := float64(hint) / 1024; math.Abs(s-want) > 0.02 || sup+sout < 64<<20 {
+			t.Errorf("hint %d: the telemetry's completed bytes split %.4f over %d bytes, want %.4f within 0.02", hint, s, sup+sout, want)
+		}
+		if b.AppliedSupBw != uint32(hint) {
+			t.Errorf("hint %d: the telemetry's applied_sup_bw is %d", hint, b.AppliedSupBw)
+		}
+		if (sout > 0 && b.SoutBusyNs <= a.SoutBusyNs) || (sup > 0 && b.SupBusyNs <= a.SupBusyNs) {
+			t.Errorf("hint %d: bytes completed with no time spent on the rail: %+v -> %+v", hint, a, b)
+		}
+	}
 }

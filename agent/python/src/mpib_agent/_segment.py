@@ -149,9 +149,10 @@ def slot_lock_off(i: int) -> int:
 class FileView:
     """Fields of the segment file through pread/pwrite (see the module's docstring)."""
 
-    def __init__(self, fd: int, path: str) -> None:
+    def __init__(self, fd: int, path: str, size: int) -> None:
         self.fd = fd
         self.path = path
+        self.size = size  # the segment's total size from its header
         self.gone = False
 
     def _gone(self) -> SegmentError:
@@ -171,6 +172,14 @@ class FileView:
         if self.gone:
             raise self._gone()
         os.pwrite(self.fd, b, off)
+        # A pwrite past the end of a file that was truncated meanwhile extends it again
+        # (zeros up to this field): undo that, so that a truncated segment stays empty and
+        # every reader keeps seeing it gone. The descriptor names this inode only (create()
+        # replaces a segment by renaming a new file over the path), so this never touches a
+        # new segment.
+        if os.fstat(self.fd).st_size < self.size:
+            os.ftruncate(self.fd, 0)
+            raise self._gone()
 
     def region(self, off: int, n: int) -> Tuple[View, int]:
         return View(self.read(off, n)), 0
@@ -289,7 +298,7 @@ class Segment:
         self.path = path
         self._fd = fd
         self._h = header
-        self._v = FileView(fd, path)
+        self._v = FileView(fd, path, header.total_size)
         self._dev, self._ino = st.st_dev, st.st_ino
         self._io = threading.RLock()  # reattach() swaps the descriptor under it
         self._agent = False
