@@ -58,6 +58,11 @@ func currentFaultLimits() faultLimits {
 // reported, so a stall_ms of 0 means "under 50 ms".
 const faultGapMS = 50
 
+// faultIdleUS is the drivers' --idle-us: a polling turn that completed nothing sleeps 200 µs
+// (at most 0.2 ms added to a completion that takes milliseconds in the lab), which leaves the
+// emulated CPUs to rxe and to the fault commands instead of two spinning drivers.
+const faultIdleUS = 200
+
 var faultSeq atomic.Int32
 
 // faultEnv is the plugin configuration of the fault cases: the plugin's own RC defaults
@@ -99,7 +104,8 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 	fp := &faultPair{server: server, client: client, base: fmt.Sprintf("/tmp/fault-%d-%d", os.Getpid(), faultSeq.Add(1))}
 	fp.stopFile = fp.base + ".stop"
 	port := strconv.Itoa(int(oobPort.Add(1)))
-	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile}, args...)
+	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile,
+		"--idle-us", strconv.Itoa(faultIdleUS)}, args...)
 	wrap := func(role string) []string {
 		return []string{"sh", "-c", `exec "$@" >"$0.out" 2>"$0.err"`, fp.base + "-" + role, nettestBin, "--role", role}
 	}
@@ -403,6 +409,19 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The black hole's ingress filter (passing) and the loss's netem (0 %) are installed
+	// before the transfer and stay until restoreLab: the faults are then only switched on and
+	// off. Installing or deleting a qdisc under traffic drops what it holds, and rxe fails a
+	// QP whose packet the local stack refused, which would read as failovers of their own.
+	ad, bd := a1.Netdev(rail), a2.Netdev(rail)
+	for _, x := range []struct {
+		n      *Node
+		script string
+	}{{a2, blackholePrep(bd)}, {a1, "tc qdisc replace dev " + ad + " root netem loss 0%"}} {
+		if _, err := fc.run(ctx, fc.in(x.n, x.script)); err != nil {
+			t.Fatalf("preparing the faults: %v", err)
+		}
+	}
 	fp := startFaultTransfer(ctx, t, a1, a2, mode, "--max-size", "64K", "--window", "8")
 	defer fp.killUnlessStopped()
 	var steps []*faultStep
@@ -436,12 +455,10 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 	// simple runs one fault whose cut and restore are each one command (one process start
 	// in the node: under load a start can take hundreds of ms, so the moment is the
 	// midpoint of the stamps around the command, ± half its run time, printed as *_err_ms);
-	// prep and unprep (qdiscs that do nothing yet, routes back) run in their own execs.
-	simple := func(name string, on *Node, prep, cut, restore, unprep string) {
+	// unprep (routes back) runs in the restore's exec after its last stamp (every exec costs
+	// seconds while the lab is busy).
+	simple := func(name string, on *Node, cut, restore, unprep string) {
 		st := begin(name, !idle || name == "link-down", true)
-		if prep != "" {
-			stamp(st, "prepare", fc.in(on, prep))
-		}
 		x := stamp(st, "cut", fc.in(on, cut))
 		closePrev(x)
 		e := x.mark("E", true)
@@ -451,21 +468,16 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 			h, z = 1500*time.Millisecond, 1500*time.Millisecond
 		}
 		time.Sleep(h)
-		y := stamp(st, "restore", fc.in(on, restore))
+		y := stamp(st, "restore", fc.around(on, restore, unprep))
 		e = y.mark("E", true)
 		st.up, st.upTx, st.upRunMS = (y.ms+e)/2, y.tx, (e-y.ms)/2
 		st.holdBytes = y.tx[other] - x.tx[other]
 		prev = st
-		if unprep != "" {
-			stamp(st, "unprepare", fc.in(on, unprep))
-		}
 		time.Sleep(z)
 	}
-	ad, bd := a1.Netdev(rail), a2.Netdev(rail)
-	simple("link-down", a1, "", "ip link set dev "+ad+" down", "ip link set dev "+ad+" up", strings.TrimPrefix(routeBack(a1, rail), "; "))
-	simple("blackhole", a2, blackholePrep(bd), blackholeSet("drop"), blackholeSet("pass"), "tc qdisc del dev "+bd+" ingress")
-	simple("loss", a1, "tc qdisc replace dev "+ad+" root netem loss 0%", "tc qdisc change dev "+ad+" root netem loss 100%",
-		"tc qdisc change dev "+ad+" root netem loss 0%", "tc qdisc del dev "+ad+" root")
+	simple("link-down", a1, "ip link set dev "+ad+" down", "ip link set dev "+ad+" up", strings.TrimPrefix(routeBack(a1, rail), "; "))
+	simple("blackhole", a2, blackholeSet("drop"), blackholeSet("pass"), "")
+	simple("loss", a1, "tc qdisc change dev "+ad+" root netem loss 100%", "tc qdisc change dev "+ad+" root netem loss 0%", "")
 
 	// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
 	{
@@ -481,17 +493,19 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 		time.Sleep(settle)
 	}
 
-	// glitch: a 300 ms far-end black hole that heals by itself. T and U frame the filter's
-	// insertion, V and E its removal: the hole lasted between V-U and E-T.
+	// glitch: a 300 ms far-end black hole that heals by itself, switched by one tc process
+	// that is already running (see glitchScript): U and V are the moments drop and pass were
+	// handed to it, W when it had run both.
 	{
 		st := begin("glitch", false, true)
-		stamp(st, "prepare", fc.in(a2, blackholePrep(bd)))
-		x := stamp(st, "glitch", fc.in(a2, blackholeSet("drop")+"; echo U="+nowUS+"; sleep 0.3; echo V="+nowUS+"; "+blackholeSet("pass")))
+		x := stamp(st, "glitch", fc.in(a2, glitchScript(300*time.Millisecond)))
 		closePrev(x)
-		u, v, e := x.mark("U", false), x.mark("V", false), x.mark("E", true)
-		st.cut, st.up = (x.ms+u)/2, (v+e)/2
-		st.cutRunMS, st.upRunMS = v-u, e-x.ms // the hole's shortest and longest possible length
-		stamp(st, "unprepare", fc.in(a2, "tc qdisc del dev "+bd+" ingress"))
+		u, v, w := x.mark("U", false), x.mark("V", false), x.mark("W", false)
+		if u == 0 || v == 0 || w == 0 {
+			fail("glitch: the script did not report its moments: %q", x.out)
+		}
+		st.cut, st.up = u, v
+		st.cutRunMS, st.upRunMS = v-u, w-u // the hole's shortest and longest possible length
 		prev = nil
 		time.Sleep(3 * time.Second)
 	}
@@ -566,8 +580,14 @@ func newFaultCtl(ctx context.Context, src *Node, others ...*Node) (*faultCtl, er
 // It prints T=<unix ms> right before the command (the moment of the cut: taken in the same
 // shell, one process start before it) and E=<unix ms> after it (how long the command took
 // to run: under load a process start in the emulated VM can take hundreds of ms).
-func (fc *faultCtl) in(n *Node, cmd string) string {
-	return fmt.Sprintf("nsenter -t %d -n bash -c 'echo T=%s; %s; echo E=%s'", fc.pid[n.Name()], nowUS, cmd, nowUS)
+func (fc *faultCtl) in(n *Node, cmd string) string { return fc.around(n, cmd, "") }
+
+// around is in with a clean-up after E.
+func (fc *faultCtl) around(n *Node, cmd, after string) string {
+	if after != "" {
+		after = "; " + after
+	}
+	return fmt.Sprintf("nsenter -t %d -n bash -c 'echo T=%s; %s; echo E=%s%s'", fc.pid[n.Name()], nowUS, cmd, nowUS, after)
 }
 
 // nowUS is bash's clock in microseconds, read without starting a process: under load a
@@ -583,6 +603,24 @@ const blackholeAction = "41"
 func blackholePrep(dev string) string {
 	return "tc actions flush action gact 2>/dev/null; tc qdisc add dev " + dev + " ingress && tc filter add dev " + dev +
 		" parent ffff: matchall action gact pass index " + blackholeAction
+}
+
+// glitchScript (bash, no single quotes: it runs inside fc.in) opens a black hole for d with
+// the action of blackholePrep. Process starts take hundreds of ms in the loaded emulated VM,
+// so one `tc -batch` (its output line-buffered: a pipe would hold it) is started first and
+// proven ready (it answers a query), then drop and pass are written to it d apart, timed by
+// bash's own clock and read timeouts.
+func glitchScript(d time.Duration) string {
+	return fmt.Sprintf(`coproc TC { exec stdbuf -oL tc -force -batch - 2>&1; }
+echo "actions get action gact index %[1]s" >&${TC[1]}
+while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"index %[1]s"* ]] && break; done
+echo "actions change action gact drop index %[1]s" >&${TC[1]}; echo U=%[2]s
+end=$(( %[2]s + %[3]d ))
+while left=$(( end - %[2]s )); (( left > 0 )); do read -t $(printf "%%d.%%06d" $((left/1000000)) $((left%%1000000))) -r -u ${TC[0]} l; done
+echo "actions change action gact pass index %[1]s" >&${TC[1]}; echo V=%[2]s
+echo "actions get action gact index %[1]s" >&${TC[1]}
+while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"gact action pass"* ]] && break; done; echo W=%[2]s
+exec {TC[1]}>&-; wait`, blackholeAction, nowUS, d.Microseconds())
 }
 
 func blackholeSet(verdict string) string {
@@ -606,8 +644,9 @@ func (x fcStamp) mark(key string, last bool) int64 {
 
 // run prints the clock and the sender's tx bytes per rail, then runs script.
 func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
-	full := fmt.Sprintf("date +%%s%%3N; nsenter -t %d -n sed 's/:/ /' /proc/net/dev | awk '$1==\"%s\"||$1==\"%s\"{print $1, $10}'; echo ---; %s",
-		fc.pid[fc.src.Name()], fc.netdevs[SOUT], fc.netdevs[SUP], script)
+	// Only bash builtins before the script: /proc/PID/net/dev is the node's own table.
+	full := fmt.Sprintf(`echo %s; while read -r name _ _ _ _ _ _ _ _ tx _; do case $name in %s:|%s:) echo ${name%%:} $tx;; esac; done </proc/%d/net/dev; echo ---; %s`,
+		nowUS, fc.netdevs[SOUT], fc.netdevs[SUP], fc.pid[fc.src.Name()], script)
 	out, errOut, code, err := fc.lab.router.Exec(ctx, nil, "bash", "-c", full)
 	if err != nil {
 		return fcStamp{}, err
@@ -622,6 +661,7 @@ func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
 		return x, fmt.Errorf("router: stamp and counters: %q", head)
 	}
 	x.ms, _ = strconv.ParseInt(f[0], 10, 64)
+	x.ms /= 1000 // nowUS
 	if t := x.mark("T", false); t != 0 {
 		x.ms = t
 	}

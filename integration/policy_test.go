@@ -195,7 +195,8 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	stopFile := fmt.Sprintf("/tmp/policy-%s-%d.stop", agent.name, time.Now().UnixNano())
 	a2.Exec(ctx, nil, "rm", "-f", stopFile)
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1000G", "--stop-file", stopFile, "--max-size", "1M", "--window", "8"}})
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1000G", "--stop-file", stopFile, "--max-size", "1M", "--window", "8",
+			"--idle-us", strconv.Itoa(faultIdleUS)}}) // idle drivers leave the CPUs to rxe and to the agent's CLI
 	defer func() { // a phase that failed leaves the transfer running
 		for _, p := range []*Process{srv, cli} {
 			if running(p) {

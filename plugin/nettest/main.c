@@ -175,6 +175,7 @@ static void nt_usage(FILE *f) {
           "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
           "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
           "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
+          "  --idle-us N           verify: sleep N us after a data-loop turn that moved nothing\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
           "scale modes: connect, resources (--comms N);\n"
           "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
@@ -262,7 +263,7 @@ enum {
   OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP, OPT_PROFILER,
   OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
   OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
-  OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, /* fault watch (xfer.c) */
+  OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, OPT_IDLEUS, /* fault watch (xfer.c) */
   OPT_REPORTEVERY, OPT_RDMARES          /* scale.c leak checks */
 };
 
@@ -285,6 +286,7 @@ static const struct option nt_long_opts[] = {
     {"prepost", no_argument, 0, OPT_PREPOST},           {"rounds", required_argument, 0, OPT_ROUNDS},
     {"gap-ms", required_argument, 0, OPT_GAPMS},        {"stop-file", required_argument, 0, OPT_STOPFILE},
     {"ignore-peer-abort", no_argument, 0, OPT_IGNPEER}, {"report-every", required_argument, 0, OPT_REPORTEVERY},
+    {"idle-us", required_argument, 0, OPT_IDLEUS},
     {"rdma-res", no_argument, 0, OPT_RDMARES},
     {0, 0, 0, 0}};
 
@@ -493,6 +495,12 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       nt_watch.ignore_peer = 1;
       nt_watch.enabled = 1;
       break;
+    case OPT_IDLEUS:
+      if (nt_parse_int(a, 1, 100000, &nt_watch.idle_us) != 0) {
+        NT_BAD("--idle-us must be 1..100000, not '%s'", a);
+      }
+      nt_watch.enabled = 1;
+      break;
     case OPT_REPORTEVERY:
       if (nt_parse_int(a, 1, 10000, &o->report_every) != 0) {
         NT_BAD("--report-every must be 1..10000, not '%s'", a);
@@ -572,7 +580,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     NT_BAD("--rounds applies to the connect and resources modes only");
   }
   if (nt_watch.enabled && o->mode != NT_VERIFY) {
-    NT_BAD("--gap-ms, --stop-file and --ignore-peer-abort apply to verify only");
+    NT_BAD("--gap-ms, --stop-file, --ignore-peer-abort and --idle-us apply to verify only");
   }
   if ((o->report_every || o->rdma_res) && !nt_mode_is_scale(o->mode)) {
     NT_BAD("--report-every and --rdma-res apply to the connect and resources modes only");

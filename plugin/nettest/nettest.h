@@ -235,6 +235,7 @@ struct nt_watch {
   int gap_ms;            /* --gap-ms: print each gap between completions of at least this long */
   const char *stop_file; /* --stop-file: the receiver stops posting once this file exists */
   int ignore_peer;       /* --ignore-peer-abort: the data loop ignores the peer's ABORT / closed side channel */
+  int idle_us;           /* --idle-us: sleep this long after a data-loop turn that moved nothing */
 };
 extern struct nt_watch nt_watch;
 double nt_wall_ms(void); /* CLOCK_REALTIME in milliseconds (comparable with `date +%s%3N`) */

@@ -315,7 +315,8 @@ struct nt_pacer {
   double last_progress;
   double next_peek;
   unsigned spins;
-  int progressed;
+  int progressed; /* since the last check point */
+  int idle;       /* this turn made no progress (--idle-us) */
   int peer_gone;
 };
 
@@ -328,6 +329,9 @@ static void nt_pacer_init(struct nt_pacer *p) {
  * at a check point, 0 otherwise, -1 when the run must stop (stall or peer gone). */
 static int nt_pace(struct nt_pacer *p, struct nt_oob *oob, int timeout_s, struct nt_stats *st, const char *who,
                    uint64_t posted, uint64_t completed) {
+  /* --idle-us: a turn that moved nothing sleeps, so that a polling loop leaves the CPU to the
+   * soft-RoCE kernel threads and the lab's commands (the emulated lab has 2 CPUs). */
+  if (nt_watch.idle_us > 0 && p->idle) usleep((useconds_t)nt_watch.idle_us);
   if (++p->spins % 128 != 0) {
     return 0;
   }
@@ -512,6 +516,7 @@ int nt_xfer_send(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
       break;
     }
     p.progressed |= progressed;
+    p.idle = !progressed;
     int t = nt_pace(&p, x->oob, x->timeout_s, st, "sender", started, completed);
     if (t < 0) {
       break;
@@ -727,6 +732,7 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
       break;
     }
     p.progressed |= progressed;
+    p.idle = !progressed;
     if (nt_pace(&p, x->oob, x->timeout_s, st, "receiver", posted, completed) < 0) {
       break;
     }
