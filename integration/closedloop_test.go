@@ -237,7 +237,8 @@ func testClosedLoop(t *testing.T, agent agentCLI) {
 
 	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8"}})
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8",
+			"--idle-us", strconv.Itoa(faultIdleUS)}})
 	defer func() { // a failed test must not leave the pair running
 		srv.Kill(context.Background())
 		cli.Kill(context.Background())
