@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "mpib.h"
@@ -329,13 +330,19 @@ static int rail_setup(struct mpib_comm *c, int rail) {
   return 0;
 }
 
-/* A zeroed, page-aligned allocation of whole pages: nothing else shares its pages. */
+/* A zeroed allocation of whole pages, mapped for itself and unmapped by page_free: nothing
+ * else shares its pages, and a closed connection gives them back to the system at once.
+ * (Page-aligned heap chunks, registered as MRs and freed in whatever thread closes the comm,
+ * fragment malloc's arenas: a process that opens and closes connections all day would keep
+ * the high-water mark of every arena it touched.) */
 static void *page_alloc(size_t size) {
-  void *p = NULL;
   size = (size + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1);
-  if (posix_memalign(&p, MPIB_PAGE, size) != 0) return NULL;
-  memset(p, 0, size);
-  return p;
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void page_free(void *p, size_t size) {
+  if (p) munmap(p, (size + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
 /* Host memory one comm allocates (the verbs provider's queues come on top). */
@@ -345,9 +352,8 @@ size_t mpib_comm_host_bytes(int is_send) {
 }
 
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
-  struct mpib_comm *c = NULL;
-  if (posix_memalign((void **)&c, 64, sizeof *c) != 0) return NULL;
-  memset(c, 0, sizeof *c);
+  struct mpib_comm *c = page_alloc(sizeof *c);
+  if (c == NULL) return NULL;
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->cts = page_alloc(MPIB_CTS_AREA);
@@ -545,10 +551,10 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
   free(c->reqs);
-  free(c->cts);
-  free(c->sizes);
-  free(c->flush_buf);
-  free(c);
+  page_free(c->cts, MPIB_CTS_AREA);
+  page_free(c->sizes, MPIB_SIZES_AREA);
+  page_free(c->flush_buf, MPIB_PAGE);
+  page_free(c, sizeof *c);
 }
 
 void mpib_comm_peer_gone(struct mpib_comm *c) { __atomic_store_n(&c->peer_gone_ns, mpib_now_ns(), __ATOMIC_RELEASE); }
