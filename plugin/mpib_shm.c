@@ -1234,6 +1234,85 @@ static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
          st->st_mtim.tv_nsec == shm->bad_mtime.tv_nsec;
 }
 
+/* A segment truncated under us: the SIGBUS guard saw it, or the file is now shorter than
+ * the mapping (no access faulted yet). */
+static int shm_map_truncated(struct shm_map *m) {
+  struct stat st;
+  return m != NULL && m->fd >= 0 &&
+         (atomic_load_explicit(&m->faulted, memory_order_acquire) ||
+          (fstat(m->fd, &st) == 0 && (uint64_t)st.st_size < m->map_size));
+}
+
+/* Remembers the file st as refused (with err) until it changes (shm_same_bad). */
+static void shm_refuse(mpib_shm *shm, int err, const struct stat *st) {
+  shm->bad_errno = err;
+  shm->bad_dev = st->st_dev;
+  shm->bad_ino = st->st_ino;
+  shm->bad_size = st->st_size;
+  shm->bad_mtime = st->st_mtim;
+}
+
+/* Drops the truncated segment cur (under mu): every connection waits for the next one. */
+static void shm_detach(mpib_shm *shm, struct shm_map *cur, char *msg, size_t msglen) {
+  atomic_store_explicit(&shm->cur, 0, memory_order_release);
+  for (uint32_t id = 0; id < shm->conn_hi; id++) {
+    if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) != 0) {
+      shm_unbind(shm, id);
+      shm->unbound++;
+    }
+  }
+  /* The truncated file stays at the path: remember it as refused until it changes. */
+  struct stat tst;
+  if (fstatat(AT_FDCWD, shm->path, &tst, AT_SYMLINK_NOFOLLOW) == 0 && tst.st_dev == cur->dev &&
+      tst.st_ino == cur->ino) {
+    shm_refuse(shm, EINVAL, &tst);
+  }
+  shm_map_retire(cur);
+  shm_say(shm, msg, msglen,
+          "agent segment %s was truncated: detached, vanilla policy until a valid segment "
+          "appears", shm->path);
+}
+
+/* Attaches the file st at the path in place of cur (NULL: none), moving every connection to
+ * it (under mu). 0, or -errno with the file refused until it changes. */
+static int shm_attach(mpib_shm *shm, struct shm_map *cur, const struct stat *st, char *msg,
+                      size_t msglen) {
+  char err[384] = "";
+  struct shm_map *m = NULL;
+  struct stat ost;
+  int rc = shm->nmaps >= SHM_MAX_MAPS ? -ENOSPC : shm_map_file(shm->path, &m, &ost, err, sizeof(err));
+  if (rc != 0) {
+    if (rc == -ENOSPC) {
+      shm_err(err, sizeof(err), "mpib shm %.300s: io: attached %d segments already, no more",
+              shm->path, SHM_MAX_MAPS);
+    }
+    shm_refuse(shm, -rc, st);
+    shm_say(shm, msg, msglen, "%s", err);
+    return rc;
+  }
+  int mi = shm_add_map(shm, m);
+  uint32_t bound = shm_rebind_all(shm, mi);
+  atomic_store_explicit(&shm->cur, mi, memory_order_release);
+  if (cur != NULL) {
+    shm_map_retire(cur);
+  }
+  shm->bad_errno = 0;
+  shm_say(shm, msg, msglen, "agent segment %s %s: %u connection(s) registered%s", shm->path,
+          cur != NULL ? "replaced: re-attached" : "attached", (unsigned)bound,
+          shm->unbound ? " (some wait for a free slot)" : "");
+  return 0;
+}
+
+/* Gives a slot of map index mi to connections that found the segment full (under mu). */
+static void shm_bind_waiting(mpib_shm *shm, int mi) {
+  for (uint32_t id = 0; id < shm->conn_hi && shm->unbound > 0; id++) {
+    if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0 &&
+        shm_bind(shm, id, mi) == 0) {
+      shm->unbound--;
+    }
+  }
+}
+
 int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   if (msg != NULL && msglen > 0) {
     msg[0] = '\0';
@@ -1246,33 +1325,10 @@ int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
   struct shm_map *cur = ci > 0 ? atomic_load_explicit(&shm->maps[ci - 1], memory_order_relaxed) : NULL;
   /* 1. A truncated segment (seen by the guard, or by its size): detach. */
-  struct stat cst;
-  if (cur != NULL && cur->fd >= 0 &&
-      (atomic_load_explicit(&cur->faulted, memory_order_acquire) ||
-       (fstat(cur->fd, &cst) == 0 && (uint64_t)cst.st_size < cur->map_size))) {
-    atomic_store_explicit(&shm->cur, 0, memory_order_release);
-    for (uint32_t id = 0; id < shm->conn_hi; id++) {
-      if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) != 0) {
-        shm_unbind(shm, id);
-        shm->unbound++;
-      }
-    }
-    /* The truncated file stays at the path: remember it as refused until it changes. */
-    struct stat tst;
-    if (fstatat(AT_FDCWD, shm->path, &tst, AT_SYMLINK_NOFOLLOW) == 0 && tst.st_dev == cur->dev &&
-        tst.st_ino == cur->ino) {
-      shm->bad_errno = EINVAL;
-      shm->bad_dev = tst.st_dev;
-      shm->bad_ino = tst.st_ino;
-      shm->bad_size = tst.st_size;
-      shm->bad_mtime = tst.st_mtim;
-    }
-    shm_map_retire(cur);
+  if (shm_map_truncated(cur)) {
+    shm_detach(shm, cur, msg, msglen);
     cur = NULL;
     ci = 0;
-    shm_say(shm, msg, msglen,
-            "agent segment %s was truncated: detached, vanilla policy until a valid segment "
-            "appears", shm->path);
     ret = MPIB_SHM_POLL_DETACHED;
   }
   /* 2. A different file at the path (or the first one): attach it. */
@@ -1286,45 +1342,14 @@ int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   }
   if (have && (cur == NULL || st.st_dev != cur->dev || st.st_ino != cur->ino) &&
       !shm_same_bad(shm, &st)) {
-    char err[384] = "";
-    struct shm_map *m = NULL;
-    struct stat ost;
-    int rc = shm->nmaps >= SHM_MAX_MAPS ? -ENOSPC : shm_map_file(shm->path, &m, &ost, err, sizeof(err));
-    if (rc == 0) {
-      int mi = shm_add_map(shm, m);
-      uint32_t bound = shm_rebind_all(shm, mi);
-      atomic_store_explicit(&shm->cur, mi, memory_order_release);
-      if (cur != NULL) {
-        shm_map_retire(cur);
-      }
-      shm->bad_errno = 0;
-      shm_say(shm, msg, msglen, "agent segment %s %s: %u connection(s) registered%s", shm->path,
-              cur != NULL ? "replaced: re-attached" : "attached", (unsigned)bound,
-              shm->unbound ? " (some wait for a free slot)" : "");
+    if (shm_attach(shm, cur, &st, msg, msglen) == 0) {
       ret = MPIB_SHM_POLL_ATTACHED;
-    } else {
-      if (rc == -ENOSPC) {
-        shm_err(err, sizeof(err), "mpib shm %.300s: io: attached %d segments already, no more",
-                shm->path, SHM_MAX_MAPS);
-      }
-      shm->bad_errno = rc == 0 ? -1 : -rc;
-      shm->bad_dev = st.st_dev;
-      shm->bad_ino = st.st_ino;
-      shm->bad_size = st.st_size;
-      shm->bad_mtime = st.st_mtim;
-      shm_say(shm, msg, msglen, "%s", err);
-      if (ret == MPIB_SHM_POLL_NONE) {
-        ret = MPIB_SHM_POLL_FAILED;
-      }
+    } else if (ret == MPIB_SHM_POLL_NONE) {
+      ret = MPIB_SHM_POLL_FAILED;
     }
   } else if (cur != NULL && shm->unbound > 0) {
     /* 3. Connections that found the segment full: try again. */
-    for (uint32_t id = 0; id < shm->conn_hi && shm->unbound > 0; id++) {
-      if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0 &&
-          shm_bind(shm, id, ci) == 0) {
-        shm->unbound--;
-      }
-    }
+    shm_bind_waiting(shm, ci);
   }
   pthread_mutex_unlock(&shm->mu);
   return ret;

@@ -219,75 +219,117 @@ type Static struct {
 // Tick applies the weights to conns (the active slots). Notes are lines for the operator,
 // warnings are reported once each; err stops the policy.
 func (p *Static) Tick(hw HintWriter, conns []shm.Slot) (notes []string, warnings []error, err error) {
+	var r tickReport
 	nw, werr := p.reload()
 	if werr != nil {
 		if p.w == nil {
 			return nil, nil, werr
 		}
-		warnings = append(warnings, fmt.Errorf("%w: keeping the last good weights", werr))
-	}
-	note := func(e error) error {
-		if errors.Is(e, shm.ErrHintClamped) {
-			warnings = append(warnings, e)
-			return nil
-		}
-		return e
+		r.warnings = append(r.warnings, fmt.Errorf("%w: keeping the last good weights", werr))
 	}
 	if nw != nil {
-		old := p.w
-		if old == nil {
-			old = &Weights{}
+		if err := p.load(hw, nw, &r); err != nil {
+			return r.notes, r.warnings, err
 		}
-		for _, k := range sortedKeys(old.Class) {
-			if _, ok := nw.Class[k]; !ok {
-				c, _ := ParseClass(k)
-				if err := hw.SetClassHint(c, 0, false); err != nil {
-					return notes, warnings, fmt.Errorf("class %s: %w", k, err)
-				}
-				notes = append(notes, fmt.Sprintf("policy: class %s removed: cleared", k))
-			}
-		}
-		for _, k := range sortedKeys(old.Peers) {
-			if _, ok := nw.Peers[k]; !ok {
-				ip, plen, _ := ParsePeer(k)
-				if err := hw.SetPeerHint(ip, plen, 0, false); err != nil {
-					return notes, warnings, fmt.Errorf("peer %s: %w", k, err)
-				}
-				notes = append(notes, fmt.Sprintf("policy: peer %s removed: cleared", k))
-			}
-		}
-		for _, k := range sortedKeys(p.written) {
-			if _, ok := nw.Conns[k]; !ok {
-				sg := p.written[k]
-				if err := hw.SetSlotHint(sg.slot, sg.gen, 0, false); err != nil && !Gone(err) {
-					return notes, warnings, fmt.Errorf("conn %s: %w", k, err)
-				}
-				notes = append(notes, fmt.Sprintf("policy: conn %s removed: slot %d cleared", k, sg.slot))
-			}
-		}
-		for _, k := range sortedKeys(nw.Class) {
-			c, _ := ParseClass(k)
-			if err := note(hw.SetClassHint(c, nw.Class[k], true)); err != nil {
-				return notes, warnings, fmt.Errorf("class %s: %w", k, err)
-			}
-		}
-		for _, k := range sortedKeys(nw.Peers) {
-			ip, plen, _ := ParsePeer(k)
-			if err := note(hw.SetPeerHint(ip, plen, nw.Peers[k], true)); err != nil {
-				return notes, warnings, fmt.Errorf("peer %s: %w", k, err)
-			}
-		}
-		p.w, p.written, p.missing = nw, map[string]slotGen{}, map[string]bool{}
-		notes = append(notes, fmt.Sprintf("policy: static weights loaded: %d class, %d peer, %d conn entries",
-			len(nw.Class), len(nw.Peers), len(nw.Conns)))
 	}
+	err = p.applyConns(hw, conns, &r)
+	return r.notes, r.warnings, err
+}
+
+// tickReport gathers one tick's notes and warnings; an error returns what it holds so far.
+type tickReport struct {
+	notes    []string
+	warnings []error
+}
+
+// clamped turns a clamped write into a warning: the hint is in force, at 1024.
+func (r *tickReport) clamped(e error) error {
+	if errors.Is(e, shm.ErrHintClamped) {
+		r.warnings = append(r.warnings, e)
+		return nil
+	}
+	return e
+}
+
+// load puts new weights in force: the hints of keys no longer in the file are cleared, the
+// class and peer defaults written; conns entries are left to applyConns.
+func (p *Static) load(hw HintWriter, nw *Weights, r *tickReport) error {
+	old := p.w
+	if old == nil {
+		old = &Weights{}
+	}
+	if err := p.clearRemoved(hw, old, nw, r); err != nil {
+		return err
+	}
+	if err := writeDefaults(hw, nw, r); err != nil {
+		return err
+	}
+	p.w, p.written, p.missing = nw, map[string]slotGen{}, map[string]bool{}
+	r.notes = append(r.notes, fmt.Sprintf("policy: static weights loaded: %d class, %d peer, %d conn entries",
+		len(nw.Class), len(nw.Peers), len(nw.Conns)))
+	return nil
+}
+
+// clearRemoved clears the hints of old's class and peer keys and of the written conns keys
+// that nw no longer has, so that their connections return to the default.
+func (p *Static) clearRemoved(hw HintWriter, old, nw *Weights, r *tickReport) error {
+	for _, k := range sortedKeys(old.Class) {
+		if _, ok := nw.Class[k]; !ok {
+			c, _ := ParseClass(k)
+			if err := hw.SetClassHint(c, 0, false); err != nil {
+				return fmt.Errorf("class %s: %w", k, err)
+			}
+			r.notes = append(r.notes, fmt.Sprintf("policy: class %s removed: cleared", k))
+		}
+	}
+	for _, k := range sortedKeys(old.Peers) {
+		if _, ok := nw.Peers[k]; !ok {
+			ip, plen, _ := ParsePeer(k)
+			if err := hw.SetPeerHint(ip, plen, 0, false); err != nil {
+				return fmt.Errorf("peer %s: %w", k, err)
+			}
+			r.notes = append(r.notes, fmt.Sprintf("policy: peer %s removed: cleared", k))
+		}
+	}
+	for _, k := range sortedKeys(p.written) {
+		if _, ok := nw.Conns[k]; !ok {
+			sg := p.written[k]
+			if err := hw.SetSlotHint(sg.slot, sg.gen, 0, false); err != nil && !Gone(err) {
+				return fmt.Errorf("conn %s: %w", k, err)
+			}
+			r.notes = append(r.notes, fmt.Sprintf("policy: conn %s removed: slot %d cleared", k, sg.slot))
+		}
+	}
+	return nil
+}
+
+// writeDefaults writes nw's class and peer defaults.
+func writeDefaults(hw HintWriter, nw *Weights, r *tickReport) error {
+	for _, k := range sortedKeys(nw.Class) {
+		c, _ := ParseClass(k)
+		if err := r.clamped(hw.SetClassHint(c, nw.Class[k], true)); err != nil {
+			return fmt.Errorf("class %s: %w", k, err)
+		}
+	}
+	for _, k := range sortedKeys(nw.Peers) {
+		ip, plen, _ := ParsePeer(k)
+		if err := r.clamped(hw.SetPeerHint(ip, plen, nw.Peers[k], true)); err != nil {
+			return fmt.Errorf("peer %s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// applyConns writes the conns entries in force to the connections among conns that do not
+// have them yet: new ones, and slots registered again since.
+func (p *Static) applyConns(hw HintWriter, conns []shm.Slot, r *tickReport) error {
 	for _, k := range sortedKeys(p.w.Conns) {
 		sel, _ := ParseConnSelector(k)
 		c, ok := sel.Find(conns)
 		if !ok {
 			if !p.missing[k] {
 				p.missing[k] = true
-				warnings = append(warnings, fmt.Errorf("conn %s: no such connection yet (applied when it appears)", k))
+				r.warnings = append(r.warnings, fmt.Errorf("conn %s: no such connection yet (applied when it appears)", k))
 			}
 			continue
 		}
@@ -295,19 +337,19 @@ func (p *Static) Tick(hw HintWriter, conns []shm.Slot) (notes []string, warnings
 		if p.written[k] == want {
 			continue
 		}
-		err := note(hw.SetSlotHint(c.Index, c.Gen, want.value, true))
+		err := r.clamped(hw.SetSlotHint(c.Index, c.Gen, want.value, true))
 		if Gone(err) {
 			continue // closed since conns was read: the next tick sees what replaced it
 		}
 		if err != nil {
-			return notes, warnings, fmt.Errorf("conn %s: %w", k, err)
+			return fmt.Errorf("conn %s: %w", k, err)
 		}
 		delete(p.missing, k)
 		p.written[k] = want
 		v, _ := shm.Clamp(want.value)
-		notes = append(notes, fmt.Sprintf("policy: conn %s: slot %d (gen %d) sup_bw=%d", k, c.Index, c.Gen, v))
+		r.notes = append(r.notes, fmt.Sprintf("policy: conn %s: slot %d (gen %d) sup_bw=%d", k, c.Index, c.Gen, v))
 	}
-	return notes, warnings, nil
+	return nil
 }
 
 // reload returns new weights when the file changed and parses, nil when unchanged.

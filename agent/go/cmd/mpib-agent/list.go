@@ -106,20 +106,8 @@ func cmdSet(args []string, out io.Writer) error {
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	n := 0
-	for _, k := range []string{"conn", "peer", "class"} {
-		if given[k] {
-			n++
-		}
-	}
-	if n != 1 {
-		return usagef("give exactly one of --conn, --peer, --class")
-	}
-	if *clear == given["sup-bw"] {
-		return usagef("give either --sup-bw N or --clear")
-	}
-	if given["gen"] && !given["conn"] {
-		return usagef("--gen goes with --conn")
+	if err := checkSetFlags(given, *clear); err != nil {
+		return err
 	}
 	var v uint32
 	if !*clear {
@@ -130,68 +118,18 @@ func cmdSet(args []string, out io.Writer) error {
 	}
 	valid := !*clear
 	// Parse every selector before touching the segment: a bad one is a usage error.
-	var sel policy.ConnSelector
-	var wantGen uint64
-	var ip shm.IPv4
-	var plen uint8
-	var pc shm.PathClass
-	var err error
-	switch {
-	case given["conn"]:
-		if sel, err = policy.ParseConnSelector(*conn); err != nil {
-			return usagef("--conn: %v", err)
-		}
-		if given["gen"] {
-			if !uintRe.MatchString(*genS) {
-				return usagef("--gen %q: want an integer", *genS)
-			}
-			if wantGen, err = strconv.ParseUint(*genS, 10, 32); err != nil {
-				return usagef("--gen %q: want an integer below 2^32", *genS)
-			}
-		}
-	case given["peer"]:
-		if ip, plen, err = policy.ParsePeer(*peer); err != nil {
-			return usagef("--peer: %v", err)
-		}
-	default:
-		if pc, err = policy.ParseClass(*class); err != nil {
-			return usagef("--class %q: want intra or inter", *class)
-		}
+	t, err := parseSetTarget(given, *conn, *genS, *peer, *class)
+	if err != nil {
+		return err
 	}
 	s, err := shm.Open(*path)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	what := ""
-	switch {
-	case given["conn"]:
-		conns, err := s.Connections()
-		if err != nil {
-			return err
-		}
-		c, ok := sel.Find(conns)
-		if !ok {
-			return fmt.Errorf("connection %s: %w", *conn, shm.ErrSlotInactive)
-		}
-		gen := c.Gen
-		if given["gen"] {
-			gen = uint32(wantGen)
-		}
-		if err := reportClamp(s.SetSlotHint(c.Index, gen, v, valid)); err != nil {
-			return err
-		}
-		what = fmt.Sprintf("slot %d (gen %d)", c.Index, gen)
-	case given["peer"]:
-		if err := reportClamp(s.SetPeerHint(ip, plen, v, valid)); err != nil {
-			return err
-		}
-		what = fmt.Sprintf("peer %v/%d", ip, plen)
-	default:
-		if err := reportClamp(s.SetClassHint(pc, v, valid)); err != nil {
-			return err
-		}
-		what = "class " + pc.String()
+	what, err := t.write(s, v, valid)
+	if err != nil {
+		return err
 	}
 	if valid {
 		c, _ := shm.Clamp(v)
@@ -203,4 +141,104 @@ func cmdSet(args []string, out io.Writer) error {
 		warn(fmt.Errorf("no live agent heartbeat: the hint applies once `heartbeat` or `run` is running"))
 	}
 	return nil
+}
+
+// checkSetFlags checks which of set's flags go together (given: the flags on the command line).
+func checkSetFlags(given map[string]bool, clear bool) error {
+	n := 0
+	for _, k := range []string{"conn", "peer", "class"} {
+		if given[k] {
+			n++
+		}
+	}
+	if n != 1 {
+		return usagef("give exactly one of --conn, --peer, --class")
+	}
+	if clear == given["sup-bw"] {
+		return usagef("give either --sup-bw N or --clear")
+	}
+	if given["gen"] && !given["conn"] {
+		return usagef("--gen goes with --conn")
+	}
+	return nil
+}
+
+// setTarget is the hint `set` writes: a connection's (conn), a peer default (peer) or a
+// path-class default (class).
+type setTarget struct {
+	kind   string
+	conn   string // --conn as given
+	sel    policy.ConnSelector
+	gen    uint32 // with hasGen
+	hasGen bool
+	ip     shm.IPv4
+	plen   uint8
+	class  shm.PathClass
+}
+
+// parseSetTarget reads the one selector given (checkSetFlags made sure of it).
+func parseSetTarget(given map[string]bool, conn, genS, peer, class string) (setTarget, error) {
+	var t setTarget
+	var err error
+	switch {
+	case given["conn"]:
+		t.kind, t.conn = "conn", conn
+		if t.sel, err = policy.ParseConnSelector(conn); err != nil {
+			return t, usagef("--conn: %v", err)
+		}
+		if given["gen"] {
+			if !uintRe.MatchString(genS) {
+				return t, usagef("--gen %q: want an integer", genS)
+			}
+			g, err := strconv.ParseUint(genS, 10, 32)
+			if err != nil {
+				return t, usagef("--gen %q: want an integer below 2^32", genS)
+			}
+			t.gen, t.hasGen = uint32(g), true
+		}
+	case given["peer"]:
+		t.kind = "peer"
+		if t.ip, t.plen, err = policy.ParsePeer(peer); err != nil {
+			return t, usagef("--peer: %v", err)
+		}
+	default:
+		t.kind = "class"
+		if t.class, err = policy.ParseClass(class); err != nil {
+			return t, usagef("--class %q: want intra or inter", class)
+		}
+	}
+	return t, nil
+}
+
+// write sets (valid) or clears the hint; it returns what the confirmation line names.
+func (t setTarget) write(s *shm.Segment, v uint32, valid bool) (string, error) {
+	switch t.kind {
+	case "conn":
+		conns, err := s.Connections()
+		if err != nil {
+			return "", err
+		}
+		c, ok := t.sel.Find(conns)
+		if !ok {
+			return "", fmt.Errorf("connection %s: %w", t.conn, shm.ErrSlotInactive)
+		}
+		gen := c.Gen
+		if t.hasGen {
+			gen = t.gen
+		}
+		if err := reportClamp(s.SetSlotHint(c.Index, gen, v, valid)); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("slot %d (gen %d)", c.Index, gen), nil
+	case "peer":
+		if err := reportClamp(s.SetPeerHint(t.ip, t.plen, v, valid)); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("peer %v/%d", t.ip, t.plen), nil
+	default:
+		if err := reportClamp(s.SetClassHint(t.class, v, valid)); err != nil {
+			return "", err
+		}
+		return "class " + t.class.String(), nil
+	}
 }
