@@ -461,22 +461,22 @@ func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
 		st := begin(name, !idle || name == "link-down", true)
 		x := stamp(st, "cut", fc.in(on, cut))
 		closePrev(x)
-		e := x.mark("E", true)
-		st.cut, st.cutTx, st.cutRunMS = (x.ms+e)/2, x.tx, (e-x.ms)/2
+		st.cut, st.cutRunMS = x.window()
+		st.cutTx = x.tx
 		h, z := hold, settle
 		if !st.detectWant { // an idle rail: nothing to detect or recover, only a check that the transfer goes on
 			h, z = 1500*time.Millisecond, 1500*time.Millisecond
 		}
 		time.Sleep(h)
 		y := stamp(st, "restore", fc.around(on, restore, unprep))
-		e = y.mark("E", true)
-		st.up, st.upTx, st.upRunMS = (y.ms+e)/2, y.tx, (e-y.ms)/2
+		st.up, st.upRunMS = y.window()
+		st.upTx = y.tx
 		st.holdBytes = y.tx[other] - x.tx[other]
 		prev = st
 		time.Sleep(z)
 	}
 	simple("link-down", a1, "ip link set dev "+ad+" down", "ip link set dev "+ad+" up", strings.TrimPrefix(routeBack(a1, rail), "; "))
-	simple("blackhole", a2, blackholeSet("drop"), blackholeSet("pass"), "")
+	simple("blackhole", a2, tcSwitchScript("drop"), tcSwitchScript("pass"), "")
 	simple("loss", a1, "tc qdisc change dev "+ad+" root netem loss 100%", "tc qdisc change dev "+ad+" root netem loss 0%", "")
 
 	// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
@@ -605,6 +605,30 @@ func blackholePrep(dev string) string {
 		" parent ffff: matchall action gact pass index " + blackholeAction
 }
 
+// window is the moment a fault command took effect and how uncertain it is (half the window):
+// between U and W when the script marks them (it knows), else between T and E (the whole
+// command, process start included).
+func (x fcStamp) window() (mid, halfWidth int64) {
+	from, to := x.ms, x.mark("E", true)
+	if u, w := x.mark("U", false), x.mark("W", false); u != 0 && w != 0 {
+		from, to = u, w
+	}
+	return (from + to) / 2, (to - from) / 2
+}
+
+// tcSwitchScript switches the black hole's action to verdict through one `tc -batch` that
+// was started and proven ready first (see glitchScript), so the switch is known to within
+// tc's own turnaround (U: handed over, W: tc shows it done) instead of a process start.
+func tcSwitchScript(verdict string) string {
+	return fmt.Sprintf(`coproc TC { exec stdbuf -oL tc -force -batch - 2>&1; }
+echo "actions get action gact index %[1]s" >&${TC[1]}
+while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"index %[1]s"* ]] && break; done
+echo U=%[2]s; echo "actions change action gact %[3]s index %[1]s" >&${TC[1]}
+echo "actions get action gact index %[1]s" >&${TC[1]}
+while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"gact action %[3]s"* ]] && break; done; echo W=%[2]s
+exec {TC[1]}>&-; wait`, blackholeAction, nowUS, verdict)
+}
+
 // glitchScript (bash, no single quotes: it runs inside fc.in) opens a black hole for d with
 // the action of blackholePrep. Process starts take hundreds of ms in the loaded emulated VM,
 // so one `tc -batch` (its output line-buffered: a pipe would hold it) is started first and
@@ -621,10 +645,6 @@ echo "actions change action gact pass index %[1]s" >&${TC[1]}; echo V=%[2]s
 echo "actions get action gact index %[1]s" >&${TC[1]}
 while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"gact action pass"* ]] && break; done; echo W=%[2]s
 exec {TC[1]}>&-; wait`, blackholeAction, nowUS, d.Microseconds())
-}
-
-func blackholeSet(verdict string) string {
-	return "tc actions change action gact " + verdict + " index " + blackholeAction
 }
 
 // mark returns the value in ms of the first (or with last, the last) line KEY=<µs> (nowUS) of a
