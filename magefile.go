@@ -55,7 +55,7 @@ func (Test) Integration() error {
 // black-holed, lossy, flapping and deleted under verified transfers, errors where no rail is
 // left (these two also run in every lab suite, checked there against wider bounds), and
 // 1,000 connect/close and 100 failover/recovery cycles, all checked against the issue's
-// targets (about 25 minutes).
+// targets (about 20 minutes).
 func (Test) Faults() error {
 	mg.Deps(Build)
 	env := map[string]string{"MPIB_FAULTS": "1"}
