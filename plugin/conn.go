@@ -523,11 +523,14 @@ func readGIDTable(rail int) []gid.Entry {
 	}
 	n := int(C.mpib_gid_table_len(C.int(rail)))
 	table := make([]gid.Entry, n)
-	for i := range table {
-		var raw [16]C.uint8_t
-		var typ C.int
-		if C.mpib_gid_entry(C.int(rail), C.int(i), &raw[0], &typ) == 0 {
-			table[i] = gid.Entry{Present: true, GID: *(*[16]byte)(unsafe.Pointer(&raw[0])), Type: int(typ)}
+	if n > 0 {
+		raw := make([]byte, 16*n)
+		types := make([]C.int, n)
+		C.mpib_gid_table_read(C.int(rail), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
+		for i := range table {
+			if types[i] >= 0 {
+				table[i] = gid.Entry{Present: true, GID: [16]byte(raw[16*i : 16*i+16]), Type: int(types[i])}
+			}
 		}
 	}
 	gidTables.table[rail], gidTables.at[rail] = table, time.Now()

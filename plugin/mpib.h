@@ -313,6 +313,10 @@ void mpib_events_stop(int rail);
  * entry is empty or unreadable. type is IBV_GID_TYPE_*. */
 int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type);
 int mpib_gid_table_len(int rail);
+/* The rail's port's whole GID table, n = mpib_gid_table_len entries: gids[16*i], types[i]
+ * (-1: empty or unreadable). One verbs call where the library has ibv_query_gid_table (a
+ * connection burst at job start reads it once per rail; rxe has 1024 entries, mostly empty). */
+void mpib_gid_table_read(int rail, uint8_t *gids, int *types, int n);
 uint64_t mpib_now_ns(void);
 void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */

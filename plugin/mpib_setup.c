@@ -590,6 +590,27 @@ int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type) {
   return 0;
 }
 
+void mpib_gid_table_read(int rail, uint8_t *gids, int *types, int n) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  for (int i = 0; i < n; i++) types[i] = -1;
+  /* Entries of every port come back: room for two ports' worth (a larger device fails the
+   * call and is read entry by entry below). */
+  size_t max = (size_t)n * 2;
+  struct ibv_gid_entry *e = calloc(max, sizeof *e);
+  ssize_t got = e ? mpib_ibv_query_gid_table(d->ctx, e, max, 0) : -ENOMEM;
+  for (ssize_t j = 0; j < got; j++) {
+    if (e[j].port_num != d->port || e[j].gid_index >= (uint32_t)n) continue;
+    memcpy(gids + 16 * (size_t)e[j].gid_index, e[j].gid.raw, 16);
+    types[e[j].gid_index] = (int)e[j].gid_type;
+  }
+  free(e);
+  if (got >= 0) return;
+  for (int i = 0; i < n; i++) { /* an older library (or a failed call): entry by entry */
+    int t;
+    if (mpib_gid_entry(rail, i, gids + 16 * (size_t)i, &t) == 0) types[i] = t;
+  }
+}
+
 int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
   struct mpib_mr *mh = calloc(1, sizeof *mh);
   if (!mh) return -ENOMEM;

@@ -18,13 +18,14 @@ struct optional_verb {
   void *addr;
 };
 
-enum { VERB_REG_MR_IOVA2, VERB_REG_DMABUF_MR, VERB_QUERY_GID_EX, VERB_QUERY_ECE, VERB_SET_ECE, NVERBS };
+enum { VERB_REG_MR_IOVA2, VERB_REG_DMABUF_MR, VERB_QUERY_GID_EX, VERB_QUERY_GID_TABLE, VERB_QUERY_ECE, VERB_SET_ECE, NVERBS };
 
 static struct optional_verb verbs[NVERBS] = {
     [VERB_REG_MR_IOVA2] = {"ibv_reg_mr_iova2", "IBVERBS_1.8", "relaxed ordering", NULL},
     [VERB_REG_DMABUF_MR] = {"ibv_reg_dmabuf_mr", "IBVERBS_1.12", "DMA-BUF", NULL},
     /* ibv_query_gid_ex is a header inline; the library exports the sized form. */
     [VERB_QUERY_GID_EX] = {"_ibv_query_gid_ex", "IBVERBS_1.11", "GID type from verbs", NULL},
+    [VERB_QUERY_GID_TABLE] = {"_ibv_query_gid_table", "IBVERBS_1.11", "GID table in one call", NULL},
     [VERB_QUERY_ECE] = {"ibv_query_ece", "IBVERBS_1.10", "ECE", NULL},
     [VERB_SET_ECE] = {"ibv_set_ece", "IBVERBS_1.10", "ECE", NULL},
 };
@@ -37,6 +38,7 @@ typedef struct ibv_mr *(*reg_mr_iova2_fn)(struct ibv_pd *, void *, size_t, uint6
 typedef struct ibv_mr *(*reg_dmabuf_mr_fn)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
 typedef int (*query_gid_ex_fn)(struct ibv_context *, uint32_t, uint32_t, struct ibv_gid_entry *,
                                uint32_t, size_t);
+typedef ssize_t (*query_gid_table_fn)(struct ibv_context *, struct ibv_gid_entry *, size_t, uint32_t, size_t);
 typedef int (*ece_fn)(struct ibv_qp *, struct ibv_ece *);
 
 /* Looks in the libibverbs our own NEEDED entry already mapped: NCCL dlopens the plugin
@@ -107,6 +109,12 @@ int mpib_ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32
   query_gid_ex_fn f = (query_gid_ex_fn)verb(VERB_QUERY_GID_EX);
   /* Passing our sizeof lets a newer library fill only the fields this build knows. */
   return f ? f(context, port_num, gid_index, entry, flags, sizeof *entry) : EOPNOTSUPP;
+}
+
+ssize_t mpib_ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries,
+                                 uint32_t flags) {
+  query_gid_table_fn f = (query_gid_table_fn)verb(VERB_QUERY_GID_TABLE);
+  return f ? f(context, entries, max_entries, flags, sizeof *entries) : -EOPNOTSUPP;
 }
 
 int mpib_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {

@@ -13,6 +13,7 @@
  *   ibv_query_ece        IBVERBS_1.10  v31         no ECE negotiation
  *   ibv_set_ece          IBVERBS_1.10  v31         no ECE negotiation
  *   _ibv_query_gid_ex    IBVERBS_1.11  v32         GID type read from sysfs (mpib_gid_type_sysfs)
+ *   _ibv_query_gid_table IBVERBS_1.11  v32         the GID table read entry by entry
  *   ibv_reg_dmabuf_mr    IBVERBS_1.12  v34         no DMA-BUF registration
  *
  * (Nodes from libibverbs/libibverbs.map.in; the release is the first rdma-core tag whose map
@@ -42,6 +43,9 @@ struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t
                                       uint64_t iova, int fd, int access);
 int mpib_ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
                           struct ibv_gid_entry *entry, uint32_t flags);
+/* Every valid GID entry of every port in one call (-errno on failure, -EOPNOTSUPP when absent). */
+ssize_t mpib_ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries,
+                                 uint32_t flags);
 int mpib_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 int mpib_ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 
