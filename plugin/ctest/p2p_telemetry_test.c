@@ -22,17 +22,7 @@
 #include "../mpib.h"
 #include "../mpib_profiler.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      failures++;                                          \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fputc('\n', stderr);                                 \
-    }                                                      \
-  } while (0)
+#include "check.h"
 
 /* ---- what mpib_p2p.c needs from the rest of the plugin ---- */
 

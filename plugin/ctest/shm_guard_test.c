@@ -29,17 +29,7 @@
 
 #define SLOT 384 /* slot size (spec 4.3): a slot's lease is the lock on its first byte */
 
-static int failures;
-
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      failures++;                                                 \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-      fprintf(stderr, __VA_ARGS__);                               \
-      fputc('\n', stderr);                                        \
-    }                                                             \
-  } while (0)
+#include "check.h"
 
 /* AddressSanitizer handles SIGBUS itself unless told to leave it to the program. */
 const char *__asan_default_options(void);

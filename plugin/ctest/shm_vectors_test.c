@@ -29,17 +29,7 @@
 
 #define SLOT 384 /* slot size (spec 4.3) */
 
-static int failures;
-
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      failures++;                                                 \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-      fprintf(stderr, __VA_ARGS__);                               \
-      fputc('\n', stderr);                                        \
-    }                                                             \
-  } while (0)
+#include "check.h"
 
 static const char *source_names[] = {"no_hint", "slot",     "peer", "class",
                                      "stale",   "inactive", "busy", "bad_slot"};
