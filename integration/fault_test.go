@@ -640,13 +640,17 @@ func (x fcStamp) window() (mid, halfWidth int64) {
 	return (from + to) / 2, (to - from) / 2
 }
 
+// tcBatchReady starts one `tc -batch` as the coprocess TC (its output line-buffered: a pipe
+// would hold it) and waits until it answers a query about the black hole's action.
+const tcBatchReady = `coproc TC { exec stdbuf -oL tc -force -batch - 2>&1; }
+echo "actions get action gact index ` + blackholeAction + `" >&${TC[1]}
+while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"index ` + blackholeAction + `"* ]] && break; done`
+
 // tcSwitchScript switches the black hole's action to verdict through one `tc -batch` that
 // was started and proven ready first (see glitchScript), so the switch is known to within
 // tc's own turnaround (U: handed over, W: tc shows it done) instead of a process start.
 func tcSwitchScript(verdict string) string {
-	return fmt.Sprintf(`coproc TC { exec stdbuf -oL tc -force -batch - 2>&1; }
-echo "actions get action gact index %[1]s" >&${TC[1]}
-while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"index %[1]s"* ]] && break; done
+	return tcBatchReady + fmt.Sprintf(`
 echo U=%[2]s; echo "actions change action gact %[3]s index %[1]s" >&${TC[1]}
 echo "actions get action gact index %[1]s" >&${TC[1]}
 while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"gact action %[3]s"* ]] && break; done; echo W=%[2]s
@@ -655,13 +659,10 @@ exec {TC[1]}>&-; wait`, blackholeAction, nowUS, verdict)
 
 // glitchScript (bash, no single quotes: it runs inside fc.in) opens a black hole for d with
 // the action of blackholePrep. Process starts take hundreds of ms in the loaded emulated VM,
-// so one `tc -batch` (its output line-buffered: a pipe would hold it) is started first and
-// proven ready (it answers a query), then drop and pass are written to it d apart, timed by
-// bash's own clock and read timeouts.
+// so one `tc -batch` is started first and proven ready (tcBatchReady), then drop and pass are
+// written to it d apart, timed by bash's own clock and read timeouts.
 func glitchScript(d time.Duration) string {
-	return fmt.Sprintf(`coproc TC { exec stdbuf -oL tc -force -batch - 2>&1; }
-echo "actions get action gact index %[1]s" >&${TC[1]}
-while read -t 10 -r -u ${TC[0]} l; do [[ $l == *"index %[1]s"* ]] && break; done
+	return tcBatchReady + fmt.Sprintf(`
 echo "actions change action gact drop index %[1]s" >&${TC[1]}; echo U=%[2]s
 end=$(( %[2]s + %[3]d ))
 while left=$(( end - %[2]s )); (( left > 0 )); do read -t $(printf "%%d.%%06d" $((left/1000000)) $((left%%1000000))) -r -u ${TC[0]} l; done

@@ -51,14 +51,20 @@ type listedConn struct {
 	} `json:"telemetry"`
 }
 
-// telemetry reads one slot's telemetry through the agent's list --json.
-func (a agentCLI) telemetry(ctx context.Context, t *testing.T, n *Node, slot uint32) listedConn {
+// list runs the agent's list --json.
+func (a agentCLI) list(ctx context.Context, t *testing.T, n *Node) []listedConn {
 	t.Helper()
 	var conns []listedConn
 	if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json")), &conns); err != nil {
 		t.Fatalf("%s agent list --json: %v", a.name, err)
 	}
-	for _, c := range conns {
+	return conns
+}
+
+// telemetry reads one slot's telemetry through the agent's list --json.
+func (a agentCLI) telemetry(ctx context.Context, t *testing.T, n *Node, slot uint32) listedConn {
+	t.Helper()
+	for _, c := range a.list(ctx, t, n) {
 		if c.Index == slot {
 			return c
 		}
@@ -72,11 +78,7 @@ func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
-		var conns []listedConn
-		if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json")), &conns); err != nil {
-			t.Fatalf("%s agent list --json: %v", a.name, err)
-		}
-		for _, c := range conns {
+		for _, c := range a.list(ctx, t, n) {
 			if c.IsSend == 1 {
 				return c.Index
 			}
