@@ -283,21 +283,27 @@ def test_run_policy(seg: mpib_agent.Segment) -> None:
 
 
 def test_run_policy_slow_callback_and_vanished_slot(seg: mpib_agent.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Defect 2: the heartbeat has its own thread (a 0.7 s callback never makes it stale) and a
-    connection that closes during the callback is skipped, not fatal."""
+    """Defect 2: the heartbeat has its own thread (it keeps beating through a 0.7 s callback that
+    holds the GIL) and a connection that closes during the callback is skipped, not fatal.
+    The proof is that the heartbeat value changes while the callback runs, not an age bound:
+    how soon the beat thread gets the GIL back is the host's business (a loaded CI host once
+    delayed one beat by 490 ms), whereas a loop that beats between ticks never changes it."""
     monkeypatch.setenv("MPIB_AGENT_STALE_MS", "500")
     fake_register(seg, 1, "10.0.1.2", 0)
     fake_register(seg, 2, "10.0.1.3", 0)
     calls = []
-    ages = []
+    beats_seen = set()
 
     def policy(rs: list) -> dict:  # type: ignore[type-arg]
         calls.append(len(rs))
         if len(calls) == 1:
             t_end = time.monotonic() + 0.7
+            next_look = 0.0
             while time.monotonic() < t_end:  # a slow policy, holding the GIL in Python code
-                ages.append(mpib_agent.now_ns() - seg.header().heartbeat_ns)
                 sum(range(20000))
+                if time.monotonic() >= next_look:  # looking in a tight loop would hold the
+                    next_look = time.monotonic() + 0.02  # segment's lock against the beat thread
+                    beats_seen.add(seg.header().heartbeat_ns)
             fake_release(seg, 1)  # slot 1's connection closes while the policy runs...
             fake_register(seg, 1, "10.0.1.4", 0, gen=2)  # ...and another takes its slot
         return {1: 100, 2: 200}
@@ -305,7 +311,7 @@ def test_run_policy_slow_callback_and_vanished_slot(seg: mpib_agent.Segment, mon
     with pytest.warns(mpib_agent.SlotSkippedWarning):
         mpib_agent.run_policy(seg, policy, interval=0.05, duration=1.0)
     assert len(calls) >= 2, calls
-    assert max(ages) < 500_000_000, f"heartbeat went stale during the callback: {max(ages) / 1e6:.0f} ms"
+    assert len(beats_seen) >= 3, f"the heartbeat did not go on beating during the callback: {sorted(beats_seen)}"
     h1 = seg.slot(1).hint
     assert (h1.gen, h1.sup_bw) == (2, 100)  # refused for gen 1, written for gen 2 at the next tick
     assert seg.slot(2).hint.sup_bw == 200
