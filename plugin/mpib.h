@@ -265,6 +265,8 @@ struct mpib_comm {
   uint64_t slot_post_ns[MPIB_MAX_REQUESTS];               /* sender: when each slot was posted */
   uint64_t slot_rail_bytes[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* sender: each slot's bytes per rail */
   uint8_t slot_rail_reqs[MPIB_MAX_REQUESTS][MPIB_NRAILS];   /* sender: its requests with bytes there */
+  uint32_t rail_parts[MPIB_NRAILS];        /* sender: slot parts in flight per rail (active time) */
+  uint64_t rail_active_since[MPIB_NRAILS]; /* when the active time not yet in the batch began, 0 unknown */
 
   int shm_slot; /* agent segment slot, -1 when none */
   int req_cursor;

@@ -119,12 +119,26 @@ static uint32_t cached_hint(struct mpib_comm *c) {
 
 static uint64_t wall_ns(void);
 
+/* A rail that still has parts in flight at a flush publishes its active time so far: the
+ * bottleneck rail may never go idle, and its rate is what the agent needs most. */
+static void tele_active_until_now(struct mpib_comm *c) {
+  uint64_t now = 0;
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    uint64_t since = c->rail_active_since[rail];
+    if (!c->rail_parts[rail] || !since) continue;
+    if (!now) now = mpib_now_ns();
+    if (now > since) c->tele.rail[rail].active_ns += now - since;
+    c->rail_active_since[rail] = now;
+  }
+}
+
 /* Publishes the batch (send comms: a recv comm's telemetry is its rail states only) with the
  * wall clock, one CLOCK_REALTIME read per batch, so that agents correlate nodes. */
 void mpib_telemetry_flush(struct mpib_comm *c) {
   mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
   if (shm && c->shm_slot >= 0 && c->is_send) {
     c->tele.wall_ns = wall_ns();
+    tele_active_until_now(c);
     mpib_shm_flush_telemetry(shm, (uint32_t)c->shm_slot, &c->tele);
   }
   for (int rail = 0; rail < MPIB_NRAILS; rail++) /* the in-flight gauge carries over */
@@ -144,16 +158,23 @@ static int telemetry_due(const struct mpib_comm *c) {
 /* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per rail and its
  * post time; the bytes of rail `ranges` count as posted on `carrier` (the same rail, or the
  * surviving one for a replay) and in flight there until tele_complete. */
-static void tele_post(struct mpib_comm *c, int slot, int carrier, int ranges) {
+static void tele_post(struct mpib_comm *c, int slot, int carrier, int ranges, uint64_t now) {
   mpib_shm_rail_batch *t = &c->tele.rail[carrier];
   t->posted_bytes += c->slot_rail_bytes[slot][ranges];
   t->posted_requests += c->slot_rail_reqs[slot][ranges];
   t->inflight_bytes += c->slot_rail_bytes[slot][ranges];
+  if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now; /* the rail's work begins */
 }
 
-static void tele_drop(struct mpib_comm *c, int rail, uint64_t bytes) {
-  uint64_t *f = &c->tele.rail[rail].inflight_bytes;
-  *f = *f > bytes ? *f - bytes : 0;
+/* A part leaves `rail` at `now` (completed, or lost to a failover): its bytes leave the
+ * in-flight gauge, and the rail's active time ends when it was the last part there. */
+static void tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
+  mpib_shm_rail_batch *t = &c->tele.rail[rail];
+  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
+  if (c->rail_parts[rail] == 0 || --c->rail_parts[rail] > 0) return;
+  uint64_t since = c->rail_active_since[rail];
+  if (since && now > since) t->active_ns += now - since;
+  c->rail_active_since[rail] = 0;
 }
 
 /* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
@@ -171,7 +192,7 @@ static void tele_complete(struct mpib_comm *c, int slot, int carrier, int ranges
   t->completed_bytes += c->slot_rail_bytes[slot][ranges];
   t->completed_requests += c->slot_rail_reqs[slot][ranges];
   if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][ranges] * (now - posted);
-  tele_drop(c, carrier, c->slot_rail_bytes[slot][ranges]);
+  tele_leave(c, carrier, c->slot_rail_bytes[slot][ranges], now);
 }
 
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
@@ -334,7 +355,7 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   c->slot_post_ns[slot] = c->shm_slot >= 0 ? mpib_now_ns() : 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
-    tele_post(c, slot, rail, rail);
+    tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
     ncclResult_t res = post_rail(c, slot, rail, &plan);
     if (res == ncclSystemError && mpib_g.failover && rail_usable(c, 1 - rail)) {
       c->slot_rails[slot] |= 1u << rail;
@@ -765,7 +786,7 @@ static ncclResult_t post_replays(struct mpib_comm *c) {
     int rc = post_chain(c, slot, s, &p, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
     if (rc) return rail_fail(c, s, "completion-error", "posting a replay failed");
-    tele_post(c, slot, s, c->slot_replay_rail[slot]);
+    tele_post(c, slot, s, c->slot_replay_rail[slot], completion_now(c));
     c->slot_replay[slot] = 2;
     c->replays_waiting--;
   }
@@ -787,7 +808,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
       c->slot_replay_rail[slot] = (uint8_t)r;
       c->replays_waiting++;
       replays++;
-      tele_drop(c, r, c->slot_rail_bytes[slot][r]); /* lost on r: the replay counts on the other rail */
+      tele_leave(c, r, c->slot_rail_bytes[slot][r], completion_now(c)); /* lost on r: the replay counts on the other rail */
     } else {
       settled++;
       tele_complete(c, slot, r, r); /* the receiver has them: delivered by r */

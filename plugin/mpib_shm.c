@@ -130,7 +130,8 @@ struct shm_slot {
     _Atomic uint64_t inflight_bytes; /* a gauge */
     _Atomic uint64_t busy_ns;        /* sum of completion - post time over the requests */
   } done[2];
-  uint8_t reserved6[64];
+  _Atomic uint64_t active_ns[2]; /* time with a request in flight on the rail */
+  uint8_t reserved6[48];
 };
 _Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 384 bytes");
 _Static_assert(offsetof(struct shm_slot, conn_id) == 16, "conn_id at +16");
@@ -148,6 +149,7 @@ _Static_assert(offsetof(struct shm_slot, applied_sup_bw) == 232, "applied_sup_bw
 _Static_assert(offsetof(struct shm_slot, flush_wall_ns) == 240, "flush_wall_ns at +240");
 _Static_assert(offsetof(struct shm_slot, done) == 256, "completion telemetry at +256");
 _Static_assert(offsetof(struct shm_slot, done[1].busy_ns) == 312, "sup busy_ns at +312");
+_Static_assert(offsetof(struct shm_slot, active_ns) == 320, "active time at +320");
 
 /* Lock bytes (spec 5.7): OFD locks on these file offsets, never on data. */
 #define SHM_LOCK_ATTACH 0 /* shared: a plugin process has the segment attached */
@@ -741,6 +743,7 @@ static void shm_decode_rails(struct shm_slot *s, mpib_shm_slot_info *o) {
     o->completed_requests[r] = atomic_load_explicit(&s->done[r].requests, memory_order_relaxed);
     o->inflight_bytes[r] = atomic_load_explicit(&s->done[r].inflight_bytes, memory_order_relaxed);
     o->busy_ns[r] = atomic_load_explicit(&s->done[r].busy_ns, memory_order_relaxed);
+    o->active_ns[r] = atomic_load_explicit(&s->active_ns[r], memory_order_relaxed);
   }
   o->failovers = atomic_load_explicit(&s->failovers, memory_order_relaxed);
   o->applied_sup_bw = atomic_load_explicit(&s->applied_sup_bw, memory_order_relaxed);
@@ -1005,6 +1008,9 @@ void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_ba
       atomic_fetch_add_explicit(&s->done[r].requests, rb->completed_requests, memory_order_relaxed);
       atomic_fetch_add_explicit(&s->done[r].busy_ns, rb->busy_ns, memory_order_relaxed);
     }
+    if (rb->active_ns) {
+      atomic_fetch_add_explicit(&s->active_ns[r], rb->active_ns, memory_order_relaxed);
+    }
     atomic_store_explicit(&s->done[r].inflight_bytes, rb->inflight_bytes, memory_order_relaxed);
   }
   atomic_store_explicit(&s->applied_sup_bw, b->applied_sup_bw, memory_order_relaxed);
@@ -1058,6 +1064,7 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
     atomic_store_explicit(&s->done[r].requests, 0, memory_order_relaxed);
     atomic_store_explicit(&s->done[r].inflight_bytes, 0, memory_order_relaxed);
     atomic_store_explicit(&s->done[r].busy_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->active_ns[r], 0, memory_order_relaxed);
   }
 }
 

@@ -105,6 +105,7 @@ typedef struct {
   uint32_t applied_sup_bw; /* version 3 */
   uint64_t flush_wall_ns;
   uint64_t completed_bytes[2], completed_requests[2], inflight_bytes[2], busy_ns[2];
+  uint64_t active_ns[2];
 } mpib_shm_slot_info;
 
 /* What the plugin publishes for one connection at a telemetry flush (spec 4.3). Counters are
@@ -115,6 +116,7 @@ typedef struct {
   uint64_t completed_bytes, completed_requests;
   uint64_t busy_ns;        /* sum of completion - post time over completed_requests */
   uint64_t inflight_bytes; /* gauge: posted and not completed yet */
+  uint64_t active_ns;      /* time with at least one request in flight on the rail */
 } mpib_shm_rail_batch;
 typedef struct {
   mpib_shm_rail_batch rail[2]; /* 0 SOUT, 1 SUP */

@@ -136,14 +136,15 @@ static uint64_t seg_u64(mpib_shm *shm, uint32_t id, int field) {
   uint64_t v[] = {s.sout_bytes, s.sout_requests, s.sup_bytes, s.sup_requests,
                   s.completed_bytes[0], s.completed_requests[0], s.busy_ns[0], s.inflight_bytes[0],
                   s.completed_bytes[1], s.completed_requests[1], s.busy_ns[1], s.inflight_bytes[1],
-                  s.applied_sup_bw, s.flush_wall_ns};
+                  s.applied_sup_bw, s.active_ns[0], s.active_ns[1], s.flush_wall_ns};
   return v[field];
 }
 enum { SOUT_B, SOUT_Q, SUP_B, SUP_Q, SOUT_DONE, SOUT_DONE_Q, SOUT_BUSY, SOUT_FLY, SUP_DONE, SUP_DONE_Q, SUP_BUSY,
-       SUP_FLY, APPLIED, WALL };
+       SUP_FLY, APPLIED, SOUT_ACTIVE, SUP_ACTIVE, WALL };
 
 /* Four 64 KiB messages: nothing published until the batch closes; then posted = completed,
- * busy = 4 x 7 us per rail, nothing in flight, split 512. Five clock reads: four posts and the
+ * busy = 4 x 7 us per rail while each rail was active 7 us (the four overlap), nothing in
+ * flight, split 512. Five clock reads: four posts and the
  * progress call that completed them. */
 static void test_batch(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
   const uint64_t size = 65536, sout = mpib_split_sout_bytes(size, 512), sup = size - sout;
@@ -169,10 +170,13 @@ static void test_batch(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct m
   CHECK(seg_u64(shm, id, SUP_DONE) == 4 * sup && seg_u64(shm, id, SUP_DONE_Q) == 4 &&
             seg_u64(shm, id, SUP_BUSY) == 4 * 7000 && seg_u64(shm, id, SUP_FLY) == 0 && seg_u64(shm, id, APPLIED) == 512,
         "sup completion telemetry or applied split");
+  CHECK(seg_u64(shm, id, SOUT_ACTIVE) == 7000 && seg_u64(shm, id, SUP_ACTIVE) == 7000, "active: %llu/%llu, want 7000",
+        (unsigned long long)seg_u64(shm, id, SOUT_ACTIVE), (unsigned long long)seg_u64(shm, id, SUP_ACTIVE));
 }
 
 /* Sixteen more slots: published at the 16th post, with 16 in flight; completing them publishes
- * again (16 completions). An inter-island peer without a relay: the guard puts everything on
+ * again (16 completions). A rail busy across a flush publishes its active time up to the
+ * flush, and the rest at the next one. An inter-island peer without a relay: the guard puts everything on
  * SOUT and applied_sup_bw says 0 although the override asks 512. */
 static void test_thresholds(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
   const uint64_t size = 65536, sout = mpib_split_sout_bytes(size, 512);
@@ -182,12 +186,18 @@ static void test_thresholds(mpib_shm *shm, uint32_t id, struct mpib_comm *c, str
   reqs[15] = send_one(c, mh, buf, size);
   CHECK(seg_u64(shm, id, SOUT_Q) == 20 && seg_u64(shm, id, SOUT_FLY) == 16 * sout, "16th slot: %llu requests",
         (unsigned long long)seg_u64(shm, id, SOUT_Q));
-  fake_now += 3000;
+  fake_now += 1000;
+  mpib_telemetry_flush(c); /* mid-flight: 1 us of active time so far */
+  CHECK(seg_u64(shm, id, SOUT_ACTIVE) == 7000 + 1000 && seg_u64(shm, id, SUP_ACTIVE) == 7000 + 1000,
+        "active at a flush in flight: %llu", (unsigned long long)seg_u64(shm, id, SOUT_ACTIVE));
+  fake_now += 2000;
   wait_all(reqs, 16);
   CHECK(seg_u64(shm, id, SOUT_DONE_Q) == 20 && seg_u64(shm, id, SOUT_FLY) == 0 &&
             seg_u64(shm, id, SUP_BUSY) == 4 * 7000 + 16 * 3000,
         "16 completions: %llu completed, busy %llu", (unsigned long long)seg_u64(shm, id, SOUT_DONE_Q),
         (unsigned long long)seg_u64(shm, id, SUP_BUSY));
+  CHECK(seg_u64(shm, id, SOUT_ACTIVE) == 7000 + 3000 && seg_u64(shm, id, SUP_ACTIVE) == 7000 + 3000,
+        "active after the 16: %llu", (unsigned long long)seg_u64(shm, id, SOUT_ACTIVE));
   c->path_class = MPIB_PATH_INTER_ISLAND;
   reqs[0] = send_one(c, mh, buf, size);
   wait_all(reqs, 1);
@@ -199,7 +209,8 @@ static void test_thresholds(mpib_shm *shm, uint32_t id, struct mpib_comm *c, str
 /* Slots A and B split; SUP fails (error completions). The receiver's fence record says it has
  * A's SUP part (settled: completed on SUP) and not B's (replayed whole on SOUT: posted and
  * completed there). Nothing stays in flight. Times: posted at T, SOUT parts complete at T+5 us,
- * the record is read at T+7 us, the replay completes at T+8 us. */
+ * the record is read at T+7 us, the replay completes at T+8 us: SOUT was active 5 + 1 us, SUP
+ * 7 us (until the record settled A and lost B). */
 static void test_failover(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
   const uint64_t size = 65536, sout = mpib_split_sout_bytes(size, 512), sup = size - sout;
   c->path_class = MPIB_PATH_INTRA_ISLAND;
@@ -230,7 +241,8 @@ static void test_failover(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struc
   mpib_telemetry_flush(c);
   uint64_t want[][2] = {{SOUT_B, 2 * sout + sup}, {SOUT_Q, 3}, {SUP_B, 2 * sup}, {SUP_Q, 2},
                         {SOUT_DONE, 2 * sout + sup}, {SOUT_DONE_Q, 3}, {SOUT_BUSY, 5000 + 5000 + 8000},
-                        {SUP_DONE, sup}, {SUP_DONE_Q, 1}, {SUP_BUSY, 7000}};
+                        {SUP_DONE, sup}, {SUP_DONE_Q, 1}, {SUP_BUSY, 7000}, {SOUT_ACTIVE, 6000},
+                        {SUP_ACTIVE, 7000}};
   for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
     uint64_t got = seg_u64(shm, id, (int)want[k][0]) - base[want[k][0]];
     CHECK(got == want[k][1], "failover: field %d grew by %llu, want %llu", (int)want[k][0], (unsigned long long)got,

@@ -324,7 +324,8 @@ static uint8_t *encode(const jv *seg, size_t *len) {
                {"sout_completed_bytes", 256, 8}, {"sout_completed_requests", 264, 8},
                {"sout_inflight_bytes", 272, 8}, {"sout_busy_ns", 280, 8},
                {"sup_completed_bytes", 288, 8}, {"sup_completed_requests", 296, 8},
-               {"sup_inflight_bytes", 304, 8}, {"sup_busy_ns", 312, 8}};
+               {"sup_inflight_bytes", 304, 8}, {"sup_busy_ns", 312, 8},
+               {"sout_active_ns", 320, 8}, {"sup_active_ns", 328, 8}};
     for (size_t k = 0; k < sizeof(tel) / sizeof(tel[0]); k++) {
       put(img, off + tel[k].off, ju(t, tel[k].name), (int)tel[k].size);
     }
@@ -365,6 +366,7 @@ static void check_rails(const mpib_shm_slot_info *s, const jv *t, const char *na
 #define TEL(field) (snprintf(k, sizeof k, "%s_" field, rail[r]), ju(t, k))
     CHECK(s->completed_bytes[r] == TEL("completed_bytes") && s->completed_requests[r] == TEL("completed_requests") &&
               s->inflight_bytes[r] == TEL("inflight_bytes") && s->busy_ns[r] == TEL("busy_ns") &&
+              s->active_ns[r] == TEL("active_ns") &&
               s->rail_state_ns[r] == TEL("state_ns"),
           "%s: slot %u %s completion telemetry differs from the vector", name, i, rail[r]);
 #undef TEL
@@ -662,8 +664,9 @@ static uint32_t slot_of(mpib_shm *shm, uint32_t id, uint32_t *gen) {
 static void test_flush(mpib_shm *shm, uint32_t id, const char *path, uint32_t s) {
   mpib_shm_tele_batch b = {.applied_sup_bw = 700, .wall_ns = 1763856000000000001ull};
   b.rail[0] = (mpib_shm_rail_batch){.posted_bytes = 10, .posted_requests = 2, .completed_bytes = 6,
-                                    .completed_requests = 1, .busy_ns = 900, .inflight_bytes = 4};
-  b.rail[1] = (mpib_shm_rail_batch){.completed_bytes = 30, .completed_requests = 3, .busy_ns = 5000, .inflight_bytes = 8};
+                                    .completed_requests = 1, .busy_ns = 900, .inflight_bytes = 4,
+                                    .active_ns = 700};
+  b.rail[1] = (mpib_shm_rail_batch){.completed_bytes = 30, .completed_requests = 3, .busy_ns = 5000, .inflight_bytes = 8, .active_ns = 3};
   mpib_shm_flush_telemetry(shm, id, &b);
   b.rail[0].inflight_bytes = 0;
   b.applied_sup_bw = 512;
@@ -681,6 +684,8 @@ static void test_flush(mpib_shm *shm, uint32_t id, const char *path, uint32_t s)
   CHECK(slot_u64(path, s, 288) == 60 && slot_u64(path, s, 296) == 6 && slot_u64(path, s, 304) == 8 &&
             slot_u64(path, s, 312) == 10000,
         "sup completion telemetry");
+  CHECK(slot_u64(path, s, 320) == 1400 && slot_u64(path, s, 328) == 6, "active time: sout %" PRIu64 " sup %" PRIu64,
+        slot_u64(path, s, 320), slot_u64(path, s, 328));
   mpib_shm_slot_info si;
   CHECK(mpib_shm_decode_slot(shm, s, &si) == 0 && si.completed_bytes[1] == 60 && si.busy_ns[0] == 1800 &&
             si.inflight_bytes[1] == 8 && si.applied_sup_bw == 512,

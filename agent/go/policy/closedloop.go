@@ -10,107 +10,120 @@ import (
 
 // Closed-loop defaults and limits (the Python agent's closed-loop policy uses the same).
 const (
-	ClosedLoopStep     = 64   // default initial probe step, parts per 1024
+	ClosedLoopStep     = 64   // default largest move of the split per interval, parts per 1024
 	ClosedLoopMaxStep  = 256  // largest --step
-	ClosedLoopMinStep  = 8    // halving stops here
 	ClosedLoopStart    = 512  // split a new connection starts from
-	ClosedLoopGain     = 0.02 // a probe must beat the rate at w by more than this to move w
-	ClosedLoopDrift    = 0.15 // the rate at an unchanged w moving by more than this resets the step
-	closedLoopCenter   = 0
-	closedLoopPlus     = 1
-	closedLoopMinus    = 2
+	ClosedLoopMinShare = 8    // each rail keeps at least this share while both are up
+	ClosedLoopGain     = 0.5  // fraction of the way to the estimated best split taken per interval
+	ClosedLoopNoteMove = 8    // moves of at least this much are noted for the operator
 	closedLoopNoFailed = -1
 )
 
 // ClosedLoop steers every send connection (is_send=1) to the split at which its transfers
 // finish fastest, without knowing the rails' capacities, and follows the rails when they
-// change. It is extremum seeking on w (sup_bw) over the connection's total posted rate
-// r = Δ(sout_bytes + sup_bytes) / Δt, one measurement per Tick:
+// change. Per connection and interval it measures each rail's active rate: the bytes the
+// rail completed over the time it had at least one of the connection's requests in flight
+// (Δ*_completed_bytes / Δ*_active_ns, format version 3). That rate does not depend on the
+// split: a rail that is the bottleneck never idles, so its active rate is its capacity; a
+// rail that is not finishes each part at its capacity plus its latency. The best split gives
+// each rail a share proportional to its active rate, so that both parts of a message finish
+// together:
 //
-//   - a cycle measures r at w, then at the probe w+step, then at w-step (clamped to
-//     0..1024), one interval each;
-//   - w moves to the best of the three; when neither probe beats w by more than 2 %
-//     (ClosedLoopGain), the step halves (not below 8, ClosedLoopMinStep);
-//   - when r at an unchanged w differs from its last measurement by more than 15 %
-//     (ClosedLoopDrift) a rail's capacity changed: the step returns to the initial step;
-//   - an interval is skipped when the slot's gen changed (a new connection starts again at
-//     512, ClosedLoopStart) or no bytes moved;
+//   - target = 1024 * rate_SUP / (rate_SOUT + rate_SUP), kept within
+//     [ClosedLoopMinShare, 1024-ClosedLoopMinShare] so that both rails stay measured;
+//   - w moves ClosedLoopGain of the way to the target, by at most Step per interval;
+//   - a rail that completed nothing in an interval keeps its last rate and adds the
+//     interval's active time to its next measurement (a stalled rail's rate falls);
+//   - a new registration (gen) starts again at 512 (ClosedLoopStart) with no rates;
 //   - when telemetry shows a rail down or failed, everything goes to the live rail (0 or
-//     1024) and, once both rails are up again, the loop resumes from the previous w with the
-//     initial step.
+//     1024); once both are up again the loop resumes from the previous w with fresh rates.
+//
+// Steering on posted bytes (what an earlier version did, by probing w±step) fails behind a
+// queue: posting goes on into a shaped rail's queue, so a probe looks good until the queue
+// fills. Completed bytes over active time see the queue's drain rate, which is the capacity.
 //
 // Hints are written for the gen the decision was computed on (a connection that closed in
-// between is skipped). The Python agent (mpib_agent._policy) implements the same algorithm.
-// DefaultReprobe is the CLI's ClosedLoop.Reprobe (and the Python API's default reprobe).
-const DefaultReprobe = 4
-
+// between is skipped). The Python agent (mpib_agent._closedloop) implements the same algorithm.
 type ClosedLoop struct {
-	Step uint32 // initial probe step in parts per 1024 (1..256); 0 = 64
-
-	// Reprobe, when > 0, returns the step to the initial step after that many cycles in a row
-	// at the smallest step without a move (0: never). Without it a capacity *rise* is
-	// invisible at the balance point (the rate at w does not change, so the step is not
-	// reset) and, once the rail taking the larger share binds, a probe of 8 gains less than
-	// 2 %, so w never moves (the sim's TestClosedLoopCapacityRise: stuck at about 0.64 of the
-	// optimum). Both agents' CLIs use DefaultReprobe, as the Python API does by default; it
-	// costs about 1.5 % in steady state (a periodic larger probe).
-	Reprobe int
+	Step uint32  // largest move of the split per interval in parts per 1024 (1..256); 0 = 64
+	Gain float64 // fraction of the way to the target per interval (0..1]; 0 = 0.5
 
 	conns map[uint32]*clConn
 }
 
+// railMark is a rail's completed bytes and active time at its last rate measurement.
+type railMark struct{ bytes, activeNs uint64 }
+
 // clConn is the loop's state for one send connection (one slot registration).
 type clConn struct {
-	gen       uint32
-	prevBytes uint64 // sout_bytes + sup_bytes at prevNs
-	prevNs    uint64
-	w, step   int // the split the search is centred on, the probe step
-	phase     int // what the interval now running measures: centre, w+step, w-step
-	rateW     float64
-	rateP     float64
-	base      float64 // the last rate measured at w (0: none since w moved)
-	savedW    int     // w before a failover (closedLoopNoFailed: no failover in force)
-	still     int     // cycles in a row at the smallest step without a move (Reprobe)
-	written   uint32
-	hasWrite  bool
+	gen      uint32
+	mark     [2]railMark
+	rate     [2]float64 // active rate per rail, bytes per second; 0 = not measured yet
+	w        int        // the split in force
+	savedW   int        // w before a failover (closedLoopNoFailed: no failover in force)
+	written  uint32
+	hasWrite bool
 }
 
 // ClosedLoopConn is one connection's state, for display and tests.
 type ClosedLoopConn struct {
-	Slot, Gen  uint32
-	W, Step    int  // the split searched around, the probe step
-	Phase      int  // 0 measuring w, 1 probing w+step, 2 probing w-step
-	Failover   bool // a rail is down: everything on the live rail
-	Applied    uint32
-	HasApplied bool
+	Slot, Gen   uint32
+	W           int        // the split in force
+	RateBps     [2]float64 // active rate of SOUT and SUP, bytes per second (0: not measured)
+	Failover    bool       // a rail is down: everything on the live rail
+	Applied     uint32
+	HasApplied  bool
+	TargetKnown bool // both rails measured
 }
 
-func (p *ClosedLoop) initStep() int {
+func (p *ClosedLoop) maxStep() int {
 	if p.Step == 0 {
 		return ClosedLoopStep
 	}
 	return int(min(p.Step, ClosedLoopMaxStep))
 }
 
+func (p *ClosedLoop) gain() float64 {
+	if p.Gain <= 0 || p.Gain > 1 {
+		return ClosedLoopGain
+	}
+	return p.Gain
+}
+
 func clampW(w int) int { return min(max(w, 0), shm.SupBwMax) }
 
-// target is the split the coming interval runs at.
-func (c *clConn) target() int {
-	switch c.phase {
-	case closedLoopPlus:
-		return clampW(c.w + c.step)
-	case closedLoopMinus:
-		return clampW(c.w - c.step)
+// ClosedLoopTarget is the split that gives each rail a share of the bytes proportional to
+// its active rate, kept within [ClosedLoopMinShare, 1024-ClosedLoopMinShare]; ok is false
+// until both rates are known.
+func ClosedLoopTarget(soutBps, supBps float64) (w int, ok bool) {
+	if !(soutBps > 0) || !(supBps > 0) || math.IsInf(soutBps+supBps, 0) {
+		return 0, false
 	}
-	return c.w
+	x := int(math.Round(shm.SupBwMax * supBps / (soutBps + supBps)))
+	return min(max(x, ClosedLoopMinShare), shm.SupBwMax-ClosedLoopMinShare), true
+}
+
+// ClosedLoopMove is the next split from w toward target: gain of the way, rounded, at most
+// maxStep, and at least 1 while w differs from target (so that w reaches it).
+func ClosedLoopMove(w, target int, gain float64, maxStep int) int {
+	d := float64(target-w) * gain
+	m := int(math.Round(d))
+	if m == 0 && target != w {
+		m = 1
+		if target < w {
+			m = -1
+		}
+	}
+	return clampW(w + min(max(m, -maxStep), maxStep))
 }
 
 // State returns the loop's per-connection state, by slot.
 func (p *ClosedLoop) State() []ClosedLoopConn {
 	out := make([]ClosedLoopConn, 0, len(p.conns))
 	for i, c := range p.conns {
-		out = append(out, ClosedLoopConn{Slot: i, Gen: c.gen, W: c.w, Step: c.step, Phase: c.phase,
-			Failover: c.savedW != closedLoopNoFailed, Applied: c.written, HasApplied: c.hasWrite})
+		_, known := ClosedLoopTarget(c.rate[0], c.rate[1])
+		out = append(out, ClosedLoopConn{Slot: i, Gen: c.gen, W: c.w, RateBps: c.rate,
+			Failover: c.savedW != closedLoopNoFailed, Applied: c.written, HasApplied: c.hasWrite, TargetKnown: known})
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Slot < out[b].Slot })
 	return out
@@ -118,7 +131,7 @@ func (p *ClosedLoop) State() []ClosedLoopConn {
 
 // Tick takes one measurement per send connection in conns (the active slots read at nowNs,
 // CLOCK_MONOTONIC ns or a simulator's clock) and writes the split for the next interval.
-// Notes are lines for the operator (w moved, failover, step reset); err stops the policy.
+// Notes are lines for the operator (w moved, failover); err stops the policy.
 func (p *ClosedLoop) Tick(hw HintWriter, nowNs uint64, conns []shm.Slot) (notes []string, err error) {
 	if p.conns == nil {
 		p.conns = map[uint32]*clConn{}
@@ -130,24 +143,19 @@ func (p *ClosedLoop) Tick(hw HintWriter, nowNs uint64, conns []shm.Slot) (notes 
 		}
 		seen[s.Index] = true
 		c := p.conns[s.Index]
-		bytes := s.Telemetry.SoutBytes + s.Telemetry.SupBytes
 		if c == nil || c.gen != s.Gen {
-			c = &clConn{gen: s.Gen, w: ClosedLoopStart, step: p.initStep(), savedW: closedLoopNoFailed}
+			c = &clConn{gen: s.Gen, w: ClosedLoopStart, savedW: closedLoopNoFailed}
+			c.remark(s.Telemetry)
 			p.conns[s.Index] = c
-			c.prevBytes, c.prevNs = bytes, nowNs
-			notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d) peer %v: start at sup_bw=%d, step %d",
-				s.Index, s.Gen, s.PeerSoutIP, c.w, c.step))
+			notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d) peer %v: start at sup_bw=%d",
+				s.Index, s.Gen, s.PeerSoutIP, c.w))
 		} else {
-			notes = append(notes, p.measure(c, s, bytes, nowNs)...)
+			notes = append(notes, p.measure(c, s)...)
 		}
-		v := c.target()
-		if c.savedW != closedLoopNoFailed {
-			v = c.w // during a failover w holds the live rail's 0 or 1024
-		}
-		if c.hasWrite && c.written == uint32(v) {
+		if c.hasWrite && c.written == uint32(c.w) {
 			continue
 		}
-		err := hw.SetSlotHint(s.Index, s.Gen, uint32(v), true)
+		err := hw.SetSlotHint(s.Index, s.Gen, uint32(c.w), true)
 		if Gone(err) {
 			delete(p.conns, s.Index) // closed since conns was read: the next tick sees what replaced it
 			continue
@@ -155,7 +163,7 @@ func (p *ClosedLoop) Tick(hw HintWriter, nowNs uint64, conns []shm.Slot) (notes 
 		if err != nil {
 			return notes, fmt.Errorf("slot %d: %w", s.Index, err)
 		}
-		c.written, c.hasWrite = uint32(v), true
+		c.written, c.hasWrite = uint32(c.w), true
 	}
 	for i := range p.conns {
 		if !seen[i] {
@@ -165,10 +173,39 @@ func (p *ClosedLoop) Tick(hw HintWriter, nowNs uint64, conns []shm.Slot) (notes 
 	return notes, nil
 }
 
-// measure folds one interval of connection s into its state.
-func (p *ClosedLoop) measure(c *clConn, s shm.Slot, bytes, nowNs uint64) (notes []string) {
-	prevBytes, prevNs := c.prevBytes, c.prevNs
-	c.prevBytes, c.prevNs = bytes, nowNs
+// railTelemetry is rail r's completed bytes and active time.
+func railTelemetry(t shm.Telemetry, r int) railMark {
+	if r == 0 {
+		return railMark{t.SoutCompletedBytes, t.SoutActiveNs}
+	}
+	return railMark{t.SupCompletedBytes, t.SupActiveNs}
+}
+
+// remark starts both rails' next measurement at the telemetry t, forgetting their rates.
+func (c *clConn) remark(t shm.Telemetry) {
+	for r := range c.mark {
+		c.mark[r], c.rate[r] = railTelemetry(t, r), 0
+	}
+}
+
+// measureRates updates each rail's active rate from what it completed since its mark.
+func (c *clConn) measureRates(t shm.Telemetry) {
+	for r := range c.mark {
+		cur, m := railTelemetry(t, r), c.mark[r]
+		if cur.bytes < m.bytes || cur.activeNs < m.activeNs { // counters went back: start again
+			c.mark[r], c.rate[r] = cur, 0
+			continue
+		}
+		if cur.bytes == m.bytes || cur.activeNs == m.activeNs {
+			continue // nothing completed: the active time counts toward the next measurement
+		}
+		c.rate[r] = float64(cur.bytes-m.bytes) / (float64(cur.activeNs-m.activeNs) / 1e9)
+		c.mark[r] = cur
+	}
+}
+
+// measure folds one interval of connection s into its state and moves w.
+func (p *ClosedLoop) measure(c *clConn, s shm.Slot) (notes []string) {
 	sout, sup := s.Telemetry.SoutState, s.Telemetry.SupState
 	live := -1 // the split the live rail takes when one rail is out of service
 	switch {
@@ -188,41 +225,29 @@ func (p *ClosedLoop) measure(c *clConn, s shm.Slot, bytes, nowNs uint64) (notes 
 		c.w = live
 		return notes
 	}
-	if c.savedW != closedLoopNoFailed { // both rails up again: resume where the search was
+	if c.savedW != closedLoopNoFailed { // both rails up again: resume where it was, measure afresh
 		c.w, c.savedW = c.savedW, closedLoopNoFailed
-		c.step, c.phase, c.base = p.initStep(), closedLoopCenter, 0
-		return append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): rails up: resume at sup_bw=%d, step %d",
-			s.Index, s.Gen, c.w, c.step))
+		c.remark(s.Telemetry)
+		return append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): rails up: resume at sup_bw=%d",
+			s.Index, s.Gen, c.w))
 	}
-	if nowNs <= prevNs || bytes <= prevBytes {
-		return nil // nothing moved (or the clock did not): measure this phase again
+	c.measureRates(s.Telemetry)
+	target, ok := ClosedLoopTarget(c.rate[0], c.rate[1])
+	if !ok {
+		return nil
 	}
-	rate := float64(bytes-prevBytes) / (float64(nowNs-prevNs) / 1e9)
-	switch c.phase {
-	case closedLoopCenter:
-		if c.base > 0 && math.Abs(rate/c.base-1) > ClosedLoopDrift && c.step != p.initStep() {
-			c.step = p.initStep()
-			notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): rate at sup_bw=%d changed %+.0f%%: step %d",
-				s.Index, s.Gen, c.w, 100*(rate/c.base-1), c.step))
-		}
-		c.rateW, c.base, c.phase = rate, rate, closedLoopPlus
-	case closedLoopPlus:
-		c.rateP, c.phase = rate, closedLoopMinus
-	case closedLoopMinus:
-		c.phase = closedLoopCenter
-		bestW, bestRate := clampW(c.w+c.step), c.rateP
-		if rate > bestRate {
-			bestW, bestRate = clampW(c.w-c.step), rate
-		}
-		if bestRate > c.rateW*(1+ClosedLoopGain) && bestW != c.w {
-			notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): sup_bw %d -> %d (%+.1f%%), step %d",
-				s.Index, s.Gen, c.w, bestW, 100*(bestRate/c.rateW-1), c.step))
-			c.w, c.base, c.still = bestW, bestRate, 0
-		} else if half := max(c.step/2, min(ClosedLoopMinStep, c.step)); half != c.step {
-			c.step, c.still = half, 0
-		} else if c.still++; p.Reprobe > 0 && c.still >= p.Reprobe {
-			c.step, c.still = p.initStep(), 0
-		}
+	next := ClosedLoopMove(c.w, target, p.gain(), p.maxStep())
+	if abs(next-c.w) >= ClosedLoopNoteMove {
+		notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): sup_bw %d -> %d (target %d: SOUT %.1f, SUP %.1f Mbit/s while active)",
+			s.Index, s.Gen, c.w, next, target, c.rate[0]*8/1e6, c.rate[1]*8/1e6))
 	}
+	c.w = next
 	return notes
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

@@ -9,8 +9,9 @@ import (
 	"github.com/mpib/mpib/agent/go/shm"
 )
 
-// clBench drives a ClosedLoop by hand: one send connection whose rate is rate(w) at the hint
-// last written, ticks every 0.5 s.
+// clBench drives a ClosedLoop by hand: one send connection over two rails of capacity
+// capBps (bytes/s, no latency) whose messages follow each other (a message takes as long as
+// its slower part), ticks every 0.5 s; each rail is active while it carries its part.
 type clBench struct {
 	t      *testing.T
 	p      *ClosedLoop
@@ -18,16 +19,35 @@ type clBench struct {
 	slot   shm.Slot
 	recv   shm.Slot
 	now    uint64
-	rate   func(w uint32) float64
+	capBps [2]float64
 	hint   uint32
 	hinted bool
+	stall  bool // SUP completes nothing: its part is stuck on it
 }
 
-func newBench(t *testing.T, p *ClosedLoop, rate func(uint32) float64) *clBench {
-	b := &clBench{t: t, p: p, f: &fake{gens: map[uint32]uint32{3: 1, 4: 1}}, now: 1e9, rate: rate}
+func newBench(t *testing.T, p *ClosedLoop, soutBps, supBps float64) *clBench {
+	b := &clBench{t: t, p: p, f: &fake{gens: map[uint32]uint32{3: 1, 4: 1}}, now: 1e9, capBps: [2]float64{soutBps, supBps}}
 	b.slot = shm.Slot{Index: 3, Gen: 1, IsSend: 1, State: shm.StateActive}
 	b.recv = shm.Slot{Index: 4, Gen: 1, IsSend: 0, State: shm.StateActive}
 	return b
+}
+
+// carry adds 0.5 s of traffic at the hint in force to the telemetry.
+func (b *clBench) carry() {
+	const msg = 1 << 20
+	x := float64(b.hint) / 1024
+	part := [2]float64{msg * (1 - x), msg * x}
+	onRail := [2]float64{part[0] / b.capBps[0], part[1] / b.capBps[1]}
+	n := 0.5 / math.Max(onRail[0], onRail[1]) // messages in the interval
+	t := &b.slot.Telemetry
+	if b.stall {
+		t.SupActiveNs += 5e8
+		return
+	}
+	t.SoutCompletedBytes += uint64(n * part[0])
+	t.SupCompletedBytes += uint64(n * part[1])
+	t.SoutActiveNs += uint64(n * onRail[0] * 1e9)
+	t.SupActiveNs += uint64(n * onRail[1] * 1e9)
 }
 
 // tick runs one interval at the hint in force, then one Tick; it returns the hint written
@@ -35,7 +55,7 @@ func newBench(t *testing.T, p *ClosedLoop, rate func(uint32) float64) *clBench {
 func (b *clBench) tick() uint32 {
 	b.t.Helper()
 	if b.hinted {
-		b.slot.Telemetry.SoutBytes += uint64(b.rate(b.hint) * 0.5)
+		b.carry()
 	}
 	b.now += 5e8
 	n := len(b.f.calls)
@@ -53,62 +73,86 @@ func (b *clBench) tick() uint32 {
 
 func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
-// tent is a two-rail rate with its optimum at opt (as max of the rails' times).
-func tent(opt float64) func(uint32) float64 {
-	return func(w uint32) float64 {
-		x := float64(w) / 1024
-		return 1e9 / math.Max((1-x)/(1-opt/1024), x/(opt/1024))
-	}
-}
-
-func TestClosedLoopCycle(t *testing.T) {
-	b := newBench(t, &ClosedLoop{}, tent(300))
-	want := []uint32{512, 576, 448, 448, 512, 384, 384, 448, 320, 320, 384, 256}
-	for i, w := range want {
-		if got := b.tick(); got != w {
-			t.Fatalf("tick %d: hint %d, want %d (sequence %v)", i, got, w, want)
+func TestClosedLoopTarget(t *testing.T) {
+	for _, c := range []struct {
+		sout, sup float64
+		want      int
+		ok        bool
+	}{
+		{1, 1, 512, true}, {1, 2, 683, true}, {2, 1, 341, true}, {100e9, 25e9, 205, true},
+		{1, 1e6, 1024 - ClosedLoopMinShare, true}, {1e6, 1, ClosedLoopMinShare, true}, // both rails stay measured
+		{1, 0, 0, false}, {0, 1, 0, false}, {0, 0, 0, false}, {-1, 1, 0, false},
+		{math.NaN(), 1, 0, false}, {1, math.Inf(1), 0, false},
+	} {
+		w, ok := ClosedLoopTarget(c.sout, c.sup)
+		if w != c.want || ok != c.ok {
+			t.Errorf("ClosedLoopTarget(%g, %g) = %d, %t; want %d, %t", c.sout, c.sup, w, ok, c.want, c.ok)
 		}
 	}
-	st := b.p.State()
-	if len(st) != 1 || st[0].Slot != 3 || st[0].W != 320 || st[0].Step != 64 {
-		t.Fatalf("state %+v: the recv connection must be ignored, w 320 step 64", st)
-	}
-	// Around the optimum neither probe wins: the step halves down to 8, never below.
-	for i := 0; i < 60; i++ {
-		b.tick()
-	}
-	if st := b.p.State()[0]; st.Step != 8 || math.Abs(float64(st.W)-300) > 16 {
-		t.Fatalf("after converging: %+v", st)
-	}
-	// The rate at w drops by a third (a rail lost capacity): the step returns to 64.
-	old := b.rate
-	b.rate = func(w uint32) float64 { return old(w) * 0.66 }
-	for b.p.State()[0].Phase != closedLoopCenter {
-		b.tick()
-	}
-	b.tick() // the centre measurement
-	if st := b.p.State()[0]; st.Step != 64 {
-		t.Fatalf("after a 34 %% drop at w: %+v, want step 64", st)
+}
+
+func TestClosedLoopMove(t *testing.T) {
+	for _, c := range []struct {
+		w, target int
+		gain      float64
+		step      int
+		want      int
+	}{
+		{512, 683, 0.5, 64, 576},  // half of 171 is 86: capped at 64
+		{512, 683, 0.5, 256, 598}, // 512 + round(85.5)
+		{600, 610, 0.5, 64, 605},
+		{600, 601, 0.5, 64, 601}, // at least one step while w differs from the target
+		{600, 599, 0.5, 64, 599},
+		{600, 600, 0.5, 64, 600},
+		{683, 341, 0.5, 64, 619}, // downwards, capped
+		{683, 341, 1, 1024, 341},
+		{10, 8, 1, 64, 8},
+	} {
+		if got := ClosedLoopMove(c.w, c.target, c.gain, c.step); got != c.want {
+			t.Errorf("ClosedLoopMove(%d, %d, %g, %d) = %d, want %d", c.w, c.target, c.gain, c.step, got, c.want)
+		}
 	}
 }
 
-func TestClosedLoopSmallStep(t *testing.T) {
-	b := newBench(t, &ClosedLoop{Step: 4}, tent(512))
+func TestClosedLoopConverges(t *testing.T) {
+	b := newBench(t, &ClosedLoop{}, 25e6/8, 50e6/8) // SOUT 25, SUP 50 Mbit/s: best 683
+	if got := b.tick(); got != 512 {
+		t.Fatalf("first hint %d, want 512 (ClosedLoopStart)", got)
+	}
+	prev := uint32(512)
 	for i := 0; i < 12; i++ {
+		w := b.tick()
+		if d := int(w) - int(prev); d > ClosedLoopStep || d < -ClosedLoopStep {
+			t.Fatalf("tick %d: moved %d -> %d, more than the step %d", i, prev, w, ClosedLoopStep)
+		}
+		prev = w
+	}
+	if st := b.p.State(); len(st) != 1 || st[0].Slot != 3 || !st[0].TargetKnown || abs(st[0].W-683) > 1 {
+		t.Fatalf("after 6 s: %+v, want slot 3 only (the recv connection is ignored) at 683", st)
+	}
+	// SUP drops to 12.5 Mbit/s: best 341, reached within 10 s (20 ticks).
+	b.capBps[1] = 12.5e6 / 8
+	for i := 0; i < 20; i++ {
 		b.tick()
 	}
-	if st := b.p.State()[0]; st.Step != 4 {
-		t.Fatalf("an initial step below 8 is not halved: %+v", st)
+	if st := b.p.State()[0]; abs(st.W-341) > 1 {
+		t.Fatalf("10 s after SUP dropped to 12.5: %+v, want 341", st)
 	}
-	b = newBench(t, &ClosedLoop{Step: 1000}, tent(512))
-	b.tick()
-	if b.tick(); b.hint != 512+256 {
-		t.Fatalf("step above 256 is capped: probe %d", b.hint)
+	// A rail that completes nothing for a while (its part stuck) keeps its rate; when the part
+	// completes, the stall counts in its rate and the split moves away from it.
+	w := b.tick()
+	b.stall = true
+	if got := b.tick(); got != w {
+		t.Fatalf("interval without completions: hint %d -> %d, want it kept", w, got)
+	}
+	b.stall = false
+	if got := b.tick(); got+8 > w {
+		t.Fatalf("after a 0.5 s SUP stall: hint %d, want below %d by 8 or more", got, w)
 	}
 }
 
 func TestClosedLoopFailoverAndGen(t *testing.T) {
-	b := newBench(t, &ClosedLoop{}, tent(700))
+	b := newBench(t, &ClosedLoop{}, 30e6, 70e6)
 	for i := 0; i < 30; i++ {
 		b.tick()
 	}
@@ -122,8 +166,8 @@ func TestClosedLoopFailoverAndGen(t *testing.T) {
 		t.Fatalf("SOUT failed: hint %d, want 1024", got)
 	}
 	b.slot.Telemetry.SoutState = shm.RailUp
-	if got := b.tick(); got != uint32(w) || b.p.State()[0].Failover || b.p.State()[0].Step != 64 {
-		t.Fatalf("both up: hint %d, want %d with the initial step (%+v)", got, w, b.p.State()[0])
+	if got := b.tick(); got != uint32(w) || b.p.State()[0].Failover || b.p.State()[0].TargetKnown {
+		t.Fatalf("both up: hint %d, want %d with the rates measured afresh (%+v)", got, w, b.p.State()[0])
 	}
 	// The slot is registered again: a new connection starts at 512, written for the new gen.
 	b.slot.Gen, b.f.gens[3] = 2, 2
@@ -149,3 +193,4 @@ type errWriter struct{ err error }
 func (e errWriter) SetSlotHint(uint32, uint32, uint32, bool) error  { return e.err }
 func (e errWriter) SetPeerHint(shm.IPv4, uint8, uint32, bool) error { return e.err }
 func (e errWriter) SetClassHint(shm.PathClass, uint32, bool) error  { return e.err }
+

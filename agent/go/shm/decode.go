@@ -144,6 +144,8 @@ func decodeTelemetry(v view, off int) Telemetry {
 		SupCompletedRequests:  v.u64(off + slRailDone + rdSize + rdRequests),
 		SupInflightBytes:      v.u64(off + slRailDone + rdSize + rdInflight),
 		SupBusyNs:             v.u64(off + slRailDone + rdSize + rdBusyNs),
+		SoutActiveNs:          v.u64(off + slActiveNs),
+		SupActiveNs:           v.u64(off + slActiveNs + 8),
 	}
 }
 
@@ -247,4 +249,6 @@ func putTelemetry(v view, off int, t Telemetry) {
 			v.put64(off+slRailDone+r*rdSize+k*8, x)
 		}
 	}
+	v.put64(off+slActiveNs, t.SoutActiveNs)
+	v.put64(off+slActiveNs+8, t.SupActiveNs)
 }

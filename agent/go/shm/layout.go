@@ -187,12 +187,14 @@ const (
 	slAppliedSupBw  = 232
 	slFlushWallNs   = 240
 	// Per-rail completion telemetry (version 3): one 32-byte block per rail, SOUT then SUP.
-	slRailDone  = 256
-	rdBytes     = 0  // completed_bytes
-	rdRequests  = 8  // completed_requests
-	rdInflight  = 16 // inflight_bytes (a gauge)
-	rdBusyNs    = 24 // busy_ns: sum of completion - post time over completed requests
-	rdSize      = 32
+	slRailDone = 256
+	rdBytes    = 0  // completed_bytes
+	rdRequests = 8  // completed_requests
+	rdInflight = 16 // inflight_bytes (a gauge)
+	rdBusyNs   = 24 // busy_ns: sum of completion - post time over completed requests
+	rdSize     = 32
+	// Per-rail active time (version 3, +320): u64 SOUT, then u64 SUP.
+	slActiveNs  = 320
 	slTelemetry = 128 // telemetry spans [128, SlotSize)
 )
 

@@ -771,6 +771,7 @@ type RailBatch struct {
 	PostedBytes, PostedRequests       uint64
 	CompletedBytes, CompletedRequests uint64
 	BusyNs                            uint64 // sum of completion - post time over CompletedRequests
+	ActiveNs                          uint64 // time with at least one request in flight on the rail
 	InflightBytes                     uint64
 }
 
@@ -801,6 +802,7 @@ func (s *Segment) FlushTelemetry(slot uint32, b TelemetryBatch) error {
 			v.add64(blk+rdBytes, rb.CompletedBytes)
 			v.add64(blk+rdRequests, rb.CompletedRequests)
 			v.add64(blk+rdBusyNs, rb.BusyNs)
+			v.add64(off+slActiveNs+r*8, rb.ActiveNs)
 			v.put64(blk+rdInflight, rb.InflightBytes)
 		}
 		v.put32(off+slAppliedSupBw, b.AppliedSupBw)

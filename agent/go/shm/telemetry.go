@@ -31,6 +31,11 @@ type ConnRate struct {
 	SupCompletedBps  float64
 	SoutLatencyNs    float64
 	SupLatencyNs     float64
+	// Bytes completed per second of the rail's active time (time with a request in flight on
+	// it; 0 when it completed nothing): what the rail delivers while it has work, i.e. its
+	// capacity for this connection while it is the bottleneck.
+	SoutActiveBps float64
+	SupActiveBps  float64
 }
 
 // SupShare is SUP's share of the bytes moved (0 when nothing moved).
@@ -77,6 +82,8 @@ func Rates(a, b Sample) []ConnRate {
 			SupCompletedBps:  d(p.SupCompletedBytes, c.SupCompletedBytes),
 			SoutLatencyNs:    meanLatency(p.SoutBusyNs, c.SoutBusyNs, p.SoutCompletedRequests, c.SoutCompletedRequests),
 			SupLatencyNs:     meanLatency(p.SupBusyNs, c.SupBusyNs, p.SupCompletedRequests, c.SupCompletedRequests),
+			SoutActiveBps:    activeRate(p.SoutCompletedBytes, c.SoutCompletedBytes, p.SoutActiveNs, c.SoutActiveNs),
+			SupActiveBps:     activeRate(p.SupCompletedBytes, c.SupCompletedBytes, p.SupActiveNs, c.SupActiveNs),
 		})
 	}
 	return out
@@ -89,4 +96,13 @@ func meanLatency(busy0, busy1, req0, req1 uint64) float64 {
 		return 0
 	}
 	return float64(busy1-busy0) / float64(req1-req0)
+}
+
+// activeRate is the bytes completed between two samples per second of the rail's active time
+// in between (0 when nothing completed or no active time was recorded).
+func activeRate(bytes0, bytes1, active0, active1 uint64) float64 {
+	if bytes1 <= bytes0 || active1 <= active0 {
+		return 0
+	}
+	return float64(bytes1-bytes0) / (float64(active1-active0) / 1e9)
 }

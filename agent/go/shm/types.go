@@ -96,6 +96,12 @@ type Telemetry struct {
 	SupCompletedRequests  uint64 `json:"sup_completed_requests"`
 	SupInflightBytes      uint64 `json:"sup_inflight_bytes"`
 	SupBusyNs             uint64 `json:"sup_busy_ns"`
+	// Active time: ns during which at least one of the connection's requests was in flight
+	// on the rail. Δ*CompletedBytes over Δ*ActiveNs is the rate the rail delivered while it
+	// had work: its capacity for this connection when it is the bottleneck (it never
+	// idles), the rate it finishes its part at (latency included) when it is not.
+	SoutActiveNs uint64 `json:"sout_active_ns"`
+	SupActiveNs  uint64 `json:"sup_active_ns"`
 }
 
 // Slot is one connection slot: descriptor, hint and telemetry.

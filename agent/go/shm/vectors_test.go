@@ -201,7 +201,7 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
-		{name: "completion", desc: "version 3 completion telemetry (+232..+319): applied split, flush wall clock, per rail completed bytes and requests, in-flight bytes, busy time; a recv slot without it; hints unaffected",
+		{name: "completion", desc: "version 3 completion telemetry (+232..+335): applied split, flush wall clock, per rail completed bytes and requests, in-flight bytes, busy and active time; a recv slot without it; hints unaffected",
 			snap: func() *Snapshot {
 				s := base()
 				s.Class[1] = hint(2, 256, FlagValid, 0)
@@ -211,12 +211,14 @@ func vectorDefs() []vectorDef {
 					ReadsApplied: 10, LastSupBw: 768, LastSource: 1, LastReadNs: hb + 100,
 					AppliedSupBw: 768, FlushWallNs: 1_763_856_000_987_654_321,
 					SoutCompletedBytes: 4 << 20, SoutCompletedRequests: 64, SoutInflightBytes: 1 << 20, SoutBusyNs: 64 * 180_000,
-					SupCompletedBytes: 12 << 20, SupCompletedRequests: 64, SupInflightBytes: 3 << 20, SupBusyNs: 64 * 420_000}
+					SupCompletedBytes: 12 << 20, SupCompletedRequests: 64, SupInflightBytes: 3 << 20, SupBusyNs: 64 * 420_000,
+					SoutActiveNs: 2_500_000_000, SupActiveNs: 3_000_000_001}
 				s1 := active(1, 8001, 1, 2, "10.0.2.8", "10.0.2.0", InterIsland)
 				s1.Telemetry = Telemetry{SoutBytes: 1 << 20, SoutRequests: 1, SupState: RailDown, Failovers: 1,
 					SupStateNs: 1_763_856_000_500_000_000, AppliedSupBw: 1024, FlushWallNs: 0xFFFFFFFFFFFFFFFF,
 					SoutCompletedBytes: 1 << 20, SoutCompletedRequests: 1, SoutBusyNs: 0xFFFFFFFFFFFFFFFF,
-					SupCompletedBytes: 0xFFFFFFFFFFFFFFFF, SupCompletedRequests: 0xFFFFFFFFFFFFFFFF, SupInflightBytes: 0xFFFFFFFFFFFFFFFF}
+					SupCompletedBytes: 0xFFFFFFFFFFFFFFFF, SupCompletedRequests: 0xFFFFFFFFFFFFFFFF, SupInflightBytes: 0xFFFFFFFFFFFFFFFF,
+					SupActiveNs: 0xFFFFFFFFFFFFFFFF}
 				s2 := active(2, 8002, 1, 3, "10.0.2.9", "10.0.2.0", InterIsland)
 				s2.IsSend = 0
 				s3 := Slot{Index: 3, Gen: 2, Telemetry: Telemetry{SoutCompletedBytes: 4096, SoutCompletedRequests: 1, SoutBusyNs: 25_000,

@@ -41,15 +41,11 @@ func ratio(pts []point, i int, from, to time.Duration) (float64, bool) {
 	return (b.delivered[i] - a.delivered[i]) / opt, true
 }
 
-// runClosedLoop runs the closed-loop policy on sc and returns the tick points.
+// runClosedLoop runs the closed-loop policy on sc (ticks every 0.5 s) and returns the tick
+// points.
 func runClosedLoop(t *testing.T, sc sim.Scenario, seed int64) (*sim.Sim, []point) {
 	t.Helper()
-	return runClosedLoopWith(t, sc, seed, &policy.ClosedLoop{})
-}
-
-// runClosedLoopWith runs p on sc (ticks every 0.5 s) and returns the tick points.
-func runClosedLoopWith(t *testing.T, sc sim.Scenario, seed int64, p *policy.ClosedLoop) (*sim.Sim, []point) {
-	t.Helper()
+	p := &policy.ClosedLoop{}
 	seg, err := shm.Create(filepath.Join(t.TempDir(), "seg"), 16, 4, false)
 	if err != nil {
 		t.Fatal(err)
@@ -89,23 +85,16 @@ func runClosedLoopWith(t *testing.T, sc sim.Scenario, seed int64, p *policy.Clos
 // TestClosedLoopScenarios: in every scenario of the table, every send connection moves at
 // least 95 % of the simulated optimum, time-averaged from 10 s after each change to the end
 // of its phase, and over the last third of each phase.
-// The Reprobe extension (off in the CLI) must pass them too.
 func TestClosedLoopScenarios(t *testing.T) {
 	for _, sc := range sim.Scenarios() {
-		for _, reprobe := range []int{0, 4} {
-			name := sc.Name
-			if reprobe > 0 {
-				name += fmt.Sprintf(" reprobe %d", reprobe)
-			}
-			t.Run(name, func(t *testing.T) { testScenario(t, sc, reprobe) })
-		}
+		t.Run(sc.Name, func(t *testing.T) { testScenario(t, sc) })
 	}
 }
 
-func testScenario(t *testing.T, sc sim.Scenario, reprobe int) {
+func testScenario(t *testing.T, sc sim.Scenario) {
 	t.Parallel()
 	for _, seed := range []int64{1, 2} {
-		s, pts := runClosedLoopWith(t, sc, seed, &policy.ClosedLoop{Reprobe: reprobe})
+		s, pts := runClosedLoop(t, sc, seed)
 		ch := append(sc.Changes(), sc.Duration)
 		for i, c := range sc.Conns {
 			if c.Recv {
@@ -169,8 +158,8 @@ func TestClosedLoopFailover(t *testing.T) {
 	if err := s.Run(15*time.Second, 500*time.Millisecond, tick); err != nil {
 		t.Fatal(err)
 	}
-	if st := p.State()[0]; st.Failover || st.W != before {
-		t.Fatalf("SUP up again: want the search resumed at %d, got %+v", before, st)
+	if st := p.State()[0]; st.Failover || !st.TargetKnown || abs(st.W-before) > 16 {
+		t.Fatalf("SUP up again: want the loop resumed near %d with both rails measured, got %+v", before, st)
 	}
 }
 
@@ -194,25 +183,28 @@ func TestSimModel(t *testing.T) {
 }
 
 // TestClosedLoopCapacityRise: SUP's capacity rises fourfold at 30 s (100+25 -> 100+100 Gb/s).
-// At the balance point a rise changes nothing at w, so the step is not reset, and a probe of
-// 8 around w = 205 gains about 1 % (< 2 %) on the now binding SOUT: the specified loop stays
-// far from the new optimum (logged, not required). With the Reprobe extension it follows.
+// At the balance point a rise changes nothing in the connection's throughput (SOUT binds), so
+// a loop steering on throughput cannot see it; the active rate of SUP shows it at once.
 func TestClosedLoopCapacityRise(t *testing.T) {
 	us := time.Microsecond
 	sc := sim.Scenario{Name: "capacity rises", Conns: []sim.Conn{{Rails: [2]sim.Rail{sim.Gbps(100, 5*us), sim.Gbps(25, 5*us)}}},
 		Events:   []sim.Event{{At: 30 * time.Second, Conn: -1, Rail: 1, Mbps: 100_000}},
 		Duration: 75 * time.Second}
-	for _, reprobe := range []int{0, 4} {
-		s, pts := runClosedLoopWith(t, sc, 1, &policy.ClosedLoop{Reprobe: reprobe})
-		before, _ := ratio(pts, 0, 10*time.Second, 30*time.Second)
-		after, _ := ratio(pts, 0, 40*time.Second, 75*time.Second)
-		opt, _ := s.OptimumOf(0)
-		t.Logf("reprobe %d: %.3f of the optimum before the rise, %.3f from 10 s after it; split %d, optimum %d",
-			reprobe, before, after, s.Split(0), opt)
-		if before < 0.95 || (reprobe > 0 && after < 0.95) {
-			t.Errorf("reprobe %d: %.3f before, %.3f after the rise (want >= 0.95)", reprobe, before, after)
-		}
+	s, pts := runClosedLoop(t, sc, 1)
+	before, _ := ratio(pts, 0, 10*time.Second, 30*time.Second)
+	after, _ := ratio(pts, 0, 40*time.Second, 75*time.Second)
+	opt, _ := s.OptimumOf(0)
+	t.Logf("%.3f of the optimum before the rise, %.3f from 10 s after it; split %d, optimum %d", before, after, s.Split(0), opt)
+	if before < 0.95 || after < 0.95 {
+		t.Errorf("%.3f before, %.3f after the rise (want >= 0.95)", before, after)
 	}
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // TestSimSegment checks what the simulator writes into the segment: registration, hint reads

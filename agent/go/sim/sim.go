@@ -86,7 +86,7 @@ type conn struct {
 	registered bool
 	bytes      [2]float64 // posted, not yet written (fractions)
 	reqs       [2]float64
-	tele       [2][3]float64 // completed bytes, requests and busy ns, not yet written
+	tele       [2][4]float64 // completed bytes, requests, busy and active ns, not yet written
 	inflight   [2]float64    // bytes in flight per rail (a gauge)
 	delivered  float64       // bytes moved
 	optimal    float64       // bytes the best split would have moved (noise-free)
@@ -330,7 +330,8 @@ func (s *Sim) step(dtNs uint64) error {
 // account publishes one step of connection c's traffic, msgs messages split into part, as the
 // plugin's telemetry flush does: per rail the bytes and requests posted and completed, the
 // time each completed request spent on the rail (its latency plus its part at the rail's
-// capacity, times the step's noise), the bytes in flight (one message's part while the rail
+// capacity, times the step's noise) and the rail's active time (the same: messages follow
+// each other, one request in flight per rail), the bytes in flight (one message's part while the rail
 // carries traffic: messages follow each other), the split applied and the wall clock. A
 // recv connection, like the plugin's, publishes only its posted bytes and requests.
 func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64, w uint32) error {
@@ -342,7 +343,9 @@ func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64,
 			inflight = part[r]
 			f[0] += msgs * part[r] // completed bytes
 			f[1] += msgs           // completed requests
-			f[2] += msgs * (c.rails[r].Latency.Seconds() + part[r]*8/(c.rails[r].Mbps*1e6)) * noise * 1e9
+			onRail := msgs * (c.rails[r].Latency.Seconds() + part[r]*8/(c.rails[r].Mbps*1e6)) * noise * 1e9
+			f[2] += onRail
+			f[3] += onRail // one request in flight on the rail at a time: active = busy
 		}
 		// Posted = completed + what entered the pipe: a part newly in flight is posted before it
 		// completes; one that left it (smaller split) completed without a new post, unless the
@@ -361,6 +364,7 @@ func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64,
 		rb := &b.Rails[r]
 		rb.PostedBytes, rb.PostedRequests = takeWhole(&c.bytes[r]), takeWhole(&c.reqs[r])
 		rb.CompletedBytes, rb.CompletedRequests, rb.BusyNs = takeWhole(&f[0]), takeWhole(&f[1]), takeWhole(&f[2])
+		rb.ActiveNs = takeWhole(&f[3])
 		rb.InflightBytes = uint64(inflight)
 	}
 	if c.spec.Recv {

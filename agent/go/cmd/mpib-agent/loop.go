@@ -159,7 +159,7 @@ func cmdRun(args []string, w io.Writer) error {
 	pol := fs.String("policy", "static", "static | proportional | closed-loop")
 	file := fs.String("file", "", "static: weights JSON (re-read when it changes)")
 	capacity := fs.String("capacity", "", "proportional: rail capacities, e.g. sout=100,sup=200 (default: measure)")
-	stepS := fs.String("step", strconv.Itoa(policy.ClosedLoopStep), "closed-loop: initial probe step in parts per 1024 (1..256)")
+	stepS := fs.String("step", strconv.Itoa(policy.ClosedLoopStep), "closed-loop: largest move of the split per interval, parts per 1024 (1..256)")
 	intervalS := fs.String("interval", "", "policy interval (default 1 s; closed-loop 0.5 s)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -211,7 +211,7 @@ func cmdRun(args []string, w io.Writer) error {
 	case "proportional":
 		tick = proportionalTick(s, &policy.Proportional{CapSout: cs, CapSup: cp}, out)
 	default:
-		tick = closedLoopTick(s, &policy.ClosedLoop{Step: uint32(step), Reprobe: policy.DefaultReprobe}, out)
+		tick = closedLoopTick(s, &policy.ClosedLoop{Step: uint32(step)}, out)
 	}
 	out.printf("run: pid %d, policy %s, interval %s, segment %s, beat every %s\n", os.Getpid(), *pol,
 		fmtDur(interval), *path, fmtDur(shm.BeatPeriod(shm.StaleFromEnv())))

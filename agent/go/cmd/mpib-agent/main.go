@@ -39,7 +39,7 @@ commands:
 
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
 durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
-closed-loop --step: initial probe step in parts per 1024, integer 1..256 (default 64);
+closed-loop --step: largest move of the split per interval in parts per 1024, integer 1..256 (default 64);
 top --json and record: {"t": unix s, "conns": [{slot, gen, pid, conn_id, is_send, path_class,
   sout_mbps, sup_mbps, last_sup_bw, sout_state, sup_state}]} per interval (csv: one row per connection);
 agents beat every MPIB_AGENT_STALE_MS/4 (default 500 ms)

@@ -489,7 +489,7 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--policy", default="static", help="static | proportional | closed-loop")
     p.add_argument("--file", help="static: weights JSON (re-read when it changes)")
     p.add_argument("--capacity", default="", help="proportional: sout=X,sup=Y")
-    p.add_argument("--step", help="closed-loop: initial probe step, parts per 1024 (1..256, default 64)")
+    p.add_argument("--step", help="closed-loop: largest move of the split per interval, parts per 1024 (1..256, default 64)")
     p.add_argument("--interval", help="default 1 (closed-loop: 0.5)")
     p.set_defaults(fn=_cmd_run)
     cmd("gc", "reclaim slots of dead processes").set_defaults(fn=_cmd_gc)

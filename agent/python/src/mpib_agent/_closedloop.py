@@ -1,27 +1,56 @@
-"""The closed-loop policy: extremum seeking on each send connection's split, no capacities
-needed. The Go agent's policy.ClosedLoop (agent/go/policy/closedloop.go) is the same
-algorithm with the same constants."""
+"""The closed-loop policy: each send connection's split follows the rails' active rates, no
+capacities needed. The Go agent's policy.ClosedLoop (agent/go/policy/closedloop.go) is the
+same algorithm with the same constants."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
-from ._format import SUP_BW_MAX
+from ._format import SUP_BW_MAX, Telemetry
 from ._policy import ConnRate
 
-STEP = 64  # default initial probe step, parts per 1024
-MAX_STEP = 256  # largest initial step
-MIN_STEP = 8  # halving stops here
+STEP = 64  # default largest move of the split per interval, parts per 1024
+MAX_STEP = 256  # largest step
 START = 512  # the split a new connection starts from
-GAIN = 0.02  # a probe must beat the rate at w by more than this to move w
-DRIFT = 0.15  # the rate at an unchanged w moving by more than this resets the step
-
-CENTER, PLUS, MINUS = 0, 1, 2
+MIN_SHARE = 8  # each rail keeps at least this share while both are up (so both stay measured)
+GAIN = 0.5  # fraction of the way to the target taken per interval
+NOTE_MOVE = 8  # moves of at least this much are noted for the operator
 
 
 def _clamp(w: int) -> int:
     return min(max(w, 0), SUP_BW_MAX)
+
+
+def _round(x: float) -> int:
+    """Half away from zero, as Go's math.Round (Python's round() is half-even)."""
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def target(sout_bps: float, sup_bps: float) -> Optional[int]:
+    """The split giving each rail a share of the bytes proportional to its active rate, kept
+    within [MIN_SHARE, 1024 - MIN_SHARE]; None until both rates are known."""
+    if not (sout_bps > 0 and sup_bps > 0) or math.isinf(sout_bps + sup_bps):
+        return None
+    x = _round(SUP_BW_MAX * sup_bps / (sout_bps + sup_bps))
+    return min(max(x, MIN_SHARE), SUP_BW_MAX - MIN_SHARE)
+
+
+def move(w: int, to: int, gain: float, max_step: int) -> int:
+    """The next split from ``w`` toward ``to``: ``gain`` of the way, rounded, at most
+    ``max_step``, and at least 1 while ``w`` differs from ``to``."""
+    m = _round((to - w) * gain)
+    if m == 0 and to != w:
+        m = 1 if to > w else -1
+    return _clamp(w + min(max(m, -max_step), max_step))
+
+
+def _rail(t: Telemetry, r: int) -> Tuple[int, int]:
+    """Rail r's completed bytes and active time."""
+    if r == 0:
+        return t.sout_completed_bytes, t.sout_active_ns
+    return t.sup_completed_bytes, t.sup_active_ns
 
 
 @dataclass
@@ -30,29 +59,35 @@ class ClosedLoopConn:
 
     slot: int
     gen: int
-    w: int  # the split the search is centred on (during a failover: the live rail's 0 or 1024)
-    step: int  # the probe step
-    phase: int = CENTER  # what the interval now running measures: w, w+step, w-step
-    rate_w: float = 0.0  # this cycle's rate at w (bytes/s)
-    rate_plus: float = 0.0  # this cycle's rate at w+step
-    base: float = 0.0  # the last rate measured at w (0: none since a resume)
+    w: int  # the split in force (during a failover: the live rail's 0 or 1024)
+    mark: List[Tuple[int, int]] = field(default_factory=lambda: [(0, 0), (0, 0)])  # per rail at the last rate
+    rate: List[float] = field(default_factory=lambda: [0.0, 0.0])  # active rate per rail, bytes/s; 0 unknown
     saved_w: Optional[int] = None  # w before a failover (None: both rails up)
-    still: int = 0  # cycles in a row at the smallest step without a move (reprobe)
     written: Optional[int] = None  # the value last returned for this connection
 
     @property
     def failover(self) -> bool:
         return self.saved_w is not None
 
-    def target(self) -> int:
-        """The split the coming interval runs at."""
-        if self.saved_w is not None:
-            return self.w
-        if self.phase == PLUS:
-            return _clamp(self.w + self.step)
-        if self.phase == MINUS:
-            return _clamp(self.w - self.step)
-        return self.w
+    @property
+    def target_known(self) -> bool:
+        return target(self.rate[0], self.rate[1]) is not None
+
+    def remark(self, t: Telemetry) -> None:
+        """Both rails' next measurement starts at ``t``; their rates are forgotten."""
+        self.mark = [_rail(t, 0), _rail(t, 1)]
+        self.rate = [0.0, 0.0]
+
+    def measure_rates(self, t: Telemetry) -> None:
+        """Each rail's active rate from what it completed since its mark; a rail that completed
+        nothing keeps its rate and its active time counts toward the next measurement."""
+        for r in (0, 1):
+            (b, a), (mb, ma) = _rail(t, r), self.mark[r]
+            if b < mb or a < ma:  # counters went back: start again
+                self.mark[r], self.rate[r] = (b, a), 0.0
+            elif b > mb and a > ma:
+                self.rate[r] = (b - mb) / ((a - ma) / 1e9)
+                self.mark[r] = (b, a)
 
 
 class ClosedLoopPolicy:
@@ -62,40 +97,41 @@ class ClosedLoopPolicy:
     :class:`~mpib_agent.ConnRate` list; it returns ``{slot: sup_bw}`` for the connections whose
     split changes). The CLI's ``run --policy closed-loop`` runs it.
 
-    Per connection, one measurement per interval: the total posted rate
-    ``r = Δ(sout_bytes + sup_bytes) / Δt`` of the slot's current ``gen``; an interval in which
-    the gen changed (``rates`` leaves the slot out; a new registration starts again at 512) or
-    no bytes moved is skipped (the same phase is measured again).
+    Per connection and interval it measures each rail's *active rate*: the bytes the rail
+    completed over the time it had at least one of the connection's requests in flight
+    (``Δ*_completed_bytes / Δ*_active_ns``, format version 3). That rate does not depend on the
+    split: a rail that is the bottleneck never idles, so its active rate is its capacity; a
+    rail that is not finishes each part at its capacity plus its latency. The best split gives
+    each rail a share proportional to its active rate, so that both parts of a message finish
+    together:
 
-    - A cycle measures ``r`` at ``w``, then at the probe ``w + step``, then at ``w - step``
-      (clamped to 0..1024), one interval each.
-    - ``w`` moves to the best of the three when that probe beats the rate at ``w`` by more than
-      2 %; otherwise the step halves (not below 8).
-    - When the rate at an unchanged ``w`` differs from its last measurement by more than 15 %
-      (a rail's capacity changed), the step returns to the initial step.
-    - When telemetry shows a rail ``down`` or ``failed``, the split puts everything on the live
-      rail (0 or 1024); once both rails are ``up`` again the search resumes from the previous
-      ``w`` with the initial step. With both rails out of service nothing is written.
+    - target = 1024 * rate_SUP / (rate_SOUT + rate_SUP), kept within [8, 1016] so that both
+      rails stay measured;
+    - ``w`` moves half of the way to the target (``gain``), by at most ``step`` per interval;
+    - a rail that completed nothing in an interval keeps its last rate, and that interval's
+      active time counts toward its next measurement (a stalled rail's rate falls);
+    - a new registration (gen) starts again at 512 with no rates;
+    - when telemetry shows a rail ``down`` or ``failed``, the split puts everything on the
+      live rail (0 or 1024); once both rails are ``up`` again the loop resumes from the
+      previous ``w`` with fresh rates. With both rails out of service nothing is written.
 
-    ``step`` is the initial probe step (1..256, default 64), ``start`` the split a new
-    connection starts from; ``note`` receives a line for the operator when ``w`` moves, a
-    failover starts or ends, or the step resets.
+    Steering on posted bytes (what an earlier version did, by probing w±step) fails behind a
+    queue: posting goes on into a shaped rail's queue, so a probe looks good until the queue
+    fills. Completed bytes over active time see the queue's drain rate, which is the capacity.
 
-    Limitation: a capacity *rise* at the balance point does not change the rate at ``w`` (the
-    other rail still binds), so the step is not reset, and a probe of 8 towards the faster
-    rail gains less than 2 %: ``w`` stays where it was (in the simulator, about 0.64 of the
-    new optimum). ``reprobe`` (default 4, as the Go agent's ``DefaultReprobe``, which both
-    CLIs use; 0 turns it off) returns the step to the initial step after that many cycles in
-    a row at the smallest step without a move, which finds such a rise at the cost of a
-    periodic larger probe (about 1.5 % in steady state).
+    ``step`` is the largest move per interval (1..256, default 64), ``gain`` the fraction of
+    the way to the target per interval (0 < gain <= 1), ``start`` the split a new connection
+    starts from; ``note`` receives a line for the operator when ``w`` moves by 8 or more, or
+    a failover starts or ends.
     """
 
-    def __init__(self, step: int = STEP, *, start: int = START, reprobe: int = 4,
+    def __init__(self, step: int = STEP, *, gain: float = GAIN, start: int = START,
                  note: Optional[Callable[[str], None]] = None) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
             raise ValueError(f"step {step!r}: want an integer 1..{MAX_STEP}")
-        self.step = step
-        self.reprobe = reprobe
+        if not 0 < gain <= 1:
+            raise ValueError(f"gain {gain!r}: want a number in (0, 1]")
+        self.step, self.gain = step, gain
         self.start = _clamp(start)
         self.note = note
         self.conns: Dict[int, ClosedLoopConn] = {}
@@ -114,24 +150,22 @@ class ClosedLoopPolicy:
             seen.add(s.index)
             c = self.conns.get(s.index)
             if c is None or c.gen != s.gen:
-                c = ClosedLoopConn(slot=s.index, gen=s.gen, w=self.start, step=self.step)
+                c = ClosedLoopConn(slot=s.index, gen=s.gen, w=self.start)
+                c.remark(s.telemetry)
                 self.conns[s.index] = c
-                self._say(f"closed-loop: slot {s.index} (gen {s.gen}) peer {s.peer_sout_ip}: "
-                          f"start at sup_bw={c.w}, step {c.step}")
+                self._say(f"closed-loop: slot {s.index} (gen {s.gen}) peer {s.peer_sout_ip}: start at sup_bw={c.w}")
             else:
-                self._measure(c, r)
-            v = c.target()
-            if c.written != v:
-                c.written = v
-                out[s.index] = v
+                self._measure(c, s.telemetry)
+            if c.written != c.w:
+                c.written = c.w
+                out[s.index] = c.w
         for i in list(self.conns):
             if i not in seen:
                 del self.conns[i]
         return out
 
-    def _measure(self, c: ClosedLoopConn, r: ConnRate) -> None:
-        """Folds one interval of connection ``c`` into its state."""
-        t = r.slot.telemetry
+    def _measure(self, c: ClosedLoopConn, t: Telemetry) -> None:
+        """Folds one interval of connection ``c`` into its state and moves ``w``."""
         sout_up, sup_up = t.sout_state == "up", t.sup_state == "up"
         if not sout_up and not sup_up:
             return  # nothing to steer: keep the hint in force
@@ -143,39 +177,20 @@ class ClosedLoopPolicy:
                           f"sup_bw={live} until both are up")
             c.w = live
             return
-        if c.saved_w is not None:  # both rails up again: resume where the search was
+        if c.saved_w is not None:  # both rails up again: resume where it was, measure afresh
             c.w, c.saved_w = c.saved_w, None
-            c.step, c.phase, c.base = self.step, CENTER, 0.0
-            self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): rails up: resume at sup_bw={c.w}, step {c.step}")
+            c.remark(t)
+            self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): rails up: resume at sup_bw={c.w}")
             return
-        rate = r.sout_bps + r.sup_bps
-        if rate <= 0:
-            return  # nothing moved: measure this phase again
-        if c.phase == CENTER:
-            if c.base > 0 and abs(rate / c.base - 1) > DRIFT and c.step != self.step:
-                c.step = self.step
-                self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): rate at sup_bw={c.w} changed "
-                          f"{100 * (rate / c.base - 1):+.0f}%: step {c.step}")
-            c.rate_w, c.base, c.phase = rate, rate, PLUS
-        elif c.phase == PLUS:
-            c.rate_plus, c.phase = rate, MINUS
-        else:
-            c.phase = CENTER
-            best_w, best = _clamp(c.w + c.step), c.rate_plus
-            if rate > best:
-                best_w, best = _clamp(c.w - c.step), rate
-            if best > c.rate_w * (1 + GAIN) and best_w != c.w:
-                self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): sup_bw {c.w} -> {best_w} "
-                          f"({100 * (best / c.rate_w - 1):+.1f}%), step {c.step}")
-                c.w, c.base, c.still = best_w, best, 0
-            else:
-                half = max(c.step // 2, min(MIN_STEP, c.step))
-                if half != c.step:
-                    c.step, c.still = half, 0
-                else:
-                    c.still += 1
-                    if self.reprobe > 0 and c.still >= self.reprobe:
-                        c.step, c.still = self.step, 0
+        c.measure_rates(t)
+        to = target(c.rate[0], c.rate[1])
+        if to is None:
+            return
+        nxt = move(c.w, to, self.gain, self.step)
+        if abs(nxt - c.w) >= NOTE_MOVE:
+            self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): sup_bw {c.w} -> {nxt} (target {to}: "
+                      f"SOUT {c.rate[0] * 8 / 1e6:.1f}, SUP {c.rate[1] * 8 / 1e6:.1f} Mbit/s while active)")
+        c.w = nxt
 
 
-__all__ = ["ClosedLoopPolicy", "ClosedLoopConn", "STEP", "MAX_STEP", "MIN_STEP", "START", "GAIN", "DRIFT"]
+__all__ = ["ClosedLoopPolicy", "ClosedLoopConn", "STEP", "MAX_STEP", "START", "MIN_SHARE", "GAIN", "target", "move"]

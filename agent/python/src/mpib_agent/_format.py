@@ -65,6 +65,8 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("sup_completed_requests", 296, 8),
     ("sup_inflight_bytes", 304, 8),
     ("sup_busy_ns", 312, 8),
+    ("sout_active_ns", 320, 8),  # time with a request in flight on the rail
+    ("sup_active_ns", 328, 8),
 )
 S_TELEMETRY = 128  # telemetry spans [128, SLOT_SIZE): zeroed at each claim
 # rail states (u8 each): field name, offset; JSON and the dataclass hold rail_state_name()
@@ -290,6 +292,11 @@ class Telemetry:
     sup_completed_requests: int = 0
     sup_inflight_bytes: int = 0
     sup_busy_ns: int = 0
+    # active time: ns with at least one of the connection's requests in flight on the rail;
+    # d(*_completed_bytes)/d(*_active_ns) is what the rail delivers while it has work (its
+    # capacity for this connection when it is the bottleneck)
+    sout_active_ns: int = 0
+    sup_active_ns: int = 0
 
 
 @dataclass

@@ -36,6 +36,10 @@ class ConnRate:
     sup_completed_bps: float = 0.0
     sout_latency_ns: float = 0.0
     sup_latency_ns: float = 0.0
+    # bytes completed per second of the rail's active time (a request in flight on it; 0 when
+    # it completed nothing): what the rail delivers while it has work
+    sout_active_bps: float = 0.0
+    sup_active_bps: float = 0.0
 
     @property
     def sup_share(self) -> float:
@@ -85,6 +89,8 @@ def rates(prev: Mapping[int, Slot], cur: Mapping[int, Slot], dt_s: float) -> Lis
                 d(pt.sup_completed_bytes, ct.sup_completed_bytes),
                 mean_latency(pt.sout_busy_ns, ct.sout_busy_ns, pt.sout_completed_requests, ct.sout_completed_requests),
                 mean_latency(pt.sup_busy_ns, ct.sup_busy_ns, pt.sup_completed_requests, ct.sup_completed_requests),
+                active_rate(pt.sout_completed_bytes, ct.sout_completed_bytes, pt.sout_active_ns, ct.sout_active_ns),
+                active_rate(pt.sup_completed_bytes, ct.sup_completed_bytes, pt.sup_active_ns, ct.sup_active_ns),
             )
         )
     return out
@@ -96,6 +102,14 @@ def mean_latency(busy0: int, busy1: int, req0: int, req1: int) -> float:
     if req1 <= req0 or busy1 < busy0:
         return 0.0
     return (busy1 - busy0) / (req1 - req0)
+
+
+def active_rate(bytes0: int, bytes1: int, active0: int, active1: int) -> float:
+    """Bytes completed between two samples per second of the rail's active time in between
+    (0 when nothing completed or no active time was recorded)."""
+    if bytes1 <= bytes0 or active1 <= active0:
+        return 0.0
+    return (bytes1 - bytes0) / ((active1 - active0) / 1e9)
 
 
 @dataclass

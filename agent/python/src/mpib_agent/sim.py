@@ -171,8 +171,8 @@ def optimum(sout: Rail, sup: Rail, up: Tuple[bool, bool], msg_bytes: float) -> T
 
 
 _TEL_NAMES = ("sout_bytes", "sout_requests", "sup_bytes", "sup_requests")
-_DONE_NAMES = ("sout_completed_bytes", "sout_completed_requests", "sout_busy_ns",
-               "sup_completed_bytes", "sup_completed_requests", "sup_busy_ns")
+_DONE_NAMES = ("sout_completed_bytes", "sout_completed_requests", "sout_busy_ns", "sout_active_ns",
+               "sup_completed_bytes", "sup_completed_requests", "sup_busy_ns", "sup_active_ns")
 
 
 @dataclass
@@ -187,7 +187,7 @@ class SimConn:
     slot: int = -1
     gen: int = 0
     posted: List[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # as _TEL_NAMES
-    done: List[float] = field(default_factory=lambda: [0.0] * 6)  # as _DONE_NAMES
+    done: List[float] = field(default_factory=lambda: [0.0] * len(_DONE_NAMES))
     inflight: List[float] = field(default_factory=lambda: [0.0, 0.0])  # bytes per rail (a gauge)
     counters: Dict[str, int] = field(default_factory=dict)  # read telemetry, written at flush
     delivered: float = 0.0  # bytes moved since start
@@ -221,25 +221,28 @@ class SimConn:
         """Counts ``msgs`` messages split into ``parts`` (SOUT, SUP bytes) as the plugin's
         telemetry does: per rail the bytes and requests posted and completed, the time each
         completed request spent on the rail (its latency plus its part at the rail's capacity,
-        times the tick's noise) and the bytes in flight (one message's part while the rail
-        carries traffic: messages follow each other). A part newly in flight is posted before it
+        times the tick's noise), the rail's active time (the same: messages follow each other,
+        so a rail has one request in flight while it carries a part) and the bytes in flight
+        (one message's part while the rail carries traffic). A part newly in flight is posted before it
         completes; one that left the pipe (a smaller split) completed without a new post,
         unless its rail left service (failover: those bytes are lost on it)."""
         for r, (part, rail) in enumerate(zip(parts, (self.sout, self.sup))):
             inflight = part if part > 0 else 0.0
             grow = inflight - self.inflight[r]
-            done = self.done[3 * r: 3 * r + 3]
+            done = self.done[4 * r: 4 * r + 4]
             if part > 0:
                 done[0] += msgs * part
                 done[1] += msgs
-                done[2] += msgs * (rail.latency_us * 1e-6 + part * 8 / (rail.mbps * 1e6)) * noise * 1e9
+                on_rail_ns = msgs * (rail.latency_us * 1e-6 + part * 8 / (rail.mbps * 1e6)) * noise * 1e9
+                done[2] += on_rail_ns
+                done[3] += on_rail_ns
                 self.posted[2 * r] += msgs * part
                 self.posted[2 * r + 1] += msgs
             if grow > 0:
                 self.posted[2 * r] += grow
             elif up[r]:
                 done[0] -= grow
-            self.done[3 * r: 3 * r + 3] = done
+            self.done[4 * r: 4 * r + 4] = done
             self.inflight[r] = inflight
 
 
@@ -293,7 +296,7 @@ class Simulator:
                                              path_class=c.spec.path_class, is_send=c.spec.is_send))
                 c.gen = p.slots[c.slot]
                 c.posted = [0.0] * 4
-                c.done = [0.0] * 6
+                c.done = [0.0] * len(_DONE_NAMES)
                 c.inflight = [0.0, 0.0]
                 c.counters = {}
                 for r, st in enumerate(c.state):
