@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,21 +11,21 @@ import (
 )
 
 // The closed-loop policy in the lab (issue 10): one long verified a1->a2 transfer in advanced
-// mode per agent, a1's rails shaped SOUT 25 / SUP 50 Mbit/s (phase 1), SUP cut to 12.5
+// mode for both agents, a1's rails shaped SOUT 25 / SUP 50 Mbit/s (phase 1), SUP cut to 12.5
 // (phase 2), SUP back to 50 (phase 3). The loop is never told the capacities; it must reach
 // 95 % of the best static split, measured by a sweep in the same transfer, within 10 s of
 // each change.
 //
-// One transfer per agent:
+// One transfer:
 //  1. sweep: static hints (the Go CLI's `set` and `heartbeat`, the reference, not the agent
 //     under test) at the theoretical optimum 1024*sup/(sup+sout) and +-clSweepOffset, under
 //     phase 1's and phase 2's shaping; best_static_mbps of a phase is the best point's rate
 //     (phase 3 has phase 1's shaping and reuses its sweep);
-//  2. hand-over: the heartbeat stops, shaping returns to phase 1, the agent under test starts
-//     `run --policy closed-loop --interval 0.5`; phase 1 starts when the loop's first hint
-//     (512, ClosedLoopStart) is in the segment (the Python CLI takes seconds to start under
-//     TCG, which is start-up, not the loop);
-//  3. phases 2 and 3 start at the shaping change, the loop running throughout.
+//  2. per agent (Go, then Python): hand-over: no heartbeat, the marker hint, shaping back to
+//     phase 1, the agent starts `run --policy closed-loop --interval 0.5`; its phase 1 starts
+//     when the loop's first hint (512, ClosedLoopStart) replaces the marker (the Python CLI
+//     takes seconds to start under TCG, which is start-up, not the loop); phases 2 and 3
+//     start at the shaping change, the loop running throughout; the loop stops after phase 3.
 //
 // Rates are a1's rail tx byte counters (headers included, the same for static and loop),
 // sampled continuously. A phase's rate "stays within 5 %" from the start t of the first
@@ -47,8 +46,11 @@ const (
 	// at the shaped rates when a docker exec takes well under a second; on a loaded machine
 	// (execs of 10-30 s, two lab VMs on 2 cores) the sweep alone takes ~3 minutes, hence the
 	// margin. What is left after phase 3 goes unshaped.
-	clTransfer = "1600M"
+	clTransfer = "2400M"
 )
+
+// clPhaseSup is SUP's shaping in phases 1, 2 and 3.
+var clPhaseSup = []int{clSupKbit, clSupCutKbit, clSupKbit}
 
 type railPoint struct {
 	t        float64 // the node's /proc/uptime, seconds
@@ -148,16 +150,6 @@ func (s *railSampler) rateOver(t *testing.T, from, to float64) float64 {
 	return mbps(s.pts[a], s.pts[b])
 }
 
-type clPhaseResult struct {
-	n            int
-	supKbit      int
-	settled      float64 // -1: never
-	rate, best   float64
-	windows      []float64 // each window's rate, for the log
-	windowStarts []float64
-	staticRates  map[int]float64
-}
-
 // settle evaluates one phase from its change at t0 to end.
 func (s *railSampler) settle(t0, end float64, best float64) (settled, rate float64, rates, starts []float64) {
 	p := s.between(t0, end)
@@ -200,163 +192,200 @@ func optimum(supKbit int) int {
 	return int(math.Round(1024 * float64(supKbit) / float64(supKbit+clSoutKbit)))
 }
 
-func testClosedLoop(t *testing.T, agent agentCLI) {
-	if os.Getenv("MPIB_CLOSEDLOOP") != "1" {
-		t.Skip("the closed-loop lab test runs with MPIB_CLOSEDLOOP=1: it has not passed yet (2026-11-23: 0.85 / 0.45 / 0.85 " +
-			"of the best static split in its three phases, the loop steering on posted rates; see docs/agent.md); " +
-			"issue 10 stays open until it does")
-	}
+// clRun is one closed-loop lab run: the pair, the sampler and the sweep's static rates.
+type clRun struct {
+	lab      *Topology
+	a1       *Node
+	slot     uint32
+	samp     *railSampler
+	cli, srv *Process
+	sweep    []clSweepPoint
+	start    time.Time
+}
+
+type clSweepPoint struct {
+	sup, hint int
+	from      float64
+}
+
+// clMarker is the hint set (with the reference CLI, no heartbeat) before each agent starts;
+// the agent's first write replaces it (ClosedLoopStart, 512), which starts its phase 1.
+const clMarker = 384
+
+// TestClosedLoop: both agents' closed loops in one transfer (the sweep serves both): Go
+// first, then Python, each through the three phases.
+func TestClosedLoop(t *testing.T) {
 	lab := labOrSkip(t)
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	shape := func(r Rail, kbit int) {
-		t.Helper()
-		if err := lab.Shape(ctx, a1, r, fmt.Sprintf("netem rate %dkbit limit 10000", kbit)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now()}
 	t.Cleanup(func() {
-		for _, r := range Rails {
-			if err := lab.Shape(context.Background(), a1, r, ""); err != nil {
-				t.Errorf("restoring %s shaping: %v", r, err)
+		for _, rl := range Rails {
+			if err := lab.Shape(context.Background(), r.a1, rl, ""); err != nil {
+				t.Errorf("restoring %s shaping: %v", rl, err)
 			}
 		}
 	})
-	shape(SOUT, clSoutKbit)
-	shape(SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
+	r.startTransfer(ctx, t)
+	defer func() { // a failed test must not leave the pair running
+		r.srv.Kill(context.Background())
+		r.cli.Kill(context.Background())
+	}()
+	r.runSweep(ctx, t)
+	starts := map[string][]float64{}
+	var outs []string
+	for _, agent := range []agentCLI{goAgent, pythonAgent} {
+		st, out := r.runAgent(ctx, t, agent)
+		starts[agent.name] = st
+		outs = append(outs, out)
+	}
+	r.samp.stop(ctx, t)
+	static, best := r.staticRates(t)
+	for _, rl := range Rails { // the rest of the transfer goes unshaped
+		lab.Shape(ctx, r.a1, rl, "")
+	}
+	cOut, cErr, cCode, err1 := r.cli.Wait(ctx)
+	sOut, sErr, sCode, err2 := r.srv.Wait(ctx)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("transfer did not finish: %v %v", err1, err2)
+	}
+	for _, o := range outs {
+		t.Log(o)
+	}
+	verified(t, pairResult{serverOut: sOut, serverErr: sErr, clientOut: cOut, clientErr: cErr, serverCode: sCode, clientCode: cCode})
+	for _, agent := range []agentCLI{goAgent, pythonAgent} {
+		r.report(t, agent.name, starts[agent.name], static, best)
+	}
+	fmt.Printf("closedloop: lab_s=%.1f\n", time.Since(r.start).Seconds())
+}
 
-	a1.Exec(ctx, nil, "rm", "-f", segPath)
-	ref := goAgent // static hints and slot look-ups: the Go CLI answers in milliseconds
-	ref.run(ctx, t, a1, "create")
-	beat, err := a1.Start(ctx, ref.env, append(ref.cmd, "heartbeat", "--path", segPath)...)
+func (r *clRun) shape(ctx context.Context, t *testing.T, rl Rail, kbit int) {
+	t.Helper()
+	if err := r.lab.Shape(ctx, r.a1, rl, fmt.Sprintf("netem rate %dkbit limit 10000", kbit)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startTransfer creates the segment, starts the verified a1->a2 transfer in advanced mode and
+// the rail sampler.
+func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
+	a2 := r.lab.Node("a2")
+	r.shape(ctx, t, SOUT, clSoutKbit)
+	r.shape(ctx, t, SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
+	r.a1.Exec(ctx, nil, "rm", "-f", segPath)
+	goAgent.run(ctx, t, r.a1, "create")
+	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
+	r.srv, r.cli = startPair(ctx, t, nettestPair{server: a2, client: r.a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(r.a1, mode...),
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8",
+			"--idle-us", strconv.Itoa(faultIdleUS)}})
+	t.Logf("pair started at %.1f s", time.Since(r.start).Seconds())
+	r.slot = goAgent.sendSlot(ctx, t, r.a1)
+	r.samp = startSampler(ctx, t, r.a1)
+	t.Logf("send connection in slot %d at %.1f s", r.slot, time.Since(r.start).Seconds())
+}
+
+// setHint sets the slot's hint with the reference CLI and returns the node time it landed.
+func (r *clRun) setHint(ctx context.Context, t *testing.T, hint int) float64 {
+	return nodeSh(ctx, t, r.a1, `"$0" set --conn "$1" --sup-bw "$2" --path "$3" >/dev/null`,
+		goAgent.cmd[0], strconv.Itoa(int(r.slot)), strconv.Itoa(hint), segPath)
+}
+
+// runSweep measures static hints (the Go CLI's set and heartbeat: the reference, not an agent
+// under test) at the optimum and +-clSweepOffset under phase 1's and phase 2's shaping.
+func (r *clRun) runSweep(ctx context.Context, t *testing.T) {
+	beat, err := r.a1.Start(ctx, goAgent.env, append(goAgent.cmd, "heartbeat", "--path", segPath)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
-
-	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
-	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8",
-			"--idle-us", strconv.Itoa(faultIdleUS)}})
-	defer func() { // a failed test must not leave the pair running
-		srv.Kill(context.Background())
-		cli.Kill(context.Background())
-	}()
-	t.Logf("pair started at %.1f s", time.Since(start).Seconds())
-	slot := ref.sendSlot(ctx, t, a1)
-	samp := startSampler(ctx, t, a1)
-	defer samp.p.Kill(context.Background())
-	t.Logf("send connection in slot %d at %.1f s", slot, time.Since(start).Seconds())
-
-	// 1. The sweep.
-	type sweepPoint struct {
-		sup, hint int
-		from      float64
-	}
-	var sweep []sweepPoint
 	for _, sup := range []int{clSupKbit, clSupCutKbit} {
-		shape(SUP, sup)
+		r.shape(ctx, t, SUP, sup)
 		opt := optimum(sup)
 		for _, hint := range []int{opt - clSweepOffset, opt, opt + clSweepOffset} {
-			from := nodeSh(ctx, t, a1, `"$0" set --conn "$1" --sup-bw "$2" --path "$3" >/dev/null`,
-				ref.cmd[0], strconv.Itoa(int(slot)), strconv.Itoa(hint), segPath) + clSweepSettle.Seconds()
-			sweep = append(sweep, sweepPoint{sup, hint, from})
+			from := r.setHint(ctx, t, hint) + clSweepSettle.Seconds()
+			r.sweep = append(r.sweep, clSweepPoint{sup, hint, from})
 			time.Sleep(clSweepSettle + clWindow + 300*time.Millisecond) // node time is past from+window: the marker came back after it was read
 		}
-		if !running(cli) {
+		if !running(r.cli) {
 			t.Fatalf("the transfer ended during the sweep: raise clTransfer")
 		}
 	}
-
-	// 2. Hand-over to the closed loop under phase 1's shaping (the sweep ended at
-	// optimum(clSupCutKbit)+clSweepOffset).
 	if err := beat.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	shape(SUP, clSupKbit)
-	loop, err := a1.Start(ctx, agent.env, append(agent.cmd, "run", "--policy", "closed-loop", "--interval", "0.5", "--path", segPath)...)
+	t.Logf("sweep done at %.1f s", time.Since(r.start).Seconds())
+}
+
+// runAgent hands the slot to agent's closed loop under phase 1's shaping (phase 1 starts when
+// its first hint replaces clMarker: the Python CLI takes seconds to start under TCG, which is
+// start-up, not the loop), then changes the shaping for phases 2 and 3. It returns the phase
+// start times (node clock) and the loop's output.
+func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]float64, string) {
+	r.setHint(ctx, t, clMarker)
+	r.shape(ctx, t, SUP, clSupKbit)
+	handover := time.Now()
+	loop, err := r.a1.Start(ctx, agent.env, append(agent.cmd, "run", "--policy", "closed-loop", "--interval", "0.5", "--path", segPath)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer loop.Kill(context.Background())
-	handover := time.Now()
-	t.Logf("sweep done at %.1f s", time.Since(start).Seconds())
-	// Phase 1 starts when the loop's first hint is in the segment (the slot's hint is no longer
-	// the sweep's last one; the loop starts at 512 and probes from there), polled inside a1.
-	t0 := nodeSh(ctx, t, a1, `timeout 90 sh -c 'while "$0" list --json --path "$1" | grep -q "\"sup_bw\": $2,"; do sleep 0.1; done' "$0" "$1" "$2" || exit 1`,
-		ref.cmd[0], segPath, strconv.Itoa(optimum(clSupCutKbit)+clSweepOffset))
+	t0 := nodeSh(ctx, t, r.a1, `timeout 90 sh -c 'while "$0" list --json --path "$1" | grep -q "\"sup_bw\": $2,"; do sleep 0.1; done' "$0" "$1" "$2" || exit 1`,
+		goAgent.cmd[0], segPath, strconv.Itoa(clMarker))
 	if !running(loop) {
 		out, errOut, code, _ := loop.Wait(ctx)
 		t.Fatalf("%s agent run exited %d:\n%s%s", agent.name, code, out, errOut)
 	}
 	t.Logf("%s agent: the loop's first hint %.1f s after its start", agent.name, time.Since(handover).Seconds())
-
-	// 3. The phases.
-	phaseSup := []int{clSupKbit, clSupCutKbit, clSupKbit}
 	var starts []float64
-	for n, sup := range phaseSup {
+	for n, sup := range clPhaseSup {
 		if n > 0 { // the change and its time in one command
-			t0 = nodeSh(ctx, t, a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, a1.Netdev(SUP), strconv.Itoa(sup))
+			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(sup))
 		}
 		starts = append(starts, t0)
 		time.Sleep(clPhase + 300*time.Millisecond) // past t0+clPhase in node time (see the sweep)
-		if !running(cli) {
-			t.Fatalf("the transfer ended during phase %d: raise clTransfer", n+1)
+		if !running(r.cli) {
+			t.Fatalf("the transfer ended during %s agent's phase %d: raise clTransfer", agent.name, n+1)
 		}
-	}
-	samp.stop(ctx, t)
-	static := map[int]map[int]float64{} // sup kbit -> hint -> Mbit/s
-	best := map[int]float64{}
-	for _, sp := range sweep {
-		r := samp.rateOver(t, sp.from, sp.from+clWindow.Seconds())
-		if static[sp.sup] == nil {
-			static[sp.sup] = map[int]float64{}
-		}
-		static[sp.sup][sp.hint] = r
-		best[sp.sup] = max(best[sp.sup], r)
-	}
-	var results []clPhaseResult
-	for n, sup := range phaseSup {
-		settled, rate, wins, ws := samp.settle(starts[n], starts[n]+clPhase.Seconds(), best[sup])
-		results = append(results, clPhaseResult{n: n + 1, supKbit: sup, settled: settled, rate: rate, best: best[sup],
-			windows: wins, windowStarts: ws, staticRates: static[sup]})
-	}
-	// The rest of the transfer goes unshaped.
-	for _, r := range Rails {
-		lab.Shape(ctx, a1, r, "")
-	}
-	cOut, cErr, cCode, err1 := cli.Wait(ctx)
-	sOut, sErr, sCode, err2 := srv.Wait(ctx)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("transfer did not finish: %v %v", err1, err2)
 	}
 	loop.Kill(ctx)
 	lOut, lErr, _, _ := loop.Wait(ctx)
-	t.Logf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
-	verified(t, pairResult{serverOut: sOut, serverErr: sErr, clientOut: cOut, clientErr: cErr, serverCode: sCode, clientCode: cCode})
-
-	for _, r := range results {
-		var ws string
-		for i := range r.windows {
-			ws += fmt.Sprintf(" %.1f:%.1f", r.windowStarts[i], r.windows[i])
-		}
-		t.Logf("phase %d: static %v; windows (start_s:mbps)%s", r.n, r.staticRates, ws)
-		settled := r.settled
-		if settled < 0 {
-			settled = clPhase.Seconds() // never settled within the phase
-		}
-		ratio := r.rate / r.best
-		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true\n",
-			agent.name, r.n, float64(clSoutKbit)/1000, float64(r.supKbit)/1000, settled, r.rate, r.best, ratio)
-		if r.settled < 0 || r.settled > clSettleMax || ratio < clMinRatio {
-			t.Errorf("phase %d: settled_s=%.1f (never: %t) ratio=%.3f, want settled_s <= %g and ratio >= %g",
-				r.n, settled, r.settled < 0, ratio, clSettleMax, clMinRatio)
-		}
-	}
-	fmt.Printf("closedloop: agent=%s lab_s=%.1f\n", agent.name, time.Since(start).Seconds())
+	return starts, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
 }
 
-func TestClosedLoopGoAgent(t *testing.T)     { testClosedLoop(t, goAgent) }
-func TestClosedLoopPythonAgent(t *testing.T) { testClosedLoop(t, pythonAgent) }
+// staticRates is the sweep's rate per shaping and hint, and the best per shaping.
+func (r *clRun) staticRates(t *testing.T) (map[int]map[int]float64, map[int]float64) {
+	static := map[int]map[int]float64{} // sup kbit -> hint -> Mbit/s
+	best := map[int]float64{}
+	for _, sp := range r.sweep {
+		rate := r.samp.rateOver(t, sp.from, sp.from+clWindow.Seconds())
+		if static[sp.sup] == nil {
+			static[sp.sup] = map[int]float64{}
+		}
+		static[sp.sup][sp.hint] = rate
+		best[sp.sup] = max(best[sp.sup], rate)
+	}
+	return static, best
+}
+
+// report prints one closedloop: line per phase of one agent and checks it.
+func (r *clRun) report(t *testing.T, agent string, starts []float64, static map[int]map[int]float64, best map[int]float64) {
+	for n, sup := range clPhaseSup {
+		settled, rate, wins, ws := r.samp.settle(starts[n], starts[n]+clPhase.Seconds(), best[sup])
+		var line string
+		for i := range wins {
+			line += fmt.Sprintf(" %.1f:%.1f", ws[i], wins[i])
+		}
+		t.Logf("%s phase %d: static %v; windows (start_s:mbps)%s", agent, n+1, static[sup], line)
+		shown := settled
+		if settled < 0 {
+			shown = clPhase.Seconds() // never settled within the phase
+		}
+		ratio := rate / best[sup]
+		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true\n",
+			agent, n+1, float64(clSoutKbit)/1000, float64(sup)/1000, shown, rate, best[sup], ratio)
+		if settled < 0 || settled > clSettleMax || ratio < clMinRatio {
+			t.Errorf("%s phase %d: settled_s=%.1f (never: %t) ratio=%.3f, want settled_s <= %g and ratio >= %g",
+				agent, n+1, shown, settled < 0, ratio, clSettleMax, clMinRatio)
+		}
+	}
+}

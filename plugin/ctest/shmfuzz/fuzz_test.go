@@ -53,7 +53,7 @@ func FuzzCReader(f *testing.F) {
 			want := SlotFields{uint32(s.State), s.OwnerPID, s.Gen, uint32(s.PeerSoutIP), s.PID, s.Hint.Seq, s.Hint.SupBw,
 				s.Hint.Flags, s.Hint.Gen, s.ConnID, s.Telemetry.SoutBytes, s.Telemetry.SupBytes, s.Telemetry.LastReadNs,
 				uint8(s.PathClass), s.IsSend, s.Telemetry.AppliedSupBw, s.Telemetry.FlushWallNs, s.Telemetry.SoutCompletedBytes,
-				s.Telemetry.SoutBusyNs, s.Telemetry.SupCompletedRequests, s.Telemetry.SupInflightBytes}
+				s.Telemetry.SoutBusyNs, s.Telemetry.SupCompletedRequests, s.Telemetry.SupInflightBytes, s.Telemetry.SupActiveNs}
 			if !ok || c != want {
 				t.Fatalf("slot %d: C %+v, Go %+v", s.Index, c, want)
 			}

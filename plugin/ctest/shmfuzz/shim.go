@@ -114,7 +114,7 @@ type SlotFields struct {
 	// Version 3 completion telemetry (a sample of its fields: one per offset group).
 	AppliedSupBw                                                      uint32
 	FlushWallNs, SoutCompletedBytes, SoutBusyNs, SupCompletedRequests uint64
-	SupInflightBytes                                                  uint64
+	SupInflightBytes, SupActiveNs                                     uint64
 }
 
 // DecodeSlot runs mpib_shm_decode_slot.
@@ -127,7 +127,8 @@ func (im *Image) DecodeSlot(i uint32) (SlotFields, bool) {
 		uint32(s.hint.seq), uint32(s.hint.sup_bw), uint32(s.hint.flags), uint32(s.hint.gen),
 		uint64(s.conn_id), uint64(s.sout_bytes), uint64(s.sup_bytes), uint64(s.last_read_ns),
 		uint8(s.path_class), uint8(s.is_send), uint32(s.applied_sup_bw), uint64(s.flush_wall_ns),
-		uint64(s.completed_bytes[0]), uint64(s.busy_ns[0]), uint64(s.completed_requests[1]), uint64(s.inflight_bytes[1])}, true
+		uint64(s.completed_bytes[0]), uint64(s.busy_ns[0]), uint64(s.completed_requests[1]), uint64(s.inflight_bytes[1]),
+		uint64(s.active_ns[1])}, true
 }
 
 // Exercise runs the plugin's per-connection calls on the image: register (claims a free slot
