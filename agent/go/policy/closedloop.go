@@ -14,37 +14,28 @@ const (
 	ClosedLoopMaxStep  = 256  // largest --step
 	ClosedLoopStart    = 512  // split a new connection starts from
 	ClosedLoopMinShare = 8    // each rail keeps at least this share while both are up
-	ClosedLoopGain     = 0.25 // fraction of the way to the rate target taken per interval
-	ClosedLoopUtilGain = 0.3  // share moved per interval per unit of utilization difference (x1024)
-	ClosedLoopUtilEWMA = 0.5  // weight of the newest interval in the smoothed utilizations
+	ClosedLoopGain     = 0.5  // fraction of the way to the estimated best split taken per interval
 	ClosedLoopNoteMove = 8    // moves of at least this much are noted for the operator
+	ClosedLoopSmooth   = 0.4  // weight of the newest measurement in a rail's smoothed bytes and active time
 	closedLoopNoFailed = -1
 )
 
 // ClosedLoop steers every send connection (is_send=1) to the split at which its transfers
 // finish fastest, without knowing the rails' capacities, and follows the rails when they
-// change. Per connection and interval it measures, per rail, the active time (the time the
-// rail had at least one of the connection's requests in flight, format version 3) and from
-// it two things:
+// change. Per connection and interval it measures each rail's active rate: the bytes the
+// rail completed over the time it had at least one of the connection's requests in flight
+// (Δ*_completed_bytes / Δ*_active_ns, format version 3). That rate does not depend on the
+// split: a rail that is the bottleneck never idles, so its active rate is its capacity; a
+// rail that is not finishes each part at its capacity plus its latency. The best split gives
+// each rail a share proportional to its active rate, so that both parts of a message finish
+// together:
 //
-//   - the active rate, Δ*_completed_bytes / Δ*_active_ns. The split does not change it much:
-//     a rail that is the bottleneck never idles, so its active rate is its capacity; a rail
-//     that is not finishes each part at its capacity plus a latency tail. Splitting in
-//     proportion to it (the rate target) lets both parts of a message finish together;
-//   - the utilization, Δ*_active_ns / Δt: how much of the interval the rail had work. The rate
-//     target undervalues a rail that idles between parts (each burst ends with a latency
-//     tail that counts as active time), and with several messages in flight (NCCL keeps up
-//     to 8 per channel) that tail overlaps the next message once the rail has enough work.
-//     The rail that idles more takes more of the split.
-//
-// Each interval w moves by Gain x (target - w) + UtilGain x 1024 x (u_SOUT - u_SUP)
-// (utilizations smoothed, ClosedLoopUtilEWMA), at most Step, and stays within
-// [ClosedLoopMinShare, 1024-ClosedLoopMinShare] so that both rails stay measured. With one
-// message at a time both terms vanish where both parts take equally long, the optimum; with
-// many in flight, where both rails are kept busy, the optimum again.
-//
-// Also:
-
+//   - target = 1024 * rate_SUP / (rate_SOUT + rate_SUP), kept within
+//     [ClosedLoopMinShare, 1024-ClosedLoopMinShare] so that both rails stay measured;
+//   - each rail's rate is the ratio of its smoothed completed bytes and active time (each an
+//     exponential average over measurements, ClosedLoopSmooth): one interval of a rail
+//     shaped by a queue carries a few messages, and their count jitters;
+//   - w moves ClosedLoopGain of the way to the target, by at most Step per interval;
 //   - a rail that completed nothing in an interval keeps its last rate and adds the
 //     interval's active time to its next measurement (a stalled rail's rate falls);
 //   - a new registration (gen) starts again at 512 (ClosedLoopStart) with no rates;
@@ -58,9 +49,8 @@ const (
 // Hints are written for the gen the decision was computed on (a connection that closed in
 // between is skipped). The Python agent (mpib_agent._closedloop) implements the same algorithm.
 type ClosedLoop struct {
-	Step     uint32  // largest move of the split per interval in parts per 1024 (1..256); 0 = 64
-	Gain     float64 // fraction of the way to the rate target per interval (0..1]; 0 = ClosedLoopGain
-	UtilGain float64 // weight of the utilization difference (0..1]; 0 = ClosedLoopUtilGain
+	Step uint32  // largest move of the split per interval in parts per 1024 (1..256); 0 = 64
+	Gain float64 // fraction of the way to the target per interval (0..1]; 0 = 0.5
 
 	conns map[uint32]*clConn
 }
@@ -73,10 +63,8 @@ type clConn struct {
 	gen      uint32
 	mark     [2]railMark
 	rate     [2]float64 // active rate per rail, bytes per second; 0 = not measured yet
-	util     [2]float64 // smoothed utilization per rail (fraction of the interval with work)
-	prevNs   uint64     // the previous tick, and each rail's active time then
-	prevAct  [2]uint64
-	hasUtil  bool
+	avgBytes [2]float64 // smoothed completed bytes and active ns per measurement
+	avgNs    [2]float64
 	w        int        // the split in force
 	savedW   int        // w before a failover (closedLoopNoFailed: no failover in force)
 	written  uint32
@@ -108,13 +96,6 @@ func (p *ClosedLoop) gain() float64 {
 	return p.Gain
 }
 
-func (p *ClosedLoop) utilGain() float64 {
-	if p.UtilGain <= 0 || p.UtilGain > 1 {
-		return ClosedLoopUtilGain
-	}
-	return p.UtilGain
-}
-
 func clampW(w int) int { return min(max(w, 0), shm.SupBwMax) }
 
 // ClosedLoopTarget is the split that gives each rail a share of the bytes proportional to
@@ -128,13 +109,18 @@ func ClosedLoopTarget(soutBps, supBps float64) (w int, ok bool) {
 	return min(max(x, ClosedLoopMinShare), shm.SupBwMax-ClosedLoopMinShare), true
 }
 
-// ClosedLoopMove is the next split from w: gain of the way to target plus utilGain x 1024 x
-// (uSout - uSup), rounded, at most maxStep, kept within [ClosedLoopMinShare,
-// 1024-ClosedLoopMinShare].
-func ClosedLoopMove(w, target int, uSout, uSup, gain, utilGain float64, maxStep int) int {
-	m := int(math.Round(float64(target-w)*gain + utilGain*shm.SupBwMax*(uSout-uSup)))
-	m = min(max(m, -maxStep), maxStep)
-	return min(max(w+m, ClosedLoopMinShare), shm.SupBwMax-ClosedLoopMinShare)
+// ClosedLoopMove is the next split from w toward target: gain of the way, rounded, at most
+// maxStep, and at least 1 while w differs from target (so that w reaches it).
+func ClosedLoopMove(w, target int, gain float64, maxStep int) int {
+	d := float64(target-w) * gain
+	m := int(math.Round(d))
+	if m == 0 && target != w {
+		m = 1
+		if target < w {
+			m = -1
+		}
+	}
+	return clampW(w + min(max(m, -maxStep), maxStep))
 }
 
 // State returns the loop's per-connection state, by slot.
@@ -165,12 +151,12 @@ func (p *ClosedLoop) Tick(hw HintWriter, nowNs uint64, conns []shm.Slot) (notes 
 		c := p.conns[s.Index]
 		if c == nil || c.gen != s.Gen {
 			c = &clConn{gen: s.Gen, w: ClosedLoopStart, savedW: closedLoopNoFailed}
-			c.remark(s.Telemetry, nowNs)
+			c.remark(s.Telemetry)
 			p.conns[s.Index] = c
 			notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d) peer %v: start at sup_bw=%d",
 				s.Index, s.Gen, s.PeerSoutIP, c.w))
 		} else {
-			notes = append(notes, p.measure(c, s, nowNs)...)
+			notes = append(notes, p.measure(c, s)...)
 		}
 		if c.hasWrite && c.written == uint32(c.w) {
 			continue
@@ -201,34 +187,12 @@ func railTelemetry(t shm.Telemetry, r int) railMark {
 	return railMark{t.SupCompletedBytes, t.SupActiveNs}
 }
 
-// remark starts both rails' next measurement at the telemetry t read at nowNs, forgetting
-// their rates and utilizations.
-func (c *clConn) remark(t shm.Telemetry, nowNs uint64) {
+// remark starts both rails' next measurement at the telemetry t, forgetting their rates.
+func (c *clConn) remark(t shm.Telemetry) {
 	for r := range c.mark {
 		c.mark[r], c.rate[r] = railTelemetry(t, r), 0
-		c.prevAct[r] = c.mark[r].activeNs
+		c.avgBytes[r], c.avgNs[r] = 0, 0
 	}
-	c.prevNs, c.hasUtil = nowNs, false
-}
-
-// measureUtil folds the interval's utilization of each rail into the smoothed ones.
-func (c *clConn) measureUtil(t shm.Telemetry, nowNs uint64) {
-	if nowNs <= c.prevNs {
-		return
-	}
-	dt := float64(nowNs - c.prevNs)
-	for r := range c.util {
-		act := railTelemetry(t, r).activeNs
-		u := 0.0
-		if act > c.prevAct[r] {
-			u = min(float64(act-c.prevAct[r])/dt, 1)
-		}
-		if c.hasUtil {
-			u = ClosedLoopUtilEWMA*u + (1-ClosedLoopUtilEWMA)*c.util[r]
-		}
-		c.util[r], c.prevAct[r] = u, act
-	}
-	c.prevNs, c.hasUtil = nowNs, true
 }
 
 // measureRates updates each rail's active rate from what it completed since its mark.
@@ -236,19 +200,25 @@ func (c *clConn) measureRates(t shm.Telemetry) {
 	for r := range c.mark {
 		cur, m := railTelemetry(t, r), c.mark[r]
 		if cur.bytes < m.bytes || cur.activeNs < m.activeNs { // counters went back: start again
-			c.mark[r], c.rate[r] = cur, 0
+			c.mark[r], c.rate[r], c.avgBytes[r], c.avgNs[r] = cur, 0, 0, 0
 			continue
 		}
 		if cur.bytes == m.bytes || cur.activeNs == m.activeNs {
 			continue // nothing completed: the active time counts toward the next measurement
 		}
-		c.rate[r] = float64(cur.bytes-m.bytes) / (float64(cur.activeNs-m.activeNs) / 1e9)
+		b, ns := float64(cur.bytes-m.bytes), float64(cur.activeNs-m.activeNs)
+		if c.rate[r] > 0 {
+			b = ClosedLoopSmooth*b + (1-ClosedLoopSmooth)*c.avgBytes[r]
+			ns = ClosedLoopSmooth*ns + (1-ClosedLoopSmooth)*c.avgNs[r]
+		}
+		c.avgBytes[r], c.avgNs[r] = b, ns
+		c.rate[r] = b / (ns / 1e9)
 		c.mark[r] = cur
 	}
 }
 
-// measure folds one interval of connection s, read at nowNs, into its state and moves w.
-func (p *ClosedLoop) measure(c *clConn, s shm.Slot, nowNs uint64) (notes []string) {
+// measure folds one interval of connection s into its state and moves w.
+func (p *ClosedLoop) measure(c *clConn, s shm.Slot) (notes []string) {
 	sout, sup := s.Telemetry.SoutState, s.Telemetry.SupState
 	live := -1 // the split the live rail takes when one rail is out of service
 	switch {
@@ -270,20 +240,19 @@ func (p *ClosedLoop) measure(c *clConn, s shm.Slot, nowNs uint64) (notes []strin
 	}
 	if c.savedW != closedLoopNoFailed { // both rails up again: resume where it was, measure afresh
 		c.w, c.savedW = c.savedW, closedLoopNoFailed
-		c.remark(s.Telemetry, nowNs)
+		c.remark(s.Telemetry)
 		return append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): rails up: resume at sup_bw=%d",
 			s.Index, s.Gen, c.w))
 	}
 	c.measureRates(s.Telemetry)
-	c.measureUtil(s.Telemetry, nowNs)
 	target, ok := ClosedLoopTarget(c.rate[0], c.rate[1])
 	if !ok {
 		return nil
 	}
-	next := ClosedLoopMove(c.w, target, c.util[0], c.util[1], p.gain(), p.utilGain(), p.maxStep())
+	next := ClosedLoopMove(c.w, target, p.gain(), p.maxStep())
 	if abs(next-c.w) >= ClosedLoopNoteMove {
-		notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): sup_bw %d -> %d (target %d: SOUT %.1f, SUP %.1f Mbit/s while active; busy %.0f%%, %.0f%%)",
-			s.Index, s.Gen, c.w, next, target, c.rate[0]*8/1e6, c.rate[1]*8/1e6, 100*c.util[0], 100*c.util[1]))
+		notes = append(notes, fmt.Sprintf("closed-loop: slot %d (gen %d): sup_bw %d -> %d (target %d: SOUT %.1f, SUP %.1f Mbit/s while active)",
+			s.Index, s.Gen, c.w, next, target, c.rate[0]*8/1e6, c.rate[1]*8/1e6))
 	}
 	c.w = next
 	return notes

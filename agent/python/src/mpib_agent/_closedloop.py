@@ -15,10 +15,9 @@ STEP = 64  # default largest move of the split per interval, parts per 1024
 MAX_STEP = 256  # largest step
 START = 512  # the split a new connection starts from
 MIN_SHARE = 8  # each rail keeps at least this share while both are up (so both stay measured)
-GAIN = 0.25  # fraction of the way to the rate target taken per interval
-UTIL_GAIN = 0.3  # share moved per interval per unit of utilization difference (x1024)
-UTIL_EWMA = 0.5  # weight of the newest interval in the smoothed utilizations
+GAIN = 0.5  # fraction of the way to the target taken per interval
 NOTE_MOVE = 8  # moves of at least this much are noted for the operator
+SMOOTH = 0.4  # weight of the newest measurement in a rail's smoothed bytes and active time
 
 
 def _clamp(w: int) -> int:
@@ -39,12 +38,13 @@ def target(sout_bps: float, sup_bps: float) -> Optional[int]:
     return min(max(x, MIN_SHARE), SUP_BW_MAX - MIN_SHARE)
 
 
-def move(w: int, to: int, u_sout: float, u_sup: float, gain: float, util_gain: float, max_step: int) -> int:
-    """The next split from ``w``: ``gain`` of the way to ``to`` plus ``util_gain`` x 1024 x
-    (u_sout - u_sup), rounded, at most ``max_step``, kept within [MIN_SHARE, 1024 - MIN_SHARE]."""
-    m = _round((to - w) * gain + util_gain * SUP_BW_MAX * (u_sout - u_sup))
-    m = min(max(m, -max_step), max_step)
-    return min(max(w + m, MIN_SHARE), SUP_BW_MAX - MIN_SHARE)
+def move(w: int, to: int, gain: float, max_step: int) -> int:
+    """The next split from ``w`` toward ``to``: ``gain`` of the way, rounded, at most
+    ``max_step``, and at least 1 while ``w`` differs from ``to``."""
+    m = _round((to - w) * gain)
+    if m == 0 and to != w:
+        m = 1 if to > w else -1
+    return _clamp(w + min(max(m, -max_step), max_step))
 
 
 def _rail(t: Telemetry, r: int) -> Tuple[int, int]:
@@ -63,8 +63,7 @@ class ClosedLoopConn:
     w: int  # the split in force (during a failover: the live rail's 0 or 1024)
     mark: List[Tuple[int, int]] = field(default_factory=lambda: [(0, 0), (0, 0)])  # per rail at the last rate
     rate: List[float] = field(default_factory=lambda: [0.0, 0.0])  # active rate per rail, bytes/s; 0 unknown
-    util: Optional[List[float]] = None  # smoothed utilization per rail (None: not measured yet)
-    prev_active: List[int] = field(default_factory=lambda: [0, 0])  # each rail's active time at the last tick
+    avg: List[Tuple[float, float]] = field(default_factory=lambda: [(0.0, 0.0), (0.0, 0.0)])  # smoothed bytes, ns
     saved_w: Optional[int] = None  # w before a failover (None: both rails up)
     written: Optional[int] = None  # the value last returned for this connection
 
@@ -77,25 +76,10 @@ class ClosedLoopConn:
         return target(self.rate[0], self.rate[1]) is not None
 
     def remark(self, t: Telemetry) -> None:
-        """Both rails' next measurement starts at ``t``; their rates and utilizations are
-        forgotten."""
+        """Both rails' next measurement starts at ``t``; their rates are forgotten."""
         self.mark = [_rail(t, 0), _rail(t, 1)]
         self.rate = [0.0, 0.0]
-        self.prev_active = [self.mark[0][1], self.mark[1][1]]
-        self.util = None
-
-    def measure_util(self, t: Telemetry, dt_s: float) -> None:
-        """Folds the interval's utilization of each rail into the smoothed ones."""
-        if dt_s <= 0:
-            return
-        u = []
-        for r in (0, 1):
-            a = _rail(t, r)[1]
-            u.append(min((a - self.prev_active[r]) / (dt_s * 1e9), 1.0) if a > self.prev_active[r] else 0.0)
-            self.prev_active[r] = a
-        if self.util is not None:
-            u = [UTIL_EWMA * u[r] + (1 - UTIL_EWMA) * self.util[r] for r in (0, 1)]
-        self.util = u
+        self.avg = [(0.0, 0.0), (0.0, 0.0)]
 
     def measure_rates(self, t: Telemetry) -> None:
         """Each rail's active rate from what it completed since its mark; a rail that completed
@@ -103,9 +87,14 @@ class ClosedLoopConn:
         for r in (0, 1):
             (b, a), (mb, ma) = _rail(t, r), self.mark[r]
             if b < mb or a < ma:  # counters went back: start again
-                self.mark[r], self.rate[r] = (b, a), 0.0
+                self.mark[r], self.rate[r], self.avg[r] = (b, a), 0.0, (0.0, 0.0)
             elif b > mb and a > ma:
-                self.rate[r] = (b - mb) / ((a - ma) / 1e9)
+                nb, na = float(b - mb), float(a - ma)
+                if self.rate[r] > 0:
+                    nb = SMOOTH * nb + (1 - SMOOTH) * self.avg[r][0]
+                    na = SMOOTH * na + (1 - SMOOTH) * self.avg[r][1]
+                self.avg[r] = (nb, na)
+                self.rate[r] = nb / (na / 1e9)
                 self.mark[r] = (b, a)
 
 
@@ -116,47 +105,44 @@ class ClosedLoopPolicy:
     :class:`~mpib_agent.ConnRate` list; it returns ``{slot: sup_bw}`` for the connections whose
     split changes). The CLI's ``run --policy closed-loop`` runs it.
 
-    Per connection and interval it measures, per rail, the active time (the time the rail had
-    at least one of the connection's requests in flight, format version 3) and from it:
+    Per connection and interval it measures each rail's *active rate*: the bytes the rail
+    completed over the time it had at least one of the connection's requests in flight
+    (``Δ*_completed_bytes / Δ*_active_ns``, format version 3). That rate does not depend on the
+    split: a rail that is the bottleneck never idles, so its active rate is its capacity; a
+    rail that is not finishes each part at its capacity plus its latency. The best split gives
+    each rail a share proportional to its active rate, so that both parts of a message finish
+    together:
 
-    - the *active rate*, ``Δ*_completed_bytes / Δ*_active_ns``. The split does not change it
-      much: a rail that is the bottleneck never idles, so its active rate is its capacity; a
-      rail that is not finishes each part at its capacity plus a latency tail. Splitting in
-      proportion to it (the rate target, kept within [8, 1016] so that both rails stay
-      measured) lets both parts of a message finish together;
-    - the *utilization*, ``Δ*_active_ns / Δt``: how much of the interval the rail had work. The
-      rate target undervalues a rail that idles between parts (its latency tails count as
-      active time), and with several messages in flight those tails overlap the next message
-      once the rail has enough work: the rail that idles more takes more of the split.
-
-    Each interval ``w`` moves by ``gain * (target - w) + util_gain * 1024 * (u_SOUT - u_SUP)``
-    (utilizations smoothed), by at most ``step``. Also:
-
+    - target = 1024 * rate_SUP / (rate_SOUT + rate_SUP), kept within [8, 1016] so that both
+      rails stay measured;
+    - ``w`` moves half of the way to the target (``gain``), by at most ``step`` per interval;
+    - each rail's rate is the ratio of its smoothed completed bytes and active time (each an
+      exponential average over measurements, weight 0.4 for the newest): one interval of a
+      rail shaped by a queue carries a few messages, and their count jitters;
     - a rail that completed nothing in an interval keeps its last rate, and that interval's
-      active time counts toward its next measurement;
+      active time counts toward its next measurement (a stalled rail's rate falls);
     - a new registration (gen) starts again at 512 with no rates;
     - when telemetry shows a rail ``down`` or ``failed``, the split puts everything on the
       live rail (0 or 1024); once both rails are ``up`` again the loop resumes from the
-      previous ``w`` with fresh measurements. With both rails out of service nothing is written.
+      previous ``w`` with fresh rates. With both rails out of service nothing is written.
 
     Steering on posted bytes (what an earlier version did, by probing w±step) fails behind a
     queue: posting goes on into a shaped rail's queue, so a probe looks good until the queue
     fills. Completed bytes over active time see the queue's drain rate, which is the capacity.
 
     ``step`` is the largest move per interval (1..256, default 64), ``gain`` the fraction of
-    the way to the rate target per interval and ``util_gain`` the weight of the utilization
-    difference (both in (0, 1]), ``start`` the split a new connection starts from; ``note`` receives a line for the operator when ``w`` moves by 8 or more, or
+    the way to the target per interval (0 < gain <= 1), ``start`` the split a new connection
+    starts from; ``note`` receives a line for the operator when ``w`` moves by 8 or more, or
     a failover starts or ends.
     """
 
-    def __init__(self, step: int = STEP, *, gain: float = GAIN, util_gain: float = UTIL_GAIN, start: int = START,
+    def __init__(self, step: int = STEP, *, gain: float = GAIN, start: int = START,
                  note: Optional[Callable[[str], None]] = None) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
             raise ValueError(f"step {step!r}: want an integer 1..{MAX_STEP}")
-        for name, g in (("gain", gain), ("util_gain", util_gain)):
-            if not 0 < g <= 1:
-                raise ValueError(f"{name} {g!r}: want a number in (0, 1]")
-        self.step, self.gain, self.util_gain = step, gain, util_gain
+        if not 0 < gain <= 1:
+            raise ValueError(f"gain {gain!r}: want a number in (0, 1]")
+        self.step, self.gain = step, gain
         self.start = _clamp(start)
         self.note = note
         self.conns: Dict[int, ClosedLoopConn] = {}
@@ -180,7 +166,7 @@ class ClosedLoopPolicy:
                 self.conns[s.index] = c
                 self._say(f"closed-loop: slot {s.index} (gen {s.gen}) peer {s.peer_sout_ip}: start at sup_bw={c.w}")
             else:
-                self._measure(c, s.telemetry, r.interval_s)
+                self._measure(c, s.telemetry)
             if c.written != c.w:
                 c.written = c.w
                 out[s.index] = c.w
@@ -189,7 +175,7 @@ class ClosedLoopPolicy:
                 del self.conns[i]
         return out
 
-    def _measure(self, c: ClosedLoopConn, t: Telemetry, dt_s: float) -> None:
+    def _measure(self, c: ClosedLoopConn, t: Telemetry) -> None:
         """Folds one interval of connection ``c`` into its state and moves ``w``."""
         sout_up, sup_up = t.sout_state == "up", t.sup_state == "up"
         if not sout_up and not sup_up:
@@ -208,17 +194,14 @@ class ClosedLoopPolicy:
             self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): rails up: resume at sup_bw={c.w}")
             return
         c.measure_rates(t)
-        c.measure_util(t, dt_s)
         to = target(c.rate[0], c.rate[1])
-        if to is None or c.util is None:
+        if to is None:
             return
-        nxt = move(c.w, to, c.util[0], c.util[1], self.gain, self.util_gain, self.step)
+        nxt = move(c.w, to, self.gain, self.step)
         if abs(nxt - c.w) >= NOTE_MOVE:
             self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): sup_bw {c.w} -> {nxt} (target {to}: "
-                      f"SOUT {c.rate[0] * 8 / 1e6:.1f}, SUP {c.rate[1] * 8 / 1e6:.1f} Mbit/s while active; "
-                      f"busy {100 * c.util[0]:.0f}%, {100 * c.util[1]:.0f}%)")
+                      f"SOUT {c.rate[0] * 8 / 1e6:.1f}, SUP {c.rate[1] * 8 / 1e6:.1f} Mbit/s while active)")
         c.w = nxt
 
 
-__all__ = ["ClosedLoopPolicy", "ClosedLoopConn", "STEP", "MAX_STEP", "START", "MIN_SHARE", "GAIN", "UTIL_GAIN", "target",
-           "move"]
+__all__ = ["ClosedLoopPolicy", "ClosedLoopConn", "STEP", "MAX_STEP", "START", "MIN_SHARE", "GAIN", "target", "move"]

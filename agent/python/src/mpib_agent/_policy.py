@@ -40,7 +40,6 @@ class ConnRate:
     # it completed nothing): what the rail delivers while it has work
     sout_active_bps: float = 0.0
     sup_active_bps: float = 0.0
-    interval_s: float = 0.0  # the time between the two samples
 
     @property
     def sup_share(self) -> float:
@@ -92,7 +91,6 @@ def rates(prev: Mapping[int, Slot], cur: Mapping[int, Slot], dt_s: float) -> Lis
                 mean_latency(pt.sup_busy_ns, ct.sup_busy_ns, pt.sup_completed_requests, ct.sup_completed_requests),
                 active_rate(pt.sout_completed_bytes, ct.sout_completed_bytes, pt.sout_active_ns, ct.sout_active_ns),
                 active_rate(pt.sup_completed_bytes, ct.sup_completed_bytes, pt.sup_active_ns, ct.sup_active_ns),
-                dt_s,
             )
         )
     return out
