@@ -25,7 +25,7 @@ type agentCLI struct {
 }
 
 var (
-	goAgent     = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
+	goAgent = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
 	// The nodes see build/ read-only, so Python cannot keep the package's bytecode there and
 	// would compile it at every CLI call (about 1.5 s of the 4 s a call takes under the lab's
 	// emulated CPUs, many times that while a transfer runs): the cache goes to the node's /tmp.
