@@ -10,13 +10,13 @@ import (
 
 // Closed-loop defaults and limits (the Python agent's closed-loop policy uses the same).
 const (
-	ClosedLoopStep     = 64   // default largest move of the split per interval, parts per 1024
-	ClosedLoopMaxStep  = 256  // largest --step
-	ClosedLoopStart    = 512  // split a new connection starts from
-	ClosedLoopMinShare = 8    // each rail keeps at least this share while both are up
-	ClosedLoopGain     = 0.5  // fraction of the way to the estimated best split taken per interval
-	ClosedLoopNoteMove = 8    // moves of at least this much are noted for the operator
-	ClosedLoopSmooth   = 0.4  // weight of the newest measurement in a rail's smoothed bytes and active time
+	ClosedLoopStep     = 64  // default largest move of the split per interval, parts per 1024
+	ClosedLoopMaxStep  = 256 // largest --step
+	ClosedLoopStart    = 512 // split a new connection starts from
+	ClosedLoopMinShare = 8   // each rail keeps at least this share while both are up
+	ClosedLoopGain     = 0.5 // fraction of the way to the estimated best split taken per interval
+	ClosedLoopNoteMove = 8   // moves of at least this much are noted for the operator
+	ClosedLoopSmooth   = 0.4 // weight of the newest measurement in a rail's smoothed bytes and active time
 	closedLoopNoFailed = -1
 )
 
@@ -65,8 +65,8 @@ type clConn struct {
 	rate     [2]float64 // active rate per rail, bytes per second; 0 = not measured yet
 	avgBytes [2]float64 // smoothed completed bytes and active ns per measurement
 	avgNs    [2]float64
-	w        int        // the split in force
-	savedW   int        // w before a failover (closedLoopNoFailed: no failover in force)
+	w        int // the split in force
+	savedW   int // w before a failover (closedLoopNoFailed: no failover in force)
 	written  uint32
 	hasWrite bool
 }

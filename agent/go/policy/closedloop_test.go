@@ -193,4 +193,3 @@ type errWriter struct{ err error }
 func (e errWriter) SetSlotHint(uint32, uint32, uint32, bool) error  { return e.err }
 func (e errWriter) SetPeerHint(shm.IPv4, uint8, uint32, bool) error { return e.err }
 func (e errWriter) SetClassHint(shm.PathClass, uint32, bool) error  { return e.err }
-
