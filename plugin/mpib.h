@@ -301,6 +301,8 @@ void mpib_pending_release(uint32_t idx1);
 void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta);
 
 /* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
+void mpib_thread_rendezvous_reset(int expected);
+int mpib_thread_rendezvous(int timeout_ms);
 int mpib_dev_open(int rail, const char *name, int port, int pkey);
 void mpib_dev_close_all(void);
 int mpib_dmabuf_supported(void);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,39 @@ void mpib_pending_finish(uint32_t idx1) { __atomic_store_n(&mpib_pending_tab[idx
 void mpib_pending_release(uint32_t idx1) { __atomic_add_fetch(&mpib_pending_tab[idx1 - 1].gen, 1, __ATOMIC_RELEASE); }
 void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta) {
   __atomic_add_fetch(&lc->ready, delta, __ATOMIC_RELEASE);
+}
+
+/* Thread rendezvous for the control plane's thread prestart (lifecycle.go): each caller waits
+ * here, inside a cgo call, until `expected` callers are in or the deadline passes. */
+static pthread_mutex_t rdv_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rdv_cv = PTHREAD_COND_INITIALIZER;
+static int rdv_arrived, rdv_expected;
+
+void mpib_thread_rendezvous_reset(int expected) {
+  pthread_mutex_lock(&rdv_mu);
+  rdv_arrived = 0;
+  rdv_expected = expected;
+  pthread_mutex_unlock(&rdv_mu);
+}
+
+/* Returns how many callers had arrived when this one left. */
+int mpib_thread_rendezvous(int timeout_ms) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&rdv_mu);
+  rdv_arrived++;
+  pthread_cond_broadcast(&rdv_cv);
+  while (rdv_arrived < rdv_expected && pthread_cond_timedwait(&rdv_cv, &rdv_mu, &deadline) == 0) {
+  }
+  int arrived = rdv_arrived;
+  pthread_mutex_unlock(&rdv_mu);
+  return arrived;
 }
 
 /* Handle bytes 32..39: the pending entry (index + 1, generation), written by the control plane

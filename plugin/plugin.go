@@ -48,11 +48,18 @@ const (
 	resRemoteError     = C.ncclResult_t(C.ncclRemoteError)
 )
 
+// logf writes through NCCL's logger, one goroutine at a time: the logger takes its own lock
+// and writes to a file or pipe, and a goroutine waiting there would hold an OS thread, where
+// one waiting on logMu holds none (see prestartThreads).
 func logf(level C.int, format string, args ...any) {
 	msg := C.CString(fmt.Sprintf(format, args...))
+	logMu.Lock()
 	C.mpib_log_str(level, msg)
+	logMu.Unlock()
 	C.free(unsafe.Pointer(msg))
 }
+
+var logMu sync.Mutex
 
 func warnf(format string, args ...any) { logf(C.NCCL_LOG_WARN, format, args...) }
 func infof(format string, args ...any) { logf(C.NCCL_LOG_INFO, format, args...) }
@@ -62,6 +69,7 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	plugin.mu.Lock()
 	defer plugin.mu.Unlock()
 	if plugin.refs == 0 {
+		prestartThreads()
 		if rc := initPlugin(); rc != C.int(resSuccess) {
 			return rc
 		}
