@@ -165,12 +165,14 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	d, log := a1.Netdev(SUP), fp.base+"-client.err"
 	cyclesScript := func(from, to int) string {
 		return fmt.Sprintf(`f() { grep -c "$1: rail=SUP side=send" %s; }
+		ms() { echo $(($(date +%%s%%N)/1000000)); }
 		for i in $(seq %d %d); do
-			nf=$(f failover); nr=$(f recovery)
-			ip link set dev %s down
+			nf=$(f failover); nr=$(f recovery); t0=$(ms)
+			ip link set dev %s down; t1=$(ms)
 			k=0; while [ "$(f failover)" -le "$nf" ]; do k=$((k+1)); [ $k -gt 100 ] && { echo "cycle $i: no failover in 5 s"; ip link set dev %s up; exit 1; }; sleep 0.05; done
-			ip link set dev %s up
+			t2=$(ms); ip link set dev %s up; t3=$(ms)
 			k=0; while [ "$(f recovery)" -le "$nr" ]; do k=$((k+1)); [ $k -gt 200 ] && { echo "cycle $i: no recovery in 10 s"; exit 1; }; sleep 0.05; done
+			t4=$(ms); echo "cycle $i: down $((t1-t0)) failover $((t2-t1)) up $((t3-t2)) recovery $((t4-t3)) ms"
 			sleep 0.3
 		done; echo ok`, log, from, to, d, d, d)
 	}

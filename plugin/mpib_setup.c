@@ -283,8 +283,12 @@ static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t
   a.rq_psn = psn;
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = 12;
+  uint64_t t0 = mpib_now_ns();
   int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  uint64_t took_ms = (mpib_now_ns() - t0) / 1000000ull;
+  if (took_ms >= 100) /* RoCE: the kernel resolves the peer's MAC inside this call */
+    MPIB_INFO("%s rail: QP %u to RTR took %llu ms", rail_name(rail), qp->qp_num, (unsigned long long)took_ms);
   if (rc) return -rc;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_RTS;
@@ -471,6 +475,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
     c->rem_rail[r] = remote->rail[r];
     c->rail_mtu[r] = mtu;
+    if (mpib_g.dev[r].link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
     for (uint32_t i = 0; i < c->nqps[r]; i++) {
       int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
                           qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
@@ -525,6 +530,7 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
     int rc = refresh_gid_index(c, r);
     if (rc) return rc;
+    mpib_neigh_warm(c->rem_rail[r].gid); /* a link that went down flushed the entry */
   }
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     struct ibv_qp *qp = c->qps[rail_base(c, r) + i].qp;

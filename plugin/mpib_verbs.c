@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* One optional verb: the symbol and node to ask for, what the user loses without it, and the
@@ -180,4 +182,43 @@ int mpib_gid_type_sysfs_at(const char *root, const char *devname, int port, int 
 
 int mpib_gid_type_sysfs(const char *devname, int port, int index) {
   return mpib_gid_type_sysfs_at("/sys/class/infiniband", devname, port, index);
+}
+
+/* Why warm the neighbour: the kernel resolves a RoCE peer's MAC inside ibv_modify_qp(RTR) and,
+ * when the entry is not valid yet, waits for it; measured in the lab (rxe on veth, kernel 7.3)
+ * the wait lasted its whole 1 s timeout every time (the ARP reply comes back before the wait is
+ * queued, so its wake-up is lost): 1 s on a first connect to a peer and on every recovery after
+ * a link flap (which flushes the entry), spent inside NCCL's progress thread for a recovery. */
+int mpib_gid_peer_addr(const uint8_t gid[16], struct sockaddr_storage *out) {
+  static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  static const uint8_t zero[16];
+  memset(out, 0, sizeof *out);
+  if (memcmp(gid, v4_mapped, 12) == 0) {
+    struct sockaddr_in *in = (struct sockaddr_in *)out;
+    in->sin_family = AF_INET;
+    in->sin_port = htons(9);
+    memcpy(&in->sin_addr, gid + 12, 4);
+    uint8_t first = gid[12];
+    if (first == 0 || first >= 224) return 0; /* 0.x.x.x, multicast, reserved: nothing to resolve */
+    return (int)sizeof *in;
+  }
+  if (memcmp(gid, zero, 16) == 0) return 0;
+  if (gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80) return 0; /* link-local: the MAC is in the GID */
+  if (gid[0] == 0xff) return 0;                              /* multicast */
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)out;
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = htons(9);
+  memcpy(&in6->sin6_addr, gid, 16);
+  return (int)sizeof *in6;
+}
+
+int mpib_neigh_warm(const uint8_t gid[16]) {
+  struct sockaddr_storage addr;
+  int len = mpib_gid_peer_addr(gid, &addr);
+  if (len == 0) return 1;
+  int fd = socket(addr.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int rc = sendto(fd, "", 0, MSG_DONTWAIT, (const struct sockaddr *)&addr, (socklen_t)len) < 0 ? -errno : 0;
+  close(fd);
+  return rc;
 }

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -155,12 +157,55 @@ static void test_sysfs(void) {
   if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
 }
 
+/* The address whose neighbour entry the kernel resolves at RTR, per GID kind; and a datagram
+ * to a real one (loopback) goes out without blocking. */
+static void test_gid_peer_addr(void) {
+  static const struct {
+    const char *name;
+    uint8_t gid[16];
+    int family; /* 0: nothing to resolve */
+    uint8_t addr[16];
+  } cases[] = {
+      {"RoCE v2 IPv4", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 11}, AF_INET, {10, 0, 2, 11}},
+      {"RoCE v2 IPv6 global", {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7}, AF_INET6,
+       {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7}},
+      {"RoCE v1 link-local", {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55}, 0, {0}},
+      {"zero", {0}, 0, {0}},
+      {"IPv6 multicast", {0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, 0, {0}},
+      {"IPv4 0.0.0.0", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0}, 0, {0}},
+      {"IPv4 multicast", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 1, 1}, 0, {0}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct sockaddr_storage ss;
+    int len = mpib_gid_peer_addr(cases[i].gid, &ss);
+    if (cases[i].family == 0) {
+      EXPECT(len == 0, "%s: got an address (len %d), want none", cases[i].name, len);
+      continue;
+    }
+    EXPECT(ss.ss_family == cases[i].family, "%s: family %d, want %d", cases[i].name, ss.ss_family, cases[i].family);
+    if (cases[i].family == AF_INET) {
+      struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+      EXPECT(len == (int)sizeof *in && memcmp(&in->sin_addr, cases[i].addr, 4) == 0 && ntohs(in->sin_port) == 9,
+             "%s: wrong IPv4 address or port (len %d)", cases[i].name, len);
+    } else {
+      struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+      EXPECT(len == (int)sizeof *in6 && memcmp(&in6->sin6_addr, cases[i].addr, 16) == 0 && ntohs(in6->sin6_port) == 9,
+             "%s: wrong IPv6 address or port (len %d)", cases[i].name, len);
+    }
+  }
+  const uint8_t loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+  EXPECT(mpib_neigh_warm(loopback) == 0, "a datagram to 127.0.0.1 was not sent");
+  const uint8_t link_local[16] = {0xfe, 0x80};
+  EXPECT(mpib_neigh_warm(link_local) == 1, "a link-local GID must send nothing");
+}
+
 int main(void) {
   /* A direct use keeps libibverbs a real dependency even under --as-needed, as in the plugin. */
   printf("linked against libibverbs: %s\n", ibv_wc_status_str(IBV_WC_SUCCESS));
   test_absent(); /* first: the child must fork before this process has done its own look-up */
   test_real_lookup();
   test_sysfs();
+  test_gid_peer_addr();
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

@@ -18,11 +18,14 @@
 /* ---- logger ---- */
 
 static int nt_log_level = NCCL_LOG_WARN;
+static int nt_log_time;
 static pthread_mutex_t nt_log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* NCCL_DEBUG=NONE|VERSION|WARN|INFO|ABORT|TRACE, as NCCL parses it. Unset means WARN here
  * (NCCL itself prints nothing when unset; a test driver wants the warnings). */
 void nt_log_setup(void) {
+  const char *t = getenv("MPIB_NETTEST_LOG_MS");
+  nt_log_time = t != NULL && strcmp(t, "1") == 0;
   const char *e = getenv("NCCL_DEBUG");
   if (e == NULL || *e == '\0') {
     return;
@@ -87,6 +90,11 @@ void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, i
   }
   if (len > sizeof(msg) - 2) {
     len = sizeof(msg) - 2;
+  }
+  if (nt_log_time && len < sizeof(msg) - 40) { /* MPIB_NETTEST_LOG_MS=1: a timeline to read */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    len += (size_t)snprintf(msg + len, sizeof(msg) - len, " [ms=%lld]", (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
   }
   msg[len++] = '\n';
   pthread_mutex_lock(&nt_log_mu);
