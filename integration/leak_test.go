@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,7 +180,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	run := func(from, to int) {
 		t0 := time.Now()
 		out, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", cyclesScript(from, to))
-		t.Logf("cycles %d..%d: %.1f s: %s", from, to, time.Since(t0).Seconds(), strings.TrimSpace(out))
+		t.Logf("cycles %d..%d: %.1f s; %s", from, to, time.Since(t0).Seconds(), cycleSummary(out))
 		if err != nil || code != 0 {
 			s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
 			t.Fatalf("failover/recovery cycles %d..%d: exit %d %v: %s %s\nserver %s\nclient %s", from, to, code, err, out, errOut, s, c)
@@ -211,5 +212,42 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	m := resultRe.FindStringSubmatch(s.out)
 	if s.code != 0 || c.code != 0 || m == nil || m[4] != "true" || ncclErrors(s.out, c.out) != 0 {
 		t.Errorf("the transfer under %d failover/recovery cycles must stay verified with no plugin error:\nserver %s\nclient %s", cycles, s, c)
+	}
+}
+
+var cycleLineRe = regexp.MustCompile(`cycle \d+: down (\d+) failover (\d+) up (\d+) recovery (\d+) ms`)
+
+// cycleSummary condenses the cycles script's per-cycle timeline (ms from each link command to
+// the next step) to the median and the maximum of each step, plus its last line.
+func cycleSummary(out string) string {
+	var steps [4][]float64
+	for _, m := range cycleLineRe.FindAllStringSubmatch(out, -1) {
+		for i := range steps {
+			v, _ := strconv.ParseFloat(m[i+1], 64)
+			steps[i] = append(steps[i], v)
+		}
+	}
+	if len(steps[0]) == 0 {
+		return strings.TrimSpace(out)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "ms median/max over %d cycles:", len(steps[0]))
+	for i, name := range []string{"link down", "failover", "link up", "recovery"} {
+		sorted := slices.Clone(steps[i])
+		slices.Sort(sorted)
+		fmt.Fprintf(&b, " %s %.0f/%.0f", name, sorted[len(sorted)/2], sorted[len(sorted)-1])
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return b.String() + "; " + lines[len(lines)-1]
+}
+
+func TestCycleSummary(t *testing.T) {
+	out := "cycle 1: down 200 failover 110 up 125 recovery 244 ms\ncycle 2: down 300 failover 90 up 100 recovery 1500 ms\ncycle 3: down 250 failover 100 up 150 recovery 300 ms\nok\n"
+	want := "ms median/max over 3 cycles: link down 250/300 failover 100/110 link up 125/150 recovery 300/1500; ok"
+	if got := cycleSummary(out); got != want {
+		t.Errorf("cycleSummary:\n got %q\nwant %q", got, want)
+	}
+	if got := cycleSummary("cycle 4: no failover in 5 s"); got != "cycle 4: no failover in 5 s" {
+		t.Errorf("a failed script's output must pass through, got %q", got)
 	}
 }
