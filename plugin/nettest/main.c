@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -787,6 +788,12 @@ int main(int argc, char **argv) {
   int p = nt_parse_opts(argc, argv, &o);
   if (p != 0) {
     return p > 0 ? NT_EXIT_OK : NT_EXIT_USAGE;
+  }
+  if (o.report_every > 0 && prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) {
+    /* The leak series reads RSS every few rounds: with transparent huge pages the heap's
+     * RSS moves in 2 MiB steps whenever a fresh 2 MiB range is touched, which says nothing
+     * about what was allocated. Without them RSS follows the pages really used. */
+    nt_err("prctl(PR_SET_THP_DISABLE): %s (RSS may move in 2 MiB steps)", strerror(errno));
   }
   nt_raise_memlock();
   nt_watchdog_start(o.timeout_s);

@@ -23,6 +23,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -729,8 +730,14 @@ out:
   }
   if (o->report_every > 0 || o->rdma_res) {
     int qps = o->rdma_res ? nt_rdma_res_count("qp") : -1, mrs = o->rdma_res ? nt_rdma_res_count("mr") : -1;
-    nt_out("nettest-leak: round=%d role=%s fds=%d threads=%d rss_kib=%ld qps=%d mrs=%d leaked_fds=%d", round,
-           nt_role_name(o->role), p4.fds, p4.threads, p4.rss_kib, qps, mrs, leaked_fds);
+    /* malloc's own view (the C heap: the driver, libibverbs, the provider, the plugin's C):
+     * bytes in use, and bytes its arenas hold from the kernel. In use flat while held grows
+     * is memory spread over more threads' arenas, not a leak. */
+    struct mallinfo2 mi = mallinfo2();
+    nt_out("nettest-leak: round=%d role=%s fds=%d threads=%d rss_kib=%ld qps=%d mrs=%d leaked_fds=%d"
+           " malloc_inuse_kib=%zu malloc_held_kib=%zu",
+           round, nt_role_name(o->role), p4.fds, p4.threads, p4.rss_kib, qps, mrs, leaked_fds,
+           (mi.uordblks + mi.hblkhd) / 1024, (mi.arena + mi.hblkhd) / 1024);
   }
   double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
   nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "
