@@ -67,9 +67,9 @@ func leakCycles(def int) int {
 var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+) threads=(\d+) rss_kib=(\d+) qps=(-?\d+) mrs=(-?\d+).*? malloc_inuse_kib=(\d+) malloc_held_kib=(\d+)`)
 
 // TestLeakConnectClose: 1000 connections opened and closed in one pair of processes (a1 -> a2,
-// vanilla) after 600 that warm it up: rounds of 10 at once (listen, connect/accept, one
+// vanilla) after 800 that warm it up: rounds of 10 at once (listen, connect/accept, one
 // verified message each way, close). Each side reports fds, threads, RSS and its QPs/MRs
-// every 5 rounds; the baseline is round 60. The warm-up is what a process does before it
+// every 5 rounds; the baseline is round 80. The warm-up is what a process does before it
 // settles: the Go runtime makes the threads its peak concurrency needs (handshakes in cgo
 // calls, at most maxConcurrentVerbs at once) and its heap reaches its size. The driver turns
 // transparent huge pages off for itself in this mode: with them RSS moved in 2 MiB steps
@@ -77,7 +77,7 @@ var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+
 func TestLeakConnectClose(t *testing.T) {
 	lab := leaksOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	const comms, every, base = 10, 5, 60
+	const comms, every, base = 10, 5, 80
 	cycles := leakCycles(1000)
 	rounds := base + max(cycles/comms, every)
 	cycles = (rounds - base) * comms
