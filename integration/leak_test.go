@@ -95,7 +95,7 @@ func TestLeakConnectClose(t *testing.T) {
 	var g leakGrowth
 	for i, x := range []exitInfo{s, c} {
 		var first, last *leakSample
-		var series []string // round:rss_kib/threads, to tell a plateau from a steady leak
+		var series []string // round:rss_kib/threads/malloc in use/held, to tell a plateau from a steady leak
 		for _, m := range leakLineRe.FindAllStringSubmatch(x.out, -1) {
 			series = append(series, m[1]+":"+m[4]+"/"+m[3]+"/"+m[7]+"/"+m[8])
 			round, _ := strconv.Atoi(m[1])

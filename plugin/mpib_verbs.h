@@ -65,7 +65,6 @@ int mpib_gid_type_sysfs(const char *devname, int port, int index);
 int mpib_gid_type_sysfs_at(const char *root, const char *devname, int port, int index);
 int mpib_gid_type_parse(const char *text, int ethernet);
 
-/* Tests: resolve through lookup instead of libibverbs. Only before the first load. */
 /* RoCE: the IP address a peer's GID stands for, the one whose neighbour entry (MAC) the kernel
  * resolves when a QP goes to RTR. Fills *out and returns its length; 0 for a GID with no
  * such address (RoCE v1 link-local, whose MAC is in the GID; zero; multicast). */
@@ -77,6 +76,7 @@ int mpib_gid_peer_addr(const uint8_t gid[16], struct sockaddr_storage *out);
  * the GID names no address, -errno otherwise; never blocks. */
 int mpib_neigh_warm(const uint8_t gid[16]);
 
+/* Tests: resolve through lookup instead of libibverbs. Only before the first load. */
 typedef void *(*mpib_verbs_lookup_fn)(const char *name, const char *version);
 void mpib_verbs_use_lookup(mpib_verbs_lookup_fn lookup);
 
