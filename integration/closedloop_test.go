@@ -59,7 +59,7 @@ type railPoint struct {
 }
 
 // railSampler reads a1's rail tx counters every 0.2 s inside the node (shell built-ins, no
-// exec per sample: a docker exec under the lab's emulated CPU takes up to seconds); the
+// exec per sample: a process start in the loaded emulated VM takes hundreds of ms); the
 // samples are read when it stops, and events are placed on the same clock by nodeNow.
 type railSampler struct {
 	p   *Process

@@ -330,6 +330,10 @@ func (t *Topology) createContainer(ctx context.Context, name string, attach []at
 	}
 	n := &Node{name: name, topo: t, ctr: ctr.(*testcontainers.DockerContainer),
 		ip: map[Rail]string{}, dev: map[Rail]string{}, netdev: map[Rail]string{}, gid: map[Rail]int{}}
+	if n.runner, err = startRunner(ctx, t.cli.Client, name, ctr.GetContainerID()); err != nil {
+		_ = ctr.Terminate(context.WithoutCancel(ctx), testcontainers.StopTimeout(0))
+		return nil, err
+	}
 	for _, s := range nodeSpecs {
 		if s.name == name {
 			for _, r := range Rails {
@@ -423,6 +427,7 @@ func (t *Topology) teardown(ctx context.Context) error {
 		if all[i] == nil {
 			return nil
 		}
+		all[i].runner.close()
 		if err := all[i].ctr.Terminate(ctx, testcontainers.StopTimeout(0)); err != nil {
 			return fmt.Errorf("terminate %s: %w", all[i].name, err)
 		}

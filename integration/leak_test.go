@@ -163,24 +163,27 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	fp := startFaultTransfer(ctx, t, a1, a2, "vanilla", "--max-size", "256K")
 	defer fp.killUnlessStopped()
 	// cyclesScript runs cycles [from, to]: down until one more failover line of a1's send
-	// comm, up until one more recovery line (5 s / 10 s each), then 0.3 s of traffic.
+	// comm, up until one more recovery line (5 s / 10 s each), then 0.3 s of traffic. Clock
+	// reads and pauses are bash built-ins (a read timing out on a pipe nobody writes): a
+	// process start costs 50-100 ms in the loaded emulated VM, and they added ~1 s per cycle.
 	d, log := a1.Netdev(SUP), fp.base+"-client.err"
 	cyclesScript := func(from, to int) string {
 		return fmt.Sprintf(`f() { grep -c "$1: rail=SUP side=send" %s; }
-		ms() { echo $(($(date +%%s%%N)/1000000)); }
+		ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
+		exec {pause}<> <(:); nap() { read -t "$1" -u $pause || true; }
 		for i in $(seq %d %d); do
 			nf=$(f failover); nr=$(f recovery); t0=$(ms)
 			ip link set dev %s down; t1=$(ms)
-			k=0; while [ "$(f failover)" -le "$nf" ]; do k=$((k+1)); [ $k -gt 100 ] && { echo "cycle $i: no failover in 5 s"; ip link set dev %s up; exit 1; }; sleep 0.05; done
+			k=0; while [ "$(f failover)" -le "$nf" ]; do k=$((k+1)); [ $k -gt 100 ] && { echo "cycle $i: no failover in 5 s"; ip link set dev %s up; exit 1; }; nap 0.05; done
 			t2=$(ms); ip link set dev %s up; t3=$(ms)
-			k=0; while [ "$(f recovery)" -le "$nr" ]; do k=$((k+1)); [ $k -gt 200 ] && { echo "cycle $i: no recovery in 10 s"; exit 1; }; sleep 0.05; done
+			k=0; while [ "$(f recovery)" -le "$nr" ]; do k=$((k+1)); [ $k -gt 200 ] && { echo "cycle $i: no recovery in 10 s"; exit 1; }; nap 0.05; done
 			t4=$(ms); echo "cycle $i: down $((t1-t0)) failover $((t2-t1)) up $((t3-t2)) recovery $((t4-t3)) ms"
-			sleep 0.3
+			nap 0.3
 		done; echo ok`, log, from, to, d, d, d)
 	}
 	run := func(from, to int) {
 		t0 := time.Now()
-		out, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", cyclesScript(from, to))
+		out, errOut, code, err := a1.Exec(ctx, nil, "bash", "-c", cyclesScript(from, to))
 		t.Logf("cycles %d..%d: %.1f s; %s", from, to, time.Since(t0).Seconds(), cycleSummary(out))
 		if err != nil || code != 0 {
 			s, c := fp.stop(ctx, time.Now().Add(30*time.Second))

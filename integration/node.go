@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/moby/moby/api/pkg/stdcopy"
-	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 )
 
@@ -23,6 +21,7 @@ type Node struct {
 	dev    map[Rail]string
 	netdev map[Rail]string
 	gid    map[Rail]int
+	runner *runner // starts the node's commands (a docker exec each would cost ~1 s)
 }
 
 // Name is the node's name, e.g. "a1".
@@ -54,7 +53,8 @@ func (n *Node) Exec(ctx context.Context, env []string, cmd ...string) (stdout, s
 type Process struct {
 	node   *Node
 	tag    string
-	execID string
+	cmd    []string // as the caller gave it
+	argv   []string // what the runner starts: cmd wrapped to record its PID
 	done   chan struct{}
 	stdout bytes.Buffer
 	stderr bytes.Buffer
@@ -64,40 +64,21 @@ type Process struct {
 
 var procSeq atomic.Uint64
 
-// Start runs cmd in the node in the background. Its output is collected until it exits;
-// Wait returns it. The process records its PID in the node so that Kill can reach it.
+// Start runs cmd in the node in the background, through the node's command runner. Its
+// output is collected until it exits; Wait returns it. The process records its PID in the
+// node so that Kill can reach it.
 func (n *Node) Start(ctx context.Context, env []string, cmd ...string) (*Process, error) {
 	if len(cmd) == 0 {
 		return nil, fmt.Errorf("%s: empty command", n.name)
 	}
-	p := &Process{node: n, tag: strconv.FormatUint(procSeq.Add(1), 10), done: make(chan struct{}), code: -1}
-	wrapped := append([]string{"sh", "-c", `echo $$ >"/tmp/.mpib-proc-$0"; exec "$@"`, p.tag}, cmd...)
-	cli := n.topo.cli
-	created, err := cli.ExecCreate(ctx, n.ctr.GetContainerID(), client.ExecCreateOptions{
-		Cmd: wrapped, Env: env, AttachStdout: true, AttachStderr: true,
-	})
-	if err != nil {
+	p := &Process{node: n, tag: strconv.FormatUint(procSeq.Add(1), 10), cmd: cmd, done: make(chan struct{}), code: -1}
+	p.argv = append([]string{"sh", "-c", `echo $$ >"/tmp/.mpib-proc-$0"; exec "$@"`, p.tag}, cmd...)
+	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%s: exec %s: %w", n.name, strings.Join(cmd, " "), err)
 	}
-	p.execID = created.ID
-	att, err := cli.ExecAttach(ctx, created.ID, client.ExecAttachOptions{})
-	if err != nil {
+	if err := n.runner.start(p, env); err != nil {
 		return nil, fmt.Errorf("%s: exec %s: %w", n.name, strings.Join(cmd, " "), err)
 	}
-	go func() {
-		defer close(p.done)
-		defer att.Close()
-		if _, err := stdcopy.StdCopy(&p.stdout, &p.stderr, att.Reader); err != nil {
-			p.err = fmt.Errorf("%s: reading output of %s: %w", n.name, strings.Join(cmd, " "), err)
-			return
-		}
-		ins, err := cli.ExecInspect(context.WithoutCancel(ctx), created.ID, client.ExecInspectOptions{})
-		if err != nil {
-			p.err = err
-			return
-		}
-		p.code = ins.ExitCode
-	}()
 	return p, nil
 }
 
