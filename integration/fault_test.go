@@ -411,7 +411,7 @@ type faultSequence struct {
 	a1, a2      *Node
 	rail, other Rail
 	mode        string
-	idle        bool // vanilla SOUT: a1 -> a2 data and CTS all ride SUP, only a port event shows a fault
+	idle        bool // vanilla SOUT: a1 -> a2 data and CTS all ride SUP; SOUT carries only the plugin's idle-rail keepalives
 	fc          *faultCtl
 	fp          *faultPair
 	steps       []*faultStep
@@ -480,24 +480,20 @@ func (q *faultSequence) closePrev(x fcStamp) {
 // node: under load a start can take hundreds of ms, so the moment is the midpoint of the
 // stamps around the command, ± half its run time, printed as *_err_ms, unless the script
 // times itself: fcStamp.window); unprep (routes back) runs in the restore's exec after its
-// last stamp (every exec costs seconds while the lab is busy).
+// last stamp (a process start costs hundreds of ms while the lab is busy).
 func (q *faultSequence) simple(name string, on *Node, cut, restore, unprep string) {
-	st := q.begin(name, !q.idle || name == "link-down", true)
+	st := q.begin(name, true, true)
 	x := q.stamp(st, "cut", q.fc.in(on, cut))
 	q.closePrev(x)
 	st.cut, st.cutRunMS = x.window()
 	st.cutTx = x.tx
-	h, z := faultHold, faultSettle
-	if !st.detectWant { // an idle rail: nothing to detect or recover, only a check that the transfer goes on
-		h, z = 1500*time.Millisecond, 1500*time.Millisecond
-	}
-	time.Sleep(h)
+	time.Sleep(faultHold)
 	y := q.stamp(st, "restore", q.fc.around(on, restore, unprep))
 	st.up, st.upRunMS = y.window()
 	st.upTx = y.tx
 	st.holdBytes = y.tx[q.other] - x.tx[q.other]
 	q.prev = st
-	time.Sleep(z)
+	time.Sleep(faultSettle)
 }
 
 // flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
@@ -540,8 +536,7 @@ func (q *faultSequence) deleteDevice() (s, c exitInfo) {
 	st.note = "device-gone"
 	rcFile := q.fp.base + ".delrc"
 	dev := q.a1.Dev(q.rail)
-	x := q.stamp(st, "delete", fmt.Sprintf("echo T=%s; (nsenter -t %d -n rdma link delete %s; echo rc=$? >%s) >/dev/null 2>&1 &",
-		nowUS, q.fc.pid[q.a1.Name()], dev, rcFile))
+	x := q.stamp(st, "delete", fmt.Sprintf("nsenter -t %d -n bash -c '%s'", q.fc.pid[q.a1.Name()], deleteScript(dev, rcFile)))
 	st.cut, st.cutTx = x.ms, x.tx
 	q.t.Cleanup(func() { q.fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
 	time.Sleep(faultHold)
@@ -565,6 +560,19 @@ func (q *faultSequence) deleteDevice() (s, c exitInfo) {
 		}
 	}
 	return s, c
+}
+
+// deleteScript (bash, no single quotes) deletes an rxe device through one `rdma -b -` that
+// was started and proven ready first, so the moment of the cut (T) is the hand-over of the
+// command, not a process start (hundreds of ms in the loaded emulated VM: up to half the
+// detection time measured before this). The deletion waits for the processes' verbs
+// contexts, so the script does not wait for it: rdma's exit status lands in rcFile.
+func deleteScript(dev, rcFile string) string {
+	return fmt.Sprintf(`coproc RD { stdbuf -oL rdma -b - 2>&1; echo rc=$? >%[2]s; } 2>/dev/null
+echo "dev show %[1]s" >&${RD[1]}
+while read -t 10 -r -u ${RD[0]} l; do [[ $l == *"%[1]s:"* ]] && break; done
+echo T=%[3]s; echo "link delete %[1]s" >&${RD[1]}; echo E=%[3]s
+exec {RD[1]}>&-`, dev, rcFile, nowUS)
 }
 
 // ---- fault commands run from the router (host PID namespace) with nsenter ----

@@ -147,6 +147,7 @@ struct mpib_rail_ctl {
   uint32_t probes;       /* PROBING: probe writes not yet completed */
   int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
   int keepalive_out;     /* a keepalive write is outstanding on the rail */
+  uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
 };
 

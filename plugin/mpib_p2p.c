@@ -1137,13 +1137,47 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struc
  * connection fails. Without it a receiver whose sender's path died silently would wait
  * forever when the control socket shares the dead network. Checked every 256th poll. */
 #define MPIB_KEEPALIVE_NS 1000000000ull
+/* A comm busy on one rail also writes zero bytes, every MPIB_IDLE_RAIL_PROBE_NS, on a rail it
+ * leaves idle (vanilla intra-island: SOUT carries nothing), so that a silent black hole there
+ * is found within the RC budget, as one under traffic is, and not when a failover first needs
+ * the rail. net_ib checks no idle port at all. Cost: one zero-byte write per idle rail per
+ * 100 ms per busy comm, none on a comm that is idle altogether (MPIB_KEEPALIVE_NS there). */
+#define MPIB_IDLE_RAIL_PROBE_NS 100000000ull
+
+static ncclResult_t post_keepalive(struct mpib_comm *c, int r) {
+  struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
+                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = c->rem_addr;
+  wr.wr.rdma.rkey = c->rem_rkey[r];
+  struct ibv_send_wr *bad = NULL;
+  int qi = mpib_qp_index(r, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
+  c->rail[r].keepalive_out = 1;
+  c->pending[r]++;
+  return ncclSuccess;
+}
+
+static int keepalive_possible(const struct mpib_comm *c, int r) {
+  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !c->rail[r].keepalive_out && !rail_fatal(r);
+}
+
+static ncclResult_t probe_idle_rails(struct mpib_comm *c, uint64_t now) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    int idle = keepalive_possible(c, r) && c->pending[r] == 0;
+    if (mpib_idle_probe_due(&c->rail[r].idle_since_ns, idle, now, MPIB_IDLE_RAIL_PROBE_NS)) {
+      ncclResult_t res = post_keepalive(c, r);
+      if (res != ncclSuccess) return res;
+    }
+  }
+  return ncclSuccess;
+}
 
 static ncclResult_t keepalive_tick(struct mpib_comm *c) {
   uint64_t now = mpib_now_ns();
   if (c->progress_count != c->progress_seen || c->idle_since_ns == 0) {
     c->progress_seen = c->progress_count;
     c->idle_since_ns = now;
-    return ncclSuccess;
+    return probe_idle_rails(c, now);
   }
   /* Idle for 256 polls: what is left of the telemetry batch is published now, not at the next
    * message (the agent would see the last completions late and the bytes in flight stuck). */
@@ -1151,16 +1185,9 @@ static ncclResult_t keepalive_tick(struct mpib_comm *c) {
   if (now - c->idle_since_ns < MPIB_KEEPALIVE_NS || (!c->is_send && c->recvs_open == 0)) return ncclSuccess;
   c->idle_since_ns = now;
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (!c->nqps[r] || c->rail[r].state != MPIB_RAIL_UP || c->rail[r].keepalive_out || rail_fatal(r)) continue;
-    struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
-                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
-    wr.wr.rdma.remote_addr = c->rem_addr;
-    wr.wr.rdma.rkey = c->rem_rkey[r];
-    struct ibv_send_wr *bad = NULL;
-    int qi = mpib_qp_index(r, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
-    c->rail[r].keepalive_out = 1;
-    c->pending[r]++;
+    if (!keepalive_possible(c, r)) continue;
+    ncclResult_t res = post_keepalive(c, r);
+    if (res != ncclSuccess) return res;
   }
   return ncclSuccess;
 }

@@ -264,6 +264,23 @@ static inline uint64_t mpib_recovery_backoff_ms(uint32_t failed_attempts, uint64
   return d < max_ms ? d : max_ms;
 }
 
+/* Idle-rail keepalives (mpib_p2p.c probe_idle_rails): a rail with nothing pending counts as
+ * idle from the first check that finds it so; once it has been idle for period_ns a probe is
+ * due and the count restarts. Any pending work (the probe itself included) resets it. */
+static inline int mpib_idle_probe_due(uint64_t *idle_since_ns, int idle, uint64_t now_ns, uint64_t period_ns) {
+  if (!idle) {
+    *idle_since_ns = 0;
+    return 0;
+  }
+  if (!*idle_since_ns) {
+    *idle_since_ns = now_ns;
+    return 0;
+  }
+  if (now_ns - *idle_since_ns < period_ns) return 0;
+  *idle_since_ns = 0;
+  return 1;
+}
+
 /* The starting packet sequence number of a rail's QPs in generation `gen`: each rebuild starts
  * far from the previous one, so a stray packet of an old generation is outside the window. */
 static inline uint32_t mpib_gen_psn(uint32_t gen) { return (gen * 0x00A5A5A5u) & 0xFFFFFFu; }

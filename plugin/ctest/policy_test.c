@@ -131,6 +131,26 @@ static void test_failover(void) {
   EXPECT_EQ("record generation covered", mpib_fence_check(&rec) != good, 1);
 }
 
+static void test_idle_probe(void) {
+  const uint64_t ms = 1000000, period = 100 * ms;
+  static const struct { int idle; uint64_t now_ms; int want; uint64_t since_ms_after; const char *why; } steps[] = {
+      {1, 1000, 0, 1000, "first idle check starts the count"},
+      {1, 1050, 0, 1000, "idle 50 ms: not yet"},
+      {1, 1099, 0, 1000, "idle 99 ms: not yet"},
+      {1, 1100, 1, 0, "idle 100 ms: probe, count restarts"},
+      {0, 1110, 0, 0, "the probe pending: busy"},
+      {1, 1130, 0, 1130, "probe done: idle again from here"},
+      {0, 1200, 0, 0, "traffic: busy resets"},
+      {1, 1250, 0, 1250, "idle again"},
+      {1, 1500, 1, 0, "long idle (ticks far apart): one probe, not several"},
+  };
+  uint64_t since = 0;
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    EXPECT_EQ(steps[i].why, mpib_idle_probe_due(&since, steps[i].idle, steps[i].now_ms * ms, period), steps[i].want);
+    EXPECT_EQ(steps[i].why, since, steps[i].since_ms_after * ms);
+  }
+}
+
 static void test_qp_index(void) {
   /* The seed's table: SOUT_QP=2, SUP_QP=3. */
   static const int sout[] = {0, 1, 0, 1, 0, 1};
@@ -300,6 +320,7 @@ static void test_whole_message(void) {
 
 int main(void) {
   test_failover();
+  test_idle_probe();
   test_whole_message();
   test_flush_needed();
   test_build_ah();
