@@ -66,7 +66,7 @@ func leakCycles(def int) int {
 
 var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+) threads=(\d+) rss_kib=(\d+) qps=(-?\d+) mrs=(-?\d+).*? malloc_inuse_kib=(\d+) malloc_held_kib=(\d+)`)
 
-// TestLeakConnectClose: 1000 connections opened and closed in one pair of processes (a1 -> a2,
+// TestLeakConnectClose: 1000 connections opened and closed in one pair of processes (b1 -> b2,
 // vanilla) after 800 that warm it up: rounds of 10 at once (listen, connect/accept, one
 // verified message each way, close). Each side reports fds, threads, RSS and its QPs/MRs
 // every 5 rounds; the baseline is round 80. The warm-up is what a process does before it
@@ -74,9 +74,14 @@ var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+
 // calls, at most maxConcurrentVerbs at once) and its heap reaches its size. The driver turns
 // transparent huge pages off for itself in this mode: with them RSS moved in 2 MiB steps
 // (one such step after round 30 failed a CI run at +2.8 MiB).
+//
+// It runs in island B at the same time as TestLeakFailoverRecovery in island A (both are
+// parallel tests: they start after every other test): this one is CPU-bound, the other
+// mostly waits for links, timers and the RC budget, and neither measures time.
 func TestLeakConnectClose(t *testing.T) {
 	lab := leaksOrSkip(t)
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	t.Parallel()
+	client, server := lab.Node("b1"), lab.Node("b2")
 	const comms, every, base = 10, 5, 80
 	cycles := leakCycles(1000)
 	rounds := base + max(cycles/comms, every)
@@ -84,7 +89,7 @@ func TestLeakConnectClose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	start := time.Now()
-	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: faultEnv(a2, "vanilla"), clientEnv: faultEnv(a1, "vanilla"),
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: faultEnv(server, "vanilla"), clientEnv: faultEnv(client, "vanilla"),
 		args: []string{"--mode", "connect", "--comms", strconv.Itoa(comms), "--rounds", strconv.Itoa(rounds), "--report-every", strconv.Itoa(every),
 			"--rdma-res", "--timeout-s", "60"}})
 	s, c := waitBoth(srv, cli, start.Add(25*time.Minute), start.Add(25*time.Minute))
@@ -154,6 +159,7 @@ func probe(ctx context.Context, p *Process) (leakSample, error) {
 // processes are probed after cycle 5 and after the last; the transfer must stay verified.
 func TestLeakFailoverRecovery(t *testing.T) {
 	lab := leaksOrSkip(t)
+	t.Parallel()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
 	cycles := leakCycles(100)
