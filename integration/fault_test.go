@@ -989,8 +989,8 @@ func TestFaultErrors(t *testing.T) {
 	})
 }
 
-// leaksOrSkip: the leak suite (1000 connect/close and 100 failover/recovery cycles, about
-// 9 minutes of lab time) runs in every lab suite, CI included; MPIB_LEAKS=0 skips it for a
+// leaksOrSkip: the leak suite (1000 connect/close and 100 failover/recovery cycles, at once:
+// about 7 minutes of lab time) runs in every lab suite, CI included; MPIB_LEAKS=0 skips it for a
 // quicker local run.
 func leaksOrSkip(t *testing.T) *Topology {
 	t.Helper()
