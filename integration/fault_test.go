@@ -164,7 +164,8 @@ func (fp *faultPair) files(n *Node, role string) (out, errOut string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, _, _, _ = n.Exec(ctx, nil, "cat", fp.base+"-"+role+".out")
-	errOut, _, _, _ = n.Exec(ctx, nil, "sh", "-c", "grep -v 'NCCL INFO' "+fp.base+"-"+role+".err | tail -c 20000")
+	// INFO lines are left out (thousands), but for the plugin's slow QP transitions.
+	errOut, _, _, _ = n.Exec(ctx, nil, "sh", "-c", "awk '!/NCCL INFO/ || /to RTR took/' "+fp.base+"-"+role+".err | tail -c 20000")
 	return out, errOut
 }
 
@@ -753,6 +754,9 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		lines = append(lines, e.node+": "+e.line)
 	}
 	t.Logf("plugin rail events (%s %s):\n%s", rail, mode, strings.Join(lines, "\n"))
+	if slow := slowRTRLines(s.err + c.err); len(slow) > 0 { // a recovery that stalls the progress thread
+		t.Logf("slow QP transitions (%s %s):\n%s", rail, mode, strings.Join(slow, "\n"))
+	}
 	for _, st := range steps {
 		f := measureStep(fp, evs, gaps, st, rail, idle)
 		printStep(t, fp, st, f, rail, mode, verifiedOK, nerr)
@@ -761,6 +765,16 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 	if !verifiedOK || nerr != 0 {
 		t.Errorf("the transfer must survive every fault (a rail survives each): verified=%v nccl_errors=%d\nserver %s\nclient %s", verifiedOK, nerr, s, c)
 	}
+}
+
+func slowRTRLines(log string) []string {
+	var lines []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "to RTR took") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return lines
 }
 
 // stepFigures is what one fault step measured.
