@@ -754,7 +754,7 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 		lines = append(lines, e.node+": "+e.line)
 	}
 	t.Logf("plugin rail events (%s %s):\n%s", rail, mode, strings.Join(lines, "\n"))
-	if slow := slowRTRLines(s.err + c.err); len(slow) > 0 { // a recovery that stalls the progress thread
+	if slow := linesContaining(s.err+c.err, "to RTR took"); len(slow) > 0 { // a recovery that stalls the progress thread
 		t.Logf("slow QP transitions (%s %s):\n%s", rail, mode, strings.Join(slow, "\n"))
 	}
 	for _, st := range steps {
@@ -765,16 +765,6 @@ func reportFaultSteps(t *testing.T, fp *faultPair, steps []*faultStep, evs []rai
 	if !verifiedOK || nerr != 0 {
 		t.Errorf("the transfer must survive every fault (a rail survives each): verified=%v nccl_errors=%d\nserver %s\nclient %s", verifiedOK, nerr, s, c)
 	}
-}
-
-func slowRTRLines(log string) []string {
-	var lines []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, "to RTR took") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	return lines
 }
 
 // stepFigures is what one fault step measured.

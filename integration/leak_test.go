@@ -175,7 +175,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	d, log := a1.Netdev(SUP), fp.base+"-client.err"
 	cyclesScript := func(from, to int) string {
 		return fmt.Sprintf(`f() { grep -c "$1: rail=SUP side=send" %s; }
-		ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
+		ms() { echo $(( %s / 1000 )); }
 		exec {pause}<> <(:); nap() { read -t "$1" -u $pause || true; }
 		for i in $(seq %d %d); do
 			nf=$(f failover); nr=$(f recovery); t0=$(ms)
@@ -185,7 +185,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 			k=0; while [ "$(f recovery)" -le "$nr" ]; do k=$((k+1)); [ $k -gt 200 ] && { echo "cycle $i: no recovery in 10 s"; exit 1; }; nap 0.05; done
 			t4=$(ms); echo "cycle $i: down $((t1-t0)) failover $((t2-t1)) up $((t3-t2)) recovery $((t4-t3)) ms"
 			nap 0.3
-		done; echo ok`, log, from, to, d, d, d)
+		done; echo ok`, log, nowUS, from, to, d, d, d)
 	}
 	run := func(from, to int) {
 		t0 := time.Now()

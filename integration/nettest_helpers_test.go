@@ -177,6 +177,20 @@ func share(part, whole uint64) float64 {
 	return float64(part) / float64(whole)
 }
 
+// linesContaining returns the lines of log that contain any of markers, trimmed.
+func linesContaining(log string, markers ...string) []string {
+	var lines []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, m := range markers {
+			if strings.Contains(l, m) {
+				lines = append(lines, strings.TrimSpace(l))
+				break
+			}
+		}
+	}
+	return lines
+}
+
 func hasLine(out, prefix string) string {
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, prefix) {

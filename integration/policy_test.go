@@ -291,15 +291,7 @@ func TestPolicyGarbageSegment(t *testing.T) {
 
 // railEventLines are the plugin's failover and recovery lines in a driver's stderr: a rail
 // that left service moves traffic off the hinted split.
-func railEventLines(stderr string) []string {
-	var lines []string
-	for _, l := range strings.Split(stderr, "\n") {
-		if strings.Contains(l, "failover:") || strings.Contains(l, "recovery:") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	return lines
-}
+func railEventLines(stderr string) []string { return linesContaining(stderr, "failover:", "recovery:") }
 
 // checkPhaseTelemetry holds the plugin's completion telemetry (segment format 3) against what
 // the wire showed: over each phase's window the completed bytes split like the hint (within

@@ -5,7 +5,6 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -60,7 +59,7 @@ func startRunner(ctx context.Context, cli *client.Client, name, containerID stri
 	var stderr strings.Builder
 	go func() {
 		_, err := stdcopy.StdCopy(pw, &stderr, att.Reader)
-		pw.CloseWithError(errors.Join(err, io.EOF))
+		pw.CloseWithError(err) // nil: the reader sees a plain EOF
 	}()
 	ready := make(chan error, 1)
 	go r.readReplies(pr, ready, &stderr, att.Close)
