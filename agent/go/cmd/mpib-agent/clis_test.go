@@ -400,13 +400,22 @@ func TestCLIsAgree(t *testing.T) {
 
 // writeAt writes a weights file with an mtime of its own (n seconds after the epoch), so that
 // every edit is seen whatever the file system's timestamp granularity.
+// writeAt replaces path with body stamped at mtime n in one rename: written in place, a
+// loop polling between the write and the Chtimes saw two changes and loaded the file twice
+// (a fresh-clone run failed on that extra line).
 func writeAt(t *testing.T, path, body string, n int64) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	when := time.Unix(n, 0)
-	os.Chtimes(path, when, when)
+	if err := os.Chtimes(tmp, when, when); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // runLoop starts a policy loop; each time its output has been quiet for 400 ms it runs the
