@@ -138,6 +138,17 @@ struct mpib_request {
 };
 
 /* One rail's failover state in one comm (mpib_p2p.c). */
+/* A rail's QPs rebuilt on a thread of their own (mpib_rail_rebuild_start). */
+struct mpib_rebuild {
+  struct mpib_comm *comm;
+  int rail;
+  uint32_t psn;
+  int running;      /* a thread was started and is not joined yet (read by the comm's caller only) */
+  int done;         /* the thread finished: set with release, read with acquire */
+  int err;          /* its result: 0 or -errno, valid once done */
+  pthread_t thread;
+};
+
 struct mpib_rail_ctl {
   int state;             /* MPIB_RAIL_* */
   uint32_t gen;          /* generation of the rail's QPs, from 1; a rebuild adds one */
@@ -149,6 +160,7 @@ struct mpib_rail_ctl {
   int keepalive_out;     /* a keepalive write is outstanding on the rail */
   uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
+  struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
 };
 
 struct mpib_qp {
@@ -331,6 +343,8 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
  * reconnect them to the peer's same QPs, starting at psn. Return 0 or -errno. */
 int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn);
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);

@@ -837,15 +837,10 @@ static int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_
   return (ready ? out->ready_gen : out->fence_gen) == want && out->check == mpib_fence_check(out);
 }
 
-/* Sender, rail DOWN: reset and reconnect its QPs as generation + 1 and ask the receiver to do
- * the same. A failure here is retried after the back-off. */
-static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
+/* Sender: the rail's QPs were rebuilt (e == 0): ask the receiver to do the same. A failure
+ * is retried after the back-off. */
+static ncclResult_t send_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  ncclResult_t res = drain_rail(c, r); /* stale completions of the failed generation */
-  if (res != ncclSuccess) return res;
-  rc->gen++;
-  rc->since_ns = now;
-  int e = mpib_rail_reconnect(c, r, mpib_gen_psn(rc->gen));
   if (e) {
     rc->attempts++;
     rc->retry_at_ns = next_retry_ns(rc, now);
@@ -854,7 +849,20 @@ static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
     return ncclSuccess;
   }
   rc->state = MPIB_RAIL_RECOVERING;
+  rc->since_ns = now;
   return post_notice(c, r, MPIB_NOTICE_RECOVER);
+}
+
+/* Sender, rail DOWN: reset and reconnect its QPs as generation + 1, off this thread
+ * (mpib_rail_rebuild_start); send_rail_tick takes it from there. */
+static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  ncclResult_t res = drain_rail(c, r); /* stale completions of the failed generation */
+  if (res != ncclSuccess) return res;
+  rc->gen++;
+  rc->since_ns = now;
+  if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(rc->gen)) == 0) return ncclSuccess;
+  return send_rebuilt(c, r, mpib_rail_reconnect(c, r, mpib_gen_psn(rc->gen)), now); /* no thread: here */
 }
 
 /* Sender: one zero-byte write per QP of the rebuilt rail; all must complete before the rail
@@ -911,6 +919,8 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     }
     return ncclSuccess;
   case MPIB_RAIL_DOWN: {
+    int e;
+    if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
     uint64_t port_back = __atomic_load_n(&mpib_g.dev[r].port_change_ns, __ATOMIC_RELAXED);
     int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
     if (due && !rail_down(r) && !rail_fatal(r) && rail_usable(c, 1 - r)) return send_recover(c, r, now);
@@ -953,7 +963,24 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   return post_record(c, r);
 }
 
-/* Receiver: the sender rebuilt rail r as generation gen; do the same and say so. */
+/* Receiver: rail r's QPs were rebuilt (e == 0) as generation rc->gen: refill its receives and
+ * tell the sender. On a failure the sender times out and retries. */
+static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  if (rc->state != MPIB_RAIL_DOWN) return ncclSuccess; /* its device died meanwhile (DEAD) */
+  if (e) {
+    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
+    return ncclSuccess;
+  }
+  if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSuccess;
+  rc->state = MPIB_RAIL_RECOVERING;
+  rc->since_ns = now;
+  fence_rec(c, r)->ready_gen = rc->gen;
+  return post_record(c, r);
+}
+
+/* Receiver: the sender rebuilt rail r as generation gen; do the same, off this thread like the
+ * sender (failover_tick polls the rebuild), and say so. */
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (rail_fatal(r)) return ncclSuccess;
@@ -961,19 +988,8 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   ncclResult_t res = drain_rail(c, r);
   if (res != ncclSuccess) return res;
   rc->gen = gen;
-  int e = mpib_rail_reconnect(c, r, mpib_gen_psn(gen));
-  if (e) {
-    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
-    return ncclSuccess;
-  }
-  rc->state = MPIB_RAIL_RECOVERING;
-  rc->since_ns = now;
-  if (c->srq[r] && mpib_srq_refill(c, r)) {
-    rc->state = MPIB_RAIL_DOWN; /* the sender times out and retries */
-    return ncclSuccess;
-  }
-  fence_rec(c, r)->ready_gen = gen;
-  return post_record(c, r);
+  if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(gen)) == 0) return ncclSuccess;
+  return recv_rebuilt(c, r, mpib_rail_reconnect(c, r, mpib_gen_psn(gen)), now); /* no thread: here */
 }
 
 static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint64_t now) {
@@ -1002,7 +1018,11 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
     if (!c->nqps[r]) continue;
     struct mpib_rail_ctl *rc = &c->rail[r];
     ncclResult_t res = ncclSuccess;
-    if (!c->is_send) {
+    int e;
+    if (!c->is_send && rc->rebuild.running) {
+      /* Notices wait in their words until the rebuild is done: a newer RECOVER is acted on then. */
+      if (mpib_rail_rebuild_poll(c, r, &e)) res = recv_rebuilt(c, r, e, mpib_now_ns());
+    } else if (!c->is_send) {
       uint64_t word = __atomic_load_n(notice_word(c, r), __ATOMIC_ACQUIRE);
       uint64_t tcp = __atomic_load_n(&c->tcp_notice[r], __ATOMIC_ACQUIRE);
       if (mpib_notice_order(tcp) > mpib_notice_order(word)) word = tcp;

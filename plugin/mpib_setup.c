@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -548,6 +549,51 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   return 0;
 }
 
+static void *rebuild_main(void *arg) {
+  struct mpib_rebuild *b = arg;
+  b->err = mpib_rail_reconnect(b->comm, b->rail, b->psn);
+  __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Rebuilds rail r's QPs (mpib_rail_reconnect) on a thread of its own. On RoCE the RTR
+ * transition waits inside the kernel for the peer's MAC, up to the neighbour timeout (1 s,
+ * seen in the lab right after a link came back), and the caller is NCCL's progress thread,
+ * which meanwhile drives every other transfer of the process, this connection's surviving
+ * rail included. net_ib rebuilds in the progress thread. The data path leaves the rail alone
+ * until mpib_rail_rebuild_poll says it is done: the rail is DOWN, so nothing is posted on its
+ * QPs and its CQ is not polled. 0, or -errno when no thread could be started. */
+int mpib_rail_rebuild_start(struct mpib_comm *c, int r, uint32_t psn) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  *b = (struct mpib_rebuild){.comm = c, .rail = r, .psn = psn};
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited: process signals keep going to NCCL's threads */
+  int e = pthread_create(&b->thread, NULL, rebuild_main, b);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e) return -e;
+  b->running = 1;
+  return 0;
+}
+
+/* 1 once the rebuild started on rail r has finished (its thread joined, its result in *err),
+ * 0 while it still runs. */
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int r, int *err) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  if (b->running && !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE)) return 0;
+  if (b->running) pthread_join(b->thread, NULL);
+  b->running = 0;
+  *err = b->err;
+  return 1;
+}
+
+/* Waits for a rebuild still running before its QPs are destroyed (a close during recovery). */
+static void rebuild_wait(struct mpib_comm *c, int r) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  if (b->running) pthread_join(b->thread, NULL);
+  b->running = 0;
+}
+
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) { c->ctrl_fd = fd; }
 
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
@@ -588,6 +634,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
     mpib_telemetry_flush(c);
     mpib_shm_release((mpib_shm *)mpib_g.shm, (uint32_t)c->shm_slot);
   }
+  for (int r = 0; r < MPIB_NRAILS; r++) rebuild_wait(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
   free(c->reqs);
