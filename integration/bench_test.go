@@ -497,6 +497,11 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 	if err != nil || code != 0 {
 		t.Fatalf("reading %s: %v exit %d %s", out, err, code, catErr)
 	}
+	if dir := os.Getenv("MPIB_CALLGRIND_DIR"); dir != "" { // for callgrind_annotate: where the instructions go
+		if err := os.WriteFile(filepath.Join(dir, "p4-"+mode+".callgrind"), []byte(raw), 0o644); err != nil {
+			t.Errorf("keeping the callgrind output: %v", err)
+		}
+	}
 	calls, err := parseCallgrindCalls(strings.NewReader(raw))
 	if err != nil {
 		t.Fatal(err)
