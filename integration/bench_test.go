@@ -484,9 +484,13 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 	t.Helper()
 	const iters = 2000
 	const out = "/tmp/mpib.callgrind"
+	wrap := []string{"valgrind", "--tool=callgrind", "--callgrind-out-file=" + out}
+	if os.Getenv("MPIB_CALLGRIND_DIR") != "" {
+		wrap = append(wrap, "--dump-instr=yes") // costs per instruction, to read against objdump
+	}
 	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server, env...),
 		clientEnv:  pluginEnv(client, append([]string{"GODEBUG=asyncpreemptoff=1"}, env...)...),
-		clientWrap: []string{"valgrind", "--tool=callgrind", "--callgrind-out-file=" + out},
+		clientWrap: wrap,
 		args:       []string{"--abi", "11", "--timeout-s", "300", "--mode", "bw", "--sizes", "4096", "--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}})
 	stdout, errOut, code, err := cli.Wait(ctx)
 	srv.Wait(ctx)

@@ -74,7 +74,7 @@ static ncclResult_t progress(struct mpib_comm *c);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
 
-static ncclResult_t comm_health(struct mpib_comm *c) {
+static ncclResult_t comm_health_check(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] && rail_fatal(r) && c->rail[r].state != MPIB_RAIL_DEAD) {
       if (c->rail[r].state == MPIB_RAIL_DOWN) {
@@ -91,6 +91,14 @@ static ncclResult_t comm_health(struct mpib_comm *c) {
   if (gone && mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS)
     return comm_failed(c, "the peer closed the connection with requests still waiting", " (its process exited or aborted)");
   return ncclSuccess;
+}
+
+/* Runs on every call that finds nothing to do: with both devices alive and the peer there it
+ * costs three loads, in line. */
+static inline ncclResult_t comm_health(struct mpib_comm *c) {
+  if (!rail_fatal(MPIB_RAIL_SOUT) && !rail_fatal(MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE))
+    return ncclSuccess;
+  return comm_health_check(c);
 }
 
 /* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
@@ -826,15 +834,23 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   return post_replays(c);
 }
 
-/* Reads the receiver's record of rail r when it is complete and names generation `gen` in
- * the given field (fence or ready). */
-static int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
+/* Copies the receiver's record of rail r, which names the current generation in the given
+ * field (fence or ready); 1 when the copy is complete (its checksum holds). */
+static int read_record_check(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
   volatile struct mpib_fence_rec *in = fence_rec(c, r);
   uint64_t want = c->rail[r].gen;
-  if ((ready ? in->ready_gen : in->fence_gen) != want) return 0;
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   memcpy(out, (const void *)in, sizeof *out);
   return (ready ? out->ready_gen : out->fence_gen) == want && out->check == mpib_fence_check(out);
+}
+
+/* Reads the receiver's record of rail r when it is complete and names the rail's generation
+ * in the given field (fence or ready). The sender looks for a fence on every progress call:
+ * the common answer (no record for this generation) is one load, in line. */
+static inline int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
+  volatile struct mpib_fence_rec *in = fence_rec(c, r);
+  if ((ready ? in->ready_gen : in->fence_gen) != c->rail[r].gen) return 0;
+  return read_record_check(c, r, ready, out);
 }
 
 /* Sender: the rail's QPs were rebuilt (e == 0): ask the receiver to do the same. A failure
