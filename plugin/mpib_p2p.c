@@ -512,7 +512,10 @@ static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalle
 
 /* Keeps a rail's receives posted; a rail that refuses them (its device just died) fails over. */
 static ncclResult_t srq_refill_or_fail(struct mpib_comm *c, int r) {
-  if (!c->srq[r] || c->rail[r].state == MPIB_RAIL_DEAD || mpib_srq_refill(c, r) == 0) return ncclSuccess;
+  /* A rail being rebuilt is its thread's alone (a provider built without locks would race);
+   * recv_rebuilt refills it. */
+  if (!c->srq[r] || c->rail[r].state == MPIB_RAIL_DEAD || c->rail[r].rebuild.running) return ncclSuccess;
+  if (mpib_srq_refill(c, r) == 0) return ncclSuccess;
   if (c->rail[r].state != MPIB_RAIL_UP) return ncclSuccess; /* already out of service */
   return rail_fail(c, r, "completion-error", "posting receives to it failed");
 }
