@@ -49,23 +49,48 @@ ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm)
   return (ncclResult_t)mpibGoListen(ctx, dev, handle, listenComm);
 }
 
+/* A listen handle as the peer made it: no attempt id (bytes 24..31) and no pending entry
+ * (32..39) written into it by an earlier connect(). */
+static int mpib_handle_fresh(const void *handle) {
+  static const uint8_t zero[16];
+  return memcmp((const uint8_t *)handle + 24, zero, sizeof zero) == 0;
+}
+
 ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,
                           ncclNetDeviceHandle_t **sendDevComm) {
   if (sendDevComm) *sendDevComm = NULL; /* no device offload */
-  if (mpib_pending_unfinished(handle)) { /* the common poll: no call into Go */
+  struct mpib_comm *comm = NULL;
+  int result = ncclSuccess;
+  switch (mpib_pending_poll(handle, &comm, &result)) { /* no call into Go: see mpib.h */
+  case 1: /* the handshake is still running */
     *sendComm = NULL;
     return ncclSuccess;
+  case 2: /* it ended: its comm, or the error the control plane logged when it failed */
+    *sendComm = comm;
+    return (ncclResult_t)result;
+  default: /* a new attempt: queued for the control plane, which starts its handshake */
+    *sendComm = NULL;
+    if (dev == 0 && mpib_g.ndevs_open == MPIB_NRAILS && mpib_handle_fresh(handle) &&
+        mpib_connect_enqueue(ctx, dev, traffic_class, handle))
+      return ncclSuccess;
+    return (ncclResult_t)mpibGoConnect(ctx, dev, traffic_class, handle, sendComm); /* or refused there */
   }
-  return (ncclResult_t)mpibGoConnect(ctx, dev, traffic_class, handle, sendComm);
 }
 
+/* Never calls into Go: the control plane queues finished handshakes on the listen comm. */
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm) {
+  struct mpib_listen_comm *lc = listenComm;
+  struct mpib_comm *comm = NULL;
+  int result = ncclSuccess;
   if (recvDevComm) *recvDevComm = NULL;
-  if (listenComm && __atomic_load_n(&((struct mpib_listen_comm *)listenComm)->ready, __ATOMIC_ACQUIRE) == 0) {
-    *recvComm = NULL; /* nothing finished yet: no call into Go */
-    return ncclSuccess;
+  *recvComm = NULL;
+  if (lc == NULL) {
+    MPIB_WARN("accept on a NULL listen comm");
+    return ncclInvalidArgument;
   }
-  return (ncclResult_t)mpibGoAccept(listenComm, recvComm);
+  if (__atomic_load_n(&lc->ready, __ATOMIC_ACQUIRE) == 0 || !mpib_listen_pop(lc, &comm, &result)) return ncclSuccess;
+  *recvComm = comm;
+  return (ncclResult_t)result;
 }
 
 ncclResult_t mpib_reg_mr_v8(void *comm, void *data, size_t size, int type, void **mhandle) {

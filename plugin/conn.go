@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -40,18 +41,23 @@ type listener struct {
 	owner *netCtx
 	ln    net.Listener
 	nonce uint64
-	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: its ready count lets accept skip Go
+	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
 
-	mu      sync.Mutex
-	closed  bool
-	pending []result // finished handshakes waiting for NCCL's accept
+	mu     sync.Mutex
+	closed bool
 }
 
+// attempt is one connect. Its result goes to its entry in the C pending table, where
+// connect() takes it without calling into Go; without an entry (the table was full) connect
+// polls through Go and finds it in res.
 type attempt struct {
-	owner *netCtx
-	done  chan struct{}
-	res   result
-	pend  uint32 // entry in the C pending table (index + 1), 0 = none
+	owner        *netCtx
+	done         chan struct{}
+	res          result
+	pend         uint32      // entry in the C pending table (index + 1), 0 = none
+	gen          uint32      // the entry's generation
+	taken        bool        // without an entry: the result was claimed (registry.mu)
+	reclaimTimer *time.Timer // set when the handshake ended (registry.mu)
 }
 
 func randomNonce() uint64 {
@@ -105,12 +111,17 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	l := &listener{owner: owner, ln: ln, nonce: randomNonce()}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
-	l.lc = (*C.struct_mpib_listen_comm)(C.calloc(1, C.sizeof_struct_mpib_listen_comm))
 	registry.mu.Lock()
 	id := newID()
+	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
+	if l.lc == nil {
+		registry.mu.Unlock()
+		ln.Close()
+		warnf("listen: out of memory")
+		return C.int(resSystemError)
+	}
 	registry.listeners[id] = l
 	registry.mu.Unlock()
-	l.lc.id = C.uint64_t(id)
 	owner.wg.Add(1)
 	go l.acceptLoop()
 	context.AfterFunc(owner.ctx, l.close)
@@ -138,29 +149,19 @@ func (l *listener) serve(c net.Conn) {
 		infof("listener %v: dropped a TCP client: %v", l.ln.Addr(), err)
 		return
 	}
+	rc := resSuccess
+	if err != nil {
+		warnf("accept: %v", err) // now: accept() returns the error without calling into Go
+		rc = resRemoteError
+	}
 	l.mu.Lock()
-	if !l.closed {
-		l.pending = append(l.pending, result{comm, err})
-		C.mpib_listen_ready_add(l.lc, 1)
-		comm = nil
+	if !l.closed && C.mpib_listen_push(l.lc, comm, C.int(rc)) == 0 {
+		comm = nil // accept() hands it to NCCL
 	}
 	l.mu.Unlock()
 	if comm != nil {
-		closeComm(comm) // the listener closed meanwhile: nobody will accept it
+		closeComm(comm) // the listener closed meanwhile (or no memory): nobody will accept it
 	}
-}
-
-// next returns the oldest finished handshake, if any.
-func (l *listener) next() (result, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.pending) == 0 {
-		return result{}, false
-	}
-	r := l.pending[0]
-	l.pending = l.pending[1:]
-	C.mpib_listen_ready_add(l.lc, -1)
-	return r, true
 }
 
 // close stops accepting and destroys handshakes that finished but were never accepted;
@@ -170,37 +171,19 @@ func (l *listener) close() {
 	if !l.closed { // the first close happens before NCCL's closeListen frees lc
 		l.closed = true
 		l.ln.Close()
-		C.mpib_listen_ready_add(l.lc, -C.int(len(l.pending)))
 	}
-	pending := l.pending
-	l.pending = nil
+	var unaccepted []*C.struct_mpib_comm
+	var comm *C.struct_mpib_comm
+	var rc C.int
+	for l.lc != nil && C.mpib_listen_pop(l.lc, &comm, &rc) == 1 { // nil: NCCL's closeListen freed it
+		if comm != nil {
+			unaccepted = append(unaccepted, comm)
+		}
+	}
 	l.mu.Unlock()
-	for _, r := range pending {
-		if r.comm != nil {
-			closeComm(r.comm)
-		}
+	for _, comm := range unaccepted {
+		closeComm(comm)
 	}
-}
-
-//export mpibGoAccept
-func mpibGoAccept(listenComm unsafe.Pointer, recvComm *unsafe.Pointer) C.int {
-	*recvComm = nil
-	id := uint64((*C.struct_mpib_listen_comm)(listenComm).id)
-	registry.mu.Lock()
-	l := registry.listeners[id]
-	registry.mu.Unlock()
-	if l == nil {
-		warnf("accept on a closed, finalized or unknown listen comm")
-		return C.int(resInvalidArgument)
-	}
-	if r, ok := l.next(); ok {
-		if r.err != nil {
-			warnf("accept: %v", r.err)
-			return C.int(resRemoteError)
-		}
-		*recvComm = unsafe.Pointer(r.comm)
-	}
-	return C.int(resSuccess)
 }
 
 //export mpibGoCloseListen
@@ -212,118 +195,210 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) C.int {
 	registry.mu.Unlock()
 	if l != nil {
 		l.close()
+		l.mu.Lock()
+		l.lc = nil // a later close (finalize's) must not touch it
+		l.mu.Unlock()
 	}
-	C.free(listenComm)
+	C.mpib_listen_comm_free(lc)
 	return C.int(resSuccess)
 }
 
 //export mpibGoConnect
 func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsafe.Pointer, sendComm *unsafe.Pointer) C.int {
 	*sendComm = nil
-	if rc := checkDevice(dev); rc != C.int(resSuccess) {
-		return rc
-	}
 	hb := unsafe.Slice((*byte)(handle), wire.HandleSize)
 	if id := wire.Attempt(hb); id != 0 {
 		return pollAttempt(id, sendComm)
 	}
+	if idx1, _ := wire.Pending(hb); idx1 != 0 {
+		warnf("connect: the handle's connection attempt was collected already (or reclaimed)")
+		return C.int(resInvalidUsage)
+	}
+	h, owner, tc, rc := prepareConnect(uint64(ctxID), dev, int(trafficClass), hb)
+	if rc != resSuccess {
+		return C.int(rc)
+	}
+	var gen C.uint32_t
+	idx1 := C.mpib_pending_acquire(&gen)
+	wire.SetAttempt(hb, startAttempt(owner, h, tc, uint32(idx1), uint32(gen)))
+	if idx1 != 0 {
+		wire.SetPending(hb, uint32(idx1), uint32(gen))
+	}
+	return C.int(resSuccess)
+}
+
+// prepareConnect checks a connect's device, handle and context.
+func prepareConnect(ctxID uint64, dev C.int, trafficClass int, hb []byte) (wire.Handle, *netCtx, int, C.ncclResult_t) {
+	if rc := checkDevice(dev); rc != C.int(resSuccess) {
+		return wire.Handle{}, nil, 0, C.ncclResult_t(rc)
+	}
 	h, err := wire.DecodeHandle(hb)
 	if err != nil {
 		warnf("connect: %v", err)
-		return C.int(resInvalidArgument)
+		return wire.Handle{}, nil, 0, resInvalidArgument
 	}
-	owner := lookupCtx(uint64(ctxID))
+	owner := lookupCtx(ctxID)
 	if owner == nil {
 		warnf("connect: unknown or finalized context")
-		return C.int(resInvalidUsage)
+		return wire.Handle{}, nil, 0, resInvalidUsage
 	}
-	tc := int(trafficClass)
-	if tc == tcUndef {
-		tc = owner.trafficClass
+	if trafficClass == tcUndef {
+		trafficClass = owner.trafficClass
 	}
-	a := &attempt{owner: owner, done: make(chan struct{})}
+	return h, owner, trafficClass, resSuccess
+}
+
+// startAttempt registers a connect attempt and starts its handshake; pend is its entry in the
+// C pending table (0: none, connect then polls through Go).
+func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) uint64 {
+	a := &attempt{owner: owner, done: make(chan struct{}), pend: pend, gen: gen}
 	registry.mu.Lock()
 	id := newID()
 	registry.attempts[id] = a
 	registry.mu.Unlock()
-	wire.SetAttempt(hb, id)
-	if idx1, ok := pendingAcquire(); ok {
-		a.pend = idx1
-		wire.SetPending(hb, idx1, uint32(C.mpib_pending_arm(C.uint32_t(idx1))))
-	}
 	owner.wg.Add(1)
 	go func() {
 		defer owner.wg.Done()
 		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, tc)
 		close(a.done)
 		if a.pend != 0 {
-			C.mpib_pending_finish(C.uint32_t(a.pend))
+			rc := resSuccess
+			if a.res.err != nil {
+				warnf("connect: %v", a.res.err) // connect() returns the error without calling into Go
+				rc = resRemoteError
+			}
+			C.mpib_pending_finish(C.uint32_t(a.pend), C.uint32_t(a.gen), a.res.comm, C.int(rc))
 		}
-		time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id) })
+		registry.mu.Lock()
+		a.reclaimTimer = time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id) })
+		registry.mu.Unlock()
 	}()
-	return C.int(resSuccess)
+	return id
 }
 
-// pollAttempt is a repeated connect call: it only checks whether the handshake finished.
+// sweepCollected forgets the attempts whose comm connect() took in C: Go is not told, and
+// they would otherwise stay registered (with their timer) until the reclaim, twice the
+// handshake timeout later. The dispatcher runs it at most every 100 ms.
+func sweepCollected() {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	for id, a := range registry.attempts {
+		if a.pend != 0 && a.reclaimTimer != nil && C.mpib_pending_collected(C.uint32_t(a.pend), C.uint32_t(a.gen)) == 1 {
+			a.reclaimTimer.Stop()
+			delete(registry.attempts, id)
+		}
+	}
+}
+
+var dispatcherOnce sync.Once
+
+// startConnectDispatcher starts, once per process, the goroutine that starts the handshakes
+// connect() queued in C (mpib_connect_enqueue): NCCL's proxy thread then never waits for the
+// Go scheduler, which with hundreds of handshakes running took hundreds of ms to give a
+// calling thread its turn. Without the eventfd, connect() calls into Go as before.
+func startConnectDispatcher() {
+	dispatcherOnce.Do(func() {
+		fd := C.mpib_connect_queue_open()
+		if fd < 0 {
+			infof("connect: no eventfd for the connect queue: connect() starts handshakes through Go")
+			return
+		}
+		f := os.NewFile(uintptr(fd), "mpib-connect-queue") // non-blocking: read through Go's poller
+		go func() {
+			var buf [8]byte
+			var swept time.Time
+			for {
+				if _, err := f.Read(buf[:]); err != nil {
+					warnf("connect queue: %v (polling it every 10 ms instead)", err)
+					time.Sleep(10 * time.Millisecond)
+				}
+				var req C.struct_mpib_connect_req
+				for C.mpib_connect_dequeue(&req) == 1 {
+					startQueued(&req)
+				}
+				if time.Since(swept) > 100*time.Millisecond {
+					sweepCollected()
+					swept = time.Now()
+				}
+			}
+		}()
+	})
+}
+
+// startQueued starts one queued connect. A refusal becomes the attempt's result: connect()
+// returns it on NCCL's next call.
+func startQueued(req *C.struct_mpib_connect_req) {
+	hb := C.GoBytes(unsafe.Pointer(&req.handle[0]), C.int(len(req.handle)))
+	pend, gen := uint32(req.idx1), uint32(req.gen)
+	h, owner, tc, rc := prepareConnect(uint64(req.ctx), req.dev, int(req.traffic_class), hb)
+	if rc == resSuccess {
+		startAttempt(owner, h, tc, pend, gen)
+		return
+	}
+	C.mpib_pending_finish(C.uint32_t(pend), C.uint32_t(gen), nil, C.int(rc))
+	time.AfterFunc(2*handshakeTimeout(), func() { // NCCL never came back: free the entry
+		var comm *C.struct_mpib_comm
+		var r C.int
+		C.mpib_pending_take(C.uint32_t(pend), C.uint32_t(gen), &comm, &r)
+	})
+}
+
+// pollAttempt is a repeated connect call that C could not answer: an attempt without an
+// entry in the C pending table, or one whose entry was taken already.
 func pollAttempt(id uint64, sendComm *unsafe.Pointer) C.int {
 	registry.mu.Lock()
 	a := registry.attempts[id]
+	registry.mu.Unlock()
 	if a == nil {
-		registry.mu.Unlock()
 		warnf("connect: unknown connection attempt %d in the handle (finalized or reclaimed)", id)
 		return C.int(resInvalidArgument)
 	}
 	select {
 	case <-a.done:
-		delete(registry.attempts, id)
 	default:
-		registry.mu.Unlock()
 		return C.int(resSuccess) // still in progress: NCCL calls again
 	}
-	registry.mu.Unlock()
-	pendingRelease(a.pend)
-	if a.res.err != nil {
+	comm, rc, ok := a.take()
+	forgetAttempt(id)
+	if !ok {
+		warnf("connect: connection attempt %d was collected already (or reclaimed)", id)
+		return C.int(resInvalidUsage)
+	}
+	if rc == resSuccess {
+		*sendComm = unsafe.Pointer(comm)
+	} else if a.pend == 0 {
 		warnf("connect: %v", a.res.err)
-		return C.int(resRemoteError)
 	}
-	*sendComm = unsafe.Pointer(a.res.comm)
-	return C.int(resSuccess)
+	return C.int(rc)
 }
 
-// pendingTab hands out entries of the C table of pending connects (mpib_pending_tab).
-var pendingTab struct {
-	mu   sync.Mutex
-	free []uint32
-	next uint32
+// take claims a finished attempt's result for whoever asks first (NCCL, or a reclaim):
+// through the C entry's compare-and-swap when it has one, else under registry.mu.
+func (a *attempt) take() (*C.struct_mpib_comm, C.ncclResult_t, bool) {
+	if a.pend != 0 {
+		var comm *C.struct_mpib_comm
+		var rc C.int
+		if C.mpib_pending_take(C.uint32_t(a.pend), C.uint32_t(a.gen), &comm, &rc) == 0 {
+			return nil, 0, false
+		}
+		return comm, C.ncclResult_t(rc), true
+	}
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	if a.taken {
+		return nil, 0, false
+	}
+	a.taken = true
+	if a.res.err != nil {
+		return nil, resRemoteError, true
+	}
+	return a.res.comm, resSuccess, true
 }
 
-// pendingAcquire returns a free entry (index + 1); false when all are in use (connect then
-// polls through Go, which is correct, only slower).
-func pendingAcquire() (uint32, bool) {
-	pendingTab.mu.Lock()
-	defer pendingTab.mu.Unlock()
-	if n := len(pendingTab.free); n > 0 {
-		idx1 := pendingTab.free[n-1]
-		pendingTab.free = pendingTab.free[:n-1]
-		return idx1, true
-	}
-	if pendingTab.next < C.MPIB_PENDING_MAX {
-		pendingTab.next++
-		return pendingTab.next, true
-	}
-	return 0, false
-}
-
-// pendingRelease invalidates an entry (a stale handle naming it no longer matches) and
-// frees it.
-func pendingRelease(idx1 uint32) {
-	if idx1 == 0 {
-		return
-	}
-	C.mpib_pending_release(C.uint32_t(idx1))
-	pendingTab.mu.Lock()
-	pendingTab.free = append(pendingTab.free, idx1)
-	pendingTab.mu.Unlock()
+func forgetAttempt(id uint64) {
+	registry.mu.Lock()
+	delete(registry.attempts, id)
+	registry.mu.Unlock()
 }
 
 // reclaimAttempt destroys a finished connection that NCCL never came back for (it abandoned
@@ -331,17 +406,24 @@ func pendingRelease(idx1 uint32) {
 func reclaimAttempt(id uint64) {
 	registry.mu.Lock()
 	a := registry.attempts[id]
-	if a != nil {
-		delete(registry.attempts, id)
-	}
+	delete(registry.attempts, id)
 	registry.mu.Unlock()
-	if a != nil {
-		pendingRelease(a.pend)
+	if a == nil {
+		return
 	}
-	if a != nil && a.res.comm != nil {
+	if comm := a.reclaim(); comm != nil {
 		infof("connect: reclaimed a connection NCCL never collected (attempt %d)", id)
-		closeComm(a.res.comm)
+		closeComm(comm)
 	}
+}
+
+// reclaim takes a finished attempt's comm if NCCL never collected it (nil otherwise).
+func (a *attempt) reclaim() *C.struct_mpib_comm {
+	comm, _, ok := a.take()
+	if !ok {
+		return nil
+	}
+	return comm
 }
 
 // connectHandshake is the sending side: dial, hello, metadata, QPs to RTS, ready.

@@ -167,29 +167,29 @@ func endNetCtx(id uint64) {
 func reclaimOwnedBy(c *netCtx) {
 	registry.mu.Lock()
 	var ls []*listener
-	for id, l := range registry.listeners {
+	// Listeners stay in the registry until NCCL's closeListen, which frees their listen comm:
+	// it must find the listener to wait for a close running here (l.mu) before it does.
+	for _, l := range registry.listeners {
 		if l.owner == c {
 			ls = append(ls, l)
-			delete(registry.listeners, id)
 		}
 	}
-	var orphans []*C.struct_mpib_comm
-	var pends []uint32
+	var attempts []*attempt
 	for id, a := range registry.attempts {
 		if a.owner == c {
 			delete(registry.attempts, id)
-			pends = append(pends, a.pend)
-			if a.res.comm != nil {
-				orphans = append(orphans, a.res.comm)
-			}
+			attempts = append(attempts, a)
 		}
 	}
 	registry.mu.Unlock()
-	for _, p := range pends {
-		pendingRelease(p)
-	}
 	for _, l := range ls {
 		l.close()
+	}
+	var orphans []*C.struct_mpib_comm
+	for _, a := range attempts { // every handshake has ended (c.wg): collected, or not
+		if comm := a.reclaim(); comm != nil {
+			orphans = append(orphans, comm)
+		}
 	}
 	for _, comm := range orphans {
 		closeComm(comm)

@@ -289,29 +289,78 @@ struct mpib_comm {
   void *prof_event[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS][MPIB_NRAILS];
 };
 
-/* Listen comm: an id into the Go control plane's table of listeners. */
-struct mpib_listen_comm {
-  uint64_t id;
-  int ready; /* finished handshakes waiting for accept (written by Go, read by accept in C) */
+/* NCCL's proxy thread calls connect() and accept() over and over while it drives every other
+ * connection's transfers, so neither call waits for the Go control plane once a handshake is
+ * under way: a goroutine runs each handshake and leaves its result in C memory, and the calls
+ * read it there. A call into Go waits for the Go scheduler, and with hundreds of handshakes
+ * running that wait measured hundreds of ms (docs/benchmarks.md, connect). */
+
+/* A finished handshake waiting for accept(). */
+struct mpib_ready {
+  struct mpib_comm *comm; /* NULL when it failed */
+  int result;             /* ncclResult_t */
+  struct mpib_ready *next;
 };
 
-/* Connect attempts in flight. NCCL polls connect() in its proxy thread, which also drives
- * every other connection's transfers: a poll that finds the handshake unfinished must cost
- * nanoseconds, so it reads this table in C and calls into Go only once the handshake ended.
- * The handle NCCL keeps between polls names an entry by index + 1 and generation (a stale or
- * forged handle fails the generation check and goes to Go, which refuses it). */
-#define MPIB_PENDING_MAX 65536
-struct mpib_pending {
-  uint32_t gen;
-  int done;
+/* Listen comm: an id into the Go control plane's table of listeners, and the handshakes that
+ * finished for it, oldest first. */
+struct mpib_listen_comm {
+  uint64_t id;
+  int ready; /* queued handshakes: accept takes the lock only when this is not 0 */
+  pthread_mutex_t mu;
+  struct mpib_ready *head, *tail;
 };
-extern struct mpib_pending mpib_pending_tab[MPIB_PENDING_MAX];
-/* Whether the handle names a live attempt that has not finished (0: ask the control plane). */
-int mpib_pending_unfinished(const void *handle);
-uint32_t mpib_pending_arm(uint32_t idx1);
-void mpib_pending_finish(uint32_t idx1);
-void mpib_pending_release(uint32_t idx1);
-void mpib_listen_ready_add(struct mpib_listen_comm *lc, int delta);
+struct mpib_listen_comm *mpib_listen_comm_new(uint64_t id);
+void mpib_listen_comm_free(struct mpib_listen_comm *lc);
+/* Queues a finished handshake (Go). 0, or -ENOMEM (the caller then closes the comm). */
+int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int result);
+/* Takes the oldest finished handshake: 1, or 0 when none is queued. */
+int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result);
+
+/* Connect attempts in flight, one entry each. The handle NCCL keeps between connect() calls
+ * names the entry by index + 1 and generation (handle bytes 32..39); a stale or forged handle
+ * fails the generation check and goes to Go, which refuses it. An entry's word holds its
+ * generation (high half) and state (low half), so that taking a result is one compare-and-
+ * swap that cannot take another attempt's. Entries are freed when their result is taken: by
+ * connect() (NCCL collected the comm) or by the control plane (NCCL never came back). */
+#define MPIB_PENDING_MAX 65536
+enum { MPIB_PENDING_RUNNING = 0, MPIB_PENDING_DONE = 1, MPIB_PENDING_FREE = 2 };
+struct mpib_pending {
+  uint64_t word;          /* generation << 32 | MPIB_PENDING_* */
+  struct mpib_comm *comm; /* the result, valid once DONE */
+  int result;             /* ncclResult_t */
+};
+/* A free entry armed for a new attempt: its index + 1 (0 when the table is full) and, in
+ * *gen, its generation. */
+uint32_t mpib_pending_acquire(uint32_t *gen);
+/* The handshake of the attempt ended: comm (or NULL) and its ncclResult_t. */
+void mpib_pending_finish(uint32_t idx1, uint32_t gen, struct mpib_comm *comm, int result);
+/* Takes a finished attempt's result and frees its entry: 1, or 0 when it is still running,
+ * was taken already or the entry moved on. */
+int mpib_pending_take(uint32_t idx1, uint32_t gen, struct mpib_comm **comm, int *result);
+/* connect()'s look at the handle: 1 while its handshake runs, 2 with the result taken (in
+ * *comm and *result), 0 when the control plane must answer (no entry, or a stale one). */
+int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result);
+/* 1 when a finished attempt's result was taken (the entry was freed or moved on). */
+int mpib_pending_collected(uint32_t idx1, uint32_t gen);
+
+/* A connect() with a fresh handle: queued here for the control plane, which starts the
+ * handshake (mpib_connect_enqueue, then the control plane's dispatcher reads the eventfd and
+ * mpib_connect_dequeue). */
+struct mpib_connect_req {
+  uint64_t ctx;
+  int dev, traffic_class;
+  uint32_t idx1, gen; /* its pending entry */
+  uint8_t handle[128]; /* NCCL_NET_HANDLE_MAXSIZE: the peer's listen handle, copied */
+  struct mpib_connect_req *next;
+};
+/* The eventfd the dispatcher reads (created once; -1 when none could be). */
+int mpib_connect_queue_open(void);
+/* 1 when queued (the handle then names its pending entry), 0 when the control plane must be
+ * called (no queue, or the pending table is full). */
+int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle);
+/* The oldest queued request: 1, or 0 when none. */
+int mpib_connect_dequeue(struct mpib_connect_req *out);
 
 /* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
 void mpib_thread_rendezvous_reset(int expected);

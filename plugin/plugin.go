@@ -70,6 +70,7 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	defer plugin.mu.Unlock()
 	if plugin.refs == 0 {
 		prestartThreads()
+		startConnectDispatcher()
 		if rc := initPlugin(); rc != C.int(resSuccess) {
 			return rc
 		}

@@ -76,6 +76,11 @@ func DecodeHandle(b []byte) (Handle, error) {
 func Attempt(b []byte) uint64        { return binary.LittleEndian.Uint64(b[attemptOffset:]) }
 func SetAttempt(b []byte, id uint64) { binary.LittleEndian.PutUint64(b[attemptOffset:], id) }
 
+// Pending reads what SetPending wrote (zeros in a handle no connect() has used).
+func Pending(b []byte) (index1, gen uint32) {
+	return binary.LittleEndian.Uint32(b[pendingOffset:]), binary.LittleEndian.Uint32(b[pendingOffset+4:])
+}
+
 // SetPending writes the connect attempt's entry in the plugin's C table of pending attempts
 // (index + 1 and generation, bytes 32..39), which connect() polls without calling into Go.
 func SetPending(b []byte, index1, gen uint32) {

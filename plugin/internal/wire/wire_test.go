@@ -36,6 +36,17 @@ func TestHandleRoundTrip(t *testing.T) {
 	if err != nil || got != h || Attempt(b) != 7 {
 		t.Fatalf("DecodeHandle = %+v, %v, attempt %d", got, err, Attempt(b))
 	}
+	// connect() in C finds the pending entry at bytes 32..39 (plugin/mpib_setup.c).
+	if idx, gen := Pending(b); idx != 0 || gen != 0 {
+		t.Fatalf("a fresh handle names pending entry %d/%d", idx, gen)
+	}
+	SetPending(b, 0x01020304, 0x0a0b0c0d)
+	if idx, gen := Pending(b); idx != 0x01020304 || gen != 0x0a0b0c0d || b[32] != 0x04 || b[39] != 0x0a {
+		t.Fatalf("Pending = %#x/%#x, bytes 32..39 % x", idx, gen, b[32:40])
+	}
+	if got, err := DecodeHandle(b); err != nil || got != h {
+		t.Fatalf("DecodeHandle with a pending entry = %+v, %v", got, err)
+	}
 }
 
 func TestHandleRejects(t *testing.T) {
