@@ -88,7 +88,11 @@ ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_
     MPIB_WARN("accept on a NULL listen comm");
     return ncclInvalidArgument;
   }
-  if (__atomic_load_n(&lc->ready, __ATOMIC_ACQUIRE) == 0 || !mpib_listen_pop(lc, &comm, &result)) return ncclSuccess;
+  if (__atomic_load_n(&lc->ready, __ATOMIC_ACQUIRE) == 0 || !mpib_listen_pop(lc, &comm, &result)) {
+    if (!__atomic_load_n(&lc->closed, __ATOMIC_ACQUIRE)) return ncclSuccess; /* nothing finished yet */
+    MPIB_WARN("accept on a closed or finalized listen comm");
+    return ncclInvalidArgument;
+  }
   *recvComm = comm;
   return (ncclResult_t)result;
 }

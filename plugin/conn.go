@@ -171,6 +171,7 @@ func (l *listener) close() {
 	if !l.closed { // the first close happens before NCCL's closeListen frees lc
 		l.closed = true
 		l.ln.Close()
+		C.mpib_listen_close(l.lc)
 	}
 	var unaccepted []*C.struct_mpib_comm
 	var comm *C.struct_mpib_comm
@@ -220,7 +221,14 @@ func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsaf
 	}
 	var gen C.uint32_t
 	idx1 := C.mpib_pending_acquire(&gen)
-	wire.SetAttempt(hb, startAttempt(owner, h, tc, uint32(idx1), uint32(gen)))
+	id, ok := startAttempt(owner, h, tc, uint32(idx1), uint32(gen))
+	if !ok {
+		if idx1 != 0 {
+			refuseEntry(uint32(idx1), uint32(gen), resInvalidUsage, 0)
+		}
+		return C.int(resInvalidUsage)
+	}
+	wire.SetAttempt(hb, id)
 	if idx1 != 0 {
 		wire.SetPending(hb, uint32(idx1), uint32(gen))
 	}
@@ -250,13 +258,20 @@ func prepareConnect(ctxID uint64, dev C.int, trafficClass int, hb []byte) (wire.
 
 // startAttempt registers a connect attempt and starts its handshake; pend is its entry in the
 // C pending table (0: none, connect then polls through Go).
-func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) uint64 {
+// It refuses (false) once the context is finalized: the check and wg.Add happen under
+// registry.mu, which endNetCtx takes to remove the context before it waits for wg.
+func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) (uint64, bool) {
 	a := &attempt{owner: owner, done: make(chan struct{}), pend: pend, gen: gen}
 	registry.mu.Lock()
+	if registry.ctxs[owner.id] != owner {
+		registry.mu.Unlock()
+		warnf("connect: the context was finalized before the handshake started")
+		return 0, false
+	}
 	id := newID()
 	registry.attempts[id] = a
-	registry.mu.Unlock()
 	owner.wg.Add(1)
+	registry.mu.Unlock()
 	go func() {
 		defer owner.wg.Done()
 		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, tc)
@@ -270,10 +285,26 @@ func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) uint64
 			C.mpib_pending_finish(C.uint32_t(a.pend), C.uint32_t(a.gen), a.res.comm, C.int(rc))
 		}
 		registry.mu.Lock()
-		a.reclaimTimer = time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id) })
+		a.reclaimTimer = time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id, a) })
 		registry.mu.Unlock()
 	}()
-	return id
+	return id, true
+}
+
+// refuseEntry ends a pending entry whose attempt never started with the error rc, and frees
+// it after `keep` (NCCL's next connect() returns the error) or at once (0).
+func refuseEntry(pend, gen uint32, rc C.ncclResult_t, keep time.Duration) {
+	C.mpib_pending_finish(C.uint32_t(pend), C.uint32_t(gen), nil, C.int(rc))
+	free := func() {
+		var comm *C.struct_mpib_comm
+		var r C.int
+		C.mpib_pending_take(C.uint32_t(pend), C.uint32_t(gen), &comm, &r)
+	}
+	if keep == 0 {
+		free()
+		return
+	}
+	time.AfterFunc(keep, free) // NCCL never came back for the error
 }
 
 // sweepCollected forgets the attempts whose comm connect() took in C: Go is not told, and
@@ -332,15 +363,12 @@ func startQueued(req *C.struct_mpib_connect_req) {
 	pend, gen := uint32(req.idx1), uint32(req.gen)
 	h, owner, tc, rc := prepareConnect(uint64(req.ctx), req.dev, int(req.traffic_class), hb)
 	if rc == resSuccess {
-		startAttempt(owner, h, tc, pend, gen)
-		return
+		if _, ok := startAttempt(owner, h, tc, pend, gen); ok {
+			return
+		}
+		rc = resInvalidUsage
 	}
-	C.mpib_pending_finish(C.uint32_t(pend), C.uint32_t(gen), nil, C.int(rc))
-	time.AfterFunc(2*handshakeTimeout(), func() { // NCCL never came back: free the entry
-		var comm *C.struct_mpib_comm
-		var r C.int
-		C.mpib_pending_take(C.uint32_t(pend), C.uint32_t(gen), &comm, &r)
-	})
+	refuseEntry(pend, gen, rc, 2*handshakeTimeout())
 }
 
 // pollAttempt is a repeated connect call that C could not answer: an attempt without an
@@ -403,15 +431,13 @@ func forgetAttempt(id uint64) {
 
 // reclaimAttempt destroys a finished connection that NCCL never came back for (it abandoned
 // the attempt, e.g. on abort under an ABI without finalize).
-func reclaimAttempt(id uint64) {
+func reclaimAttempt(id uint64, a *attempt) {
 	registry.mu.Lock()
-	a := registry.attempts[id]
-	delete(registry.attempts, id)
-	registry.mu.Unlock()
-	if a == nil {
-		return
+	if registry.attempts[id] == a {
+		delete(registry.attempts, id)
 	}
-	if comm := a.reclaim(); comm != nil {
+	registry.mu.Unlock()
+	if comm := a.reclaim(); comm != nil { // nothing when NCCL, a sweep or finalize took it first
 		infof("connect: reclaimed a connection NCCL never collected (attempt %d)", id)
 		closeComm(comm)
 	}

@@ -306,7 +306,8 @@ struct mpib_ready {
  * finished for it, oldest first. */
 struct mpib_listen_comm {
   uint64_t id;
-  int ready; /* queued handshakes: accept takes the lock only when this is not 0 */
+  int ready;  /* queued handshakes: accept takes the lock only when this is not 0 */
+  int closed; /* the control plane closed the listener (finalize): accept then fails */
   pthread_mutex_t mu;
   struct mpib_ready *head, *tail;
 };
@@ -314,6 +315,7 @@ struct mpib_listen_comm *mpib_listen_comm_new(uint64_t id);
 void mpib_listen_comm_free(struct mpib_listen_comm *lc);
 /* Queues a finished handshake (Go). 0, or -ENOMEM (the caller then closes the comm). */
 int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int result);
+void mpib_listen_close(struct mpib_listen_comm *lc);
 /* Takes the oldest finished handshake: 1, or 0 when none is queued. */
 int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result);
 

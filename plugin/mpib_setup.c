@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,6 +25,19 @@ static uint32_t pending_nfree, pending_used;    /* entries on the stack; entries
 
 static uint64_t pending_word(uint32_t gen, int state) { return (uint64_t)gen << 32 | (uint32_t)state; }
 
+/* An entry's first generation is random, so that a corrupt or forged handle cannot name a
+ * live attempt (and take its comm) by guessing small numbers. */
+static uint32_t pending_first_gen(uint32_t idx1) {
+  uint32_t g = 0;
+  if (getrandom(&g, sizeof g, GRND_NONBLOCK) != (ssize_t)sizeof g) {
+    uint64_t x = mpib_now_ns() ^ ((uint64_t)idx1 << 32);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    g = (uint32_t)(x ^ (x >> 29));
+  }
+  return g;
+}
+
 uint32_t mpib_pending_acquire(uint32_t *gen) {
   uint32_t idx1 = 0;
   pthread_mutex_lock(&pending_mu);
@@ -34,7 +48,8 @@ uint32_t mpib_pending_acquire(uint32_t *gen) {
   pthread_mutex_unlock(&pending_mu);
   if (idx1 == 0) return 0;
   struct mpib_pending *p = &pending_tab[idx1 - 1];
-  *gen = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_RELAXED) >> 32) + 1;
+  uint32_t last = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_RELAXED) >> 32);
+  *gen = last ? last + 1 : pending_first_gen(idx1);
   if (*gen == 0) *gen = 1; /* 0 never names an entry */
   p->comm = NULL;
   p->result = 0;
@@ -165,6 +180,8 @@ int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int re
   pthread_mutex_unlock(&lc->mu);
   return 0;
 }
+
+void mpib_listen_close(struct mpib_listen_comm *lc) { __atomic_store_n(&lc->closed, 1, __ATOMIC_RELEASE); }
 
 int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
   pthread_mutex_lock(&lc->mu);
