@@ -80,11 +80,13 @@ static void test_pending_bad_handles(void) {
 struct race {
   uint32_t idx1, gen;
   int got;
+  pthread_barrier_t *start; /* both takers leave it together */
 };
 static void *race_take(void *arg) {
   struct race *r = arg;
   struct mpib_comm *comm;
   int result;
+  pthread_barrier_wait(r->start);
   r->got = mpib_pending_take(r->idx1, r->gen, &comm, &result);
   return NULL;
 }
@@ -93,12 +95,15 @@ static void test_pending_race(void) {
   for (int i = 0; i < 2000; i++) {
     uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
     mpib_pending_finish(idx1, gen, (struct mpib_comm *)(uintptr_t)0x10, 0);
-    struct race a = {idx1, gen, 0}, b = {idx1, gen, 0};
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    struct race a = {idx1, gen, 0, &start}, b = {idx1, gen, 0, &start};
     pthread_t ta, tb;
     pthread_create(&ta, NULL, race_take, &a);
     pthread_create(&tb, NULL, race_take, &b);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
+    pthread_barrier_destroy(&start);
     if (a.got + b.got != 1) {
       CHECK(0, "round %d: %d takers got the result", i, a.got + b.got);
       return;
