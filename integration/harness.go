@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +75,10 @@ func Start(ctx context.Context) (*Topology, error) {
 		}
 		fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, rebooting the lab: %v\n", attempt, err)
 		_ = lab.Down(ctx, cfg)
+		// The same Docker address again: testcontainers-go keeps the first one it read.
+		if u, perr := url.Parse(env.DockerHost); perr == nil {
+			cfg.DockerPort, _ = strconv.Atoi(u.Port())
+		}
 	}
 	unlock()
 	return nil, lastErr

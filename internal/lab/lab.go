@@ -28,6 +28,10 @@ type Config struct {
 	BuildDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// DockerPort is the host port a booted VM's Docker API should get when it is free (0: any
+	// free port). A harness that reboots the lab passes the old one: testcontainers-go reads
+	// DOCKER_HOST once per process, so a new port would be unreachable from it.
+	DockerPort int
 }
 
 // Env is what a harness needs to use a running lab.

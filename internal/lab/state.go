@@ -103,7 +103,7 @@ func boot(ctx context.Context, cfg Config, img *Image) (*State, error) {
 	}
 	var lastErr error
 	for attempt := 1; attempt <= bootAttempts; attempt++ {
-		port, err := freePort()
+		port, err := freePort(cfg.DockerPort)
 		if err != nil {
 			return nil, err
 		}

@@ -172,8 +172,15 @@ func prime(ctx context.Context, cfg Config, img *Image, work string) error {
 	return nil
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
+// freePort returns a loopback TCP port that was free a moment ago: want when it is (not 0),
+// else any.
+func freePort(want int) (int, error) {
+	if want != 0 {
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(want)); err == nil {
+			l.Close()
+			return want, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
