@@ -49,11 +49,11 @@ ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm)
   return (ncclResult_t)mpibGoListen(ctx, dev, handle, listenComm);
 }
 
-/* A listen handle as the peer made it: no attempt id (bytes 24..31) and no pending entry
- * (32..39) written into it by an earlier connect(). */
+/* A listen handle as the peer made it: no attempt id and no pending entry written into it by
+ * an earlier connect() (mpib.h, MPIB_HANDLE_*_OFFSET). */
 static int mpib_handle_fresh(const void *handle) {
-  static const uint8_t zero[16];
-  return memcmp((const uint8_t *)handle + 24, zero, sizeof zero) == 0;
+  static const uint8_t zero[MPIB_HANDLE_PENDING_OFFSET + 8 - MPIB_HANDLE_ATTEMPT_OFFSET];
+  return memcmp((const uint8_t *)handle + MPIB_HANDLE_ATTEMPT_OFFSET, zero, sizeof zero) == 0;
 }
 
 ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,

@@ -137,7 +137,6 @@ struct mpib_request {
   void *prof_phandle;
 };
 
-/* One rail's failover state in one comm (mpib_p2p.c). */
 /* A rail's QPs rebuilt on a thread of their own (mpib_rail_rebuild_start). */
 struct mpib_rebuild {
   struct mpib_comm *comm;
@@ -149,6 +148,7 @@ struct mpib_rebuild {
   pthread_t thread;
 };
 
+/* One rail's failover state in one comm (mpib_p2p.c). */
 struct mpib_rail_ctl {
   int state;             /* MPIB_RAIL_* */
   uint32_t gen;          /* generation of the rail's QPs, from 1; a rebuild adds one */
@@ -326,6 +326,11 @@ int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *r
  * swap that cannot take another attempt's. Entries are freed when their result is taken: by
  * connect() (NCCL collected the comm) or by the control plane (NCCL never came back). */
 #define MPIB_PENDING_MAX 65536
+/* Where connect() keeps its state in NCCL's copy of the handle (plugin/internal/wire mirrors
+ * them): the control plane's attempt id (8 bytes), and the pending entry's index + 1 and
+ * generation (4 + 4). A handle as the peer's listen made it has zeros in both. */
+#define MPIB_HANDLE_ATTEMPT_OFFSET 24
+#define MPIB_HANDLE_PENDING_OFFSET 32
 enum { MPIB_PENDING_RUNNING = 0, MPIB_PENDING_DONE = 1, MPIB_PENDING_FREE = 2 };
 struct mpib_pending {
   uint64_t word;          /* generation << 32 | MPIB_PENDING_* */

@@ -89,8 +89,8 @@ int mpib_pending_collected(uint32_t idx1, uint32_t gen) {
 
 int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result) {
   uint32_t idx1, gen;
-  memcpy(&idx1, (const uint8_t *)handle + 32, 4);
-  memcpy(&gen, (const uint8_t *)handle + 36, 4);
+  memcpy(&idx1, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, 4);
+  memcpy(&gen, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, 4);
   if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
   uint64_t w = __atomic_load_n(&pending_tab[idx1 - 1].word, __ATOMIC_ACQUIRE);
   if (w == pending_word(gen, MPIB_PENDING_RUNNING)) return 1;
@@ -120,8 +120,8 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
   }
   *q = (struct mpib_connect_req){.ctx = ctx, .dev = dev, .traffic_class = traffic_class, .idx1 = idx1, .gen = gen};
   memcpy(q->handle, handle, sizeof q->handle);
-  memcpy((uint8_t *)handle + 32, &idx1, 4); /* the next connect() polls the entry */
-  memcpy((uint8_t *)handle + 36, &gen, 4);
+  memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, &idx1, 4); /* the next connect() polls the entry */
+  memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, &gen, 4);
   pthread_mutex_lock(&creq_mu);
   if (creq_tail)
     creq_tail->next = q;
