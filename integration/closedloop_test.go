@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,16 +16,25 @@ import (
 // 95 % of the best static split, measured by a sweep in the same transfer, within 10 s of
 // each change.
 //
-// One transfer:
+// One transfer; per agent (Go, then Python):
 //  1. sweep: static hints (the Go CLI's `set` and `heartbeat`, the reference, not the agent
 //     under test) at the theoretical optimum 1024*sup/(sup+sout) and +-clSweepOffset, under
 //     phase 1's and phase 2's shaping; best_static_mbps of a phase is the best point's rate
-//     (phase 3 has phase 1's shaping and reuses its sweep);
-//  2. per agent (Go, then Python): hand-over: no heartbeat, the marker hint, shaping back to
-//     phase 1, the agent starts `run --policy closed-loop --interval 0.5`; its phase 1 starts
-//     when the loop's first hint (512, ClosedLoopStart) replaces the marker (the Python CLI
-//     takes seconds to start under TCG, which is start-up, not the loop); phases 2 and 3
-//     start at the shaping change, the loop running throughout; the loop stops after phase 3.
+//     (phase 3 has phase 1's shaping and reuses its sweep). Each agent gets its own sweep,
+//     taken just before it: the lab's speed drifts by several percent within minutes, and a
+//     yardstick measured minutes earlier judged the drift rather than the loop;
+//  2. hand-over: no heartbeat, the marker hint, shaping back to phase 1, the agent starts
+//     `run --policy closed-loop --interval 0.5`; its phase 1 starts when the loop's first hint
+//     (512, ClosedLoopStart) replaces the marker (the Python CLI takes seconds to start under
+//     TCG, which is start-up, not the loop); phases 2 and 3 start at the shaping change, the
+//     loop running throughout; the loop stops after phase 3.
+//
+// The rails must be what limits the transfer, not the lab VM's CPU: a slow host's lab carries
+// less than the 75 Mbit/s of phase 1 on two rails at once (47 Mbit/s in one benchmark run),
+// and then every split looks alike and the test measures the VM. Before the first sweep a
+// probe at phase 1's optimum checks that the lab carries clCarryMin of the shaped rate; when
+// it does not, every rate is halved (the same ratios: the same optima) and the closedloop:
+// lines say so in their sout_mbit / sup_mbit fields.
 //
 // Rates are a1's rail tx byte counters (headers included, the same for static and loop),
 // sampled continuously. A phase's rate "stays within 5 %" from the start t of the first
@@ -43,6 +51,7 @@ const (
 	clSoutKbit    = 25000
 	clSupKbit     = 50000
 	clSupCutKbit  = 12500
+	clCarryMin    = 0.85 // the share of phase 1's shaped rate the lab must carry at full rates
 	// The transfer: sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s move about 600 MB
 	// at the shaped rates when a docker exec takes well under a second; on a loaded machine
 	// (execs of 10-30 s, two lab VMs on 2 cores) the sweep alone takes ~3 minutes, hence the
@@ -50,7 +59,7 @@ const (
 	clTransfer = "2400M"
 )
 
-// clPhaseSup is SUP's shaping in phases 1, 2 and 3.
+// clPhaseSup is SUP's shaping in phases 1, 2 and 3, at full rates.
 var clPhaseSup = []int{clSupKbit, clSupCutKbit, clSupKbit}
 
 type railPoint struct {
@@ -189,8 +198,9 @@ func (s *railSampler) settle(t0, end float64, best float64) (settled, rate float
 	return settled, rate, rates, starts
 }
 
-func optimum(supKbit int) int {
-	return int(math.Round(1024 * float64(supKbit) / float64(supKbit+clSoutKbit)))
+// optimum is the theoretical best split for SUP shaped to supKbit and SOUT to soutKbit.
+func optimum(supKbit, soutKbit int) int {
+	return int(math.Round(1024 * float64(supKbit) / float64(supKbit+soutKbit)))
 }
 
 // clRun is one closed-loop lab run: the pair, the sampler and the sweep's static rates.
@@ -200,9 +210,13 @@ type clRun struct {
 	slot     uint32
 	samp     *railSampler
 	cli, srv *Process
-	sweep    []clSweepPoint
+	sweep    []clSweepPoint // the current agent's
 	start    time.Time
+	div      int // every rate is divided by div: 1, or 2 when the lab cannot carry full rates
 }
+
+// kbit is a rate of the test at the rates in force.
+func (r *clRun) kbit(full int) int { return full / r.div }
 
 type clSweepPoint struct {
 	sup, hint int
@@ -213,16 +227,9 @@ type clSweepPoint struct {
 // the agent's first write replaces it (ClosedLoopStart, 512), which starts its phase 1.
 const clMarker = 384
 
-// TestClosedLoop: both agents' closed loops in one transfer (the sweep serves both): Go
-// first, then Python, each through the three phases.
+// TestClosedLoop: both agents' closed loops in one transfer, Go first, then Python, each
+// after its own sweep and through the three phases.
 func TestClosedLoop(t *testing.T) {
-	if os.Getenv("MPIB_CLOSEDLOOP") != "1" {
-		t.Skip("the closed-loop lab test runs with MPIB_CLOSEDLOOP=1 (4-10 minutes): it has not passed yet " +
-			"(last run 2026-11-23: Go 0.997 / 0.971 / 0.988, Python 0.984 / 0.985 / 0.950 of the best static split " +
-			"in its three phases, Python's third never settled within 10 s; on a slower host Go 0.957 / 0.929 / 0.853, " +
-			"Python 0.812 / 0.911 / 0.815; see docs/agent.md); " +
-			"issue 10 stays open until it does")
-	}
 	lab := labOrSkip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
@@ -239,16 +246,17 @@ func TestClosedLoop(t *testing.T) {
 		r.srv.Kill(context.Background())
 		r.cli.Kill(context.Background())
 	}()
-	r.runSweep(ctx, t)
 	starts := map[string][]float64{}
+	sweeps := map[string][]clSweepPoint{}
 	var outs []string
 	for _, agent := range []agentCLI{goAgent, pythonAgent} {
+		r.runSweep(ctx, t)
+		sweeps[agent.name] = r.sweep
 		st, out := r.runAgent(ctx, t, agent)
 		starts[agent.name] = st
 		outs = append(outs, out)
 	}
 	r.samp.stop(ctx, t)
-	static, best := r.staticRates(t)
 	for _, rl := range Rails { // the rest of the transfer goes unshaped
 		lab.Shape(ctx, r.a1, rl, "")
 	}
@@ -262,6 +270,7 @@ func TestClosedLoop(t *testing.T) {
 	}
 	verified(t, pairResult{serverOut: sOut, serverErr: sErr, clientOut: cOut, clientErr: cErr, serverCode: sCode, clientCode: cCode})
 	for _, agent := range []agentCLI{goAgent, pythonAgent} {
+		static, best := r.staticRates(t, sweeps[agent.name])
 		r.report(t, agent.name, starts[agent.name], static, best)
 	}
 	fmt.Printf("closedloop: lab_s=%.1f\n", time.Since(r.start).Seconds())
@@ -278,6 +287,7 @@ func (r *clRun) shape(ctx context.Context, t *testing.T, rl Rail, kbit int) {
 // the rail sampler.
 func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 	a2 := r.lab.Node("a2")
+	r.div = 1
 	r.shape(ctx, t, SOUT, clSoutKbit)
 	r.shape(ctx, t, SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
 	r.a1.Exec(ctx, nil, "rm", "-f", segPath)
@@ -299,16 +309,22 @@ func (r *clRun) setHint(ctx context.Context, t *testing.T, hint int) float64 {
 }
 
 // runSweep measures static hints (the Go CLI's set and heartbeat: the reference, not an agent
-// under test) at the optimum and +-clSweepOffset under phase 1's and phase 2's shaping.
+// under test) at the optimum and +-clSweepOffset under phase 1's and phase 2's shaping, into
+// r.sweep. The first sweep first checks that the lab carries full rates (see the top).
 func (r *clRun) runSweep(ctx context.Context, t *testing.T) {
 	beat, err := r.a1.Start(ctx, goAgent.env, append(goAgent.cmd, "heartbeat", "--path", segPath)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
-	for _, sup := range []int{clSupKbit, clSupCutKbit} {
+	if r.sweep == nil {
+		r.checkCarry(ctx, t)
+	}
+	r.sweep = []clSweepPoint{}
+	for _, full := range []int{clSupKbit, clSupCutKbit} {
+		sup := r.kbit(full)
 		r.shape(ctx, t, SUP, sup)
-		opt := optimum(sup)
+		opt := optimum(sup, r.kbit(clSoutKbit))
 		for _, hint := range []int{opt - clSweepOffset, opt, opt + clSweepOffset} {
 			from := r.setHint(ctx, t, hint) + clSweepSettle.Seconds()
 			r.sweep = append(r.sweep, clSweepPoint{sup, hint, from})
@@ -324,13 +340,36 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) {
 	t.Logf("sweep done at %.1f s", time.Since(r.start).Seconds())
 }
 
+// checkCarry halves every rate when the lab carries less than clCarryMin of phase 1's shaped
+// rate at its optimum (a heartbeat must be running: without one the hint does not apply).
+func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
+	r.shape(ctx, t, SUP, clSupKbit)
+	r.setHint(ctx, t, optimum(clSupKbit, clSoutKbit))
+	time.Sleep(clSweepSettle)
+	out, errOut, code, err := r.a1.Exec(ctx, nil, "sh", "-c",
+		`read a <"$0"; read b <"$1"; sleep 3; read c <"$0"; read d <"$1"; echo $(( (c - a + d - b) * 8 / 3000 ))`,
+		"/sys/class/net/"+r.a1.Netdev(SOUT)+"/statistics/tx_bytes", "/sys/class/net/"+r.a1.Netdev(SUP)+"/statistics/tx_bytes")
+	carried, perr := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || code != 0 || perr != nil {
+		t.Fatalf("carry probe: %v exit %d %q %q", err, code, out, errOut)
+	}
+	want := clCarryMin * float64(clSoutKbit+clSupKbit)
+	if float64(carried) >= want {
+		t.Logf("carry probe: %d kbit/s at phase 1's optimum, at least %.0f: full rates", carried, want)
+		return
+	}
+	r.div = 2
+	r.shape(ctx, t, SOUT, r.kbit(clSoutKbit))
+	fmt.Printf("closedloop: carried_kbit=%d want_kbit=%.0f rates=halved (the lab VM, not the rails, would limit full rates)\n", carried, want)
+}
+
 // runAgent hands the slot to agent's closed loop under phase 1's shaping (phase 1 starts when
 // its first hint replaces clMarker: the Python CLI takes seconds to start under TCG, which is
 // start-up, not the loop), then changes the shaping for phases 2 and 3. It returns the phase
 // start times (node clock) and the loop's output.
 func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]float64, string) {
 	r.setHint(ctx, t, clMarker)
-	r.shape(ctx, t, SUP, clSupKbit)
+	r.shape(ctx, t, SUP, r.kbit(clSupKbit))
 	handover := time.Now()
 	loop, err := r.a1.Start(ctx, agent.env, append(agent.cmd, "run", "--policy", "closed-loop", "--interval", "0.5", "--path", segPath)...)
 	if err != nil {
@@ -345,9 +384,9 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]f
 	}
 	t.Logf("%s agent: the loop's first hint %.1f s after its start", agent.name, time.Since(handover).Seconds())
 	var starts []float64
-	for n, sup := range clPhaseSup {
+	for n, full := range clPhaseSup {
 		if n > 0 { // the change and its time in one command
-			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(sup))
+			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(r.kbit(full)))
 		}
 		starts = append(starts, t0)
 		time.Sleep(clPhase + 300*time.Millisecond) // past t0+clPhase in node time (see the sweep)
@@ -361,10 +400,10 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]f
 }
 
 // staticRates is the sweep's rate per shaping and hint, and the best per shaping.
-func (r *clRun) staticRates(t *testing.T) (map[int]map[int]float64, map[int]float64) {
+func (r *clRun) staticRates(t *testing.T, sweep []clSweepPoint) (map[int]map[int]float64, map[int]float64) {
 	static := map[int]map[int]float64{} // sup kbit -> hint -> Mbit/s
 	best := map[int]float64{}
-	for _, sp := range r.sweep {
+	for _, sp := range sweep {
 		rate := r.samp.rateOver(t, sp.from, sp.from+clWindow.Seconds())
 		if static[sp.sup] == nil {
 			static[sp.sup] = map[int]float64{}
@@ -377,7 +416,8 @@ func (r *clRun) staticRates(t *testing.T) (map[int]map[int]float64, map[int]floa
 
 // report prints one closedloop: line per phase of one agent and checks it.
 func (r *clRun) report(t *testing.T, agent string, starts []float64, static map[int]map[int]float64, best map[int]float64) {
-	for n, sup := range clPhaseSup {
+	for n, full := range clPhaseSup {
+		sup := r.kbit(full)
 		settled, rate, wins, ws := r.samp.settle(starts[n], starts[n]+clPhase.Seconds(), best[sup])
 		var line string
 		for i := range wins {
@@ -390,7 +430,7 @@ func (r *clRun) report(t *testing.T, agent string, starts []float64, static map[
 		}
 		ratio := rate / best[sup]
 		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true\n",
-			agent, n+1, float64(clSoutKbit)/1000, float64(sup)/1000, shown, rate, best[sup], ratio)
+			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, rate, best[sup], ratio)
 		if settled < 0 || settled > clSettleMax || ratio < clMinRatio {
 			t.Errorf("%s phase %d: settled_s=%.1f (never: %t) ratio=%.3f, want settled_s <= %g and ratio >= %g",
 				agent, n+1, shown, settled < 0, ratio, clSettleMax, clMinRatio)
