@@ -320,7 +320,6 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
                                    .lkey = c->sizes_mr[rail]->lkey};
       last->sg_list = &sges[nwr];
       last->num_sge = 1;
-      if (sges[nwr].length <= c->max_inline) last->send_flags = IBV_SEND_INLINE;
     }
     nwr++;
   }

@@ -393,11 +393,15 @@ int mpib_dmabuf_supported(void) {
   return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
 }
 
-/* Inline data lets the NIC take small payloads (CTS elements, size records) from the work
- * request itself instead of a second DMA read (NCCL_IB_USE_INLINE). */
+/* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
+ * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
+ * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
+ * 64 bytes take an mlx5 WQE from one 64-byte block to two, and an rxe entry from 256 to 512
+ * bytes. The sender's 296-entry queues are the largest rings of a connection, so its QPs ask
+ * for none. */
 #define MPIB_MAX_INLINE sizeof(struct mpib_cts) /* one CTS element, as net_ib */
 
-static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr) {
+static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, int max_inline) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -407,7 +411,7 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
   ia.cap.max_recv_wr = srq ? 0 : 4;
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
-  ia.cap.max_inline_data = mpib_g.use_inline ? MPIB_MAX_INLINE : 0;
+  ia.cap.max_inline_data = (uint32_t)max_inline;
   struct ibv_qp *qp = ibv_create_qp(mpib_g.dev[rail].pd, &ia);
   if (qp == NULL) return NULL;
   struct ibv_qp_attr a = {0};
@@ -480,7 +484,7 @@ static void local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rai
 static int flush_setup(struct mpib_comm *c, int rail) {
   c->flush_cq[rail] = ibv_create_cq(mpib_g.dev[rail].ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[rail]) return -ENOMEM;
-  c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64);
+  c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64, 0);
   if (!c->flush_qp[rail]) return -ENOMEM;
   c->flush_mr[rail] = reg_local(rail, c->flush_buf, MPIB_PAGE);
   if (!c->flush_mr[rail]) return -ENOMEM;
@@ -509,9 +513,10 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     if (rc) return rc;
   }
   int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
+  int max_inline = mpib_g.use_inline && !c->is_send ? (int)MPIB_MAX_INLINE : 0;
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
-    struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr);
+    struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr, max_inline);
     if (!qp) {
       MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;

@@ -60,7 +60,7 @@ var Knobs = []Knob{
 	{"NCCL_IB_PKEY", "0", "as in net_ib: P_Key index of every QP"},
 	{"NCCL_IB_PCI_RELAXED_ORDERING", "2", "as in net_ib: 0 = strict ordering, 1 or 2 = relaxed ordering where libibverbs supports it"},
 	{"NCCL_IB_ECE_ENABLE", "1", "as in net_ib: negotiate Enhanced Connection Establishment when both ends support it"},
-	{"NCCL_IB_USE_INLINE", "1", "1 = send the CTS and size records inline (net_ib's default is 0; MPIB saves the NIC a DMA read per CTS); 0 = never"},
+	{"NCCL_IB_USE_INLINE", "1", "1 = the receiver sends its CTS inline (net_ib's default is 0; MPIB saves the NIC a DMA read per CTS); 0 = never"},
 	{"NCCL_GDR_FLUSH_DISABLE", "0", "as in net_ib: 1 = never flush receives into GPU memory (unsafe before sm90)"},
 }
 
