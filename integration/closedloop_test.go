@@ -52,10 +52,11 @@ const (
 	clSupKbit     = 50000
 	clSupCutKbit  = 12500
 	clCarryMin    = 0.85 // the share of phase 1's shaped rate the lab must carry at full rates
-	// The transfer: sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s move about 600 MB
-	// at the shaped rates when a docker exec takes well under a second; on a loaded machine
-	// (execs of 10-30 s, two lab VMs on 2 cores) the sweep alone takes ~3 minutes, hence the
-	// margin. What is left after phase 3 goes unshaped.
+	// The transfer: per agent a sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s,
+	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
+	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
+	// alone takes ~3 minutes, hence the margin. What is left after Python's phase 3 goes
+	// unshaped.
 	clTransfer = "2400M"
 )
 
