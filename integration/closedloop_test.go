@@ -57,7 +57,7 @@ const (
 	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
 	// alone takes ~3 minutes, hence the margin. What is left after Python's phase 3 goes
 	// unshaped.
-	clTransfer = "2400M"
+	clTransfer = "3000M"
 )
 
 // clPhaseSup is SUP's shaping in phases 1, 2 and 3, at full rates.
