@@ -52,6 +52,7 @@ type listedConn struct {
 		SupCompletedBytes  uint64 `json:"sup_completed_bytes"`
 		SoutBusyNs         uint64 `json:"sout_busy_ns"`
 		SupBusyNs          uint64 `json:"sup_busy_ns"`
+		ReadsStale         uint64 `json:"reads_stale"`
 	} `json:"telemetry"`
 }
 
