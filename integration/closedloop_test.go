@@ -53,11 +53,12 @@ const (
 	clSupCutKbit  = 12500
 	clCarryMin    = 0.85 // the share of phase 1's shaped rate the lab must carry at full rates
 	// The plugin's staleness limit for the agents' heartbeat (default 500 ms; the agents still
-	// beat every 125 ms). The lab VM now and then stops a process for more than 500 ms; the
-	// plugin then falls back to vanilla (all on SUP) until the next beat. One such stop late
-	// in a phase sank every later 3-second window of Python's phase 2 in one CI run (37.1 ->
-	// 32.5 Mbit/s). That is the fallback working, which TestPolicy* test; this test measures
-	// the split. The closedloop: lines count the hint reads that found the agent stale.
+	// beat every 125 ms). If the lab VM stops an agent for more than 500 ms, the plugin falls
+	// back to vanilla (all on SUP) until the next beat: the fallback working, which TestPolicy*
+	// test, while this test measures the split. One CI run lost about 14 Mbit in under a
+	// second late in Python's phase 2, which sank every later 3-second window; that matches
+	// such a fallback, but the run kept no evidence of it. The closedloop: lines count the hint
+	// reads that found the agent stale (stale_reads=), so that the next one will.
 	clStaleMs = 2000
 	// The transfer: per agent a sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s,
 	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
