@@ -219,12 +219,16 @@ type clRun struct {
 	slot     uint32
 	samp     *railSampler
 	cli, srv *Process
-	sweep    []clSweepPoint // the current agent's
 	start    time.Time
 	div      int // every rate is divided by div: 1, or 2 when the lab cannot carry full rates
-	// staleReads is, per agent and phase, how many of the plugin's hint reads found the
-	// agent's heartbeat stale (and fell back to vanilla)
-	staleReads map[string][]uint64
+}
+
+// clPhases is one agent's three phases: their start times (node clock), and the plugin's count
+// of hint reads that found the agent's heartbeat stale (and fell back to vanilla) at each
+// start and after the last phase.
+type clPhases struct {
+	starts  []float64
+	staleAt []uint64
 }
 
 // kbit is a rate of the test at the rates in force.
@@ -245,7 +249,7 @@ func TestClosedLoop(t *testing.T) {
 	lab := labOrSkip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now(), staleReads: map[string][]uint64{}}
+	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now()}
 	t.Cleanup(func() {
 		for _, rl := range Rails {
 			if err := lab.Shape(context.Background(), r.a1, rl, ""); err != nil {
@@ -258,14 +262,13 @@ func TestClosedLoop(t *testing.T) {
 		r.srv.Kill(context.Background())
 		r.cli.Kill(context.Background())
 	}()
-	starts := map[string][]float64{}
+	phases := map[string]clPhases{}
 	sweeps := map[string][]clSweepPoint{}
 	var outs []string
 	for _, agent := range []agentCLI{goAgent, pythonAgent} {
-		r.runSweep(ctx, t)
-		sweeps[agent.name] = r.sweep
-		st, out := r.runAgent(ctx, t, agent)
-		starts[agent.name] = st
+		sweeps[agent.name] = r.runSweep(ctx, t, len(sweeps) == 0)
+		ph, out := r.runAgent(ctx, t, agent)
+		phases[agent.name] = ph
 		outs = append(outs, out)
 	}
 	r.samp.stop(ctx, t)
@@ -283,7 +286,7 @@ func TestClosedLoop(t *testing.T) {
 	verified(t, pairResult{serverOut: sOut, serverErr: sErr, clientOut: cOut, clientErr: cErr, serverCode: sCode, clientCode: cCode})
 	for _, agent := range []agentCLI{goAgent, pythonAgent} {
 		static, best := r.staticRates(t, sweeps[agent.name])
-		r.report(t, agent.name, starts[agent.name], static, best)
+		r.report(t, agent.name, phases[agent.name], static, best)
 	}
 	fmt.Printf("closedloop: lab_s=%.1f\n", time.Since(r.start).Seconds())
 }
@@ -321,25 +324,25 @@ func (r *clRun) setHint(ctx context.Context, t *testing.T, hint int) float64 {
 }
 
 // runSweep measures static hints (the Go CLI's set and heartbeat: the reference, not an agent
-// under test) at the optimum and +-clSweepOffset under phase 1's and phase 2's shaping, into
-// r.sweep. The first sweep first checks that the lab carries full rates (see the top).
-func (r *clRun) runSweep(ctx context.Context, t *testing.T) {
+// under test) at the optimum and +-clSweepOffset under phase 1's and phase 2's shaping, and
+// returns its points. The first sweep first checks that the lab carries full rates (see the top).
+func (r *clRun) runSweep(ctx context.Context, t *testing.T, first bool) []clSweepPoint {
 	beat, err := r.a1.Start(ctx, goAgent.env, append(goAgent.cmd, "heartbeat", "--path", segPath)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
-	if r.sweep == nil {
+	if first {
 		r.checkCarry(ctx, t)
 	}
-	r.sweep = []clSweepPoint{}
+	var sweep []clSweepPoint
 	for _, full := range []int{clSupKbit, clSupCutKbit} {
 		sup := r.kbit(full)
 		r.shape(ctx, t, SUP, sup)
 		opt := optimum(sup, r.kbit(clSoutKbit))
 		for _, hint := range []int{opt - clSweepOffset, opt, opt + clSweepOffset} {
 			from := r.setHint(ctx, t, hint) + clSweepSettle.Seconds()
-			r.sweep = append(r.sweep, clSweepPoint{sup, hint, from})
+			sweep = append(sweep, clSweepPoint{sup, hint, from})
 			time.Sleep(clSweepSettle + clWindow + 300*time.Millisecond) // node time is past from+window: the marker came back after it was read
 		}
 		if !running(r.cli) {
@@ -350,6 +353,7 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("sweep done at %.1f s", time.Since(r.start).Seconds())
+	return sweep
 }
 
 // checkCarry halves every rate when the lab carries less than clCarryMin of phase 1's shaped
@@ -377,9 +381,9 @@ func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
 
 // runAgent hands the slot to agent's closed loop under phase 1's shaping (phase 1 starts when
 // its first hint replaces clMarker: the Python CLI takes seconds to start under TCG, which is
-// start-up, not the loop), then changes the shaping for phases 2 and 3. It returns the phase
-// start times (node clock) and the loop's output.
-func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]float64, string) {
+// start-up, not the loop), then changes the shaping for phases 2 and 3. It returns the phases
+// and the loop's output.
+func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clPhases, string) {
 	r.setHint(ctx, t, clMarker)
 	r.shape(ctx, t, SUP, r.kbit(clSupKbit))
 	handover := time.Now()
@@ -395,26 +399,22 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) ([]f
 		t.Fatalf("%s agent run exited %d:\n%s%s", agent.name, code, out, errOut)
 	}
 	t.Logf("%s agent: the loop's first hint %.1f s after its start", agent.name, time.Since(handover).Seconds())
-	var starts []float64
-	var staleAt []uint64 // the slot's stale hint reads at each phase's start and after the last
+	var ph clPhases
 	for n, full := range clPhaseSup {
 		if n > 0 { // the change and its time in one command
 			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(r.kbit(full)))
 		}
-		starts = append(starts, t0)
-		staleAt = append(staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
+		ph.starts = append(ph.starts, t0)
+		ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
 		time.Sleep(clPhase + 300*time.Millisecond) // past t0+clPhase in node time (see the sweep)
 		if !running(r.cli) {
 			t.Fatalf("the transfer ended during %s agent's phase %d: raise clTransfer", agent.name, n+1)
 		}
 	}
-	staleAt = append(staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
-	for n := range clPhaseSup {
-		r.staleReads[agent.name] = append(r.staleReads[agent.name], staleAt[n+1]-staleAt[n])
-	}
+	ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
 	loop.Kill(ctx)
 	lOut, lErr, _, _ := loop.Wait(ctx)
-	return starts, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
+	return ph, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
 }
 
 // staticRates is the sweep's rate per shaping and hint, and the best per shaping.
@@ -433,10 +433,10 @@ func (r *clRun) staticRates(t *testing.T, sweep []clSweepPoint) (map[int]map[int
 }
 
 // report prints one closedloop: line per phase of one agent and checks it.
-func (r *clRun) report(t *testing.T, agent string, starts []float64, static map[int]map[int]float64, best map[int]float64) {
+func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]map[int]float64, best map[int]float64) {
 	for n, full := range clPhaseSup {
 		sup := r.kbit(full)
-		settled, rate, wins, ws := r.samp.settle(starts[n], starts[n]+clPhase.Seconds(), best[sup])
+		settled, rate, wins, ws := r.samp.settle(ph.starts[n], ph.starts[n]+clPhase.Seconds(), best[sup])
 		var line string
 		for i := range wins {
 			line += fmt.Sprintf(" %.1f:%.1f", ws[i], wins[i])
@@ -448,7 +448,7 @@ func (r *clRun) report(t *testing.T, agent string, starts []float64, static map[
 		}
 		ratio := rate / best[sup]
 		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d\n",
-			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, rate, best[sup], ratio, r.staleReads[agent][n])
+			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n])
 		if settled < 0 || settled > clSettleMax || ratio < clMinRatio {
 			t.Errorf("%s phase %d: settled_s=%.1f (never: %t) ratio=%.3f, want settled_s <= %g and ratio >= %g",
 				agent, n+1, shown, settled < 0, ratio, clSettleMax, clMinRatio)
