@@ -37,9 +37,17 @@ import (
 // lines say so in their sout_mbit / sup_mbit fields.
 //
 // Rates are a1's rail tx byte counters (headers included, the same for static and loop),
-// sampled continuously. A phase's rate "stays within 5 %" from the start t of the first
-// clWindow-long window after which every window starting later in the phase is >= 0.95 of
-// best static; settled_s = t - change, mbps = the average rate from t to the phase's end.
+// sampled continuously. A phase settles at the start t of the first clWindow-long window that
+// is >= 0.95 of best static and from which the average rate to the phase's end is too:
+// settled_s = t - change, mbps = that average. It passes when settled_s <= 10. The lowest
+// window from t on is printed (lowest_window_ratio), not judged: the lab's shaped rails
+// deliver less than their rate for seconds when the host is busy (with half a host core taken
+// by another process: SOUT 20-23 of 25 Mbit/s and SUP 37-42 of 50 at the loop's split, and the
+// sweep's own points out of order), and one such dip late in a phase, on a host the test does
+// not control, sank two CI runs under an every-window rule. A loop that drifts or oscillates
+// away from the optimum still fails: it pulls the average down. Each window's line shows SOUT
+// and SUP apart: a split that moved saturates one rail and starves the other; a slow lab
+// saturates neither.
 
 const (
 	clWindow      = 3 * time.Second // rate window
@@ -52,14 +60,6 @@ const (
 	clSupKbit     = 50000
 	clSupCutKbit  = 12500
 	clCarryMin    = 0.85 // the share of phase 1's shaped rate the lab must carry at full rates
-	// The plugin's staleness limit for the agents' heartbeat (default 500 ms; the agents still
-	// beat every 125 ms). If the lab VM stops an agent for more than 500 ms, the plugin falls
-	// back to vanilla (all on SUP) until the next beat: the fallback working, which TestPolicy*
-	// test, while this test measures the split. One CI run lost about 14 Mbit in under a
-	// second late in Python's phase 2, which sank every later 3-second window; that matches
-	// such a fallback, but the run kept no evidence of it. The closedloop: lines count the hint
-	// reads that found the agent stale (stale_reads=), so that the next one will.
-	clStaleMs = 2000
 	// The transfer: per agent a sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s,
 	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
 	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
@@ -150,6 +150,13 @@ func mbps(a, b railPoint) float64 {
 	return float64((b.sout-a.sout)+(b.sp-a.sp)) * 8 / 1e6 / (b.t - a.t)
 }
 
+// railMbps is SOUT's and SUP's rates between two samples: which rail limits a window (the one
+// at its shaped rate) tells a split that moved from a lab that slowed down.
+func railMbps(a, b railPoint) (sout, sup float64) {
+	d := (b.t - a.t) * 1e6 / 8
+	return float64(b.sout-a.sout) / d, float64(b.sp-a.sp) / d
+}
+
 // rateOver is the rate between the last sample at or before from and the first at or after
 // to (the sampler's shell loop can itself be slowed down by a loaded lab).
 func (s *railSampler) rateOver(t *testing.T, from, to float64) float64 {
@@ -169,42 +176,48 @@ func (s *railSampler) rateOver(t *testing.T, from, to float64) float64 {
 	return mbps(s.pts[a], s.pts[b])
 }
 
-// settle evaluates one phase from its change at t0 to end.
-func (s *railSampler) settle(t0, end float64, best float64) (settled, rate float64, rates, starts []float64) {
+// clVerdict is one phase judged from the rail samples: settled (s after the change, -1:
+// never), the average rate from then to the phase's end, the lowest window from then on, and
+// every window as start_s:mbps=sout+sup.
+type clVerdict struct {
+	settled, rate, lowest float64
+	windows               string
+}
+
+// settle judges one phase from its change at t0 to end against the best static rate: it
+// settles at the first window of at least clMinRatio of best from whose start to the phase's
+// end the average rate is also at least clMinRatio of best.
+func (s *railSampler) settle(t0, end float64, best float64) clVerdict {
 	p := s.between(t0, end)
-	settled, rate = -1, 0
+	v := clVerdict{settled: -1}
 	type win struct {
-		start float64
-		rate  float64
-		i     int
+		start, rate float64
+		i, j        int // its first and last sample
 	}
 	var wins []win
 	for i := range p {
 		for j := i + 1; j < len(p); j++ {
 			if p[j].t-p[i].t >= clWindow.Seconds() {
-				wins = append(wins, win{p[i].t - t0, mbps(p[i], p[j]), i})
+				wins = append(wins, win{p[i].t - t0, mbps(p[i], p[j]), i, j})
 				break
 			}
 		}
 	}
-	first := -1
-	for k := len(wins) - 1; k >= 0; k-- {
-		if wins[k].rate < clMinRatio*best {
-			break
-		}
-		first = k
-	}
 	for _, w := range wins {
-		rates = append(rates, w.rate)
-		starts = append(starts, w.start)
+		so, su := railMbps(p[w.i], p[w.j])
+		v.windows += fmt.Sprintf(" %.1f:%.1f=%.1f+%.1f", w.start, w.rate, so, su)
+		toEnd := mbps(p[w.i], p[len(p)-1])
+		if v.settled < 0 && w.rate >= clMinRatio*best && toEnd >= clMinRatio*best {
+			v.settled, v.rate, v.lowest = w.start, toEnd, w.rate
+		}
+		if v.settled >= 0 {
+			v.lowest = min(v.lowest, w.rate)
+		}
 	}
-	if first >= 0 {
-		settled = wins[first].start
-		rate = mbps(p[wins[first].i], p[len(p)-1])
-	} else if len(p) >= 2 {
-		rate = mbps(p[len(p)/2], p[len(p)-1])
+	if v.settled < 0 && len(p) >= 2 {
+		v.rate = mbps(p[len(p)/2], p[len(p)-1])
 	}
-	return settled, rate, rates, starts
+	return v
 }
 
 // optimum is the theoretical best split for SUP shaped to supKbit and SOUT to soutKbit.
@@ -225,7 +238,9 @@ type clRun struct {
 
 // clPhases is one agent's three phases: their start times (node clock), and the plugin's count
 // of hint reads that found the agent's heartbeat stale (and fell back to vanilla) at each
-// start and after the last phase.
+// start and after the last phase. The plugin runs with its default staleness limit (500 ms;
+// the agents beat every 125 ms): a stall of the agent in the lab VM long enough to matter
+// shows as stale_reads= on the closedloop: line of its phase.
 type clPhases struct {
 	starts  []float64
 	staleAt []uint64
@@ -307,7 +322,7 @@ func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 	r.shape(ctx, t, SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
 	r.a1.Exec(ctx, nil, "rm", "-f", segPath)
 	goAgent.run(ctx, t, r.a1, "create")
-	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath, "MPIB_AGENT_STALE_MS=" + strconv.Itoa(clStaleMs)}
+	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
 	r.srv, r.cli = startPair(ctx, t, nettestPair{server: a2, client: r.a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(r.a1, mode...),
 		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8",
 			"--idle-us", strconv.Itoa(faultIdleUS)}})
@@ -412,6 +427,10 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 		}
 	}
 	ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
+	// The agent shares the lab VM's 2 vCPUs with soft-RoCE and the transfer: its CPU time
+	// tells whether it could slow the rails down.
+	ps, _, _, _ := r.a1.Exec(ctx, nil, "sh", "-c", "ps -eo etimes,time,args --sort=-time | head -6 | cut -c1-120")
+	t.Logf("%s agent: a1's busiest processes at the end of phase 3 (elapsed s, CPU time):\n%s", agent.name, ps)
 	loop.Kill(ctx)
 	lOut, lErr, _, _ := loop.Wait(ctx)
 	return ph, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
@@ -436,22 +455,18 @@ func (r *clRun) staticRates(t *testing.T, sweep []clSweepPoint) (map[int]map[int
 func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]map[int]float64, best map[int]float64) {
 	for n, full := range clPhaseSup {
 		sup := r.kbit(full)
-		settled, rate, wins, ws := r.samp.settle(ph.starts[n], ph.starts[n]+clPhase.Seconds(), best[sup])
-		var line string
-		for i := range wins {
-			line += fmt.Sprintf(" %.1f:%.1f", ws[i], wins[i])
-		}
-		t.Logf("%s phase %d: static %v; windows (start_s:mbps)%s", agent, n+1, static[sup], line)
-		shown := settled
-		if settled < 0 {
+		v := r.samp.settle(ph.starts[n], ph.starts[n]+clPhase.Seconds(), best[sup])
+		t.Logf("%s phase %d: static %v; windows (start_s:mbps=sout+sup)%s", agent, n+1, static[sup], v.windows)
+		shown := v.settled
+		if v.settled < 0 {
 			shown = clPhase.Seconds() // never settled within the phase
 		}
-		ratio := rate / best[sup]
-		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d\n",
-			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n])
-		if settled < 0 || settled > clSettleMax || ratio < clMinRatio {
+		ratio := v.rate / best[sup]
+		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f\n",
+			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.lowest/best[sup])
+		if v.settled < 0 || v.settled > clSettleMax || ratio < clMinRatio {
 			t.Errorf("%s phase %d: settled_s=%.1f (never: %t) ratio=%.3f, want settled_s <= %g and ratio >= %g",
-				agent, n+1, shown, settled < 0, ratio, clSettleMax, clMinRatio)
+				agent, n+1, shown, v.settled < 0, ratio, clSettleMax, clMinRatio)
 		}
 	}
 }
