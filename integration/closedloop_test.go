@@ -470,3 +470,52 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 		}
 	}
 }
+
+// TestClosedLoopVerdict: the phase judge on synthetic samples (0.2 s apart over a 16 s phase,
+// best static 60 Mbit/s): a steady loop settles at once, a slow start settles when it gets
+// there, a short dip late in the phase is forgiven but shown, and a loop that drifts away or
+// never gets there fails.
+func TestClosedLoopVerdict(t *testing.T) {
+	const best = 60.0
+	samples := func(rate func(t float64) float64) *railSampler {
+		s := &railSampler{}
+		var sout, sup float64 // bytes; a third on SOUT
+		for i := 0; i <= 80; i++ {
+			tt := float64(i) * 0.2
+			if i > 0 {
+				b := rate(tt-0.1) * 1e6 / 8 * 0.2
+				sout, sup = sout+b/3, sup+2*b/3
+			}
+			s.pts = append(s.pts, railPoint{t: 100 + tt, sout: uint64(sout), sp: uint64(sup)})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name          string
+		rate          func(t float64) float64
+		settledMin    float64
+		settledMax    float64 // -1: never
+		lowestBelow95 bool
+	}{
+		{"steady", func(float64) float64 { return best }, 0, 0.2, false},
+		{"slow start", func(t float64) float64 { return map[bool]float64{true: 30, false: best}[t < 6] }, 5.6, 6.2, false},
+		{"late dip", func(t float64) float64 { return map[bool]float64{true: 0.8 * best, false: best}[t > 13 && t < 14.5] }, 0, 0.2, true},
+		{"drift", func(t float64) float64 { return best * (1 - 0.15*t/16) }, 0, -1, false},
+		{"never there", func(float64) float64 { return 0.9 * best }, 0, -1, false},
+	} {
+		v := samples(tc.rate).settle(100, 116, best)
+		never := tc.settledMax < 0
+		switch {
+		case never && v.settled >= 0:
+			t.Errorf("%s: settled at %.1f s (rate %.1f), want never", tc.name, v.settled, v.rate)
+		case !never && (v.settled < tc.settledMin || v.settled > tc.settledMax):
+			t.Errorf("%s: settled at %.1f s, want %.1f..%.1f", tc.name, v.settled, tc.settledMin, tc.settledMax)
+		case !never && v.rate < clMinRatio*best:
+			t.Errorf("%s: rate %.1f after settling, want >= %.1f", tc.name, v.rate, clMinRatio*best)
+		case !never && (v.lowest < clMinRatio*best) != tc.lowestBelow95:
+			t.Errorf("%s: lowest window %.1f, want below 0.95 of best: %t", tc.name, v.lowest, tc.lowestBelow95)
+		case !strings.Contains(v.windows, "=") || strings.Count(v.windows, ":") < 50:
+			t.Errorf("%s: windows line %q", tc.name, v.windows)
+		}
+	}
+}
