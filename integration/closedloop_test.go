@@ -147,7 +147,8 @@ func (s *railSampler) between(from, to float64) []railPoint {
 }
 
 func mbps(a, b railPoint) float64 {
-	return float64((b.sout-a.sout)+(b.sp-a.sp)) * 8 / 1e6 / (b.t - a.t)
+	sout, sup := railMbps(a, b)
+	return sout + sup
 }
 
 // railMbps is SOUT's and SUP's rates between two samples: which rail limits a window (the one
@@ -206,12 +207,10 @@ func (s *railSampler) settle(t0, end float64, best float64) clVerdict {
 	for _, w := range wins {
 		so, su := railMbps(p[w.i], p[w.j])
 		v.windows += fmt.Sprintf(" %.1f:%.1f=%.1f+%.1f", w.start, w.rate, so, su)
-		toEnd := mbps(p[w.i], p[len(p)-1])
-		if v.settled < 0 && w.rate >= clMinRatio*best && toEnd >= clMinRatio*best {
-			v.settled, v.rate, v.lowest = w.start, toEnd, w.rate
-		}
 		if v.settled >= 0 {
 			v.lowest = min(v.lowest, w.rate)
+		} else if toEnd := mbps(p[w.i], p[len(p)-1]); w.rate >= clMinRatio*best && toEnd >= clMinRatio*best {
+			v.settled, v.rate, v.lowest = w.start, toEnd, w.rate
 		}
 	}
 	if v.settled < 0 && len(p) >= 2 {
@@ -498,8 +497,18 @@ func TestClosedLoopVerdict(t *testing.T) {
 		lowestBelow95 bool
 	}{
 		{"steady", func(float64) float64 { return best }, 0, 0.2, false},
-		{"slow start", func(t float64) float64 { return map[bool]float64{true: 30, false: best}[t < 6] }, 5.6, 6.2, false},
-		{"late dip", func(t float64) float64 { return map[bool]float64{true: 0.8 * best, false: best}[t > 13 && t < 14.5] }, 0, 0.2, true},
+		{"slow start", func(t float64) float64 {
+			if t < 6 {
+				return 30
+			}
+			return best
+		}, 5.6, 6.2, false},
+		{"late dip", func(t float64) float64 {
+			if t > 13 && t < 14.5 {
+				return 0.8 * best
+			}
+			return best
+		}, 0, 0.2, true},
 		{"drift", func(t float64) float64 { return best * (1 - 0.15*t/16) }, 0, -1, false},
 		{"never there", func(float64) float64 { return 0.9 * best }, 0, -1, false},
 	} {
