@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -183,6 +184,94 @@ func TestScaleConnect(t *testing.T) {
 			times[c.name], r.worst("longest_call_ms"), r.wall.Seconds())
 	}
 	fmt.Printf("connect: comms=8 intra_s=%.3f inter_s=%.3f\n", times["intra"], times["inter"])
+}
+
+// TestAddressChange: addresses change while jobs run (an operator renumbering a rail, a DHCP
+// renewal). Between two connect rounds of one process pair, a1's SUP rail gains a second
+// address in its subnet and then loses the first, so the first address's GID entry goes empty.
+// The second round must connect on the new address: the plugin reads the GID table again when
+// the device reports IBV_EVENT_GID_CHANGE (a cache that only aged would hand out the emptied
+// entry for up to 30 s, and the SUP QPs would not come up). Afterwards the first address comes
+// back and the second goes, and a1's GID index is read again for the tests after this one.
+func TestAddressChange(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	netdev, oldIP := a1.Netdev(SUP), a1.IP(SUP)
+	out, err := a1.output(ctx, "sh", "-c", `ip -o -4 addr show dev "$0" | awk '{print $4; exit}'`, netdev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pfx, err := netip.ParsePrefix(strings.TrimSpace(out))
+	if err != nil || pfx.Addr().String() != oldIP {
+		t.Fatalf("a1 %s: address %q, expected %s/N (%v)", netdev, out, oldIP, err)
+	}
+	newIP := pfx.Masked().Addr().As4()
+	newIP[3] = 200
+	oldAddr, newAddr := pfx.String(), fmt.Sprintf("%s/%d", netip.AddrFrom4(newIP), pfx.Bits())
+	restore := func() {
+		// promote_secondaries keeps the subnet's other address when the primary one goes.
+		script := `ip addr add "$1" dev "$0" 2>/dev/null; ip addr del "$2" dev "$0" 2>/dev/null; true`
+		if _, err := a1.output(context.Background(), "sh", "-c", script, netdev, oldAddr, newAddr); err != nil {
+			t.Errorf("restoring a1's SUP address: %v", err)
+		}
+		if err := a1.waitGIDs(context.Background(), 20*time.Second); err != nil {
+			t.Errorf("a1's GIDs after the address came back: %v", err)
+		}
+	}
+	defer restore()
+	gate := fmt.Sprintf("/tmp/mpib-gate-%d", time.Now().UnixNano())
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2), clientEnv: pluginEnv(a1),
+		args: []string{"--timeout-s", "150", "--mode", "connect", "--comms", "2", "--rounds", "2", "--round-gate", gate}})
+	defer srv.Kill(context.Background())
+	defer cli.Kill(context.Background())
+	for _, n := range []*Node{a1, a2} {
+		if _, err := n.output(ctx, "sh", "-c", `i=0; until [ -e "$0.ready" ]; do i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.2; done`, gate); err != nil {
+			t.Fatalf("%s never finished the first round: %v", n.Name(), err)
+		}
+	}
+	change := `sysctl -qw "net.ipv4.conf.$0.promote_secondaries=1" && ip addr add "$2" dev "$0" && ip addr del "$1" dev "$0"`
+	if _, err := a1.output(ctx, "sh", "-c", change, netdev, oldAddr, newAddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := a1.waitGIDs(ctx, 20*time.Second); err != nil {
+		t.Fatalf("no GID for the new address: %v", err)
+	}
+	for _, n := range []*Node{a1, a2} {
+		if _, err := n.output(ctx, "touch", gate); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cOut, cErr, cCode, err := cli.Wait(ctx)
+	sOut, _, sCode, err2 := srv.Wait(ctx)
+	if err != nil || err2 != nil {
+		t.Fatalf("nettest did not finish: %v %v", err, err2)
+	}
+	rounds := kvLines(cOut, "nettest-connect:")
+	events := strings.Count(cErr, "GID table changed")
+	comms := linesContaining(cErr, "intra-island, SOUT QPs")
+	onSup := len(linesContaining(strings.Join(comms, "\n"), "SUP QPs 1,"))
+	fmt.Printf("addr-change: rail=SUP old=%s new=%s gid_change_events=%d rounds_connected=%d comms=%d comms_with_sup=%d exit=%d/%d\n",
+		oldAddr, newAddr, events, len(rounds), len(comms), onSup, cCode, sCode)
+	if cCode != 0 || sCode != 0 || len(rounds) != 2 || len(kvLines(sOut, "nettest-connect:")) != 2 {
+		t.Fatalf("the second round failed after the address change (client exit %d, server exit %d):\n%s", cCode, sCode,
+			strings.Join(linesContaining(cErr, "WARN", "mpib-nettest:"), "\n"))
+	}
+	for _, r := range rounds {
+		if r["verified"] != "true" {
+			t.Errorf("a round's data did not verify: %v", r)
+		}
+	}
+	if events == 0 {
+		t.Errorf("the plugin logged no GID table change")
+	}
+	// A stale GID entry does not fail the connect: the SUP address it names is empty, the
+	// subnet check drops SUP, and the comm runs on SOUT only. So SUP must be there in both rounds.
+	if len(comms) != 8 || onSup != len(comms) {
+		t.Errorf("%d of %d comms (2 rounds x 2 send + 2 recv) have SUP QPs:\n%s", onSup, len(comms),
+			strings.Join(linesContaining(cErr, "intra-island, SOUT QPs", "share no subnet"), "\n"))
+	}
 }
 
 // TestBenchScale512 (also with MPIB_SCALE=1): 512 connections per direction between a1 and

@@ -453,7 +453,32 @@ func (a *attempt) reclaim() *C.struct_mpib_comm {
 }
 
 // connectHandshake is the sending side: dial, hello, metadata, QPs to RTS, ready.
+// The sender builds its verbs resources while it dials: both ends of the control connection
+// are known from the handle (the dial binds to the OOB address), so nothing waits for the
+// socket, and the resources are ready when the peer's metadata arrives. (net_ib creates them
+// after its socket connects.)
 func connectHandshake(ctx context.Context, h wire.Handle, trafficClass int) (*C.struct_mpib_comm, error) {
+	ready := make(chan prepared, 1)
+	go func() { ready <- prepare(ctx, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass) }()
+	dialStart := time.Now()
+	c, err := dialHello(ctx, h)
+	helloSent := time.Now()
+	p := <-ready
+	if err != nil {
+		if p.comm != nil {
+			C.mpib_comm_destroy(p.comm)
+		}
+		return nil, err
+	}
+	p.st.dial = helloSent.Sub(dialStart)
+	if p.st.last.Before(helloSent) { // the exchange starts when both are done
+		p.st.last = helloSent
+	}
+	return handshake(ctx, c, p)
+}
+
+// dialHello opens the control connection and names the listener it expects.
+func dialHello(ctx context.Context, h wire.Handle) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Timeout: handshakeTimeout()}
 	c, err := d.DialContext(ctx, "tcp4", h.Addr.String())
 	if err != nil {
@@ -464,7 +489,7 @@ func connectHandshake(ctx context.Context, h wire.Handle, trafficClass int) (*C.
 		c.Close()
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
-	return handshake(ctx, c, true, trafficClass)
+	return c, nil
 }
 
 // acceptHandshake is the receiving side of one incoming control connection. Until the
@@ -487,16 +512,18 @@ func acceptHandshake(ctx context.Context, c net.Conn, nonce uint64) (*C.struct_m
 		return nil, fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
 	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout()))
-	return handshake(ctx, c, false, tcUndef)
+	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
+	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
+	return handshake(ctx, c, prepare(ctx, local, peer, false, tcUndef))
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
 // the peer and brings every QP to RTS. Both sides compute the path class from the two ends
 // of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
 // c: closed on failure, kept on success as the comm's liveness signal (adoptComm).
-func handshake(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (*C.struct_mpib_comm, error) {
+func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
-	comm, err := handshakeSteps(ctx, c, isSend, trafficClass)
+	comm, err := handshakeSteps(ctx, c, p)
 	if !stop() || err != nil {
 		c.Close()
 		if comm != nil {
@@ -511,35 +538,55 @@ func handshake(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (
 	return comm, nil
 }
 
+// prepared is a comm's verbs resources before its handshake: the path between the control
+// connection's two ends decides its QPs (both ends classify the same two addresses, so their
+// QP counts agree; the metadata exchange verifies it).
+type prepared struct {
+	comm   *C.struct_mpib_comm
+	isSend bool
+	path   topo.PathClass
+	prefix [2]uint8
+	local  netip.Addr
+	peer   netip.Addr
+	st     setupTimes
+	err    error
+}
+
+func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
+	p := prepared{isSend: isSend, local: local, peer: peer, st: setupTimes{last: time.Now()}}
+	p.path, p.err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
+	if p.err != nil {
+		return p
+	}
+	var params C.struct_mpib_conn_params
+	params, p.prefix, p.err = connParams(isSend, p.path, trafficClass)
+	if p.err != nil {
+		return p
+	}
+	p.st.mark(&p.st.params)
+	p.comm, p.err = withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
+	if p.err == nil && p.comm == nil {
+		p.err = errors.New("creating the connection's verbs resources failed (see the warning above)")
+	}
+	p.st.mark(&p.st.create)
+	return p
+}
+
 // handshakeSteps returns the comm even with an error once it exists, for handshake to free.
-func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass int) (*C.struct_mpib_comm, error) {
-	st := setupTimes{last: time.Now()}
-	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
-	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
-	cfg := plugin.cfg
-	path, err := topo.Classify(local, peer, cfg.IslandPrefixLen)
-	if err != nil {
-		return nil, err
+func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
+	if p.err != nil {
+		return p.comm, p.err
 	}
-	params, prefix, err := connParams(isSend, path, trafficClass)
-	if err != nil {
-		return nil, err
-	}
-	st.mark(&st.params)
-	comm, _ := withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
-	if comm == nil {
-		return nil, errors.New("creating the connection's verbs resources failed (see the warning above)")
-	}
-	st.mark(&st.create)
+	comm, st, cfg, peer := p.comm, &p.st, plugin.cfg, p.peer
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)
-	mine := metadataFromC(&info, cfg.Mode, path, prefix)
+	mine := metadataFromC(&info, cfg.Mode, p.path, p.prefix)
 	theirs, err := exchangeMetadata(c, mine, peer)
 	if err != nil {
 		return comm, err
 	}
 	st.mark(&st.exchange)
-	if isSend {
+	if p.isSend {
 		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
 	}
 	dropUnreachableSup(comm, &mine, &theirs, peer)
@@ -556,20 +603,22 @@ func handshakeSteps(ctx context.Context, c net.Conn, isSend bool, trafficClass i
 		return comm, err
 	}
 	st.mark(&st.ack)
-	registerWithAgent(comm, local, peer, path, isSend)
+	registerWithAgent(comm, p.local, peer, p.path, p.isSend)
 	st.mark(&st.agent)
 	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, traffic class %d, SL %d, setup %v",
-		map[bool]string{true: "send", false: "recv"}[isSend], local, peer, path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl), &st)
+		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
+		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl), st)
 	return comm, nil
 }
 
-// setupTimes is where one handshake's time went after the control connection was up (the
-// INFO line of each comm: connection setup is paid per peer at every job start). exchange
-// and ack include waiting for the peer to reach the same step.
+// setupTimes is where one handshake's time went (the INFO line of each comm: connection setup
+// is paid per peer at every job start). exchange and ack include waiting for the peer to
+// reach the same step. dial (sender only) is the control connection and its hello, which run
+// beside params and create; exchange starts when both are done. The receiver starts at the
+// peer's hello.
 type setupTimes struct {
-	last                                          time.Time
-	params, create, exchange, connect, ack, agent time.Duration
+	last                                                time.Time
+	params, create, dial, exchange, connect, ack, agent time.Duration
 }
 
 // mark ends the step d at now (params: classification and the GIDs).
@@ -581,8 +630,8 @@ func (st *setupTimes) mark(d *time.Duration) {
 
 func (st *setupTimes) String() string {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	return fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f",
-		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent))
+	return fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f dial=%.1f",
+		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent), ms(st.dial))
 }
 
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
@@ -613,20 +662,25 @@ func connParams(isSend bool, path topo.PathClass, trafficClass int) (C.struct_mp
 
 var railNames = [2]string{"SOUT", "SUP"}
 
-// gidTables caches each rail's GID table for gidTableTTL: a burst of connects (all-to-all at
-// job start) reads it once, and an address change is still seen within a second.
+// gidTables caches each rail's GID table until its device reports a change
+// (IBV_EVENT_GID_CHANGE: an address added or removed) or gidTableMaxAge passes, whichever comes
+// first. Reading a table is a kernel walk of every entry (1024 per port on soft-RoCE, 10-100 ms
+// under the lab's emulation), so a burst of connects reads it once, and init reads it before
+// the first connect (warmGIDTables). The age bound covers a provider that reports no events.
 var gidTables struct {
 	mu    sync.Mutex
 	at    [2]time.Time
+	gen   [2]uint32
 	table [2][]gid.Entry
 }
 
-const gidTableTTL = time.Second
+const gidTableMaxAge = 30 * time.Second
 
 func readGIDTable(rail int) []gid.Entry {
 	gidTables.mu.Lock()
 	defer gidTables.mu.Unlock()
-	if t := gidTables.table[rail]; t != nil && time.Since(gidTables.at[rail]) < gidTableTTL {
+	gen := uint32(C.mpib_gid_gen(C.int(rail))) // before the read: a change during it forces another
+	if t := gidTables.table[rail]; t != nil && gen == gidTables.gen[rail] && time.Since(gidTables.at[rail]) < gidTableMaxAge {
 		return t
 	}
 	n := int(C.mpib_gid_table_len(C.int(rail)))
@@ -641,8 +695,22 @@ func readGIDTable(rail int) []gid.Entry {
 			}
 		}
 	}
-	gidTables.table[rail], gidTables.at[rail] = table, time.Now()
+	gidTables.table[rail], gidTables.at[rail], gidTables.gen[rail] = table, time.Now(), gen
 	return table
+}
+
+// warmGIDTables reads both rails' tables and the interface addresses in the background right
+// after init, so that the first connect finds them cached (a connect that comes sooner waits
+// for the read under the same locks). plugin.mu is held; the devices close only after it.
+func warmGIDTables() {
+	plugin.warming.Add(1)
+	go func() {
+		defer plugin.warming.Done()
+		for rail := range 2 {
+			readGIDTable(rail)
+		}
+		localPrefixes()
+	}()
 }
 
 // chooseGID picks a rail's GID for a new connection (net_ib's rule) from its current table.
@@ -663,7 +731,8 @@ func chooseGID(rail, configured int) (int, netip.Addr, error) {
 
 // interfacePrefixLen is the prefix length of the local interface address equal to addr, or 0
 // when no interface holds it (InfiniBand GIDs, or an address outside this network namespace).
-// The interface list is cached like the GID tables.
+// The interface list is cached like the GID tables, and read again when either table changed
+// (on RoCE every address change is a GID change).
 func interfacePrefixLen(addr netip.Addr) uint8 {
 	for _, pfx := range localPrefixes() {
 		if pfx.Addr().Unmap() == addr {
@@ -676,13 +745,15 @@ func interfacePrefixLen(addr netip.Addr) uint8 {
 var ifPrefixes struct {
 	mu  sync.Mutex
 	at  time.Time
+	gen [2]uint32
 	all []netip.Prefix
 }
 
 func localPrefixes() []netip.Prefix {
 	ifPrefixes.mu.Lock()
 	defer ifPrefixes.mu.Unlock()
-	if ifPrefixes.all != nil && time.Since(ifPrefixes.at) < gidTableTTL {
+	gen := [2]uint32{uint32(C.mpib_gid_gen(0)), uint32(C.mpib_gid_gen(1))}
+	if ifPrefixes.all != nil && gen == ifPrefixes.gen && time.Since(ifPrefixes.at) < gidTableMaxAge {
 		return ifPrefixes.all
 	}
 	addrs, _ := net.InterfaceAddrs()
@@ -692,15 +763,19 @@ func localPrefixes() []netip.Prefix {
 			all = append(all, pfx)
 		}
 	}
-	ifPrefixes.all, ifPrefixes.at = all, time.Now()
+	ifPrefixes.all, ifPrefixes.at, ifPrefixes.gen = all, time.Now(), gen
 	return all
 }
 
-// forgetGIDTables drops the cached tables (the devices closed; a reopen reads afresh).
+// forgetGIDTables drops the cached tables and addresses (the devices closed; a reopen reads
+// afresh, and its event counts start again).
 func forgetGIDTables() {
 	gidTables.mu.Lock()
 	gidTables.table = [2][]gid.Entry{}
 	gidTables.mu.Unlock()
+	ifPrefixes.mu.Lock()
+	ifPrefixes.all = nil
+	ifPrefixes.mu.Unlock()
 }
 
 // dropUnreachableSup removes SUP from a connection whose peer's SUP address is outside our SUP

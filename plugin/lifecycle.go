@@ -277,6 +277,7 @@ func closeDevicesIfUnused() {
 	registry.mu.Unlock()
 	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
 		closeAgentSegment()
+		plugin.warming.Wait()
 		C.mpib_dev_close_all()
 		forgetGIDTables()
 		plugin.devicesOpen = false

@@ -44,6 +44,11 @@
  * notice word per rail (likewise). See mpib_policy.h. */
 #define MPIB_CTS_AREA (MPIB_CTS_BYTES + MPIB_NRAILS * sizeof(struct mpib_fence_rec))
 #define MPIB_SIZES_AREA (MPIB_SIZES_BYTES + MPIB_NRAILS * sizeof(uint64_t))
+/* Both areas share one allocation and one memory registration per rail (the size records on
+ * their own cache lines after the CTS area): one MR per rail instead of two makes connection
+ * setup one kernel call shorter per rail and halves the MRs a connection holds. */
+#define MPIB_SIZES_OFFSET ((MPIB_CTS_AREA + 63) & ~(size_t)63)
+#define MPIB_NIC_AREA (MPIB_SIZES_OFFSET + MPIB_SIZES_AREA)
 _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers every FIFO slot");
 /* Send completions: wr_id names what completed. Data writes carry the slot's sequence number,
  * the rail's generation (a completion of an older generation is ignored) and a replay bit;
@@ -71,6 +76,7 @@ struct mpib_dev {
   int fatal;      /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
   int port_down;  /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
   uint64_t port_change_ns;
+  uint32_t gid_gen; /* counts IBV_EVENT_GID_CHANGE: the control plane's GID cache is stale when it moved */
   pthread_t event_thread;
   int event_thread_running;
   int event_stop_pipe[2];
@@ -206,8 +212,7 @@ struct mpib_comm {
   mpib_cts_row *cts;     /* [MPIB_MAX_REQUESTS] */
   /* Size records (receiver: written by the peer; sender: staging). */
   mpib_sizes_row *sizes; /* [MPIB_MAX_REQUESTS] */
-  struct ibv_mr *cts_mr[MPIB_NRAILS];
-  struct ibv_mr *sizes_mr[MPIB_NRAILS];
+  struct ibv_mr *area_mr[MPIB_NRAILS]; /* both, one MPIB_NIC_AREA allocation starting at cts */
 
   int is_send;
   int mode, path_class, sup_relay, cts_rail;
@@ -386,6 +391,8 @@ void mpib_events_stop(int rail);
  * entry is empty or unreadable. type is IBV_GID_TYPE_*. */
 int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type);
 int mpib_gid_table_len(int rail);
+/* How many GID table changes the rail's device has reported (IBV_EVENT_GID_CHANGE). */
+uint32_t mpib_gid_gen(int rail);
 /* The rail's port's whole GID table, n = mpib_gid_table_len entries: gids[16*i], types[i]
  * (-1: empty or unreadable). One verbs call where the library has ibv_query_gid_table (a
  * connection burst at job start reads it once per rail; rxe has 1024 entries, mostly empty). */

@@ -3,7 +3,8 @@
  * Without it a device that dies (IBV_EVENT_DEVICE_FATAL, e.g. removed or reset) leaves the
  * CQs silent and test() would wait forever. The thread only sets flags the data path reads
  * when a caller waits (mpib_p2p.c comm_health): fatal fails every comm on the device, a port
- * that goes down stops being scheduled while the other rail can carry the traffic.
+ * that goes down stops being scheduled while the other rail can carry the traffic, and a GID
+ * table change (an address added or removed) makes the next connect read the table again.
  * Each kind of event is logged the first time it happens (and then counted), not per event.
  */
 #define _GNU_SOURCE /* pipe2 */
@@ -40,6 +41,10 @@ static void handle_event(int rail, const struct ibv_async_event *ev) {
     __atomic_store_n(&d->port_down, t == IBV_EVENT_PORT_ERR, __ATOMIC_RELEASE);
     MPIB_INFO("%s rail: device %s port %d is %s", rail_name(rail), d->name, ev->element.port_num,
               t == IBV_EVENT_PORT_ERR ? "down: traffic moves to the other rail where it can" : "active again");
+    return;
+  case IBV_EVENT_GID_CHANGE: /* an address came or went: the next connect reads the GID table again */
+    __atomic_add_fetch(&d->gid_gen, 1, __ATOMIC_RELEASE);
+    MPIB_INFO("%s rail: device %s port %d GID table changed", rail_name(rail), d->name, ev->element.port_num);
     return;
   case IBV_EVENT_COMM_EST:
   case IBV_EVENT_SQ_DRAINED:

@@ -317,7 +317,7 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
     last->wr.rdma.rkey = c->rem_rkey[rail];
     if (rail == p->leader && !p->size_in_imm) {
       sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                   .lkey = c->sizes_mr[rail]->lkey};
+                                   .lkey = c->area_mr[rail]->lkey};
       last->sg_list = &sges[nwr];
       last->num_sge = 1;
     }
@@ -496,7 +496,7 @@ int mpib_srq_refill(struct mpib_comm *c, int rail) {
 static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled) {
   int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
   struct mpib_cts *cts = c->cts[slot];
-  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->cts_mr[rail]->lkey};
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->area_mr[rail]->lkey};
   struct ibv_send_wr wr = {.wr_id = wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
                            .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
   if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
@@ -687,7 +687,7 @@ static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
     for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
     (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   }
-  return post_control(c, via, stage, c->sizes_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
+  return post_control(c, via, stage, c->area_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
 }
 
 /* Receiver -> sender: its fence record of rail r, carried by the other rail. */
@@ -696,7 +696,7 @@ static ncclResult_t post_record(struct mpib_comm *c, int r) {
   if (!rail_usable(c, via)) return rail_fail(c, via, "completion-error", "no rail left for the fence record");
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->check = mpib_fence_check(st);
-  return post_control(c, via, st, c->cts_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
+  return post_control(c, via, st, c->area_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
 }
 
 /* Receiver: every open slot's CTS again, on the rail that took the CTS over. */

@@ -401,7 +401,9 @@ int mpib_dmabuf_supported(void) {
  * for none. */
 #define MPIB_MAX_INLINE sizeof(struct mpib_cts) /* one CTS element, as net_ib */
 
-static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, int max_inline) {
+/* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
+ * provider writes the QP's real capabilities back into the attributes. */
+static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -411,9 +413,10 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
   ia.cap.max_recv_wr = srq ? 0 : 4;
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
-  ia.cap.max_inline_data = (uint32_t)max_inline;
+  ia.cap.max_inline_data = max_inline ? *max_inline : 0;
   struct ibv_qp *qp = ibv_create_qp(mpib_g.dev[rail].pd, &ia);
   if (qp == NULL) return NULL;
+  if (max_inline) *max_inline = ia.cap.max_inline_data;
   struct ibv_qp_attr a = {0};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = mpib_g.dev[rail].pkey_index;
@@ -484,7 +487,7 @@ static void local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rai
 static int flush_setup(struct mpib_comm *c, int rail) {
   c->flush_cq[rail] = ibv_create_cq(mpib_g.dev[rail].ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[rail]) return -ENOMEM;
-  c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64, 0);
+  c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64, NULL);
   if (!c->flush_qp[rail]) return -ENOMEM;
   c->flush_mr[rail] = reg_local(rail, c->flush_buf, MPIB_PAGE);
   if (!c->flush_mr[rail]) return -ENOMEM;
@@ -500,9 +503,8 @@ static int rail_setup(struct mpib_comm *c, int rail) {
    * sender's CQ holds a full send queue's worth besides the normal completions. */
   c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
   if (!c->cq[rail]) return -ENOMEM;
-  c->cts_mr[rail] = reg_local(rail, c->cts, MPIB_CTS_AREA);
-  c->sizes_mr[rail] = reg_local(rail, c->sizes, MPIB_SIZES_AREA);
-  if (!c->cts_mr[rail] || !c->sizes_mr[rail]) return -ENOMEM;
+  c->area_mr[rail] = reg_local(rail, c->cts, MPIB_NIC_AREA);
+  if (!c->area_mr[rail]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
     sa.attr.max_wr = MPIB_SRQ_DEPTH;
@@ -513,21 +515,19 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     if (rc) return rc;
   }
   int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
-  int max_inline = mpib_g.use_inline && !c->is_send ? (int)MPIB_MAX_INLINE : 0;
+  int inline_cts = mpib_g.use_inline && !c->is_send;
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
-    struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr, max_inline);
+    uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
+    struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr, &max_inline);
     if (!qp) {
       MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;
     }
     c->qps[base + i].qp = qp;
     c->qps[base + i].rail = rail;
-  }
-  if (mpib_g.use_inline && !c->is_send && c->nqps[rail]) {
-    struct ibv_qp_attr qa;
-    struct ibv_qp_init_attr qia;
-    if (ibv_query_qp(c->qps[base].qp, &qa, IBV_QP_CAP, &qia) == 0) c->max_inline = qa.cap.max_inline_data;
+    int first = base + i == 0; /* the comm's first QP: the CTS may go on either rail */
+    if (inline_cts && (first || max_inline < c->max_inline)) c->max_inline = max_inline;
   }
   if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, rail);
   return 0;
@@ -551,7 +551,7 @@ static void page_free(void *p, size_t size) {
 /* Host memory one comm allocates (the verbs provider's queues come on top). */
 size_t mpib_comm_host_bytes(int is_send) {
   size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
-  return sizeof(struct mpib_comm) + pool + 2 * MPIB_PAGE + ((MPIB_CTS_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+  return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
@@ -559,8 +559,8 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   if (c == NULL) return NULL;
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
-  c->cts = page_alloc(MPIB_CTS_AREA);
-  c->sizes = page_alloc(MPIB_SIZES_AREA);
+  c->cts = page_alloc(MPIB_NIC_AREA);
+  c->sizes = c->cts ? (mpib_sizes_row *)((char *)c->cts + MPIB_SIZES_OFFSET) : NULL;
   c->flush_buf = page_alloc(MPIB_PAGE);
   c->is_send = p->is_send;
   c->mode = p->mode;
@@ -610,7 +610,7 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
     info->nqps[r] = c->nqps[r];
     if (c->nqps[r] == 0) continue;
     local_rail_info(c, r, &info->rail[r]);
-    info->rail[r].rkey = c->is_send ? c->cts_mr[r]->rkey : c->sizes_mr[r]->rkey;
+    info->rail[r].rkey = c->area_mr[r]->rkey;
     rail_ece(c, r, base, &info->rail[r]);
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
     base += (int)c->nqps[r];
@@ -769,11 +769,10 @@ static void rail_destroy(struct mpib_comm *c, int r) {
   if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
   if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
   if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
-  if (c->cts_mr[r]) ibv_dereg_mr(c->cts_mr[r]);
-  if (c->sizes_mr[r]) ibv_dereg_mr(c->sizes_mr[r]);
+  if (c->area_mr[r]) ibv_dereg_mr(c->area_mr[r]);
   if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
   c->flush_qp[r] = NULL, c->flush_mr[r] = NULL, c->flush_cq[r] = NULL, c->srq[r] = NULL;
-  c->cts_mr[r] = NULL, c->sizes_mr[r] = NULL, c->cq[r] = NULL;
+  c->area_mr[r] = NULL, c->cq[r] = NULL;
   c->srq_posted[r] = 0;
 }
 
@@ -802,8 +801,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
   free(c->reqs);
-  page_free(c->cts, MPIB_CTS_AREA);
-  page_free(c->sizes, MPIB_SIZES_AREA);
+  page_free(c->cts, MPIB_NIC_AREA);
   page_free(c->flush_buf, MPIB_PAGE);
   page_free(c, sizeof *c);
 }
@@ -823,6 +821,8 @@ uint64_t mpib_now_ns(void) {
 }
 
 int mpib_gid_table_len(int rail) { return mpib_g.dev[rail].gid_tbl_len; }
+
+uint32_t mpib_gid_gen(int rail) { return __atomic_load_n(&mpib_g.dev[rail].gid_gen, __ATOMIC_ACQUIRE); }
 
 int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type) {
   struct mpib_dev *d = &mpib_g.dev[rail];

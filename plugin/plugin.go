@@ -32,8 +32,9 @@ func main() {} // required by -buildmode=c-shared; never runs
 // plugin is the process-wide control-plane state, guarded by mu.
 var plugin struct {
 	mu          sync.Mutex
-	refs        int  // init calls not yet finalized (v11 inits once per communicator)
-	devicesOpen bool // both rails open; closed when refs and live comms reach 0
+	refs        int            // init calls not yet finalized (v11 inits once per communicator)
+	devicesOpen bool           // both rails open; closed when refs and live comms reach 0
+	warming     sync.WaitGroup // warmGIDTables reading the open devices: they close after it
 	cfg         config.Config
 	oobAddr     netip.Addr
 	propName    *C.char
@@ -118,6 +119,7 @@ func initPlugin() C.int {
 		}
 	}
 	plugin.devicesOpen = true
+	warmGIDTables()
 	fillProperties(cfg)
 	infof("ready: SOUT %s:%d + SUP %s:%d fused as one device, mode %d, OOB %s (%v), island /%d, flush %v",
 		cfg.Sout.HCA, cfg.Sout.Port, cfg.Sup.HCA, cfg.Sup.Port, cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen,

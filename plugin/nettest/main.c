@@ -172,6 +172,8 @@ static void nt_usage(FILE *f) {
           "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
           "  --report-every K      connect, resources: print the per-round lines every K rounds\n"
           "  --rdma-res            connect, resources: count this process's QPs/MRs (rdma res) per report\n"
+          "  --round-gate F        connect, resources: before each round after the first, create F.ready\n"
+          "                        and wait until F exists (a test changes the node meanwhile)\n"
           "  --prepost             lat: keep --window receives posted, the next before each send\n"
           "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
           "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
@@ -265,7 +267,7 @@ enum {
   OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
   OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
   OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, OPT_IDLEUS, /* fault watch (xfer.c) */
-  OPT_REPORTEVERY, OPT_RDMARES          /* scale.c leak checks */
+  OPT_REPORTEVERY, OPT_RDMARES, OPT_ROUNDGATE /* scale.c leak checks, address changes */
 };
 
 static const struct option nt_long_opts[] = {
@@ -287,6 +289,7 @@ static const struct option nt_long_opts[] = {
     {"prepost", no_argument, 0, OPT_PREPOST},           {"rounds", required_argument, 0, OPT_ROUNDS},
     {"gap-ms", required_argument, 0, OPT_GAPMS},        {"stop-file", required_argument, 0, OPT_STOPFILE},
     {"ignore-peer-abort", no_argument, 0, OPT_IGNPEER}, {"report-every", required_argument, 0, OPT_REPORTEVERY},
+    {"round-gate", required_argument, 0, OPT_ROUNDGATE},
     {"idle-us", required_argument, 0, OPT_IDLEUS},
     {"rdma-res", no_argument, 0, OPT_RDMARES},
     {0, 0, 0, 0}};
@@ -508,6 +511,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       break;
     case OPT_RDMARES: o->rdma_res = 1; break;
+    case OPT_ROUNDGATE: o->round_gate = a; break;
     case OPT_HELP: nt_usage(stdout); return 1;
     case OPT_PROFILER: o->profiler = 1; break;
     default:
@@ -583,8 +587,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (nt_watch.enabled && o->mode != NT_VERIFY) {
     NT_BAD("--gap-ms, --stop-file, --ignore-peer-abort and --idle-us apply to verify only");
   }
-  if ((o->report_every || o->rdma_res) && !nt_mode_is_scale(o->mode)) {
-    NT_BAD("--report-every and --rdma-res apply to the connect and resources modes only");
+  if ((o->report_every || o->rdma_res || o->round_gate) && !nt_mode_is_scale(o->mode)) {
+    NT_BAD("--report-every, --rdma-res and --round-gate apply to the connect and resources modes only");
   }
   if (o->prepost && o->mode != NT_LAT) {
     NT_BAD("--prepost applies to lat only");

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -760,6 +761,29 @@ out:
   return ret;
 }
 
+/* --round-gate F: says "between rounds" by creating F.ready, then waits (heartbeating) until F
+ * exists or the timeout passes. */
+static int nt_sc_gate(struct nt_opts *o) {
+  char ready[PATH_MAX];
+  snprintf(ready, sizeof(ready), "%s.ready", o->round_gate);
+  FILE *f = fopen(ready, "w");
+  if (f == NULL) {
+    nt_err("round gate: cannot create %s: %s", ready, strerror(errno));
+    return -1;
+  }
+  fclose(f);
+  double deadline = nt_now() + o->timeout_s;
+  while (access(o->round_gate, F_OK) != 0) {
+    if (nt_now() > deadline) {
+      nt_err("round gate: %s did not appear within %d s", o->round_gate, o->timeout_s);
+      return -1;
+    }
+    nt_heartbeat();
+    usleep(20000);
+  }
+  return 0;
+}
+
 /* --rounds R: the whole cycle R times in one process. The first round pays for what the
  * process keeps (the Go runtime's threads and netpoller); later rounds must end where the
  * first ended. */
@@ -771,6 +795,10 @@ int nt_mode_scale(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob) {
   }
   int ret = NT_EXIT_OK;
   for (int r = 1; r <= o->rounds && ret == NT_EXIT_OK; r++) {
+    if (r > 1 && o->round_gate && nt_sc_gate(o) != 0) {
+      nt_oob_abort(oob, "%s: round gate %s never opened", nt_role_name(o->role), o->round_gate);
+      return NT_EXIT_FAIL;
+    }
     ret = nt_scale_round(o, n, oob, r, &nofile, &memlock);
   }
   return ret;
