@@ -17,11 +17,12 @@ type callCost struct {
 
 // parseCallgrindCalls reads a callgrind output file (events: Ir) and sums, per callee name,
 // the call counts and inclusive costs of every call arc. Names are decompressed: callgrind
-// writes "cfn=(7) name" the first time and "cfn=(7)" afterwards.
+// writes "cfn=(7) name" the first time and "cfn=(7)" afterwards. A cost line starts with one
+// column per position ("positions: line", or "instr line" with --dump-instr=yes).
 func parseCallgrindCalls(r io.Reader) (map[string]callCost, error) {
 	names := map[string]string{} // "(7)" -> name
 	costs := map[string]callCost{}
-	callee, pendingCalls := "", int64(-1)
+	callee, pendingCalls, npos := "", int64(-1), 1
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	line := 0
@@ -29,6 +30,8 @@ func parseCallgrindCalls(r io.Reader) (map[string]callCost, error) {
 		line++
 		text := sc.Text()
 		switch {
+		case strings.HasPrefix(text, "positions:"):
+			npos = len(strings.Fields(strings.TrimPrefix(text, "positions:")))
 		case strings.HasPrefix(text, "fn="), strings.HasPrefix(text, "cfn="):
 			spec := text[strings.IndexByte(text, '=')+1:]
 			name := spec
@@ -59,10 +62,10 @@ func parseCallgrindCalls(r io.Reader) (map[string]callCost, error) {
 		case pendingCalls >= 0:
 			// The line after calls= holds the position and the call's inclusive cost.
 			fields := strings.Fields(text)
-			if len(fields) < 2 {
+			if len(fields) < npos+1 {
 				return nil, fmt.Errorf("line %d: expected a call cost line, got %q", line, text)
 			}
-			ir, err := strconv.ParseInt(fields[1], 10, 64)
+			ir, err := strconv.ParseInt(fields[npos], 10, 64)
 			if err != nil {
 				return nil, fmt.Errorf("line %d: bad call cost %q", line, text)
 			}
