@@ -207,27 +207,79 @@ var p1Sizes = []int{64 << 10, 1 << 20, 4 << 20, 16 << 20}
 // is 128 writes. P1 measures the reference both ways.
 const ncclDepth = 8
 
+// vmCPU is the lab VM's CPU time so far by kind, in clock ticks: the first line of /proc/stat,
+// which containers share with the VM (user, nice, system, idle, iowait, irq, softirq, ...).
+type vmCPU [7]uint64
+
+func readVMCPU(t *testing.T, n *Node) vmCPU {
+	t.Helper()
+	out, err := n.output(context.Background(), "head", "-1", "/proc/stat")
+	f := strings.Fields(out)
+	if err != nil || len(f) < 8 || f[0] != "cpu" {
+		t.Fatalf("/proc/stat in %s: %q %v", n.Name(), out, err)
+	}
+	var c vmCPU
+	for i := range c {
+		c[i], _ = strconv.ParseUint(f[i+1], 10, 64)
+	}
+	return c
+}
+
+// cpuSplit is where the VM's CPU time went over some runs: user (the drivers' polling and
+// the plugin's C), system and softirq (rxe's packet work runs in the kernel), idle.
+type cpuSplit struct{ user, system, softirq, idle, total float64 }
+
+func (s *cpuSplit) add(before, after vmCPU) {
+	d := func(i int) float64 { return float64(after[i] - before[i]) }
+	s.user += d(0) + d(1)
+	s.system += d(2) + d(5)
+	s.idle += d(3) + d(4)
+	s.softirq += d(6)
+	s.total += d(0) + d(1) + d(2) + d(3) + d(4) + d(5) + d(6)
+}
+
+func (s cpuSplit) String() string {
+	if s.total == 0 {
+		return "no samples"
+	}
+	return fmt.Sprintf("user %.0f %%, system %.0f %%, softirq %.0f %%, idle %.0f %%", 100*s.user/s.total,
+		100*s.system/s.total, 100*s.softirq/s.total, 100*s.idle/s.total)
+}
+
 func TestBenchP1SingleRail(t *testing.T) {
 	lab := benchOrSkip(t)
 	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	plugin, ref, ref8 := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+	// Both nodes are containers on the VM's two vCPUs, and rxe's packet work is kernel time on
+	// the same vCPUs: the VM's CPU split says whether the runs were CPU-bound and who had it.
+	var pluginCPU, refCPU cpuSplit
 	for pair := 0; pair < benchPairs(); pair++ {
 		// Vanilla intra-island: every byte and the CTS on SUP, the same rail perftest uses.
 		// A pair is one nettest run over every size (2 s each), then ib_write_bw per size at
 		// its default depth and at NCCL's 8; pairs follow each other, so the lab's drift
 		// (TCG speed moves by 10-20 % within minutes) falls on both sides of a ratio alike.
+		c0 := readVMCPU(t, a1)
 		got := pluginBW(t, a2, a1, nil, p1Sizes, 2)
+		c1 := readVMCPU(t, a1)
+		pluginCPU.add(c0, c1)
 		for _, s := range p1Sizes {
 			plugin[s] = append(plugin[s], got[s])
 			ref[s] = append(ref[s], perftestBW(t, a2, a1, SUP, s, 16<<20))
 			ref8[s] = append(ref8[s], perftestRun(t, a2, a1, SUP, s, 16<<20, 0, ncclDepth).Gbps*1000)
 		}
+		refCPU.add(c1, readVMCPU(t, a1))
 	}
+	// The nettest run includes its set-up and the sizes' ramps; the perftest runs each start
+	// two processes. Both are whole runs, timed alike.
+	fmt.Printf("P1-cpu: plugin_user=%.3f plugin_system=%.3f plugin_softirq=%.3f plugin_idle=%.3f ref_user=%.3f ref_system=%.3f ref_softirq=%.3f ref_idle=%.3f\n",
+		pluginCPU.user/pluginCPU.total, pluginCPU.system/pluginCPU.total, pluginCPU.softirq/pluginCPU.total, pluginCPU.idle/pluginCPU.total,
+		refCPU.user/refCPU.total, refCPU.system/refCPU.total, refCPU.softirq/refCPU.total, refCPU.idle/refCPU.total)
 	var figs []figure
 	for _, s := range p1Sizes {
 		f := ratioFigure("P1", fmt.Sprintf("size=%d", s), "mbps", plugin[s], ref[s]).
 			withAlt("ib_write_bw --tx-depth 8", plugin[s], ref8[s])
+		f.Note = fmt.Sprintf("VM CPU, plugin runs (all sizes): %v; ib_write_bw runs: %v", pluginCPU, refCPU)
 		figs = append(figs, f)
 		fmt.Printf("P1 size=%d ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f ref_depth8_mbps=%.1f reps=%d spread=%.3f ratio_depth8=%.3f ci_depth8_low=%.3f ci_depth8_high=%.3f\n",
 			s, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.AltRef, f.Pairs, spread(f.Ratios), f.AltRatio, f.AltCILow, f.AltCIHigh)
