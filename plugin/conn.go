@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -42,6 +43,11 @@ type listener struct {
 	ln    net.Listener
 	nonce uint64
 	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
+
+	// spare is the first connection's receiver, built (SOUT only) right after listen while the
+	// handle travels to the peer; spareTaken says whether a handshake (or close) took it.
+	spare      chan prepared
+	spareTaken atomic.Bool
 
 	mu     sync.Mutex
 	closed bool
@@ -108,7 +114,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
 		return C.int(resSystemError)
 	}
-	l := &listener{owner: owner, ln: ln, nonce: randomNonce()}
+	l := &listener{owner: owner, ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
 	registry.mu.Lock()
@@ -122,8 +128,12 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	}
 	registry.listeners[id] = l
 	registry.mu.Unlock()
-	owner.wg.Add(1)
+	owner.wg.Add(2)
 	go l.acceptLoop()
+	go func() {
+		defer owner.wg.Done()
+		l.spare <- prepareSpare(owner.ctx)
+	}()
 	context.AfterFunc(owner.ctx, l.close)
 	*listenComm = unsafe.Pointer(l.lc)
 	return C.int(resSuccess)
@@ -144,7 +154,7 @@ func (l *listener) acceptLoop() {
 // serve runs one incoming control connection and hands its comm to NCCL's next accept.
 func (l *listener) serve(c net.Conn) {
 	defer l.owner.wg.Done()
-	comm, err := acceptHandshake(l.owner.ctx, c, l.nonce)
+	comm, err := acceptHandshake(l.owner.ctx, c, l)
 	if errors.Is(err, errNotAPeer) {
 		infof("listener %v: dropped a TCP client: %v", l.ln.Addr(), err)
 		return
@@ -182,6 +192,11 @@ func (l *listener) close() {
 		}
 	}
 	l.mu.Unlock()
+	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
+		if p := <-l.spare; p.comm != nil {
+			C.mpib_comm_destroy(p.comm)
+		}
+	}
 	for _, comm := range unaccepted {
 		closeComm(comm)
 	}
@@ -494,7 +509,8 @@ func dialHello(ctx context.Context, h wire.Handle) (net.Conn, error) {
 
 // acceptHandshake is the receiving side of one incoming control connection. Until the
 // client's hello names this listener, failures are errNotAPeer.
-func acceptHandshake(ctx context.Context, c net.Conn, nonce uint64) (*C.struct_mpib_comm, error) {
+func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mpib_comm, error) {
+	nonce := l.nonce
 	c.SetDeadline(time.Now().Add(helloTimeout()))
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	hello := make([]byte, wire.HelloSize)
@@ -514,7 +530,26 @@ func acceptHandshake(ctx context.Context, c net.Conn, nonce uint64) (*C.struct_m
 	c.SetDeadline(time.Now().Add(handshakeTimeout()))
 	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
-	return handshake(ctx, c, prepare(ctx, local, peer, false, tcUndef))
+	return handshake(ctx, c, l.receiver(ctx, local, peer))
+}
+
+// receiver is the accepted connection's prepared receiver: the listener's spare, completed for
+// this path, for its first connection; built now for any other (or when the spare failed or a
+// GID changed since it was built).
+func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepared {
+	start := time.Now()
+	if l.spareTaken.CompareAndSwap(false, true) {
+		p := <-l.spare // at most the rest of its creation
+		if p.err == nil && p.gen == gidGens() {
+			if err := p.completeSpare(ctx, local, peer, start); err == nil {
+				return p
+			}
+		}
+		if p.comm != nil {
+			C.mpib_comm_destroy(p.comm)
+		}
+	}
+	return prepare(ctx, local, peer, false, tcUndef)
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
@@ -550,6 +585,50 @@ type prepared struct {
 	peer   netip.Addr
 	st     setupTimes
 	err    error
+	gen    [2]uint32 // the GID change counts its GIDs were chosen under (a listener's spare)
+}
+
+func gidGens() [2]uint32 { return [2]uint32{uint32(C.mpib_gid_gen(0)), uint32(C.mpib_gid_gen(1))} }
+
+// prepareSpare builds a listener's receiver before any peer is known: SOUT's QPs, which every
+// path has. The handshake that takes it adds SUP's if its path wants them (completeSpare).
+// Receivers of inter-island connections thus never have SUP QPs, as if built at accept.
+func prepareSpare(ctx context.Context) prepared {
+	p := prepared{gen: gidGens(), st: setupTimes{last: time.Now()}}
+	var params C.struct_mpib_conn_params
+	params, p.prefix, p.err = connParams(false, topo.InterIsland, tcUndef, false)
+	if p.err != nil {
+		return p
+	}
+	p.comm, p.err = withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
+	if p.err == nil && p.comm == nil {
+		p.err = errors.New("creating the connection's verbs resources failed (see the warning above)")
+	}
+	return p
+}
+
+// completeSpare fits a spare to its connection: the path, and SUP's QPs when the path wants
+// them. The setup times start at the hello; create is then SUP's part only.
+func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, start time.Time) error {
+	p.local, p.peer, p.st = local, peer, setupTimes{last: start}
+	var err error
+	if p.path, err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen); err != nil {
+		return err
+	}
+	params, prefix, err := connParams(false, p.path, tcUndef, true)
+	if err != nil {
+		return err
+	}
+	p.prefix = prefix
+	p.st.mark(&p.st.params)
+	rc, err := withVerbsSlot(ctx, func() C.int {
+		return C.mpib_comm_set_path(p.comm, C.int(p.path), params.nqps[1], params.gid_index[1])
+	})
+	if err == nil && rc != 0 {
+		err = fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc))
+	}
+	p.st.mark(&p.st.create)
+	return err
 }
 
 func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
@@ -559,7 +638,7 @@ func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficCl
 		return p
 	}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(isSend, p.path, trafficClass)
+	params, p.prefix, p.err = connParams(isSend, p.path, trafficClass, true)
 	if p.err != nil {
 		return p
 	}
@@ -636,13 +715,14 @@ func (st *setupTimes) String() string {
 
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
 // each rail's GID (read now: addresses can change after init) and the traffic class.
-func connParams(isSend bool, path topo.PathClass, trafficClass int) (C.struct_mpib_conn_params, [2]uint8, error) {
+// withSup false leaves SUP out whatever the path (a listener's spare).
+func connParams(isSend bool, path topo.PathClass, trafficClass int, withSup bool) (C.struct_mpib_conn_params, [2]uint8, error) {
 	cfg := plugin.cfg
 	var p C.struct_mpib_conn_params
 	var prefix [2]uint8
 	p.is_send, p.mode, p.path_class = boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
-	if C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
+	if withSup && C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
 		p.nqps[1] = C.uint32_t(cfg.SupQPs)
 	}
 	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {

@@ -415,6 +415,10 @@ void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
+/* A receiver built before its peer was known (a listener's spare, SOUT only): its path sets
+ * the CTS rail, and SUP's QPs are built now when the path wants them (sup_qps > 0). 0 or a
+ * negative errno; on failure the comm is as before. */
+int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_gid_index);
 size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);

@@ -791,6 +791,23 @@ void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
   if (c->cts_rail == rail) c->cts_rail = 1 - rail;
 }
 
+int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_gid_index) {
+  if (sup_qps > 0 && c->nqps[MPIB_RAIL_SUP] == 0) {
+    c->nqps[MPIB_RAIL_SUP] = sup_qps;
+    c->gid_index[MPIB_RAIL_SUP] = sup_gid_index;
+    int rc = rail_setup(c, MPIB_RAIL_SUP);
+    if (rc) {
+      MPIB_WARN("SUP rail: connection setup failed: %s", strerror(-rc));
+      mpib_comm_drop_rail(c, MPIB_RAIL_SUP);
+      return rc;
+    }
+  }
+  c->path_class = path_class;
+  c->cts_rail = mpib_cts_rail(c->mode, path_class);
+  c->cts_rail_pref = c->cts_rail;
+  return 0;
+}
+
 void mpib_comm_destroy(struct mpib_comm *c) {
   if (!c) return;
   if (c->shm_slot >= 0 && mpib_g.shm) {
