@@ -709,8 +709,12 @@ func (st *setupTimes) mark(d *time.Duration) {
 
 func (st *setupTimes) String() string {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	return fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f dial=%.1f",
-		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent), ms(st.dial))
+	s := fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f",
+		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent))
+	if st.dial > 0 { // senders only
+		s += fmt.Sprintf(" dial=%.1f", ms(st.dial))
+	}
+	return s
 }
 
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
@@ -812,7 +816,8 @@ func chooseGID(rail, configured int) (int, netip.Addr, error) {
 // interfacePrefixLen is the prefix length of the local interface address equal to addr, or 0
 // when no interface holds it (InfiniBand GIDs, or an address outside this network namespace).
 // The interface list is cached like the GID tables, and read again when either table changed
-// (on RoCE every address change is a GID change).
+// (on RoCE every address added or removed is a GID change). A new prefix length on an address
+// that stays changes no GID: it is seen when the cache ages out (30 s).
 func interfacePrefixLen(addr netip.Addr) uint8 {
 	for _, pfx := range localPrefixes() {
 		if pfx.Addr().Unmap() == addr {

@@ -44,7 +44,9 @@ static void handle_event(int rail, const struct ibv_async_event *ev) {
     return;
   case IBV_EVENT_GID_CHANGE: /* an address came or went: the next connect reads the GID table again */
     __atomic_add_fetch(&d->gid_gen, 1, __ATOMIC_RELEASE);
-    MPIB_INFO("%s rail: device %s port %d GID table changed", rail_name(rail), d->name, ev->element.port_num);
+    if (first_time(rail, t))
+      MPIB_INFO("%s rail: device %s port %d GID table changed (logged once; every change is acted on)", rail_name(rail),
+                d->name, ev->element.port_num);
     return;
   case IBV_EVENT_COMM_EST:
   case IBV_EVENT_SQ_DRAINED:

@@ -503,6 +503,10 @@ static int rail_setup(struct mpib_comm *c, int rail) {
    * sender's CQ holds a full send queue's worth besides the normal completions. */
   c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
   if (!c->cq[rail]) return -ENOMEM;
+  /* One key for both areas: a peer's write past the CTS area lands in the size records instead
+   * of failing with a remote access error. Every remote offset the protocol uses is in bounds
+   * (CTS slots and fence records, size records and notice words), and a peer that wrote
+   * elsewhere could corrupt the CTS area itself just as well. */
   c->area_mr[rail] = reg_local(rail, c->cts, MPIB_NIC_AREA);
   if (!c->area_mr[rail]) return -ENOMEM;
   if (!c->is_send) {

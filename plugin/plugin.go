@@ -69,7 +69,9 @@ func infof(format string, args ...any) { logf(C.NCCL_LOG_INFO, format, args...) 
 func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	plugin.mu.Lock()
 	defer plugin.mu.Unlock()
-	if plugin.refs == 0 {
+	// The devices stay open while comms outlive the last finalize; a new init then uses them
+	// (opening them again would wipe the open devices under those comms).
+	if plugin.refs == 0 && !plugin.devicesOpen {
 		prestartThreads()
 		startConnectDispatcher()
 		if rc := initPlugin(); rc != C.int(resSuccess) {
