@@ -48,6 +48,9 @@ type listener struct {
 	// handle travels to the peer; spareTaken says whether a handshake (or close) took it.
 	spare      chan prepared
 	spareTaken atomic.Bool
+	// unhook removes the finalize hook (close on the context's end) once NCCL closed the
+	// listener: the context would otherwise keep every closed listener until finalize.
+	unhook func() bool
 
 	mu     sync.Mutex
 	closed bool
@@ -134,7 +137,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		defer owner.wg.Done()
 		l.spare <- prepareSpare(owner.ctx)
 	}()
-	context.AfterFunc(owner.ctx, l.close)
+	l.unhook = context.AfterFunc(owner.ctx, l.close)
 	*listenComm = unsafe.Pointer(l.lc)
 	return C.int(resSuccess)
 }
@@ -210,6 +213,7 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) C.int {
 	delete(registry.listeners, uint64(lc.id))
 	registry.mu.Unlock()
 	if l != nil {
+		l.unhook()
 		l.close()
 		l.mu.Lock()
 		l.lc = nil // a later close (finalize's) must not touch it
