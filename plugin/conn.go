@@ -604,10 +604,7 @@ func prepareSpare(ctx context.Context) prepared {
 	if p.err != nil {
 		return p
 	}
-	p.comm, p.err = withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
-	if p.err == nil && p.comm == nil {
-		p.err = errors.New("creating the connection's verbs resources failed (see the warning above)")
-	}
+	p.comm, p.err = createComm(ctx, &params)
 	return p
 }
 
@@ -635,6 +632,15 @@ func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, st
 	return err
 }
 
+// createComm builds a comm's verbs resources in one of the bounded verbs slots.
+func createComm(ctx context.Context, params *C.struct_mpib_conn_params) (*C.struct_mpib_comm, error) {
+	comm, err := withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(params) })
+	if err == nil && comm == nil {
+		err = errors.New("creating the connection's verbs resources failed (see the warning above)")
+	}
+	return comm, err
+}
+
 func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
 	p := prepared{isSend: isSend, local: local, peer: peer, st: setupTimes{last: time.Now()}}
 	p.path, p.err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
@@ -647,10 +653,7 @@ func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficCl
 		return p
 	}
 	p.st.mark(&p.st.params)
-	p.comm, p.err = withVerbsSlot(ctx, func() *C.struct_mpib_comm { return C.mpib_comm_create(&params) })
-	if p.err == nil && p.comm == nil {
-		p.err = errors.New("creating the connection's verbs resources failed (see the warning above)")
-	}
+	p.comm, p.err = createComm(ctx, &params)
 	p.st.mark(&p.st.create)
 	return p
 }
@@ -841,7 +844,7 @@ var ifPrefixes struct {
 func localPrefixes() []netip.Prefix {
 	ifPrefixes.mu.Lock()
 	defer ifPrefixes.mu.Unlock()
-	gen := [2]uint32{uint32(C.mpib_gid_gen(0)), uint32(C.mpib_gid_gen(1))}
+	gen := gidGens()
 	if ifPrefixes.all != nil && gen == ifPrefixes.gen && time.Since(ifPrefixes.at) < gidTableMaxAge {
 		return ifPrefixes.all
 	}
