@@ -135,10 +135,12 @@ struct mpib_request {
   int tag;
   struct mpib_mr *mh;
   /* recv */
-  uint32_t expected_mask, seen_mask;
+  uint32_t expected_mask; /* the slot's full range mask, from its first immediate (0: none yet) */
+  uint32_t have_mask;     /* ranges confirmed by an immediate (mpib_recv_ranges_arrived) */
+  uint32_t wrote_rails;   /* rails whose writes landed bytes of it: the ones iflush must order */
   int sizes[MPIB_MAX_RECVS];
   /* flush */
-  int flush_pending;
+  uint32_t flush_rails; /* rails with a flush read outstanding */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
 };
@@ -239,19 +241,25 @@ struct mpib_comm {
   /* Sender: the isends matched to each slot; receiver: the irecv owning each slot. */
   struct mpib_request *slot_reqs[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
   int slot_matched[MPIB_MAX_REQUESTS];
-  uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* sender: rails whose completion is pending */
+  /* Sender, per slot: where each byte range (mpib_policy.h, imm layout) stands until it is
+   * confirmed. A range is confirmed by its carrier's successful completion or by the
+   * receiver's fence record; it has at most one live carrier at a time. */
+  uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* original chains pending: bit r = range r on rail r */
+  uint8_t slot_replay_on[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* ranges on a pending replay chain on each rail */
+  uint8_t slot_replay_wait[MPIB_MAX_REQUESTS];            /* ranges lost, waiting for a replay to be posted */
+  uint8_t slot_full[MPIB_MAX_REQUESTS];                   /* the slot's full range mask */
   uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS]; /* sender: seq + 1 of the posted slot, 0 = none */
-  uint8_t slot_replay[MPIB_MAX_REQUESTS];       /* sender: 1 replay to post, 2 posted */
-  uint8_t slot_replay_rail[MPIB_MAX_REQUESTS];  /* sender: the failed rail whose bytes it re-sends */
   uint32_t slot_sout[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS]; /* sender: each request's SOUT bytes */
   uint64_t tcp_notice[MPIB_NRAILS]; /* receiver: the last notice per rail that came over TCP */
-  int replays_waiting;                          /* sender: slots with slot_replay == 1 */
+  int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
 
   /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
   struct ibv_qp *flush_qp[MPIB_NRAILS];
   struct ibv_cq *flush_cq[MPIB_NRAILS];
   struct ibv_mr *flush_mr[MPIB_NRAILS];
   uint8_t *flush_buf; /* one page, NIC-read */
+  uint32_t flush_due;  /* rails that wrote bytes of receives completed since the last flush */
+  uint8_t flush_broken[MPIB_NRAILS]; /* a read failed on the rail's flush QP: reset before its next use */
 
   uint64_t peer_gone_ns; /* set by the control plane when the peer's control socket closed */
   int failure_reported;  /* the reason this comm cannot progress was logged (log once) */
@@ -408,6 +416,7 @@ int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err);
+int mpib_flush_qp_reset(struct mpib_comm *c, int rail);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);

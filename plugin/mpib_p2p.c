@@ -163,14 +163,15 @@ static int telemetry_due(const struct mpib_comm *c) {
          t[0].completed_bytes + t[1].completed_bytes >= MPIB_TELEMETRY_BYTES;
 }
 
-/* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per rail and its
- * post time; the bytes of rail `ranges` count as posted on `carrier` (the same rail, or the
- * surviving one for a replay) and in flight there until tele_complete. */
-static void tele_post(struct mpib_comm *c, int slot, int carrier, int ranges, uint64_t now) {
+/* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per range (the
+ * rail that first carried them) and its post time; the bytes of range `range` count as posted
+ * on `carrier` (the same rail, or another one for a replay) and in flight there until
+ * tele_complete. */
+static void tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
   mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  t->posted_bytes += c->slot_rail_bytes[slot][ranges];
-  t->posted_requests += c->slot_rail_reqs[slot][ranges];
-  t->inflight_bytes += c->slot_rail_bytes[slot][ranges];
+  t->posted_bytes += c->slot_rail_bytes[slot][range];
+  t->posted_requests += c->slot_rail_reqs[slot][range];
+  t->inflight_bytes += c->slot_rail_bytes[slot][range];
   if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now; /* the rail's work begins */
 }
 
@@ -193,14 +194,14 @@ static uint64_t completion_now(struct mpib_comm *c) {
   return c->tele_now_ns;
 }
 
-/* The slot's `ranges` bytes completed on `carrier`: their requests spent now - post time there. */
-static void tele_complete(struct mpib_comm *c, int slot, int carrier, int ranges) {
+/* The slot's range `range` completed on `carrier`: its requests spent now - post time there. */
+static void tele_complete(struct mpib_comm *c, int slot, int carrier, int range) {
   uint64_t now = completion_now(c), posted = c->slot_post_ns[slot];
   mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  t->completed_bytes += c->slot_rail_bytes[slot][ranges];
-  t->completed_requests += c->slot_rail_reqs[slot][ranges];
-  if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][ranges] * (now - posted);
-  tele_leave(c, carrier, c->slot_rail_bytes[slot][ranges], now);
+  t->completed_bytes += c->slot_rail_bytes[slot][range];
+  t->completed_requests += c->slot_rail_reqs[slot][range];
+  if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][range] * (now - posted);
+  tele_leave(c, carrier, c->slot_rail_bytes[slot][range], now);
 }
 
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
@@ -226,7 +227,6 @@ struct slot_plan {
   size_t sout[MPIB_MAX_RECVS]; /* bytes of each request on SOUT; SUP carries the rest */
   uint32_t mask;               /* rails carrying something (at least one) */
   int leader;                  /* the rail whose final write carries the size records */
-  int range_rail;              /* the rail whose byte ranges the chain carries (a replay: the failed one) */
   int size_in_imm;
   uint32_t imm;
 };
@@ -259,6 +259,7 @@ static void plan_slot(struct mpib_comm *c, int slot, struct slot_plan *p) {
   }
   c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
   if (p->mask == 0) p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
+  c->slot_full[slot] = (uint8_t)p->mask;
   p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
    * write (its data with the immediate), the common latency-bound case. */
@@ -282,10 +283,19 @@ static int wrid_current(const struct mpib_comm *c, int rail, uint64_t id) {
 }
 static int wrid_kind(uint64_t id) { return (id & MPIB_WRID_SPECIAL) ? (int)(id & 0xFFu) : 0; }
 
-/* Posts one rail's chain for a slot: a write per request part, the last one (or a final
- * write carrying the size records) with the immediate and signalled. A replay re-sends the
- * whole slot this way. Returns 0 or the errno of ibv_post_send. */
-static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p, int replay) {
+/* Where a request's byte ranges lie: range SOUT is its first sout bytes, range SUP the rest;
+ * both together are the whole request. */
+static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, size_t *len) {
+  *off = (ranges & (1u << MPIB_RAIL_SOUT)) ? 0 : sout;
+  size_t end = (ranges & (1u << MPIB_RAIL_SUP)) ? size : sout;
+  *len = end > *off ? end - *off : 0;
+}
+
+/* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
+ * the last one (or a final write carrying the size records) with the immediate and
+ * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
+ * surviving rail. Returns 0 or the errno of ibv_post_send. */
+static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p, uint32_t ranges, int replay) {
   int nreqs = c->slot_matched[slot];
   struct mpib_request **reqs = c->slot_reqs[slot];
   const struct mpib_cts *cts = c->cts_snap[slot];
@@ -294,10 +304,9 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
   struct ibv_sge sges[MPIB_MAX_RECVS + 1];
   int nwr = 0;
-  int rr = replay ? p->range_rail : rail;
   for (int r = 0; r < nreqs; r++) {
-    size_t off = rr == MPIB_RAIL_SOUT ? 0 : p->sout[r];
-    size_t len = rr == MPIB_RAIL_SOUT ? p->sout[r] : reqs[r]->size - p->sout[r];
+    size_t off, len;
+    range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
                                  .lkey = reqs[r]->mh->mr[rail]->lkey};
@@ -333,12 +342,13 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
   if (rc) return rc;
   if (!replay) c->slot_rails[slot] |= 1u << rail;
+  else c->slot_replay_on[slot][rail] |= (uint8_t)ranges;
   c->pending[rail]++;
   return 0;
 }
 
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
-  int rc = post_chain(c, slot, rail, p, 0);
+  int rc = post_chain(c, slot, rail, p, 1u << rail, 0);
   if (rc == EINVAL) {
     MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
     return ncclInternalError;
@@ -582,6 +592,36 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   return ncclSuccess;
 }
 
+/* iflush orders the NIC's writes before the GPU reads the buffer: a loopback RDMA read on
+ * each rail whose writes landed bytes of receives completed since the last flush (a rail that
+ * carried a range, original or replay; net_ib reads on every device of the comm). One read
+ * after those completions orders all of them, so a flush covers every receive completed
+ * before it. A rail whose device died after writing such bytes cannot order them: the flush
+ * fails with a message instead of waiting on a CQ nobody polls (net_ib fails test() when a
+ * fatal device's completion shows up). A read that fails on a live device is ignored, as
+ * net_ib does, and its QP is reset before its next use (mpib_flush_qp_reset). */
+static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
+  MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
+            "ordered before the GPU reads them", rail_name(rail), mpib_g.dev[rail].name);
+  c->failure_reported = 1;
+  return ncclSystemError;
+}
+
+static int post_flush_read(struct mpib_comm *c, int rail, struct mpib_request *req, void *addr, struct mpib_mr *mh) {
+  if (c->flush_broken[rail]) {
+    int e = mpib_flush_qp_reset(c, rail);
+    if (e) return e;
+    c->flush_broken[rail] = 0;
+  }
+  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[rail]->lkey};
+  struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = (uintptr_t)addr;
+  wr.wr.rdma.rkey = mh->mr[rail]->rkey;
+  struct ibv_send_wr *bad = NULL;
+  return -ibv_post_send(c->flush_qp[rail], &wr, &bad);
+}
+
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
   struct mpib_comm *c = recvComm;
   *request = NULL;
@@ -589,29 +629,26 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   for (int r = 0; r < n; r++) {
     if (sizes[r] > 0) last = r;
   }
-  if (!mpib_g.flush_enabled || last < 0) return ncclSuccess;
+  if (!mpib_g.flush_enabled || last < 0 || c->flush_due == 0) return ncclSuccess;
+  struct mpib_mr *mh = mhandles[last];
+  for (int rail = 0; rail < MPIB_NRAILS; rail++)
+    if ((c->flush_due & (1u << rail)) && rail_fatal(rail)) return flush_rail_dead(c, rail);
   struct mpib_request *req = req_alloc(c, MPIB_REQ_FLUSH);
   if (!req) {
     MPIB_WARN("no free request for a flush");
     return ncclInternalError;
   }
-  struct mpib_mr *mh = mhandles[last];
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->flush_qp[rail] || c->rail[rail].state != MPIB_RAIL_UP) continue; /* a failed rail wrote nothing since */
-    struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[rail]->lkey};
-    struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
-                             .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
-    wr.wr.rdma.remote_addr = (uintptr_t)data[last];
-    wr.wr.rdma.rkey = mh->mr[rail]->rkey;
-    struct ibv_send_wr *bad = NULL;
-    int rc = ibv_post_send(c->flush_qp[rail], &wr, &bad);
-    if (rc) {
-      MPIB_WARN("%s rail: posting the flush read failed: %s", rail_name(rail), strerror(rc));
-      req->type = MPIB_REQ_FREE;
-      return ncclSystemError;
+    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[rail] || !mh->mr[rail]) continue;
+    int e = post_flush_read(c, rail, req, data[last], mh);
+    if (e) { /* the QP could not be reset or took no read: a flush error, ignored (above) */
+      MPIB_INFO("%s rail: no flush read posted (%s); its writes completed before this call", rail_name(rail), strerror(-e));
+      c->flush_broken[rail] = 1;
+      continue;
     }
-    req->flush_pending++;
+    req->flush_rails |= 1u << rail;
   }
+  c->flush_due = 0;
   *request = req;
   return ncclSuccess;
 }
@@ -763,8 +800,16 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   return ncclSuccess;
 }
 
+/* A sender's slot completes once every byte range is confirmed: no original chain, replay
+ * chain or replay waiting to be posted is left. */
+static int slot_unconfirmed(const struct mpib_comm *c, int slot) {
+  uint32_t live = c->slot_rails[slot] | c->slot_replay_wait[slot];
+  for (int r = 0; r < MPIB_NRAILS; r++) live |= c->slot_replay_on[slot][r];
+  return live != 0;
+}
+
 static void slot_try_complete(struct mpib_comm *c, int slot) {
-  if (c->slot_rails[slot] != 0 || c->slot_replay[slot] != 0) return;
+  if (slot_unconfirmed(c, slot)) return;
   c->progress_count++;
   c->tele_done++;
   for (int r = 0; r < c->slot_matched[slot]; r++) {
@@ -781,49 +826,67 @@ static uint64_t next_retry_ns(const struct mpib_rail_ctl *rc, uint64_t now) {
 }
 
 /* Sender: posts the replays decided by send_resolve, as far as the send queue has room. A
- * replay re-sends the failed rail's byte ranges of the slot on the surviving rail, on the QP
- * that carried the slot's own part there, so those bytes have landed when the replay's
- * immediate arrives: the receiver completes the slot on it. */
+ * replay re-sends the lost byte ranges of the slot on a surviving rail, in one chain whose
+ * immediate names them and the slot's full range mask; its final write carries the size
+ * records. The receiver counts the ranges as confirmed when the immediate arrives and
+ * completes the slot once all of them are (mpib_recv_ranges_arrived). */
 static ncclResult_t post_replays(struct mpib_comm *c) {
   int s = rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS && c->replays_waiting > 0; slot++) {
-    if (c->slot_replay[slot] != 1) continue;
+    uint32_t ranges = c->slot_replay_wait[slot];
+    if (ranges == 0) continue;
     if (!rail_usable(c, s)) return rail_fail(c, s, "completion-error", "no rail left to replay on");
+    if (c->slot_replay_on[slot][s]) continue; /* never two replay chains of a slot on one rail (cannot happen) */
     struct mpib_request **reqs = c->slot_reqs[slot];
-    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0, .range_rail = c->slot_replay_rail[slot]};
+    struct slot_plan p = {.mask = 1u << s, .leader = s, .size_in_imm = 0};
     for (int r = 0; r < c->slot_matched[slot]; r++) p.sout[r] = c->slot_sout[slot][r];
-    p.imm = mpib_imm_encode_replay((uint32_t)slot, p.mask, reqs[0]->seq);
-    int rc = post_chain(c, slot, s, &p, 1);
+    p.imm = mpib_imm_encode_replay((uint32_t)slot, ranges, c->slot_full[slot], reqs[0]->seq);
+    int rc = post_chain(c, slot, s, &p, ranges, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
     if (rc) return rail_fail(c, s, "completion-error", "posting a replay failed");
-    tele_post(c, slot, s, c->slot_replay_rail[slot], completion_now(c));
-    c->slot_replay[slot] = 2;
+    for (int range = 0; range < MPIB_NRAILS; range++)
+      if (ranges & (1u << range)) tele_post(c, slot, s, range, completion_now(c));
+    c->slot_replay_wait[slot] = 0;
     c->replays_waiting--;
   }
   return ncclSuccess;
 }
 
-/* Sender: the receiver's record of rail r says which open slots it already has; the others
- * are replayed whole on the surviving rail (mpib_replay_needed). */
+/* Sender: rail r failed; settle one slot's ranges that r carried (its original chain and a
+ * replay chain on it) with the receiver's record: confirmed ones count as delivered by r,
+ * the others wait for a replay. Returns 1 when something must be replayed. */
+static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_fence_rec *rec) {
+  uint32_t lost = (c->slot_rails[slot] & (1u << r)) | c->slot_replay_on[slot][r];
+  uint64_t seq = c->slot_posted_seq1[slot] - 1;
+  if (c->slot_rails[slot] & (1u << r)) {
+    c->slot_rails[slot] &= ~(1u << r);
+    if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
+  }
+  c->slot_replay_on[slot][r] = 0;
+  uint32_t need = mpib_replay_ranges(rec->open_seq1[slot], rec->have[slot], rec->next_seq, seq, lost);
+  for (int range = 0; range < MPIB_NRAILS; range++) {
+    if (!(lost & (1u << range))) continue;
+    if (need & (1u << range)) tele_leave(c, r, c->slot_rail_bytes[slot][range], completion_now(c)); /* lost on r */
+    else tele_complete(c, slot, r, range); /* the receiver has them: delivered by r */
+  }
+  if (need) {
+    if (c->slot_replay_wait[slot] == 0) c->replays_waiting++;
+    c->slot_replay_wait[slot] |= (uint8_t)need;
+    return 1;
+  }
+  slot_try_complete(c, slot);
+  return 0;
+}
+
+/* Sender: the receiver's record of rail r says which byte ranges of its open slots it already
+ * has; the rest of what r carried is replayed on the surviving rail (mpib_replay_ranges). */
 static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   int replays = 0, settled = 0;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
-    if (!c->slot_posted_seq1[slot] || !(c->slot_rails[slot] & (1u << r))) continue;
-    uint64_t seq = c->slot_posted_seq1[slot] - 1;
-    c->slot_rails[slot] &= ~(1u << r);
-    if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, r);
-    if (mpib_replay_needed(rec->open_seq1[slot], rec->seen[slot], rec->next_seq, seq, r)) {
-      c->slot_replay[slot] = 1;
-      c->slot_replay_rail[slot] = (uint8_t)r;
-      c->replays_waiting++;
-      replays++;
-      tele_leave(c, r, c->slot_rail_bytes[slot][r], completion_now(c)); /* lost on r: the replay counts on the other rail */
-    } else {
-      settled++;
-      tele_complete(c, slot, r, r); /* the receiver has them: delivered by r */
-      slot_try_complete(c, slot);
-    }
+    if (!c->slot_posted_seq1[slot] || !((c->slot_rails[slot] & (1u << r)) | c->slot_replay_on[slot][r])) continue;
+    if (settle_slot(c, slot, r, rec)) replays++;
+    else settled++;
   }
   uint64_t now = mpib_now_ns();
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
@@ -973,7 +1036,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     st->open_seq1[slot] = req ? req->seq + 1 : 0;
-    st->seen[slot] = req ? (uint8_t)req->seen_mask : 0;
+    st->have[slot] = req ? (uint8_t)req->have_mask : 0;
   }
   rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
@@ -1081,8 +1144,11 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
   int slot = (int)(seq % MPIB_MAX_REQUESTS);
   if (c->slot_posted_seq1[slot] != seq + 1) return ncclSuccess; /* already settled by a failover */
   if (id & MPIB_WRID_REPLAY) {
-    c->slot_replay[slot] = 0;
-    tele_complete(c, slot, rail, c->slot_replay_rail[slot]); /* the failed rail's bytes, carried by this one */
+    uint32_t ranges = c->slot_replay_on[slot][rail];
+    if (!ranges) return ncclSuccess;
+    c->slot_replay_on[slot][rail] = 0;
+    for (int range = 0; range < MPIB_NRAILS; range++) /* the lost ranges, carried by this rail */
+      if (ranges & (1u << range)) tele_complete(c, slot, rail, range);
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
@@ -1109,6 +1175,7 @@ static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, st
     }
     req->sizes[r] = got;
   }
+  c->flush_due |= req->wrote_rails;
   req->done = 1;
   c->slot_reqs[slot][0] = NULL;
   c->recvs_open--;
@@ -1126,18 +1193,21 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   if (c->rail[rail].state == MPIB_RAIL_DOWN || c->rail[rail].state == MPIB_RAIL_DEAD) return ncclSuccess;
   struct mpib_request *req = c->slot_reqs[slot][0];
   int replay = mpib_imm_is_replay(wc->imm_data);
-  if (req == NULL || (req->seq & 0xFF) != seq8 || (mask & ~(1u << MPIB_RAIL_SOUT | 1u << MPIB_RAIL_SUP)) ||
-      (!replay && ((req->expected_mask && req->expected_mask != mask) || (req->seen_mask & (1u << rail))))) {
+  /* An original chain on this rail confirms range `rail` of a slot whose full mask is `mask`;
+   * a replay names its ranges in `mask` and the full mask apart. */
+  uint32_t full = replay ? mpib_imm_replay_full(wc->imm_data) : mask;
+  uint32_t ranges = replay ? mask : 1u << rail;
+  int complete = req == NULL || (req->seq & 0xFF) != seq8
+                     ? -1
+                     : mpib_recv_ranges_arrived(&req->expected_mask, &req->have_mask, full, ranges, replay);
+  if (complete < 0) {
     MPIB_WARN("%s rail: completion for slot %u (seq %u, mask %u%s) matches no posted receive", rail_name(rail), slot,
               seq8, mask, replay ? ", replay" : "");
     return ncclRemoteError;
   }
-  if (!replay) { /* a replay carries the whole slot: nothing else is awaited */
-    req->expected_mask = mask;
-    req->seen_mask |= 1u << rail;
-    if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
-    if (req->seen_mask != req->expected_mask) return ncclSuccess;
-  }
+  req->wrote_rails |= 1u << rail;
+  if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
+  if (!complete) return ncclSuccess;
   return recv_finish(c, rail, slot, req, imm_size);
 }
 
@@ -1261,18 +1331,24 @@ static ncclResult_t progress(struct mpib_comm *c) {
   return failover_tick(c);
 }
 
-static ncclResult_t flush_progress(struct mpib_comm *c) {
+/* Flush reads that completed, on every rail (they name their request). A failed one counts
+ * as done and marks the QP for a reset (see mpib_iflush); a rail under the request whose
+ * device died fails the request. */
+static ncclResult_t flush_progress(struct mpib_comm *c, struct mpib_request *req) {
   struct ibv_wc wc;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->flush_cq[rail] || rail_fatal(rail)) continue;
-    int n;
-    while ((n = ibv_poll_cq(c->flush_cq[rail], 1, &wc)) > 0) {
-      /* A flush read that failed on a rail leaving service orders nothing more: it counts. */
-      if (wc.status != IBV_WC_SUCCESS && c->rail[rail].state == MPIB_RAIL_UP) {
-        ncclResult_t res = rail_error(c, rail, &wc);
-        if (res != ncclSuccess) return res;
+    if (!c->flush_cq[rail]) continue;
+    if (rail_fatal(rail)) {
+      if (req->flush_rails & (1u << rail)) return flush_rail_dead(c, rail);
+      continue;
+    }
+    while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {
+      if (wc.status != IBV_WC_SUCCESS && !c->flush_broken[rail]) {
+        c->flush_broken[rail] = 1;
+        MPIB_INFO("%s rail: a flush read failed (%s); ignored, its QP is reset before the next flush", rail_name(rail),
+                  ibv_wc_status_str(wc.status));
       }
-      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_pending--;
+      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_rails &= ~(1u << rail);
     }
   }
   return ncclSuccess;
@@ -1282,9 +1358,9 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   struct mpib_request *req = request;
   struct mpib_comm *c = req->comm;
   *done = 0;
-  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c) : progress(c);
+  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c, req) : progress(c);
   if (res != ncclSuccess) return res;
-  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_pending == 0;
+  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_rails == 0;
   if (!req->done) return comm_health(c);
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;

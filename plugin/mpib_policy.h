@@ -26,9 +26,13 @@ enum { MPIB_MODE_VANILLA = 0, MPIB_MODE_ADVANCED = 1 };
  *   bit  7      the size is in bits 16..31 (a single request below 64 KiB): the write that
  *               carries the immediate carries data and no size record is written
  *   bits 8..15  low 8 bits of the request's FIFO sequence number, checked by the receiver
- *   bits 16..31 the size when bit 7 is set; else bit 16 marks a REPLAY (a whole slot re-sent
- *               on a surviving rail after a failover, see mpib_replay_needed) and bits 17..31
- *               are zero (non-zero means a corrupt peer) */
+ *   bits 16..31 the size when bit 7 is set; else bit 16 marks a REPLAY and bits 17..31 are
+ *               zero (non-zero means a corrupt peer), except in a replay's immediate:
+ * A slot's bytes are cut into at most two byte RANGES, named by the rail that first carried
+ * them (range SOUT: each request's first sout bytes; range SUP: the rest). An original chain
+ * on rail r carries range r, and its immediate's mask (bits 5..6) is the slot's full range
+ * mask. A REPLAY chain (after a failover, see mpib_replay_ranges) carries the ranges in bits
+ * 5..6, whichever rail it travels on, and the slot's full range mask in bits 17..18. */
 #define MPIB_IMM_MASK_SHIFT 5u
 #define MPIB_IMM_SIZE_FLAG 0x80u
 #define MPIB_IMM_SEQ_SHIFT 8u
@@ -45,12 +49,20 @@ static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t se
   return imm;
 }
 
+#define MPIB_IMM_FULL_SHIFT 17u
+
 /* Returns 0 and fills the fields (*size = MPIB_IMM_NO_SIZE when the size travels in the
  * size record), or -1 when imm cannot come from an MPIB sender. */
 static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, uint32_t *seq8, uint32_t *size) {
   uint32_t m = (imm >> MPIB_IMM_MASK_SHIFT) & 0x3u;
   int has_size = (imm & MPIB_IMM_SIZE_FLAG) != 0;
-  if (m == 0 || (!has_size && (imm >> (MPIB_IMM_SIZE_SHIFT + 1)) != 0)) return -1;
+  if (m == 0) return -1;
+  if (!has_size) {
+    uint32_t high = imm >> (MPIB_IMM_SIZE_SHIFT + 1);
+    int replay = (imm & MPIB_IMM_REPLAY_FLAG) != 0;
+    /* a replay names the slot's full mask (non-zero, holding the ranges it carries); nothing else */
+    if (replay ? (high & ~0x3u) != 0 || (m & ~high) != 0 : high != 0) return -1;
+  }
   *slot = imm & 0x1Fu;
   *mask = m;
   *seq8 = (imm >> MPIB_IMM_SEQ_SHIFT) & 0xFFu;
@@ -58,14 +70,37 @@ static inline int mpib_imm_decode(uint32_t imm, uint32_t *slot, uint32_t *mask, 
   return 0;
 }
 
-/* A replay's immediate: the slot's whole content came again on the rails in `mask`. It never
- * carries the size (the replay always writes the size records). */
-static inline uint32_t mpib_imm_encode_replay(uint32_t slot, uint32_t mask, uint64_t seq) {
-  return mpib_imm_encode(slot, mask, seq, MPIB_IMM_NO_SIZE) | MPIB_IMM_REPLAY_FLAG;
+/* A replay's immediate: the byte ranges in `ranges` of the slot whose full range mask is
+ * `full` came again, on whichever rail carries it. It never carries the size (a replay always
+ * writes the size records). */
+static inline uint32_t mpib_imm_encode_replay(uint32_t slot, uint32_t ranges, uint32_t full, uint64_t seq) {
+  return mpib_imm_encode(slot, ranges, seq, MPIB_IMM_NO_SIZE) | MPIB_IMM_REPLAY_FLAG |
+         (full & 0x3u) << MPIB_IMM_FULL_SHIFT;
 }
 
 static inline int mpib_imm_is_replay(uint32_t imm) {
   return (imm & MPIB_IMM_SIZE_FLAG) == 0 && (imm & MPIB_IMM_REPLAY_FLAG) != 0;
+}
+
+/* The slot's full range mask named by a decoded replay immediate. */
+static inline uint32_t mpib_imm_replay_full(uint32_t imm) { return (imm >> MPIB_IMM_FULL_SHIFT) & 0x3u; }
+
+/* Receiver: a write-with-immediate of an open slot arrived, confirming that the byte ranges
+ * `ranges` of a slot whose full range mask is `full` have landed (an original chain on rail r
+ * confirms range r; a replay names its ranges). *expected (0 until the first arrival) and
+ * *have are the receive's. Returns 1 when every range of the slot is confirmed (the receive
+ * completes), 0 while some are missing, -1 when the arrival contradicts the receive (another
+ * full mask, ranges outside it, an original range twice): a corrupt or confused peer. A
+ * replay of a range already confirmed is harmless (the same bytes again) and accepted. A
+ * receive completes only on confirmed ranges, never on "a replay came": a replay may carry
+ * one range while the other's carrier failed too (docs/failover.md, double faults). */
+static inline int mpib_recv_ranges_arrived(uint32_t *expected, uint32_t *have, uint32_t full, uint32_t ranges,
+                                           int replay) {
+  if (full == 0 || (full & ~0x3u) || ranges == 0 || (ranges & ~full) || (*expected && *expected != full)) return -1;
+  if (!replay && (*have & ranges)) return -1;
+  *expected = full;
+  *have |= ranges;
+  return (*have & full) == full;
 }
 
 static inline uint32_t mpib_clamp_sup_bw(uint32_t sup_bw) {
@@ -241,19 +276,25 @@ static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, in
  * + 1) -> PROBING (a zero-byte write per QP) -> UP. DEAD: the device is gone for good. */
 enum { MPIB_RAIL_UP = 0, MPIB_RAIL_FENCING, MPIB_RAIL_DOWN, MPIB_RAIL_RECOVERING, MPIB_RAIL_PROBING, MPIB_RAIL_DEAD };
 
-/* Whether the sender must replay a slot it posted on the failed rail. After fencing the rail
- * the receiver reports, per FIFO slot, the sequence number + 1 of its still-open receive
- * (open_seq1, 0 = none) and the rails whose final write it has seen, and next_seq, the
- * sequence number of the first receive it had not posted yet. A receive that is no longer
- * open, or that saw the failed rail's write, needs nothing (the write landed; only its
- * acknowledgement was lost). One that is open and did not see it, or one posted after the
- * report (the sender may have sent on the rail before it learned of the fence), can no
- * longer complete without a replay (the rail is fenced), so a replay can never land in a
- * buffer the receiver has already handed back to NCCL. */
-static inline int mpib_replay_needed(uint64_t open_seq1, uint32_t seen_mask, uint64_t next_seq, uint64_t slot_seq,
-                                     int failed_rail) {
-  if (slot_seq >= next_seq) return 1;
-  return open_seq1 == slot_seq + 1 && !(seen_mask & (1u << failed_rail));
+/* Sender: which byte ranges of a slot must be replayed after the rail that last carried
+ * `lost` (the ranges whose latest chain, original or replay, went out on it) failed. After
+ * fencing the rail the receiver reports, per FIFO slot, the sequence number + 1 of its
+ * still-open receive (open_seq1, 0 = none) and the ranges it has confirmed (have), and
+ * next_seq, the sequence number of the first receive it had not posted yet.
+ *   - A receive no longer open completed, which it does only with every range confirmed:
+ *     nothing to replay (only acknowledgements were lost).
+ *   - An open one needs the lost ranges it has not confirmed: the rail is fenced, so they can
+ *     no longer arrive by it, and no other chain carries them.
+ *   - One posted after the report (the sender may have used the rail before it learned of the
+ *     fence) needs every lost range.
+ * A replay therefore only goes to a receive that cannot complete without it, never into a
+ * buffer the receiver has handed back to NCCL, and works however many times carriers fail:
+ * each range has at most one live carrier, and a new one only after the old is fenced. */
+static inline uint32_t mpib_replay_ranges(uint64_t open_seq1, uint32_t have, uint64_t next_seq, uint64_t slot_seq,
+                                          uint32_t lost) {
+  if (slot_seq >= next_seq) return lost;
+  if (open_seq1 != slot_seq + 1) return 0;
+  return lost & ~have;
 }
 
 /* Delay before the next attempt to bring a failed rail back: initial_ms doubled per failed
@@ -313,7 +354,7 @@ struct mpib_fence_rec {
   uint64_t fence_gen;
   uint64_t ready_gen;
   uint64_t open_seq1[MPIB_FENCE_SLOTS];
-  uint8_t seen[MPIB_FENCE_SLOTS];
+  uint8_t have[MPIB_FENCE_SLOTS]; /* the open receive's confirmed ranges (mpib_recv_ranges_arrived) */
   uint64_t next_seq;
   uint64_t check;
   uint8_t pad[48];
@@ -326,7 +367,7 @@ static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r)
   h = (h ^ r->ready_gen) * 0xBF58476D1CE4E5B9ull;
   h = (h ^ r->next_seq) * 0xBF58476D1CE4E5B9ull;
   for (int i = 0; i < MPIB_FENCE_SLOTS; i++) {
-    h ^= r->open_seq1[i] + ((uint64_t)r->seen[i] << 56);
+    h ^= r->open_seq1[i] + ((uint64_t)r->have[i] << 56);
     h *= 0x94D049BB133111EBull;
     h ^= h >> 29;
   }

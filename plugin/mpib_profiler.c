@@ -70,7 +70,7 @@ void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void *
 
 void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) {
   void *(*events)[MPIB_NRAILS] = req->comm->prof_event[req->seq % MPIB_MAX_REQUESTS];
-  int complete = req->seen_mask == req->expected_mask;
+  int complete = req->expected_mask && (req->have_mask & req->expected_mask) == req->expected_mask;
   for (int r = 0; r < req->nreqs; r++) {
     for (int k = 0; k < MPIB_NRAILS; k++) {
       if (k == rail || complete) prof_stop(&events[r][k]);

@@ -496,6 +496,29 @@ static int flush_setup(struct mpib_comm *c, int rail) {
   return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc, 0);
 }
 
+/* The flush QP after a read failed on it (it is in the error state): reset and connected to
+ * itself again. Called by iflush before it posts on that rail; a loopback needs no peer. net_ib
+ * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
+ * owns it, so no rebuild thread races a flush. 0 or -errno. */
+int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct ibv_qp *qp = c->flush_qp[rail];
+  struct ibv_wc wc;
+  if (qp == NULL) return -EINVAL;
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -EIO;
+  while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = d->pkey_index;
+  a.port_num = d->port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
+  struct mpib_rail_info self;
+  local_rail_info(c, rail, &self);
+  return qp_connect(c, qp, rail, qp->qp_num, &self, d->active_mtu, c->tc, 0);
+}
+
 static int rail_setup(struct mpib_comm *c, int rail) {
   struct mpib_dev *d = &mpib_g.dev[rail];
   if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;

@@ -40,6 +40,7 @@ void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *f
 }
 int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
+int mpib_flush_qp_reset(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
 /* No rebuild thread here: a recovery would take its in-line path (these tests keep recovery
  * off with a long back-off; the lab's fault tests run the thread). */
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
@@ -235,7 +236,7 @@ static void test_failover(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struc
   rec->fence_gen = c->rail[MPIB_RAIL_SUP].gen;
   rec->next_seq = seq_a + 2;
   rec->open_seq1[seq_a % MPIB_MAX_REQUESTS] = seq_a + 1;
-  rec->seen[seq_a % MPIB_MAX_REQUESTS] = 1u << MPIB_RAIL_SUP; /* A's SUP part arrived */
+  rec->have[seq_a % MPIB_MAX_REQUESTS] = 1u << MPIB_RAIL_SUP; /* A's SUP part arrived */
   rec->open_seq1[(seq_a + 1) % MPIB_MAX_REQUESTS] = seq_a + 2;
   rec->check = mpib_fence_check(rec);
   fake_now += 2000;

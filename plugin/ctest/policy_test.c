@@ -64,35 +64,77 @@ static void test_imm(void) {
   EXPECT_EQ("imm high bits without size flag rejected",
             mpib_imm_decode(mpib_imm_encode(1, 1, 1, MPIB_IMM_NO_SIZE) | 0x20000u, &s, &m, &q, &z), -1);
   EXPECT_EQ("imm garbage rejected", mpib_imm_decode(0xDEADBE1Fu, &s, &m, &q, &z), -1);
-  /* A replay: slot, mask and sequence as usual, no size, the replay bit. */
-  uint32_t rep = mpib_imm_encode_replay(30, 2, 0x1234);
+  /* A replay: slot, the ranges it carries and sequence as usual, no size, the replay bit, the
+   * slot's full range mask in bits 17..18. */
+  uint32_t rep = mpib_imm_encode_replay(30, 2, 3, 0x1234);
   EXPECT_EQ("replay imm decodes", mpib_imm_decode(rep, &s, &m, &q, &z), 0);
   EXPECT_EQ("replay slot", s, 30);
-  EXPECT_EQ("replay mask", m, 2);
+  EXPECT_EQ("replay ranges", m, 2);
+  EXPECT_EQ("replay full mask", mpib_imm_replay_full(rep), 3);
   EXPECT_EQ("replay seq", q, 0x34);
   EXPECT_EQ("replay carries no size", z, MPIB_IMM_NO_SIZE);
   EXPECT_EQ("replay is a replay", mpib_imm_is_replay(rep), 1);
+  EXPECT_EQ("replay of both ranges", mpib_imm_decode(mpib_imm_encode_replay(1, 3, 3, 9), &s, &m, &q, &z) == 0 && m == 3, 1);
+  EXPECT_EQ("replay ranges outside the full mask rejected",
+            mpib_imm_decode(mpib_imm_encode_replay(1, 2, 1, 9), &s, &m, &q, &z), -1);
+  EXPECT_EQ("replay without a full mask rejected",
+            mpib_imm_decode(mpib_imm_encode(1, 2, 9, MPIB_IMM_NO_SIZE) | MPIB_IMM_REPLAY_FLAG, &s, &m, &q, &z), -1);
+  EXPECT_EQ("replay with bits above the full mask rejected",
+            mpib_imm_decode(mpib_imm_encode_replay(1, 2, 3, 9) | (1u << 19), &s, &m, &q, &z), -1);
   EXPECT_EQ("plain imm is no replay", mpib_imm_is_replay(mpib_imm_encode(30, 2, 0x1234, MPIB_IMM_NO_SIZE)), 0);
   /* Bit 16 of an immediate that carries the size is part of the size, not a replay mark. */
   EXPECT_EQ("size 1 is no replay", mpib_imm_is_replay(mpib_imm_encode(3, 1, 7, 1)), 0);
 }
 
+/* Receiver: arrivals of one slot's immediates, in order, and what each returns. */
+static void test_recv_ranges(void) {
+  enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP, B = 3 };
+  static const struct {
+    const char *why;
+    int n;
+    struct { uint32_t full, ranges; int replay, want; } a[4];
+  } cases[] = {
+      {"one rail, original", 1, {{O, O, 0, 1}}},
+      {"split: both originals", 2, {{B, O, 0, 0}, {B, U, 0, 1}}},
+      {"split: SUP replayed on SOUT after SOUT's own", 2, {{B, O, 0, 0}, {B, U, 1, 1}}},
+      {"double fault: a replay of SUP alone never completes a slot missing SOUT", 1, {{B, U, 1, 0}}},
+      {"double fault: both ranges replayed in one chain", 1, {{B, B, 1, 1}}},
+      {"double fault: SUP's replay, then SOUT's", 2, {{B, U, 1, 0}, {B, O, 1, 1}}},
+      {"a replay of a confirmed range is harmless", 3, {{B, U, 0, 0}, {B, U, 1, 0}, {B, O, 1, 1}}},
+      {"an original range twice is a corrupt peer", 2, {{B, O, 0, 0}, {B, O, 0, -1}}},
+      {"another full mask is a corrupt peer", 2, {{B, O, 0, 0}, {U, U, 0, -1}}},
+      {"a range outside the full mask is a corrupt peer", 1, {{O, U, 1, -1}}},
+      {"no range", 1, {{B, 0, 1, -1}}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint32_t expected = 0, have = 0;
+    for (int k = 0; k < cases[i].n; k++)
+      EXPECT_EQ(cases[i].why, mpib_recv_ranges_arrived(&expected, &have, cases[i].a[k].full, cases[i].a[k].ranges,
+                                                       cases[i].a[k].replay),
+                cases[i].a[k].want);
+  }
+}
+
 static void test_failover(void) {
-  enum { SOUT = MPIB_RAIL_SOUT, SUP = MPIB_RAIL_SUP };
-  static const struct { uint64_t open_seq1; uint32_t seen; uint64_t next; uint64_t seq; int rail; int want; const char *why; } cases[] = {
-      {101, 0, 110, 100, SUP, 1, "open, nothing seen: it can only complete by a replay"},
-      {101, 1u << SOUT, 110, 100, SUP, 1, "open, saw only the surviving rail"},
-      {101, 1u << SUP, 110, 100, SUP, 0, "open, saw the failed rail's write: only its ACK was lost"},
-      {101, 3, 110, 100, SUP, 0, "saw both"},
-      {0, 0, 110, 100, SUP, 0, "no open receive in the slot: it completed"},
-      {133, 0, 140, 100, SUP, 0, "the slot holds a later receive: this one completed"},
-      {101, 1u << SUP, 110, 100, SOUT, 1, "SOUT failed, saw only SUP"},
-      {68, 0, 100, 100, SUP, 1, "posted after the report (the receiver fenced first): its rail part is lost"},
-      {0, 0, 100, 131, SUP, 1, "far past the report: lost too"},
+  enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP, B = 3 };
+  static const struct { uint64_t open_seq1; uint32_t have; uint64_t next; uint64_t seq; uint32_t lost, want; const char *why; } cases[] = {
+      {101, 0, 110, 100, U, U, "open, nothing confirmed: SUP's range can only come by a replay"},
+      {101, O, 110, 100, U, U, "open, only the surviving rail's range confirmed"},
+      {101, U, 110, 100, U, 0, "open, the failed rail's range confirmed: only its ACK was lost"},
+      {101, B, 110, 100, U, 0, "both confirmed"},
+      {0, 0, 110, 100, U, 0, "no open receive in the slot: it completed"},
+      {133, 0, 140, 100, U, 0, "the slot holds a later receive: this one completed"},
+      {101, U, 110, 100, O, O, "SOUT failed, only SUP's range confirmed"},
+      {68, 0, 100, 100, U, U, "posted after the report (the receiver fenced first): its range is lost"},
+      {0, 0, 100, 131, U, U, "far past the report: lost too"},
+      {101, 0, 110, 100, B, B, "the replay's carrier failed too: its own range and the replayed one"},
+      {101, U, 110, 100, B, O, "carrier failed, the replayed range had landed: only the carrier's own"},
+      {101, O, 110, 100, B, U, "carrier failed, its own range had landed: the replayed one again"},
+      {0, 0, 110, 100, B, 0, "carrier failed after the receive completed: nothing"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     EXPECT_EQ(cases[i].why,
-              mpib_replay_needed(cases[i].open_seq1, cases[i].seen, cases[i].next, cases[i].seq, cases[i].rail),
+              mpib_replay_ranges(cases[i].open_seq1, cases[i].have, cases[i].next, cases[i].seq, cases[i].lost),
               cases[i].want);
   static const struct { uint32_t attempts; uint64_t want; } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};
   for (size_t i = 0; i < sizeof backoff / sizeof backoff[0]; i++)
@@ -121,12 +163,12 @@ static void test_failover(void) {
   EXPECT_EQ("psn fits 24 bits", mpib_gen_psn(0xFFFFFFFFu) >> 24, 0);
   struct mpib_fence_rec rec = {.fence_gen = 3, .ready_gen = 2};
   rec.open_seq1[5] = 42;
-  rec.seen[5] = 1;
+  rec.have[5] = 1;
   rec.check = mpib_fence_check(&rec);
   uint64_t good = rec.check;
-  rec.seen[5] = 2; /* a torn copy: one field from a newer store */
+  rec.have[5] = 2; /* a torn copy: one field from a newer store */
   EXPECT_EQ("torn record detected", mpib_fence_check(&rec) != good, 1);
-  rec.seen[5] = 1;
+  rec.have[5] = 1;
   rec.fence_gen = 4;
   EXPECT_EQ("record generation covered", mpib_fence_check(&rec) != good, 1);
 }
@@ -319,6 +361,7 @@ static void test_whole_message(void) {
 }
 
 int main(void) {
+  test_recv_ranges();
   test_failover();
   test_idle_probe();
   test_whole_message();
