@@ -1086,7 +1086,12 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   if (cmd == MPIB_NOTICE_UP && gen == rc->gen && rc->state == MPIB_RAIL_RECOVERING) {
     rc->state = MPIB_RAIL_UP;
     publish_rail_state(c, r);
-    if (c->cts_rail_pref == r) c->cts_rail = r;
+    /* The CTS stays on the rail that took it over: moving it back would let a CTS still queued
+     * there (retransmitted after a stall) land after a newer CTS of the same FIFO slot sent on
+     * this rail and overwrite it (the sender then waits forever), and a CTS still queued there
+     * when that rail fails later would be flushed and never reposted (only the CTS rail's
+     * failure reposts the open slots). Found by plugin/ctest/replay_model_test.c. A CTS write
+     * is a few dozen bytes: which rail carries it costs nothing. */
     MPIB_INFO("%s rail: back in service (generation %u)", rail_name(r), gen);
   }
   return ncclSuccess;
