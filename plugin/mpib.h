@@ -100,6 +100,7 @@ struct mpib_global {
   int failover;             /* MPIB_FAILOVER: a failed rail's traffic moves to the other rail */
   uint64_t recovery_backoff_ms, recovery_backoff_max_ms;
   uint64_t failover_timeout_ms; /* how long a sender waits for the receiver's fence record */
+  uint64_t stall_timeout_ms;    /* MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once) */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
   /* Properties reported to NCCL. */
@@ -251,6 +252,11 @@ struct mpib_comm {
   uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS]; /* sender: seq + 1 of the posted slot, 0 = none */
   uint32_t slot_sout[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS]; /* sender: each request's SOUT bytes */
   uint64_t tcp_notice[MPIB_NRAILS]; /* receiver: the last notice per rail that came over TCP */
+  /* Sender: the receiver's records that came over the control socket (sent there when no
+   * rail can carry them; the checksum rejects a copy torn by the control plane's write). */
+  struct mpib_fence_rec tcp_rec[MPIB_NRAILS];
+  uint64_t stall_since_ns; /* no rail of the connection works since (0: one does); see ride_through */
+  int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
   int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
 
   /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
@@ -420,6 +426,8 @@ int mpib_flush_qp_reset(struct mpib_comm *c, int rail);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
+/* A fence record about a rail that arrived on the control socket (sizeof(struct mpib_fence_rec) bytes). */
+void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec);
 /* The peer said over the control socket that its side failed: waiting requests fail now. */
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */

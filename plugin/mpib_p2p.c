@@ -73,6 +73,7 @@ static int rail_usable(const struct mpib_comm *c, int r);
 static ncclResult_t progress(struct mpib_comm *c);
 
 static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
+static void notify_peer_failed(struct mpib_comm *c);
 
 static ncclResult_t comm_health_check(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
@@ -88,15 +89,25 @@ static ncclResult_t comm_health_check(struct mpib_comm *c) {
     }
   }
   uint64_t gone = __atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE);
-  if (gone && mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS)
+  /* With no rail working nothing is on its way: a peer gone then fails the requests at once. */
+  if (gone && (c->stall_since_ns || mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS))
     return comm_failed(c, "the peer closed the connection with requests still waiting", " (its process exited or aborted)");
+  if (c->stall_since_ns && mpib_now_ns() - c->stall_since_ns > mpib_g.stall_timeout_ms * 1000000ull) {
+    if (!c->failure_reported)
+      MPIB_WARN("ride-through: side=%s no rail of this connection came back within MPIB_STALL_TIMEOUT_MS=%llu: failing it",
+                c->is_send ? "send" : "recv", (unsigned long long)mpib_g.stall_timeout_ms);
+    c->failure_reported = 1;
+    notify_peer_failed(c);
+    return ncclRemoteError;
+  }
   return ncclSuccess;
 }
 
 /* Runs on every call that finds nothing to do: with both devices alive and the peer there it
  * costs three loads, in line. */
 static inline ncclResult_t comm_health(struct mpib_comm *c) {
-  if (!rail_fatal(MPIB_RAIL_SOUT) && !rail_fatal(MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE))
+  if (!rail_fatal(MPIB_RAIL_SOUT) && !rail_fatal(MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) &&
+      !c->stall_since_ns)
     return ncclSuccess;
   return comm_health_check(c);
 }
@@ -431,6 +442,10 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
                         void **request) {
   struct mpib_comm *c = sendComm;
   *request = NULL;
+  if (c->stall_since_ns) { /* no rail works: nothing can be posted; NCCL calls again */
+    ncclResult_t res = progress(c);
+    if (res != ncclSuccess || c->stall_since_ns) return res != ncclSuccess ? res : comm_health(c);
+  }
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   uint64_t want = c->fifo_head + 1;
   if (c->cts_snap_seq[slot] != want) { /* the slot's CTS is read and checked once */
@@ -573,7 +588,9 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   }
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
   int rail = c->cts_rail;
-  int rc = post_cts(c, slot, rail, n, slot == 0);
+  int rc = 0;
+  if (c->stall_since_ns && !rail_usable(c, rail)) c->cts_repost_due = 1; /* written when a rail is back */
+  else rc = post_cts(c, slot, rail, n, slot == 0);
   if (rc) {
     MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
     if (!mpib_g.failover || !rail_usable(c, 1 - rail)) {
@@ -724,15 +741,28 @@ static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
     for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
     (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   }
+  /* No working rail to carry it (a RECOVER while the other rail is out too, a FAIL with no
+   * rail left): the control socket alone does (ride-through). */
+  if (!rail_usable(c, via) && c->ctrl_fd >= 0) return ncclSuccess;
   return post_control(c, via, stage, c->area_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
 }
 
-/* Receiver -> sender: its fence record of rail r, carried by the other rail. */
+/* Receiver -> sender: its fence record of rail r, carried by the other rail and, like the
+ * notices, the control socket ('R' rail record: the sender takes whichever copy names the
+ * generation it waits for); the socket alone when no rail works (ride-through). */
 static ncclResult_t post_record(struct mpib_comm *c, int r) {
   int via = 1 - r;
-  if (!rail_usable(c, via)) return rail_fail(c, via, "completion-error", "no rail left for the fence record");
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->check = mpib_fence_check(st);
+  if (c->ctrl_fd >= 0) {
+    uint8_t msg[2 + sizeof *st] = {'R', (uint8_t)r};
+    memcpy(msg + 2, st, sizeof *st);
+    (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  if (!rail_usable(c, via)) {
+    if (c->ctrl_fd >= 0) return ncclSuccess;
+    return rail_fail(c, via, "completion-error", "no rail left for the fence record");
+  }
   return post_control(c, via, st, c->area_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
 }
 
@@ -750,12 +780,51 @@ static int repost_open_cts(struct mpib_comm *c, int rail) {
   return 0;
 }
 
+/* Ride-through: when no rail of the connection works (vanilla inter-island has only SOUT; both
+ * rails faulted), requests stall instead of failing. The failed rail is fenced and settled as
+ * in a failover, with the notices and the receiver's records over the control socket; the
+ * rails are retried as usual, and the first one back carries the open slots' replays (and the
+ * receiver's CTS). The connection fails on both ends only after MPIB_STALL_TIMEOUT_MS, or at
+ * once when the peer is gone. net_ib, with its 20/7 RC budget (~34 s), rides out a stall
+ * shorter than that on the same QPs and fails after it; MPIB detects in ~0.7 s (the fast
+ * failover where a rail survives) and then waits up to the stall timeout. */
+static int ride_through_possible(const struct mpib_comm *c) {
+  return mpib_g.failover && mpib_g.stall_timeout_ms > 0 && c->ctrl_fd >= 0;
+}
+
+static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason);
+
+static ncclResult_t ride_through(struct mpib_comm *c, int r, const char *reason, const char *detail) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
+  if (retrying) rc->attempts++;
+  if (!c->stall_since_ns) {
+    c->stall_since_ns = mpib_now_ns();
+    if (!c->stall_since_ns) c->stall_since_ns = 1;
+  }
+  if (!retrying || rc->attempts <= 3)
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): no rail works; "
+              "requests stall up to MPIB_STALL_TIMEOUT_MS=%llu for one to come back",
+              rail_name(r), c->is_send ? "send" : "recv", (unsigned long long)wall_ms(), reason, rc->gen, detail,
+              (unsigned long long)mpib_g.stall_timeout_ms);
+  return fence_rail(c, r, reason);
+}
+
+/* A rail came back (UP): a stalled connection resumes. */
+static void stall_end(struct mpib_comm *c, int r) {
+  if (!c->stall_since_ns) return;
+  MPIB_WARN("ride-through: side=%s resumed on %s after %llu ms", c->is_send ? "send" : "recv", rail_name(r),
+            (unsigned long long)((mpib_now_ns() - c->stall_since_ns) / 1000000ull));
+  c->stall_since_ns = 0;
+}
+
 /* Takes rail r out of service for this connection. Without another usable rail (or with
- * MPIB_FAILOVER=0) the connection fails, and the peer is told. */
+ * MPIB_FAILOVER=0) the connection rides through (above) or fails, and the peer is told. */
 static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   int s = 1 - r;
   const char *side = c->is_send ? "send" : "recv";
+  if (!rail_usable(c, s) && ride_through_possible(c)) return ride_through(c, r, reason, detail);
   if (!mpib_g.failover || !rail_usable(c, s)) {
     if (!c->failure_reported)
       MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): %s",
@@ -767,18 +836,31 @@ static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, co
   }
   int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
   if (retrying) rc->attempts++;
+  if (!retrying || rc->attempts <= 3)
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
+              (unsigned long long)wall_ms(), reason, rail_name(s), rc->gen, detail);
+  return fence_rail(c, r, reason);
+}
+
+/* The failed rail leaves service: its QPs forced to the error state, the receiver's CTS moved
+ * to a rail that works (or written again once one does), the receiver told (sender). */
+static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  int s = 1 - r;
+  int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
   rc->state = MPIB_RAIL_FENCING;
   rc->since_ns = mpib_now_ns();
   rc->keepalive_out = 0;
   if (!retrying) publish_rail_state(c, r);
-  if (!retrying || rc->attempts <= 3)
-    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", rail_name(r), side,
-              (unsigned long long)wall_ms(), reason, rail_name(s), rc->gen, detail);
   if (!rail_fatal(r)) mpib_rail_to_error(c, r);
   if (!c->is_send && c->cts_rail == r) {
-    c->cts_rail = s;
-    int e = repost_open_cts(c, s);
-    if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
+    if (rail_usable(c, s)) {
+      c->cts_rail = s;
+      int e = repost_open_cts(c, s);
+      if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
+    } else {
+      c->cts_repost_due = 1; /* the first rail back takes the CTS */
+    }
   }
   if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);
   return ncclSuccess;
@@ -832,6 +914,7 @@ static uint64_t next_retry_ns(const struct mpib_rail_ctl *rc, uint64_t now) {
  * completes the slot once all of them are (mpib_recv_ranges_arrived). */
 static ncclResult_t post_replays(struct mpib_comm *c) {
   int s = rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+  if (!rail_usable(c, s) && c->stall_since_ns) return ncclSuccess; /* riding through: the first rail back */
   for (int slot = 0; slot < MPIB_MAX_REQUESTS && c->replays_waiting > 0; slot++) {
     uint32_t ranges = c->slot_replay_wait[slot];
     if (ranges == 0) continue;
@@ -899,10 +982,11 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   return post_replays(c);
 }
 
-/* Copies the receiver's record of rail r, which names the current generation in the given
- * field (fence or ready); 1 when the copy is complete (its checksum holds). */
-static int read_record_check(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
-  volatile struct mpib_fence_rec *in = fence_rec(c, r);
+/* Copies the receiver's record of rail r (`in`: the RDMA-written copy or the control socket's),
+ * which names the current generation in the given field (fence or ready); 1 when the copy is
+ * complete (its checksum holds). */
+static int read_record_check(struct mpib_comm *c, int r, int ready, volatile struct mpib_fence_rec *in,
+                             struct mpib_fence_rec *out) {
   uint64_t want = c->rail[r].gen;
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   memcpy(out, (const void *)in, sizeof *out);
@@ -913,9 +997,10 @@ static int read_record_check(struct mpib_comm *c, int r, int ready, struct mpib_
  * in the given field (fence or ready). The sender looks for a fence on every progress call:
  * the common answer (no record for this generation) is one load, in line. */
 static inline int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
-  volatile struct mpib_fence_rec *in = fence_rec(c, r);
-  if ((ready ? in->ready_gen : in->fence_gen) != c->rail[r].gen) return 0;
-  return read_record_check(c, r, ready, out);
+  volatile struct mpib_fence_rec *in = fence_rec(c, r), *tcp = &c->tcp_rec[r];
+  if ((ready ? in->ready_gen : in->fence_gen) == c->rail[r].gen && read_record_check(c, r, ready, in, out)) return 1;
+  if ((ready ? tcp->ready_gen : tcp->fence_gen) != c->rail[r].gen) return 0;
+  return read_record_check(c, r, ready, tcp, out);
 }
 
 /* Sender: the rail's QPs were rebuilt (e == 0): ask the receiver to do the same. A failure
@@ -975,6 +1060,7 @@ static ncclResult_t probe_done(struct mpib_comm *c, int r) {
   MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", rail_name(r),
             (unsigned long long)wall_ms(), rc->gen, rc->attempts);
   rc->attempts = 0;
+  stall_end(c, r);
   return post_notice(c, r, MPIB_NOTICE_UP);
 }
 
@@ -1004,7 +1090,8 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
     uint64_t port_back = __atomic_load_n(&mpib_g.dev[r].port_change_ns, __ATOMIC_RELAXED);
     int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
-    if (due && !rail_down(r) && !rail_fatal(r) && rail_usable(c, 1 - r)) return send_recover(c, r, now);
+    /* Without a working other rail only when the control socket can carry the handshake. */
+    if (due && !rail_down(r) && !rail_fatal(r) && (rail_usable(c, 1 - r) || c->ctrl_fd >= 0)) return send_recover(c, r, now);
     return ncclSuccess;
   }
   case MPIB_RAIL_RECOVERING:
@@ -1093,6 +1180,13 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
      * failure reposts the open slots). Found by plugin/ctest/replay_model_test.c. A CTS write
      * is a few dozen bytes: which rail carries it costs nothing. */
     MPIB_INFO("%s rail: back in service (generation %u)", rail_name(r), gen);
+    stall_end(c, r);
+    if (c->cts_repost_due) { /* the CTS of every open slot, lost with the rails, on the first one back */
+      c->cts_repost_due = 0;
+      c->cts_rail = r;
+      int e = repost_open_cts(c, r);
+      if (e) return comm_failed(c, "reposting the CTS on the returning rail failed: ", strerror(e));
+    }
   }
   return ncclSuccess;
 }

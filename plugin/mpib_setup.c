@@ -791,6 +791,12 @@ void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
   if (rail >= 0 && rail < MPIB_NRAILS) __atomic_store_n(&c->tcp_notice[rail], word, __ATOMIC_RELEASE);
 }
 
+void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec) {
+  if (rail < 0 || rail >= MPIB_NRAILS) return;
+  memcpy(&c->tcp_rec[rail], rec, sizeof c->tcp_rec[rail]);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
 static void rail_destroy(struct mpib_comm *c, int r) {
   if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
   if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);

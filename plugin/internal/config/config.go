@@ -42,6 +42,7 @@ var Knobs = []Knob{
 	{"MPIB_RECOVERY_BACKOFF_MS", "250", "first retry of a failed rail after this long, doubling per failed attempt (a port that comes back up is retried at once)"},
 	{"MPIB_RECOVERY_BACKOFF_MAX_MS", "2000", "the longest wait between retries of a failed rail; retries never stop"},
 	{"MPIB_FAILOVER_TIMEOUT_MS", "5000", "how long the sender waits for the receiver's answer to a recovery attempt before it retries, and for its fence record before it logs the wait (it keeps waiting: a dead peer is caught by the control socket)"},
+	{"MPIB_STALL_TIMEOUT_MS", "30000", "how long a connection none of whose rails works (both faulted, or the only one of an inter-island connection) stalls, retrying them, before it fails on both ends; 0 fails it at once (docs/failover.md, ride-through)"},
 	{"MPIB_IB_TC", "(unset)", "traffic class of the connection (the IP TOS byte on RoCE); wins over NCCL_IB_TC and NCCL's per-communicator class"},
 	{"MPIB_IB_SL", "(unset)", "service level of the connection; wins over NCCL_IB_SL"},
 	{"MPIB_RELAXED_ORDERING", "(unset)", "1 = register memory with relaxed ordering, 0 = strict; wins over NCCL_IB_PCI_RELAXED_ORDERING"},
@@ -103,6 +104,7 @@ type Config struct {
 	RecoveryBackoffMS  int
 	RecoveryBackoffMax int
 	FailoverTimeoutMS  int
+	StallTimeoutMS     int // MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once)
 	GDRFlushDisable    bool
 }
 
@@ -135,6 +137,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		RecoveryBackoffMS:  p.int("MPIB_RECOVERY_BACKOFF_MS", 250, 1, 3600000),
 		RecoveryBackoffMax: p.int("MPIB_RECOVERY_BACKOFF_MAX_MS", 2000, 1, 3600000),
 		FailoverTimeoutMS:  p.int("MPIB_FAILOVER_TIMEOUT_MS", 5000, 100, 3600000),
+		StallTimeoutMS:     p.int("MPIB_STALL_TIMEOUT_MS", 30000, 0, 3600000),
 		IBTC:               p.first(-1, 0, 255, "MPIB_IB_TC", "NCCL_IB_TC"),
 		IBSL:               p.first(-1, 0, 15, "MPIB_IB_SL", "NCCL_IB_SL"),
 		FifoTC:             p.int("NCCL_IB_FIFO_TC", -1, 0, 255),

@@ -28,7 +28,7 @@ func TestParseDefaults(t *testing.T) {
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: DefaultShmPath(),
 		AgentStaleMS: 500, IBTimeout: 15, IBRetryCnt: 4, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
-		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000,
+		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000, StallTimeoutMS: 30000,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
