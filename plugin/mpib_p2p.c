@@ -842,26 +842,34 @@ static ncclResult_t rail_fail(struct mpib_comm *c, int r, const char *reason, co
   return fence_rail(c, r, reason);
 }
 
+/* Receiver: rail r is out of service: when it carried the CTS, every open slot's CTS is
+ * written again on the other rail (writes still queued on r are lost with its QPs), or on the
+ * first rail back when none works. */
+static ncclResult_t recv_leave_cts_rail(struct mpib_comm *c, int r) {
+  int s = 1 - r;
+  if (c->cts_rail != r) return ncclSuccess;
+  if (!rail_usable(c, s)) {
+    c->cts_repost_due = 1;
+    return ncclSuccess;
+  }
+  c->cts_rail = s;
+  int e = repost_open_cts(c, s);
+  if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
+  return ncclSuccess;
+}
+
 /* The failed rail leaves service: its QPs forced to the error state, the receiver's CTS moved
  * to a rail that works (or written again once one does), the receiver told (sender). */
 static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  int s = 1 - r;
   int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
   rc->state = MPIB_RAIL_FENCING;
   rc->since_ns = mpib_now_ns();
   rc->keepalive_out = 0;
   if (!retrying) publish_rail_state(c, r);
   if (!rail_fatal(r)) mpib_rail_to_error(c, r);
-  if (!c->is_send && c->cts_rail == r) {
-    if (rail_usable(c, s)) {
-      c->cts_rail = s;
-      int e = repost_open_cts(c, s);
-      if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
-    } else {
-      c->cts_repost_due = 1; /* the first rail back takes the CTS */
-    }
-  }
+  ncclResult_t res = c->is_send ? ncclSuccess : recv_leave_cts_rail(c, r);
+  if (res != ncclSuccess) return res;
   if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);
   return ncclSuccess;
 }
@@ -1152,6 +1160,11 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (rail_fatal(r)) return ncclSuccess;
+  if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
+    rc->state = MPIB_RAIL_DOWN;   /* never came up at connect): what is queued on it dies with the reset */
+    ncclResult_t res = recv_leave_cts_rail(c, r);
+    if (res != ncclSuccess) return res;
+  }
   rc->state = MPIB_RAIL_DOWN; /* completions of the old generation are dropped by the drain */
   ncclResult_t res = drain_rail(c, r);
   if (res != ncclSuccess) return res;
@@ -1169,6 +1182,13 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   }
   int live = rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_RECOVERING;
   if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && live) return rail_fail(c, r, "peer-notice", "the sender failed it");
+  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && rc->state == MPIB_RAIL_DOWN) {
+    /* A rail this side never brought up (a degraded start: its QPs never reached RTR) while the
+     * sender's did: the sender waits for a record of it. Nothing can have arrived on it. */
+    rc->state = MPIB_RAIL_FENCING;
+    rc->since_ns = now - MPIB_FENCE_SETTLE_NS;
+    return ncclSuccess;
+  }
   if (cmd == MPIB_NOTICE_RECOVER && gen > rc->gen) return recv_recover(c, r, gen, now);
   if (cmd == MPIB_NOTICE_UP && gen == rc->gen && rc->state == MPIB_RAIL_RECOVERING) {
     rc->state = MPIB_RAIL_UP;

@@ -652,33 +652,62 @@ static uint8_t qp_traffic_class(const struct mpib_comm *c) {
   return c->tc;
 }
 
+/* One rail's QPs to the peer's: 0 or the first QP's -errno. */
+static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
+  c->rem_rkey[r] = remote->rail[r].rkey;
+  enum ibv_mtu mtu = mpib_g.dev[r].active_mtu;
+  if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
+  c->rem_rail[r] = remote->rail[r];
+  c->rail_mtu[r] = mtu;
+  if (mpib_g.dev[r].fatal) return -ENODEV;
+  if (mpib_g.dev[r].link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
+                        qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
+    if (rc) {
+      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r), c->qps[base + i].qp->qp_num,
+                remote->rail[r].qpn[i], strerror(-rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* Brings the comm's QPs up against the peer's. A rail that cannot come up (its port is down:
+ * RoCE cannot resolve the peer's address; its device died) does not fail the connection when
+ * the other rail came up and failover is on: the comm starts with the rail DOWN, carries
+ * everything on the other, and the sender's recovery brings the rail in when it works
+ * (docs/failover.md, degraded start). NCCL connects lazily, mid-job: a lost rail must not fail
+ * every new connection. The peer finds the rail out of service by itself (its first write or
+ * CTS there fails over). */
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) {
   c->rem_addr = remote->buf_addr;
   if (!c->is_send) {
     c->tc = remote->tc; /* both ends use the sender's class and level */
     c->sl = remote->sl;
   }
-  int base = 0;
+  int base = 0, up = 0, down = -1, err = 0;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
     if (remote->nqps[r] != c->nqps[r]) return -EPROTO;
-    c->rem_rkey[r] = remote->rail[r].rkey;
-    enum ibv_mtu mtu = mpib_g.dev[r].active_mtu;
-    if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
-    c->rem_rail[r] = remote->rail[r];
-    c->rail_mtu[r] = mtu;
-    if (mpib_g.dev[r].link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
-    for (uint32_t i = 0; i < c->nqps[r]; i++) {
-      int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
-                          qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
-      if (rc) {
-        MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r),
-                  c->qps[base + i].qp->qp_num, remote->rail[r].qpn[i], strerror(-rc));
-        return rc;
-      }
-    }
+    int rc = rail_connect(c, r, base, remote);
     base += (int)c->nqps[r];
+    if (rc == 0) {
+      up++;
+    } else {
+      down = r;
+      err = rc;
+    }
   }
+  if (down < 0) return 0;
+  if (up == 0 || !mpib_g.failover) return err;
+  struct mpib_rail_ctl *rc = &c->rail[down];
+  rc->state = mpib_g.dev[down].fatal ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->since_ns = mpib_now_ns();
+  rc->retry_at_ns = rc->since_ns + mpib_g.recovery_backoff_ms * 1000000ull;
+  if (c->cts_rail == down) c->cts_rail = 1 - down;
+  MPIB_INFO("%s comm: connection started degraded: the %s rail could not come up (%s); everything rides %s until it "
+            "joins", c->is_send ? "send" : "recv", rail_name(down), strerror(-err), rail_name(1 - down));
   return 0;
 }
 
@@ -919,7 +948,9 @@ int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr
   if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     struct mpib_dev *d = &mpib_g.dev[r];
-    if (!d->pd) continue;
+    /* A dead device never carries data again in this process: the buffer is registered on
+     * the rails that work (the data path never posts on a dead rail). */
+    if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;
     if (fd >= 0) {
       mh->mr[r] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
     } else {

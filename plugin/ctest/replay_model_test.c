@@ -436,11 +436,23 @@ static void dump(struct mpib_comm *s, struct mpib_comm *r, long sp, long sd, lon
   }
 }
 
+/* A degraded start (mpib_comm_connect): `side`'s QPs of `rail` never came up, so its comm
+ * starts with the rail DOWN; -1: none. */
+static int degraded_side = -1, degraded_rail;
+
 static struct outcome run(const struct fault *f, int nf) {
   fabric_reset();
   struct mpib_comm *s = make_comm(SEND), *r = make_comm(RECV);
   s->rem_addr = (uint64_t)(uintptr_t)r->sizes;
   r->rem_addr = (uint64_t)(uintptr_t)s->cts;
+  if (degraded_side >= 0) {
+    struct mpib_comm *d = comm_of[degraded_side];
+    fq[degraded_side * 2 + degraded_rail].err = 1; /* never left INIT: drops what arrives */
+    d->rail[degraded_rail].state = MPIB_RAIL_DOWN;
+    d->rail[degraded_rail].since_ns = fake_now;
+    d->rail[degraded_rail].retry_at_ns = fake_now + mpib_g.recovery_backoff_ms * 1000000ull;
+    if (d->cts_rail == degraded_rail) d->cts_rail = 1 - degraded_rail;
+  }
   struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr}};
   struct mpib_request *sopen[NSRC], *ropen[NBUF];
   long sposted = 0, sdone = 0, rposted = 0, rdone = 0;
@@ -543,6 +555,24 @@ int main(void) {
                 o.send_error, o.recv_error, o.hang, wrong_bytes - wrong0, stray_bytes - stray0);
     }
   printf("replay-model: permanent_outages=%d both_ends_failed=%d hangs=0\n", permanent, permanent - permanent_bad);
+  /* Degraded starts: one end's rail never came up at connect (its port was down), the other
+   * end's did; the rail joins later. With and without a fault on the other rail meanwhile. */
+  mpib_g.stall_timeout_ms = 30000;
+  int degraded = 0, degraded_bad = 0;
+  for (degraded_side = 0; degraded_side < 2; degraded_side++)
+    for (degraded_rail = 0; degraded_rail < MPIB_NRAILS; degraded_rail++)
+      for (int k = 0; k < 2; k++) {
+        struct fault f = {1 - degraded_rail, FWD | REV, 400, 300};
+        long wrong0 = wrong_bytes, stray0 = stray_bytes;
+        struct outcome o = run(&f, k);
+        degraded++;
+        if ((!o.completed || wrong_bytes != wrong0 || stray_bytes != stray0) && degraded_bad++ < 4)
+          fprintf(stderr, "FAIL degraded start: side %d rail %d fault %d: completed=%d hang=%d send_error=%d recv_error=%d\n",
+                  degraded_side, degraded_rail, k, o.completed, o.hang, o.send_error, o.recv_error);
+      }
+  degraded_side = -1;
+  printf("replay-model: degraded_starts=%d completed=%d\n", degraded, degraded - degraded_bad);
+  CHECK(degraded_bad == 0, "%d of %d degraded starts did not complete", degraded_bad, degraded);
   CHECK(permanent_bad == 0, "%d of %d permanent outages did not fail both ends within the stall timeout", permanent_bad, permanent);
   return failures ? 1 : 0;
 }
