@@ -222,10 +222,13 @@ func TestFaultRideThrough(t *testing.T) {
 
 // TestFaultConnectAfterLoss: a connection made while a rail is lost comes up on the other rail
 // (NCCL connects lazily, mid-job), with its buffers registered, and the rail joins it when it
-// returns. SUP: a1's SUP link down before the drivers start (vanilla intra-island: SUP is the
-// data rail; RoCE cannot resolve the peer, so the connect's RTR on SUP fails). SOUT: its RoCE
-// dropped both ways at both ends (the control socket shares SOUT's netdev and must live;
-// advanced mode with both rails busy). The rail comes back 3 s after the first message.
+// returns. The rail's RoCE is dropped both ways at both ends before the drivers start (the
+// control socket shares SOUT's netdev and must live; a link taken down before a process starts
+// fails its init, which needs active ports, and on rxe takes the netdev's GIDs with it), so the
+// new connection's first use of the rail fails it over; SUP in vanilla mode (the data rail
+// intra-island), SOUT in advanced mode with both rails busy. The rail comes back 3 s after
+// traffic began. A rail whose QPs cannot even reach RTR at connect (a port down in a running
+// process) starts the connection degraded (mpib_comm_connect): the model test's degraded starts.
 //
 //	fault: case=connect-after-loss rail=R pair=a1-a2 connected=true verified=true rail_joined_ms=N
 func TestFaultConnectAfterLoss(t *testing.T) {
@@ -238,8 +241,9 @@ func TestFaultConnectAfterLoss(t *testing.T) {
 		prep       []timedFault
 		restore    []timedFault
 	}{
-		{SUP, SOUT, "vanilla", []timedFault{{0, a1, linkDownCmd(a1, SUP)}},
-			[]timedFault{{3 * time.Second, a1, "ip link set dev " + a1.Netdev(SUP) + " up"}}},
+		{SUP, SOUT, "vanilla", []timedFault{{0, a1, rocePrep(a1, SUP) + "; " + roceSwitch("drop", SUP)},
+			{0, a2, rocePrep(a2, SUP) + "; " + roceSwitch("drop", SUP)}},
+			[]timedFault{{3 * time.Second, a2, roceSwitch("pass", SUP)}, {3 * time.Second, a1, roceSwitch("pass", SUP)}}},
 		{SOUT, SUP, "advanced", []timedFault{{0, a1, rocePrep(a1, SOUT) + "; " + roceSwitch("drop", SOUT)},
 			{0, a2, rocePrep(a2, SOUT) + "; " + roceSwitch("drop", SOUT)}},
 			[]timedFault{{3 * time.Second, a2, roceSwitch("pass", SOUT)}, {3 * time.Second, a1, roceSwitch("pass", SOUT)}}},
