@@ -7,14 +7,17 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
 
 // The demo (go run mage.go demo): traffic between and inside the islands in vanilla mode,
-// then advanced mode with the Go agent moving the a1->a2 split live, while a1's per-rail
-// throughput is shown every second. Runs only with MPIB_DEMO=1; the timeline goes to
-// $MPIB_DEMO_OUT/timeline.json for the chart.
+// then advanced mode with the Go agent moving the a1->a2 split live, then a1's SUP link cut
+// and brought back while a1->a2 runs (the failover to SOUT and the return), while a1's
+// per-rail throughput is shown every second. Runs only with MPIB_DEMO=1; the timeline goes to
+// $MPIB_DEMO_OUT/timeline.json for the chart (samples carry the events: the cut, the
+// failover, the link's return and the rail back in service).
 
 type demoSample struct {
 	T       float64 `json:"t"`
@@ -22,6 +25,13 @@ type demoSample struct {
 	Hint    int     `json:"hint"`
 	SoutBps float64 `json:"sout_mbps"`
 	SupBps  float64 `json:"sup_mbps"`
+	Event   string  `json:"event,omitempty"`
+}
+
+// demoEvent is a moment of the failover phase, in the test's clock (seconds from the start).
+type demoEvent struct {
+	t    float64
+	what string
 }
 
 func TestDemo(t *testing.T) {
@@ -113,8 +123,20 @@ func TestDemo(t *testing.T) {
 		time.Sleep(6 * time.Second)
 	}
 	waitAll(c3, s3)
-	stopWatch()
 	beat.Kill(ctx)
+
+	fmt.Println("demo: phase 3, failover (MPIB_MODE=0): a1's SUP link is cut while a1->a2 runs, and comes back")
+	phase, hint = "failover", -1
+	events := demoFailover(ctx, t, a1, a2, start, bw)
+	stopWatch()
+	for _, e := range events {
+		for i := range timeline {
+			if timeline[i].T >= e.t {
+				timeline[i].Event = strings.TrimSpace(timeline[i].Event + " " + e.what)
+				break
+			}
+		}
+	}
 
 	if dir := os.Getenv("MPIB_DEMO_OUT"); dir != "" {
 		b, _ := json.MarshalIndent(timeline, "", "  ")
@@ -122,6 +144,49 @@ func TestDemo(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// demoFailover cuts a1's SUP link 8 s into a vanilla a1->a2 transfer and brings it back 8 s
+// later; the failover and the recovery come from the plugin's own lines (their unix ms, mapped
+// to the test's clock through the node's clock read at the cut).
+func demoFailover(ctx context.Context, t *testing.T, a1, a2 *Node, start time.Time,
+	bw func(server, client *Node, env []string, seconds int) (*Process, *Process)) []demoEvent {
+	s, c := bw(a2, a1, []string{"MPIB_FAILOVER=1"}, 28)
+	time.Sleep(8 * time.Second)
+	host := time.Now()
+	node, err := nodeStamp(ctx, a1, linkDownCmd(a1, SUP))
+	if err != nil {
+		t.Fatalf("cutting SUP: %v", err)
+	}
+	at := func(nodeMS int64) float64 { return host.Sub(start).Seconds() + float64(nodeMS-node)/1000 }
+	events := []demoEvent{{at(node), "SUP cut"}}
+	fmt.Printf("demo: t=%5.1fs SUP cut (a1's SUP link down)\n", events[0].t)
+	time.Sleep(8 * time.Second)
+	back, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up")
+	if err != nil {
+		t.Fatalf("restoring SUP: %v", err)
+	}
+	events = append(events, demoEvent{at(back), "SUP back"})
+	fmt.Printf("demo: t=%5.1fs SUP link up again\n", at(back))
+	_, errOut, code, err := c.Wait(ctx)
+	if err != nil || code != 0 {
+		t.Fatalf("demo failover transfer failed: exit %d %v\n%s", code, err, tail(errOut, 2000))
+	}
+	if _, _, code, err := s.Wait(ctx); err != nil || code != 0 {
+		t.Fatalf("demo failover receiver failed: exit %d %v", code, err)
+	}
+	for _, e := range parseRailEvents("a1", errOut) {
+		if e.side != "send" || e.rail != SUP {
+			continue
+		}
+		what := "failover to " + e.continued
+		if e.kind == "recovery" {
+			what = "SUP in service"
+		}
+		events = append(events, demoEvent{at(e.ms), what})
+		fmt.Printf("demo: t=%5.1fs %s (the plugin's %s line)\n", at(e.ms), what, e.kind)
+	}
+	return events
 }
 
 func bar(mbps float64) string {

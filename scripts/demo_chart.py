@@ -20,6 +20,11 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.plot(t, [p["sout_mbps"] for p in pts], label="SOUT (a1 tx)")
     ax.plot(t, [p["sup_mbps"] for p in pts], label="SUP (a1 tx)")
+    top = max(max(p["sout_mbps"], p["sup_mbps"]) for p in pts) or 1.0
+    for p in pts:  # the failover phase's moments: the cut, the failover, the return
+        if p.get("event"):
+            ax.axvline(p["t"], color="red", linestyle="--", linewidth=0.8)
+            ax.annotate(p["event"], (p["t"], top * 0.6), fontsize=8, rotation=90, va="top", color="red")
     last = None
     for p in pts:
         label = p["phase"] if p["hint"] < 0 else f"hint {p['hint']}"
@@ -29,7 +34,7 @@ def main() -> int:
             last = label
     ax.set_xlabel("seconds")
     ax.set_ylabel("Mbit/s")
-    ax.set_title("MPIB demo: vanilla between and inside islands, then the agent moving the split")
+    ax.set_title("MPIB demo: vanilla, the agent moving the split, then SUP cut and back (failover)")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
