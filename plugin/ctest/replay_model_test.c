@@ -1,5 +1,5 @@
 //go:build ignore
-// link: ../mpib_p2p.c ../mpib_shm.c
+// link: ../mpib_p2p.c ../mpib_shm.c ../mpib_profiler.c
 
 /* Replay bookkeeping under every fault sequence: a model test on FAKE verbs (not a verbs
  * test: the lab's fault cases are). The unchanged data path (mpib_p2p.c) runs both ends of
@@ -24,7 +24,9 @@
  *     receive expects there (no late or stray write into a buffer NCCL got back);
  *   - the transfer completes (every outage heals within the stall timeout, so the connection
  *     rides through even when no rail works for a while), never an error or a hang;
- *   - outages that never heal, with a short stall timeout: both ends fail, no hang.
+ *   - outages that never heal, with a short stall timeout: both ends fail, no hang;
+ *   - NCCL's profiler (mpib_profiler.c, real): every event of a completed request was stopped
+ *     exactly once, through replays and failovers.
  * Prints: replay-model: sequences=N completions_checked=N wrong_bytes=0 ... */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,7 +45,6 @@
 /* ---- what mpib_p2p.c needs from the rest of the plugin ---- */
 
 struct mpib_global mpib_g;
-ncclProfilerCallback_t mpib_prof_fn;
 static uint64_t fake_now = 10000000000ull;
 static int verbose;
 
@@ -62,14 +63,41 @@ const char *ibv_wc_status_str(enum ibv_wc_status status) { return status == IBV_
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
 int mpib_flush_qp_reset(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
-void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
-  (void)c, (void)slot, (void)rail, (void)mask, (void)sout;
+
+/* ---- a profiler (mpib_profiler.c, real): every event of a completed request must be stopped,
+ * replays and failovers included ---- */
+
+enum { MAX_EVENTS = 16384 };
+static char prof_handle[2][1024]; /* NCCL's per-request handle: &prof_handle[side][message] */
+static struct { const char *phandle; int stopped; } prof_ev[MAX_EVENTS];
+static int prof_n, prof_overflow;
+
+static ncclResult_t prof_cb(void **ev, int type, void *phandle, int64_t plugin_id, void *data) {
+  (void)plugin_id, (void)data;
+  if (type == ncclProfilerNetEventStart) {
+    if (prof_n == MAX_EVENTS) {
+      prof_overflow = 1;
+      *ev = NULL;
+      return ncclSuccess;
+    }
+    prof_ev[prof_n] = (typeof(prof_ev[0])){.phandle = phandle};
+    *ev = &prof_ev[prof_n++];
+  } else if (type == ncclProfilerNetEventStop) {
+    ((typeof(prof_ev[0]) *)*ev)->stopped++;
+  }
+  return ncclSuccess;
 }
-void mpib_prof_send_rail_done(struct mpib_comm *c, int slot, int rail) { (void)c, (void)slot, (void)rail; }
-void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void **ph, const size_t *sizes) {
-  (void)c, (void)req, (void)ph, (void)sizes;
+
+/* Events of completed requests (message < done[side]) not stopped exactly once. */
+static int prof_unbalanced(const long done[2]) {
+  int bad = 0;
+  for (int i = 0; i < prof_n; i++) {
+    long side = prof_ev[i].phandle >= prof_handle[1], m = prof_ev[i].phandle - prof_handle[side];
+    if (m < done[side] && prof_ev[i].stopped != 1) bad++;
+    if (prof_ev[i].stopped > 1) bad++;
+  }
+  return bad;
 }
-void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (void)rail; }
 
 /* ---- the fake fabric: QP index = side * 2 + rail, side 0 the sender, 1 the receiver ---- */
 
@@ -353,7 +381,7 @@ struct fault {
   int rail, dirs, at, len;
 };
 struct outcome {
-  int completed, send_error, recv_error, hang;
+  int completed, send_error, recv_error, hang, prof_unbalanced;
   long received;
 };
 
@@ -373,8 +401,8 @@ static int recv_side(struct mpib_comm *c, struct mpib_mr *mh, struct mpib_reques
     void *mhp = mh;
     memset(rbuf[b], 0xEE, MAXSIZE);
     rbuf_owner[b] = *posted;
-    void *req = NULL;
-    if (mpib_irecv(c, 1, &data, &size, &tag, &mhp, NULL, &req) != ncclSuccess) return -1;
+    void *req = NULL, *ph = &prof_handle[RECV][*posted];
+    if (mpib_irecv(c, 1, &data, &size, &tag, &mhp, &ph, &req) != ncclSuccess) return -1;
     if (req == NULL) {
       rbuf_owner[b] = -1;
       break;
@@ -402,7 +430,7 @@ static int send_side(struct mpib_comm *c, struct mpib_mr *mh, struct mpib_reques
     if (*posted - *done >= NSRC) break;
     for (size_t k = 0; k < msg_size(*posted); k++) sbuf[s][k] = pattern(*posted, k);
     void *req = NULL;
-    if (mpib_isend(c, sbuf[s], msg_size(*posted), 1, mh, NULL, &req) != ncclSuccess) return -1;
+    if (mpib_isend(c, sbuf[s], msg_size(*posted), 1, mh, &prof_handle[SEND][*posted], &req) != ncclSuccess) return -1;
     if (req == NULL) break;
     open[s] = req;
     (*posted)++;
@@ -442,6 +470,7 @@ static int degraded_side = -1, degraded_rail;
 
 static struct outcome run(const struct fault *f, int nf) {
   fabric_reset();
+  prof_n = prof_overflow = 0;
   struct mpib_comm *s = make_comm(SEND), *r = make_comm(RECV);
   s->rem_addr = (uint64_t)(uintptr_t)r->sizes;
   r->rem_addr = (uint64_t)(uintptr_t)s->cts;
@@ -470,6 +499,8 @@ static struct outcome run(const struct fault *f, int nf) {
   }
   o.completed = sdone >= NMSG && rdone >= NMSG;
   o.hang = step == MAX_STEPS;
+  long done[2] = {sdone, rdone};
+  o.prof_unbalanced = prof_overflow ? -1 : prof_unbalanced(done);
   if (o.hang && verbose) dump(s, r, sposted, sdone, rposted, rdone);
   o.received = rdone;
   free_comm(s);
@@ -486,6 +517,7 @@ int main(void) {
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
   ctx.ops.post_srq_recv = fake_post_srq_recv;
+  mpib_prof_set(prof_cb);
   mpib_g.failover = 1;
   /* Shorter than the RC budget, as on a real fabric (250 ms against ~700 ms): a rail can come
    * back while the other's silent loss is still being retried. */
@@ -500,7 +532,7 @@ int main(void) {
   static const int gaps[] = {0, 30, 40, 50, 70, 100, 150, 400};
   static const int lens[] = {60, 2500};
   static const int kinds[] = {FWD, REV, FWD | REV};
-  int sequences = 0, errors = 0, hangs = 0, bad = 0;
+  int sequences = 0, errors = 0, hangs = 0, bad = 0, prof_bad = 0;
   struct outcome base = run(NULL, 0);
   CHECK(base.completed && wrong_bytes == 0 && stray_bytes == 0, "no fault: completed=%d wrong=%ld stray=%ld",
         base.completed, wrong_bytes, stray_bytes);
@@ -523,20 +555,21 @@ int main(void) {
                 sequences++;
                 /* Every outage heals well within the stall timeout: whatever the order, the
                  * connection rides through and the transfer completes. */
-                int failed = wrong_bytes != wrong0 || stray_bytes != stray0 || o.hang || !o.completed;
+                int failed = wrong_bytes != wrong0 || stray_bytes != stray0 || o.hang || !o.completed || o.prof_unbalanced;
+                prof_bad += o.prof_unbalanced != 0;
                 errors += !o.completed && !o.hang;
                 hangs += o.hang;
                 if (failed && bad++ < 12)
                   fprintf(stderr,
                           "FAIL sequence %d: %s %s at 20 for %d, then %s %s at %d for %d: completed=%d received=%ld "
-                          "send_error_step=%d recv_error_step=%d hang=%d wrong_bytes=%ld stray_bytes=%ld\n",
+                          "send_error_step=%d recv_error_step=%d hang=%d wrong_bytes=%ld stray_bytes=%ld prof_unbalanced=%d\n",
                           sequences - 1, a ? "SUP" : "SOUT", dirs_name(f[0].dirs), f[0].len, f[1].rail ? "SUP" : "SOUT",
                           dirs_name(f[1].dirs), f[1].at, f[1].len, o.completed, o.received, o.send_error, o.recv_error,
-                          o.hang, wrong_bytes - wrong0, stray_bytes - stray0);
+                          o.hang, wrong_bytes - wrong0, stray_bytes - stray0, o.prof_unbalanced);
               }
   printf("replay-model: sequences=%d completions_checked=%ld wrong_bytes=%ld stray_bytes=%ld errors=%d hangs=%d "
-         "failed_sequences=%d\n",
-         sequences, completions_checked, wrong_bytes, stray_bytes, errors, hangs, bad);
+         "failed_sequences=%d profiler_unbalanced_sequences=%d\n",
+         sequences, completions_checked, wrong_bytes, stray_bytes, errors, hangs, bad, prof_bad);
   CHECK(bad == 0, "%d of %d sequences failed", bad, sequences);
   /* Outages that never heal: with the stall timeout short, both ends fail with an error, no
    * hang and no wrong byte; and a peer that goes away during a stall fails the other at once. */
