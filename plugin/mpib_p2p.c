@@ -911,8 +911,12 @@ static void slot_try_complete(struct mpib_comm *c, int slot) {
 }
 
 /* When a DOWN rail is tried again: the back-off after rc->attempts failed attempts. */
-static uint64_t next_retry_ns(const struct mpib_rail_ctl *rc, uint64_t now) {
-  return now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms, mpib_g.recovery_backoff_max_ms) * 1000000ull;
+static uint64_t next_retry_ns(const struct mpib_comm *c, const struct mpib_rail_ctl *rc, uint64_t now) {
+  /* While no rail works (ride-through) nothing else can carry the traffic, and an attempt
+   * costs a few probe writes: retry at the first back-off step, not the doubled ones, so the
+   * stall ends within about one RC budget of the path's return. */
+  uint64_t cap = c->stall_since_ns ? mpib_g.recovery_backoff_ms : mpib_g.recovery_backoff_max_ms;
+  return now + mpib_recovery_backoff_ms(rc->attempts, mpib_g.recovery_backoff_ms, cap) * 1000000ull;
 }
 
 /* Sender: posts the replays decided by send_resolve, as far as the send queue has room. A
@@ -984,7 +988,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   rc->since_ns = now;
-  rc->retry_at_ns = next_retry_ns(rc, now);
+  rc->retry_at_ns = next_retry_ns(c, rc, now);
   MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered", rail_name(r),
             rc->gen, replays, settled);
   return post_replays(c);
@@ -1017,7 +1021,7 @@ static ncclResult_t send_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (e) {
     rc->attempts++;
-    rc->retry_at_ns = next_retry_ns(rc, now);
+    rc->retry_at_ns = next_retry_ns(c, rc, now);
     MPIB_INFO("%s rail: reconnecting its QPs failed (%s); next attempt in %llu ms", rail_name(r), strerror(-e),
               (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
     return ncclSuccess;
@@ -1107,7 +1111,7 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     if (now - rc->since_ns > timeout) { /* the receiver did not rebuild: try again later */
       rc->state = MPIB_RAIL_DOWN;
       rc->attempts++;
-      rc->retry_at_ns = next_retry_ns(rc, now);
+      rc->retry_at_ns = next_retry_ns(c, rc, now);
     }
     return ncclSuccess;
   case MPIB_RAIL_PROBING:
