@@ -1,0 +1,151 @@
+//go:build ignore
+// link: ../mpib_p2p.c ../mpib_shm.c ../mpib_profiler.c
+
+/* iflush on FAKE verbs (mpib_p2p.c unchanged): which rails a flush reads on, what a dead device
+ * does to it, and what a failed read does. The lab cannot raise IBV_EVENT_DEVICE_FATAL (rxe
+ * cannot disassociate a context), so the fatal cases are proven here:
+ *   - a receive's bytes written by SUP only: the flush reads on SUP only;
+ *   - SUP's device dies while that read is outstanding: test() fails with an error, it does
+ *     not return done=0 forever (the dead device's CQ is never polled again);
+ *   - SUP dead but idle (the bytes came by SOUT): the flush reads on SOUT and completes;
+ *   - SUP dead before iflush, with SUP's bytes to order: iflush fails at once;
+ *   - a read that fails on a live device completes the flush, never fails the rail, and the
+ *     flush QP is reset before its next read. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../mpib.h"
+
+#include "check.h"
+
+struct mpib_global mpib_g;
+uint64_t mpib_now_ns(void) { return 1000000000ull; }
+void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
+  (void)level, (void)file, (void)line, (void)fmt;
+}
+const char *ibv_wc_status_str(enum ibv_wc_status status) { return status == IBV_WC_SUCCESS ? "ok" : "error"; }
+int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
+int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
+static int resets[MPIB_NRAILS];
+int mpib_flush_qp_reset(struct mpib_comm *c, int rail) { return (void)c, resets[rail]++, 0; }
+
+/* Fake flush QPs: a posted read waits in `reads` until the test completes it. */
+static struct ibv_context ctx;
+static struct ibv_qp fqp[MPIB_NRAILS];
+static struct ibv_cq fcq[MPIB_NRAILS];
+static struct ibv_mr mr = {.lkey = 1, .rkey = 2};
+static uint64_t reads[MPIB_NRAILS][8];
+static int nreads[MPIB_NRAILS], ncqe[MPIB_NRAILS];
+static struct ibv_wc cqe[MPIB_NRAILS][8];
+
+static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+  (void)bad;
+  int r = (int)(q - fqp);
+  reads[r][nreads[r]++] = wr->wr_id;
+  return 0;
+}
+static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
+  int r = (int)(c - fcq), k = 0;
+  for (; k < n && ncqe[r] > 0; k++) wc[k] = cqe[r][--ncqe[r]];
+  return k;
+}
+/* The NIC finishes rail r's outstanding reads with `status`. */
+static void complete_reads(int r, enum ibv_wc_status status) {
+  for (int i = 0; i < nreads[r]; i++) cqe[r][ncqe[r]++] = (struct ibv_wc){.wr_id = reads[r][i], .status = status};
+  nreads[r] = 0;
+}
+
+static struct mpib_comm *recv_comm(void) {
+  struct mpib_comm *c = calloc(1, sizeof *c);
+  c->nreqs_pool = MPIB_REQ_POOL_RECV;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->flush_buf = calloc(1, MPIB_PAGE);
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    fqp[r].context = fcq[r].context = &ctx;
+    c->flush_qp[r] = &fqp[r];
+    c->flush_cq[r] = &fcq[r];
+    c->flush_mr[r] = &mr;
+    c->nqps[r] = 1;
+    c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
+  }
+  return c;
+}
+
+static void reset(void) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    mpib_g.dev[r].fatal = 0;
+    nreads[r] = ncqe[r] = resets[r] = 0;
+  }
+}
+
+/* One flush of a 4 KiB receive whose bytes rails `due` wrote: its ncclResult_t, the request in *req. */
+static ncclResult_t flush(struct mpib_comm *c, uint32_t due, void **req) {
+  static char buf[4096];
+  struct mpib_mr mh = {.mr = {&mr, &mr}};
+  void *data = buf, *mhp = &mh;
+  int size = (int)sizeof buf;
+  c->flush_due = due;
+  return mpib_iflush(c, 1, &data, &size, &mhp, req);
+}
+
+int main(void) {
+  ctx.ops.post_send = fake_post_send;
+  ctx.ops.poll_cq = fake_poll_cq;
+  mpib_g.flush_enabled = 1;
+  struct mpib_comm *c = recv_comm();
+  enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP };
+  void *req = NULL;
+  int done = 0;
+
+  reset();
+  CHECK(flush(c, U, &req) == ncclSuccess && req != NULL, "flush of SUP's bytes");
+  CHECK(nreads[MPIB_RAIL_SUP] == 1 && nreads[MPIB_RAIL_SOUT] == 0, "reads on the rail that wrote only: SOUT %d SUP %d",
+        nreads[MPIB_RAIL_SOUT], nreads[MPIB_RAIL_SUP]);
+  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1; /* the device dies with the read outstanding */
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < 1000000 && res == ncclSuccess && !done; i++) res = mpib_test(req, &done, NULL);
+  CHECK(res != ncclSuccess && !done, "fatal during flush on the rail that wrote: want an error, got res=%d done=%d", res, done);
+  printf("flush: fatal-during-flush rail=SUP wrote=SUP outcome=%s hang=false\n", res != ncclSuccess ? "error" : "completed");
+  ((struct mpib_request *)req)->type = MPIB_REQ_FREE; /* NCCL aborts the comm after an error */
+
+  reset();
+  c->failure_reported = 0;
+  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1; /* dead but idle: SOUT wrote the bytes */
+  CHECK(flush(c, O, &req) == ncclSuccess && req != NULL && nreads[MPIB_RAIL_SOUT] == 1 && nreads[MPIB_RAIL_SUP] == 0,
+        "idle dead SUP: read on SOUT only");
+  complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
+  done = 0;
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "idle dead SUP: the flush completes on SOUT");
+  printf("flush: fatal-during-flush rail=SUP wrote=SOUT outcome=completed hang=false\n");
+
+  reset();
+  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1;
+  req = NULL;
+  CHECK(flush(c, O | U, &req) != ncclSuccess && req == NULL, "SUP dead before iflush with its bytes to order: an error");
+
+  reset();
+  CHECK(flush(c, O | U, &req) == ncclSuccess && nreads[0] == 1 && nreads[1] == 1, "both rails wrote: a read on each");
+  complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR); /* a read fails on a live device */
+  done = 0;
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "a failed read completes the flush (ignored, as net_ib)");
+  CHECK(c->rail[MPIB_RAIL_SUP].state == MPIB_RAIL_UP, "a flush error never fails the rail (state %d)", c->rail[MPIB_RAIL_SUP].state);
+  CHECK(flush(c, U, &req) == ncclSuccess && resets[MPIB_RAIL_SUP] == 1 && nreads[MPIB_RAIL_SUP] == 1,
+        "the flush QP is reset before its next read (resets %d)", resets[MPIB_RAIL_SUP]);
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  done = 0;
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "the reset QP flushes again");
+
+  req = (void *)1;
+  CHECK(flush(c, 0, &req) == ncclSuccess && req == NULL, "nothing written since the last flush: nothing to read");
+  free(c->flush_buf);
+  free(c->reqs);
+  free(c);
+  return failures ? 1 : 0;
+}
