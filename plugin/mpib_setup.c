@@ -496,6 +496,20 @@ static int flush_setup(struct mpib_comm *c, int rail) {
   return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc, 0);
 }
 
+/* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
+static int qp_reset_to_init(struct ibv_qp *qp, int rail) {
+  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = d->pkey_index;
+  a.port_num = d->port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
+  return 0;
+}
+
 /* The flush QP after a read failed on it (it is in the error state): reset and connected to
  * itself again. Called by iflush before it posts on that rail; a loopback needs no peer. net_ib
  * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
@@ -505,15 +519,9 @@ int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
   struct ibv_qp *qp = c->flush_qp[rail];
   struct ibv_wc wc;
   if (qp == NULL) return -EINVAL;
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -EIO;
+  int rc = qp_reset_to_init(qp, rail);
   while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = d->pkey_index;
-  a.port_num = d->port;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
+  if (rc) return rc;
   struct mpib_rail_info self;
   local_rail_info(c, rail, &self);
   return qp_connect(c, qp, rail, qp->qp_num, &self, d->active_mtu, c->tc, 0);
@@ -755,15 +763,9 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   }
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     struct ibv_qp *qp = c->qps[rail_base(c, r) + i].qp;
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = d->pkey_index;
-    a.port_num = d->port;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
-    int rc = qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], qp_traffic_class(c), psn);
+    int rc = qp_reset_to_init(qp, r);
+    if (rc) return rc;
+    rc = qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], qp_traffic_class(c), psn);
     if (rc) return rc;
   }
   return 0;
