@@ -187,7 +187,8 @@ func toolsPython(pkgs ...string) (string, error) {
 }
 
 // Demo boots the two-island soft-RoCE lab and runs traffic between the islands in vanilla
-// mode, then in advanced mode with the Go agent moving the split live; per-rail throughput
+// mode, then in advanced mode with the Go agent moving the split live, then cuts a1's SUP
+// link under traffic and brings it back (the failover and the return); per-rail throughput
 // is printed every second and charted in build/demo/demo.png.
 func Demo() error {
 	mg.Deps(Build)
