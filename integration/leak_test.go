@@ -19,9 +19,25 @@ import (
 // is the figure after the last cycle minus the figure after the first few. Fixed lines:
 //
 //	leak: cycles=1000 kind=connect-close fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+//	threads: at_rest=N burst_max=N growth=N
 //	leak: cycles=100 kind=failover-recovery fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+//
+// The threads line counts the OS threads MPIB adds to a process (its Go runtime and its C
+// event threads): the driver's thread count minus the threads it had before it loaded the
+// plugin (threads_driver). at_rest is the most after a round's close in the final rounds,
+// burst_max the most seen in any round (sampled every millisecond of connection setup), growth
+// the final rounds' median minus the baseline rounds' median (restThreads: the connect-close
+// leak line's threads_growth is that figure too); each the worse of the two processes.
+// docs/configuration.md ("Threads") states the bounds.
 
 const maxRSSGrowthKiB = 1024
+
+// maxThreadsAtRest and maxThreadsBurst are the bounds of docs/configuration.md ("Threads") on
+// the threads MPIB adds to a process, with GOMAXPROCS left to MPIB (2).
+const (
+	maxThreadsAtRest = 12
+	maxThreadsBurst  = 20
+)
 
 type leakSample struct {
 	fds, threads, qps, mrs int
@@ -64,14 +80,79 @@ func leakCycles(def int) int {
 	return def
 }
 
-var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+) threads=(\d+) rss_kib=(\d+) qps=(-?\d+) mrs=(-?\d+).*? malloc_inuse_kib=(\d+) malloc_held_kib=(\d+)`)
+var leakLineRe = regexp.MustCompile(`nettest-leak: round=(\d+) role=\w+ fds=(\d+) threads=(\d+) rss_kib=(\d+) qps=(-?\d+) mrs=(-?\d+).*? malloc_inuse_kib=(\d+) malloc_held_kib=(\d+) threads_driver=(-?\d+) threads_peak=(\d+)`)
+
+// threadFigures is what MPIB adds to a process's threads: after the last round (at rest), the
+// most in any round (burst) and the growth from the baseline round; each the worst of the
+// processes.
+type threadFigures struct{ atRest, burstMax, growth int }
+
+func (f *threadFigures) add(atRest, burstMax, growth int) {
+	f.atRest, f.burstMax, f.growth = max(f.atRest, atRest), max(f.burstMax, burstMax), max(f.growth, growth)
+}
+
+type roundThreads struct{ round, threads int }
+
+// restThreads reads a process's threads at rest over the rounds: atRest is the most in the
+// final window (the reported rounds after base, as many as the baseline window has), growth
+// the final window's median minus the baseline window's (the reported rounds from base/4 to
+// base). The plugin ends its idle threads when it goes idle, and the Go runtime may start one
+// again for its own work (a GC cycle, a timer) before the driver reads the count: a round's
+// count at rest is mostly one figure, now and then one more or one less (9, sometimes 8 or
+// 10: measured over 1000 cycles), and two single samples, or either window's extremes, would
+// call that growth. A thread that stays (what the runtime did before MPIB trimmed: a new peak
+// of blocked calls left one more idle thread for good) moves the median.
+func restThreads(rs []roundThreads, base int) (atRest, growth int) {
+	var baseline, final []int
+	for _, r := range rs {
+		if r.round >= base/4 && r.round <= base {
+			baseline = append(baseline, r.threads)
+		} else if r.round > base {
+			final = append(final, r.threads)
+		}
+	}
+	if len(final) > len(baseline) && len(baseline) > 0 {
+		final = final[len(final)-len(baseline):]
+	}
+	if len(baseline) == 0 || len(final) == 0 {
+		return 0, 0
+	}
+	median := func(v []int) int {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	return slices.Max(final), median(final) - median(baseline)
+}
+
+func TestRestThreads(t *testing.T) {
+	rs := []roundThreads{{1, 12}, {5, 9}, {20, 9}, {40, 8}, {60, 9}, {80, 9}, {85, 9}, {90, 10}, {95, 9}, {100, 9}}
+	if atRest, growth := restThreads(rs, 80); atRest != 10 || growth != 0 {
+		t.Errorf("a count moving between 8 and 10 around 9: at rest %d, growth %d; want 10, 0", atRest, growth)
+	}
+	rs = append(rs, roundThreads{105, 10}, roundThreads{110, 11}, roundThreads{115, 10}, roundThreads{120, 10})
+	if atRest, growth := restThreads(rs, 80); atRest != 11 || growth != 1 {
+		t.Errorf("a count that went up to stay: at rest %d, growth %d; want 11, 1", atRest, growth)
+	}
+	if _, growth := restThreads([]roundThreads{{80, 9}, {85, 8}}, 80); growth != -1 {
+		t.Errorf("a count that went down: growth %d, want -1", growth)
+	}
+}
+
+func checkThreads(t *testing.T, f threadFigures) {
+	fmt.Printf("threads: at_rest=%d burst_max=%d growth=%d\n", f.atRest, f.burstMax, f.growth)
+	if f.atRest > maxThreadsAtRest || f.burstMax > maxThreadsBurst || f.growth > 0 {
+		t.Errorf("MPIB's threads: %d at rest (want <= %d), %d at most during setup (want <= %d), growth %d (want 0)",
+			f.atRest, maxThreadsAtRest, f.burstMax, maxThreadsBurst, f.growth)
+	}
+}
 
 // TestLeakConnectClose: 1000 connections opened and closed in one pair of processes (b1 -> b2,
 // vanilla) after 800 that warm it up: rounds of 10 at once (listen, connect/accept, one
 // verified message each way, close). Each side reports fds, threads, RSS and its QPs/MRs
-// every 5 rounds; the baseline is round 80. The warm-up is what a process does before it
-// settles: the Go runtime makes the threads its peak concurrency needs (handshakes in cgo
-// calls, at most maxConcurrentVerbs at once) and its heap reaches its size. The driver turns
+// every 5 rounds, 0.5 s after the round's close (at rest), and the most threads it saw while
+// the round's connections were set up; the baseline is round 80. The warm-up is what a
+// process does before it settles: its heap reaches its size. The driver turns
 // transparent huge pages off for itself in this mode: with them RSS moved in 2 MiB steps
 // (one such step after round 30 failed a CI run at +2.8 MiB).
 //
@@ -90,26 +171,35 @@ func TestLeakConnectClose(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: faultEnv(server, "vanilla"), clientEnv: faultEnv(client, "vanilla"),
-		args: []string{"--mode", "connect", "--comms", strconv.Itoa(comms), "--rounds", strconv.Itoa(rounds), "--report-every", strconv.Itoa(every),
-			"--rdma-res", "--timeout-s", "60"}})
+		args: lcArgs("--mode", "connect", "--comms", strconv.Itoa(comms), "--rounds", strconv.Itoa(rounds), "--report-every", strconv.Itoa(every),
+			"--rdma-res", "--timeout-s", "60")}) // MPIB_NETTEST_PLUGIN: another build (lifecycle_test.go)
 	s, c := waitBoth(srv, cli, start.Add(25*time.Minute), start.Add(25*time.Minute))
 	t.Logf("%d connect/close cycles (%d rounds of %d) in %.1f s", cycles, rounds, comms, time.Since(start).Seconds())
 	if s.code != 0 || c.code != 0 || s.hung || c.hung {
 		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s", s, c)
 	}
 	var g leakGrowth
+	g.threads = -1 << 30 // set from restThreads below
+	var th threadFigures
+	th.growth = -1 << 30
 	for i, x := range []exitInfo{s, c} {
 		var first, last *leakSample
 		var series []string // round:rss_kib/threads/malloc in use/held, to tell a plateau from a steady leak
+		driver, peak := -1, 0
+		var rest []roundThreads
 		for _, m := range leakLineRe.FindAllStringSubmatch(x.out, -1) {
-			series = append(series, m[1]+":"+m[4]+"/"+m[3]+"/"+m[7]+"/"+m[8])
+			series = append(series, m[1]+":"+m[4]+"/"+m[3]+"/"+m[7]+"/"+m[8]+"/"+m[10])
 			round, _ := strconv.Atoi(m[1])
+			driver, _ = strconv.Atoi(m[9])
+			p, _ := strconv.Atoi(m[10])
+			peak = max(peak, p)
 			var ls leakSample
 			ls.fds, _ = strconv.Atoi(m[2])
 			ls.threads, _ = strconv.Atoi(m[3])
 			ls.rssKiB, _ = strconv.ParseInt(m[4], 10, 64)
 			ls.qps, _ = strconv.Atoi(m[5])
 			ls.mrs, _ = strconv.Atoi(m[6])
+			rest = append(rest, roundThreads{round, ls.threads})
 			if ls.qps < 0 || ls.mrs < 0 {
 				t.Fatalf("the driver could not count its QPs/MRs with rdma res (round %d):\n%s", round, x)
 			}
@@ -123,11 +213,22 @@ func TestLeakConnectClose(t *testing.T) {
 		if first == nil || last == nil {
 			t.Fatalf("no nettest-leak lines for round %d and round %d:\n%s", base, rounds, x)
 		}
-		t.Logf("%s after round %d: %s; after round %d: %s", []string{"server", "client"}[i], base, first, rounds, last)
-		t.Logf("%s round:rss_kib/threads/malloc_inuse_kib/malloc_held_kib %s", []string{"server", "client"}[i], strings.Join(series, " "))
+		if driver < 0 {
+			t.Fatalf("the driver could not count its own threads before loading the plugin:\n%s", x)
+		}
+		t.Logf("%s after round %d: %s; after round %d: %s; %d threads before the plugin loaded, %d at most in a round",
+			[]string{"server", "client"}[i], base, first, rounds, last, driver, peak)
+		t.Logf("%s round:rss_kib/threads/malloc_inuse_kib/malloc_held_kib/threads_peak %s", []string{"server", "client"}[i], strings.Join(series, " "))
 		g.add(*first, *last)
+		atRest, growth := restThreads(rest, base)
+		g.threads = max(g.threads, growth) // the windowed figure, not the two samples' (restThreads)
+		th.add(atRest-driver, peak-driver, growth)
+	}
+	if g.threads < 0 {
+		g.threads = 0
 	}
 	checkLeak(t, "connect-close", cycles, g)
+	checkThreads(t, th)
 }
 
 // probe reads the process's resources in its node. The kernel names the thread that made each

@@ -110,7 +110,7 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		conn_id:       C.uint64_t(connID),
 	}
 	var id C.uint32_t
-	agent.mu.Lock() // one registration in C at a time (see maxConcurrentCgo)
+	agent.mu.Lock() // one registration in C at a time (see Threads in lifecycle.go)
 	defer agent.mu.Unlock()
 	if rc := C.mpib_shm_register(h, &d, &id); rc != 0 {
 		warnf("advanced mode: %d connections in this process already (%d): connection %v -> %v stays on the vanilla policy", C.MPIB_SHM_MAX_CONNS, int(rc), local, peer)

@@ -137,7 +137,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		defer owner.wg.Done()
 		l.spare <- prepareSpare(owner.ctx)
 	}()
-	l.unhook = context.AfterFunc(owner.ctx, l.close)
+	l.unhook = context.AfterFunc(owner.ctx, func() { l.close(true) })
 	*listenComm = unsafe.Pointer(l.lc)
 	return C.int(resSuccess)
 }
@@ -173,13 +173,14 @@ func (l *listener) serve(c net.Conn) {
 	}
 	l.mu.Unlock()
 	if comm != nil {
-		closeComm(comm) // the listener closed meanwhile (or no memory): nobody will accept it
+		closeComm(comm, true) // the listener closed meanwhile (or no memory): nobody will accept it
 	}
 }
 
 // close stops accepting and destroys handshakes that finished but were never accepted;
 // handshakes still running destroy their own comm when they find the listener closed.
-func (l *listener) close() {
+// inGoroutine: see closeComm.
+func (l *listener) close(inGoroutine bool) {
 	l.mu.Lock()
 	if !l.closed { // the first close happens before NCCL's closeListen frees lc
 		l.closed = true
@@ -197,11 +198,15 @@ func (l *listener) close() {
 	l.mu.Unlock()
 	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
 		if p := <-l.spare; p.comm != nil {
-			C.mpib_comm_destroy(p.comm)
+			if inGoroutine {
+				destroyInGoroutine(p.comm)
+			} else {
+				C.mpib_comm_destroy(p.comm)
+			}
 		}
 	}
 	for _, comm := range unaccepted {
-		closeComm(comm)
+		closeComm(comm, inGoroutine)
 	}
 }
 
@@ -214,7 +219,7 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) C.int {
 	registry.mu.Unlock()
 	if l != nil {
 		l.unhook()
-		l.close()
+		l.close(false)
 		l.mu.Lock()
 		l.lc = nil // a later close (finalize's) must not touch it
 		l.mu.Unlock()
@@ -458,7 +463,7 @@ func reclaimAttempt(id uint64, a *attempt) {
 	registry.mu.Unlock()
 	if comm := a.reclaim(); comm != nil { // nothing when NCCL, a sweep or finalize took it first
 		infof("connect: reclaimed a connection NCCL never collected (attempt %d)", id)
-		closeComm(comm)
+		closeComm(comm, true)
 	}
 }
 
@@ -484,9 +489,7 @@ func connectHandshake(ctx context.Context, h wire.Handle, trafficClass int) (*C.
 	helloSent := time.Now()
 	p := <-ready
 	if err != nil {
-		if p.comm != nil {
-			C.mpib_comm_destroy(p.comm)
-		}
+		destroyInGoroutine(p.comm)
 		return nil, err
 	}
 	p.st.dial = helloSent.Sub(dialStart)
@@ -549,9 +552,7 @@ func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepare
 				return p
 			}
 		}
-		if p.comm != nil {
-			C.mpib_comm_destroy(p.comm)
-		}
+		destroyInGoroutine(p.comm)
 	}
 	return prepare(ctx, local, peer, false, tcUndef)
 }
@@ -565,9 +566,7 @@ func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm
 	comm, err := handshakeSteps(ctx, c, p)
 	if !stop() || err != nil {
 		c.Close()
-		if comm != nil {
-			C.mpib_comm_destroy(comm)
-		}
+		destroyInGoroutine(comm)
 		if err == nil {
 			err = context.Cause(ctx)
 		}
@@ -779,7 +778,12 @@ func readGIDTable(rail int) []gid.Entry {
 	if n > 0 {
 		raw := make([]byte, 16*n)
 		types := make([]C.int, n)
-		C.mpib_gid_table_read(C.int(rail), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
+		// A kernel walk of every entry, tens of ms: on a throwaway thread (lifecycle.go), one
+		// at a time (gidTables.mu).
+		onThrowawayThread(func() struct{} {
+			C.mpib_gid_table_read(C.int(rail), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
+			return struct{}{}
+		})
 		for i := range table {
 			if types[i] >= 0 {
 				table[i] = gid.Entry{Present: true, GID: [16]byte(raw[16*i : 16*i+16]), Type: int(types[i])}
@@ -884,7 +888,7 @@ func dropUnreachableSup(comm *C.struct_mpib_comm, mine, theirs *wire.Metadata, p
 	}
 	infof("peer %v: its SUP address %v/%d and ours %v/%d share no subnet: this connection uses SOUT only",
 		peer, pa, p.PrefixLen, la, l.PrefixLen)
-	C.mpib_comm_drop_rail(comm, 1)
+	inVerbsSlot(func() { C.mpib_comm_drop_rail(comm, 1) })
 	mine.NQPs[1], theirs.NQPs[1] = 0, 0
 }
 

@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -26,53 +27,54 @@ import (
 //     started, then destroys the comms NCCL never collected;
 //   - the devices close only when no context is left AND no comm is alive (NCCL may close a
 //     comm after the last finalize), so no verbs call ever runs on a closed device;
-//   - verbs-heavy steps take a slot of a bounded pool, so an all-to-all with thousands of
-//     peers cannot park thousands of OS threads in cgo calls at once.
+//   - verbs-heavy steps take a slot of a bounded pool and run on a throwaway thread, so an
+//     all-to-all with thousands of peers cannot park thousands of OS threads in cgo calls at
+//     once, nor leave them behind (see Threads below).
 
-// maxConcurrentVerbs bounds handshake goroutines inside cgo verbs calls at once. Goroutines
-// waiting on the network cost no OS thread; only those inside C do.
-const maxConcurrentVerbs = 16
+// Threads. MPIB lives in NCCL's process, and every OS thread it keeps there is a thread the
+// user sees (top, /proc, a core dump, a debugger) and pays for. Left alone, the Go runtime
+// keeps one thread per P (GOMAXPROCS = the host's cores: 224 on a big host) plus one for every
+// goroutine that was ever blocked in a C call at the same moment as the others, and it never
+// gives an idle thread back: the count follows the worst moment so far, which can come hours
+// into a job. The one way to make the runtime end a thread is a goroutine that locks it
+// (runtime.LockOSThread) and returns without unlocking it. So:
+//   - GOMAXPROCS is 2 (controlPlaneProcs) unless the user set GOMAXPROCS in the environment:
+//     the control plane is handshakes waiting on the network, never CPU-bound Go code;
+//   - the slow C calls made from goroutines (creating, connecting and destroying verbs
+//     objects, reading a GID table: milliseconds each) run on a throwaway thread
+//     (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
+//     holds at most that many threads in C (plus one GID read);
+//   - while a call blocks in C, the runtime hands its P to another thread, made if none is
+//     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
+//     trimAfter, ends the idle ones the same way, so the threads at rest do not depend on
+//     what ran before: sysmon, about one per P and the one waiting in the netpoller;
+//   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
+//     table, atomics) stay on the goroutine: each lock lets one at a time into C.
+// Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
+// on those threads and cost MPIB none. Bounds and figures: docs/configuration.md ("Threads");
+// integration/leak_test.go checks them over 1000 connect/close cycles.
+
+// controlPlaneProcs is GOMAXPROCS when the environment does not set it.
+const controlPlaneProcs = 2
+
+func init() {
+	// The runtime read GOMAXPROCS from the environment before this runs: honour it. Setting
+	// it here also stops the runtime from following the cgroup's CPU limit (Go 1.25+).
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(controlPlaneProcs)
+	}
+}
+
+// maxConcurrentVerbs bounds the slow verbs calls running at once, and so the threads a
+// connect burst holds in C. net_ib makes every verbs call of connection setup on NCCL's proxy
+// thread, one at a time; MPIB runs 4 (16 before; docs/configuration.md, "Threads", has the
+// lab's 512-connection burst with 4). Goroutines waiting on the network hold no thread.
+const maxConcurrentVerbs = 4
 
 var verbsSlots = make(chan struct{}, maxConcurrentVerbs)
 
-// maxConcurrentCgo bounds the control plane's goroutines inside blocking C calls at once: the
-// verbs slots, plus one each for the calls serialized by a Go lock (the logger, the GID
-// table, the agent segment's registrations).
-const maxConcurrentCgo = maxConcurrentVerbs + 3
-
-// prestartThreads, once per process, puts as many goroutines into one cgo call at once as the
-// control plane's peak can (maxConcurrentCgo, plus one running Go per P), so the Go runtime
-// makes the OS threads that peak needs up front. It keeps an idle thread forever and would
-// otherwise add one at whatever later moment a new peak happens (measured: +1 or +2
-// threads between the 300th and the 1300th connection without this): a thread count that creeps
-// up hours into a job looks like a leak to whoever watches it. About 20 threads, most of them
-// made anyway by the first busy connect. A goroutine waiting on the network or on a Go lock
-// holds no thread, which is why the bound holds however many handshakes run.
-func prestartThreads() {
-	prestartOnce.Do(func() {
-		n := maxConcurrentCgo + runtime.GOMAXPROCS(0)
-		C.mpib_thread_rendezvous_reset(C.int(n))
-		var wg sync.WaitGroup
-		var met atomic.Bool
-		for range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if int(C.mpib_thread_rendezvous(1000)) >= n {
-					met.Store(true)
-				}
-			}()
-		}
-		wg.Wait()
-		if !met.Load() {
-			infof("thread prestart: %d goroutines did not all meet in C within 1 s", n)
-		}
-	})
-}
-
-var prestartOnce sync.Once
-
-// withVerbsSlot runs fn while holding one of the bounded verbs slots.
+// withVerbsSlot runs fn on a throwaway thread while holding one of the bounded verbs slots.
+// It gives up (without running fn) when ctx ends first.
 func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
 	select {
 	case verbsSlots <- struct{}{}:
@@ -81,7 +83,73 @@ func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
 		return zero, context.Cause(ctx)
 	}
 	defer func() { <-verbsSlots }()
-	return fn(), nil
+	return onThrowawayThread(fn), nil
+}
+
+// inVerbsSlot is withVerbsSlot for what must run whatever happens to the context: freeing a
+// comm's verbs resources from a goroutine (a failed handshake, a reclaim, a spare).
+func inVerbsSlot(fn func()) {
+	withVerbsSlot(context.Background(), func() struct{} { fn(); return struct{}{} })
+}
+
+// destroyInGoroutine frees a comm's verbs resources from a goroutine (see inVerbsSlot); NCCL's
+// threads call C.mpib_comm_destroy themselves.
+func destroyInGoroutine(comm *C.struct_mpib_comm) {
+	if comm != nil {
+		inVerbsSlot(func() { C.mpib_comm_destroy(comm) })
+	}
+}
+
+// onThrowawayThread runs fn (a blocking C call) on an OS thread that ends when fn returns: the
+// goroutine locks its thread and returns without unlocking it, and the runtime then
+// terminates that thread instead of keeping it idle for good. Ending a thread and making
+// another costs tens of microseconds, against milliseconds for the calls it carries.
+func onThrowawayThread[T any](fn func() T) T {
+	noteActivity()
+	done := make(chan T, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+		done <- fn()
+	}()
+	return <-done
+}
+
+// trimAfter is how long the control plane stays idle (no slow C call, no close) before the
+// idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
+// the threads that stood in for the calls in C, one per P, a spare).
+const trimAfter = 200 * time.Millisecond
+
+func trimThreads() int { return 2*runtime.GOMAXPROCS(0) + maxConcurrentVerbs + 4 }
+
+var trim struct {
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+// noteActivity (re)arms the idle trim.
+func noteActivity() {
+	trim.mu.Lock()
+	defer trim.mu.Unlock()
+	if trim.timer == nil {
+		trim.timer = time.AfterFunc(trimAfter, trimIdleThreads)
+	} else {
+		trim.timer.Reset(trimAfter)
+	}
+}
+
+// trimIdleThreads ends the runtime's idle threads: each goroutine runs on an idle thread (the
+// runtime takes idle ones before it makes one), locks it and returns, which ends it. The
+// runtime makes again what the next burst needs.
+func trimIdleThreads() {
+	var wg sync.WaitGroup
+	for range trimThreads() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		}()
+	}
+	wg.Wait()
 }
 
 // netCtx is one init call's world.
@@ -183,7 +251,7 @@ func reclaimOwnedBy(c *netCtx) {
 	}
 	registry.mu.Unlock()
 	for _, l := range ls {
-		l.close()
+		l.close(false)
 	}
 	var orphans []*C.struct_mpib_comm
 	for _, a := range attempts { // every handshake has ended (c.wg): collected, or not
@@ -192,7 +260,7 @@ func reclaimOwnedBy(c *netCtx) {
 		}
 	}
 	for _, comm := range orphans {
-		closeComm(comm)
+		closeComm(comm, false)
 	}
 	if n := len(ls) + len(orphans); n > 0 {
 		infof("finalize: reclaimed %d listener(s) and %d connection(s) NCCL never collected", len(ls), len(orphans))
@@ -269,8 +337,10 @@ func (lc *liveComm) watch() {
 }
 
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
-// comm after the last finalize, closes the devices.
-func closeComm(comm *C.struct_mpib_comm) {
+// comm after the last finalize, closes the devices. inGoroutine: called from one of MPIB's
+// goroutines, which frees the resources in a verbs slot on a throwaway thread; NCCL's threads
+// (closeSend/closeRecv, closeListen, finalize) free them themselves.
+func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	registry.mu.Lock()
 	lc := registry.comms[comm]
 	delete(registry.comms, comm)
@@ -281,7 +351,12 @@ func closeComm(comm *C.struct_mpib_comm) {
 		lc.conn.Close()
 		<-lc.watchDone
 	}
-	C.mpib_comm_destroy(comm)
+	if inGoroutine {
+		destroyInGoroutine(comm)
+	} else {
+		C.mpib_comm_destroy(comm)
+	}
+	noteActivity() // the watcher's exit may have made the runtime start a thread
 	closeDevicesIfUnused()
 }
 
@@ -305,7 +380,7 @@ func closeDevicesIfUnused() {
 //export mpibGoCloseComm
 func mpibGoCloseComm(comm unsafe.Pointer) C.int {
 	if comm != nil {
-		closeComm((*C.struct_mpib_comm)(comm))
+		closeComm((*C.struct_mpib_comm)(comm), false)
 	}
 	return C.int(resSuccess)
 }

@@ -51,7 +51,7 @@ const (
 
 // logf writes through NCCL's logger, one goroutine at a time: the logger takes its own lock
 // and writes to a file or pipe, and a goroutine waiting there would hold an OS thread, where
-// one waiting on logMu holds none (see prestartThreads).
+// one waiting on logMu holds none (see Threads in lifecycle.go).
 func logf(level C.int, format string, args ...any) {
 	msg := C.CString(fmt.Sprintf(format, args...))
 	logMu.Lock()
@@ -72,7 +72,6 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	// The devices stay open while comms outlive the last finalize; a new init then uses them
 	// (opening them again would wipe the open devices under those comms).
 	if plugin.refs == 0 && !plugin.devicesOpen {
-		prestartThreads()
 		startConnectDispatcher()
 		if rc := initPlugin(); rc != C.int(resSuccess) {
 			return rc

@@ -164,6 +164,10 @@ void nt_oob_close(struct nt_oob *o);
 int nt_parse_hostport(const char *addr, char *host, size_t hostlen, char *port, size_t portlen);
 
 /* ---- main.c: shared helpers ---- */
+/* The driver's own threads (main, watchdog) before it loads the plugin: what a thread count
+ * minus this is, the plugin added. */
+extern int nt_threads_driver;
+int nt_thread_count(void);
 double nt_now(void);
 void nt_heartbeat(void);
 void nt_phase(const char *phase);

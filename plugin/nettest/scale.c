@@ -38,6 +38,7 @@
 #define NT_SC_TAG 7
 #define NT_SC_HANDLES_PER_MSG 128 /* 16 KiB of handles per side-channel message */
 #define NT_SC_SETTLE_S 5.0        /* after close: wait this long for fds to come back */
+#define NT_SC_REST_S 0.5          /* leak series: read the process this long after close, at rest */
 
 static const struct {
   const char *name;
@@ -358,6 +359,7 @@ struct nt_sc_setup {
   /* The longest call of each kind: a comm's first connect (starts the handshake), a poll
    * that returned no comm, and the call that returned the comm. */
   double connect_first_ms, connect_poll_ms, connect_done_ms, accept_poll_ms, accept_done_ms;
+  int threads_peak; /* the most threads seen, sampled at most every millisecond of the setup */
 };
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
@@ -371,9 +373,14 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   if (started == NULL) {
     return -1;
   }
-  double t0 = nt_now(), deadline = t0 + o->timeout_s;
+  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0;
   while (ndone < total) {
     int progressed = 0;
+    if (nt_now() - sampled >= 0.001) { /* the plugin's threads peak while handshakes run */
+      int th = nt_thread_count();
+      r->threads_peak = th > r->threads_peak ? th : r->threads_peak;
+      sampled = nt_now();
+    }
     for (int i = 0; i < s->n; i++) {
       if (s->scomm[i] == NULL) {
         double a = nt_now();
@@ -712,7 +719,20 @@ out:
     nt_heartbeat();
     usleep(50000);
   }
+  /* The leak series reads the process at rest: the plugin ends its idle threads once its
+   * control plane has been idle for a while (200 ms), as it would between a job's bursts. */
+  int series_round = o->report_every > 0 && (round == 1 || round % o->report_every == 0 || round == o->rounds);
+  while (series_round && nt_now() < t + close_s + NT_SC_REST_S) {
+    nt_heartbeat();
+    usleep(20000);
+  }
   nt_proc_read(&p4);
+  /* threads_peak: the most threads this round, the setup's samples and the other readings */
+  int peak = su.threads_peak;
+  const int seen[] = {p0.threads, p1.threads, p2.threads, p3.threads, p4.threads};
+  for (size_t i = 0; i < sizeof(seen) / sizeof(seen[0]); i++) {
+    peak = seen[i] > peak ? seen[i] : peak;
+  }
   if (leaked_fds > 0) {
     nt_fd_leaks(&fds0, &fds4, &runtime_fds, 0); /* name them */
   }
@@ -736,9 +756,9 @@ out:
      * is memory spread over more threads' arenas, not a leak. */
     struct mallinfo2 mi = mallinfo2();
     nt_out("nettest-leak: round=%d role=%s fds=%d threads=%d rss_kib=%ld qps=%d mrs=%d leaked_fds=%d"
-           " malloc_inuse_kib=%zu malloc_held_kib=%zu",
+           " malloc_inuse_kib=%zu malloc_held_kib=%zu threads_driver=%d threads_peak=%d",
            round, nt_role_name(o->role), p4.fds, p4.threads, p4.rss_kib, qps, mrs, leaked_fds,
-           (mi.uordblks + mi.hblkhd) / 1024, (mi.arena + mi.hblkhd) / 1024);
+           (mi.uordblks + mi.hblkhd) / 1024, (mi.arena + mi.hblkhd) / 1024, nt_threads_driver, peak);
   }
   double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
   nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "
