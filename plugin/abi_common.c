@@ -4,6 +4,7 @@
 #include "_cgo_export.h"
 #include "mpib_api.h"
 #include "mpib_profiler.h"
+#include "mpib_props.h"
 
 uint64_t mpib_process_ctx;
 
@@ -35,7 +36,10 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->guid = mpib_g.prop_guid;
   p->ptr_support = mpib_g.prop_ptr_support;
   p->force_flush = mpib_g.prop_force_flush;
-  p->speed = dev == 0 ? mpib_g.dev[0].speed_mbps + mpib_g.dev[1].speed_mbps : mpib_g.dev[1].speed_mbps;
+  /* dev 0: what the slowest kind of connection of this mode gets (mpib_props.h) */
+  p->speed = dev == 0 ? mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay,
+                                              mpib_g.dev[0].speed_mbps, mpib_g.dev[1].speed_mbps)
+                      : mpib_g.dev[1].speed_mbps;
   p->port = mpib_g.dev[dev].port;
   p->max_comms = mpib_g.prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;
