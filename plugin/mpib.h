@@ -389,8 +389,6 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
 int mpib_connect_dequeue(struct mpib_connect_req *out);
 
 /* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
-void mpib_thread_rendezvous_reset(int expected);
-int mpib_thread_rendezvous(int timeout_ms);
 int mpib_dev_open(int rail, const char *name, int port, int pkey);
 void mpib_dev_close_all(void);
 int mpib_dmabuf_supported(void);

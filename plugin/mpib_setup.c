@@ -199,39 +199,6 @@ int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *r
   return 1;
 }
 
-/* Thread rendezvous for the control plane's thread prestart (lifecycle.go): each caller waits
- * here, inside a cgo call, until `expected` callers are in or the deadline passes. */
-static pthread_mutex_t rdv_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t rdv_cv = PTHREAD_COND_INITIALIZER;
-static int rdv_arrived, rdv_expected;
-
-void mpib_thread_rendezvous_reset(int expected) {
-  pthread_mutex_lock(&rdv_mu);
-  rdv_arrived = 0;
-  rdv_expected = expected;
-  pthread_mutex_unlock(&rdv_mu);
-}
-
-/* Returns how many callers had arrived when this one left. */
-int mpib_thread_rendezvous(int timeout_ms) {
-  struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  deadline.tv_sec += timeout_ms / 1000;
-  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&rdv_mu);
-  rdv_arrived++;
-  pthread_cond_broadcast(&rdv_cv);
-  while (rdv_arrived < rdv_expected && pthread_cond_timedwait(&rdv_cv, &rdv_mu, &deadline) == 0) {
-  }
-  int arrived = rdv_arrived;
-  pthread_mutex_unlock(&rdv_mu);
-  return arrived;
-}
-
 void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
 
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
