@@ -229,7 +229,6 @@ struct mpib_comm {
   int srq_posted[MPIB_NRAILS];
   uint64_t fifo_head; /* sequence number of the next request */
   uint32_t force_sup_bw;
-  int cts_rail_pref; /* the policy's CTS rail; cts_rail moves off it while it is failed */
   struct mpib_rail_ctl rail[MPIB_NRAILS];
   struct mpib_rail_info rem_rail[MPIB_NRAILS]; /* the peer's QPs, kept to rebuild a rail */
   enum ibv_mtu rail_mtu[MPIB_NRAILS];

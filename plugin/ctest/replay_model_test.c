@@ -329,7 +329,7 @@ static struct mpib_comm *make_comm(int side) {
   c->is_send = side == SEND;
   c->mode = MPIB_MODE_ADVANCED;
   c->path_class = MPIB_PATH_INTRA_ISLAND;
-  c->cts_rail = c->cts_rail_pref = MPIB_RAIL_SOUT;
+  c->cts_rail = MPIB_RAIL_SOUT;
   c->force_sup_bw = 512; /* half on each rail: every slot has two byte ranges */
   c->whole_msg_max = 0;
   c->shm_slot = -1;
