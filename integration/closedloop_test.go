@@ -63,9 +63,11 @@ const (
 	// The transfer: per agent a sweep (6 points of >= 4 s) + hand-over + 3 phases x 16 s,
 	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
 	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
-	// alone takes ~3 minutes, hence the margin. What is left after Python's phase 3 goes
-	// unshaped.
+	// alone takes ~3 minutes, hence the margin. After Python's phase 3 the receiver stops
+	// posting (clStopFile, in a2) and the sender follows: draining the rest unshaped took
+	// 6 minutes of a CI run.
 	clTransfer = "3000M"
+	clStopFile = "/tmp/closedloop.stop"
 )
 
 // clPhaseSup is SUP's shaping in phases 1, 2 and 3, at full rates.
@@ -286,9 +288,10 @@ func TestClosedLoop(t *testing.T) {
 		outs = append(outs, out)
 	}
 	r.samp.stop(ctx, t)
-	for _, rl := range Rails { // the rest of the transfer goes unshaped
+	for _, rl := range Rails {
 		lab.Shape(ctx, r.a1, rl, "")
 	}
+	lab.Node("a2").Exec(ctx, nil, "touch", clStopFile) // the transfer ends (see clTransfer)
 	cOut, cErr, cCode, err1 := r.cli.Wait(ctx)
 	sOut, sErr, sCode, err2 := r.srv.Wait(ctx)
 	if err1 != nil || err2 != nil {
@@ -320,10 +323,11 @@ func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 	r.shape(ctx, t, SOUT, clSoutKbit)
 	r.shape(ctx, t, SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
 	r.a1.Exec(ctx, nil, "rm", "-f", segPath)
+	a2.Exec(ctx, nil, "rm", "-f", clStopFile)
 	goAgent.run(ctx, t, r.a1, "create")
 	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
 	r.srv, r.cli = startPair(ctx, t, nettestPair{server: a2, client: r.a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(r.a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--max-size", "512K", "--window", "8",
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--stop-file", clStopFile, "--max-size", "512K", "--window", "8",
 			"--idle-us", strconv.Itoa(faultIdleUS)}})
 	t.Logf("pair started at %.1f s", time.Since(r.start).Seconds())
 	r.slot = goAgent.sendSlot(ctx, t, r.a1)

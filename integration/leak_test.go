@@ -26,7 +26,7 @@ import (
 // event threads): the driver's thread count minus the threads it had before it loaded the
 // plugin (threads_driver). at_rest is the most after a round's close in the final rounds,
 // burst_max the most seen in any round (sampled every millisecond of connection setup), growth
-// the final rounds' median minus the baseline rounds' median (restThreads: the connect-close
+// the final rounds' least minus the baseline rounds' median (restThreads: the connect-close
 // leak line's threads_growth is that figure too); each the worse of the two processes.
 // docs/configuration.md ("Threads") states the bounds.
 
@@ -95,13 +95,16 @@ type roundThreads struct{ round, threads int }
 
 // restThreads reads a process's threads at rest over the rounds: atRest is the most in the
 // final window (the reported rounds after base, as many as the baseline window has), growth
-// the final window's median minus the baseline window's (the reported rounds from base/4 to
-// base). The plugin ends its idle threads when it goes idle, and the Go runtime may start one
-// again for its own work (a GC cycle, a timer) before the driver reads the count: a round's
-// count at rest is mostly one figure, now and then one more or one less (9, sometimes 8 or
-// 10: measured over 1000 cycles), and two single samples, or either window's extremes, would
-// call that growth. A thread that stays (what the runtime did before MPIB trimmed: a new peak
-// of blocked calls left one more idle thread for good) moves the median.
+// the final window's least minus the baseline window's median (the reported rounds from
+// base/4 to base). The plugin ends its idle threads when it goes idle, and the Go runtime may
+// start one again for its own work (a GC cycle, a timer) before the driver reads the count,
+// or have ended one more: a round's count at rest is mostly one figure, now and then one more
+// or one less (9, sometimes 8 or 10 over 1000 cycles; in some runs 10 every other report).
+// Two single samples called that growth (a CI run: 9 at round 80, 10 at round 180), and so
+// did two windows' upper medians (a 100-cycle run whose final window held 10 and 9). A thread
+// that stays (what the runtime did before MPIB trimmed: a new peak of blocked calls left one
+// more idle thread for good) is in every report after it: it raises the final window's least
+// above what the baseline mostly read.
 func restThreads(rs []roundThreads, base int) (atRest, growth int) {
 	var baseline, final []int
 	for _, r := range rs {
@@ -117,18 +120,18 @@ func restThreads(rs []roundThreads, base int) (atRest, growth int) {
 	if len(baseline) == 0 || len(final) == 0 {
 		return 0, 0
 	}
-	median := func(v []int) int {
-		v = slices.Clone(v)
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
-	return slices.Max(final), median(final) - median(baseline)
+	sorted := slices.Sorted(slices.Values(baseline))
+	return slices.Max(final), slices.Min(final) - sorted[(len(sorted)-1)/2]
 }
 
 func TestRestThreads(t *testing.T) {
 	rs := []roundThreads{{1, 12}, {5, 9}, {20, 9}, {40, 8}, {60, 9}, {80, 9}, {85, 9}, {90, 10}, {95, 9}, {100, 9}}
 	if atRest, growth := restThreads(rs, 80); atRest != 10 || growth != 0 {
 		t.Errorf("a count moving between 8 and 10 around 9: at rest %d, growth %d; want 10, 0", atRest, growth)
+	}
+	alternating := []roundThreads{{20, 9}, {25, 10}, {30, 9}, {35, 10}, {80, 9}, {85, 10}, {90, 9}}
+	if atRest, growth := restThreads(alternating, 80); atRest != 10 || growth != 0 {
+		t.Errorf("a count alternating between 9 and 10, a short final window: at rest %d, growth %d; want 10, 0", atRest, growth)
 	}
 	rs = append(rs, roundThreads{105, 10}, roundThreads{110, 11}, roundThreads{115, 10}, roundThreads{120, 10})
 	if atRest, growth := restThreads(rs, 80); atRest != 11 || growth != 1 {
@@ -219,9 +222,11 @@ func TestLeakConnectClose(t *testing.T) {
 		t.Logf("%s after round %d: %s; after round %d: %s; %d threads before the plugin loaded, %d at most in a round",
 			[]string{"server", "client"}[i], base, first, rounds, last, driver, peak)
 		t.Logf("%s round:rss_kib/threads/malloc_inuse_kib/malloc_held_kib/threads_peak %s", []string{"server", "client"}[i], strings.Join(series, " "))
+		threads := g.threads
 		g.add(*first, *last)
 		atRest, growth := restThreads(rest, base)
-		g.threads = max(g.threads, growth) // the windowed figure, not the two samples' (restThreads)
+		// The windowed figure, not the two samples' (restThreads).
+		g.threads = max(threads, growth)
 		th.add(atRest-driver, peak-driver, growth)
 	}
 	if g.threads < 0 {
@@ -255,9 +260,39 @@ func probe(ctx context.Context, p *Process) (leakSample, error) {
 	return s, nil
 }
 
+// leakProbes probes, leakProbeGap apart, make one sample of a running process.
+const (
+	leakProbes   = 5
+	leakProbeGap = 300 * time.Millisecond
+)
+
+// minSample is each figure's least of a and b (b alone when first).
+func minSample(a, b leakSample, first bool) leakSample {
+	if first {
+		return b
+	}
+	return leakSample{fds: min(a.fds, b.fds), threads: min(a.threads, b.threads), qps: min(a.qps, b.qps),
+		mrs: min(a.mrs, b.mrs), rssKiB: min(a.rssKiB, b.rssKiB)}
+}
+
+func TestMinSample(t *testing.T) {
+	probes := []leakSample{{fds: 19, threads: 10, rssKiB: 15268, mrs: 2}, {fds: 19, threads: 9, rssKiB: 15300, mrs: 2}, {fds: 20, threads: 9, rssKiB: 15270, mrs: 2}}
+	var got leakSample
+	for n, p := range probes {
+		got = minSample(got, p, n == 0)
+	}
+	if want := (leakSample{fds: 19, threads: 9, rssKiB: 15268, mrs: 2}); got != want {
+		t.Errorf("least of each figure: got %v, want %v", got, want)
+	}
+	if got := minSample(leakSample{}, probes[0], true); got != probes[0] {
+		t.Errorf("the first probe alone: got %v, want %v", got, probes[0])
+	}
+}
+
 // TestLeakFailoverRecovery: during one a1 -> a2 transfer (vanilla: all on SUP), a1's SUP link
 // goes down until a1's send comm fails over, then up until it recovers, 100 times. Both
-// processes are probed after cycle 5 and after the last; the transfer must stay verified.
+// processes are probed after cycle 5 and after the last (sample: the least of 5 probes); the
+// transfer must stay verified.
 func TestLeakFailoverRecovery(t *testing.T) {
 	lab := leaksOrSkip(t)
 	t.Parallel()
@@ -297,15 +332,24 @@ func TestLeakFailoverRecovery(t *testing.T) {
 			t.Fatalf("failover/recovery cycles %d..%d: exit %d %v: %s %s\nserver %s\nclient %s", from, to, code, err, out, errOut, s, c)
 		}
 	}
+	// sample probes each process leakProbes times and keeps each figure's least (minSample):
+	// what leaked is there in every probe, while the Go runtime may run one more thread for a
+	// moment (a GC cycle, a timer) in any single one. A CI run failed on one such probe
+	// (threads 9 after cycle 5, 10 after cycle 100, fds and RSS unchanged).
 	sample := func() [2]leakSample {
 		time.Sleep(time.Second)
 		var r [2]leakSample
-		for i, p := range []*Process{fp.cli, fp.srv} {
-			s, err := probe(ctx, p)
-			if err != nil {
-				t.Fatal(err)
+		for n := range leakProbes {
+			if n > 0 {
+				time.Sleep(leakProbeGap)
 			}
-			r[i] = s
+			for i, p := range []*Process{fp.cli, fp.srv} {
+				s, err := probe(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r[i] = minSample(r[i], s, n == 0)
+			}
 		}
 		return r
 	}
