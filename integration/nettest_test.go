@@ -127,15 +127,16 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 	}
 }
 
-// propsByABI is what each table's properties must show of MPIB's fused device: v8 has no
-// vProps, v11 adds maxMultiRequestSize, v12 railId/planeId (left undefined, see
-// docs/nccl-loading.md).
+// propsByABI is what each table's properties must show of MPIB's fused device 0: v8 has no
+// vProps, and v9+ list the device alone (it is a device of its own, not a virtual one); v11
+// adds maxMultiRequestSize, v12 railId (the device's position) and planeId (none): see
+// docs/nccl-loading.md.
 var propsByABI = map[int][]string{
 	8:  {"vProps=none", "maxMultiRequestSize=-1"},
-	9:  {"vProps=2:[0,1]", "maxMultiRequestSize=-1"},
-	10: {"vProps=2:[0,1]", "maxMultiRequestSize=-1"},
-	11: {"vProps=2:[0,1]", "maxMultiRequestSize=8"},
-	12: {"vProps=2:[0,1]", "maxMultiRequestSize=8 railId=-1 planeId=-1"},
+	9:  {"vProps=1:[0]", "maxMultiRequestSize=-1"},
+	10: {"vProps=1:[0]", "maxMultiRequestSize=-1"},
+	11: {"vProps=1:[0]", "maxMultiRequestSize=8"},
+	12: {"vProps=1:[0]", "maxMultiRequestSize=8 railId=0 planeId=-1"},
 }
 
 // checkABI: both sides moved the verified bytes through ncclNetPlugin_vN and read its

@@ -17,35 +17,36 @@ ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, in
 ncclResult_t mpib_finalize(uint64_t ctx) { return (ncclResult_t)mpibGoFinalize(ctx); }
 
 ncclResult_t mpib_devices(int *ndev) {
-  *ndev = mpib_g.ndevs_open == MPIB_NRAILS ? 1 : 0;
-  MPIB_INFO("devices: %d fused device%s (%d of %d rails open)", *ndev, *ndev == 1 ? "" : "s", mpib_g.ndevs_open,
-            MPIB_NRAILS);
+  *ndev = mpib_g.nfdevs;
+  MPIB_INFO("devices: %d fused device%s (%d NICs open)", *ndev, *ndev == 1 ? "" : "s", mpib_g.nnics);
   return ncclSuccess;
 }
 
-/* Device 0 is the fused SOUT+SUP device NCCL uses. Device 1 answers only because NCCL's
- * topology code may look up the physical members listed in vProps (the SUP rail). */
+/* Each fused device is one NCCL device of its own (vProps: itself): MPIB makes no virtual
+ * devices out of them (makeVDevice stays NULL), and its members are not NCCL devices. */
 ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
-  if (mpib_g.ndevs_open != MPIB_NRAILS || dev < 0 || dev > 1) {
-    MPIB_WARN("getProperties for device %d: MPIB exposes one fused device (0)", dev);
+  if (dev < 0 || dev >= mpib_g.nfdevs) {
+    MPIB_WARN("getProperties for device %d: MPIB has %d fused device%s", dev, mpib_g.nfdevs,
+              mpib_g.nfdevs == 1 ? "" : "s");
     return ncclInvalidArgument;
   }
+  const struct mpib_fdev *f = &mpib_g.fdev[dev];
+  const struct mpib_nic *sout = &mpib_g.nic[f->nic[MPIB_RAIL_SOUT]], *sup = &mpib_g.nic[f->nic[MPIB_RAIL_SUP]];
   memset(p, 0, sizeof *p);
-  p->name = mpib_g.prop_name;
-  p->pci_path = mpib_g.prop_has_pci_path ? mpib_g.prop_pci_path : NULL;
-  p->guid = mpib_g.prop_guid;
-  p->ptr_support = mpib_g.prop_ptr_support;
-  p->force_flush = mpib_g.prop_force_flush;
-  /* dev 0: what the slowest kind of connection of this mode gets (mpib_props.h) */
-  p->speed = dev == 0 ? mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay,
-                                              mpib_g.dev[0].speed_mbps, mpib_g.dev[1].speed_mbps)
-                      : mpib_g.dev[1].speed_mbps;
-  p->port = mpib_g.dev[dev].port;
-  p->max_comms = mpib_g.prop_max_comms;
+  p->name = (char *)f->prop_name;
+  p->pci_path = f->prop_has_pci_path ? (char *)f->prop_pci_path : NULL;
+  p->guid = f->prop_guid;
+  p->ptr_support = f->prop_ptr_support;
+  p->force_flush = f->prop_force_flush;
+  /* what the slowest kind of connection of this mode gets (mpib_props.h) */
+  p->speed = mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup->speed_mbps);
+  p->port = sout->port;
+  p->max_comms = f->prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;
-  p->ndevs = dev == 0 ? MPIB_NRAILS : 1;
+  p->rail_id = f->rail_id;
+  p->plane_id = f->plane_id;
+  p->ndevs = 1;
   p->devs[0] = dev;
-  p->devs[1] = 1;
   return ncclSuccess;
 }
 
@@ -74,7 +75,7 @@ ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle
     return (ncclResult_t)result;
   default: /* a new attempt: queued for the control plane, which starts its handshake */
     *sendComm = NULL;
-    if (dev == 0 && mpib_g.ndevs_open == MPIB_NRAILS && mpib_handle_fresh(handle) &&
+    if (dev >= 0 && dev < mpib_g.nfdevs && mpib_handle_fresh(handle) &&
         mpib_connect_enqueue(ctx, dev, traffic_class, handle))
       return ncclSuccess;
     return (ncclResult_t)mpibGoConnect(ctx, dev, traffic_class, handle, sendComm); /* or refused there */

@@ -31,8 +31,8 @@ ncclResult_t mpib_v12_finalize(void *ctx) {
   return res;
 }
 
-/* railId and planeId stay NCCL_NET_ID_UNDEF: the fused device spans both fabrics, so no one
- * rail or plane describes it (docs/nccl-loading.md, "v12"). */
+/* railId and planeId: the device's (MPIB_HCA_SOUT's name:port:rail:plane, else its position and
+ * no plane: docs/deploying.md). */
 ncclResult_t mpib_v12_get_properties(int dev, ncclNetProperties_v12_t *props) {
   struct mpib_props p;
   ncclResult_t res = mpib_get_properties(dev, &p);
@@ -44,7 +44,7 @@ ncclResult_t mpib_v12_get_properties(int dev, ncclNetProperties_v12_t *props) {
                                      .netDeviceType = NCCL_NET_DEVICE_HOST,
                                      .maxP2pBytes = INT32_MAX, .maxCollBytes = INT32_MAX,
                                      .maxMultiRequestSize = MPIB_MAX_RECVS,
-                                     .railId = NCCL_NET_ID_UNDEF, .planeId = NCCL_NET_ID_UNDEF};
+                                     .railId = (int16_t)p.rail_id, .planeId = (int16_t)p.plane_id};
   props->vProps.ndevs = p.ndevs;
   for (int i = 0; i < p.ndevs; i++) props->vProps.devs[i] = p.devs[i];
   return ncclSuccess;

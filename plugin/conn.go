@@ -40,6 +40,7 @@ type result struct {
 
 type listener struct {
 	owner *netCtx
+	dev   int // the fused device NCCL listened on: its connections' comms live there
 	ln    net.Listener
 	nonce uint64
 	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
@@ -90,12 +91,13 @@ func helloTimeout() time.Duration {
 var errNotAPeer = errors.New("not an MPIB peer of this listener")
 
 func checkDevice(dev C.int) C.int {
-	if C.mpib_g.ndevs_open != C.MPIB_NRAILS {
+	n := int(C.mpib_g.nfdevs)
+	if n == 0 {
 		warnf("called before a successful init")
 		return C.int(resInternalError)
 	}
-	if dev != 0 {
-		warnf("device %d does not exist: MPIB exposes one fused device (0)", int(dev))
+	if dev < 0 || int(dev) >= n {
+		warnf("device %d does not exist: MPIB has %d fused device%s (0..%d)", int(dev), n, map[bool]string{true: "", false: "s"}[n == 1], n-1)
 		return C.int(resInvalidArgument)
 	}
 	return C.int(resSuccess)
@@ -117,7 +119,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
 		return C.int(resSystemError)
 	}
-	l := &listener{owner: owner, ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
+	l := &listener{owner: owner, dev: int(dev), ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
 	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
 		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
 	registry.mu.Lock()
@@ -135,7 +137,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	go l.acceptLoop()
 	go func() {
 		defer owner.wg.Done()
-		l.spare <- prepareSpare(owner.ctx)
+		l.spare <- prepareSpare(owner.ctx, l.dev)
 	}()
 	l.unhook = context.AfterFunc(owner.ctx, func() { l.close(true) })
 	*listenComm = unsafe.Pointer(l.lc)
@@ -240,12 +242,13 @@ func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsaf
 		return C.int(resInvalidUsage)
 	}
 	h, owner, tc, rc := prepareConnect(uint64(ctxID), dev, int(trafficClass), hb)
+	d := int(dev)
 	if rc != resSuccess {
 		return C.int(rc)
 	}
 	var gen C.uint32_t
 	idx1 := C.mpib_pending_acquire(&gen)
-	id, ok := startAttempt(owner, h, tc, uint32(idx1), uint32(gen))
+	id, ok := startAttempt(owner, h, d, tc, uint32(idx1), uint32(gen))
 	if !ok {
 		if idx1 != 0 {
 			refuseEntry(uint32(idx1), uint32(gen), resInvalidUsage, 0)
@@ -284,7 +287,7 @@ func prepareConnect(ctxID uint64, dev C.int, trafficClass int, hb []byte) (wire.
 // C pending table (0: none, connect then polls through Go).
 // It refuses (false) once the context is finalized: the check and wg.Add happen under
 // registry.mu, which endNetCtx takes to remove the context before it waits for wg.
-func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) (uint64, bool) {
+func startAttempt(owner *netCtx, h wire.Handle, dev, tc int, pend, gen uint32) (uint64, bool) {
 	a := &attempt{owner: owner, done: make(chan struct{}), pend: pend, gen: gen}
 	registry.mu.Lock()
 	if registry.ctxs[owner.id] != owner {
@@ -298,7 +301,7 @@ func startAttempt(owner *netCtx, h wire.Handle, tc int, pend, gen uint32) (uint6
 	registry.mu.Unlock()
 	go func() {
 		defer owner.wg.Done()
-		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, tc)
+		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, dev, tc)
 		close(a.done)
 		if a.pend != 0 {
 			rc := resSuccess
@@ -387,7 +390,7 @@ func startQueued(req *C.struct_mpib_connect_req) {
 	pend, gen := uint32(req.idx1), uint32(req.gen)
 	h, owner, tc, rc := prepareConnect(uint64(req.ctx), req.dev, int(req.traffic_class), hb)
 	if rc == resSuccess {
-		if _, ok := startAttempt(owner, h, tc, pend, gen); ok {
+		if _, ok := startAttempt(owner, h, int(req.dev), tc, pend, gen); ok {
 			return
 		}
 		rc = resInvalidUsage
@@ -481,9 +484,9 @@ func (a *attempt) reclaim() *C.struct_mpib_comm {
 // are known from the handle (the dial binds to the OOB address), so nothing waits for the
 // socket, and the resources are ready when the peer's metadata arrives. (net_ib creates them
 // after its socket connects.)
-func connectHandshake(ctx context.Context, h wire.Handle, trafficClass int) (*C.struct_mpib_comm, error) {
+func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int) (*C.struct_mpib_comm, error) {
 	ready := make(chan prepared, 1)
-	go func() { ready <- prepare(ctx, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass) }()
+	go func() { ready <- prepare(ctx, dev, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass) }()
 	dialStart := time.Now()
 	c, err := dialHello(ctx, h)
 	helloSent := time.Now()
@@ -547,14 +550,14 @@ func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepare
 	start := time.Now()
 	if l.spareTaken.CompareAndSwap(false, true) {
 		p := <-l.spare // at most the rest of its creation
-		if p.err == nil && p.gen == gidGens() {
+		if p.err == nil && p.gen == gidGens(l.dev) {
 			if err := p.completeSpare(ctx, local, peer, start); err == nil {
 				return p
 			}
 		}
 		destroyInGoroutine(p.comm)
 	}
-	return prepare(ctx, local, peer, false, tcUndef)
+	return prepare(ctx, l.dev, local, peer, false, tcUndef)
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
@@ -580,6 +583,7 @@ func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm
 // connection's two ends decides its QPs (both ends classify the same two addresses, so their
 // QP counts agree; the metadata exchange verifies it).
 type prepared struct {
+	dev    int // the fused device
 	comm   *C.struct_mpib_comm
 	isSend bool
 	path   topo.PathClass
@@ -588,18 +592,31 @@ type prepared struct {
 	peer   netip.Addr
 	st     setupTimes
 	err    error
-	gen    [2]uint32 // the GID change counts its GIDs were chosen under (a listener's spare)
+	gen    [2]uint32 // its device's GID change counts its GIDs were chosen under (a listener's spare)
 }
 
-func gidGens() [2]uint32 { return [2]uint32{uint32(C.mpib_gid_gen(0)), uint32(C.mpib_gid_gen(1))} }
+// gidGens is a device's two NICs' GID change counts.
+func gidGens(dev int) [2]uint32 {
+	n := plugin.nicIndex[dev]
+	return [2]uint32{uint32(C.mpib_gid_gen(C.int(n[0]))), uint32(C.mpib_gid_gen(C.int(n[1])))}
+}
+
+// allGIDGens sums every open NIC's GID change count: it moves when any address came or went.
+func allGIDGens() uint32 {
+	var sum uint32
+	for n := range int(C.mpib_g.nnics) {
+		sum += uint32(C.mpib_gid_gen(C.int(n)))
+	}
+	return sum
+}
 
 // prepareSpare builds a listener's receiver before any peer is known: SOUT's QPs, which every
 // path has. The handshake that takes it adds SUP's if its path wants them (completeSpare).
 // Receivers of inter-island connections thus never have SUP QPs, as if built at accept.
-func prepareSpare(ctx context.Context) prepared {
-	p := prepared{gen: gidGens(), st: setupTimes{last: time.Now()}}
+func prepareSpare(ctx context.Context, dev int) prepared {
+	p := prepared{dev: dev, gen: gidGens(dev), st: setupTimes{last: time.Now()}}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(false, topo.InterIsland, tcUndef, false)
+	params, p.prefix, p.err = connParams(dev, false, topo.InterIsland, tcUndef, false)
 	if p.err != nil {
 		return p
 	}
@@ -615,7 +632,7 @@ func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, st
 	if p.path, err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen); err != nil {
 		return err
 	}
-	params, prefix, err := connParams(false, p.path, tcUndef, true)
+	params, prefix, err := connParams(p.dev, false, p.path, tcUndef, true)
 	if err != nil {
 		return err
 	}
@@ -640,14 +657,14 @@ func createComm(ctx context.Context, params *C.struct_mpib_conn_params) (*C.stru
 	return comm, err
 }
 
-func prepare(ctx context.Context, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
-	p := prepared{isSend: isSend, local: local, peer: peer, st: setupTimes{last: time.Now()}}
+func prepare(ctx context.Context, dev int, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
+	p := prepared{dev: dev, isSend: isSend, local: local, peer: peer, st: setupTimes{last: time.Now()}}
 	p.path, p.err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
 	if p.err != nil {
 		return p
 	}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(isSend, p.path, trafficClass, true)
+	params, p.prefix, p.err = connParams(dev, isSend, p.path, trafficClass, true)
 	if p.err != nil {
 		return p
 	}
@@ -726,20 +743,20 @@ func (st *setupTimes) String() string {
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
 // each rail's GID (read now: addresses can change after init) and the traffic class.
 // withSup false leaves SUP out whatever the path (a listener's spare).
-func connParams(isSend bool, path topo.PathClass, trafficClass int, withSup bool) (C.struct_mpib_conn_params, [2]uint8, error) {
+func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, withSup bool) (C.struct_mpib_conn_params, [2]uint8, error) {
 	cfg := plugin.cfg
 	var p C.struct_mpib_conn_params
 	var prefix [2]uint8
-	p.is_send, p.mode, p.path_class = boolInt(isSend), C.int(cfg.Mode), C.int(path)
+	p.dev, p.is_send, p.mode, p.path_class = C.int(dev), boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
 	if withSup && C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
 		p.nqps[1] = C.uint32_t(cfg.SupQPs)
 	}
-	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {
+	for rail, r := range []config.Rail{cfg.Devices[dev].Sout, cfg.Devices[dev].Sup} {
 		if p.nqps[rail] == 0 {
 			continue
 		}
-		idx, addr, err := chooseGID(rail, r.GIDIndex)
+		idx, addr, err := chooseGID(plugin.nicIndex[dev][rail], r.GIDIndex)
 		if err != nil {
 			return p, prefix, fmt.Errorf("%s rail %s: %w", railNames[rail], r.HCA, err)
 		}
@@ -759,21 +776,21 @@ var railNames = [2]string{"SOUT", "SUP"}
 // the first connect (warmGIDTables). The age bound covers a provider that reports no events.
 var gidTables struct {
 	mu    sync.Mutex
-	at    [2]time.Time
-	gen   [2]uint32
-	table [2][]gid.Entry
+	at    [C.MPIB_MAX_NICS]time.Time
+	gen   [C.MPIB_MAX_NICS]uint32
+	table [C.MPIB_MAX_NICS][]gid.Entry
 }
 
 const gidTableMaxAge = 30 * time.Second
 
-func readGIDTable(rail int) []gid.Entry {
+func readGIDTable(nic int) []gid.Entry {
 	gidTables.mu.Lock()
 	defer gidTables.mu.Unlock()
-	gen := uint32(C.mpib_gid_gen(C.int(rail))) // before the read: a change during it forces another
-	if t := gidTables.table[rail]; t != nil && gen == gidTables.gen[rail] && time.Since(gidTables.at[rail]) < gidTableMaxAge {
+	gen := uint32(C.mpib_gid_gen(C.int(nic))) // before the read: a change during it forces another
+	if t := gidTables.table[nic]; t != nil && gen == gidTables.gen[nic] && time.Since(gidTables.at[nic]) < gidTableMaxAge {
 		return t
 	}
-	n := int(C.mpib_gid_table_len(C.int(rail)))
+	n := int(C.mpib_gid_table_len(C.int(nic)))
 	table := make([]gid.Entry, n)
 	if n > 0 {
 		raw := make([]byte, 16*n)
@@ -781,7 +798,7 @@ func readGIDTable(rail int) []gid.Entry {
 		// A kernel walk of every entry, tens of ms: on a throwaway thread (lifecycle.go), one
 		// at a time (gidTables.mu).
 		onThrowawayThread(func() struct{} {
-			C.mpib_gid_table_read(C.int(rail), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
+			C.mpib_gid_table_read(C.int(nic), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
 			return struct{}{}
 		})
 		for i := range table {
@@ -790,7 +807,7 @@ func readGIDTable(rail int) []gid.Entry {
 			}
 		}
 	}
-	gidTables.table[rail], gidTables.at[rail], gidTables.gen[rail] = table, time.Now(), gen
+	gidTables.table[nic], gidTables.at[nic], gidTables.gen[nic] = table, time.Now(), gen
 	return table
 }
 
@@ -801,19 +818,19 @@ func warmGIDTables() {
 	plugin.warming.Add(1)
 	go func() {
 		defer plugin.warming.Done()
-		for rail := range 2 {
-			readGIDTable(rail)
+		for nic := range int(C.mpib_g.nnics) {
+			readGIDTable(nic)
 		}
 		localPrefixes()
 	}()
 }
 
-// chooseGID picks a rail's GID for a new connection (net_ib's rule) from its current table.
-func chooseGID(rail, configured int) (int, netip.Addr, error) {
-	table := readGIDTable(rail)
+// chooseGID picks a NIC's GID for a new connection (net_ib's rule) from its current table.
+func chooseGID(nic, configured int) (int, netip.Addr, error) {
+	table := readGIDTable(nic)
 	var idx int
 	var err error
-	if C.mpib_g.dev[rail].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
+	if C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
 		idx, err = gid.ChooseIB(table)
 	} else {
 		idx, err = gid.ChooseRoCE(table, configured, plugin.cfg.GID)
@@ -841,14 +858,14 @@ func interfacePrefixLen(addr netip.Addr) uint8 {
 var ifPrefixes struct {
 	mu  sync.Mutex
 	at  time.Time
-	gen [2]uint32
+	gen uint32
 	all []netip.Prefix
 }
 
 func localPrefixes() []netip.Prefix {
 	ifPrefixes.mu.Lock()
 	defer ifPrefixes.mu.Unlock()
-	gen := gidGens()
+	gen := allGIDGens()
 	if ifPrefixes.all != nil && gen == ifPrefixes.gen && time.Since(ifPrefixes.at) < gidTableMaxAge {
 		return ifPrefixes.all
 	}
@@ -867,7 +884,7 @@ func localPrefixes() []netip.Prefix {
 // afresh, and its event counts start again).
 func forgetGIDTables() {
 	gidTables.mu.Lock()
-	gidTables.table = [2][]gid.Entry{}
+	gidTables.table = [C.MPIB_MAX_NICS][]gid.Entry{}
 	gidTables.mu.Unlock()
 	ifPrefixes.mu.Lock()
 	ifPrefixes.all = nil

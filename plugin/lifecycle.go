@@ -370,7 +370,7 @@ func closeDevicesIfUnused() {
 	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
 		closeAgentSegment()
 		plugin.warming.Wait()
-		C.mpib_dev_close_all()
+		C.mpib_nic_close_all()
 		forgetGIDTables()
 		plugin.devicesOpen = false
 		infof("devices closed")

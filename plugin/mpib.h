@@ -59,9 +59,15 @@ _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers eve
 #define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_GEN_SHIFT) - 1)
 enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV, MPIB_WR_KEEPALIVE };
 
-/* One physical rail device (global, opened once at init by the Go control plane). */
-struct mpib_dev {
+/* Fused devices NCCL sees (MPIB_HCA_SOUT and MPIB_HCA_SUP paired by position) and the NICs
+ * they are made of: a SUP NIC may serve several fused devices (pairs of GPUs sharing one). */
+#define MPIB_MAX_DEVS 16
+#define MPIB_MAX_NICS (MPIB_NRAILS * MPIB_MAX_DEVS)
+
+/* One physical NIC port (global, opened once at init by the Go control plane). */
+struct mpib_nic {
   char name[64];
+  int role; /* the rail it serves (MPIB_RAIL_SOUT or MPIB_RAIL_SUP), for messages */
   struct ibv_context *ctx;
   struct ibv_pd *pd;
   uint8_t port;
@@ -82,10 +88,25 @@ struct mpib_dev {
   int event_stop_pipe[2];
 };
 
+/* One fused device: a SOUT NIC and a SUP NIC, and what getProperties reports for it. */
+struct mpib_fdev {
+  int nic[MPIB_NRAILS]; /* indexes into mpib_g.nic */
+  int rail_id, plane_id; /* v12 railId / planeId (NCCL_NET_ID_UNDEF: none) */
+  char prop_name[160];
+  char prop_pci_path[256];
+  int prop_has_pci_path;
+  uint64_t prop_guid;
+  int prop_ptr_support;
+  int prop_force_flush; /* mlx5 Data Direct: NCCL must flush even where it would not */
+  int prop_max_comms;
+};
+
 /* Process-wide configuration and devices, filled by Go in init before any comm exists. */
 struct mpib_global {
-  struct mpib_dev dev[MPIB_NRAILS];
-  int ndevs_open;
+  struct mpib_nic nic[MPIB_MAX_NICS];
+  int nnics;
+  struct mpib_fdev fdev[MPIB_MAX_DEVS];
+  int nfdevs; /* fused devices ready (0 until init opened every NIC) */
   int mode;
   int sup_relay;
   uint32_t force_sup_bw;    /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
@@ -103,21 +124,14 @@ struct mpib_global {
   uint64_t stall_timeout_ms;    /* MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once) */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
-  /* Properties reported to NCCL. */
-  char prop_name[160];
-  char prop_pci_path[256];
-  int prop_has_pci_path;
-  uint64_t prop_guid;
-  int prop_ptr_support;
-  int prop_force_flush; /* mlx5 Data Direct: NCCL must flush even where it would not */
-  int prop_speed;
-  int prop_max_comms;
 };
 extern struct mpib_global mpib_g;
 
-/* Memory handle: one MR per rail (regIsGlobal: not tied to a comm). */
+/* Memory handle: one MR per rail of one fused device (the comm's that registered it; NCCL
+ * registers a buffer per net device). */
 struct mpib_mr {
   struct ibv_mr *mr[MPIB_NRAILS];
+  int fdev;
 };
 
 enum { MPIB_REQ_FREE = 0, MPIB_REQ_SEND, MPIB_REQ_RECV, MPIB_REQ_FLUSH };
@@ -197,6 +211,7 @@ struct mpib_conn_info {
 
 /* Per-connection choices made by the control plane before the QPs exist. */
 struct mpib_conn_params {
+  int dev; /* the fused device */
   int is_send, mode, path_class;
   uint32_t nqps[MPIB_NRAILS];
   int gid_index[MPIB_NRAILS]; /* chosen at connect time (the GID table may change after init) */
@@ -218,6 +233,8 @@ struct mpib_comm {
   struct ibv_mr *area_mr[MPIB_NRAILS]; /* both, one MPIB_NIC_AREA allocation starting at cts */
 
   int is_send;
+  int fdev;                          /* the fused device it belongs to */
+  struct mpib_nic *nic[MPIB_NRAILS]; /* that device's NICs, per rail */
   int mode, path_class, sup_relay, cts_rail;
   int gid_index[MPIB_NRAILS];
   union ibv_gid gid[MPIB_NRAILS];
@@ -387,27 +404,28 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
 /* The oldest queued request: 1, or 0 when none. */
 int mpib_connect_dequeue(struct mpib_connect_req *out);
 
-/* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. */
-int mpib_dev_open(int rail, const char *name, int port, int pkey);
-void mpib_dev_close_all(void);
+/* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. NICs are
+ * named by their index in mpib_g.nic, fused devices by theirs in mpib_g.fdev. */
+int mpib_nic_open(int nic, int role, const char *name, int port, int pkey);
+void mpib_nic_close_all(void);
 int mpib_dmabuf_supported(void);
-/* How many connections the devices can hold (for NCCL's maxComms), given QPs per connection. */
-int mpib_max_comms(const uint32_t nqps[MPIB_NRAILS]);
-/* Whether a rail is an mlx5 Data Direct device (net_ib then forces flushes). */
-int mpib_data_direct(int rail);
-/* Async events (mpib_events.c): one thread per open device. */
-int mpib_events_start(int rail);
-void mpib_events_stop(int rail);
-/* One GID table entry of a rail's port for the control plane's GID choice: 0, or -1 when the
+/* How many connections a fused device can hold (for NCCL's maxComms), given QPs per connection. */
+int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]);
+/* Whether a NIC is an mlx5 Data Direct device (net_ib then forces flushes). */
+int mpib_data_direct(int nic);
+/* Async events (mpib_events.c): one thread per open NIC. */
+int mpib_events_start(int nic);
+void mpib_events_stop(int nic);
+/* One GID table entry of a NIC's port for the control plane's GID choice: 0, or -1 when the
  * entry is empty or unreadable. type is IBV_GID_TYPE_*. */
-int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type);
-int mpib_gid_table_len(int rail);
-/* How many GID table changes the rail's device has reported (IBV_EVENT_GID_CHANGE). */
-uint32_t mpib_gid_gen(int rail);
-/* The rail's port's whole GID table, n = mpib_gid_table_len entries: gids[16*i], types[i]
+int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type);
+int mpib_gid_table_len(int nic);
+/* How many GID table changes the NIC has reported (IBV_EVENT_GID_CHANGE). */
+uint32_t mpib_gid_gen(int nic);
+/* The NIC's port's whole GID table, n = mpib_gid_table_len entries: gids[16*i], types[i]
  * (-1: empty or unreadable). One verbs call where the library has ibv_query_gid_table (a
- * connection burst at job start reads it once per rail; rxe has 1024 entries, mostly empty). */
-void mpib_gid_table_read(int rail, uint8_t *gids, int *types, int n);
+ * connection burst at job start reads it once per NIC; rxe has 1024 entries, mostly empty). */
+void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n);
 uint64_t mpib_now_ns(void);
 void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */
@@ -437,7 +455,7 @@ size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
 void mpib_comm_destroy(struct mpib_comm *c);
-int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out);
+int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out);
 int mpib_dereg_mr(struct mpib_mr *mh);
 
 /* Data path (mpib_p2p.c). */

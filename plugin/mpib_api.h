@@ -20,6 +20,7 @@ struct mpib_props {
   int port;
   int max_comms;
   int max_recvs;
+  int rail_id, plane_id; /* v12 railId / planeId */
   int ndevs;
   int devs[NCCL_NET_MAX_DEVS_PER_NIC_V12];
 };

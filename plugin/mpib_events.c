@@ -1,5 +1,5 @@
 /*
- * Async events: one thread per open device reads ibv_get_async_event, as net_ib does.
+ * Async events: one thread per open NIC reads ibv_get_async_event, as net_ib does.
  * Without it a device that dies (IBV_EVENT_DEVICE_FATAL, e.g. removed or reset) leaves the
  * CQs silent and test() would wait forever. The thread only sets flags the data path reads
  * when a caller waits (mpib_p2p.c comm_health): fatal fails every comm on the device, a port
@@ -18,16 +18,17 @@
 
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
 
-/* Events per type seen on each rail; a type is logged when its count goes 0 -> 1. */
-static unsigned event_counts[MPIB_NRAILS][32];
+/* Events per type seen on each NIC; a type is logged when its count goes 0 -> 1. */
+static unsigned event_counts[MPIB_MAX_NICS][32];
 
-static int first_time(int rail, enum ibv_event_type t) {
+static int first_time(int nic, enum ibv_event_type t) {
   unsigned i = (unsigned)t < 32 ? (unsigned)t : 31;
-  return __atomic_fetch_add(&event_counts[rail][i], 1, __ATOMIC_RELAXED) == 0;
+  return __atomic_fetch_add(&event_counts[nic][i], 1, __ATOMIC_RELAXED) == 0;
 }
 
-static void handle_event(int rail, const struct ibv_async_event *ev) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+static void handle_event(int nic, const struct ibv_async_event *ev) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  int rail = d->role;
   enum ibv_event_type t = ev->event_type;
   switch (t) {
   case IBV_EVENT_DEVICE_FATAL:
@@ -44,7 +45,7 @@ static void handle_event(int rail, const struct ibv_async_event *ev) {
     return;
   case IBV_EVENT_GID_CHANGE: /* an address came or went: the next connect reads the GID table again */
     __atomic_add_fetch(&d->gid_gen, 1, __ATOMIC_RELEASE);
-    if (first_time(rail, t))
+    if (first_time(nic, t))
       MPIB_INFO("%s rail: device %s port %d GID table changed (logged once; every change is acted on)", rail_name(rail),
                 d->name, ev->element.port_num);
     return;
@@ -54,15 +55,16 @@ static void handle_event(int rail, const struct ibv_async_event *ev) {
   case IBV_EVENT_SRQ_LIMIT_REACHED:
     return; /* expected in normal operation */
   default:
-    if (first_time(rail, t))
+    if (first_time(nic, t))
       MPIB_WARN("%s rail: device %s async event: %s (logged once per kind)", rail_name(rail), d->name,
                 ibv_event_type_str(t));
   }
 }
 
 static void *event_loop(void *arg) {
-  int rail = (int)(intptr_t)arg;
-  struct mpib_dev *d = &mpib_g.dev[rail];
+  int nic = (int)(intptr_t)arg;
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  int rail = d->role;
   struct pollfd fds[2] = {{.fd = d->ctx->async_fd, .events = POLLIN}, {.fd = d->event_stop_pipe[0], .events = POLLIN}};
   for (;;) {
     int n = poll(fds, 2, -1);
@@ -76,19 +78,19 @@ static void *event_loop(void *arg) {
     }
     struct ibv_async_event ev;
     while (ibv_get_async_event(d->ctx, &ev) == 0) { /* non-blocking: drain what is queued */
-      handle_event(rail, &ev);
+      handle_event(nic, &ev);
       ibv_ack_async_event(&ev);
     }
   }
 }
 
-int mpib_events_start(int rail) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+int mpib_events_start(int nic) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
   int flags = fcntl(d->ctx->async_fd, F_GETFL);
   if (flags < 0 || fcntl(d->ctx->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) return -errno;
   if (pipe2(d->event_stop_pipe, O_CLOEXEC) != 0) return -errno;
-  memset(event_counts[rail], 0, sizeof event_counts[rail]);
-  int rc = pthread_create(&d->event_thread, NULL, event_loop, (void *)(intptr_t)rail);
+  memset(event_counts[nic], 0, sizeof event_counts[nic]);
+  int rc = pthread_create(&d->event_thread, NULL, event_loop, (void *)(intptr_t)nic);
   if (rc != 0) {
     close(d->event_stop_pipe[0]);
     close(d->event_stop_pipe[1]);
@@ -98,8 +100,8 @@ int mpib_events_start(int rail) {
   return 0;
 }
 
-void mpib_events_stop(int rail) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+void mpib_events_stop(int nic) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
   if (!d->event_thread_running) return;
   char b = 0;
   ssize_t w = write(d->event_stop_pipe[1], &b, 1);

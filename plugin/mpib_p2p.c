@@ -47,7 +47,7 @@ static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
 
 /* A port the device reported down (async event) is not scheduled while the other rail can
  * carry the request. */
-static int rail_down(int rail) { return __atomic_load_n(&mpib_g.dev[rail].port_down, __ATOMIC_RELAXED); }
+static int rail_down(const struct mpib_comm *c, int rail) { return __atomic_load_n(&c->nic[rail]->port_down, __ATOMIC_RELAXED); }
 
 /* Why a comm can make no more progress, checked only while a caller waits for it: a fatal
  * device under any of its rails, or a peer whose control socket closed longer ago than the
@@ -72,19 +72,19 @@ static void publish_rail_state(struct mpib_comm *c, int r);
 static int rail_usable(const struct mpib_comm *c, int r);
 static ncclResult_t progress(struct mpib_comm *c);
 
-static int rail_fatal(int rail) { return __atomic_load_n(&mpib_g.dev[rail].fatal, __ATOMIC_ACQUIRE); }
+static int rail_fatal(const struct mpib_comm *c, int rail) { return __atomic_load_n(&c->nic[rail]->fatal, __ATOMIC_ACQUIRE); }
 static void notify_peer_failed(struct mpib_comm *c);
 
 static ncclResult_t comm_health_check(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (c->nqps[r] && rail_fatal(r) && c->rail[r].state != MPIB_RAIL_DEAD) {
+    if (c->nqps[r] && rail_fatal(c, r) && c->rail[r].state != MPIB_RAIL_DEAD) {
       if (c->rail[r].state == MPIB_RAIL_DOWN) {
         c->rail[r].state = MPIB_RAIL_DEAD; /* already failed over: it just never comes back */
         publish_rail_state(c, r);
         continue;
       }
       if (c->rail[r].state == MPIB_RAIL_FENCING) continue;
-      ncclResult_t res = rail_fail(c, r, "device-fatal", mpib_g.dev[r].name);
+      ncclResult_t res = rail_fail(c, r, "device-fatal", c->nic[r]->name);
       if (res != ncclSuccess) return ncclSystemError;
     }
   }
@@ -106,7 +106,7 @@ static ncclResult_t comm_health_check(struct mpib_comm *c) {
 /* Runs on every call that finds nothing to do: with both devices alive and the peer there it
  * costs three loads, in line. */
 static inline ncclResult_t comm_health(struct mpib_comm *c) {
-  if (!rail_fatal(MPIB_RAIL_SOUT) && !rail_fatal(MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) &&
+  if (!rail_fatal(c, MPIB_RAIL_SOUT) && !rail_fatal(c, MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) &&
       !c->stall_since_ns)
     return ncclSuccess;
   return comm_health_check(c);
@@ -226,8 +226,8 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SUP) || rail_fatal(MPIB_RAIL_SUP)) return 0;
-  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(MPIB_RAIL_SOUT) || rail_fatal(MPIB_RAIL_SOUT)) &&
+  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || rail_down(c, MPIB_RAIL_SUP) || rail_fatal(c, MPIB_RAIL_SUP)) return 0;
+  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || rail_down(c, MPIB_RAIL_SOUT) || rail_fatal(c, MPIB_RAIL_SOUT)) &&
       c->nqps[MPIB_RAIL_SUP])
     return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
@@ -475,6 +475,11 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
     MPIB_WARN("isend of %zu bytes without a memory handle", size);
     return ncclInvalidArgument;
   }
+  if (mhandle != NULL && ((struct mpib_mr *)mhandle)->fdev != c->fdev) {
+    MPIB_WARN("isend with a memory handle registered on device %d, on a connection of device %d",
+              ((struct mpib_mr *)mhandle)->fdev, c->fdev);
+    return ncclInvalidArgument;
+  }
   struct mpib_request *req = req_alloc(c, MPIB_REQ_SEND);
   if (!req) return ncclSuccess; /* pool exhausted: retry after completions */
   req->data = data;
@@ -576,6 +581,11 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
       req->type = MPIB_REQ_FREE;
       return ncclInvalidArgument;
     }
+    if (mh != NULL && mh->fdev != c->fdev) {
+      MPIB_WARN("irecv with a memory handle registered on device %d, on a connection of device %d", mh->fdev, c->fdev);
+      req->type = MPIB_REQ_FREE;
+      return ncclInvalidArgument;
+    }
     memset(&cts[r], 0, sizeof cts[r]);
     cts[r].addr = (uint64_t)(uintptr_t)data[r];
     cts[r].size = sizes[r];
@@ -619,7 +629,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
  * net_ib does, and its QP is reset before its next use (mpib_flush_qp_reset). */
 static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
   MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
-            "ordered before the GPU reads them", rail_name(rail), mpib_g.dev[rail].name);
+            "ordered before the GPU reads them", rail_name(rail), c->nic[rail]->name);
   c->failure_reported = 1;
   return ncclSystemError;
 }
@@ -649,7 +659,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   if (!mpib_g.flush_enabled || last < 0 || c->flush_due == 0) return ncclSuccess;
   struct mpib_mr *mh = mhandles[last];
   for (int rail = 0; rail < MPIB_NRAILS; rail++)
-    if ((c->flush_due & (1u << rail)) && rail_fatal(rail)) return flush_rail_dead(c, rail);
+    if ((c->flush_due & (1u << rail)) && rail_fatal(c, rail)) return flush_rail_dead(c, rail);
   struct mpib_request *req = req_alloc(c, MPIB_REQ_FLUSH);
   if (!req) {
     MPIB_WARN("no free request for a flush");
@@ -695,7 +705,7 @@ static void publish_rail_state(struct mpib_comm *c, int r) {
 
 /* Whether a rail can carry this connection's traffic right now. */
 static int rail_usable(const struct mpib_comm *c, int r) {
-  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(r) && !rail_down(r);
+  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(c, r) && !rail_down(c, r);
 }
 
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
@@ -867,7 +877,7 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   rc->since_ns = mpib_now_ns();
   rc->keepalive_out = 0;
   if (!retrying) publish_rail_state(c, r);
-  if (!rail_fatal(r)) mpib_rail_to_error(c, r);
+  if (!rail_fatal(c, r)) mpib_rail_to_error(c, r);
   ncclResult_t res = c->is_send ? ncclSuccess : recv_leave_cts_rail(c, r);
   if (res != ncclSuccess) return res;
   if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);
@@ -880,7 +890,7 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struc
 static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   struct ibv_wc wcs[16];
   int n;
-  if (!c->cq[r] || rail_fatal(r)) return ncclSuccess;
+  if (!c->cq[r] || rail_fatal(c, r)) return ncclSuccess;
   while ((n = ibv_poll_cq(c->cq[r], 16, wcs)) > 0) {
     for (int i = 0; i < n; i++) {
       ncclResult_t res = handle_completion(c, r, &wcs[i]);
@@ -984,7 +994,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
     else settled++;
   }
   uint64_t now = mpib_now_ns();
-  rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->state = rail_fatal(c, r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   rc->since_ns = now;
@@ -1100,10 +1110,10 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   case MPIB_RAIL_DOWN: {
     int e;
     if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
-    uint64_t port_back = __atomic_load_n(&mpib_g.dev[r].port_change_ns, __ATOMIC_RELAXED);
+    uint64_t port_back = __atomic_load_n(&c->nic[r]->port_change_ns, __ATOMIC_RELAXED);
     int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
     /* Without a working other rail only when the control socket can carry the handshake. */
-    if (due && !rail_down(r) && !rail_fatal(r) && (rail_usable(c, 1 - r) || c->ctrl_fd >= 0)) return send_recover(c, r, now);
+    if (due && !rail_down(c, r) && !rail_fatal(c, r) && (rail_usable(c, 1 - r) || c->ctrl_fd >= 0)) return send_recover(c, r, now);
     return ncclSuccess;
   }
   case MPIB_RAIL_RECOVERING:
@@ -1137,7 +1147,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
     st->open_seq1[slot] = req ? req->seq + 1 : 0;
     st->have[slot] = req ? (uint8_t)req->have_mask : 0;
   }
-  rc->state = rail_fatal(r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->state = rail_fatal(c, r) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   if (rc->state == MPIB_RAIL_DEAD) publish_rail_state(c, r);
   c->pending[r] = 0;
   return post_record(c, r);
@@ -1163,7 +1173,7 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
  * sender (failover_tick polls the rebuild), and say so. */
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  if (rail_fatal(r)) return ncclSuccess;
+  if (rail_fatal(c, r)) return ncclSuccess;
   if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
     rc->state = MPIB_RAIL_DOWN;   /* never came up at connect): what is queued on it dies with the reset */
     ncclResult_t res = recv_leave_cts_rail(c, r);
@@ -1239,8 +1249,8 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
       if (read_record(c, r, 0, &rec) && (res = rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
         res = send_resolve(c, r, &rec);
     }
-    if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && rail_down(r))
-      res = rail_fail(c, r, "port-down", mpib_g.dev[r].name);
+    if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && rail_down(c, r))
+      res = rail_fail(c, r, "port-down", c->nic[r]->name);
     if (res == ncclSuccess && rc->state != MPIB_RAIL_UP && rc->state != MPIB_RAIL_DEAD) {
       uint64_t now = mpib_now_ns();
       res = c->is_send ? send_rail_tick(c, r, now)
@@ -1339,7 +1349,7 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
  * does a failed one (its CQ is drained when it is rebuilt) or a dead device. */
 static int rail_busy(const struct mpib_comm *c, int rail) {
   int st = c->rail[rail].state;
-  if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD || rail_fatal(rail)) return 0;
+  if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD || rail_fatal(c, rail)) return 0;
   return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0) || st == MPIB_RAIL_FENCING;
 }
 
@@ -1389,7 +1399,7 @@ static ncclResult_t post_keepalive(struct mpib_comm *c, int r) {
 }
 
 static int keepalive_possible(const struct mpib_comm *c, int r) {
-  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !c->rail[r].keepalive_out && !rail_fatal(r);
+  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !c->rail[r].keepalive_out && !rail_fatal(c, r);
 }
 
 static ncclResult_t probe_idle_rails(struct mpib_comm *c, uint64_t now) {
@@ -1461,7 +1471,7 @@ static ncclResult_t flush_progress(struct mpib_comm *c, struct mpib_request *req
   struct ibv_wc wc;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!c->flush_cq[rail]) continue;
-    if (rail_fatal(rail)) {
+    if (rail_fatal(c, rail)) {
       if (req->flush_rails & (1u << rail)) return flush_rail_dead(c, rail);
       continue;
     }

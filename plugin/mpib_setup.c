@@ -202,6 +202,7 @@ int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *r
 void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
 
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+static int nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type);
 
 static int mtu_bytes(enum ibv_mtu m) { return 128 << (m - 1); }
 
@@ -230,8 +231,9 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   return lane * width;
 }
 
-int mpib_dev_open(int rail, const char *name, int port, int pkey_index) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index) {
+  if (nic < 0 || nic >= MPIB_MAX_NICS) return -EINVAL;
+  struct mpib_nic *d = &mpib_g.nic[nic];
   int n = 0, rc = 0;
   struct ibv_device **list = ibv_get_device_list(&n);
   if (list == NULL) n = 0; /* no RDMA subsystem at all: NULL + ENOSYS, same as zero devices */
@@ -246,6 +248,7 @@ int mpib_dev_open(int rail, const char *name, int port, int pkey_index) {
   }
   memset(d, 0, sizeof *d);
   snprintf(d->name, sizeof d->name, "%s", name);
+  d->role = rail;
   d->ctx = ibv_open_device(found);
   if (d->ctx == NULL) {
     rc = errno ? -errno : -EIO;
@@ -287,14 +290,14 @@ int mpib_dev_open(int rail, const char *name, int port, int pkey_index) {
     MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", rail_name(rail), name);
     goto fail;
   }
-  if ((rc = mpib_events_start(rail)) != 0) {
+  if ((rc = mpib_events_start(nic)) != 0) {
     MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", rail_name(rail), name, strerror(-rc));
     goto fail;
   }
   MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", rail_name(rail), name, port,
             d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu),
             d->speed_mbps, pkey_index);
-  mpib_g.ndevs_open++;
+  if (nic >= mpib_g.nnics) mpib_g.nnics = nic + 1;
   goto out;
 fail:
   if (d->pd) ibv_dealloc_pd(d->pd);
@@ -306,24 +309,25 @@ out:
   return rc;
 }
 
-void mpib_dev_close_all(void) {
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    struct mpib_dev *d = &mpib_g.dev[r];
-    mpib_events_stop(r); /* before the context closes: the thread reads its events */
+void mpib_nic_close_all(void) {
+  mpib_g.nfdevs = 0;
+  for (int n = 0; n < MPIB_MAX_NICS; n++) {
+    struct mpib_nic *d = &mpib_g.nic[n];
+    mpib_events_stop(n); /* before the context closes: the thread reads its events */
     if (d->pd) ibv_dealloc_pd(d->pd);
     if (d->ctx) ibv_close_device(d->ctx);
     memset(d, 0, sizeof *d);
   }
-  mpib_g.ndevs_open = 0;
+  mpib_g.nnics = 0;
 }
 
 /* A connection uses, per rail with QPs, its QPs plus a loopback flush QP, a CQ plus a flush
  * CQ (worst case: a receiver with flush). net_ib reports the device's QP limit; MPIB divides
  * it by what one connection takes on the tighter rail. */
-int mpib_max_comms(const uint32_t nqps[MPIB_NRAILS]) {
+int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]) {
   int best = 65536;
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    struct mpib_dev *d = &mpib_g.dev[r];
+    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
     if (nqps[r] == 0 || d->max_qp <= 0 || d->max_cq <= 0) continue;
     int by_qp = d->max_qp / (int)(nqps[r] + 1), by_cq = d->max_cq / 2;
     if (by_qp < best) best = by_qp;
@@ -335,9 +339,9 @@ int mpib_max_comms(const uint32_t nqps[MPIB_NRAILS]) {
 /* mlx5 Data Direct devices need a flush NCCL would not ask for (net_ib sets forceFlush for
  * them). The probe is mlx5dv's, resolved at run time from the provider libibverbs already
  * loaded for the device, so MPIB links no mlx5 library; absent means not Data Direct. */
-int mpib_data_direct(int rail) {
-  struct ibv_context *ctx = mpib_g.dev[rail].ctx;
-  if (ctx == NULL || strncmp(mpib_g.dev[rail].name, "mlx5", 4) != 0) return 0;
+int mpib_data_direct(int nic) {
+  struct ibv_context *ctx = mpib_g.nic[nic].ctx;
+  if (ctx == NULL || strncmp(mpib_g.nic[nic].name, "mlx5", 4) != 0) return 0;
   void *lib = dlopen("libmlx5.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (lib == NULL) return 0;
   int (*probe)(struct ibv_context *, char *, size_t) =
@@ -345,14 +349,14 @@ int mpib_data_direct(int rail) {
   char path[256];
   int dd = probe != NULL && probe(ctx, path, sizeof path) == 0;
   dlclose(lib);
-  if (dd) MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed", rail_name(rail),
-                    mpib_g.dev[rail].name, path);
+  if (dd) MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed",
+                    rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
   return dd;
 }
 
 /* DMA-BUF is supported when the provider does not reject ibv_reg_dmabuf_mr outright. */
 int mpib_dmabuf_supported(void) {
-  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(mpib_g.dev[0].pd, 0, 0, 0, -1, 0);
+  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(mpib_g.nic[0].pd, 0, 0, 0, -1, 0);
   if (mr) {
     ibv_dereg_mr(mr);
     return 1;
@@ -370,7 +374,7 @@ int mpib_dmabuf_supported(void) {
 
 /* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
  * provider writes the QP's real capabilities back into the attributes. */
-static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline) {
+static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -381,13 +385,13 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
   ia.cap.max_inline_data = max_inline ? *max_inline : 0;
-  struct ibv_qp *qp = ibv_create_qp(mpib_g.dev[rail].pd, &ia);
+  struct ibv_qp *qp = ibv_create_qp(c->nic[rail]->pd, &ia);
   if (qp == NULL) return NULL;
   if (max_inline) *max_inline = ia.cap.max_inline_data;
   struct ibv_qp_attr a = {0};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = mpib_g.dev[rail].pkey_index;
-  a.port_num = mpib_g.dev[rail].port;
+  a.pkey_index = c->nic[rail]->pkey_index;
+  a.port_num = c->nic[rail]->port;
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     ibv_destroy_qp(qp);
@@ -399,7 +403,7 @@ static struct ibv_qp *create_rc_qp(int rail, struct ibv_cq *cq, struct ibv_srq *
 /* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
 static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
                       const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct mpib_nic *d = c->nic[rail];
   if (rem->ece_valid && mpib_g.ece_enable) {
     struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
     if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP) MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
@@ -436,8 +440,8 @@ static int qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t
   return -rc;
 }
 
-static struct ibv_mr *reg_local(int rail, void *addr, size_t len) {
-  return ibv_reg_mr(mpib_g.dev[rail].pd, addr, len,
+static struct ibv_mr *reg_local(const struct mpib_comm *c, int rail, void *addr, size_t len) {
+  return ibv_reg_mr(c->nic[rail]->pd, addr, len,
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 }
 
@@ -445,27 +449,27 @@ static struct ibv_mr *reg_local(int rail, void *addr, size_t len) {
 static void local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_info *ri) {
   memset(ri, 0, sizeof *ri);
   memcpy(ri->gid, c->gid[rail].raw, 16);
-  ri->mtu = mpib_g.dev[rail].active_mtu;
-  ri->lid = mpib_g.dev[rail].lid;
-  ri->link_layer = (uint8_t)mpib_g.dev[rail].link_layer;
+  ri->mtu = c->nic[rail]->active_mtu;
+  ri->lid = c->nic[rail]->lid;
+  ri->link_layer = (uint8_t)c->nic[rail]->link_layer;
 }
 
 /* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. */
 static int flush_setup(struct mpib_comm *c, int rail) {
-  c->flush_cq[rail] = ibv_create_cq(mpib_g.dev[rail].ctx, 64, NULL, NULL, 0);
+  c->flush_cq[rail] = ibv_create_cq(c->nic[rail]->ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[rail]) return -ENOMEM;
-  c->flush_qp[rail] = create_rc_qp(rail, c->flush_cq[rail], NULL, 64, NULL);
+  c->flush_qp[rail] = create_rc_qp(c, rail, c->flush_cq[rail], NULL, 64, NULL);
   if (!c->flush_qp[rail]) return -ENOMEM;
-  c->flush_mr[rail] = reg_local(rail, c->flush_buf, MPIB_PAGE);
+  c->flush_mr[rail] = reg_local(c, rail, c->flush_buf, MPIB_PAGE);
   if (!c->flush_mr[rail]) return -ENOMEM;
   struct mpib_rail_info self;
   local_rail_info(c, rail, &self);
-  return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, mpib_g.dev[rail].active_mtu, c->tc, 0);
+  return qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, c->nic[rail]->active_mtu, c->tc, 0);
 }
 
 /* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
-static int qp_reset_to_init(struct ibv_qp *qp, int rail) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+static int qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail) {
+  struct mpib_nic *d = c->nic[rail];
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
   memset(&a, 0, sizeof a);
@@ -482,11 +486,11 @@ static int qp_reset_to_init(struct ibv_qp *qp, int rail) {
  * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
  * owns it, so no rebuild thread races a flush. 0 or -errno. */
 int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct mpib_nic *d = c->nic[rail];
   struct ibv_qp *qp = c->flush_qp[rail];
   struct ibv_wc wc;
   if (qp == NULL) return -EINVAL;
-  int rc = qp_reset_to_init(qp, rail);
+  int rc = qp_reset_to_init(c, qp, rail);
   while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
   if (rc) return rc;
   struct mpib_rail_info self;
@@ -495,7 +499,7 @@ int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
 }
 
 static int rail_setup(struct mpib_comm *c, int rail) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+  struct mpib_nic *d = c->nic[rail];
   if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;
   /* A failed QP completes every outstanding work request in error, signalled or not: the
    * sender's CQ holds a full send queue's worth besides the normal completions. */
@@ -505,7 +509,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
    * of failing with a remote access error. Every remote offset the protocol uses is in bounds
    * (CTS slots and fence records, size records and notice words), and a peer that wrote
    * elsewhere could corrupt the CTS area itself just as well. */
-  c->area_mr[rail] = reg_local(rail, c->cts, MPIB_NIC_AREA);
+  c->area_mr[rail] = reg_local(c, rail, c->cts, MPIB_NIC_AREA);
   if (!c->area_mr[rail]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
@@ -521,7 +525,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
-    struct ibv_qp *qp = create_rc_qp(rail, c->cq[rail], c->srq[rail], send_wr, &max_inline);
+    struct ibv_qp *qp = create_rc_qp(c, rail, c->cq[rail], c->srq[rail], send_wr, &max_inline);
     if (!qp) {
       MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;
@@ -557,8 +561,14 @@ size_t mpib_comm_host_bytes(int is_send) {
 }
 
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
+  if (p->dev < 0 || p->dev >= mpib_g.nfdevs) {
+    MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
+    return NULL;
+  }
   struct mpib_comm *c = page_alloc(sizeof *c);
   if (c == NULL) return NULL;
+  c->fdev = p->dev;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->nic[r] = &mpib_g.nic[mpib_g.fdev[p->dev].nic[r]];
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->cts = page_alloc(MPIB_NIC_AREA);
@@ -629,12 +639,12 @@ static uint8_t qp_traffic_class(const struct mpib_comm *c) {
 /* One rail's QPs to the peer's: 0 or the first QP's -errno. */
 static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
   c->rem_rkey[r] = remote->rail[r].rkey;
-  enum ibv_mtu mtu = mpib_g.dev[r].active_mtu;
+  enum ibv_mtu mtu = c->nic[r]->active_mtu;
   if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
   c->rem_rail[r] = remote->rail[r];
   c->rail_mtu[r] = mtu;
-  if (mpib_g.dev[r].fatal) return -ENODEV;
-  if (mpib_g.dev[r].link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
+  if (c->nic[r]->fatal) return -ENODEV;
+  if (c->nic[r]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     int rc = qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
                         qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
@@ -676,7 +686,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   if (down < 0) return 0;
   if (up == 0 || !mpib_g.failover) return err;
   struct mpib_rail_ctl *rc = &c->rail[down];
-  rc->state = mpib_g.dev[down].fatal ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->state = c->nic[down]->fatal ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   rc->since_ns = mpib_now_ns();
   rc->retry_at_ns = rc->since_ns + mpib_g.recovery_backoff_ms * 1000000ull;
   if (c->cts_rail == down) c->cts_rail = 1 - down;
@@ -706,12 +716,12 @@ int mpib_rail_to_error(struct mpib_comm *c, int r) {
 static int refresh_gid_index(struct mpib_comm *c, int r) {
   uint8_t gid[16];
   int type, want_type;
-  if (mpib_gid_entry(r, c->gid_index[r], gid, &want_type) == 0 && memcmp(gid, c->gid[r].raw, 16) == 0) return 0;
+  if (nic_gid_entry(c->nic[r], c->gid_index[r], gid, &want_type) == 0 && memcmp(gid, c->gid[r].raw, 16) == 0) return 0;
   /* The original type is what the entry had at connect time; without it, take RoCE v2. */
   want_type = IBV_GID_TYPE_ROCE_V2;
-  int n = mpib_g.dev[r].gid_tbl_len;
+  int n = c->nic[r]->gid_tbl_len;
   for (int i = 0; i < n; i++) {
-    if (mpib_gid_entry(r, i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[r].raw, 16) == 0) {
+    if (nic_gid_entry(c->nic[r], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[r].raw, 16) == 0) {
       MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(r), c->gid_index[r], i);
       c->gid_index[r] = i;
       return 0;
@@ -721,7 +731,7 @@ static int refresh_gid_index(struct mpib_comm *c, int r) {
 }
 
 int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
-  struct mpib_dev *d = &mpib_g.dev[r];
+  struct mpib_nic *d = c->nic[r];
   if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
     int rc = refresh_gid_index(c, r);
     if (rc) return rc;
@@ -729,7 +739,7 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   }
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     struct ibv_qp *qp = c->qps[rail_base(c, r) + i].qp;
-    int rc = qp_reset_to_init(qp, r);
+    int rc = qp_reset_to_init(c, qp, r);
     if (rc) return rc;
     rc = qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], qp_traffic_class(c), psn);
     if (rc) return rc;
@@ -866,12 +876,13 @@ uint64_t mpib_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int mpib_gid_table_len(int rail) { return mpib_g.dev[rail].gid_tbl_len; }
+int mpib_gid_table_len(int nic) { return mpib_g.nic[nic].gid_tbl_len; }
 
-uint32_t mpib_gid_gen(int rail) { return __atomic_load_n(&mpib_g.dev[rail].gid_gen, __ATOMIC_ACQUIRE); }
+uint32_t mpib_gid_gen(int nic) { return __atomic_load_n(&mpib_g.nic[nic].gid_gen, __ATOMIC_ACQUIRE); }
 
-int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) { return nic_gid_entry(&mpib_g.nic[nic], index, gid, type); }
+
+static int nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type) {
   struct ibv_gid_entry e;
   int rc = mpib_ibv_query_gid_ex(d->ctx, d->port, (uint32_t)index, &e, 0);
   if (rc == EOPNOTSUPP) { /* libibverbs before rdma-core 32: the type from sysfs */
@@ -887,8 +898,8 @@ int mpib_gid_entry(int rail, int index, uint8_t gid[16], int *type) {
   return 0;
 }
 
-void mpib_gid_table_read(int rail, uint8_t *gids, int *types, int n) {
-  struct mpib_dev *d = &mpib_g.dev[rail];
+void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
   for (int i = 0; i < n; i++) types[i] = -1;
   /* Entries of every port come back: room for two ports' worth (a larger device fails the
    * call and is read entry by entry below). */
@@ -904,17 +915,19 @@ void mpib_gid_table_read(int rail, uint8_t *gids, int *types, int n) {
   if (got >= 0) return;
   for (int i = 0; i < n; i++) { /* an older library (or a failed call): entry by entry */
     int t;
-    if (mpib_gid_entry(rail, i, gids + 16 * (size_t)i, &t) == 0) types[i] = t;
+    if (nic_gid_entry(d, i, gids + 16 * (size_t)i, &t) == 0) types[i] = t;
   }
 }
 
-int mpib_reg_mr(void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
+int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
+  if (dev < 0 || dev >= mpib_g.nfdevs) return -ENODEV;
   struct mpib_mr *mh = calloc(1, sizeof *mh);
   if (!mh) return -ENOMEM;
+  mh->fdev = dev;
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    struct mpib_dev *d = &mpib_g.dev[r];
+    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
     /* A dead device never carries data again in this process: the buffer is registered on
      * the rails that work (the data path never posts on a dead rail). */
     if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -33,11 +34,11 @@ func main() {} // required by -buildmode=c-shared; never runs
 var plugin struct {
 	mu          sync.Mutex
 	refs        int            // init calls not yet finalized (v11 inits once per communicator)
-	devicesOpen bool           // both rails open; closed when refs and live comms reach 0
+	devicesOpen bool           // every NIC open; closed when refs and live comms reach 0
 	warming     sync.WaitGroup // warmGIDTables reading the open devices: they close after it
 	cfg         config.Config
 	oobAddr     netip.Addr
-	propName    *C.char
+	nicIndex    [][2]int // per fused device: its SOUT and SUP NIC's index in mpib_g.nic
 }
 
 const (
@@ -82,8 +83,8 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
 	return C.int(resSuccess)
 }
 
-// initPlugin reads the configuration and opens both rails (the first init of the process, or
-// the first after the devices were closed). plugin.mu is held.
+// initPlugin reads the configuration and opens every fused device's NICs (the first init of the
+// process, or the first after the devices were closed). plugin.mu is held.
 func initPlugin() C.int {
 	cfg, err := config.Parse(os.Getenv)
 	if err != nil {
@@ -108,24 +109,44 @@ func initPlugin() C.int {
 	}
 	plugin.cfg, plugin.oobAddr = cfg, oob
 	applyConfig(cfg)
-	for rail, r := range []config.Rail{cfg.Sout, cfg.Sup} {
-		name := C.CString(r.HCA)
-		rc := C.mpib_dev_open(C.int(rail), name, C.int(r.Port), C.int(cfg.PKeyIndex))
+	nics, index := cfg.NICs()
+	for i, n := range nics {
+		name := C.CString(n.HCA)
+		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex))
 		C.free(unsafe.Pointer(name))
 		if rc != 0 {
 			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
-			// to its next network. The warning above names the rail and the reason.
-			C.mpib_dev_close_all()
+			// to its next network. The warning above names the NIC and the reason.
+			C.mpib_nic_close_all()
 			return C.int(resSuccess)
 		}
+	}
+	plugin.nicIndex = index
+	for d, dev := range cfg.Devices {
+		f := &C.mpib_g.fdev[d]
+		f.nic[0], f.nic[1] = C.int(index[d][0]), C.int(index[d][1])
+		f.rail_id, f.plane_id = C.int(dev.RailID), C.int(dev.PlaneID)
 	}
 	plugin.devicesOpen = true
 	warmGIDTables()
 	fillProperties(cfg)
-	infof("ready: SOUT %s:%d + SUP %s:%d fused as one device, mode %d, OOB %s (%v), island /%d, flush %v",
-		cfg.Sout.HCA, cfg.Sout.Port, cfg.Sup.HCA, cfg.Sup.Port, cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen,
-		C.mpib_g.flush_enabled != 0)
+	C.mpib_g.nfdevs = C.int(len(cfg.Devices)) // last: the data path and NCCL see complete devices
+	infof("ready: %d fused device%s (%s), mode %d, OOB %s (%v), island /%d, flush %v",
+		len(cfg.Devices), map[bool]string{true: "", false: "s"}[len(cfg.Devices) == 1], deviceList(cfg.Devices),
+		cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen, C.mpib_g.flush_enabled != 0)
 	return C.int(resSuccess)
+}
+
+// deviceList names each fused device's two ports: "SOUT s:1 + SUP p:1, ...".
+func deviceList(devs []config.Device) string {
+	var b strings.Builder
+	for d, dev := range devs {
+		if d > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "SOUT %s:%d + SUP %s:%d", dev.Sout.HCA, dev.Sout.Port, dev.Sup.HCA, dev.Sup.Port)
+	}
+	return b.String()
 }
 
 var forkInit sync.Once
@@ -188,11 +209,10 @@ func gpuDirectLoaded() bool {
 	return false
 }
 
+// fillProperties computes what getProperties reports for every fused device, and the flush
+// setting (one for the process: any device that needs flushes turns them on).
 func fillProperties(cfg config.Config) {
 	g := &C.mpib_g
-	name := fmt.Sprintf("mpib[%s+%s]", cfg.Sout.HCA, cfg.Sup.HCA)
-	setCString(unsafe.Pointer(&g.prop_name[0]), len(g.prop_name), name)
-	g.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.dev[0].ctx.device))
 	peermem, dmabuf := gpuDirectLoaded(), C.mpib_dmabuf_supported() != 0
 	support := C.NCCL_PTR_HOST
 	if peermem {
@@ -201,36 +221,48 @@ func fillProperties(cfg config.Config) {
 	if dmabuf {
 		support |= C.NCCL_PTR_DMABUF
 	}
-	dataDirect := C.mpib_data_direct(0) != 0 || C.mpib_data_direct(1) != 0
-	g.prop_force_flush = boolInt(dataDirect)
+	dataDirect := false
+	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
+	for d, dev := range cfg.Devices {
+		f := &g.fdev[d]
+		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), fmt.Sprintf("mpib[%s+%s]", dev.Sout.HCA, dev.Sup.HCA))
+		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.nic[0]].ctx.device))
+		dd := C.mpib_data_direct(f.nic[0]) != 0 || C.mpib_data_direct(f.nic[1]) != 0
+		dataDirect = dataDirect || dd
+		f.prop_force_flush = boolInt(dd)
+		f.prop_ptr_support = C.int(support &^ placeOnPCI(d, dev))
+		f.prop_max_comms = C.mpib_max_comms(C.int(d), &nqps[0])
+	}
 	g.flush_enabled = C.mpib_flush_needed(boolInt(peermem), boolInt(dmabuf), boolInt(cfg.GDRFlushDisable),
 		boolInt(cfg.ForceFlush || dataDirect))
-	g.prop_ptr_support = C.int(support &^ placeOnPCI(cfg))
-	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
-	g.prop_max_comms = C.mpib_max_comms(&nqps[0])
-	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d/%d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections (device limits)",
+	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d/%d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections per device (device limits)",
 		cfg.SoutQPs, cfg.SupQPs, C.MPIB_CQ_DEPTH_SENDER, C.MPIB_CQ_DEPTH, C.MPIB_SRQ_DEPTH, C.MPIB_SEND_WR_SENDER, C.MPIB_SEND_WR_RECEIVER,
-		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.prop_max_comms))
+		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.fdev[0].prop_max_comms))
 }
 
-// placeOnPCI reads both rails' PCI positions, chooses the path NCCL's topology sees for the
-// fused device (docs/topology.md) and returns the pointer kinds to withhold: GPUDirect when no
-// single position is right for both rails and the user did not set NCCL_NET_GDR_LEVEL.
-func placeOnPCI(cfg config.Config) int {
-	g := &C.mpib_g
-	sout, _ := topo.ReadPCI(cfg.Sout.HCA)
-	sup, _ := topo.ReadPCI(cfg.Sup.HCA)
+// placeOnPCI reads a device's two NICs' PCI positions, chooses the path NCCL's topology sees
+// for the fused device (docs/topology.md) and returns the pointer kinds to withhold:
+// GPUDirect when no single position is right for both rails and the user did not set
+// NCCL_NET_GDR_LEVEL.
+func placeOnPCI(d int, dev config.Device) int {
+	f := &C.mpib_g.fdev[d]
+	sout, _ := topo.ReadPCI(dev.Sout.HCA)
+	sup, _ := topo.ReadPCI(dev.Sup.HCA)
 	pl := topo.Place(sout, sup)
-	g.prop_has_pci_path = 0
+	f.prop_has_pci_path = 0
 	if pl.AdvertisePath != "" {
-		setCString(unsafe.Pointer(&g.prop_pci_path[0]), len(g.prop_pci_path), pl.AdvertisePath)
-		g.prop_has_pci_path = 1
+		setCString(unsafe.Pointer(&f.prop_pci_path[0]), len(f.prop_pci_path), pl.AdvertisePath)
+		f.prop_has_pci_path = 1
 	}
-	if pl.SupFarther || !pl.GPUDirectSafe {
-		infof("topology: %s (SOUT NUMA %d, SUP NUMA %d)", pl.Reason, sout.NUMA, sup.NUMA)
+	switch {
+	case pl.Relation >= topo.RelationSameHostBridge: // no PCIe switch in common, or not one NUMA node
+		warnf("topology: device %d pairs SOUT %s and SUP %s, which share no PCIe switch (%v): %s (SOUT NUMA %d, SUP NUMA %d)",
+			d, dev.Sout.HCA, dev.Sup.HCA, pl.Relation, pl.Reason, sout.NUMA, sup.NUMA)
+	case pl.SupFarther || !pl.GPUDirectSafe:
+		infof("topology: device %d: %s (SOUT %s NUMA %d, SUP %s NUMA %d)", d, pl.Reason, dev.Sout.HCA, sout.NUMA, dev.Sup.HCA, sup.NUMA)
 	}
 	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
-		infof("topology: GPUDirect RDMA not advertised: no GPU can be close to both rails (set NCCL_NET_GDR_LEVEL to decide yourself)")
+		infof("topology: device %d: GPUDirect RDMA not advertised: no GPU can be close to both rails (set NCCL_NET_GDR_LEVEL to decide yourself)", d)
 		return C.NCCL_PTR_CUDA | C.NCCL_PTR_DMABUF
 	}
 	return 0
@@ -280,12 +312,20 @@ func mpibGoRegMr(comm unsafe.Pointer, data unsafe.Pointer, size C.size_t, typ C.
 		warnf("regMr: unsupported memory type %d", int(typ))
 		return C.int(resInvalidArgument)
 	}
-	if typ == C.NCCL_PTR_CUDA && fd < 0 && C.mpib_g.prop_ptr_support&C.NCCL_PTR_CUDA == 0 {
-		warnf("regMr: CUDA memory without GPUDirect RDMA (load nvidia_peermem or use DMA-BUF)")
+	dev := 0 // NCCL registers with a comm of the device; a NULL comm gets device 0
+	if comm != nil {
+		dev = int((*C.struct_mpib_comm)(comm).fdev)
+	}
+	if dev < 0 || dev >= int(C.mpib_g.nfdevs) {
+		warnf("regMr: the comm names device %d: %d exist (a closed or foreign comm?)", dev, int(C.mpib_g.nfdevs))
+		return C.int(resInvalidArgument)
+	}
+	if typ == C.NCCL_PTR_CUDA && fd < 0 && C.mpib_g.fdev[dev].prop_ptr_support&C.NCCL_PTR_CUDA == 0 {
+		warnf("regMr: CUDA memory without GPUDirect RDMA on device %d (load nvidia_peermem or use DMA-BUF)", dev)
 		return C.int(resInvalidUsage)
 	}
 	var mh *C.struct_mpib_mr
-	if rc := C.mpib_reg_mr(data, size, fd, offset, &mh); rc != 0 {
+	if rc := C.mpib_reg_mr(C.int(dev), data, size, fd, offset, &mh); rc != 0 {
 		return C.int(resSystemError)
 	}
 	*mhandle = unsafe.Pointer(mh)

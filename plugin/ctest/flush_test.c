@@ -63,6 +63,7 @@ static void complete_reads(int r, enum ibv_wc_status status) {
 
 static struct mpib_comm *recv_comm(void) {
   struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
   c->nreqs_pool = MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->flush_buf = calloc(1, MPIB_PAGE);
@@ -79,7 +80,7 @@ static struct mpib_comm *recv_comm(void) {
 
 static void reset(void) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    mpib_g.dev[r].fatal = 0;
+    mpib_g.nic[r].fatal = 0;
     nreads[r] = ncqe[r] = resets[r] = 0;
   }
 }
@@ -107,7 +108,7 @@ int main(void) {
   CHECK(flush(c, U, &req) == ncclSuccess && req != NULL, "flush of SUP's bytes");
   CHECK(nreads[MPIB_RAIL_SUP] == 1 && nreads[MPIB_RAIL_SOUT] == 0, "reads on the rail that wrote only: SOUT %d SUP %d",
         nreads[MPIB_RAIL_SOUT], nreads[MPIB_RAIL_SUP]);
-  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1; /* the device dies with the read outstanding */
+  mpib_g.nic[MPIB_RAIL_SUP].fatal = 1; /* the device dies with the read outstanding */
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < 1000000 && res == ncclSuccess && !done; i++) res = mpib_test(req, &done, NULL);
   CHECK(res != ncclSuccess && !done, "fatal during flush on the rail that wrote: want an error, got res=%d done=%d", res, done);
@@ -116,7 +117,7 @@ int main(void) {
 
   reset();
   c->failure_reported = 0;
-  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1; /* dead but idle: SOUT wrote the bytes */
+  mpib_g.nic[MPIB_RAIL_SUP].fatal = 1; /* dead but idle: SOUT wrote the bytes */
   CHECK(flush(c, O, &req) == ncclSuccess && req != NULL && nreads[MPIB_RAIL_SOUT] == 1 && nreads[MPIB_RAIL_SUP] == 0,
         "idle dead SUP: read on SOUT only");
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
@@ -125,7 +126,7 @@ int main(void) {
   printf("flush: fatal-during-flush rail=SUP wrote=SOUT outcome=completed hang=false\n");
 
   reset();
-  mpib_g.dev[MPIB_RAIL_SUP].fatal = 1;
+  mpib_g.nic[MPIB_RAIL_SUP].fatal = 1;
   req = NULL;
   CHECK(flush(c, O | U, &req) != ncclSuccess && req == NULL, "SUP dead before iflush with its bytes to order: an error");
 

@@ -87,6 +87,7 @@ static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
 
 static struct mpib_comm *send_comm(uint32_t shm_id) {
   struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
   c->is_send = 1;
@@ -125,6 +126,19 @@ static struct mpib_request *send_one(struct mpib_comm *c, struct mpib_mr *mh, vo
   cts_for_next(c, size);
   CHECK(mpib_isend(c, buf, size, 7, mh, NULL, &req) == ncclSuccess && req != NULL, "isend");
   return req;
+}
+
+/* A memory handle registered on another fused device carries that device's keys: isend
+ * refuses it with a message instead of posting writes the NIC would fail (or, with a shared
+ * NIC, send from the wrong registration). */
+static void test_foreign_handle(struct mpib_comm *c, void *buf) {
+  struct mpib_mr other = {.mr = {&mr, &mr}, .fdev = 1};
+  void *req = NULL;
+  uint64_t head = c->fifo_head;
+  cts_for_next(c, 4096);
+  CHECK(mpib_isend(c, buf, 4096, 7, &other, NULL, &req) == ncclInvalidArgument && req == NULL,
+        "isend with device 1's handle on a device 0 connection");
+  CHECK(c->fifo_head == head, "nothing posted");
 }
 
 static void wait_all(struct mpib_request **reqs, int n) {
@@ -273,6 +287,7 @@ int main(void) {
     test_batch(shm, id, c, &mh, buf);
     test_thresholds(shm, id, c, &mh, buf);
     test_failover(shm, id, c, &mh, buf);
+    test_foreign_handle(c, buf);
   }
   mpib_shm_close(shm);
   unlink(path);

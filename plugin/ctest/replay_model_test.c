@@ -322,6 +322,7 @@ static void ctrl_pump(void) {
 
 static struct mpib_comm *make_comm(int side) {
   struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
   size_t area = (MPIB_NIC_AREA + MPIB_PAGE - 1) / MPIB_PAGE * MPIB_PAGE;
   c->cts = aligned_alloc(MPIB_PAGE, area);
   memset(c->cts, 0, area);

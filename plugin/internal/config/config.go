@@ -23,8 +23,8 @@ type Knob struct {
 
 // Knobs lists every MPIB_* variable the plugin reads.
 var Knobs = []Knob{
-	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCA as NAME or NAME:PORT, e.g. mlx5_0:1"},
-	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCA as NAME or NAME:PORT"},
+	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCAs, comma-separated, each NAME[:PORT[:RAIL[:PLANE]]] as NCCL_IB_HCA, e.g. mlx5_0:1 or mlx5_0,mlx5_1,...: one fused device per entry (at most 16); RAIL and PLANE are NCCL's railId and planeId (default: the entry's position, and no plane)"},
+	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCAs, as many entries as MPIB_HCA_SOUT, paired by position (NAME[:PORT]); a NIC may be named more than once where GPUs share one"},
 	{"MPIB_GID_INDEX_SOUT", "auto", "GID index on SOUT (wins over NCCL_IB_GID_INDEX); auto chooses at every connect like net_ib"},
 	{"MPIB_GID_INDEX_SUP", "auto", "GID index on SUP; as above"},
 	{"MPIB_OOB_IF", "(required)", "network interface (on the SOUT fabric) for the TCP control path"},
@@ -76,9 +76,22 @@ type Rail struct {
 	GIDIndex int
 }
 
+// MaxDevices is how many fused devices the lists may name (mpib.h MPIB_MAX_DEVS).
+const MaxDevices = 16
+
+// NoID is NCCL_NET_ID_UNDEF: a device with no rail or plane of its own.
+const NoID = -1
+
+// Device is one fused device: the SOUT and SUP ports at the same position of the two lists,
+// and NCCL's railId and planeId for it (v12).
+type Device struct {
+	Sout, Sup       Rail
+	RailID, PlaneID int
+}
+
 // Config is the parsed environment.
 type Config struct {
-	Sout, Sup          Rail
+	Devices            []Device // at least one
 	OOBInterface       string
 	IslandPrefixLen    int
 	Mode               int
@@ -120,8 +133,7 @@ type GIDPolicy struct {
 func Parse(getenv func(string) string) (Config, error) {
 	p := parser{getenv: getenv}
 	c := Config{
-		Sout:               p.rail("MPIB_HCA_SOUT", "MPIB_GID_INDEX_SOUT"),
-		Sup:                p.rail("MPIB_HCA_SUP", "MPIB_GID_INDEX_SUP"),
+		Devices:            p.devices(),
 		OOBInterface:       strings.TrimSpace(getenv("MPIB_OOB_IF")),
 		IslandPrefixLen:    p.int("MPIB_ISLAND_PREFIX_LEN", 24, 0, 32),
 		Mode:               p.int("MPIB_MODE", 0, 0, 1),
@@ -154,10 +166,37 @@ func Parse(getenv func(string) string) (Config, error) {
 	if c.OOBInterface == "" {
 		p.fail("MPIB_OOB_IF is required: the interface of the SOUT fabric used for the TCP control path")
 	}
-	if p.err == nil && c.Sout.HCA == c.Sup.HCA && c.Sout.Port == c.Sup.Port {
-		p.fail(fmt.Sprintf("MPIB_HCA_SOUT and MPIB_HCA_SUP name the same port (%s:%d)", c.Sout.HCA, c.Sout.Port))
-	}
 	return c, p.err
+}
+
+// NICs lists the distinct ports the devices use, SOUT's in list order and then SUP's, and
+// for each device the index of its SOUT and SUP port in that list: a NIC named by several
+// devices is opened once.
+func (c Config) NICs() (nics []NIC, index [][2]int) {
+	at := map[[2]any]int{}
+	add := func(r Rail, role int) int {
+		k := [2]any{r.HCA, r.Port}
+		if i, ok := at[k]; ok {
+			return i
+		}
+		at[k] = len(nics)
+		nics = append(nics, NIC{Rail: r, Role: role})
+		return len(nics) - 1
+	}
+	index = make([][2]int, len(c.Devices))
+	for d, dev := range c.Devices {
+		index[d][0] = add(dev.Sout, 0)
+	}
+	for d, dev := range c.Devices {
+		index[d][1] = add(dev.Sup, 1)
+	}
+	return nics, index
+}
+
+// NIC is a port to open and the rail it serves (0: SOUT, 1: SUP).
+type NIC struct {
+	Rail
+	Role int
 }
 
 // parser keeps the first error so Parse reads top to bottom.
@@ -222,26 +261,115 @@ func (p *parser) gidPolicy() GIDPolicy {
 	return g
 }
 
-func (p *parser) rail(hcaVar, gidVar string) Rail {
-	r := Rail{Port: 1, GIDIndex: p.first(-1, 0, 255, gidVar, "NCCL_IB_GID_INDEX")}
+// devices pairs MPIB_HCA_SOUT's entries with MPIB_HCA_SUP's by position.
+func (p *parser) devices() []Device {
+	sout := p.hcaList("MPIB_HCA_SOUT", "MPIB_GID_INDEX_SOUT", true)
+	sup := p.hcaList("MPIB_HCA_SUP", "MPIB_GID_INDEX_SUP", false)
+	if p.err != nil {
+		return nil
+	}
+	if len(sout) != len(sup) {
+		p.fail(fmt.Sprintf("MPIB_HCA_SOUT names %d HCAs and MPIB_HCA_SUP %d: they pair by position, one SUP entry per SOUT entry (repeat a SUP NIC that several devices share)",
+			len(sout), len(sup)))
+		return nil
+	}
+	devs := make([]Device, len(sout))
+	soutPorts := map[[2]any]int{}
+	for i := range sout {
+		devs[i] = Device{Sout: sout[i].Rail, Sup: sup[i].Rail, RailID: sout[i].railID, PlaneID: sout[i].planeID}
+		if devs[i].RailID == NoID {
+			devs[i].RailID = i
+		}
+		k := [2]any{sout[i].HCA, sout[i].Port}
+		if j, dup := soutPorts[k]; dup {
+			p.fail(fmt.Sprintf("MPIB_HCA_SOUT names %s:%d twice (entries %d and %d): each fused device needs a SOUT port of its own", sout[i].HCA, sout[i].Port, j, i))
+			return nil
+		}
+		soutPorts[k] = i
+	}
+	for i, s := range sup {
+		if j, clash := soutPorts[[2]any{s.HCA, s.Port}]; clash {
+			p.fail(fmt.Sprintf("MPIB_HCA_SUP entry %d (%s:%d) is MPIB_HCA_SOUT entry %d: a port serves one fabric", i, s.HCA, s.Port, j))
+			return nil
+		}
+	}
+	return devs
+}
+
+type hcaEntry struct {
+	Rail
+	railID, planeID int
+}
+
+// hcaList reads one comma-separated list of NCCL_IB_HCA-style entries,
+// NAME[:PORT[:RAIL[:PLANE]]]; withIDs says whether RAIL and PLANE may be given (SOUT's list
+// carries the device's ids).
+func (p *parser) hcaList(hcaVar, gidVar string, withIDs bool) []hcaEntry {
+	gidIndex := p.first(-1, 0, 255, gidVar, "NCCL_IB_GID_INDEX")
 	v := strings.TrimSpace(p.getenv(hcaVar))
 	if v == "" {
-		p.fail(hcaVar + " is required (the HCA name, e.g. mlx5_0 or mlx5_0:1)")
-		return r
+		p.fail(hcaVar + " is required (HCA names, e.g. mlx5_0 or mlx5_0:1, or a comma-separated list, one per fused device)")
+		return nil
 	}
-	name, port, hasPort := strings.Cut(v, ":")
-	if name == "" || strings.ContainsAny(name, " ,/") {
-		p.fail(fmt.Sprintf("%s=%q: not an HCA name", hcaVar, v))
-		return r
+	if strings.HasPrefix(v, "^") || strings.HasPrefix(v, "=") {
+		p.fail(fmt.Sprintf("%s=%q: MPIB takes an exact list in pairing order (no NCCL_IB_HCA ^ or = prefix)", hcaVar, v))
+		return nil
 	}
-	r.HCA = name
-	if hasPort {
-		n, err := strconv.Atoi(port)
-		if err != nil || n < 1 || n > 255 {
-			p.fail(fmt.Sprintf("%s=%q: port must be 1..255", hcaVar, v))
-			return r
+	parts := strings.Split(v, ",")
+	if len(parts) > MaxDevices {
+		p.fail(fmt.Sprintf("%s names %d HCAs: at most %d fused devices", hcaVar, len(parts), MaxDevices))
+		return nil
+	}
+	out := make([]hcaEntry, 0, len(parts))
+	for i, part := range parts {
+		e, msg := parseHCA(strings.TrimSpace(part), withIDs)
+		if msg != "" {
+			p.fail(fmt.Sprintf("%s entry %d (%q): %s", hcaVar, i, part, msg))
+			return nil
 		}
-		r.Port = n
+		e.GIDIndex = gidIndex
+		out = append(out, e)
 	}
-	return r
+	return out
+}
+
+// parseHCA reads NAME[:PORT[:RAIL[:PLANE]]] (net_ib's NCCL_IB_HCA entry); the empty message
+// when it is well formed.
+func parseHCA(s string, withIDs bool) (hcaEntry, string) {
+	e := hcaEntry{Rail: Rail{Port: 1}, railID: NoID, planeID: NoID}
+	f := strings.Split(s, ":")
+	if f[0] == "" || strings.ContainsAny(f[0], " /") {
+		return e, "not an HCA name"
+	}
+	e.HCA = f[0]
+	if len(f) > 4 || (!withIDs && len(f) > 2) {
+		if withIDs {
+			return e, "want NAME[:PORT[:RAIL[:PLANE]]]"
+		}
+		return e, "want NAME[:PORT] (the device's rail and plane come from MPIB_HCA_SOUT)"
+	}
+	num := func(i, lo, hi int, what string) (int, string) {
+		n, err := strconv.Atoi(f[i])
+		if err != nil || n < lo || n > hi {
+			return 0, fmt.Sprintf("%s must be %d..%d", what, lo, hi)
+		}
+		return n, ""
+	}
+	var msg string
+	if len(f) > 1 {
+		if e.Port, msg = num(1, 1, 255, "port"); msg != "" {
+			return e, msg
+		}
+	}
+	if len(f) > 2 {
+		if e.railID, msg = num(2, 0, 32767, "rail"); msg != "" {
+			return e, msg
+		}
+	}
+	if len(f) > 3 {
+		if e.planeID, msg = num(3, 0, 32767, "plane"); msg != "" {
+			return e, msg
+		}
+	}
+	return e, ""
 }

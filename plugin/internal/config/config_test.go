@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -24,13 +25,14 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, OOBInterface: "eth0",
+		Devices:         []Device{{Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, RailID: 0, PlaneID: NoID}},
+		OOBInterface:    "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: DefaultShmPath(),
 		AgentStaleMS: 500, IBTimeout: 15, IBRetryCnt: 4, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
 		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000, StallTimeoutMS: 30000,
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}
 }
@@ -45,7 +47,16 @@ func TestParseErrors(t *testing.T) {
 		{"no SUP", []string{"MPIB_HCA_SOUT", "a", "MPIB_OOB_IF", "eth0"}, "MPIB_HCA_SUP is required"},
 		{"no OOB", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "b"}, "MPIB_OOB_IF is required"},
 		{"bad port", append([]string{"MPIB_HCA_SOUT", "a:x"}, base[2:]...), "port must be 1..255"},
-		{"same port", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "a:1", "MPIB_OOB_IF", "e"}, "same port"},
+		{"same port", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "a:1", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (a:1) is MPIB_HCA_SOUT entry 0: a port serves one fabric"},
+		{"counts differ", []string{"MPIB_HCA_SOUT", "a,b,c", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT names 3 HCAs and MPIB_HCA_SUP 2"},
+		{"SOUT twice", []string{"MPIB_HCA_SOUT", "a,a:1", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT names a:1 twice (entries 0 and 1)"},
+		{"SUP ids", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "x:1:0", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (\"x:1:0\"): want NAME[:PORT] (the device's rail and plane come from MPIB_HCA_SOUT)"},
+		{"five fields", []string{"MPIB_HCA_SOUT", "a:1:0:0:9", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "want NAME[:PORT[:RAIL[:PLANE]]]"},
+		{"bad rail", []string{"MPIB_HCA_SOUT", "a,b:1:r", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT entry 1 (\"b:1:r\"): rail must be 0..32767"},
+		{"bad plane", []string{"MPIB_HCA_SOUT", "a:1:0:-2", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "plane must be 0..32767"},
+		{"empty entry", []string{"MPIB_HCA_SOUT", "a,", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT entry 1 (\"\"): not an HCA name"},
+		{"exclude prefix", []string{"MPIB_HCA_SOUT", "^mlx5_0", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "no NCCL_IB_HCA ^ or = prefix"},
+		{"17 devices", []string{"MPIB_HCA_SOUT", "a0,a1,a2,a3,a4,a5,a6,a7,a8,a9,a10,a11,a12,a13,a14,a15,a16", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "at most 16 fused devices"},
 		{"mode 2", append(append([]string{}, base...), "MPIB_MODE", "2"), "MPIB_MODE=\"2\""},
 		{"prefix 33", append(append([]string{}, base...), "MPIB_ISLAND_PREFIX_LEN", "33"), "0..32"},
 		{"qps 0", append(append([]string{}, base...), "MPIB_SUP_QP", "0"), "MPIB_SUP_QP"},
@@ -62,6 +73,48 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// TestParseDevices: the lists of an 8-GPU node (one SOUT and one SUP NIC per GPU), of one
+// whose SUP NICs serve pairs of GPUs, and NCCL_IB_HCA's rail and plane fields.
+func TestParseDevices(t *testing.T) {
+	tests := []struct {
+		name      string
+		sout, sup string
+		want      []Device
+		nics      int
+		index     [][2]int
+	}{
+		{"one pair", "mlx5_0", "mlx5_1:2", []Device{{Rail{"mlx5_0", 1, -1}, Rail{"mlx5_1", 2, -1}, 0, NoID}}, 2, [][2]int{{0, 1}}},
+		{"two pairs", "s0, s1", "p0,p1", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 0, NoID}, {Rail{"s1", 1, -1}, Rail{"p1", 1, -1}, 1, NoID}},
+			4, [][2]int{{0, 2}, {1, 3}}},
+		{"shared SUP", "s0,s1,s2,s3", "p0,p0,p1,p1", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 0, NoID},
+			{Rail{"s1", 1, -1}, Rail{"p0", 1, -1}, 1, NoID}, {Rail{"s2", 1, -1}, Rail{"p1", 1, -1}, 2, NoID}, {Rail{"s3", 1, -1}, Rail{"p1", 1, -1}, 3, NoID}},
+			6, [][2]int{{0, 4}, {1, 4}, {2, 5}, {3, 5}}},
+		{"rail and plane", "s0:1:4:1,s1:2:5", "p0,p1:2", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 4, 1}, {Rail{"s1", 2, -1}, Rail{"p1", 2, -1}, 5, NoID}},
+			4, [][2]int{{0, 2}, {1, 3}}},
+		{"one NIC, two ports", "m0:1", "m0:2", []Device{{Rail{"m0", 1, -1}, Rail{"m0", 2, -1}, 0, NoID}}, 2, [][2]int{{0, 1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse(env("MPIB_HCA_SOUT", tt.sout, "MPIB_HCA_SUP", tt.sup, "MPIB_OOB_IF", "eth0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(c.Devices, tt.want) {
+				t.Errorf("devices:\n got %+v\nwant %+v", c.Devices, tt.want)
+			}
+			nics, index := c.NICs()
+			if len(nics) != tt.nics || !reflect.DeepEqual(index, tt.index) {
+				t.Errorf("NICs: %d %v, want %d %v", len(nics), index, tt.nics, tt.index)
+			}
+			for d, ix := range index {
+				if nics[ix[0]].Rail != c.Devices[d].Sout || nics[ix[1]].Rail != c.Devices[d].Sup || nics[ix[0]].Role != 0 || nics[ix[1]].Role != 1 {
+					t.Errorf("device %d: NICs %+v %+v, want its SOUT and SUP", d, nics[ix[0]], nics[ix[1]])
+				}
+			}
+		})
+	}
+}
+
 func TestParseOverrides(t *testing.T) {
 	kv := append(append([]string{}, base...), "MPIB_MODE", "1", "MPIB_SUP_QP", "4", "MPIB_FORCE_SUP_BW", "512",
 		"MPIB_GID_INDEX_SOUT", "3", "MPIB_SUP_RELAY", "1", "MPIB_ISLAND_PREFIX_LEN", "16")
@@ -69,7 +122,7 @@ func TestParseOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Mode != 1 || c.SupQPs != 4 || c.ForceSupBW != 512 || c.Sout.GIDIndex != 3 || !c.SupRelay || c.IslandPrefixLen != 16 {
+	if c.Mode != 1 || c.SupQPs != 4 || c.ForceSupBW != 512 || c.Devices[0].Sout.GIDIndex != 3 || !c.SupRelay || c.IslandPrefixLen != 16 {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
@@ -90,8 +143,8 @@ func TestNCCLKnobPrecedence(t *testing.T) {
 		{"MPIB_IB_TIMEOUT wins", []string{"NCCL_IB_TIMEOUT", "14", "MPIB_IB_TIMEOUT", "18"}, func(c Config) any { return c.IBTimeout }, 18},
 		{"NCCL_IB_RETRY_CNT", []string{"NCCL_IB_RETRY_CNT", "3"}, func(c Config) any { return c.IBRetryCnt }, 3},
 		{"NCCL_IB_FIFO_TC", []string{"NCCL_IB_FIFO_TC", "184"}, func(c Config) any { return c.FifoTC }, 184},
-		{"NCCL_IB_GID_INDEX both rails", []string{"NCCL_IB_GID_INDEX", "3"}, func(c Config) any { return [2]int{c.Sout.GIDIndex, c.Sup.GIDIndex} }, [2]int{3, 3}},
-		{"MPIB_GID_INDEX_SUP wins on SUP", []string{"NCCL_IB_GID_INDEX", "3", "MPIB_GID_INDEX_SUP", "1"}, func(c Config) any { return [2]int{c.Sout.GIDIndex, c.Sup.GIDIndex} }, [2]int{3, 1}},
+		{"NCCL_IB_GID_INDEX both rails", []string{"NCCL_IB_GID_INDEX", "3"}, func(c Config) any { return [2]int{c.Devices[0].Sout.GIDIndex, c.Devices[0].Sup.GIDIndex} }, [2]int{3, 3}},
+		{"MPIB_GID_INDEX_SUP wins on SUP", []string{"NCCL_IB_GID_INDEX", "3", "MPIB_GID_INDEX_SUP", "1"}, func(c Config) any { return [2]int{c.Devices[0].Sout.GIDIndex, c.Devices[0].Sup.GIDIndex} }, [2]int{3, 1}},
 		{"relaxed ordering off", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0"}, func(c Config) any { return c.RelaxedOrdering }, false},
 		{"MPIB_RELAXED_ORDERING wins", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0", "MPIB_RELAXED_ORDERING", "1"}, func(c Config) any { return c.RelaxedOrdering }, true},
 		{"pkey index", []string{"NCCL_IB_PKEY", "2"}, func(c Config) any { return c.PKeyIndex }, 2},
