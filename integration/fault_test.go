@@ -340,7 +340,7 @@ func restoreLab(t *testing.T, nodes ...*Node) {
 	defer cancel()
 	for _, n := range nodes {
 		var script strings.Builder
-		for _, r := range Rails {
+		for _, r := range n.Rails() {
 			d := n.Netdev(r)
 			fmt.Fprintf(&script, "ip link set dev %s up; tc qdisc del dev %s root 2>/dev/null; tc qdisc del dev %s ingress 2>/dev/null%s\n",
 				d, d, d, routeBack(n, r))
@@ -351,7 +351,7 @@ func restoreLab(t *testing.T, nodes ...*Node) {
 			t.Errorf("LAB BROKEN: restoring %s: %v", n.Name(), err)
 			continue
 		}
-		for _, r := range Rails {
+		for _, r := range n.Rails() {
 			if !strings.Contains(out, n.Dev(r)) {
 				if err := restoreRxe(ctx, n, r); err != nil {
 					fmt.Fprintf(os.Stderr, "fault: LAB BROKEN: recreating %s: %v\n", n.Dev(r), err)

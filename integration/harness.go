@@ -251,9 +251,11 @@ func (t *Topology) createNodes(ctx context.Context) error {
 	}
 	var jobs []job
 	for _, s := range nodeSpecs {
-		jobs = append(jobs, job{name: s.name, role: "node", attach: []attachment{
-			{netKey(SOUT, s.island), s.ip(SOUT)}, {netKey(SUP, s.island), s.ip(SUP)},
-		}})
+		var attach []attachment
+		for _, r := range s.rails {
+			attach = append(attach, attachment{netKey(r, s.island), s.ip(r)})
+		}
+		jobs = append(jobs, job{name: s.name, role: "node", attach: attach})
 	}
 	jobs = append(jobs,
 		// The router also shares the engine host's PID namespace: it creates the rxe devices
@@ -342,7 +344,8 @@ func (t *Topology) createContainer(ctx context.Context, name string, attach []at
 	}
 	for _, s := range nodeSpecs {
 		if s.name == name {
-			for _, r := range Rails {
+			n.rails = s.rails
+			for _, r := range s.rails {
 				n.ip[r] = s.ip(r)
 				n.dev[r] = name + "_" + r.suffix()
 			}
@@ -366,7 +369,7 @@ func (t *Topology) route(ctx context.Context) error {
 		for _, rt := range s.routes() {
 			cmd += fmt.Sprintf("; ip route add %s via %s", rt[0], rt[1])
 		}
-		for _, r := range Rails {
+		for _, r := range n.rails {
 			cmd += "; ip -o -4 addr show to " + n.ip[r] + " | awk '{print $2}'"
 		}
 		out, err := n.output(ctx, "sh", "-c", cmd)
@@ -374,10 +377,10 @@ func (t *Topology) route(ctx context.Context) error {
 			return err
 		}
 		f := strings.Fields(out)
-		if len(f) != len(Rails) {
-			return fmt.Errorf("%s: netdevs of %v by address: %q", n.name, Rails, out)
+		if len(f) != len(n.rails) {
+			return fmt.Errorf("%s: netdevs of %v by address: %q", n.name, n.rails, out)
 		}
-		for k, r := range Rails {
+		for k, r := range n.rails {
 			n.netdev[r] = strings.SplitN(f[k], "@", 2)[0]
 		}
 		return nil
@@ -406,7 +409,7 @@ func (t *Topology) createRxe(ctx context.Context) error {
 		}
 		pid := info.State.Pid
 		fmt.Fprintf(&script, "ln -sfn /proc/%d/ns/net /var/run/netns/mpib-%s\n", pid, n.name)
-		for _, r := range Rails {
+		for _, r := range n.rails {
 			fmt.Fprintf(&script, "nsenter -t %d -n rdma link add %s type rxe netdev %s\n", pid, n.dev[r], n.netdev[r])
 			if t.exclusive {
 				// The new device is in the initial namespace (PID 1's); move it from there.

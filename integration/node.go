@@ -21,11 +21,16 @@ type Node struct {
 	dev    map[Rail]string
 	netdev map[Rail]string
 	gid    map[Rail]int
+	rails  []Rail  // its rails: SOUT and SUP, and SOUT2 and SUP2 where it has a second device
 	runner *runner // starts the node's commands (a docker exec each would cost ~1 s)
 }
 
 // Name is the node's name, e.g. "a1".
 func (n *Node) Name() string { return n.name }
+
+// Rails lists the node's rails: SOUT and SUP, then SOUT2 and SUP2 on a node with a second
+// fused device.
+func (n *Node) Rails() []Rail { return n.rails }
 
 // IP is the node's IPv4 address on rail r, e.g. "10.0.1.11".
 func (n *Node) IP(r Rail) string { return n.ip[r] }
@@ -155,7 +160,7 @@ func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
 		echo $found
 	done`
 	args := []string{"sh", "-c", script, strconv.Itoa(int(timeout.Seconds()))}
-	for _, r := range Rails {
+	for _, r := range n.rails {
 		args = append(args, n.dev[r])
 	}
 	out, err := n.output(ctx, args...)
@@ -163,10 +168,10 @@ func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	f := strings.Fields(out)
-	if len(f) != len(Rails) {
+	if len(f) != len(n.rails) {
 		return fmt.Errorf("%s: GID indexes: %q", n.name, out)
 	}
-	for i, r := range Rails {
+	for i, r := range n.rails {
 		if n.gid[r], err = strconv.Atoi(f[i]); err != nil {
 			return fmt.Errorf("%s: GID index of %s: %w", n.name, n.dev[r], err)
 		}

@@ -3,11 +3,16 @@
 # cluster. Every MPIB_* variable in the environment is passed to every rank.
 #
 #   scripts/launch_nccl.sh --hostfile hosts --hca-sout mlx5_0 --hca-sup mlx5_1 [options] [-- test args]
+#   scripts/launch_nccl.sh --hostfile hosts --hca-sout mlx5_0,...,mlx5_7 --hca-sup mlx5_8,...,mlx5_15 ...
+#
+# Every rank gets the same lists: MPIB shows NCCL one fused device per SOUT/SUP pair, and
+# NCCL gives each GPU the pair nearest to it (docs/deploying.md). An 8-GPU node with a NIC
+# pair per GPU lists eight of each; SUP NICs shared by pairs of GPUs are named twice.
 #
 # Options:
 #   --hostfile FILE        mpirun hostfile (required); "host slots=N" lines are honoured
-#   --hca-sout NAME[:PORT] SOUT HCA (or MPIB_HCA_SOUT from the environment)
-#   --hca-sup NAME[:PORT]  SUP HCA (or MPIB_HCA_SUP)
+#   --hca-sout LIST        SOUT HCAs, NAME[:PORT[:RAIL[:PLANE]]],... (or MPIB_HCA_SOUT)
+#   --hca-sup LIST         SUP HCAs, NAME[:PORT],..., as many as SOUT's (or MPIB_HCA_SUP)
 #   --oob-if IF            control-path interface on the SOUT fabric (or MPIB_OOB_IF; required)
 #   --mode 0|1             MPIB_MODE (vanilla or advanced); default: environment or 0
 #   --np N                 ranks (default: total slots in the hostfile)
@@ -56,7 +61,16 @@ done
 [[ -r $hostfile ]] || die "hostfile '$hostfile' is not readable"
 [[ -n $hca_sout ]] || die "the SOUT HCA is required (--hca-sout or MPIB_HCA_SOUT)"
 [[ -n $hca_sup ]] || die "the SUP HCA is required (--hca-sup or MPIB_HCA_SUP)"
-[[ $hca_sout != "$hca_sup" ]] || die "SOUT and SUP name the same HCA ($hca_sout)"
+IFS=, read -ra sout_list <<<"$hca_sout"
+IFS=, read -ra sup_list <<<"$hca_sup"
+[[ ${#sout_list[@]} -eq ${#sup_list[@]} ]] ||
+  die "--hca-sout names ${#sout_list[@]} HCAs and --hca-sup ${#sup_list[@]}: they pair by position (repeat a shared SUP NIC)"
+for s in "${sout_list[@]}"; do
+  for p in "${sup_list[@]}"; do
+    [[ ${s%%:*} != "${p%%:*}" || $(cut -d: -f2 <<<"$s:1") != $(cut -d: -f2 <<<"$p:1") ]] ||
+      die "SOUT and SUP name the same HCA port (${s%%:*})"
+  done
+done
 [[ -n $oob_if ]] || die "the control-path interface is required (--oob-if or MPIB_OOB_IF)"
 [[ $mode == 0 || $mode == 1 ]] || die "--mode must be 0 or 1, got '$mode'"
 [[ $gpus =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-rank must be a positive integer, got '$gpus'"

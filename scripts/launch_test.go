@@ -74,6 +74,8 @@ func TestLaunchArgumentErrors(t *testing.T) {
 		{"missing value", nil, []string{"--hostfile"}, "--hostfile needs a value"},
 		{"unknown flag", nil, append(base, "--frobnicate"), "unknown argument"},
 		{"env HCAs", []string{"MPIB_HCA_SOUT=x"}, []string{"--hostfile", hf, "--hca-sup", "x", "--oob-if", "e"}, "same HCA"},
+		{"list counts differ", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1,s2", "--hca-sup", "p0,p1", "--oob-if", "e"}, "--hca-sout names 3 HCAs and --hca-sup 2"},
+		{"a port in both lists", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1:2", "--hca-sup", "p0,s1:2", "--oob-if", "e"}, "same HCA port (s1)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,6 +84,23 @@ func TestLaunchArgumentErrors(t *testing.T) {
 				t.Fatalf("exit %d, output %q; want exit 2 mentioning %q", code, out, tt.want)
 			}
 		})
+	}
+}
+
+// TestLaunchPassesDeviceLists: an 8-GPU node's lists reach every rank unchanged (one fused
+// device per pair; a SUP NIC shared by two GPUs is named twice), and a second port of one
+// NIC may serve the other fabric.
+func TestLaunchPassesDeviceLists(t *testing.T) {
+	hf := hostfile(t, "node1 slots=8\n")
+	sout, sup := "mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7", "sup0,sup0,sup1,sup1,sup2,sup2,sup3,sup3"
+	out, code := runLaunch(t, nil, "--hostfile", hf, "--hca-sout", sout, "--hca-sup", sup, "--oob-if", "e", "--dry-run")
+	out = strings.ReplaceAll(out, `\,`, ",") // the dry run prints shell-quoted words (printf %q)
+	if code != 0 || !strings.Contains(out, "MPIB_HCA_SOUT="+sout) || !strings.Contains(out, "MPIB_HCA_SUP="+sup) ||
+		!strings.Contains(out, "-x MPIB_HCA_SUP") {
+		t.Fatalf("exit %d: the lists must reach every rank as given:\n%s", code, out)
+	}
+	if out, code := runLaunch(t, nil, "--hostfile", hf, "--hca-sout", "m0:1", "--hca-sup", "m0:2", "--oob-if", "e", "--dry-run"); code != 0 {
+		t.Fatalf("two ports of one NIC: exit %d\n%s", code, out)
 	}
 }
 

@@ -866,6 +866,17 @@ int main(int argc, char **argv) {
   char line[1024];
   nt_props_format(&props, line, sizeof(line));
   nt_out("nettest-props: dev=%d %s", o.dev, line);
+  for (int d = 0; d < ndev; d++) { /* the other devices after the one the run uses */
+    struct nt_props other;
+    memset(&other, 0, sizeof(other));
+    if (d == o.dev) continue;
+    if (nt_net_props(&net, d, &other) != ncclSuccess) {
+      nt_err("getProperties(%d) failed with %d devices", d, ndev);
+      continue;
+    }
+    nt_props_format(&other, line, sizeof(line));
+    nt_out("nettest-props: dev=%d %s", d, line);
+  }
   int ret;
   if (props.max_recvs > 0 && o.multi > props.max_recvs) {
     nt_err("--multi %d exceeds the plugin's maxRecvs %d", o.multi, props.max_recvs);
