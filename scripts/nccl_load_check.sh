@@ -21,3 +21,9 @@ run_case missing-hca MPIB_HCA_SOUT=mlx5_0 MPIB_HCA_SUP=mlx5_1 MPIB_OOB_IF=lo
 run_case unconfigured
 # 3. A bad value.
 run_case bad-config MPIB_HCA_SOUT=mlx5_0 MPIB_HCA_SUP=mlx5_1 MPIB_OOB_IF=lo MPIB_MODE=7
+# 4. An 8-GPU node's lists (one fused device per NIC pair), on a machine without those NICs.
+run_case eight-pairs-missing MPIB_HCA_SOUT=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  MPIB_HCA_SUP=mlx5_8,mlx5_9,mlx5_10,mlx5_11,mlx5_12,mlx5_13,mlx5_14,mlx5_15 MPIB_OOB_IF=lo
+# 5. Lists that do not pair (8 SOUT, 4 SUP): a clear error, NCCL moves on.
+run_case lists-do-not-pair MPIB_HCA_SOUT=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
+  MPIB_HCA_SUP=sup0,sup1,sup2,sup3 MPIB_OOB_IF=lo
