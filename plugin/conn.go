@@ -203,7 +203,7 @@ func (l *listener) close(inGoroutine bool) {
 			if inGoroutine {
 				destroyInGoroutine(p.comm)
 			} else {
-				C.mpib_comm_destroy(p.comm)
+				C.mpib_comm_close(p.comm)
 			}
 		}
 	}

@@ -93,10 +93,10 @@ func inVerbsSlot(fn func()) {
 }
 
 // destroyInGoroutine frees a comm's verbs resources from a goroutine (see inVerbsSlot); NCCL's
-// threads call C.mpib_comm_destroy themselves.
+// threads call C.mpib_comm_close themselves.
 func destroyInGoroutine(comm *C.struct_mpib_comm) {
 	if comm != nil {
-		inVerbsSlot(func() { C.mpib_comm_destroy(comm) })
+		inVerbsSlot(func() { C.mpib_comm_close(comm) })
 	}
 }
 
@@ -354,7 +354,7 @@ func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	if inGoroutine {
 		destroyInGoroutine(comm)
 	} else {
-		C.mpib_comm_destroy(comm)
+		C.mpib_comm_close(comm)
 	}
 	noteActivity() // the watcher's exit may have made the runtime start a thread
 	closeDevicesIfUnused()

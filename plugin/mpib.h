@@ -58,6 +58,9 @@ _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers eve
 #define MPIB_WRID_GEN_SHIFT 56
 #define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_GEN_SHIFT) - 1)
 enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV, MPIB_WR_KEEPALIVE };
+#define MPIB_WRID_RECV (MPIB_WRID_SPECIAL | MPIB_WR_RECV) /* SRQ receives outlive QP generations */
+
+static inline const char *mpib_rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
 
 /* Fused devices NCCL sees (MPIB_HCA_SOUT and MPIB_HCA_SUP paired by position) and the NICs
  * they are made of: a SUP NIC may serve several fused devices (pairs of GPUs sharing one). */
@@ -404,8 +407,8 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
 /* The oldest queued request: 1, or 0 when none. */
 int mpib_connect_dequeue(struct mpib_connect_req *out);
 
-/* Setup helpers (mpib_setup.c), called by the Go control plane. Return 0 or -errno. NICs are
- * named by their index in mpib_g.nic, fused devices by theirs in mpib_g.fdev. */
+/* NICs (mpib_device.c), called by the Go control plane and comm setup. Return 0 or -errno. NICs
+ * are named by their index in mpib_g.nic, fused devices by theirs in mpib_g.fdev. */
 int mpib_nic_open(int nic, int role, const char *name, int port, int pkey);
 void mpib_nic_close_all(void);
 int mpib_dmabuf_supported(void);
@@ -426,12 +429,14 @@ uint32_t mpib_gid_gen(int nic);
  * (-1: empty or unreadable). One verbs call where the library has ibv_query_gid_table (a
  * connection burst at job start reads it once per NIC; rxe has 1024 entries, mostly empty). */
 void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n);
+int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type);
+/* CLOCK_MONOTONIC ns (mpib_clock.c: the tests of the message path bring their own clock). */
 uint64_t mpib_now_ns(void);
 void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */
 void mpib_set_shm(void *shm);
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
-/* Failover support (mpib_setup.c): force a rail's QPs to the error state; reset them and
+/* Rail rebuild (mpib_rebuild.c): force a rail's QPs to the error state; reset them and
  * reconnect them to the peer's same QPs, starting at psn. Return 0 or -errno. */
 int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
@@ -454,7 +459,10 @@ int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, in
 size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
+/* Frees the comm's verbs resources and memory (comm setup); mpib_comm_close (message path)
+ * publishes its last telemetry and releases its agent slot first: the control plane calls that. */
 void mpib_comm_destroy(struct mpib_comm *c);
+void mpib_comm_close(struct mpib_comm *c);
 int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out);
 int mpib_dereg_mr(struct mpib_mr *mh);
 
@@ -467,7 +475,6 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
-int mpib_srq_refill(struct mpib_comm *c, int rail);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
 void mpib_telemetry_flush(struct mpib_comm *c);
 

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "mpib.h"
+#include "mpib_srq.h"
 #include "mpib_profiler.h"
 #include "mpib_shm.h"
 
@@ -167,6 +168,18 @@ void mpib_telemetry_flush(struct mpib_comm *c) {
   c->hint_due = 1;
 }
 
+/* The comm's end: its last telemetry published and its agent slot released, then its verbs
+ * resources freed (mpib_comm_destroy). Every close of a comm the control plane built goes here. */
+void mpib_comm_close(struct mpib_comm *c) {
+  if (!c) return;
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (c->shm_slot >= 0 && shm) {
+    mpib_telemetry_flush(c);
+    mpib_shm_release(shm, (uint32_t)c->shm_slot);
+  }
+  mpib_comm_destroy(c);
+}
+
 static int telemetry_due(const struct mpib_comm *c) {
   const mpib_shm_rail_batch *t = c->tele.rail;
   return c->tele_slots >= MPIB_HINT_REFRESH || c->tele_done >= MPIB_HINT_REFRESH ||
@@ -287,7 +300,6 @@ static uint64_t wrid_data(const struct mpib_comm *c, int rail, uint64_t seq, int
 static uint64_t wrid_special(const struct mpib_comm *c, int rail, int kind) {
   return MPIB_WRID_SPECIAL | (uint64_t)(c->rail[rail].gen & 0xFFFFFFu) << 8 | (uint64_t)kind;
 }
-#define MPIB_WRID_RECV (MPIB_WRID_SPECIAL | MPIB_WR_RECV) /* SRQ receives outlive QP generations */
 static int wrid_current(const struct mpib_comm *c, int rail, uint64_t id) {
   if (id & MPIB_WRID_SPECIAL) return ((id >> 8) & 0xFFFFFFu) == (c->rail[rail].gen & 0xFFFFFFu);
   return ((id >> MPIB_WRID_GEN_SHIFT) & 0x3Fu) == (c->rail[rail].gen & 0x3Fu);
@@ -498,27 +510,6 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   }
   *request = req;
   return ncclSuccess;
-}
-
-/* Keeps the rail's SRQ full, posting the missing receives as one chain (one call). At most
- * MPIB_MAX_REQUESTS slots are in flight, each consuming one receive per rail, so refilling
- * once MPIB_SRQ_REFILL are gone keeps MPIB_SRQ_DEPTH - MPIB_SRQ_REFILL > MPIB_MAX_REQUESTS
- * posted: the sender never meets an empty queue (RNR). */
-int mpib_srq_refill(struct mpib_comm *c, int rail) {
-  int missing = MPIB_SRQ_DEPTH - c->srq_posted[rail];
-  if (missing < MPIB_SRQ_REFILL) return 0;
-  struct ibv_recv_wr wrs[MPIB_SRQ_DEPTH];
-  for (int i = 0; i < missing; i++) {
-    wrs[i] = (struct ibv_recv_wr){.wr_id = MPIB_WRID_RECV, .num_sge = 0, .next = i + 1 < missing ? &wrs[i + 1] : NULL};
-  }
-  struct ibv_recv_wr *bad = NULL;
-  int rc = ibv_post_srq_recv(c->srq[rail], &wrs[0], &bad);
-  for (struct ibv_recv_wr *w = &wrs[0]; w != NULL && w != bad; w = w->next) c->srq_posted[rail]++;
-  if (rc) {
-    MPIB_WARN("%s rail: ibv_post_srq_recv failed: %s", rail_name(rail), strerror(rc));
-    return -rc;
-  }
-  return 0;
 }
 
 /* RDMA-writes a slot's CTS elements into the sender's FIFO on `rail`. Writing them again

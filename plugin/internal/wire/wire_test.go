@@ -36,7 +36,7 @@ func TestHandleRoundTrip(t *testing.T) {
 	if err != nil || got != h || Attempt(b) != 7 {
 		t.Fatalf("DecodeHandle = %+v, %v, attempt %d", got, err, Attempt(b))
 	}
-	// connect() in C finds the pending entry at bytes 32..39 (plugin/mpib_setup.c).
+	// connect() in C finds the pending entry at bytes 32..39 (plugin/mpib_handoff.c).
 	if idx, gen := Pending(b); idx != 0 || gen != 0 {
 		t.Fatalf("a fresh handle names pending entry %d/%d", idx, gen)
 	}

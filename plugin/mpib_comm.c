@@ -1,0 +1,419 @@
+/* Comm setup: a connection's verbs resources on its fused device's NICs (CQs, SRQs, QPs, the
+ * CTS and size area, the flush loopback), bringing them up against the peer's, adding or
+ * dropping a rail, and teardown. Called by the Go control plane, by rail rebuild (the QP
+ * helpers of mpib_qp.h) and by the message path (mpib_comm_close); calls only the NICs'
+ * functions and the verbs shims. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "mpib.h"
+#include "mpib_qp.h"
+#include "mpib_srq.h"
+#include "mpib_verbs.h"
+
+static const char *rail_name(int rail) { return mpib_rail_name(rail); }
+
+
+/* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
+ * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
+ * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
+ * 64 bytes take an mlx5 WQE from one 64-byte block to two, and an rxe entry from 256 to 512
+ * bytes. The sender's 296-entry queues are the largest rings of a connection, so its QPs ask
+ * for none. */
+#define MPIB_MAX_INLINE sizeof(struct mpib_cts) /* one CTS element, as net_ib */
+
+/* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
+ * provider writes the QP's real capabilities back into the attributes. */
+static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline) {
+  struct ibv_qp_init_attr ia = {0};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.srq = srq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = send_wr;
+  ia.cap.max_recv_wr = srq ? 0 : 4;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = max_inline ? *max_inline : 0;
+  struct ibv_qp *qp = ibv_create_qp(c->nic[rail]->pd, &ia);
+  if (qp == NULL) return NULL;
+  if (max_inline) *max_inline = ia.cap.max_inline_data;
+  struct ibv_qp_attr a = {0};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = c->nic[rail]->pkey_index;
+  a.port_num = c->nic[rail]->port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    ibv_destroy_qp(qp);
+    return NULL;
+  }
+  return qp;
+}
+
+/* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
+                      const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
+  struct mpib_nic *d = c->nic[rail];
+  if (rem->ece_valid && mpib_g.ece_enable) {
+    struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
+    if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP) MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
+  }
+  struct ibv_qp_attr a = {0};
+  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[rail],
+                    c->gid[rail].raw, rem->gid, rem->lid, tc, c->sl) != 0) {
+    MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", rail_name(rail), d->link_layer,
+              rem->link_layer, rem->lid);
+    return -EPROTO;
+  }
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = mtu;
+  a.dest_qp_num = rem_qpn;
+  a.rq_psn = psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  uint64_t t0 = mpib_now_ns();
+  int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  uint64_t took_ms = (mpib_now_ns() - t0) / 1000000ull;
+  if (took_ms >= 100) /* RoCE: the kernel resolves the peer's MAC inside this call */
+    MPIB_INFO("%s rail: QP %u to RTR took %llu ms", rail_name(rail), qp->qp_num, (unsigned long long)took_ms);
+  if (rc) return -rc;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = mpib_g.ib_timeout;
+  a.retry_cnt = mpib_g.ib_retry_cnt;
+  a.rnr_retry = 7;
+  a.sq_psn = psn;
+  a.max_rd_atomic = 1;
+  rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  return -rc;
+}
+
+static struct ibv_mr *reg_local(const struct mpib_comm *c, int rail, void *addr, size_t len) {
+  return ibv_reg_mr(c->nic[rail]->pd, addr, len,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+}
+
+/* This rail's own address, as the peer would see it (for the loopback flush QP). */
+void mpib_local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_info *ri) {
+  memset(ri, 0, sizeof *ri);
+  memcpy(ri->gid, c->gid[rail].raw, 16);
+  ri->mtu = c->nic[rail]->active_mtu;
+  ri->lid = c->nic[rail]->lid;
+  ri->link_layer = (uint8_t)c->nic[rail]->link_layer;
+}
+
+/* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. */
+static int flush_setup(struct mpib_comm *c, int rail) {
+  c->flush_cq[rail] = ibv_create_cq(c->nic[rail]->ctx, 64, NULL, NULL, 0);
+  if (!c->flush_cq[rail]) return -ENOMEM;
+  c->flush_qp[rail] = create_rc_qp(c, rail, c->flush_cq[rail], NULL, 64, NULL);
+  if (!c->flush_qp[rail]) return -ENOMEM;
+  c->flush_mr[rail] = reg_local(c, rail, c->flush_buf, MPIB_PAGE);
+  if (!c->flush_mr[rail]) return -ENOMEM;
+  struct mpib_rail_info self;
+  mpib_local_rail_info(c, rail, &self);
+  return mpib_qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, c->nic[rail]->active_mtu, c->tc, 0);
+}
+
+/* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
+int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail) {
+  struct mpib_nic *d = c->nic[rail];
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = d->pkey_index;
+  a.port_num = d->port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
+  return 0;
+}
+
+static int rail_setup(struct mpib_comm *c, int rail) {
+  struct mpib_nic *d = c->nic[rail];
+  if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;
+  /* A failed QP completes every outstanding work request in error, signalled or not: the
+   * sender's CQ holds a full send queue's worth besides the normal completions. */
+  c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
+  if (!c->cq[rail]) return -ENOMEM;
+  /* One key for both areas: a peer's write past the CTS area lands in the size records instead
+   * of failing with a remote access error. Every remote offset the protocol uses is in bounds
+   * (CTS slots and fence records, size records and notice words), and a peer that wrote
+   * elsewhere could corrupt the CTS area itself just as well. */
+  c->area_mr[rail] = reg_local(c, rail, c->cts, MPIB_NIC_AREA);
+  if (!c->area_mr[rail]) return -ENOMEM;
+  if (!c->is_send) {
+    struct ibv_srq_init_attr sa = {0};
+    sa.attr.max_wr = MPIB_SRQ_DEPTH;
+    sa.attr.max_sge = 1;
+    c->srq[rail] = ibv_create_srq(d->pd, &sa);
+    if (!c->srq[rail]) return -ENOMEM;
+    int rc = mpib_srq_refill(c, rail);
+    if (rc) return rc;
+  }
+  int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
+  int inline_cts = mpib_g.use_inline && !c->is_send;
+  int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  for (uint32_t i = 0; i < c->nqps[rail]; i++) {
+    uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
+    struct ibv_qp *qp = create_rc_qp(c, rail, c->cq[rail], c->srq[rail], send_wr, &max_inline);
+    if (!qp) {
+      MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
+      return errno ? -errno : -ENOMEM;
+    }
+    c->qps[base + i].qp = qp;
+    c->qps[base + i].rail = rail;
+    int first = base + i == 0; /* the comm's first QP: the CTS may go on either rail */
+    if (inline_cts && (first || max_inline < c->max_inline)) c->max_inline = max_inline;
+  }
+  if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, rail);
+  return 0;
+}
+
+/* A zeroed allocation of whole pages, mapped for itself and unmapped by page_free: nothing
+ * else shares its pages, and a closed connection gives them back to the system at once.
+ * (Page-aligned heap chunks, registered as MRs and freed in whatever thread closes the comm,
+ * fragment malloc's arenas: a process that opens and closes connections all day would keep
+ * the high-water mark of every arena it touched.) */
+static void *page_alloc(size_t size) {
+  size = (size + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1);
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void page_free(void *p, size_t size) {
+  if (p) munmap(p, (size + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+}
+
+/* Host memory one comm allocates (the verbs provider's queues come on top). */
+size_t mpib_comm_host_bytes(int is_send) {
+  size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
+  return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+}
+
+struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
+  if (p->dev < 0 || p->dev >= mpib_g.nfdevs) {
+    MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
+    return NULL;
+  }
+  struct mpib_comm *c = page_alloc(sizeof *c);
+  if (c == NULL) return NULL;
+  c->fdev = p->dev;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->nic[r] = &mpib_g.nic[mpib_g.fdev[p->dev].nic[r]];
+  c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->cts = page_alloc(MPIB_NIC_AREA);
+  c->sizes = c->cts ? (mpib_sizes_row *)((char *)c->cts + MPIB_SIZES_OFFSET) : NULL;
+  c->flush_buf = page_alloc(MPIB_PAGE);
+  c->is_send = p->is_send;
+  c->mode = p->mode;
+  c->path_class = p->path_class;
+  c->sup_relay = mpib_g.sup_relay;
+  c->cts_rail = mpib_cts_rail(p->mode, p->path_class);
+  c->ctrl_fd = -1;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
+  c->force_sup_bw = mpib_g.force_sup_bw;
+  c->shm_slot = -1;
+  c->tc = (uint8_t)p->tc;
+  c->sl = mpib_g.ib_sl;
+  c->whole_msg_max = mpib_g.whole_msg_max;
+  if (!c->reqs || !c->cts || !c->sizes || !c->flush_buf) {
+    mpib_comm_destroy(c);
+    return NULL;
+  }
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    c->nqps[r] = p->nqps[r];
+    c->gid_index[r] = p->gid_index[r];
+  }
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (c->nqps[r] == 0) continue;
+    int rc = rail_setup(c, r);
+    if (rc) {
+      MPIB_WARN("%s rail: connection setup failed: %s", rail_name(r), strerror(-rc));
+      mpib_comm_destroy(c);
+      return NULL;
+    }
+  }
+  return c;
+}
+
+static void rail_ece(const struct mpib_comm *c, int rail, int base, struct mpib_rail_info *ri) {
+  if (!mpib_g.ece_enable || c->nqps[rail] == 0) return;
+  if (mpib_ibv_query_ece(c->qps[base].qp, &ri->ece) == 0) ri->ece_valid = 1;
+}
+
+void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
+  memset(info, 0, sizeof *info);
+  info->buf_addr = c->is_send ? (uint64_t)(uintptr_t)c->cts : (uint64_t)(uintptr_t)c->sizes;
+  info->tc = c->tc;
+  info->sl = c->sl;
+  int base = 0;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    info->nqps[r] = c->nqps[r];
+    if (c->nqps[r] == 0) continue;
+    mpib_local_rail_info(c, r, &info->rail[r]);
+    info->rail[r].rkey = c->area_mr[r]->rkey;
+    rail_ece(c, r, base, &info->rail[r]);
+    for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
+    base += (int)c->nqps[r];
+  }
+}
+
+/* The class of a QP's packets: the sender's class, except on the receiver, whose QPs carry
+ * only CTS writes (and acknowledgements), which NCCL_IB_FIFO_TC may put in another class (as
+ * net_ib does for its accept-side QPs). */
+uint8_t mpib_qp_traffic_class(const struct mpib_comm *c) {
+  if (!c->is_send && mpib_g.fifo_tc >= 0) return (uint8_t)mpib_g.fifo_tc;
+  return c->tc;
+}
+
+/* One rail's QPs to the peer's: 0 or the first QP's -errno. */
+static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
+  c->rem_rkey[r] = remote->rail[r].rkey;
+  enum ibv_mtu mtu = c->nic[r]->active_mtu;
+  if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
+  c->rem_rail[r] = remote->rail[r];
+  c->rail_mtu[r] = mtu;
+  if (c->nic[r]->fatal) return -ENODEV;
+  if (c->nic[r]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    int rc = mpib_qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
+                        mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
+    if (rc) {
+      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r), c->qps[base + i].qp->qp_num,
+                remote->rail[r].qpn[i], strerror(-rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* Brings the comm's QPs up against the peer's. A rail that cannot come up (its port is down:
+ * RoCE cannot resolve the peer's address; its device died) does not fail the connection when
+ * the other rail came up and failover is on: the comm starts with the rail DOWN, carries
+ * everything on the other, and the sender's recovery brings the rail in when it works
+ * (docs/failover.md, degraded start). NCCL connects lazily, mid-job: a lost rail must not fail
+ * every new connection. The peer finds the rail out of service by itself (its first write or
+ * CTS there fails over). */
+int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) {
+  c->rem_addr = remote->buf_addr;
+  if (!c->is_send) {
+    c->tc = remote->tc; /* both ends use the sender's class and level */
+    c->sl = remote->sl;
+  }
+  int base = 0, up = 0, down = -1, err = 0;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (c->nqps[r] == 0) continue;
+    if (remote->nqps[r] != c->nqps[r]) return -EPROTO;
+    int rc = rail_connect(c, r, base, remote);
+    base += (int)c->nqps[r];
+    if (rc == 0) {
+      up++;
+    } else {
+      down = r;
+      err = rc;
+    }
+  }
+  if (down < 0) return 0;
+  if (up == 0 || !mpib_g.failover) return err;
+  struct mpib_rail_ctl *rc = &c->rail[down];
+  rc->state = c->nic[down]->fatal ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->since_ns = mpib_now_ns();
+  rc->retry_at_ns = rc->since_ns + mpib_g.recovery_backoff_ms * 1000000ull;
+  if (c->cts_rail == down) c->cts_rail = 1 - down;
+  MPIB_INFO("%s comm: connection started degraded: the %s rail could not come up (%s); everything rides %s until it "
+            "joins", c->is_send ? "send" : "recv", rail_name(down), strerror(-err), rail_name(1 - down));
+  return 0;
+}
+
+int mpib_rail_base(const struct mpib_comm *c, int r) { return r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT]; }
+
+/* Waits for a rebuild still running before its QPs are destroyed (a close during recovery). */
+static void rebuild_wait(struct mpib_comm *c, int r) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  if (b->running) pthread_join(b->thread, NULL);
+  b->running = 0;
+}
+
+void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) { c->ctrl_fd = fd; }
+
+void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
+  if (rail >= 0 && rail < MPIB_NRAILS) __atomic_store_n(&c->tcp_notice[rail], word, __ATOMIC_RELEASE);
+}
+
+void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec) {
+  if (rail < 0 || rail >= MPIB_NRAILS) return;
+  memcpy(&c->tcp_rec[rail], rec, sizeof c->tcp_rec[rail]);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static void rail_destroy(struct mpib_comm *c, int r) {
+  if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
+  if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
+  if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
+  if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
+  if (c->area_mr[r]) ibv_dereg_mr(c->area_mr[r]);
+  if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
+  c->flush_qp[r] = NULL, c->flush_mr[r] = NULL, c->flush_cq[r] = NULL, c->srq[r] = NULL;
+  c->area_mr[r] = NULL, c->cq[r] = NULL;
+  c->srq_posted[r] = 0;
+}
+
+static void rail_qps_destroy(struct mpib_comm *c, int r) {
+  int base = mpib_rail_base(c, r);
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    if (c->qps[base + i].qp) ibv_destroy_qp(c->qps[base + i].qp);
+    c->qps[base + i].qp = NULL;
+  }
+}
+
+void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
+  rail_qps_destroy(c, rail);
+  rail_destroy(c, rail);
+  c->nqps[rail] = 0;
+  if (c->cts_rail == rail) c->cts_rail = 1 - rail;
+}
+
+int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_gid_index) {
+  if (sup_qps > 0 && c->nqps[MPIB_RAIL_SUP] == 0) {
+    c->nqps[MPIB_RAIL_SUP] = sup_qps;
+    c->gid_index[MPIB_RAIL_SUP] = sup_gid_index;
+    int rc = rail_setup(c, MPIB_RAIL_SUP);
+    if (rc) {
+      MPIB_WARN("SUP rail: connection setup failed: %s", strerror(-rc));
+      mpib_comm_drop_rail(c, MPIB_RAIL_SUP);
+      return rc;
+    }
+  }
+  c->path_class = path_class;
+  c->cts_rail = mpib_cts_rail(c->mode, path_class);
+  return 0;
+}
+
+/* Frees everything the comm holds but its agent slot (mpib_comm_close, the message path's,
+ * publishes the last telemetry and releases the slot first). */
+void mpib_comm_destroy(struct mpib_comm *c) {
+  if (!c) return;
+  for (int r = 0; r < MPIB_NRAILS; r++) rebuild_wait(c, r);
+  for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
+  for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
+  free(c->reqs);
+  page_free(c->cts, MPIB_NIC_AREA);
+  page_free(c->flush_buf, MPIB_PAGE);
+  page_free(c, sizeof *c);
+}
+
+void mpib_comm_peer_gone(struct mpib_comm *c) { __atomic_store_n(&c->peer_gone_ns, mpib_now_ns(), __ATOMIC_RELEASE); }
+
+/* Backdated past the grace period: the peer said it failed, nothing more is on its way. */
+void mpib_comm_peer_failed(struct mpib_comm *c) {
+  uint64_t now = mpib_now_ns();
+  __atomic_store_n(&c->peer_gone_ns, now > 2000000000ull ? now - 2000000000ull : 1, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,260 @@
+/* NICs: opening and closing them (with their async-event threads), their limits and
+ * properties, their GID tables, and memory registrations on a fused device's NICs. Called by
+ * the Go control plane and by comm setup; calls only the event threads and the verbs shims. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpib.h"
+#include "mpib_verbs.h"
+
+struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
+
+void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
+
+static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+
+static int mtu_bytes(enum ibv_mtu m) { return 128 << (m - 1); }
+
+/* Mbps from the port's active speed and width encodings (as net_ib reads them). */
+static int port_speed_mbps(const struct ibv_port_attr *pa) {
+  int lane;
+  switch (pa->active_speed) {
+  case 1: lane = 2500; break;
+  case 2: lane = 5000; break;
+  case 4: case 8: lane = 10000; break;
+  case 16: lane = 14000; break;
+  case 32: lane = 25000; break;
+  case 64: lane = 50000; break;
+  case 128: lane = 100000; break;
+  default: lane = 10000; break;
+  }
+  int width;
+  switch (pa->active_width) {
+  case 1: width = 1; break;
+  case 2: width = 4; break;
+  case 4: width = 8; break;
+  case 8: width = 12; break;
+  case 16: width = 2; break;
+  default: width = 1; break;
+  }
+  return lane * width;
+}
+
+int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index) {
+  if (nic < 0 || nic >= MPIB_MAX_NICS) return -EINVAL;
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  int n = 0, rc = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  if (list == NULL) n = 0; /* no RDMA subsystem at all: NULL + ENOSYS, same as zero devices */
+  struct ibv_device *found = NULL;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) found = list[i];
+  }
+  if (found == NULL) {
+    MPIB_WARN("%s HCA '%s' not found (%d RDMA devices visible)", rail_name(rail), name, n);
+    rc = -ENODEV;
+    goto out;
+  }
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name);
+  d->role = rail;
+  d->ctx = ibv_open_device(found);
+  if (d->ctx == NULL) {
+    rc = errno ? -errno : -EIO;
+    MPIB_WARN("%s HCA %s: ibv_open_device failed: %s", rail_name(rail), name, strerror(-rc));
+    goto out;
+  }
+  struct ibv_port_attr pa;
+  d->port = (uint8_t)port;
+  if ((rc = ibv_query_port(d->ctx, d->port, &pa)) != 0) {
+    MPIB_WARN("%s HCA %s: port %d cannot be queried: %s", rail_name(rail), name, port, strerror(rc));
+    rc = -rc;
+    goto fail;
+  }
+  if (pa.state != IBV_PORT_ACTIVE) {
+    MPIB_WARN("%s HCA %s port %d is not active (state %d)", rail_name(rail), name, port, pa.state);
+    rc = -ENETDOWN;
+    goto fail;
+  }
+  d->link_layer = pa.link_layer;
+  d->active_mtu = pa.active_mtu;
+  d->lid = pa.lid;
+  d->speed_mbps = port_speed_mbps(&pa);
+  struct ibv_device_attr da;
+  if (ibv_query_device(d->ctx, &da) == 0) {
+    d->max_qp = da.max_qp;
+    d->max_cq = da.max_cq;
+  }
+  d->gid_tbl_len = pa.gid_tbl_len;
+  if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
+    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name,
+              port, pkey_index, pa.pkey_tbl_len);
+    rc = -ENOENT;
+    goto fail;
+  }
+  d->pkey_index = (uint16_t)pkey_index;
+  d->pd = ibv_alloc_pd(d->ctx);
+  if (d->pd == NULL) {
+    rc = -ENOMEM;
+    MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", rail_name(rail), name);
+    goto fail;
+  }
+  if ((rc = mpib_events_start(nic)) != 0) {
+    MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", rail_name(rail), name, strerror(-rc));
+    goto fail;
+  }
+  MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", rail_name(rail), name, port,
+            d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu),
+            d->speed_mbps, pkey_index);
+  if (nic >= mpib_g.nnics) mpib_g.nnics = nic + 1;
+  goto out;
+fail:
+  if (d->pd) ibv_dealloc_pd(d->pd);
+  ibv_close_device(d->ctx);
+  d->ctx = NULL;
+  d->pd = NULL;
+out:
+  if (list) ibv_free_device_list(list);
+  return rc;
+}
+
+void mpib_nic_close_all(void) {
+  mpib_g.nfdevs = 0;
+  for (int n = 0; n < MPIB_MAX_NICS; n++) {
+    struct mpib_nic *d = &mpib_g.nic[n];
+    mpib_events_stop(n); /* before the context closes: the thread reads its events */
+    if (d->pd) ibv_dealloc_pd(d->pd);
+    if (d->ctx) ibv_close_device(d->ctx);
+    memset(d, 0, sizeof *d);
+  }
+  mpib_g.nnics = 0;
+}
+
+/* A connection uses, per rail with QPs, its QPs plus a loopback flush QP, a CQ plus a flush
+ * CQ (worst case: a receiver with flush). net_ib reports the device's QP limit; MPIB divides
+ * it by what one connection takes on the tighter rail. */
+int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]) {
+  int best = 65536;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
+    if (nqps[r] == 0 || d->max_qp <= 0 || d->max_cq <= 0) continue;
+    int by_qp = d->max_qp / (int)(nqps[r] + 1), by_cq = d->max_cq / 2;
+    if (by_qp < best) best = by_qp;
+    if (by_cq < best) best = by_cq;
+  }
+  return best > 0 ? best : 1;
+}
+
+/* mlx5 Data Direct devices need a flush NCCL would not ask for (net_ib sets forceFlush for
+ * them). The probe is mlx5dv's, resolved at run time from the provider libibverbs already
+ * loaded for the device, so MPIB links no mlx5 library; absent means not Data Direct. */
+int mpib_data_direct(int nic) {
+  struct ibv_context *ctx = mpib_g.nic[nic].ctx;
+  if (ctx == NULL || strncmp(mpib_g.nic[nic].name, "mlx5", 4) != 0) return 0;
+  void *lib = dlopen("libmlx5.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == NULL) return 0;
+  int (*probe)(struct ibv_context *, char *, size_t) =
+      (int (*)(struct ibv_context *, char *, size_t))dlvsym(lib, "mlx5dv_get_data_direct_sysfs_path", "MLX5_1.25");
+  char path[256];
+  int dd = probe != NULL && probe(ctx, path, sizeof path) == 0;
+  dlclose(lib);
+  if (dd) MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed",
+                    rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
+  return dd;
+}
+
+/* DMA-BUF is supported when the provider does not reject ibv_reg_dmabuf_mr outright. */
+int mpib_dmabuf_supported(void) {
+  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(mpib_g.nic[0].pd, 0, 0, 0, -1, 0);
+  if (mr) {
+    ibv_dereg_mr(mr);
+    return 1;
+  }
+  return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
+}
+
+int mpib_gid_table_len(int nic) { return mpib_g.nic[nic].gid_tbl_len; }
+
+uint32_t mpib_gid_gen(int nic) { return __atomic_load_n(&mpib_g.nic[nic].gid_gen, __ATOMIC_ACQUIRE); }
+
+int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) { return mpib_nic_gid_entry(&mpib_g.nic[nic], index, gid, type); }
+
+int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type) {
+  struct ibv_gid_entry e;
+  int rc = mpib_ibv_query_gid_ex(d->ctx, d->port, (uint32_t)index, &e, 0);
+  if (rc == EOPNOTSUPP) { /* libibverbs before rdma-core 32: the type from sysfs */
+    if (ibv_query_gid(d->ctx, d->port, index, &e.gid) != 0) return -1;
+    int t = mpib_gid_type_sysfs(ibv_get_device_name(d->ctx->device), d->port, index);
+    if (t < 0) return -1;
+    e.gid_type = (uint32_t)t;
+  } else if (rc != 0) {
+    return -1;
+  }
+  memcpy(gid, e.gid.raw, 16);
+  *type = (int)e.gid_type;
+  return 0;
+}
+
+void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  for (int i = 0; i < n; i++) types[i] = -1;
+  /* Entries of every port come back: room for two ports' worth (a larger device fails the
+   * call and is read entry by entry below). */
+  size_t max = (size_t)n * 2;
+  struct ibv_gid_entry *e = calloc(max, sizeof *e);
+  ssize_t got = e ? mpib_ibv_query_gid_table(d->ctx, e, max, 0) : -ENOMEM;
+  for (ssize_t j = 0; j < got; j++) {
+    if (e[j].port_num != d->port || e[j].gid_index >= (uint32_t)n) continue;
+    memcpy(gids + 16 * (size_t)e[j].gid_index, e[j].gid.raw, 16);
+    types[e[j].gid_index] = (int)e[j].gid_type;
+  }
+  free(e);
+  if (got >= 0) return;
+  for (int i = 0; i < n; i++) { /* an older library (or a failed call): entry by entry */
+    int t;
+    if (mpib_nic_gid_entry(d, i, gids + 16 * (size_t)i, &t) == 0) types[i] = t;
+  }
+}
+
+int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
+  if (dev < 0 || dev >= mpib_g.nfdevs) return -ENODEV;
+  struct mpib_mr *mh = calloc(1, sizeof *mh);
+  if (!mh) return -ENOMEM;
+  mh->fdev = dev;
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
+    /* A dead device never carries data again in this process: the buffer is registered on
+     * the rails that work (the data path never posts on a dead rail). */
+    if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;
+    if (fd >= 0) {
+      mh->mr[r] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
+    } else {
+      mh->mr[r] = mpib_ibv_reg_mr_compat(d->pd, data, size, access);
+    }
+    if (!mh->mr[r]) {
+      int rc = errno ? -errno : -ENOMEM;
+      MPIB_WARN("%s rail: memory registration of %zu bytes at %p failed: %s", rail_name(r), size, data,
+                strerror(-rc));
+      mpib_dereg_mr(mh);
+      return rc;
+    }
+  }
+  *out = mh;
+  return 0;
+}
+
+int mpib_dereg_mr(struct mpib_mr *mh) {
+  int rc = 0;
+  if (!mh) return 0;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    if (mh->mr[r] && ibv_dereg_mr(mh->mr[r])) rc = -EIO;
+  }
+  free(mh);
+  return rc;
+}

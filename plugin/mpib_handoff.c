@@ -1,0 +1,194 @@
+/* Handshake results on their way to NCCL's calls: the pending connect attempts (a handle names
+ * one), the queue of fresh connects for the control plane's dispatcher, and the finished
+ * handshakes queued on a listen comm for accept. Bookkeeping only: no verbs. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "mpib.h"
+
+static struct mpib_pending pending_tab[MPIB_PENDING_MAX];
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t pending_free[MPIB_PENDING_MAX]; /* freed entries (index + 1), a stack */
+static uint32_t pending_nfree, pending_used;    /* entries on the stack; entries ever handed out */
+
+static uint64_t pending_word(uint32_t gen, int state) { return (uint64_t)gen << 32 | (uint32_t)state; }
+
+/* An entry's first generation is random, so that a corrupt or forged handle cannot name a
+ * live attempt (and take its comm) by guessing small numbers. */
+static uint32_t pending_first_gen(uint32_t idx1) {
+  uint32_t g = 0;
+  if (getrandom(&g, sizeof g, GRND_NONBLOCK) != (ssize_t)sizeof g) {
+    uint64_t x = mpib_now_ns() ^ ((uint64_t)idx1 << 32);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    g = (uint32_t)(x ^ (x >> 29));
+  }
+  return g;
+}
+
+uint32_t mpib_pending_acquire(uint32_t *gen) {
+  uint32_t idx1 = 0;
+  pthread_mutex_lock(&pending_mu);
+  if (pending_nfree > 0)
+    idx1 = pending_free[--pending_nfree];
+  else if (pending_used < MPIB_PENDING_MAX)
+    idx1 = ++pending_used;
+  pthread_mutex_unlock(&pending_mu);
+  if (idx1 == 0) return 0;
+  struct mpib_pending *p = &pending_tab[idx1 - 1];
+  uint32_t last = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_RELAXED) >> 32);
+  *gen = last ? last + 1 : pending_first_gen(idx1);
+  if (*gen == 0) *gen = 1; /* 0 never names an entry */
+  p->comm = NULL;
+  p->result = 0;
+  __atomic_store_n(&p->word, pending_word(*gen, MPIB_PENDING_RUNNING), __ATOMIC_RELEASE);
+  return idx1;
+}
+
+void mpib_pending_finish(uint32_t idx1, uint32_t gen, struct mpib_comm *comm, int result) {
+  struct mpib_pending *p = &pending_tab[idx1 - 1];
+  p->comm = comm;
+  p->result = result;
+  uint64_t want = pending_word(gen, MPIB_PENDING_RUNNING);
+  __atomic_compare_exchange_n(&p->word, &want, pending_word(gen, MPIB_PENDING_DONE), 0, __ATOMIC_RELEASE,
+                              __ATOMIC_RELAXED);
+}
+
+int mpib_pending_take(uint32_t idx1, uint32_t gen, struct mpib_comm **comm, int *result) {
+  if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
+  struct mpib_pending *p = &pending_tab[idx1 - 1];
+  uint64_t want = pending_word(gen, MPIB_PENDING_DONE);
+  if (!__atomic_compare_exchange_n(&p->word, &want, pending_word(gen, MPIB_PENDING_FREE), 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return 0;
+  *comm = p->comm;
+  *result = p->result;
+  pthread_mutex_lock(&pending_mu);
+  pending_free[pending_nfree++] = idx1;
+  pthread_mutex_unlock(&pending_mu);
+  return 1;
+}
+
+int mpib_pending_collected(uint32_t idx1, uint32_t gen) {
+  if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
+  uint64_t w = __atomic_load_n(&pending_tab[idx1 - 1].word, __ATOMIC_ACQUIRE);
+  return w != pending_word(gen, MPIB_PENDING_RUNNING) && w != pending_word(gen, MPIB_PENDING_DONE);
+}
+
+int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result) {
+  uint32_t idx1, gen;
+  memcpy(&idx1, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, 4);
+  memcpy(&gen, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, 4);
+  if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
+  uint64_t w = __atomic_load_n(&pending_tab[idx1 - 1].word, __ATOMIC_ACQUIRE);
+  if (w == pending_word(gen, MPIB_PENDING_RUNNING)) return 1;
+  return mpib_pending_take(idx1, gen, comm, result) ? 2 : 0;
+}
+
+static pthread_mutex_t creq_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mpib_connect_req *creq_head, *creq_tail;
+static int creq_fd = -1;
+
+int mpib_connect_queue_open(void) {
+  pthread_mutex_lock(&creq_mu);
+  if (creq_fd < 0) creq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  int fd = creq_fd;
+  pthread_mutex_unlock(&creq_mu);
+  return fd;
+}
+
+int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle) {
+  if (__atomic_load_n(&creq_fd, __ATOMIC_RELAXED) < 0) return 0;
+  struct mpib_connect_req *q = malloc(sizeof *q);
+  if (!q) return 0;
+  uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
+  if (idx1 == 0) {
+    free(q);
+    return 0;
+  }
+  *q = (struct mpib_connect_req){.ctx = ctx, .dev = dev, .traffic_class = traffic_class, .idx1 = idx1, .gen = gen};
+  memcpy(q->handle, handle, sizeof q->handle);
+  memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, &idx1, 4); /* the next connect() polls the entry */
+  memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, &gen, 4);
+  pthread_mutex_lock(&creq_mu);
+  if (creq_tail)
+    creq_tail->next = q;
+  else
+    creq_head = q;
+  creq_tail = q;
+  uint64_t one = 1;
+  ssize_t n = write(creq_fd, &one, sizeof one); /* wakes the dispatcher; EAGAIN: it is awake already */
+  (void)n;
+  pthread_mutex_unlock(&creq_mu);
+  return 1;
+}
+
+int mpib_connect_dequeue(struct mpib_connect_req *out) {
+  pthread_mutex_lock(&creq_mu);
+  struct mpib_connect_req *q = creq_head;
+  if (q) {
+    creq_head = q->next;
+    if (!creq_head) creq_tail = NULL;
+  }
+  pthread_mutex_unlock(&creq_mu);
+  if (!q) return 0;
+  *out = *q;
+  out->next = NULL;
+  free(q);
+  return 1;
+}
+
+struct mpib_listen_comm *mpib_listen_comm_new(uint64_t id) {
+  struct mpib_listen_comm *lc = calloc(1, sizeof *lc);
+  if (!lc) return NULL;
+  lc->id = id;
+  pthread_mutex_init(&lc->mu, NULL);
+  return lc;
+}
+
+void mpib_listen_comm_free(struct mpib_listen_comm *lc) {
+  if (!lc) return;
+  /* The control plane drained the queue when it closed the listener (its comms are Go's to
+   * close): nothing is left here but the lock. */
+  pthread_mutex_destroy(&lc->mu);
+  free(lc);
+}
+
+int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int result) {
+  struct mpib_ready *r = malloc(sizeof *r);
+  if (!r) return -ENOMEM;
+  *r = (struct mpib_ready){.comm = comm, .result = result};
+  pthread_mutex_lock(&lc->mu);
+  if (lc->tail)
+    lc->tail->next = r;
+  else
+    lc->head = r;
+  lc->tail = r;
+  __atomic_add_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&lc->mu);
+  return 0;
+}
+
+void mpib_listen_close(struct mpib_listen_comm *lc) { __atomic_store_n(&lc->closed, 1, __ATOMIC_RELEASE); }
+
+int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
+  pthread_mutex_lock(&lc->mu);
+  struct mpib_ready *r = lc->head;
+  if (r) {
+    lc->head = r->next;
+    if (!lc->head) lc->tail = NULL;
+    __atomic_sub_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&lc->mu);
+  if (!r) return 0;
+  *comm = r->comm;
+  *result = r->result;
+  free(r);
+  return 1;
+}

@@ -1,0 +1,119 @@
+/* Rail rebuild: a failed rail's QPs forced to the error state, then reset and reconnected to
+ * the peer's same QPs (on a thread of their own), and the flush loopback reset after a failed
+ * read. Called by the message path; calls comm setup's QP helpers and the NICs' GID reads. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+
+#include "mpib.h"
+#include "mpib_qp.h"
+#include "mpib_verbs.h"
+
+static const char *rail_name(int rail) { return mpib_rail_name(rail); }
+
+/* The flush QP after a read failed on it (it is in the error state): reset and connected to
+ * itself again. Called by iflush before it posts on that rail; a loopback needs no peer. net_ib
+ * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
+ * owns it, so no rebuild thread races a flush. 0 or -errno. */
+int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
+  struct mpib_nic *d = c->nic[rail];
+  struct ibv_qp *qp = c->flush_qp[rail];
+  struct ibv_wc wc;
+  if (qp == NULL) return -EINVAL;
+  int rc = mpib_qp_reset_to_init(c, qp, rail);
+  while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
+  if (rc) return rc;
+  struct mpib_rail_info self;
+  mpib_local_rail_info(c, rail, &self);
+  return mpib_qp_connect(c, qp, rail, qp->qp_num, &self, d->active_mtu, c->tc, 0);
+}
+
+/* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
+ * arrives for them, and their outstanding work requests complete in error. */
+int mpib_rail_to_error(struct mpib_comm *c, int r) {
+  int first = 0;
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int rc = ibv_modify_qp(c->qps[mpib_rail_base(c, r) + i].qp, &a, IBV_QP_STATE);
+    if (rc && !first) first = rc;
+  }
+  return -first;
+}
+
+/* Brings a failed rail's QPs back: RESET, INIT, then RTR/RTS against the same remote QPs
+ * (the peer does the same with the same psn). */
+/* After a port flap the kernel may have re-added the rail's GID at another index: find the
+ * same address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. */
+static int refresh_gid_index(struct mpib_comm *c, int r) {
+  uint8_t gid[16];
+  int type, want_type;
+  if (mpib_nic_gid_entry(c->nic[r], c->gid_index[r], gid, &want_type) == 0 && memcmp(gid, c->gid[r].raw, 16) == 0) return 0;
+  /* The original type is what the entry had at connect time; without it, take RoCE v2. */
+  want_type = IBV_GID_TYPE_ROCE_V2;
+  int n = c->nic[r]->gid_tbl_len;
+  for (int i = 0; i < n; i++) {
+    if (mpib_nic_gid_entry(c->nic[r], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[r].raw, 16) == 0) {
+      MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(r), c->gid_index[r], i);
+      c->gid_index[r] = i;
+      return 0;
+    }
+  }
+  return -EADDRNOTAVAIL;
+}
+
+int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
+  struct mpib_nic *d = c->nic[r];
+  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+    int rc = refresh_gid_index(c, r);
+    if (rc) return rc;
+    mpib_neigh_warm(c->rem_rail[r].gid); /* a link that went down flushed the entry */
+  }
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    struct ibv_qp *qp = c->qps[mpib_rail_base(c, r) + i].qp;
+    int rc = mpib_qp_reset_to_init(c, qp, r);
+    if (rc) return rc;
+    rc = mpib_qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], mpib_qp_traffic_class(c), psn);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void *rebuild_main(void *arg) {
+  struct mpib_rebuild *b = arg;
+  b->err = mpib_rail_reconnect(b->comm, b->rail, b->psn);
+  __atomic_store_n(&b->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Rebuilds rail r's QPs (mpib_rail_reconnect) on a thread of its own. On RoCE the RTR
+ * transition waits inside the kernel for the peer's MAC, up to the neighbour timeout (1 s,
+ * seen in the lab right after a link came back), and the caller is NCCL's progress thread,
+ * which meanwhile drives every other transfer of the process, this connection's surviving
+ * rail included. net_ib rebuilds in the progress thread. The data path leaves the rail alone
+ * until mpib_rail_rebuild_poll says it is done: the rail is DOWN, so nothing is posted on its
+ * QPs and its CQ is not polled. 0, or -errno when no thread could be started. */
+int mpib_rail_rebuild_start(struct mpib_comm *c, int r, uint32_t psn) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  *b = (struct mpib_rebuild){.comm = c, .rail = r, .psn = psn};
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited: process signals keep going to NCCL's threads */
+  int e = pthread_create(&b->thread, NULL, rebuild_main, b);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e) return -e;
+  b->running = 1;
+  return 0;
+}
+
+/* 1 once the rebuild started on rail r has finished (its thread joined, its result in *err),
+ * 0 while it still runs. */
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int r, int *err) {
+  struct mpib_rebuild *b = &c->rail[r].rebuild;
+  if (b->running && !__atomic_load_n(&b->done, __ATOMIC_ACQUIRE)) return 0;
+  if (b->running) pthread_join(b->thread, NULL);
+  b->running = 0;
+  *err = b->err;
+  return 1;
+}
