@@ -235,7 +235,9 @@ func TestMultiDeviceFailover(t *testing.T) {
 			t.Fatalf("device %d: no traffic on %s before the fault: %v", d, r, err)
 		}
 	}
-	rate := func(from, to time.Time, b0, b1 uint64) float64 { return float64(b1-b0) * 8 / to.Sub(from).Seconds() / 1e6 }
+	rate := func(from, to time.Time, b0, b1 uint64) float64 {
+		return float64(b1-b0) * 8 / to.Sub(from).Seconds() / 1e6
+	}
 	supTx := func() (uint64, time.Time) {
 		c, err := a1.Counters(ctx, SUP)
 		if err != nil {
