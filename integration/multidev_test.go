@@ -96,7 +96,7 @@ func mdRun(ctx context.Context, t *testing.T, devs []int, env []string, args ...
 	return res, sent
 }
 
-var propsDevRe = regexp.MustCompile(`nettest-props: dev=(\d+) name=mpib\[([^+\]]+)\+([^\]]+)\] pciPath=(\S+) .*?(?: railId=(-?\d+) planeId=(-?\d+))?$`)
+var propsDevRe = regexp.MustCompile(`(?m)^nettest-props: dev=(\d+) name=mpib\[([^+\]]+)\+([^\]]+)\] pciPath=(\S+) .*?(?: railId=(-?\d+) planeId=(-?\d+))?$`)
 
 // mdDevices prints a node's devices: lines from its driver's nettest-props lines and returns
 // their rail ids by device.
