@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -352,7 +353,7 @@ func restoreLab(t *testing.T, nodes ...*Node) {
 			continue
 		}
 		for _, r := range n.Rails() {
-			if !strings.Contains(out, n.Dev(r)) {
+			if !slices.Contains(strings.Fields(out), n.Dev(r)) { // whole names: a1_sup is a prefix of a1_sup2
 				if err := restoreRxe(ctx, n, r); err != nil {
 					fmt.Fprintf(os.Stderr, "fault: LAB BROKEN: recreating %s: %v\n", n.Dev(r), err)
 					t.Errorf("LAB BROKEN: recreating %s: %v", n.Dev(r), err)
