@@ -313,7 +313,6 @@ func (lc *liveComm) watch() {
 			if !lc.closing.Load() {
 				C.mpib_comm_tcp_record(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
 			}
-			noteActivity() // see below
 			continue
 		}
 		if _, err = io.ReadFull(lc.conn, b[1:]); err != nil {
@@ -322,11 +321,6 @@ func (lc *liveComm) watch() {
 		if !lc.closing.Load() {
 			C.mpib_comm_tcp_notice(lc.comm, C.int(b[1]), C.uint64_t(binary.LittleEndian.Uint64(b[2:])))
 		}
-		// A failover's messages are control-plane activity like a connect: the runtime may
-		// have started a thread while this goroutine was in C, and the idle trim ends it
-		// 200 ms after the last one (without this, one more thread stayed after 100
-		// failover/recovery cycles in a CI run: TestLeakFailoverRecovery).
-		noteActivity()
 	}
 	if lc.closing.Load() {
 		return
