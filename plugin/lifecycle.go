@@ -288,10 +288,6 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 // fenceRecordSize is the size of a receiver's fence record ('R' messages).
 const fenceRecordSize = C.sizeof_struct_mpib_fence_rec
 
-// recordFence is only ever added to: the atomic operation orders a record's bytes before
-// what the watcher writes next (mpib_comm_tcp_record's release fence, in Go).
-var recordFence uint32
-
 // watch reads the control socket after the handshake. The peer's data path writes three kinds
 // of messages there: 'N' rail word (a failover notice, 1 + 1 + 8 bytes little-endian, also
 // sent by RDMA; see post_notice in mpib_p2p.c), 'R' rail record (the receiver's fence record
@@ -314,22 +310,16 @@ func (lc *liveComm) watch() {
 			if _, err = io.ReadFull(lc.conn, rec[:]); err != nil {
 				break
 			}
-			if !lc.closing.Load() && b[1] < C.MPIB_NRAILS {
-				// Written from Go into the comm's C memory, not through a cgo call: a call
-				// into C can make the runtime start a thread that then stays idle for good
-				// (one more thread after 100 failover/recovery cycles in TestLeakFailoverRecovery).
-				// A copy torn by the data path's concurrent read fails the record's checksum
-				// there, as it did with the C memcpy.
-				copy(unsafe.Slice((*byte)(unsafe.Pointer(&lc.comm.tcp_rec[b[1]])), fenceRecordSize), rec[:])
-				atomic.AddUint32(&recordFence, 1) // release: the bytes above before any later store
+			if !lc.closing.Load() {
+				C.mpib_comm_tcp_record(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
 			}
 			continue
 		}
 		if _, err = io.ReadFull(lc.conn, b[1:]); err != nil {
 			break
 		}
-		if !lc.closing.Load() && b[1] < C.MPIB_NRAILS { // as the record above: no cgo call
-			atomic.StoreUint64((*uint64)(unsafe.Pointer(&lc.comm.tcp_notice[b[1]])), binary.LittleEndian.Uint64(b[2:]))
+		if !lc.closing.Load() {
+			C.mpib_comm_tcp_notice(lc.comm, C.int(b[1]), C.uint64_t(binary.LittleEndian.Uint64(b[2:])))
 		}
 	}
 	if lc.closing.Load() {
