@@ -597,8 +597,8 @@ type prepared struct {
 
 // gidGens is a device's two NICs' GID change counts.
 func gidGens(dev int) [2]uint32 {
-	n := plugin.nicIndex[dev]
-	return [2]uint32{uint32(C.mpib_gid_gen(C.int(n[0]))), uint32(C.mpib_gid_gen(C.int(n[1])))}
+	n := C.mpib_g.fdev[dev].nic
+	return [2]uint32{uint32(C.mpib_gid_gen(n[0])), uint32(C.mpib_gid_gen(n[1]))}
 }
 
 // allGIDGens sums every open NIC's GID change count: it moves when any address came or went.
@@ -756,7 +756,7 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 		if p.nqps[rail] == 0 {
 			continue
 		}
-		idx, addr, err := chooseGID(plugin.nicIndex[dev][rail], r.GIDIndex)
+		idx, addr, err := chooseGID(int(C.mpib_g.fdev[dev].nic[rail]), r.GIDIndex)
 		if err != nil {
 			return p, prefix, fmt.Errorf("%s rail %s: %w", railNames[rail], r.HCA, err)
 		}

@@ -15,7 +15,7 @@ struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
 
 void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
 
-static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 static int mtu_bytes(enum ibv_mtu m) { return 128 << (m - 1); }
 

@@ -38,7 +38,6 @@ var plugin struct {
 	warming     sync.WaitGroup // warmGIDTables reading the open devices: they close after it
 	cfg         config.Config
 	oobAddr     netip.Addr
-	nicIndex    [][2]int // per fused device: its SOUT and SUP NIC's index in mpib_g.nic
 }
 
 const (
@@ -121,7 +120,6 @@ func initPlugin() C.int {
 			return C.int(resSuccess)
 		}
 	}
-	plugin.nicIndex = index
 	for d, dev := range cfg.Devices {
 		f := &C.mpib_g.fdev[d]
 		f.nic[0], f.nic[1] = C.int(index[d][0]), C.int(index[d][1])
