@@ -108,6 +108,16 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		nqps_sup:      C.uint16_t(comm.nqps[1]),
 		pid:           C.uint32_t(os.Getpid()),
 		conn_id:       C.uint64_t(connID),
+		dev:           C.uint16_t(comm.fdev),
+	}
+	for r, nic := range comm.nic {
+		if nic == nil {
+			continue
+		}
+		d.port[r] = C.uint8_t(nic.port)
+		for i := 0; i < C.MPIB_SHM_NIC_NAME-1 && nic.name[i] != 0; i++ { // cut to 23 bytes (spec 4.3)
+			d.nic[r][i] = nic.name[i]
+		}
 	}
 	var id C.uint32_t
 	agent.mu.Lock() // one registration in C at a time (see Threads in lifecycle.go)

@@ -1,5 +1,5 @@
 /*
- * MPIB shared-memory hint segment, format version 3 (docs/shm-format.md).
+ * MPIB shared-memory hint segment, format version 4 (docs/shm-format.md).
  * Every struct below mirrors a table of the spec; the _Static_asserts pin the offsets.
  *
  * Process model: one handle (struct mpib_shm) per process holds a table of connections and
@@ -100,10 +100,11 @@ struct shm_slot {
   _Atomic uint8_t is_send;
   _Atomic uint16_t nqps_sout;
   _Atomic uint16_t nqps_sup;
-  uint16_t reserved1;
+  _Atomic uint16_t dev; /* version 4: the fused device */
   _Atomic uint32_t pid;
   _Atomic uint64_t registered_ns;
-  uint64_t reserved2;
+  _Atomic uint8_t port[2]; /* version 4: SOUT's, SUP's */
+  uint8_t reserved2[6];
   struct shm_rec hint;
   _Atomic uint64_t sout_bytes;
   _Atomic uint64_t sout_requests;
@@ -131,13 +132,16 @@ struct shm_slot {
     _Atomic uint64_t busy_ns;        /* sum of completion - post time over the requests */
   } done[2];
   _Atomic uint64_t active_ns[2]; /* time with a request in flight on the rail */
-  uint8_t reserved6[48];
+  _Atomic uint8_t nic[2][MPIB_SHM_NIC_NAME]; /* version 4: SOUT's, SUP's name, NUL-padded */
 };
 _Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 384 bytes");
 _Static_assert(offsetof(struct shm_slot, conn_id) == 16, "conn_id at +16");
 _Static_assert(offsetof(struct shm_slot, path_class) == 36, "path_class at +36");
 _Static_assert(offsetof(struct shm_slot, nqps_sup) == 40, "nqps_sup at +40");
 _Static_assert(offsetof(struct shm_slot, pid) == 44, "pid at +44");
+_Static_assert(offsetof(struct shm_slot, dev) == 42, "dev at +42");
+_Static_assert(offsetof(struct shm_slot, port) == 56, "ports at +56");
+_Static_assert(offsetof(struct shm_slot, nic) == 336, "NIC names at +336");
 _Static_assert(offsetof(struct shm_slot, hint) == 64, "hint at +64");
 _Static_assert(offsetof(struct shm_slot, sout_bytes) == 128, "telemetry at +128");
 _Static_assert(offsetof(struct shm_slot, last_sup_bw) == 192, "last_sup_bw at +192");
@@ -773,6 +777,13 @@ int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *o) {
   o->nqps_sup = atomic_load_explicit(&s->nqps_sup, memory_order_relaxed);
   o->pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
   o->registered_ns = atomic_load_explicit(&s->registered_ns, memory_order_relaxed);
+  o->dev = atomic_load_explicit(&s->dev, memory_order_relaxed);
+  for (int r = 0; r < 2; r++) {
+    o->port[r] = atomic_load_explicit(&s->port[r], memory_order_relaxed);
+    for (int i = 0; i < MPIB_SHM_NIC_NAME; i++) {
+      o->nic[r][i] = (char)atomic_load_explicit(&s->nic[r][i], memory_order_relaxed);
+    }
+  }
   shm_rec_raw(&s->hint, &o->hint);
   o->sout_bytes = atomic_load_explicit(&s->sout_bytes, memory_order_relaxed);
   o->sout_requests = atomic_load_explicit(&s->sout_requests, memory_order_relaxed);
@@ -1046,6 +1057,15 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->nqps_sup, d->nqps_sup, memory_order_relaxed);
   atomic_store_explicit(&s->pid, pid, memory_order_relaxed);
   atomic_store_explicit(&s->registered_ns, mpib_shm_now_ns(), memory_order_relaxed);
+  atomic_store_explicit(&s->dev, d->dev, memory_order_relaxed);
+  for (int r = 0; r < 2; r++) {
+    atomic_store_explicit(&s->port[r], d->port[r], memory_order_relaxed);
+    int end = 0; /* a NUL from the first one on, and at the last byte: a longer name is cut */
+    for (int i = 0; i < MPIB_SHM_NIC_NAME; i++) {
+      end |= d->nic[r][i] == 0 || i == MPIB_SHM_NIC_NAME - 1;
+      atomic_store_explicit(&s->nic[r][i], end ? 0 : (uint8_t)d->nic[r][i], memory_order_relaxed);
+    }
+  }
   _Atomic uint64_t *tel[] = {&s->sout_bytes,    &s->sout_requests,  &s->sup_bytes,
                              &s->sup_requests,  &s->reads_applied,  &s->reads_fallback,
                              &s->reads_stale,   &s->clamped,        &s->last_read_ns,

@@ -26,7 +26,8 @@
 
 #define MPIB_SHM_HIDDEN __attribute__((visibility("hidden")))
 
-#define MPIB_SHM_VERSION 3u
+#define MPIB_SHM_VERSION 4u
+#define MPIB_SHM_NIC_NAME 24 /* bytes of a NIC name field, its NUL included (spec 4.3) */
 #define MPIB_SHM_DEFAULT_PREFIX "/dev/shm/mpib-hints-" /* + the effective uid */
 #define MPIB_SHM_DEFAULT_STALE_MS 500u
 #define MPIB_SHM_SUP_BW_MAX 1024u
@@ -43,6 +44,9 @@ typedef struct {
   uint16_t nqps_sout, nqps_sup;
   uint32_t pid; /* 0 = getpid() */
   uint64_t conn_id;
+  uint16_t dev;                         /* the fused device (version 4) */
+  uint8_t port[2];                      /* SOUT's, SUP's port */
+  char nic[2][MPIB_SHM_NIC_NAME];       /* SOUT's, SUP's NIC name; a longer one is cut */
 } mpib_conn_desc;
 
 /* Where a resolved hint came from (values of the slot's last_source, docs section 5.3). */
@@ -94,6 +98,9 @@ typedef struct {
   uint16_t nqps_sout, nqps_sup;
   uint32_t pid;
   uint64_t registered_ns;
+  uint16_t dev; /* version 4 */
+  uint8_t port[2];
+  char nic[2][MPIB_SHM_NIC_NAME]; /* raw bytes: NUL-padded when the writer follows the spec */
   mpib_shm_record hint;
   uint64_t sout_bytes, sout_requests, sup_bytes, sup_requests;
   uint64_t reads_applied, reads_fallback, reads_stale, clamped;

@@ -268,6 +268,21 @@ static void enc_record(uint8_t *img, size_t off, const jv *r) {
   put(img, off + 28, ju(r, "prefix_len"), 1);
 }
 
+/* A NIC name field (spec 4.3): the name cut to 23 bytes, NUL-padded to 24. */
+static void enc_nic_name(uint8_t *img, size_t off, const char *name) {
+  size_t n = strlen(name);
+  for (size_t i = 0; i < MPIB_SHM_NIC_NAME; i++) {
+    img[off + i] = i < n && i < MPIB_SHM_NIC_NAME - 1 ? (uint8_t)name[i] : 0;
+  }
+}
+
+/* Whether a decoded NIC name field holds name the way the spec writes it. */
+static int nic_name_is(const char field[MPIB_SHM_NIC_NAME], const char *name) {
+  uint8_t want[MPIB_SHM_NIC_NAME];
+  enc_nic_name(want, 0, name);
+  return memcmp(field, want, MPIB_SHM_NIC_NAME) == 0;
+}
+
 static uint8_t *encode(const jv *seg, size_t *len) {
   const jv *h = jget(seg, "header");
   uint64_t nslots = ju(h, "nslots"), npeers = ju(h, "npeers");
@@ -311,6 +326,11 @@ static uint8_t *encode(const jv *seg, size_t *len) {
     put(img, off + 40, ju(s, "nqps_sup"), 2);
     put(img, off + 44, ju(s, "pid"), 4);
     put(img, off + 48, ju(s, "registered_ns"), 8);
+    put(img, off + 42, ju(s, "dev"), 2);
+    put(img, off + 56, ju(s, "sout_port"), 1);
+    put(img, off + 57, ju(s, "sup_port"), 1);
+    enc_nic_name(img, off + 336, js(s, "sout_nic"));
+    enc_nic_name(img, off + 360, js(s, "sup_nic"));
     enc_record(img, off + 64, jget(s, "hint"));
     static const struct {
       const char *name;
@@ -442,7 +462,9 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
               s.peer_sout_ip == jip(w, "peer_sout_ip") && s.peer_island == jip(w, "peer_island") &&
               s.path_class == ju(w, "path_class") && s.is_send == ju(w, "is_send") &&
               s.nqps_sout == ju(w, "nqps_sout") && s.nqps_sup == ju(w, "nqps_sup") &&
-              s.pid == ju(w, "pid") && s.registered_ns == ju(w, "registered_ns"),
+              s.pid == ju(w, "pid") && s.registered_ns == ju(w, "registered_ns") &&
+              s.dev == ju(w, "dev") && s.port[0] == ju(w, "sout_port") && s.port[1] == ju(w, "sup_port") &&
+              nic_name_is(s.nic[0], js(w, "sout_nic")) && nic_name_is(s.nic[1], js(w, "sup_nic")),
           "%s: slot %u descriptor differs from the vector", name, i);
     char what[32];
     snprintf(what, sizeof(what), "slot[%u].hint", i);
@@ -535,9 +557,11 @@ static void check_vector(const char *dir, const char *json_name) {
           "%s: an invalid vector has no segment", name);
     /* A segment of another version says which side is older. */
     uint32_t ver = (uint32_t)(uint8_t)img[8] | (uint32_t)(uint8_t)img[9] << 8;
+    char implements[32];
+    snprintf(implements, sizeof(implements), "implements %u", MPIB_SHM_VERSION);
     if (strcmp(want, "bad_version") == 0)
       CHECK(strstr(err, ver < MPIB_SHM_VERSION ? "older agent" : "newer agent") != NULL &&
-                strstr(err, "implements 3") != NULL,
+                strstr(err, implements) != NULL,
             "%s: version %u: the message must say which side is older: %s", name, ver, err);
   }
   if (shm != NULL && ishm != NULL) {
@@ -708,7 +732,8 @@ static void test_api(void) {
   CHECK(lock_held(path, 0), "an attached plugin holds the attach lock (byte 0)");
   mpib_conn_desc d = {.local_sout_ip = 0x0A000101, .peer_sout_ip = 0x0A000207,
                       .peer_island = 0x0A000200, .path_class = 1, .is_send = 1,
-                      .nqps_sout = 2, .nqps_sup = 4, .conn_id = 1};
+                      .nqps_sout = 2, .nqps_sup = 4, .conn_id = 1, .dev = 3, .port = {1, 2},
+                      .nic = {"mlx5_3", "a_sup_nic_name_23_bytes"}}; /* 23 + NUL: the longest */
   uint32_t ids[4], extra, slots[4];
   for (int i = 0; i < 4; i++) {
     d.conn_id = (uint64_t)i;
@@ -716,6 +741,24 @@ static void test_api(void) {
     slots[i] = slot_of(shm, ids[i], NULL);
     CHECK(lock_held(path, 256 + (off_t)slots[i] * SLOT), "slot %u: no lease", slots[i]);
   }
+  mpib_shm_slot_info info;
+  CHECK(mpib_shm_decode_slot(shm, slots[0], &info) == 0 && info.dev == 3 && info.port[0] == 1 &&
+            info.port[1] == 2 && nic_name_is(info.nic[0], "mlx5_3") &&
+            nic_name_is(info.nic[1], "a_sup_nic_name_23_bytes"),
+        "registration writes the device, its ports and NIC names");
+  mpib_conn_desc longer = d; /* a name filling the descriptor's field: cut, NUL-ended */
+  memset(longer.nic[0], 'x', sizeof(longer.nic[0]));
+  longer.conn_id = 99;
+  uint32_t lid;
+  CHECK(mpib_shm_register(shm, &longer, &lid) == 0 && mpib_shm_conn_slot(shm, lid, NULL, NULL) == -ENOENT,
+        "a fifth registration waits for a slot");
+  mpib_shm_release(shm, ids[1]);
+  mpib_shm_poll(shm, NULL, 0);
+  CHECK(mpib_shm_decode_slot(shm, slots[1], &info) == 0 && info.nic[0][MPIB_SHM_NIC_NAME - 1] == 0 &&
+            info.nic[0][MPIB_SHM_NIC_NAME - 2] == 'x',
+        "a 24-byte name is written as its first 23 bytes and a NUL");
+  mpib_shm_release(shm, lid);
+  CHECK(mpib_shm_register(shm, &d, &ids[1]) == 0 && slot_of(shm, ids[1], NULL) == slots[1], "register 1 again");
   /* Full: the connection gets an id, no slot; it gets one when a slot frees (poll). */
   CHECK(mpib_shm_register(shm, &d, &extra) == 0, "register into a full segment");
   CHECK(mpib_shm_conn_slot(shm, extra, NULL, NULL) == -ENOENT, "a full segment binds nothing");

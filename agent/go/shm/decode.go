@@ -110,6 +110,11 @@ func decodeSlot(v view, i uint32, hint Record) Slot {
 		NQPsSup:      v.u16(off + slNQPsSup),
 		PID:          v.u32(off + slPID),
 		RegisteredNs: v.u64(off + slRegistered),
+		Dev:          v.u16(off + slDev),
+		SoutPort:     v.u8(off + slSoutPort),
+		SupPort:      v.u8(off + slSupPort),
+		SoutNIC:      NICName(v.bytes(off+slSoutNIC, NICNameSize)),
+		SupNIC:       NICName(v.bytes(off+slSupNIC, NICNameSize)),
 		Hint:         hint,
 		Telemetry:    decodeTelemetry(v, off),
 	}
@@ -217,6 +222,11 @@ func encodeSlot(v view, s Slot) {
 	v.put16(off+slNQPsSup, s.NQPsSup)
 	v.put32(off+slPID, s.PID)
 	v.put64(off+slRegistered, s.RegisteredNs)
+	v.put16(off+slDev, s.Dev)
+	v.put8(off+slSoutPort, s.SoutPort)
+	v.put8(off+slSupPort, s.SupPort)
+	putNICName(v, off+slSoutNIC, s.SoutNIC)
+	putNICName(v, off+slSupNIC, s.SupNIC)
 	putRecord(v, off+slHint, s.Hint)
 	putTelemetry(v, off, s.Telemetry)
 }
@@ -251,4 +261,32 @@ func putTelemetry(v view, off int, t Telemetry) {
 	}
 	v.put64(off+slActiveNs, t.SoutActiveNs)
 	v.put64(off+slActiveNs+8, t.SupActiveNs)
+}
+
+// NICName is how a slot's NIC name field shows (spec 4.3): the bytes before the first NUL (all
+// of them when there is none), each byte outside 0x21..0x7e as '?', so that a garbage name can
+// break neither a table line nor a JSON document.
+func NICName(b []byte) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		if c < 0x21 || c > 0x7e {
+			c = '?'
+		}
+		out = append(out, c)
+	}
+	return string(out)
+}
+
+// putNICName writes name into a NIC name field: cut to NICNameSize-1 bytes, NUL-padded.
+func putNICName(v view, off int, name string) {
+	for i := range NICNameSize {
+		var c byte
+		if i < len(name) && i < NICNameSize-1 {
+			c = name[i]
+		}
+		v.put8(off+i, c)
+	}
 }

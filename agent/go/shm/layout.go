@@ -9,7 +9,7 @@ import (
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
-	Version     = 3
+	Version     = 4
 	HeaderSize  = 256
 	SlotSize    = 384
 	PeerSize    = 64
@@ -165,8 +165,11 @@ const (
 	slIsSend        = 37
 	slNQPsSout      = 38
 	slNQPsSup       = 40
+	slDev           = 42 // version 4: the fused device
 	slPID           = 44
 	slRegistered    = 48
+	slSoutPort      = 56 // version 4: the NICs' ports, u8 each
+	slSupPort       = 57
 	slHint          = 64
 	slSoutBytes     = 128
 	slSoutRequests  = 136
@@ -194,7 +197,11 @@ const (
 	rdBusyNs   = 24 // busy_ns: sum of completion - post time over completed requests
 	rdSize     = 32
 	// Per-rail active time (version 3, +320): u64 SOUT, then u64 SUP.
-	slActiveNs  = 320
+	slActiveNs = 320
+	// The NICs' names (version 4, +336): char[NICNameSize] SOUT, then SUP.
+	slSoutNIC   = 336
+	slSupNIC    = 360
+	NICNameSize = 24
 	slTelemetry = 128 // telemetry spans [128, SlotSize)
 )
 

@@ -692,6 +692,11 @@ func (s *Segment) Register(d ConnDesc) (uint32, error) {
 			v.put16(off+slNQPsSup, d.NQPsSup)
 			v.put32(off+slPID, pid)
 			v.put64(off+slRegistered, Now())
+			v.put16(off+slDev, d.Dev)
+			v.put8(off+slSoutPort, d.Ports[0])
+			v.put8(off+slSupPort, d.Ports[1])
+			putNICName(v, off+slSoutNIC, d.NICs[0])
+			putNICName(v, off+slSupNIC, d.NICs[1])
 			putTelemetry(v, off, Telemetry{})
 			v.put64(off+slOwner, uint64(StateActive)|uint64(pid)<<32)
 			slot = i

@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -174,15 +175,43 @@ func TestCompletionRates(t *testing.T) {
 }
 
 // TestVersionMessage: a segment of another version is refused with a message that says
-// which side is older (version 2 segments predate this reader; 4 comes from a newer agent).
+// which side is older (versions 2 and 3 predate this reader; 5 comes from a newer agent).
 func TestVersionMessage(t *testing.T) {
-	for ver, want := range map[uint32]string{2: "older agent", Version + 1: "newer agent"} {
+	for ver, want := range map[uint32]string{2: "older agent", Version - 1: "older agent", Version + 1: "newer agent"} {
 		b, _ := Encode(base())
 		view{b: b}.put32(offVersion, ver)
 		_, err := Decode(b)
 		if Code(err) != "bad_version" || !strings.Contains(err.Error(), want) ||
-			!strings.Contains(err.Error(), "implements 3") {
+			!strings.Contains(err.Error(), fmt.Sprintf("implements %d", Version)) {
 			t.Errorf("version %d: %v, want bad_version saying %q", ver, err, want)
 		}
+	}
+}
+
+// TestNICName: the name rule of spec 4.3 (the vectors carry only names that round-trip).
+func TestNICName(t *testing.T) {
+	pad := func(s string) []byte { b := make([]byte, NICNameSize); copy(b, s); return b }
+	full := bytes.Repeat([]byte{'a'}, NICNameSize)
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"plain", pad("mlx5_0"), "mlx5_0"},
+		{"23 bytes", pad("rocep65s0f0_long_name_x"), "rocep65s0f0_long_name_x"},
+		{"24 bytes, no NUL", full, string(full)},
+		{"bytes after the NUL are ignored", append(pad("ib0")[:4], pad("junk")[:20]...), "ib0"},
+		{"control, space, DEL and non-ASCII bytes", pad("a\nb c\x7f\xffd\""), "a?b?c??d\""},
+		{"empty", pad(""), ""},
+	} {
+		if got := NICName(tc.in); got != tc.want {
+			t.Errorf("%s: NICName(%q) = %q, want %q", tc.name, tc.in, got, tc.want)
+		}
+	}
+	b := make([]byte, NICNameSize+2)
+	b[NICNameSize] = 0x55
+	putNICName(view{b: b}, 0, "a_name_longer_than_the_24_byte_field")
+	if got := NICName(b[:NICNameSize]); got != "a_name_longer_than_the_" || b[NICNameSize-1] != 0 || b[NICNameSize] != 0x55 {
+		t.Errorf("a long name is cut to %d bytes and NUL-ended inside its field: %q % x", NICNameSize-1, got, b)
 	}
 }

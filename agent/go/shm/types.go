@@ -120,6 +120,11 @@ type Slot struct {
 	NQPsSup      uint16    `json:"nqps_sup"`
 	PID          uint32    `json:"pid"`
 	RegisteredNs uint64    `json:"registered_ns"`
+	Dev          uint16    `json:"dev"` // the plugin's fused device (format 4)
+	SoutPort     uint8     `json:"sout_port"`
+	SupPort      uint8     `json:"sup_port"`
+	SoutNIC      string    `json:"sout_nic"` // as NICName shows it
+	SupNIC       string    `json:"sup_nic"`
 	Hint         Record    `json:"hint"`
 	Telemetry    Telemetry `json:"telemetry"`
 }
@@ -147,4 +152,7 @@ type ConnDesc struct {
 	NQPsSout, NQPsSup                   uint16
 	PID                                 uint32
 	ConnID                              uint64
+	Dev                                 uint16   // the fused device
+	Ports                               [2]uint8 // SOUT's, SUP's
+	NICs                                [2]string
 }

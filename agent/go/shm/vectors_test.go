@@ -64,6 +64,7 @@ func active(i, pid, gen uint32, conn uint64, peerIP, island string, class PathCl
 		Index: i, State: StateActive, OwnerPID: pid, Gen: gen, ConnID: conn,
 		LocalSoutIP: ip("10.0.1.1"), PeerSoutIP: ip(peerIP), PeerIsland: ip(island),
 		PathClass: class, IsSend: 1, NQPsSout: 2, NQPsSup: 4, PID: pid, RegisteredNs: 4_000_000_000,
+		SoutPort: 1, SupPort: 1, SoutNIC: "mlx5_0", SupNIC: "mlx5_8",
 	}
 }
 
@@ -227,12 +228,28 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
+		{name: "devices", desc: "version 4 device fields (+42 dev, +56/+57 ports, +336/+360 NIC names): connections of devices 0, 1 and 15, a 23-byte name (the longest), a second port, a free slot keeping its last names; hints unaffected",
+			snap: func() *Snapshot {
+				s := base()
+				s.Class[0] = hint(2, 1024, FlagValid, 0)
+				s0 := active(0, 9001, 1, 1, "10.0.1.2", "10.0.1.0", IntraIsland)
+				s1 := active(1, 9001, 1, 2, "10.0.1.2", "10.0.1.0", IntraIsland)
+				s1.Dev, s1.SoutNIC, s1.SupNIC, s1.SupPort = 1, "mlx5_1", "mlx5_8", 2
+				s1.Hint = hint(2, 300, FlagValid, 1)
+				s2 := active(2, 9002, 1, 3, "10.0.2.9", "10.0.2.0", InterIsland)
+				s2.Dev, s2.SoutNIC, s2.SupNIC = 15, "rocep65s0f0_long_name_x", "ibp12s0" // 23 bytes
+				s2.SoutPort, s2.SupPort = 255, 1
+				s3 := Slot{Index: 3, Gen: 4, Dev: 3, SoutPort: 1, SupPort: 1, SoutNIC: "mlx5_3", SupNIC: "mlx5_11"}
+				s.Slots = []Slot{s0, s1, s2, s3}
+				return s
+			},
+			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
 		{name: "bad_magic", desc: "the basic segment with magic MPIBHINX", snap: basic,
 			mutate: func(b []byte) []byte { b[7] = 'X'; return b }},
-		{name: "bad_version", desc: "the basic segment with format version 2 (made by an older agent, 256-byte slots): refused", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, 2); return b }},
-		{name: "bad_version_newer", desc: "the basic segment with format version 4 (made by a newer agent): refused", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, 4); return b }},
+		{name: "bad_version", desc: "the basic segment with format version 3 (made by an older agent: the same slot size, no device fields): refused", snap: basic,
+			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, 3); return b }},
+		{name: "bad_version_newer", desc: "the basic segment with format version 5 (made by a newer agent): refused", snap: basic,
+			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, 5); return b }},
 		{name: "too_small_header", desc: "100 bytes: shorter than a header", snap: basic,
 			mutate: func(b []byte) []byte { return b[:100] }},
 		{name: "too_small_truncated", desc: "the basic segment truncated to 1000 of its 2048 bytes", snap: basic,

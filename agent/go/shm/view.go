@@ -131,3 +131,6 @@ func (v view) writeRecordFields(off int, r Record) {
 	v.put32(off+recPeerIP, uint32(r.PeerIP))
 	v.put8(off+recPrefixLen, r.PrefixLen)
 }
+
+// bytes copies n bytes at off.
+func (v view) bytes(off, n int) []byte { return append([]byte(nil), v.b[off:off+n]...) }

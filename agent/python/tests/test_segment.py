@@ -18,7 +18,7 @@ def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600
     h = seg.header()
-    assert (h.version, h.nslots, h.npeers, h.total_size) == (3, 8, 4, 256 + 8 * 384 + 4 * 64)
+    assert (h.version, h.nslots, h.npeers, h.total_size) == (4, 8, 4, 256 + 8 * 384 + 4 * 64)
 
 
 @pytest.mark.parametrize(
@@ -394,15 +394,16 @@ def test_rail_state_live(seg: mpib_agent.Segment) -> None:
 
 
 def test_version_message() -> None:
-    """A segment of another format version is refused saying which side is older: a version 2
-    segment (256-byte slots) predates this reader, version 4 comes from a newer agent."""
+    """A segment of another format version is refused saying which side is older: a version 3
+    segment (no device fields) or 2 (256-byte slots) predates this reader, version 5 comes from
+    a newer agent."""
     img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
         header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    for ver, want in ((2, "older agent"), (4, "newer agent")):
+    for ver, want in ((2, "older agent"), (3, "older agent"), (5, "newer agent")):
         img[8:12] = ver.to_bytes(4, "little")
         with pytest.raises(mpib_agent.SegmentError) as ei:
             mpib_agent.decode(bytes(img))
-        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 3" in str(ei.value)
+        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 4" in str(ei.value)
 
 
 def test_completion_decode() -> None:

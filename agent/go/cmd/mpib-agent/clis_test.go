@@ -485,7 +485,7 @@ func runLoop(t *testing.T, c cli, env []string, fx *fixture, args []string, step
 // sampleFixed are the fields of a top --json / record connection that do not depend on when
 // it was sampled.
 var sampleFixed = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "last_sup_bw", "sout_state", "sup_state",
-	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns", "dev", "sout_nic", "sup_nic"}
 
 // sampleShape is a top --json / record jsonl line reduced to what both CLIs must agree on:
 // the keys in order, the JSON type of every value, and the values that do not depend on

@@ -21,11 +21,12 @@ type connView struct {
 	Effective shm.Resolution `json:"effective"`
 }
 
-const listFmt = "%5s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s %13s %9s\n"
+const listFmt = "%5s %3s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s %13s %9s %s\n"
 
 func cmdList(args []string, out io.Writer) error {
 	fs, path := newFlags("list")
 	asJSON := fs.Bool("json", false, "print JSON")
+	devs := devFlag(fs)
 	s, err := parseAndOpen(fs, args, path)
 	if err != nil {
 		return err
@@ -38,7 +39,9 @@ func cmdList(args []string, out io.Writer) error {
 	now := shm.Now()
 	views := make([]connView, 0, len(conns))
 	for _, c := range conns {
-		views = append(views, connView{Slot: c, Effective: s.Resolve(c.Index, now, staleNs())})
+		if devs.keeps(c.Dev) {
+			views = append(views, connView{Slot: c, Effective: s.Resolve(c.Index, now, staleNs())})
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(out)
@@ -46,8 +49,8 @@ func cmdList(args []string, out io.Writer) error {
 		return enc.Encode(views)
 	}
 	fmt.Fprintln(out, agentStatus(s.Header(), now))
-	fmt.Fprintf(out, listFmt, "SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES",
-		"RAILS", "FAILOVERS")
+	fmt.Fprintf(out, listFmt, "SLOT", "DEV", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES",
+		"RAILS", "FAILOVERS", "NICS")
 	for _, v := range views {
 		dir := "recv"
 		if v.IsSend == 1 {
@@ -57,12 +60,12 @@ func cmdList(args []string, out io.Writer) error {
 		if v.Effective.Applies {
 			hint = strconv.Itoa(int(v.Effective.SupBw))
 		}
-		fmt.Fprintf(out, listFmt, strconv.Itoa(int(v.Index)), fmt.Sprintf("%d:%d", v.PID, v.ConnID),
+		fmt.Fprintf(out, listFmt, strconv.Itoa(int(v.Index)), strconv.Itoa(int(v.Dev)), fmt.Sprintf("%d:%d", v.PID, v.ConnID),
 			v.LocalSoutIP.String(), v.PeerSoutIP.String(), v.PathClass.String(), dir,
 			fmt.Sprintf("%d+%d", v.NQPsSout, v.NQPsSup), hint, v.Effective.Source.String(),
 			strconv.FormatUint(v.Telemetry.SoutBytes, 10), strconv.FormatUint(v.Telemetry.SupBytes, 10),
 			v.Telemetry.SoutState.String()+"/"+v.Telemetry.SupState.String(),
-			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10))
+			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10), nicPair(v.Slot))
 	}
 	return nil
 }

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,7 +294,7 @@ func proportionalTick(s *shm.Segment, p *policy.Proportional, out *lockedWriter)
 	}
 }
 
-const topFmt = "%5s %15s %7s %5s %8s %10s %10s %9s\n"
+const topFmt = "%5s %3s %15s %7s %5s %8s %10s %10s %9s\n"
 
 func cmdTop(args []string, out io.Writer) error {
 	fs, path := newFlags("top")
@@ -300,6 +302,7 @@ func cmdTop(args []string, out io.Writer) error {
 	countS := fs.String("count", "0", "refreshes before exiting (0: until interrupted)")
 	plain := fs.Bool("plain", false, "append frames instead of refreshing in place")
 	asJSON := fs.Bool("json", false, "print one JSON object per line per interval instead of frames")
+	devs := devFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -312,7 +315,7 @@ func cmdTop(args []string, out io.Writer) error {
 		return err
 	}
 	defer s.Close()
-	return sampleLoop(s, interval, count, func(rates []shm.ConnRate, now uint64, wall time.Time) error {
+	return sampleLoop(s, interval, count, devs, func(rates []shm.ConnRate, now uint64, wall time.Time) error {
 		if *asJSON {
 			b, err := json.Marshal(newTopSample(wall, rates))
 			if err != nil {
@@ -342,9 +345,9 @@ func parseIntervalCount(intervalS, countS string) (time.Duration, int64, error) 
 	return interval, count, nil
 }
 
-// sampleLoop calls fn every interval with the rates since the previous sample, count times
-// (0: until SIGINT/SIGTERM).
-func sampleLoop(s *shm.Segment, interval time.Duration, count int64,
+// sampleLoop calls fn every interval with the rates since the previous sample of the
+// connections devs keeps, count times (0: until SIGINT/SIGTERM).
+func sampleLoop(s *shm.Segment, interval time.Duration, count int64, devs *devList,
 	fn func(rates []shm.ConnRate, now uint64, wall time.Time) error) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -368,7 +371,7 @@ func sampleLoop(s *shm.Segment, interval time.Duration, count int64,
 			return err
 		}
 		cur := shm.NewSample(now, conns)
-		if err := fn(shm.Rates(prev, cur), now, wall); err != nil {
+		if err := fn(devs.filter(shm.Rates(prev, cur)), now, wall); err != nil {
 			return err
 		}
 		prev = cur
@@ -402,6 +405,10 @@ type topConn struct {
 	SupInflightBytes  uint64  `json:"sup_inflight_bytes"`
 	AppliedSupBw      uint32  `json:"applied_sup_bw"`
 	FlushWallNs       uint64  `json:"flush_wall_ns"`
+	// The fused device and its NICs (format version 4).
+	Dev     uint16 `json:"dev"`
+	SoutNIC string `json:"sout_nic"`
+	SupNIC  string `json:"sup_nic"`
 }
 
 // topSample is one `top --json` line: {"t": unix seconds, "conns": [...]}.
@@ -413,7 +420,7 @@ type topSample struct {
 // csvHeader is record --format csv's header: t, then topConn's fields.
 var csvHeader = []string{"t", "slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
 	"last_sup_bw", "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
-	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns", "dev", "sout_nic", "sup_nic"}
 
 // mbps is bytes per second in megabits per second, to 3 decimals.
 func mbps(bps float64) float64 { return math.Round(bps*8/1e6*1e3) / 1e3 }
@@ -431,7 +438,7 @@ func newTopSample(wall time.Time, rates []shm.ConnRate) topSample {
 			SoutCompletedMbps: mbps(r.SoutCompletedBps), SupCompletedMbps: mbps(r.SupCompletedBps),
 			SoutLatencyUs: micros(r.SoutLatencyNs), SupLatencyUs: micros(r.SupLatencyNs),
 			SoutInflightBytes: tel.SoutInflightBytes, SupInflightBytes: tel.SupInflightBytes,
-			AppliedSupBw: tel.AppliedSupBw, FlushWallNs: tel.FlushWallNs})
+			AppliedSupBw: tel.AppliedSupBw, FlushWallNs: tel.FlushWallNs, Dev: sl.Dev, SoutNIC: sl.SoutNIC, SupNIC: sl.SupNIC})
 	}
 	return ts
 }
@@ -448,7 +455,7 @@ func (ts topSample) csvRows() [][]string {
 			u(uint64(c.IsSend)), u(uint64(c.PathClass)), ffmt(c.SoutMbps), ffmt(c.SupMbps), u(uint64(c.LastSupBw)),
 			c.SoutState.String(), c.SupState.String(), ffmt(c.SoutCompletedMbps), ffmt(c.SupCompletedMbps),
 			ffmt(c.SoutLatencyUs), ffmt(c.SupLatencyUs), u(c.SoutInflightBytes), u(c.SupInflightBytes),
-			u(uint64(c.AppliedSupBw)), u(c.FlushWallNs)})
+			u(uint64(c.AppliedSupBw)), u(c.FlushWallNs), u(uint64(c.Dev)), c.SoutNIC, c.SupNIC})
 	}
 	return rows
 }
@@ -459,6 +466,7 @@ func cmdRecord(args []string, out io.Writer) error {
 	format := fs.String("format", "jsonl", "jsonl (one top --json object per line) or csv (one row per connection per sample)")
 	intervalS := fs.String("interval", "1", "sampling interval")
 	countS := fs.String("count", "0", "samples before exiting (0: until interrupted)")
+	devs := devFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -491,7 +499,7 @@ func cmdRecord(args []string, out io.Writer) error {
 		cw.Flush()
 	}
 	n := 0
-	err = sampleLoop(s, interval, count, func(rates []shm.ConnRate, _ uint64, wall time.Time) error {
+	err = sampleLoop(s, interval, count, devs, func(rates []shm.ConnRate, _ uint64, wall time.Time) error {
 		ts := newTopSample(wall, rates)
 		if *format == "csv" {
 			if err := cw.WriteAll(ts.csvRows()); err != nil { // WriteAll flushes into bw
@@ -524,8 +532,9 @@ func frame(out io.Writer, s *shm.Segment, rates []shm.ConnRate, now uint64, clea
 		fmt.Fprint(out, "\x1b[H\x1b[2J")
 	}
 	fmt.Fprintf(out, "%s top  %s  %s\n", prog, s.Path(), agentStatus(s.Header(), now))
-	fmt.Fprintf(out, topFmt, "SLOT", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share")
+	fmt.Fprintf(out, topFmt, "SLOT", "DEV", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share")
 	var ts, tp float64
+	perDev := map[uint16][2]float64{}
 	for _, r := range rates {
 		res := s.Resolve(r.Slot.Index, now, staleNs())
 		hint := "-"
@@ -533,12 +542,28 @@ func frame(out io.Writer, s *shm.Segment, rates []shm.ConnRate, now uint64, clea
 			hint = strconv.Itoa(int(res.SupBw))
 		}
 		ts, tp = ts+r.SoutBps, tp+r.SupBps
-		fmt.Fprintf(out, topFmt, strconv.Itoa(int(r.Slot.Index)), r.Slot.PeerSoutIP.String(), r.Slot.PathClass.String(),
+		d := perDev[r.Slot.Dev]
+		perDev[r.Slot.Dev] = [2]float64{d[0] + r.SoutBps, d[1] + r.SupBps}
+		fmt.Fprintf(out, topFmt, strconv.Itoa(int(r.Slot.Index)), strconv.Itoa(int(r.Slot.Dev)), r.Slot.PeerSoutIP.String(), r.Slot.PathClass.String(),
 			hint, res.Source.String(), gbps(r.SoutBps), gbps(r.SupBps), strconv.FormatFloat(r.SupShare(), 'f', 3, 64))
 	}
 	share := 0.0
 	if ts+tp > 0 {
 		share = tp / (ts + tp)
 	}
-	fmt.Fprintf(out, topFmt, "total", "", "", "", "", gbps(ts), gbps(tp), strconv.FormatFloat(share, 'f', 3, 64))
+	if len(perDev) > 1 { // per device and rail
+		for _, d := range slices.Sorted(maps.Keys(perDev)) {
+			r := perDev[d]
+			fmt.Fprintf(out, topFmt, "dev", strconv.Itoa(int(d)), "", "", "", "", gbps(r[0]), gbps(r[1]), strconv.FormatFloat(shareOf(r[0], r[1]), 'f', 3, 64))
+		}
+	}
+	fmt.Fprintf(out, topFmt, "total", "", "", "", "", "", gbps(ts), gbps(tp), strconv.FormatFloat(share, 'f', 3, 64))
+}
+
+// shareOf is SUP's share of the bytes (0 when there are none).
+func shareOf(sout, sup float64) float64 {
+	if sout+sup <= 0 {
+		return 0
+	}
+	return sup / (sout + sup)
 }

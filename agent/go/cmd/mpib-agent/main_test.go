@@ -211,7 +211,7 @@ func TestSecondAgentRefused(t *testing.T) {
 // topKeys is the order of a top --json connection's fields.
 var topKeys = []string{"slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps",
 	"last_sup_bw", "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
-	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns"}
+	"sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns", "dev", "sout_nic", "sup_nic"}
 
 func TestTopJSONAndRecord(t *testing.T) {
 	dir := t.TempDir()

@@ -20,10 +20,10 @@ import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
-from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, class_name, clamp, heartbeat_fresh, total_size
+from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, class_name, clamp, heartbeat_fresh, total_size
 from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates
 from ._segment import (
     Segment,
@@ -113,6 +113,36 @@ def _capacity(v: str) -> Tuple[float, float]:
     return caps.get("sout", 0.0), caps.get("sup", 0.0)
 
 
+MAX_DEV = 0xFFFF  # dev is a u16 (the plugin writes 0..15)
+
+
+def _devs(values: Optional[List[str]]) -> Optional[FrozenSet[int]]:
+    """--dev N, repeatable, each a comma list (--dev 0,1 --dev 3): the devices whose
+    connections to keep; None (no --dev): all."""
+    if not values:
+        return None
+    out = set()
+    for v in values:
+        for d in v.split(","):
+            if _UINT_RE.match(d) is None or not d.isascii() or int(d) > MAX_DEV:
+                raise UsageError(f"--dev {v!r}: want device indexes 0..{MAX_DEV}, comma-separated (--dev 0,1) "
+                                 "or repeated (--dev 0 --dev 1)")
+            out.add(int(d))
+    return frozenset(out)
+
+
+def _only(devs: Optional[FrozenSet[int]], slots: Iterable[Slot]) -> List[Slot]:
+    """The connections of ``devs`` (all when None)."""
+    return [s for s in slots if devs is None or s.dev in devs]
+
+
+def _only_sample(devs: Optional[FrozenSet[int]], smp: Dict[str, Any]) -> Dict[str, Any]:
+    """A telemetry sample (``_watch.sample``) with the connections of ``devs`` only."""
+    if devs is None:
+        return smp
+    return dict(smp, conns=[c for c in smp["conns"] if c["dev"] in devs])
+
+
 # ---- commands -----------------------------------------------------------------------------
 
 
@@ -126,26 +156,35 @@ def _cmd_create(a: argparse.Namespace) -> int:
     return 0
 
 
-_LIST_FMT = "{:>5} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14} {:>13} {:>9}"
+_LIST_FMT = "{:>5} {:>3} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14} {:>13} {:>9} {}"
+
+
+def _nic_pair(c: Slot) -> str:
+    """A connection's NICs as ``list`` shows them: SOUT/SUP, ``-`` for a name not given, the
+    port when it is not 1 (the Go CLI's nicPair)."""
+    def one(name: str, port: int) -> str:
+        return (name or "-") + (f":{port}" if port > 1 else "")
+    return one(c.sout_nic, c.sout_port) + "/" + one(c.sup_nic, c.sup_port)
 
 
 def _cmd_list(a: argparse.Namespace) -> int:
+    devs = _devs(a.dev)
     with open_segment(a.path) as seg:
-        conns = seg.connections()
+        conns = _only(devs, seg.connections())
         now, stale = now_ns(), stale_ns_from_env()
         rows = [(c, seg.resolve(c.index, now, stale)) for c in conns]
         if a.json:
             print(json.dumps([dict(asdict(c), effective=asdict(r)) for c, r in rows], indent=2))
             return 0
         print(_status(seg))
-        print(_LIST_FMT.format("SLOT", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
-                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS"))
+        print(_LIST_FMT.format("SLOT", "DEV", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
+                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS", "NICS"))
         for c, r in rows:
             print(_LIST_FMT.format(
-                c.index, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
+                c.index, c.dev, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
                 "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
                 r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes,
-                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers))
+                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers, _nic_pair(c)))
     return 0
 
 
@@ -186,23 +225,31 @@ def _cmd_set(a: argparse.Namespace) -> int:
     return 0
 
 
-_TOP_FMT = "{:>5} {:>15} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9}"
+_TOP_FMT = "{:>5} {:>3} {:>15} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9}"
 
 
 def _frame(seg: Segment, rs: List[ConnRate], now: int, clear: bool) -> None:
     if clear:
         sys.stdout.write("\x1b[H\x1b[2J")
     print(f"{PROG} top  {seg.path}  {_status(seg)}")
-    print(_TOP_FMT.format("SLOT", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share"))
+    print(_TOP_FMT.format("SLOT", "DEV", "PEER", "CLASS", "HINT", "SOURCE", "SOUT Gb/s", "SUP Gb/s", "SUP share"))
     ts = tp = 0.0
+    per_dev: Dict[int, Tuple[float, float]] = {}
     for r in rs:
         res = seg.resolve(r.slot.index, now)
         ts, tp = ts + r.sout_bps, tp + r.sup_bps
-        print(_TOP_FMT.format(r.slot.index, r.slot.peer_sout_ip, class_name(r.slot.path_class),
+        d = per_dev.get(r.slot.dev, (0.0, 0.0))
+        per_dev[r.slot.dev] = (d[0] + r.sout_bps, d[1] + r.sup_bps)
+        print(_TOP_FMT.format(r.slot.index, r.slot.dev, r.slot.peer_sout_ip, class_name(r.slot.path_class),
                               res.sup_bw if res.applies else "-", res.source, f"{r.sout_bps * 8e-9:.2f}",
                               f"{r.sup_bps * 8e-9:.2f}", f"{r.sup_share:.3f}"))
+    if len(per_dev) > 1:  # per device and rail
+        for dev in sorted(per_dev):
+            so, su = per_dev[dev]
+            sh = su / (so + su) if so + su > 0 else 0.0
+            print(_TOP_FMT.format("dev", dev, "", "", "", "", f"{so * 8e-9:.2f}", f"{su * 8e-9:.2f}", f"{sh:.3f}"))
     share = tp / (ts + tp) if ts + tp > 0 else 0.0
-    print(_TOP_FMT.format("total", "", "", "", "", f"{ts * 8e-9:.2f}", f"{tp * 8e-9:.2f}", f"{share:.3f}"))
+    print(_TOP_FMT.format("total", "", "", "", "", "", f"{ts * 8e-9:.2f}", f"{tp * 8e-9:.2f}", f"{share:.3f}"))
     sys.stdout.flush()
 
 
@@ -211,14 +258,15 @@ def _cmd_top(a: argparse.Namespace) -> int:
     count = _int("count", a.count)
     if count < 0:
         raise UsageError(f"--count {count}: want 0 (forever) or more")
+    devs = _devs(a.dev)
     with open_segment(a.path) as seg:
-        prev, prev_t = {s.index: s for s in seg.connections()}, now_ns()
+        prev, prev_t = {s.index: s for s in _only(devs, seg.connections())}, now_ns()
         i = 0
         try:
             while count == 0 or i < count:
                 time.sleep(interval)
                 cur_t = now_ns()
-                cur = {s.index: s for s in seg.connections()}
+                cur = {s.index: s for s in _only(devs, seg.connections())}
                 if a.json:
                     write_jsonl(sys.stdout, sample(prev, cur, (cur_t - prev_t) / 1e9))
                 else:
@@ -248,11 +296,13 @@ def _cmd_record(a: argparse.Namespace) -> int:
         raise UsageError(f"--count {count}: want 0 (until stopped) or more")
     if a.format not in ("jsonl", "csv"):
         raise UsageError(f"--format {a.format!r}: want jsonl or csv")
+    devs = _devs(a.dev)
     open_segment(a.path).close()  # refuse a bad segment before creating the output
     n = 0
     with _stop_on_signals() as stop, open(a.out, "w", encoding="utf-8", newline="") as out:
         cw = CSVWriter(out) if a.format == "csv" else None
         for s in watch(a.path, interval, count=count or None, stop=stop):
+            s = _only_sample(devs, s)
             if cw is not None:
                 cw.write(s)
             else:
@@ -448,6 +498,11 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
         subs[name] = p
         return p
 
+    def dev_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dev", action="append", metavar="N[,N...]",
+                       help="only the connections of these fused devices (the plugin's device index, "
+                            "0..65535): a comma list, or the flag repeated; default all")
+
     p = cmd("create", "create the segment (mode 0600)")
     p.add_argument("--slots", default="1024")
     p.add_argument("--peers", default="256")
@@ -455,6 +510,7 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.set_defaults(fn=_cmd_create)
     p = cmd("list", "list connections and their hints")
     p.add_argument("--json", action="store_true")
+    dev_flag(p)
     p.set_defaults(fn=_cmd_list)
     p = cmd("set", "set or clear a hint")
     p.add_argument("--conn", help="SLOT or PID:CONN_ID")
@@ -469,12 +525,14 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--count", default="0")
     p.add_argument("--plain", action="store_true")
     p.add_argument("--json", action="store_true", help="one JSON sample per line per interval")
+    dev_flag(p)
     p.set_defaults(fn=_cmd_top)
     p = cmd("record", "write telemetry samples to a file")
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--format", default="jsonl", help="jsonl | csv")
     p.add_argument("--interval", default="1")
     p.add_argument("--count", default="0", help="samples (0: until stopped)")
+    dev_flag(p)
     p.set_defaults(fn=_cmd_record)
     p = cmd("sim", "simulated plugin with a rail model (for trying policies)")
     p.add_argument("--scenario", help="scenario name (--list shows them)")

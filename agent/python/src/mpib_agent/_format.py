@@ -1,4 +1,4 @@
-"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v3)."""
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v4)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
-VERSION = 3
+VERSION = 4
 HEADER_SIZE = 256
 SLOT_SIZE = 384
 PEER_SIZE = 64
@@ -39,6 +39,10 @@ R_SEQ, R_SUP_BW, R_FLAGS, R_GEN, R_SET_NS, R_PEER_IP, R_PREFIX = 0, 4, 8, 12, 16
 # slot (relative)
 S_OWNER, S_GEN, S_CONN, S_LOCAL, S_PEER, S_ISLAND = 0, 8, 16, 24, 28, 32
 S_CLASS, S_SEND, S_QSOUT, S_QSUP, S_PID, S_REG, S_HINT = 36, 37, 38, 40, 44, 48, 64
+# version 4: the connection's fused device (u16), its NICs' ports (u8 each) and names
+S_DEV, S_SOUT_PORT, S_SUP_PORT = 42, 56, 57
+S_SOUT_NIC, S_SUP_NIC = 336, 360  # char[NIC_NAME] each, NUL-padded, NUL-terminated
+NIC_NAME = 24
 TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("sout_bytes", 128, 8),
     ("sout_requests", 136, 8),
@@ -68,7 +72,8 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("sout_active_ns", 320, 8),  # time with a request in flight on the rail
     ("sup_active_ns", 328, 8),
 )
-S_TELEMETRY = 128  # telemetry spans [128, SLOT_SIZE): zeroed at each claim
+S_TELEMETRY = 128  # telemetry spans [S_TELEMETRY, S_TELEMETRY_END): zeroed at each claim
+S_TELEMETRY_END = S_SOUT_NIC  # the NIC names after it are descriptor fields (version 4)
 # rail states (u8 each): field name, offset; JSON and the dataclass hold rail_state_name()
 RAIL_STATE_FIELDS: Tuple[Tuple[str, int], ...] = (("sout_state", 208), ("sup_state", 209))
 RAIL_STATES = ("up", "down", "failed")  # 0 in service, 1 out after a failover, 2 device gone
@@ -132,6 +137,21 @@ def rail_state_value(s: str) -> int:
     raise ValueError(f"rail state {s!r}: want up, down, failed or unknown(N)")
 
 
+def nic_name(b: Union[bytes, bytearray, memoryview]) -> str:
+    """A NIC name field as both agents show it (spec 4.3): the bytes before the first NUL (all
+    of them when there is none), each byte outside 0x21..0x7e as '?', so that a garbage name
+    can break neither a table line nor a JSON document."""
+    raw = bytes(b)
+    end = raw.find(0)
+    return "".join(chr(c) if 0x21 <= c <= 0x7E else "?" for c in (raw if end < 0 else raw[:end]))
+
+
+def nic_name_bytes(name: str) -> bytes:
+    """A NIC name field's bytes: ``name`` in ASCII (other characters as '?'), cut to
+    NIC_NAME - 1 bytes and NUL-padded, so that a NUL always ends it."""
+    return name.encode("ascii", "replace")[: NIC_NAME - 1].ljust(NIC_NAME, b"\0")
+
+
 def total_size(nslots: int, npeers: int) -> int:
     return HEADER_SIZE + nslots * SLOT_SIZE + npeers * PEER_SIZE
 
@@ -172,6 +192,12 @@ class View:
     def region(self, off: int, n: int) -> Tuple["View", int]:
         """A view holding bytes [off, off+n) and the offset of off in it."""
         return self, off
+
+    def read(self, off: int, n: int) -> bytes:
+        return bytes(self.mv[off : off + n])
+
+    def write(self, off: int, b: bytes) -> None:
+        self.mv[off : off + len(b)] = b
 
     def u8(self, off: int) -> int:
         return int(self.mv[off])
@@ -317,6 +343,12 @@ class Slot:
     nqps_sup: int = 0
     pid: int = 0
     registered_ns: int = 0
+    # version 4: the plugin's fused device (NCCL's device index) and its NICs (spec 4.3)
+    dev: int = 0
+    sout_port: int = 0  # 1-based
+    sup_port: int = 0
+    sout_nic: str = ""  # verbs device name, as nic_name() shows it
+    sup_nic: str = ""
     hint: Record = field(default_factory=Record)
     telemetry: Telemetry = field(default_factory=Telemetry)
 
@@ -440,6 +472,11 @@ def decode_slot(v: Any, i: int, hint: Optional[Record] = None) -> Slot:
         nqps_sup=v.u16(off + S_QSUP),
         pid=v.u32(off + S_PID),
         registered_ns=v.u64(off + S_REG),
+        dev=v.u16(off + S_DEV),
+        sout_port=v.u8(off + S_SOUT_PORT),
+        sup_port=v.u8(off + S_SUP_PORT),
+        sout_nic=nic_name(v.read(off + S_SOUT_NIC, NIC_NAME)),
+        sup_nic=nic_name(v.read(off + S_SUP_NIC, NIC_NAME)),
         hint=hint if hint is not None else v.raw_record(off + S_HINT),
         telemetry=tel,
     )
@@ -524,8 +561,18 @@ def encode_slot(v: Any, s: Slot) -> None:
     v.put16(off + S_QSUP, s.nqps_sup)
     v.put32(off + S_PID, s.pid)
     v.put64(off + S_REG, s.registered_ns)
+    put_device(v, off, s.dev, s.sout_port, s.sup_port, s.sout_nic, s.sup_nic)
     _put_record(v, off + S_HINT, s.hint)
     put_telemetry(v, off, s.telemetry)
+
+
+def put_device(v: Any, off: int, dev: int, sout_port: int, sup_port: int, sout_nic: str, sup_nic: str) -> None:
+    """The version 4 descriptor fields of the slot at ``off``: device, ports, NIC names."""
+    v.put16(off + S_DEV, dev)
+    v.put8(off + S_SOUT_PORT, sout_port)
+    v.put8(off + S_SUP_PORT, sup_port)
+    v.write(off + S_SOUT_NIC, nic_name_bytes(sout_nic))
+    v.write(off + S_SUP_NIC, nic_name_bytes(sup_nic))
 
 
 def put_telemetry(v: Any, off: int, t: Telemetry) -> None:

@@ -42,7 +42,7 @@ from ._format import (
     S_REG,
     S_SEND,
     S_TELEMETRY,
-    SLOT_SIZE,
+    S_TELEMETRY_END,
     SOURCES,
     STATE_ACTIVE,
     STATE_CLAIMING,
@@ -50,6 +50,7 @@ from ._format import (
     Resolution,
     SegmentError,
     ip_int,
+    put_device,
     slot_off,
 )
 from ._segment import Segment, _lock_byte, now_ns, open_segment, slot_lock_off, stale_ns_from_env
@@ -71,6 +72,11 @@ class ConnDesc:
     is_send: bool = True
     nqps_sout: int = 1
     nqps_sup: int = 1
+    dev: int = 0  # the plugin's fused device (NCCL's device index), version 4
+    sout_port: int = 1  # the SOUT NIC's port (1-based)
+    sup_port: int = 1
+    sout_nic: str = ""  # the SOUT NIC's verbs device name ("mlx5_0"); cut to 23 bytes when stored
+    sup_nic: str = ""
 
 
 class PluginProcess:
@@ -135,7 +141,9 @@ class PluginProcess:
                 v.put16(off + S_QSUP, d.nqps_sup)
                 v.put32(off + S_PID, self.pid)
                 v.put64(off + S_REG, now_ns())
-                v.write(off + S_TELEMETRY, bytes(SLOT_SIZE - S_TELEMETRY))  # telemetry restarts at 0 with each claim
+                put_device(v, off, d.dev, d.sout_port, d.sup_port, d.sout_nic, d.sup_nic)
+                # telemetry restarts at 0 with each claim (not the NIC names after it)
+                v.write(off + S_TELEMETRY, bytes(S_TELEMETRY_END - S_TELEMETRY))
                 v.put64(off + S_OWNER, STATE_ACTIVE | self.pid << 32)
                 self.slots[i] = gen
                 return i

@@ -15,7 +15,8 @@ from ._segment import Segment, now_ns, open_segment
 
 CONN_FIELDS = ("slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps", "last_sup_bw",
                "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
-               "sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns")
+               "sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns",
+               "dev", "sout_nic", "sup_nic")  # version 4: the connection's fused device and its NICs
 CSV_FIELDS = ("t",) + CONN_FIELDS
 
 
@@ -40,6 +41,7 @@ def sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float, t: Optional
             "sout_latency_us": _num(round(r.sout_latency_ns) / 1e3), "sup_latency_us": _num(round(r.sup_latency_ns) / 1e3),
             "sout_inflight_bytes": tel.sout_inflight_bytes, "sup_inflight_bytes": tel.sup_inflight_bytes,
             "applied_sup_bw": tel.applied_sup_bw, "flush_wall_ns": tel.flush_wall_ns,
+            "dev": s.dev, "sout_nic": s.sout_nic, "sup_nic": s.sup_nic,
         })
     return {"t": time.time_ns() // 1000 / 1e6 if t is None else t, "conns": conns}
 
@@ -57,7 +59,8 @@ def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[
     latency over the interval (``sout_latency_us``, ``sup_latency_us``, 0 when nothing
     completed), bytes in flight (``sout_inflight_bytes``, ``sup_inflight_bytes``), the split
     the plugin applied (``applied_sup_bw``) and its last flush (``flush_wall_ns``,
-    CLOCK_REALTIME). A connection appears from its
+    CLOCK_REALTIME), and the plugin's fused device with its NICs (``dev``, ``sout_nic``,
+    ``sup_nic``). A connection appears from its
     second sample on (a rate needs two). Stops after ``count`` samples or when ``stop`` is set
     (or when the caller stops iterating); follows a segment replaced at the path."""
     if not interval > 0:
