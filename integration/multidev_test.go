@@ -13,13 +13,16 @@ import (
 // Two fused devices per node (issue 21): a1 and a2 have a second pair of rxe devices on
 // networks of their own (SOUT2, SUP2: docs/lab.md), and the plugin is given both pairs
 // (MPIB_HCA_SOUT=a1_sout,a1_sout2, MPIB_HCA_SUP=a1_sup,a1_sup2). One driver process per device,
-// as NCCL runs one rank per GPU, each on its own device (--dev). Fixed lines:
+// as NCCL runs one rank per GPU, each on its own device (--dev); and one driver process for
+// both devices (--devs 0,1: one thread per device, one plugin instance), as one NCCL process
+// with two GPUs. Fixed lines:
 //
 //	devices: node=a1 fused=2 dev=0 sout=a1_sout sup=a1_sup rail_id=0 plane_id=-1 pci=(null)
 //	abi: version=12 verified=true rail_id=0,1
 //	multidev: pair=a1-a2 dev=0 sout_bytes=N sup_bytes=N other_dev_bytes=N verified=true concurrent_verified=true
 //	multidev: case=concurrent pair=a1-a2 devs=2 link_mbit=12.5 ratio=X
 //	multidev: case=failover dev=1 rail=SUP other_dev_ratio=X verified=true
+//	multidev: case=one-process pair=a1-a2 devs=2 verified=true dev0_bytes=N dev1_bytes=N
 //
 // sout_bytes/sup_bytes are what the device's own two netdevs sent while it transferred alone
 // (split 512: both rails busy), other_dev_bytes what the other device's two sent meanwhile
@@ -282,5 +285,86 @@ func TestMultiDeviceFailover(t *testing.T) {
 	t.Logf("device 0's SUP: %.2f Mbit/s in the 4 s before the cut, %.2f from the cut to 2 s after device 1's failover", before, during)
 	if ratio < 0.9 {
 		t.Errorf("device 0's rate during device 1's failover fell to %.3f of its rate before, want >= 0.9", ratio)
+	}
+}
+
+// mdDevResultRe is one device's result line in a --devs process: the single-device fields,
+// then dev=N appended at the end (docs/nettest.md, "Several devices in one process").
+var mdDevResultRe = regexp.MustCompile(`(?m)^nettest-result: role=(\w+) mode=verify messages=(\d+) payload_bytes=(\d+) verified=(\w+) .* dev=(\d+)$`)
+
+// mdDevResults maps each device to its result line's [role messages payload_bytes verified].
+func mdDevResults(out string) map[int][]string {
+	res := map[int][]string{}
+	for _, m := range mdDevResultRe.FindAllStringSubmatch(out, -1) {
+		d, _ := strconv.Atoi(m[5])
+		res[d] = m[1:5]
+	}
+	return res
+}
+
+// TestMultiDeviceOneProcess: one driver process per node drives both fused devices at once
+// (--devs 0,1: one thread per device, one plugin instance, one init and one finalize, as one
+// NCCL process with two GPUs). Each device's a1 -> a2 transfer is verified, and each is
+// carried by its own rails: devN_bytes is what device N's two netdevs on a1 sent meanwhile
+// (split 512: both rails busy), at least that device's payload.
+func TestMultiDeviceOneProcess(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	env := []string{"MPIB_MODE=1", "MPIB_FORCE_SUP_BW=512"}
+	port := int(oobPort.Add(2)) - 1 // device i's side channel is port + i
+	addr := a2.IP(SOUT) + ":" + strconv.Itoa(port)
+	args := []string{"--plugin", pluginLib, "--timeout-s", "90", "--devs", "0,1", "--mode", "verify", "--bytes", mdPayload,
+		"--max-size", "1M", "--window", "8"}
+	before := mdTx(ctx, t, a1)
+	srv, err := a2.Start(ctx, mdEnv(a2, env...), append([]string{nettestBin, "--role", "server", "--oob-listen", addr}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := a1.Start(ctx, mdEnv(a1, env...), append([]string{nettestBin, "--role", "client", "--oob-connect", addr}, args...)...)
+	if err != nil {
+		srv.Kill(context.Background())
+		t.Fatal(err)
+	}
+	var res pairResult
+	var cerr, serr error
+	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
+	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
+	if cerr != nil || serr != nil {
+		srv.Kill(context.Background())
+		cli.Kill(context.Background())
+		t.Fatalf("the --devs 0,1 transfer did not finish: client %v, server %v", cerr, serr)
+	}
+	after := mdTx(ctx, t, a1)
+	rx, tx := mdDevResults(res.serverOut), mdDevResults(res.clientOut)
+	ok := res.serverCode == 0 && res.clientCode == 0
+	var devBytes, payload [2]uint64
+	for d := range 2 {
+		for _, r := range mdRails[d] {
+			devBytes[d] += after[r] - before[r]
+		}
+		s, c := rx[d], tx[d]
+		if s == nil || c == nil || s[0] != "server" || c[0] != "client" || s[3] != "true" || c[3] != "true" || s[2] != c[2] {
+			t.Errorf("device %d: receiver's result %v, sender's %v: want both verified=true with the same bytes", d, s, c)
+			ok = false
+			continue
+		}
+		payload[d], _ = strconv.ParseUint(s[2], 10, 64)
+	}
+	for _, out := range []string{res.serverOut, res.clientOut} {
+		if l := hasLine(out, "nettest-devs:"); !strings.Contains(l, " devs=0,1 exit=0,0 worst=0") {
+			t.Errorf("want both devices' runs to have ended with exit 0: %q", l)
+			ok = false
+		}
+	}
+	fmt.Printf("multidev: case=one-process pair=a1-a2 devs=2 verified=%v dev0_bytes=%d dev1_bytes=%d\n", ok, devBytes[0], devBytes[1])
+	if !ok {
+		t.Fatalf("one process, two devices:\n%s", res)
+	}
+	for d := range 2 {
+		if devBytes[d] < payload[d] {
+			t.Errorf("device %d's rails sent %d bytes, less than its payload %d: its transfer went elsewhere", d, devBytes[d], payload[d])
+		}
 	}
 }

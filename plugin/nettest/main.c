@@ -23,33 +23,65 @@ static FILE *nt_stats;
 
 /* Watchdog: every loop of the driver has its own deadline, but a plugin call that never
  * returns would still hang the process. A thread exits the process when no heartbeat came
- * for 2 * --timeout-s + 30 seconds. */
-static uint64_t nt_beat_ms;
-static const char *nt_cur_phase = "start";
+ * for 2 * --timeout-s + 30 seconds.
+ *
+ * Heartbeats and phases live in slots: slot 0 is the main thread's (and the only one without
+ * --devs); with --devs, device run i beats in slot 1 + i while it runs, and the main thread's
+ * slot rests while it waits for the runs. Every active slot must beat. */
+#define NT_WD_SLOTS (1 + NT_MAX_DEVS)
+static struct {
+  uint64_t beat_ms;
+  const char *phase;
+  int active;
+  int dev;
+} nt_wd[NT_WD_SLOTS] = {{0, "start", 1, -1}};
 static int nt_wd_limit_s = 150;
 
-void nt_heartbeat(void) { __atomic_store_n(&nt_beat_ms, (uint64_t)(nt_now() * 1000), __ATOMIC_RELAXED); }
+/* The run this thread drives (--devs): its device, printed in its lines, and its watchdog
+ * slot. -1 and 0 in the main thread and whenever --devs is not given. */
+static __thread int nt_tls_dev = -1;
+static __thread int nt_tls_slot;
+
+void nt_heartbeat(void) {
+  __atomic_store_n(&nt_wd[nt_tls_slot].beat_ms, (uint64_t)(nt_now() * 1000), __ATOMIC_RELAXED);
+}
 
 void nt_phase(const char *phase) {
-  __atomic_store_n(&nt_cur_phase, phase, __ATOMIC_RELAXED);
+  __atomic_store_n(&nt_wd[nt_tls_slot].phase, phase, __ATOMIC_RELAXED);
   nt_heartbeat();
+}
+
+/* Make this thread's slot watched (after a fresh heartbeat) or not. */
+static void nt_wd_watch(int on) {
+  if (on) {
+    nt_heartbeat();
+  }
+  __atomic_store_n(&nt_wd[nt_tls_slot].active, on, __ATOMIC_RELEASE);
 }
 
 static void *nt_watchdog(void *arg) {
   (void)arg;
   for (;;) {
     usleep(200000);
-    uint64_t beat = __atomic_load_n(&nt_beat_ms, __ATOMIC_RELAXED);
-    double idle = nt_now() - (double)beat / 1000;
-    if (idle > nt_wd_limit_s) {
-      char msg[256];
-      int n = snprintf(msg, sizeof(msg),
-                       "mpib-nettest: watchdog: nothing moved for %.0f s in phase '%s' (a plugin call did not "
-                       "return?); exiting\n",
-                       idle, __atomic_load_n(&nt_cur_phase, __ATOMIC_RELAXED));
-      ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
-      (void)w;
-      _exit(NT_EXIT_FAIL);
+    for (int i = 0; i < NT_WD_SLOTS; i++) {
+      if (!__atomic_load_n(&nt_wd[i].active, __ATOMIC_ACQUIRE)) {
+        continue;
+      }
+      uint64_t beat = __atomic_load_n(&nt_wd[i].beat_ms, __ATOMIC_RELAXED);
+      double idle = nt_now() - (double)beat / 1000;
+      if (idle > nt_wd_limit_s) {
+        char msg[256], dev[32] = "";
+        if (i > 0) {
+          snprintf(dev, sizeof(dev), " of dev=%d", nt_wd[i].dev);
+        }
+        int n = snprintf(msg, sizeof(msg),
+                         "mpib-nettest: watchdog: nothing moved for %.0f s in phase '%s'%s (a plugin call did not "
+                         "return?); exiting\n",
+                         idle, __atomic_load_n(&nt_wd[i].phase, __ATOMIC_RELAXED), dev);
+        ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
+        (void)w;
+        _exit(NT_EXIT_FAIL);
+      }
     }
   }
   return NULL;
@@ -103,21 +135,32 @@ double nt_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Result lines: stdout, and the --stats-file when given. */
+/* Result lines: stdout, and the --stats-file when given. One line at a time (--devs runs
+ * print from several threads); a device run's lines end with its dev=N. */
+static pthread_mutex_t nt_out_mu = PTHREAD_MUTEX_INITIALIZER;
+
 void nt_out(const char *fmt, ...) {
   va_list ap;
+  pthread_mutex_lock(&nt_out_mu);
   va_start(ap, fmt);
   vfprintf(stdout, fmt, ap);
   va_end(ap);
+  if (nt_tls_dev >= 0) {
+    fprintf(stdout, " dev=%d", nt_tls_dev);
+  }
   fputc('\n', stdout);
   fflush(stdout);
   if (nt_stats != NULL) {
     va_start(ap, fmt);
     vfprintf(nt_stats, fmt, ap);
     va_end(ap);
+    if (nt_tls_dev >= 0) {
+      fprintf(nt_stats, " dev=%d", nt_tls_dev);
+    }
     fputc('\n', nt_stats);
     fflush(nt_stats);
   }
+  pthread_mutex_unlock(&nt_out_mu);
 }
 
 void nt_err(const char *fmt, ...) {
@@ -126,7 +169,11 @@ void nt_err(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  fprintf(stderr, "mpib-nettest: %s\n", buf);
+  if (nt_tls_dev >= 0) {
+    fprintf(stderr, "mpib-nettest: [dev=%d] %s\n", nt_tls_dev, buf);
+  } else {
+    fprintf(stderr, "mpib-nettest: %s\n", buf);
+  }
 }
 
 /* One step of a connection-setup loop: whether to give up (deadline passed, or the peer gave
@@ -170,6 +217,11 @@ static void nt_usage(FILE *f) {
           "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
           "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
           "  --dev N               plugin device (default 0)\n"
+          "  --devs LIST           run on several devices at once, one thread each, e.g. 0,1 (not with\n"
+          "                        --dev): device at list position i uses the side-channel port + i\n"
+          "                        (give both sides the same LIST); lines end with dev=N; exit is\n"
+          "                        the worst of the runs; position i uses --seed + i; modes verify,\n"
+          "                        bw, lat, badhandle, garbage-peer\n"
           "  --mode M              verify (default), bw, lat, badhandle, garbage-peer\n"
           "  --timeout-s N         connection setup and no-progress limit (default 60)\n"
           "  --seed N              schedule and payload seed (default 1)\n"
@@ -263,6 +315,44 @@ static int nt_parse_int(const char *s, int lo, int hi, int *v) {
   return 0;
 }
 
+/* --devs: comma-separated device indexes, no empty entry, no duplicate. */
+static int nt_parse_devs(const char *s, struct nt_opts *o, char *why, size_t whylen) {
+  o->ndevs = 0;
+  snprintf(why, whylen, "want a comma-separated list of device indexes, e.g. 0,1");
+  if (*s == '\0') {
+    return -1;
+  }
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[16];
+    int d;
+    if (len == 0 || len >= sizeof(tok)) {
+      return -1;
+    }
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    if (nt_parse_int(tok, 0, 1024, &d) != 0) {
+      return -1;
+    }
+    for (int i = 0; i < o->ndevs; i++) {
+      if (o->devs[i] == d) {
+        snprintf(why, whylen, "device %d is listed twice", d);
+        return -1;
+      }
+    }
+    if (o->ndevs == NT_MAX_DEVS) {
+      snprintf(why, whylen, "at most %d devices", NT_MAX_DEVS);
+      return -1;
+    }
+    o->devs[o->ndevs++] = d;
+    if (comma == NULL) {
+      return 0;
+    }
+    p = comma + 1;
+  }
+}
+
 static int nt_parse_sizes(const char *s, struct nt_opts *o) {
   char buf[1024];
   snprintf(buf, sizeof(buf), "%s", s);
@@ -291,7 +381,8 @@ enum {
   OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
   OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
   OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, OPT_IDLEUS, /* fault watch (xfer.c) */
-  OPT_REPORTEVERY, OPT_RDMARES, OPT_ROUNDGATE /* scale.c leak checks, address changes */
+  OPT_REPORTEVERY, OPT_RDMARES, OPT_ROUNDGATE, /* scale.c leak checks, address changes */
+  OPT_DEVS                                     /* several devices in one process */
 };
 
 static const struct option nt_long_opts[] = {
@@ -316,6 +407,7 @@ static const struct option nt_long_opts[] = {
     {"round-gate", required_argument, 0, OPT_ROUNDGATE},
     {"idle-us", required_argument, 0, OPT_IDLEUS},
     {"rdma-res", no_argument, 0, OPT_RDMARES},
+    {"devs", required_argument, 0, OPT_DEVS},
     {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
@@ -336,7 +428,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   o->traffic_class = -1;
   const char *listen = NULL, *connect = NULL;
   uint64_t v;
-  int c;
+  int c, dev_set = 0;
+  char why[128];
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", nt_long_opts, NULL)) != -1) {
     const char *a = optarg;
@@ -361,6 +454,12 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     case OPT_DEV:
       if (nt_parse_int(a, 0, 1024, &o->dev) != 0) {
         NT_BAD("bad --dev '%s'", a);
+      }
+      dev_set = 1;
+      break;
+    case OPT_DEVS:
+      if (nt_parse_devs(a, o, why, sizeof(why)) != 0) {
+        NT_BAD("bad --devs '%s' (%s)", a, why);
       }
       break;
     case OPT_MODE:
@@ -620,6 +719,24 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (o->mode == NT_LAT && o->multi != 1) {
     NT_BAD("--multi applies to verify and bw only");
   }
+  if (o->ndevs > 0) {
+    if (dev_set) {
+      NT_BAD("--dev and --devs are mutually exclusive (--devs 0,1 runs devices 0 and 1 in one process)");
+    }
+    if (nt_mode_is_lifecycle(o->mode) || nt_mode_is_scale(o->mode)) {
+      NT_BAD("--mode %s drives the whole plugin (finalize, many connections, the process's resources): "
+             "not with --devs, which takes verify, bw, lat, badhandle or garbage-peer; run it with --dev",
+             nt_mode_name(o->mode));
+    }
+    if (o->fork_ms > 0) {
+      NT_BAD("--fork-every-ms forks for the whole process: not with --devs");
+    }
+    long port = strtol(p, NULL, 10);
+    if (port < 1 || port + o->ndevs - 1 > 65535) {
+      NT_BAD("--devs: device i's side channel is port + i: '%s' leaves no room for %d ports", o->oob_addr,
+             o->ndevs);
+    }
+  }
   return 0;
 }
 
@@ -632,6 +749,12 @@ static void nt_hello(const struct nt_opts *o, char *buf, size_t len) {
                      o->warmup, o->seconds, o->verify, o->mem_limit, o->comms, o->rounds, o->prepost);
   for (int i = 0; i < o->nsizes && off < (int)len - 24; i++) {
     off += snprintf(buf + off, len - (size_t)off, "%s%zu", i ? "," : "", o->sizes[i]);
+  }
+  if (o->ndevs > 0 && off < (int)len - 16) { /* --devs: both sides list the same devices */
+    off += snprintf(buf + off, len - (size_t)off, " dev=%d devs=", o->dev);
+    for (int i = 0; i < o->ndevs && off < (int)len - 8; i++) {
+      off += snprintf(buf + off, len - (size_t)off, "%s%d", i ? "," : "", o->devs[i]);
+    }
   }
 }
 
@@ -806,6 +929,86 @@ out:
   return ret;
 }
 
+/* --devs: one device's run in its own thread, as one NCCL process drives several net devices
+ * (one per GPU) through one plugin instance. */
+struct nt_devrun {
+  pthread_t thread;
+  struct nt_opts o; /* a copy: dev, dev_pos and oob_addr are this run's */
+  struct nt_net *net;
+  char oob_addr[300];
+  int slot;
+  int started;
+  int ret;
+};
+
+static void *nt_devrun_main(void *arg) {
+  struct nt_devrun *r = arg;
+  nt_tls_dev = r->o.dev;
+  nt_tls_slot = r->slot;
+  nt_wd[r->slot].dev = r->o.dev;
+  nt_wd_watch(1);
+  r->ret = nt_run(&r->o, r->net);
+  nt_phase("done");
+  nt_wd_watch(0);
+  return NULL;
+}
+
+/* Runs nt_run on every listed device at once; the exit code is the worst (highest) of theirs.
+ * Device at list position i uses the side channel at the given port + i. */
+static int nt_run_devs(const struct nt_opts *o, struct nt_net *n) {
+  char host[256], port[16];
+  if (nt_parse_hostport(o->oob_addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    nt_err("bad side-channel address '%s' (want IP:PORT)", o->oob_addr);
+    return NT_EXIT_USAGE;
+  }
+  long port0 = strtol(port, NULL, 10);
+  struct nt_devrun *runs = calloc((size_t)o->ndevs, sizeof(*runs));
+  if (runs == NULL) {
+    nt_err("out of memory for %d device runs", o->ndevs);
+    return NT_EXIT_FAIL;
+  }
+  for (int i = 0; i < o->ndevs; i++) {
+    struct nt_devrun *r = &runs[i];
+    r->o = *o;
+    r->o.dev = o->devs[i];
+    r->o.dev_pos = i;
+    r->o.seed = o->seed + (uint64_t)i; /* each device its own sizes and payloads: a message that
+                                           reached another device's comm fails verification */
+    snprintf(r->oob_addr, sizeof(r->oob_addr), strchr(host, ':') ? "[%s]:%ld" : "%s:%ld", host, port0 + i);
+    r->o.oob_addr = r->oob_addr;
+    r->net = n;
+    r->slot = 1 + i;
+    r->ret = NT_EXIT_FAIL;
+  }
+  nt_phase("devs");
+  nt_wd_watch(0); /* the runs' slots are watched while the main thread waits */
+  for (int i = 0; i < o->ndevs; i++) {
+    int e = pthread_create(&runs[i].thread, NULL, nt_devrun_main, &runs[i]);
+    if (e != 0) {
+      nt_err("--devs: cannot start the thread of dev %d: %s", runs[i].o.dev, strerror(e));
+      continue;
+    }
+    runs[i].started = 1;
+  }
+  for (int i = 0; i < o->ndevs; i++) {
+    if (runs[i].started) {
+      pthread_join(runs[i].thread, NULL);
+    }
+  }
+  nt_wd_watch(1);
+  int worst = NT_EXIT_OK;
+  char devs[NT_MAX_DEVS * 6 + 1] = "", codes[NT_MAX_DEVS * 4 + 1] = "";
+  size_t dl = 0, cl = 0;
+  for (int i = 0; i < o->ndevs; i++) {
+    worst = runs[i].ret > worst ? runs[i].ret : worst;
+    dl += (size_t)snprintf(devs + dl, sizeof(devs) - dl, "%s%d", i ? "," : "", runs[i].o.dev);
+    cl += (size_t)snprintf(codes + cl, sizeof(codes) - cl, "%s%d", i ? "," : "", runs[i].ret);
+  }
+  nt_out("nettest-devs: role=%s devs=%s exit=%s worst=%d", nt_role_name(o->role), devs, codes, worst);
+  free(runs);
+  return worst;
+}
+
 int main(int argc, char **argv) {
   struct nt_opts o;
   signal(SIGPIPE, SIG_IGN);
@@ -842,18 +1045,31 @@ int main(int argc, char **argv) {
   nt_phase("init");
   ncclResult_t rc = nt_net_init(&net, nt_mix64(o.seed));
   int ndev = 0;
-  struct nt_props props;
-  memset(&props, 0, sizeof(props));
+  /* The devices the run uses: --dev's, or --devs' in list order. */
+  int nrun = o.ndevs > 0 ? o.ndevs : 1;
+  const int *run_devs = o.ndevs > 0 ? o.devs : &o.dev;
+  struct nt_props props[NT_MAX_DEVS];
+  memset(props, 0, sizeof(props));
+  int bad_dev = -1; /* a device the plugin does not have */
   if (rc == ncclSuccess) {
     rc = nt_net_devices(&net, &ndev);
-    if (rc == ncclSuccess && o.dev < ndev) {
-      rc = nt_net_props(&net, o.dev, &props);
+    for (int i = 0; rc == ncclSuccess && i < nrun; i++) {
+      if (run_devs[i] >= ndev) {
+        bad_dev = run_devs[i];
+        break;
+      }
+      rc = nt_net_props(&net, run_devs[i], &props[i]);
     }
   }
   nt_out("nettest-init: rc=%d ndev=%d", (int)rc, ndev);
-  if (rc != ncclSuccess || ndev <= 0 || o.dev >= ndev) {
+  if (rc != ncclSuccess || ndev <= 0 || bad_dev >= 0) {
+    int code = NT_EXIT_INIT;
     if (rc == ncclSuccess && ndev <= 0) {
       nt_err("plugin init succeeded but reports no device");
+    } else if (rc == ncclSuccess && o.ndevs > 0) {
+      nt_err("--devs lists device %d but the plugin has %d device(s)", bad_dev, ndev);
+      fprintf(stderr, "run 'mpib-nettest --help' for usage\n");
+      code = NT_EXIT_USAGE;
     } else if (rc == ncclSuccess) {
       nt_err("--dev %d but the plugin has %d device(s)", o.dev, ndev);
     } else {
@@ -861,15 +1077,21 @@ int main(int argc, char **argv) {
     }
     nt_phase("finalize");
     nt_net_finalize(&net);
-    return NT_EXIT_INIT;
+    return code;
   }
   char line[1024];
-  nt_props_format(&props, line, sizeof(line));
-  nt_out("nettest-props: dev=%d %s", o.dev, line);
-  for (int d = 0; d < ndev; d++) { /* the other devices after the one the run uses */
+  for (int i = 0; i < nrun; i++) {
+    nt_props_format(&props[i], line, sizeof(line));
+    nt_out("nettest-props: dev=%d %s", run_devs[i], line);
+  }
+  for (int d = 0; d < ndev; d++) { /* the other devices after the ones the run uses */
     struct nt_props other;
     memset(&other, 0, sizeof(other));
-    if (d == o.dev) continue;
+    int used = 0;
+    for (int i = 0; i < nrun; i++) {
+      used |= run_devs[i] == d;
+    }
+    if (used) continue;
     if (nt_net_props(&net, d, &other) != ncclSuccess) {
       nt_err("getProperties(%d) failed with %d devices", d, ndev);
       continue;
@@ -877,15 +1099,22 @@ int main(int argc, char **argv) {
     nt_props_format(&other, line, sizeof(line));
     nt_out("nettest-props: dev=%d %s", d, line);
   }
-  int ret;
-  if (props.max_recvs > 0 && o.multi > props.max_recvs) {
-    nt_err("--multi %d exceeds the plugin's maxRecvs %d", o.multi, props.max_recvs);
-    ret = NT_EXIT_USAGE;
-  } else if ((props.ptr_support & NCCL_PTR_HOST) == 0) {
-    nt_err("the plugin does not support host memory (ptrSupport=0x%x)", (unsigned)props.ptr_support);
-    ret = NT_EXIT_FAIL;
-  } else {
-    ret = nt_run(&o, &net);
+  int ret = NT_EXIT_OK;
+  for (int i = 0; i < nrun && ret == NT_EXIT_OK; i++) {
+    char of[32] = ""; /* --devs: which device */
+    if (o.ndevs > 0) {
+      snprintf(of, sizeof(of), " (dev %d)", run_devs[i]);
+    }
+    if (props[i].max_recvs > 0 && o.multi > props[i].max_recvs) {
+      nt_err("--multi %d exceeds the plugin's maxRecvs %d%s", o.multi, props[i].max_recvs, of);
+      ret = NT_EXIT_USAGE;
+    } else if ((props[i].ptr_support & NCCL_PTR_HOST) == 0) {
+      nt_err("the plugin does not support host memory (ptrSupport=0x%x)%s", (unsigned)props[i].ptr_support, of);
+      ret = NT_EXIT_FAIL;
+    }
+  }
+  if (ret == NT_EXIT_OK) {
+    ret = o.ndevs > 0 ? nt_run_devs(&o, &net) : nt_run(&o, &net);
   }
   nt_phase("finalize");
   rc = nt_finalized ? ncclSuccess : nt_net_finalize(&net); /* a lifecycle mode may have finalized */

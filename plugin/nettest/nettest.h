@@ -26,6 +26,7 @@
 #define NT_MAX_SIZES 64
 #define NT_MAX_COUNTERS 8
 #define NT_MAX_MSG_SIZE ((size_t)1 << 30) /* test() reports sizes as int */
+#define NT_MAX_DEVS 16     /* --devs: devices driven at once by one process */
 
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
 enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
@@ -43,6 +44,12 @@ struct nt_opts {
   const char *plugin;
   int abi;
   int dev;
+  /* --devs: run the per-connection flow on each listed device at once, one thread each (main.c).
+   * ndevs == 0: one device (--dev). In a device's run, dev is its device and dev_pos its
+   * position in the list (its side channel is the given port + dev_pos). */
+  int devs[NT_MAX_DEVS];
+  int ndevs;
+  int dev_pos;
   enum nt_role role;
   enum nt_mode mode;
   const char *oob_addr;
@@ -169,9 +176,14 @@ int nt_parse_hostport(const char *addr, char *host, size_t hostlen, char *port, 
 extern int nt_threads_driver;
 int nt_thread_count(void);
 double nt_now(void);
+/* The watchdog's heartbeat and phase are per run: with --devs each device's thread has its
+ * own (a hung plugin call on one device is not hidden by another device's progress). */
 void nt_heartbeat(void);
 void nt_phase(const char *phase);
+/* Result line (stdout and --stats-file), one whole line at a time; in a --devs run the line
+ * ends with " dev=N" (the calling thread's device). */
 void nt_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "mpib-nettest: ..." on stderr; in a --devs run "mpib-nettest: [dev=N] ...". */
 void nt_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *nt_role_name(enum nt_role r);
 const char *nt_mode_name(enum nt_mode m);

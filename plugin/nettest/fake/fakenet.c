@@ -11,6 +11,8 @@
  *   FAKENET_OVERRUN_MSG=N    write 16 bytes past the end of the N-th message received
  *   FAKENET_BAD_SIZE_MSG=N   report size+1 for the N-th message received
  *   FAKENET_HANG_FINALIZE=1  finalize never returns (the driver's watchdog must end it)
+ * Devices (environment): FAKENET_NDEV=N (1..8, default 1) devices, fake0..fake<N-1>, all on
+ * the same loopback TCP (mpib-nettest --devs tests); the device index changes nothing else.
  * Build: gcc -shared -fPIC -Iplugin -o build/libnccl-net-fake.so plugin/nettest/fake/fakenet.c
  */
 #define _GNU_SOURCE
@@ -97,15 +99,21 @@ static ncclResult_t fk_init(ncclDebugLogger_t logger) {
   return ncclSuccess;
 }
 
+#define FK_MAXDEV 8
+
 static ncclResult_t fk_devices(int *n) {
-  *n = 1;
+  long e = fk_env("FAKENET_NDEV");
+  *n = e >= 1 && e <= FK_MAXDEV ? (int)e : 1;
   return ncclSuccess;
 }
 
 static ncclResult_t fk_props(int dev, ncclNetProperties_v11_t *p) {
-  (void)dev;
+  static char *names[FK_MAXDEV] = {"fake0", "fake1", "fake2", "fake3", "fake4", "fake5", "fake6", "fake7"};
   memset(p, 0, sizeof(*p));
-  p->name = "fake0";
+  if (dev < 0 || dev >= FK_MAXDEV) {
+    return ncclInvalidArgument;
+  }
+  p->name = names[dev];
   p->pciPath = "/sys/devices/fake";
   p->ptrSupport = NCCL_PTR_HOST;
   p->regIsGlobal = 1;
@@ -114,7 +122,7 @@ static ncclResult_t fk_props(int dev, ncclNetProperties_v11_t *p) {
   p->maxComms = 65536;
   p->maxRecvs = FK_MAXN;
   p->vProps.ndevs = 1;
-  p->vProps.devs[0] = 0;
+  p->vProps.devs[0] = dev;
   p->maxP2pBytes = (size_t)1 << 31;
   p->maxCollBytes = (size_t)1 << 31;
   p->maxMultiRequestSize = 1;
@@ -525,7 +533,7 @@ const ncclNet_v11_t ncclNetPlugin_v11 = {
 /* v8 adapters: int sizes, no ctx, v8 properties. */
 static ncclResult_t fk_props_v8(int dev, ncclNetProperties_v8_t *p) {
   ncclNetProperties_v11_t v;
-  fk_props(dev, &v);
+  ncclResult_t rc = fk_props(dev, &v);
   memset(p, 0, sizeof(*p));
   p->name = v.name;
   p->pciPath = v.pciPath;
@@ -535,7 +543,7 @@ static ncclResult_t fk_props_v8(int dev, ncclNetProperties_v8_t *p) {
   p->latency = v.latency;
   p->maxComms = v.maxComms;
   p->maxRecvs = v.maxRecvs;
-  return ncclSuccess;
+  return rc;
 }
 static ncclResult_t fk_connect_v8(int dev, void *h, void **s, ncclNetDeviceHandle_t **dh) {
   return fk_connect(NULL, dev, h, s, dh);
