@@ -1,0 +1,96 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// mdStopFile ends TestMultiDeviceAgentRecords' transfer (the receiver stops posting).
+const mdStopFile = "/tmp/multidev.stop"
+
+// deviceConn is what the agents' list --json says of a connection's device (format 4).
+type deviceConn struct {
+	Index   uint32 `json:"index"`
+	IsSend  uint8  `json:"is_send"`
+	Dev     uint16 `json:"dev"`
+	SoutNIC string `json:"sout_nic"`
+	SupNIC  string `json:"sup_nic"`
+}
+
+// listDev runs an agent's list --json --dev dev on n.
+func listDev(ctx context.Context, t *testing.T, a agentCLI, n *Node, dev int) []deviceConn {
+	t.Helper()
+	var conns []deviceConn
+	if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json", "--dev", fmt.Sprint(dev))), &conns); err != nil {
+		t.Fatalf("%s agent list --json --dev %d: %v", a.name, dev, err)
+	}
+	return conns
+}
+
+// TestMultiDeviceAgentRecords: in advanced mode a transfer on device 1 registers its
+// connections in the agent segment as device 1's, with that pair's NIC names (format 4), and
+// both CLIs' --dev keep them apart from device 0's. Fixed line:
+//
+//	multidev: case=agent-records node=a1 dev=1 sout_nic=a1_sout2 sup_nic=a1_sup2 listed=N other_dev_listed=0 python_listed=N verified=true
+func TestMultiDeviceAgentRecords(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	for _, n := range []*Node{a1, a2} {
+		n.Exec(ctx, nil, "rm", "-f", segPath, mdStopFile)
+		goAgent.run(ctx, t, n, "create")
+	}
+	defer func() {
+		for _, n := range []*Node{a1, a2} {
+			n.Exec(context.Background(), nil, "rm", "-f", segPath, mdStopFile)
+		}
+	}()
+	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
+	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: mdEnv(a2, mode...), clientEnv: mdEnv(a1, mode...),
+		args: []string{"--timeout-s", "90", "--dev", "1", "--mode", "verify", "--bytes", "2000M", "--stop-file", mdStopFile,
+			"--max-size", "1M", "--window", "8"}})
+	defer func() {
+		srv.Kill(context.Background())
+		cli.Kill(context.Background())
+	}()
+	var conns []deviceConn
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if conns = listDev(ctx, t, goAgent, a1, 1); len(conns) > 0 {
+			break
+		}
+	}
+	other := listDev(ctx, t, goAgent, a1, 0)
+	py := listDev(ctx, t, pythonAgent, a1, 1)
+	a2.Exec(ctx, nil, "touch", mdStopFile)
+	var res pairResult
+	var cerr, serr error
+	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
+	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
+	if cerr != nil || serr != nil {
+		t.Fatalf("the transfer did not end after the stop file: client %v, server %v", cerr, serr)
+	}
+	verified(t, res)
+	wantSout, wantSup := a1.Dev(SOUT2), a1.Dev(SUP2)
+	send := 0
+	for _, c := range conns {
+		if c.Dev != 1 || c.SoutNIC != wantSout || c.SupNIC != wantSup {
+			t.Errorf("a1 slot %d listed under --dev 1 as dev %d on %s/%s, want dev 1 on %s/%s", c.Index, c.Dev, c.SoutNIC, c.SupNIC, wantSout, wantSup)
+		}
+		send += int(c.IsSend)
+	}
+	fmt.Printf("multidev: case=agent-records node=a1 dev=1 sout_nic=%s sup_nic=%s listed=%d other_dev_listed=%d python_listed=%d verified=true\n",
+		wantSout, wantSup, len(conns), len(other), len(py))
+	if send != 1 || len(other) != 0 || len(py) != len(conns) {
+		t.Errorf("a1's segment: %d connection(s) under --dev 1 (%d send, want 1), %d under --dev 0 (want 0), %d from the Python CLI (want the same)",
+			len(conns), send, len(other), len(py))
+	}
+	for _, c := range py {
+		if c.Dev != 1 || c.SoutNIC != wantSout || c.SupNIC != wantSup {
+			t.Errorf("Python list --dev 1: slot %d as dev %d on %s/%s", c.Index, c.Dev, c.SoutNIC, c.SupNIC)
+		}
+	}
+}
