@@ -96,4 +96,3 @@ func TestDevFilter(t *testing.T) {
 		}
 	}
 }
-
