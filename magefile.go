@@ -84,8 +84,8 @@ const labPackage = "./integration/"
 // Faults runs the lab's fault-injection and leak suites (docs/failover.md): rails cut,
 // black-holed, lossy, flapping and deleted under verified transfers, errors where no rail is
 // left (these two also run in every lab suite, checked there against wider bounds), and
-// 1,000 connect/close and 100 failover/recovery cycles (these also run in every lab suite),
-// all checked against the targets (about 17 minutes).
+// 300 connect/close and 40 failover/recovery cycles (these also run in every lab suite),
+// all checked against the targets (about 12 minutes).
 func (Test) Faults() error {
 	mg.Deps(Build)
 	env := map[string]string{"MPIB_FAULTS": "1"}
