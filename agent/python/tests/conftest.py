@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -12,6 +13,23 @@ from mpib_agent._format import STATE_ACTIVE, Slot, encode_slot
 from mpib_agent._segment import _lock_byte, slot_lock_off
 
 VECTORS = Path(__file__).resolve().parents[3] / "testdata" / "shm"
+
+# Lines for the end of the run (shown with -q too, captured or not), e.g. the gym tests'
+# "gym: env=ID check_env=pass steps_per_s=N".
+REPORT: List[str] = []
+
+
+def report(line: str) -> None:
+    """Shows ``line`` in the terminal summary of the run."""
+    REPORT.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if importlib.util.find_spec("gymnasium") is None or importlib.util.find_spec("numpy") is None:
+        REPORT.append("gym: skipped: gymnasium or numpy not installed (pip install mpib-agent[gym])")
+    for line in REPORT:
+        terminalreporter.write_line(line)
+
 
 # Leases held by fake plugin registrations: (path, slot) -> the descriptor holding the lock.
 _LEASES: Dict[Tuple[str, int], int] = {}
