@@ -998,7 +998,7 @@ func TestFaultErrors(t *testing.T) {
 	})
 }
 
-// leaksOrSkip: the leak suite (300 connect/close and 40 failover/recovery cycles, at once:
+// leaksOrSkip: the leak suite (300 connect/close and 30 failover/recovery cycles, at once:
 // about 7 minutes of lab time) runs in every lab suite, CI included; MPIB_LEAKS=0 skips it for a
 // quicker local run.
 func leaksOrSkip(t *testing.T) *Topology {

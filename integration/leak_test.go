@@ -296,8 +296,8 @@ func TestMinSample(t *testing.T) {
 }
 
 // TestLeakFailoverRecovery: during one a1 -> a2 transfer (vanilla: all on SUP), a1's SUP link
-// goes down until a1's send comm fails over, then up until it recovers, 40 times. Both
-// processes are probed after cycle 10, after cycle 25 and after the last (sample: the least of
+// goes down until a1's send comm fails over, then up until it recovers, 30 times. Both
+// processes are probed after cycle 10, after cycle 20 and after the last (sample: the least of
 // 5 probes); fds, QPs, MRs and RSS are judged from cycle 10 to the end, threads by
 // recurringGrowth; the transfer must stay verified.
 func TestLeakFailoverRecovery(t *testing.T) {
@@ -305,7 +305,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	t.Parallel()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
-	cycles := max(leakCycles(40), 4)
+	cycles := max(leakCycles(30), 4)
 	const warm = 10
 	mid := warm + (cycles-warm)/2
 	if cycles <= warm {

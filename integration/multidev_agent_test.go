@@ -66,13 +66,7 @@ func TestMultiDeviceAgentRecords(t *testing.T) {
 	other := listDev(ctx, t, goAgent, a1, 0)
 	py := listDev(ctx, t, pythonAgent, a1, 1)
 	a2.Exec(ctx, nil, "touch", mdStopFile)
-	var res pairResult
-	var cerr, serr error
-	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
-	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
-	if cerr != nil || serr != nil {
-		t.Fatalf("the transfer did not end after the stop file: client %v, server %v", cerr, serr)
-	}
+	res := waitPair(ctx, t, srv, cli, "the transfer after the stop file")
 	verified(t, res)
 	wantSout, wantSup := a1.Dev(SOUT2), a1.Dev(SUP2)
 	send := 0

@@ -327,15 +327,7 @@ func TestMultiDeviceOneProcess(t *testing.T) {
 		srv.Kill(context.Background())
 		t.Fatal(err)
 	}
-	var res pairResult
-	var cerr, serr error
-	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
-	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
-	if cerr != nil || serr != nil {
-		srv.Kill(context.Background())
-		cli.Kill(context.Background())
-		t.Fatalf("the --devs 0,1 transfer did not finish: client %v, server %v", cerr, serr)
-	}
+	res := waitPair(ctx, t, srv, cli, "the --devs 0,1 transfer")
 	after := mdTx(ctx, t, a1)
 	rx, tx := mdDevResults(res.serverOut), mdDevResults(res.clientOut)
 	ok := res.serverCode == 0 && res.clientCode == 0

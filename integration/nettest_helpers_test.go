@@ -95,6 +95,22 @@ func startPair(ctx context.Context, t *testing.T, p nettestPair) (srv, cli *Proc
 	return srv, cli
 }
 
+// waitPair waits for both drivers of a pair and returns their outputs; when either does not
+// end (ctx), it kills both and fails the test, naming what.
+func waitPair(ctx context.Context, t *testing.T, srv, cli *Process, what string) pairResult {
+	t.Helper()
+	var res pairResult
+	var cerr, serr error
+	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
+	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
+	if cerr != nil || serr != nil {
+		srv.Kill(context.Background())
+		cli.Kill(context.Background())
+		t.Fatalf("%s did not finish: client %v, server %v", what, cerr, serr)
+	}
+	return res
+}
+
 // runPair runs a nettest server on `server` and a client on `client` (the client sends).
 func runPair(ctx context.Context, t *testing.T, server, client *Node, serverEnv, clientEnv []string, args ...string) pairResult {
 	t.Helper()
@@ -106,15 +122,7 @@ func runPair(ctx context.Context, t *testing.T, server, client *Node, serverEnv,
 	}
 	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: serverEnv, clientEnv: clientEnv,
 		args: append([]string{"--timeout-s", "90"}, args...)})
-	var res pairResult
-	var cerr, serr error
-	res.clientOut, res.clientErr, res.clientCode, cerr = cli.Wait(ctx)
-	res.serverOut, res.serverErr, res.serverCode, serr = srv.Wait(ctx)
-	if cerr != nil || serr != nil {
-		srv.Kill(context.Background())
-		cli.Kill(context.Background())
-		t.Fatalf("nettest did not finish: client %v, server %v", cerr, serr)
-	}
+	res := waitPair(ctx, t, srv, cli, "nettest")
 	after, err := sampleRails(ctx, server, client)
 	if err != nil {
 		t.Fatal(err)

@@ -214,13 +214,17 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 			}
 		}
 	}()
-	slot := agent.sendSlot(ctx, t, a1)
+	// The harness reads the segment with the Go CLI: the agent under test creates, beats and
+	// sets; its own list is held against Go's in TestCLIsAgree and TestMultiDeviceAgentRecords.
+	// Each Python start costs seconds in the loaded VM: reading with it took 2 of the test's 4
+	// minutes.
+	slot := goAgent.sendSlot(ctx, t, a1)
 
 	var phases []policyPhase
 	for _, hint := range []int{0, 512, 1024, 256} {
 		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
 		var tele []listedConn
-		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, func() { tele = append(tele, agent.telemetry(ctx, t, a1, slot)) })
+		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, func() { tele = append(tele, goAgent.telemetry(ctx, t, a1, slot)) })
 		if !running(cli) {
 			t.Fatalf("the transfer ended before phase hint=%d was measured", hint)
 		}
@@ -232,7 +236,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	}
 	time.Sleep(policyStale)
 	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, nil)
-	fbApplied := agent.telemetry(ctx, t, a1, slot).Telemetry.AppliedSupBw
+	fbApplied := goAgent.telemetry(ctx, t, a1, slot).Telemetry.AppliedSupBw
 	stillRunning := running(cli)
 	if _, _, code, err := a2.Exec(ctx, nil, "touch", stopFile); err != nil || code != 0 {
 		t.Fatalf("touch %s in a2: exit %d %v", stopFile, code, err)
