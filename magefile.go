@@ -28,10 +28,13 @@ const buildDir = "build"
 type Test mg.Namespace
 
 // All runs the unit tests and then the lab integration suite (the README's test command).
-// The lab VM boots while the unit tests run (on a cold machine its image is built first:
-// package downloads and a first boot, about 3 minutes of mostly waiting), so the suite finds
-// it running; All powers off a VM it booted. A boot that fails here is not an error yet: the
-// suite boots the lab itself and reports what goes wrong.
+// The lab VM boots while the Go and C unit tests run (on a cold machine its image is built
+// first: package downloads and a first boot, about 3 minutes of mostly waiting), so the suite
+// finds it running; All powers off a VM it booted. The agents' fuzzers and the Python tests
+// run after the boot, not beside it: a booting VM takes both cores, and an 8-second fuzz run
+// beside it ended in "context deadline exceeded" (a worker that did not answer in time). A
+// boot that fails here is not an error yet: the suite boots the lab itself and reports what
+// goes wrong.
 func (Test) All(ctx context.Context) error {
 	booted := make(chan *lab.Env, 1)
 	go func() {
@@ -45,28 +48,34 @@ func (Test) All(ctx context.Context) error {
 		}
 		booted <- env
 	}()
-	unitErr := Test{}.Unit()
+	unitErr := unitGoAndC()
 	if env := <-booted; env != nil && env.Owned {
 		defer Lab{}.Down(context.WithoutCancel(ctx))
 	}
 	if unitErr != nil {
 		return unitErr
 	}
+	mg.Deps(Agent.Test)
 	return Test{}.Integration()
 }
 
 // Unit runs the fast tests: Go packages outside integration/, the C tests and the Python agent tests.
 func (Test) Unit() error {
+	if err := unitGoAndC(); err != nil {
+		return err
+	}
+	mg.Deps(Agent.Test)
+	return nil
+}
+
+// unitGoAndC runs the Go packages' tests outside integration/ (the C tests among them).
+func unitGoAndC() error {
 	mg.Deps(Build)
 	pkgs, err := unitPackages()
 	if err != nil {
 		return err
 	}
-	if err := sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...); err != nil {
-		return err
-	}
-	mg.Deps(Agent.Test)
-	return nil
+	return sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...)
 }
 
 // Integration runs the soft-RoCE lab suite (builds and boots the lab on demand). It names the
