@@ -36,22 +36,26 @@ type Test mg.Namespace
 // boot that fails here is not an error yet: the suite boots the lab itself and reports what
 // goes wrong.
 func (Test) All(ctx context.Context) error {
-	booted := make(chan *lab.Env, 1)
+	var env *lab.Env
+	booted := make(chan struct{})
 	go func() {
+		defer close(booted)
 		cfg, err := labConfig()
-		var env *lab.Env
 		if err == nil {
 			env, err = lab.Up(ctx, cfg)
 		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "lab: booting beside the unit tests failed (the suite tries again): %v\n", err)
 		}
-		booted <- env
+	}()
+	defer func() { // also when a failed dependency unwinds this target (mg.Deps panics)
+		<-booted
+		if env != nil && env.Owned {
+			Lab{}.Down(context.WithoutCancel(ctx))
+		}
 	}()
 	unitErr := unitGoAndC()
-	if env := <-booted; env != nil && env.Owned {
-		defer Lab{}.Down(context.WithoutCancel(ctx))
-	}
+	<-booted
 	if unitErr != nil {
 		return unitErr
 	}
