@@ -234,17 +234,29 @@ func (s *railSampler) settleSplit(t0, end, opt float64) (settled, share float64)
 		return -1, -1
 	}
 	near := func(x float64) bool { return x >= 0 && math.Abs(x-opt) <= clShareTol }
+	for _, w := range windows(p) {
+		if toEnd := shareOf(p[w.i], p[len(p)-1]); near(shareOf(p[w.i], p[w.j])) && near(toEnd) {
+			return p[w.i].t - t0, toEnd
+		}
+	}
+	return -1, shareOf(p[len(p)/2], p[len(p)-1])
+}
+
+// window is a clWindow-long stretch of samples: its first and last.
+type window struct{ i, j int }
+
+// windows is, for each sample, the window starting there (while one fits before the end).
+func windows(p []railPoint) []window {
+	var ws []window
 	for i := range p {
 		for j := i + 1; j < len(p); j++ {
 			if p[j].t-p[i].t >= clWindow.Seconds() {
-				if toEnd := shareOf(p[i], p[len(p)-1]); near(shareOf(p[i], p[j])) && near(toEnd) {
-					return p[i].t - t0, toEnd
-				}
+				ws = append(ws, window{i, j})
 				break
 			}
 		}
 	}
-	return -1, shareOf(p[len(p)/2], p[len(p)-1])
+	return ws
 }
 
 // settle judges one phase from its change at t0 to end against the best static rate: it
@@ -253,26 +265,14 @@ func (s *railSampler) settleSplit(t0, end, opt float64) (settled, share float64)
 func (s *railSampler) settle(t0, end float64, best float64) clVerdict {
 	p := s.between(t0, end)
 	v := clVerdict{settled: -1}
-	type win struct {
-		start, rate float64
-		i, j        int // its first and last sample
-	}
-	var wins []win
-	for i := range p {
-		for j := i + 1; j < len(p); j++ {
-			if p[j].t-p[i].t >= clWindow.Seconds() {
-				wins = append(wins, win{p[i].t - t0, mbps(p[i], p[j]), i, j})
-				break
-			}
-		}
-	}
-	for _, w := range wins {
+	for _, w := range windows(p) {
+		start, rate := p[w.i].t-t0, mbps(p[w.i], p[w.j])
 		so, su := railMbps(p[w.i], p[w.j])
-		v.windows += fmt.Sprintf(" %.1f:%.1f=%.1f+%.1f", w.start, w.rate, so, su)
+		v.windows += fmt.Sprintf(" %.1f:%.1f=%.1f+%.1f", start, rate, so, su)
 		if v.settled >= 0 {
-			v.lowest = min(v.lowest, w.rate)
-		} else if toEnd := mbps(p[w.i], p[len(p)-1]); w.rate >= clMinRatio*best && toEnd >= clMinRatio*best {
-			v.settled, v.rate, v.lowest = w.start, toEnd, w.rate
+			v.lowest = min(v.lowest, rate)
+		} else if toEnd := mbps(p[w.i], p[len(p)-1]); rate >= clMinRatio*best && toEnd >= clMinRatio*best {
+			v.settled, v.rate, v.lowest = start, toEnd, rate
 		}
 	}
 	if v.settled < 0 && len(p) >= 2 {
