@@ -60,22 +60,32 @@ func (Agent) Test() error {
 	return sh.RunV(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "agent/python/tests")
 }
 
-// fuzzTargets are the segment fuzzers: the C reader the plugin runs (through a cgo shim,
-// compared with the Go decoder) and the Go agent's decoder. `go test` runs their seed corpora
-// (testdata/shm and each package's testdata/fuzz); Fuzz adds a few seconds of new inputs.
+// fuzzTargets are the decoders of what another party can write: the segment (the C reader the
+// plugin runs, through a cgo shim and compared with the Go decoder, and the Go agent's decoder)
+// and the control connection's wire messages (handle, hello, metadata, ack: whatever a TCP
+// client or peer rank sends). `go test` runs their seed corpora (testdata/shm and each
+// package's testdata/fuzz); Fuzz adds a few seconds of new inputs.
 var fuzzTargets = []struct{ name, pkg string }{
 	{"FuzzCReader", "./plugin/ctest/shmfuzz"},
 	{"FuzzDecode", "./agent/go/shm"},
+	{"FuzzDecodeHandle", "./plugin/internal/wire"},
+	{"FuzzDecodeHello", "./plugin/internal/wire"},
+	{"FuzzDecodeMetadata", "./plugin/internal/wire"},
+	{"FuzzCheckAck", "./plugin/internal/wire"},
 }
 
-// Fuzz runs each segment fuzzer for MPIB_FUZZTIME (default 8s).
+// Fuzz runs each fuzzer for MPIB_FUZZTIME (default 8s; the wire decoders are tiny, 4s each).
 func (Agent) Fuzz() error {
 	t := os.Getenv("MPIB_FUZZTIME")
 	if t == "" {
 		t = "8s"
 	}
 	for _, f := range fuzzTargets {
-		if err := sh.RunV("go", "test", "-run", "^$", "-fuzz", "^"+f.name+"$", "-fuzztime", t,
+		ft := t
+		if strings.HasSuffix(f.pkg, "/wire") && os.Getenv("MPIB_FUZZTIME") == "" {
+			ft = "4s"
+		}
+		if err := sh.RunV("go", "test", "-run", "^$", "-fuzz", "^"+f.name+"$", "-fuzztime", ft,
 			"-fuzzminimizetime", "1s", f.pkg); err != nil {
 			return err
 		}

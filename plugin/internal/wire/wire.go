@@ -108,6 +108,9 @@ func DecodeHello(b []byte) (uint64, error) {
 	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
 		return 0, fmt.Errorf("%w: peer speaks version %d, this plugin %d", ErrMalformed, v, Version)
 	}
+	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
+		return 0, fmt.Errorf("%w: hello with reserved bytes %#04x (not an MPIB plugin of this version)", ErrMalformed, r)
+	}
 	return binary.LittleEndian.Uint64(b[8:]), nil
 }
 

@@ -154,3 +154,29 @@ func FuzzDecodeHandle(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeHello(f *testing.F) {
+	f.Add(EncodeHello(7))
+	f.Add(make([]byte, HelloSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		nonce, err := DecodeHello(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("refusal not marked malformed: %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(EncodeHello(nonce), b) {
+			t.Fatalf("accepted hello does not re-encode to the same bytes")
+		}
+	})
+}
+
+func FuzzCheckAck(f *testing.F) {
+	f.Add(EncodeAck())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if CheckAck(b) == nil && !bytes.Equal(b, EncodeAck()) {
+			t.Fatalf("accepted % x as an ack", b)
+		}
+	})
+}
