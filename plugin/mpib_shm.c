@@ -1,5 +1,5 @@
 /*
- * MPIB shared-memory hint segment, format version 4 (docs/shm-format.md).
+ * MPIB shared-memory hint segment, format version 5 (docs/shm-format.md).
  * Every struct below mirrors a table of the spec; the _Static_asserts pin the offsets.
  *
  * Process model: one handle (struct mpib_shm) per process holds a table of connections and
@@ -123,7 +123,7 @@ struct shm_slot {
   _Atomic uint64_t rail_state_ns[2]; /* CLOCK_REALTIME ns of the last change, 0 = never */
   /* Version 3: what the plugin applied and when it last flushed, then per rail what completed. */
   _Atomic uint32_t applied_sup_bw;
-  uint32_t reserved4;
+  _Atomic uint32_t recoveries; /* version 5: times a rail came back into service */
   _Atomic uint64_t flush_wall_ns; /* CLOCK_REALTIME ns */
   uint64_t reserved5;
   struct shm_rail_done {
@@ -150,6 +150,7 @@ _Static_assert(offsetof(struct shm_slot, rail_state) == 208, "rail states at +20
 _Static_assert(offsetof(struct shm_slot, failovers) == 212, "failovers at +212");
 _Static_assert(offsetof(struct shm_slot, rail_state_ns) == 216, "rail state times at +216");
 _Static_assert(offsetof(struct shm_slot, applied_sup_bw) == 232, "applied_sup_bw at +232");
+_Static_assert(offsetof(struct shm_slot, recoveries) == 236, "recoveries at +236");
 _Static_assert(offsetof(struct shm_slot, flush_wall_ns) == 240, "flush_wall_ns at +240");
 _Static_assert(offsetof(struct shm_slot, done) == 256, "completion telemetry at +256");
 _Static_assert(offsetof(struct shm_slot, done[1].busy_ns) == 312, "sup busy_ns at +312");
@@ -433,8 +434,11 @@ static int shm_check_file(int fd, const char *path, struct stat *st, char *err, 
             path, (unsigned)st->st_uid, (unsigned)geteuid());
     return -EPERM;
   }
-  if ((st->st_mode & 0022) != 0) {
-    shm_err(err, errlen, "mpib shm %s: bad_mode: mode %04o is group/world writable (want 0600)",
+  /* Group or other access of any kind is refused: a readable segment shows every peer's
+   * address and rates to other users, a writable one lets them steer the traffic. */
+  if ((st->st_mode & 0077) != 0) {
+    shm_err(err, errlen,
+            "mpib shm %s: bad_mode: mode %04o grants group/other access (want 0600: chmod 600)",
             path, (unsigned)(st->st_mode & 07777));
     return -EPERM;
   }
@@ -750,6 +754,7 @@ static void shm_decode_rails(struct shm_slot *s, mpib_shm_slot_info *o) {
     o->active_ns[r] = atomic_load_explicit(&s->active_ns[r], memory_order_relaxed);
   }
   o->failovers = atomic_load_explicit(&s->failovers, memory_order_relaxed);
+  o->recoveries = atomic_load_explicit(&s->recoveries, memory_order_relaxed);
   o->applied_sup_bw = atomic_load_explicit(&s->applied_sup_bw, memory_order_relaxed);
   o->flush_wall_ns = atomic_load_explicit(&s->flush_wall_ns, memory_order_relaxed);
 }
@@ -1035,8 +1040,13 @@ void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, ui
     return;
   }
   struct shm_slot *s = &m->slots[slot];
-  if (state != MPIB_SHM_RAIL_UP && atomic_load_explicit(&s->rail_state[rail], memory_order_relaxed) == MPIB_SHM_RAIL_UP) {
+  /* Every rail is up at registration, so leaving "up" is a failover and returning to it a
+   * recovery; a state set again to the value it has counts nothing. */
+  int was_up = atomic_load_explicit(&s->rail_state[rail], memory_order_relaxed) == MPIB_SHM_RAIL_UP;
+  if (state != MPIB_SHM_RAIL_UP && was_up) {
     atomic_fetch_add_explicit(&s->failovers, 1, memory_order_relaxed);
+  } else if (state == MPIB_SHM_RAIL_UP && !was_up) {
+    atomic_fetch_add_explicit(&s->recoveries, 1, memory_order_relaxed);
   }
   atomic_store_explicit(&s->rail_state_ns[rail], realtime_ns, memory_order_relaxed);
   atomic_store_explicit(&s->rail_state[rail], (uint8_t)state, memory_order_relaxed);
@@ -1076,6 +1086,7 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->last_sup_bw, 0, memory_order_relaxed);
   atomic_store_explicit(&s->last_source, 0, memory_order_relaxed);
   atomic_store_explicit(&s->failovers, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->recoveries, 0, memory_order_relaxed);
   atomic_store_explicit(&s->applied_sup_bw, 0, memory_order_relaxed);
   for (int r = 0; r < 2; r++) {
     atomic_store_explicit(&s->rail_state[r], MPIB_SHM_RAIL_UP, memory_order_relaxed);

@@ -1,5 +1,5 @@
 /*
- * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 3.
+ * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 5.
  * The format is specified in docs/shm-format.md; testdata/shm/ pins it.
  * Pure C11 + POSIX: no verbs, no Go, no NCCL. All symbols are hidden (never exported).
  *
@@ -26,7 +26,7 @@
 
 #define MPIB_SHM_HIDDEN __attribute__((visibility("hidden")))
 
-#define MPIB_SHM_VERSION 4u
+#define MPIB_SHM_VERSION 5u
 #define MPIB_SHM_NIC_NAME 24 /* bytes of a NIC name field, its NUL included (spec 4.3) */
 #define MPIB_SHM_DEFAULT_PREFIX "/dev/shm/mpib-hints-" /* + the effective uid */
 #define MPIB_SHM_DEFAULT_STALE_MS 500u
@@ -108,6 +108,7 @@ typedef struct {
   uint64_t last_read_ns;
   uint8_t rail_state[2]; /* per rail: 0 SOUT, 1 SUP */
   uint32_t failovers;
+  uint32_t recoveries; /* version 5 */
   uint64_t rail_state_ns[2];
   uint32_t applied_sup_bw; /* version 3 */
   uint64_t flush_wall_ns;
@@ -141,7 +142,7 @@ MPIB_SHM_HIDDEN uint64_t mpib_shm_stale_ns_from_env(void);
 /* A handle for path with nothing attached yet (mpib_shm_poll attaches). 0 or -errno. */
 MPIB_SHM_HIDDEN int mpib_shm_handle_new(const char *path, mpib_shm **out);
 /* A handle with the segment at path attached now. Validates (O_NOFOLLOW, regular file, owner
- * == geteuid(), not group/world writable, size, magic, version, geometry). 0 or -errno; err
+ * == geteuid(), no group/other access (mode & 077 == 0), size, magic, version, geometry). 0 or -errno; err
  * gets "mpib shm PATH: CODE: detail" (CODE as in the spec's validation table: not_regular,
  * bad_owner, bad_mode, too_small, bad_magic, bad_version, bad_geometry, io). */
 MPIB_SHM_HIDDEN int mpib_shm_open(const char *path, mpib_shm **out, char *err, size_t errlen);

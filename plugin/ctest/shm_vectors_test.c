@@ -340,7 +340,7 @@ static uint8_t *encode(const jv *seg, size_t *len) {
                {"reads_stale", 176, 8},   {"clamped", 184, 8},       {"last_sup_bw", 192, 4},
                {"last_source", 196, 4},   {"last_read_ns", 200, 8},  {"failovers", 212, 4},
                {"sout_state_ns", 216, 8}, {"sup_state_ns", 224, 8},
-               {"applied_sup_bw", 232, 4}, {"flush_wall_ns", 240, 8},
+               {"applied_sup_bw", 232, 4}, {"recoveries", 236, 4}, {"flush_wall_ns", 240, 8},
                {"sout_completed_bytes", 256, 8}, {"sout_completed_requests", 264, 8},
                {"sout_inflight_bytes", 272, 8}, {"sout_busy_ns", 280, 8},
                {"sup_completed_bytes", 288, 8}, {"sup_completed_requests", 296, 8},
@@ -392,7 +392,8 @@ static void check_rails(const mpib_shm_slot_info *s, const jv *t, const char *na
 #undef TEL
   }
   CHECK(s->rail_state[0] == jrail(t, "sout_state") && s->rail_state[1] == jrail(t, "sup_state") &&
-            s->failovers == ju(t, "failovers") && s->applied_sup_bw == ju(t, "applied_sup_bw") &&
+            s->failovers == ju(t, "failovers") && s->recoveries == ju(t, "recoveries") &&
+            s->applied_sup_bw == ju(t, "applied_sup_bw") &&
             s->flush_wall_ns == ju(t, "flush_wall_ns"),
         "%s: slot %u rail states, applied split or flush time differ from the vector", name, i);
 }
@@ -626,10 +627,16 @@ static void test_file_checks(const char *dir) {
   expect_open_error(tmp, -EPERM, ": bad_mode:");
   chmod(tmp, 0620);
   expect_open_error(tmp, -EPERM, ": bad_mode:");
-  chmod(tmp, 0644); /* group/world readable is fine */
+  chmod(tmp, 0644); /* readable by others: their users would see peers and rates */
+  expect_open_error(tmp, -EPERM, ": bad_mode:");
+  chmod(tmp, 0640);
+  expect_open_error(tmp, -EPERM, ": bad_mode:");
+  chmod(tmp, 0601);
+  expect_open_error(tmp, -EPERM, ": bad_mode:");
+  chmod(tmp, 0600);
   mpib_shm *shm = NULL;
   char err[512];
-  CHECK(mpib_shm_open(tmp, &shm, err, sizeof(err)) == 0, "0644: %s", err);
+  CHECK(mpib_shm_open(tmp, &shm, err, sizeof(err)) == 0, "0600: %s", err);
   mpib_shm_close(shm);
   char link[] = "/tmp/mpib-shm-linkXXXXXX";
   int lfd = mkstemp(link);
@@ -714,6 +721,24 @@ static void test_flush(mpib_shm *shm, uint32_t id, const char *path, uint32_t s)
   CHECK(mpib_shm_decode_slot(shm, s, &si) == 0 && si.completed_bytes[1] == 60 && si.busy_ns[0] == 1800 &&
             si.inflight_bytes[1] == 8 && si.applied_sup_bw == 512,
         "decoded completion telemetry");
+}
+
+/* failovers counts a rail leaving service, recoveries its return (spec 4.3); a state set
+ * again to the value it has counts nothing. */
+static void test_rail_states(mpib_shm *shm, uint32_t id, const char *path, uint32_t s) {
+  mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_DOWN, 11);
+  mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_DOWN, 12);
+  mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_UP, 13);
+  mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_UP, 14);
+  mpib_shm_set_rail_state(shm, id, 0, MPIB_SHM_RAIL_FAILED, 15);
+  mpib_shm_set_rail_state(shm, id, 0, MPIB_SHM_RAIL_UP, 16);
+  mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_DOWN, 17);
+  mpib_shm_slot_info si;
+  CHECK(mpib_shm_decode_slot(shm, s, &si) == 0 && si.failovers == 3 && si.recoveries == 2 &&
+            si.rail_state[0] == MPIB_SHM_RAIL_UP && si.rail_state[1] == MPIB_SHM_RAIL_DOWN &&
+            si.rail_state_ns[1] == 17,
+        "rail states: failovers %u recoveries %u", si.failovers, si.recoveries);
+  CHECK((uint32_t)(slot_u64(path, s, 232) >> 32) == 2, "recoveries at +236"); /* little-endian */
 }
 
 static void test_api(void) {
@@ -812,6 +837,7 @@ static void test_api(void) {
   CHECK(slot_u64(path, s, 144) == 8000 && slot_u64(path, s, 152) == 2, "sup telemetry");
   CHECK(slot_u64(path, s, 160) == 1, "reads_applied %" PRIu64, slot_u64(path, s, 160));
   test_flush(shm, ids[0], path, s);
+  test_rail_states(shm, ids[0], path, s);
 
   mpib_shm_heartbeat(shm, mpib_shm_now_ns() - 2 * stale);
   CHECK(mpib_shm_read_hint(shm, ids[0], stale, &bw) == 0, "stale agent");

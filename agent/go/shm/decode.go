@@ -136,6 +136,7 @@ func decodeTelemetry(v view, off int) Telemetry {
 		SoutState:     RailState(v.u8(off + slSoutState)),
 		SupState:      RailState(v.u8(off + slSupState)),
 		Failovers:     v.u32(off + slFailovers),
+		Recoveries:    v.u32(off + slRecoveries),
 		SoutStateNs:   v.u64(off + slSoutStateNs),
 		SupStateNs:    v.u64(off + slSupStateNs),
 		AppliedSupBw:  v.u32(off + slAppliedSupBw),
@@ -246,6 +247,7 @@ func putTelemetry(v view, off int, t Telemetry) {
 	v.put8(off+slSoutState, uint8(t.SoutState))
 	v.put8(off+slSupState, uint8(t.SupState))
 	v.put32(off+slFailovers, t.Failovers)
+	v.put32(off+slRecoveries, t.Recoveries)
 	v.put64(off+slSoutStateNs, t.SoutStateNs)
 	v.put64(off+slSupStateNs, t.SupStateNs)
 	v.put32(off+slAppliedSupBw, t.AppliedSupBw)

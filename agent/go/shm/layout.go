@@ -9,7 +9,7 @@ import (
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
-	Version     = 4
+	Version     = 5
 	HeaderSize  = 256
 	SlotSize    = 384
 	PeerSize    = 64
@@ -188,6 +188,7 @@ const (
 	slSoutStateNs   = 216
 	slSupStateNs    = 224
 	slAppliedSupBw  = 232
+	slRecoveries    = 236 // version 5: times a rail came back into service
 	slFlushWallNs   = 240
 	// Per-rail completion telemetry (version 3): one 32-byte block per rail, SOUT then SUP.
 	slRailDone = 256

@@ -220,8 +220,8 @@ func (s *Segment) mapFile(f *os.File) error {
 	if euid := uint32(os.Geteuid()); st.Uid != euid {
 		return fail(ErrBadOwner, "owned by uid %d, this process runs as %d", st.Uid, euid)
 	}
-	if st.Mode&0o022 != 0 {
-		return fail(ErrBadMode, "mode %04o is group/world writable (want 0600)", st.Mode&0o7777)
+	if st.Mode&0o077 != 0 { // readable by others shows peers and rates; writable lets them steer
+		return fail(ErrBadMode, "mode %04o grants group/other access (want 0600: chmod 600)", st.Mode&0o7777)
 	}
 	head := make([]byte, HeaderSize)
 	n, _ := f.ReadAt(head, 0)
@@ -731,7 +731,8 @@ func (s *Segment) AddTelemetry(slot uint32, rail int, bytes uint64) error {
 }
 
 // SetRailState records a rail's (0 SOUT, 1 SUP) state change at realtimeNs as the plugin
-// does (mpib_shm_set_rail_state): failovers counts a rail leaving service (up -> not up).
+// does (mpib_shm_set_rail_state): failovers counts a rail leaving service (up -> not up),
+// recoveries its return (not up -> up).
 // For fakes, tests and tools.
 func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeNs uint64) error {
 	if slot >= s.h.NSlots || rail < 0 || rail > 1 {
@@ -743,8 +744,11 @@ func (s *Segment) SetRailState(slot uint32, rail int, state RailState, realtimeN
 		if rail == 1 {
 			st, ns = slSupState, slSupStateNs
 		}
-		if state != RailUp && RailState(v.u8(off+st)) == RailUp {
+		wasUp := RailState(v.u8(off+st)) == RailUp
+		if state != RailUp && wasUp {
 			v.add32(off+slFailovers, 1)
+		} else if state == RailUp && !wasUp {
+			v.add32(off+slRecoveries, 1)
 		}
 		v.put64(off+ns, realtimeNs)
 		v.put8(off+st, uint8(state))

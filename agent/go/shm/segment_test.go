@@ -89,6 +89,9 @@ func TestOpenRefuses(t *testing.T) {
 	}{
 		{"world writable", write("ww", img, 0o666), ErrBadMode},
 		{"group writable", write("gw", img, 0o620), ErrBadMode},
+		{"world readable", write("wr", img, 0o644), ErrBadMode}, // others would see peers and rates
+		{"group readable", write("gr", img, 0o640), ErrBadMode},
+		{"other executable", write("ox", img, 0o601), ErrBadMode},
 		{"directory", dir, nil},
 		{"too small", write("small", img[:10], 0o600), ErrTooSmall},
 		{"truncated", write("trunc", img[:300], 0o600), ErrTooSmall},
@@ -109,8 +112,8 @@ func TestOpenRefuses(t *testing.T) {
 			t.Fatalf("other owner: expected ErrBadOwner but got %v", err)
 		}
 	}
-	if s, err := Open(write("ok644", img, 0o644)); err != nil {
-		t.Fatalf("0644 must open: %v", err)
+	if s, err := Open(write("ok600", img, 0o600)); err != nil {
+		t.Fatalf("0600 must open: %v", err)
 	} else {
 		s.Close()
 	}
@@ -271,14 +274,16 @@ func TestFlushTelemetry(t *testing.T) {
 }
 
 // TestRailState records rail state changes as the plugin does: a rail leaving service counts
-// a failover, coming back (or a further change while out) does not; a new claim zeroes all.
+// a failover, coming back counts a recovery, a further change while out counts nothing; a
+// new claim zeroes all.
 func TestRailState(t *testing.T) {
 	s := newSeg(t, 2, 0)
 	slot, _ := s.Register(desc(1, "10.0.1.2", IntraIsland))
 	s.SetRailState(slot, 1, RailDown, 100)
 	s.SetRailState(slot, 1, RailFailed, 200) // still out of service: no new failover
 	s.SetRailState(slot, 0, RailDown, 300)
-	s.SetRailState(slot, 0, RailUp, 400) // rejoined
+	s.SetRailState(slot, 0, RailUp, 400) // rejoined: a recovery
+	s.SetRailState(slot, 0, RailUp, 500) // still up: nothing
 	if err := s.SetRailState(slot, 2, RailDown, 1); !errors.Is(err, ErrSlotRange) {
 		t.Fatalf("rail 2: %v", err)
 	}
@@ -286,7 +291,7 @@ func TestRailState(t *testing.T) {
 		t.Fatalf("slot 2: %v", err)
 	}
 	sl, _ := s.Slot(slot)
-	want := Telemetry{SoutState: RailUp, SupState: RailFailed, Failovers: 2, SoutStateNs: 400, SupStateNs: 200}
+	want := Telemetry{SoutState: RailUp, SupState: RailFailed, Failovers: 2, Recoveries: 1, SoutStateNs: 500, SupStateNs: 200}
 	if sl.Telemetry != want {
 		t.Fatalf("expected %+v but got %+v", want, sl.Telemetry)
 	}

@@ -80,6 +80,7 @@ type Telemetry struct {
 	SoutState   RailState `json:"sout_state"`
 	SupState    RailState `json:"sup_state"`
 	Failovers   uint32    `json:"failovers"`     // times a rail of this connection left service
+	Recoveries  uint32    `json:"recoveries"`    // times a rail came back into service (format 5)
 	SoutStateNs uint64    `json:"sout_state_ns"` // CLOCK_REALTIME ns of the last SoutState change, 0 never
 	SupStateNs  uint64    `json:"sup_state_ns"`  // same for SupState
 	// Version 3 (spec 4.3): what the plugin applied, when it last published, and per rail what

@@ -18,7 +18,7 @@ def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600
     h = seg.header()
-    assert (h.version, h.nslots, h.npeers, h.total_size) == (4, 8, 4, 256 + 8 * 384 + 4 * 64)
+    assert (h.version, h.nslots, h.npeers, h.total_size) == (5, 8, 4, 256 + 8 * 384 + 4 * 64)
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,9 @@ def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     [
         ("world-writable", 0o666, None, "bad_mode"),
         ("group-writable", 0o620, None, "bad_mode"),
+        ("world-readable", 0o644, None, "bad_mode"),  # others would see peers and rates
+        ("group-readable", 0o640, None, "bad_mode"),
+        ("other-executable", 0o601, None, "bad_mode"),
         ("small", 0o600, lambda b: b[:10], "too_small"),
         ("truncated", 0o600, lambda b: b[:300], "too_small"),
         ("magic", 0o600, lambda b: b"X" + b[1:], "bad_magic"),
@@ -362,6 +365,25 @@ def test_rail_state_decode() -> None:
         "sout_state_ns": 0, "sup_state_ns": 0}
 
 
+def test_recoveries(tmp_path: Path) -> None:
+    """A rail coming back into service counts a recovery (u32 at +236, version 5), leaving it a
+    failover; a state set again counts nothing; a new claim zeroes both."""
+    from mpib_agent._plugin import ConnDesc, PluginProcess
+
+    seg = mpib_agent.create(str(tmp_path / "hints"), nslots=2, npeers=0)
+    with PluginProcess(seg.path) as plugin:
+        i = plugin.register(ConnDesc(conn_id=1))
+        for rail, state in (("sup", 1), ("sup", 2), ("sup", 0), ("sup", 0), ("sout", 1), ("sout", 0)):
+            plugin.set_rail_state(i, rail, state, 7)
+        t = seg.slot(i).telemetry
+        assert (t.failovers, t.recoveries, t.sout_state, t.sup_state) == (2, 2, "up", "up")
+        assert os.pread(seg._fd, 4, mpib_agent._format.slot_off(i) + 236) == (2).to_bytes(4, "little")
+        assert seg.snapshot().to_dict()["slots"][0]["telemetry"]["recoveries"] == 2
+        plugin.release(i)
+        assert plugin.register(ConnDesc(conn_id=1)) == i and seg.slot(i).telemetry.recoveries == 0
+    seg.close()
+
+
 def test_rail_state_names() -> None:
     from mpib_agent._format import rail_state_name, rail_state_value
 
@@ -394,16 +416,16 @@ def test_rail_state_live(seg: mpib_agent.Segment) -> None:
 
 
 def test_version_message() -> None:
-    """A segment of another format version is refused saying which side is older: a version 3
-    segment (no device fields) or 2 (256-byte slots) predates this reader, version 5 comes from
-    a newer agent."""
+    """A segment of another format version is refused saying which side is older: a version 4
+    segment (no recoveries), 3 (no device fields) or 2 (256-byte slots) predates this reader,
+    version 6 comes from a newer agent."""
     img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
         header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    for ver, want in ((2, "older agent"), (3, "older agent"), (5, "newer agent")):
+    for ver, want in ((2, "older agent"), (3, "older agent"), (4, "older agent"), (6, "newer agent")):
         img[8:12] = ver.to_bytes(4, "little")
         with pytest.raises(mpib_agent.SegmentError) as ei:
             mpib_agent.decode(bytes(img))
-        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 4" in str(ei.value)
+        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 5" in str(ei.value)
 
 
 def test_completion_decode() -> None:

@@ -1,4 +1,4 @@
-"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v4)."""
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
-VERSION = 4
+VERSION = 5
 HEADER_SIZE = 256
 SLOT_SIZE = 384
 PEER_SIZE = 64
@@ -60,6 +60,7 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("sup_state_ns", 224, 8),
     # version 3: the split applied, the last flush (CLOCK_REALTIME), per rail what completed
     ("applied_sup_bw", 232, 4),
+    ("recoveries", 236, 4),  # version 5: times a rail came back into service
     ("flush_wall_ns", 240, 8),
     ("sout_completed_bytes", 256, 8),
     ("sout_completed_requests", 264, 8),
@@ -304,6 +305,7 @@ class Telemetry:
     sout_state: str = "up"  # up, down, failed, unknown(N)
     sup_state: str = "up"
     failovers: int = 0  # times a rail of this connection left service
+    recoveries: int = 0  # times a rail came back into service (version 5)
     sout_state_ns: int = 0  # CLOCK_REALTIME ns of the last sout_state change, 0 never
     sup_state_ns: int = 0
     # version 3 (spec 4.3): throughput = d(*_completed_bytes)/dt, mean completion latency =

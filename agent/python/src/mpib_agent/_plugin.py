@@ -172,6 +172,11 @@ class PluginProcess:
         off = slot_off(slot) + o
         (self.seg._v.put64 if size == 8 else self.seg._v.put32)(off, value)
 
+    def _count(self, slot: int, name: str) -> None:
+        """Adds one to a u32 telemetry counter (the caller holds the segment's lock)."""
+        off = slot_off(slot) + _TEL[name][0]
+        self.seg._v.put32(off, self.seg._v.u32(off) + 1)
+
     @staticmethod
     def record_read(res: Resolution, count: int, now: int, counters: Dict[str, int]) -> None:
         """Counts ``count`` hint reads that returned ``res`` (spec 5.3, end) in ``counters``
@@ -198,15 +203,17 @@ class PluginProcess:
     def set_rail_state(self, slot: int, rail: str, state: int, realtime_ns: int) -> None:
         """Records a state change of ``rail`` ("sout" or "sup") to 0 up, 1 down, 2 failed at
         ``realtime_ns`` (CLOCK_REALTIME), as the plugin does: ``failovers`` counts a rail
-        leaving service (up -> not up)."""
+        leaving service (up -> not up), ``recoveries`` its return (not up -> up)."""
         off = slot_off(slot)
         with self.seg._io:
             self.seg._check_size()
             v = self.seg._v
             so = off + _RAIL_OFF[f"{rail}_state"]
-            if state != 0 and v.u8(so) == 0:
-                fo = off + _TEL["failovers"][0]
-                v.put32(fo, v.u32(fo) + 1)
+            was_up = v.u8(so) == 0
+            if state != 0 and was_up:
+                self._count(slot, "failovers")
+            elif state == 0 and not was_up:
+                self._count(slot, "recoveries")
             self._put(slot, f"{rail}_state_ns", realtime_ns)
             v.put8(so, state)
 

@@ -601,8 +601,9 @@ def open_segment(path: Optional[str] = None) -> Segment:
             raise SegmentError("not_regular", "not a regular file", p)
         if st.st_uid != os.geteuid():
             raise SegmentError("bad_owner", f"owned by uid {st.st_uid}, this process runs as {os.geteuid()}", p)
-        if st.st_mode & 0o022:
-            raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} is group/world writable (want 0600)", p)
+        if st.st_mode & 0o077:  # readable by others shows peers and rates; writable lets them steer
+            raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} grants group/other access "
+                               "(want 0600: chmod 600)", p)
         head = os.pread(fd, HEADER_SIZE, 0)
         h = validate_header(head, st.st_size, p)
     except BaseException:
