@@ -36,6 +36,7 @@ commands:
   run        policy loop with heartbeat              --policy static --file W.json | --policy proportional [--capacity sout=X,sup=Y]
                                                      | --policy closed-loop [--step N] [--interval D]
   gc         reclaim slots of dead processes
+  export     Prometheus metrics of the segment       --listen HOST:PORT [--max-peers N] (docs/metrics.md)
 
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
 durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
@@ -53,6 +54,7 @@ func main() {
 	cmds := map[string]func([]string, io.Writer) error{
 		"create": cmdCreate, "list": cmdList, "set": cmdSet, "top": cmdTop,
 		"heartbeat": cmdHeartbeat, "daemon": cmdHeartbeat, "run": cmdRun, "gc": cmdGC, "record": cmdRecord,
+		"export": cmdExport,
 	}
 	name := os.Args[1]
 	if name == "-h" || name == "--help" || name == "help" {
