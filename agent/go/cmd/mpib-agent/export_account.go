@@ -28,8 +28,9 @@ const (
 
 // counts are one connection's (or one key's summed) monotonic telemetry counters.
 type counts struct {
-	rail      [2][nRailCounters]uint64 // 0 SOUT, 1 SUP
-	failovers uint64
+	rail       [2][nRailCounters]uint64 // 0 SOUT, 1 SUP
+	failovers  uint64
+	recoveries uint64
 }
 
 func countsOf(t shm.Telemetry) counts {
@@ -38,7 +39,8 @@ func countsOf(t shm.Telemetry) counts {
 			{t.SoutBytes, t.SoutRequests, t.SoutCompletedBytes, t.SoutCompletedRequests, t.SoutBusyNs},
 			{t.SupBytes, t.SupRequests, t.SupCompletedBytes, t.SupCompletedRequests, t.SupBusyNs},
 		},
-		failovers: uint64(t.Failovers),
+		failovers:  uint64(t.Failovers),
+		recoveries: uint64(t.Recoveries),
 	}
 }
 
@@ -49,6 +51,7 @@ func (c *counts) add(o counts) {
 		}
 	}
 	c.failovers += o.failovers
+	c.recoveries += o.recoveries
 }
 
 // raise keeps the larger of each field. Within one gen the segment's counters only grow, but a
@@ -61,6 +64,7 @@ func (c *counts) raise(o counts) {
 		}
 	}
 	c.failovers = max(c.failovers, o.failovers)
+	c.recoveries = max(c.recoveries, o.recoveries)
 }
 
 // seriesKey is the label set of a connection's series (without rail, state or source).

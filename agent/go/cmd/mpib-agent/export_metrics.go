@@ -139,10 +139,12 @@ func counterFamilies(totals map[seriesKey]counts) []*family {
 		fams = append(fams, f)
 	}
 	fo := counterFamily("mpib_rail_failovers_total", "Times a rail of a connection left service (up to down or failed), either rail.")
+	rec := counterFamily("mpib_rail_recoveries_total", "Times a rail of a connection came back into service (down or failed to up), either rail.")
 	for k, c := range totals {
 		fo.add(float64(c.failovers), "dev", k.dev, "peer", k.peer, "dir", k.dir)
+		rec.add(float64(c.recoveries), "dev", k.dev, "peer", k.peer, "dir", k.dir)
 	}
-	return append(fams, fo)
+	return append(fams, fo, rec)
 }
 
 // railStates label mpib_rail_state_connections; every value other than 0..2 is "unknown".

@@ -135,8 +135,10 @@ func TestExportLint(t *testing.T) {
 	register(t, s, 3, 1, "10.0.3.2", false)
 	flush(t, s, a, 1000, 3000, 768)
 	flush(t, s, b, 500, 0, 256)
-	if err := s.SetRailState(b, 1, shm.RailDown, 1); err != nil {
-		t.Fatal(err)
+	for _, st := range []shm.RailState{shm.RailDown, shm.RailUp, shm.RailDown} { // a failover, a recovery, a failover
+		if err := s.SetRailState(b, 1, st, 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := s.Beat(shm.Now()); err != nil {
 		t.Fatal(err)
@@ -164,7 +166,8 @@ func TestExportLint(t *testing.T) {
 		{"mpib_rail_state_connections", append(send, "rail", "sup", "state", "down"), 1},
 		{"mpib_rail_state_connections", append(send, "rail", "sup", "state", "up"), 1},
 		{"mpib_rail_state_connections", append(send, "rail", "sout", "state", "up"), 2},
-		{"mpib_rail_failovers_total", send, 1},
+		{"mpib_rail_failovers_total", send, 2},
+		{"mpib_rail_recoveries_total", send, 1},
 		{"mpib_split_sup_ratio", []string{"dev", "0", "peer", "10.0.2.2"}, 0.5}, // (768+256)/2/1024
 		{"mpib_split_source_connections", []string{"dev", "0", "source", "slot"}, 1},
 		{"mpib_split_source_connections", []string{"dev", "0", "source", "no_hint"}, 1},
