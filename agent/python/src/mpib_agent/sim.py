@@ -26,7 +26,8 @@ Two clocks:
 - **virtual** (:meth:`Simulator.advance`): time moves only when asked, in ticks of ``tick``
   seconds; no sleeping (tests, :mod:`mpib_agent.gym`, :func:`drive`). The segment's
   monotonic timestamps follow the virtual clock: an agent driven with it beats with
-  :meth:`Simulator.mono_ns` (set :attr:`Simulator.agent` to have every tick beat it).
+  :meth:`Simulator.mono_ns` (set :attr:`Simulator.agent` to have the ticks beat it every
+  MPIB_AGENT_STALE_MS/4, as a live agent does).
 - **real time** (:meth:`Simulator.run`, CLI ``mpib-agent-py sim``): simulated time follows the
   wall clock, ``speed`` times faster; timestamps are the real ``CLOCK_MONOTONIC``, so any
   agent process (Python or Go, ``run --policy closed-loop``) steers it unchanged. Rates that
@@ -38,18 +39,21 @@ events; :func:`scenario` looks one up.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ._format import RAIL_STATES, SUP_BW_MAX, SegmentError
+from ._hintcache import CachedResolver
 from ._plugin import ConnDesc, PluginProcess
 from ._policy import Policy, rates
-from ._segment import Segment, create, now_ns, open_segment, stale_ns_from_env
+from ._segment import Segment, beat_period_s, create, now_ns, open_segment, stale_ns_from_env
 
 PID_BASE = 4242  # simulated process k has pid PID_BASE + k
 GBIT = 1000.0  # Mbit/s
@@ -137,12 +141,20 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in (
 
 
 def scenario(name: Union[str, Scenario]) -> Scenario:
-    """The scenario named ``name`` (SegmentError("bad_value") naming the known ones)."""
+    """The scenario named ``name``, or read from the JSON file ``name`` names (a path ending
+    in ``.json`` or holding a ``/``; schema in docs/agent.md). SegmentError("bad_value")
+    naming the known ones for an unknown name, SegmentError("bad_scenario") for a bad file,
+    OSError for one that cannot be read."""
     if isinstance(name, Scenario):
         return name
     s = SCENARIOS.get(name)
     if s is None:
-        raise SegmentError("bad_value", f"scenario {name!r}: want one of {', '.join(SCENARIOS)}")
+        from ._scenariofile import load_scenario, looks_like_file
+
+        if looks_like_file(name):
+            return load_scenario(name)
+        raise SegmentError("bad_value", f"scenario {name!r}: want one of {', '.join(SCENARIOS)} "
+                                        "or a scenario file (NAME.json)")
     return s
 
 
@@ -266,7 +278,7 @@ class Simulator:
         self.realtime = realtime
         self.rng = random.Random(seed)
         self.t = 0.0  # simulated seconds since start
-        self.agent: Optional[Segment] = None  # beaten at every virtual tick when set
+        self._agent: Optional[Segment] = None
         self.created = False
         if not os.path.lexists(path):
             create(path, nslots, npeers).close()
@@ -274,10 +286,15 @@ class Simulator:
         self._mono0 = now_ns()
         self._rt0 = time.time_ns()
         self.stale_ns = stale_ns_from_env()
+        self._beat_ns = int(beat_period_s(self.stale_ns) * 1e9)
+        self._last_beat = -(1 << 62)  # the first virtual tick beats
         self.conns = [SimConn(i, c, c.sout, c.sup) for i, c in enumerate(self.scenario.conns)]
         self.events = sorted(self.scenario.events, key=lambda e: e.t)
         self.procs: Dict[int, PluginProcess] = {}
+        self.readers: Dict[int, CachedResolver] = {}  # per process: its hint reads
         self.notes: List[str] = []
+        self.truth_file: Optional[str] = None  # the ground-truth file run() keeps beside the segment
+        self._truth_changed = True
         self._attach()
         self._apply_events()
 
@@ -307,18 +324,35 @@ class Simulator:
                 p.close()
             raise
         self.procs = procs
+        self.readers = {k: CachedResolver(p.seg) for k, p in procs.items()}
 
     def close(self) -> None:
         """Releases every connection (as plugins do at close) and detaches."""
         for p in self.procs.values():
             p.close()
         self.procs = {}
+        self.readers = {}
+        if self.truth_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.truth_file)
+            self.truth_file = None
 
     def __enter__(self) -> "Simulator":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def agent(self) -> Optional[Segment]:
+        """The agent's Segment, beaten on the virtual clock (every MPIB_AGENT_STALE_MS/4, from
+        the first tick after it is set) while set."""
+        return self._agent
+
+    @agent.setter
+    def agent(self, seg: Optional[Segment]) -> None:
+        self._agent = seg
+        self._last_beat = -(1 << 62)
 
     def mono_ns(self) -> int:
         """The segment's CLOCK_MONOTONIC as this simulator sees it: virtual or real."""
@@ -340,6 +374,7 @@ class Simulator:
                 if e.conn is not None and e.conn != c.index:
                     continue
                 r = 0 if e.rail == "sout" else 1
+                self._truth_changed = True
                 if e.mbps is not None:
                     if r == 0:
                         c.sout = replace(c.sout, mbps=e.mbps)
@@ -356,9 +391,11 @@ class Simulator:
     def _step(self, dt: float) -> None:
         """One tick of ``dt`` simulated seconds (the hints read at its start)."""
         self._apply_events()
-        if self.agent is not None and not self.realtime:
-            self.agent.beat(self.mono_ns())
         now = self.mono_ns()
+        if self._agent is not None and not self.realtime and now - self._last_beat >= self._beat_ns:
+            # as a live agent beats: every MPIB_AGENT_STALE_MS/4, not at every tick
+            self._agent.beat(now)
+            self._last_beat = now
         for c in self.conns:
             _, best = c.optimum()
             c.optimal += best * dt
@@ -367,7 +404,7 @@ class Simulator:
             w = c.vanilla()
             res = None
             if c.spec.is_send:
-                res = self._proc(c).resolve(c.slot, now, self.stale_ns)
+                res = self.readers[c.spec.process].resolve(c.slot, now, self.stale_ns)
                 if res.applies:
                     w = res.sup_bw
             if up[0] != up[1]:  # failover: a rail out of service carries nothing
@@ -436,6 +473,8 @@ class Simulator:
                 if dt > 0:
                     self._step(dt)
                     self._flush()
+                if self._truth_changed:
+                    self.publish_truth(speed)
             except SegmentError as e:
                 if e.code != "segment_gone":
                     raise
@@ -459,10 +498,40 @@ class Simulator:
         for q in old.values():
             q.close()
         self._attach()
+        self._truth_changed = True
         note(f"sim: segment {self.path} replaced: connections registered again "
              f"(slots {', '.join(str(c.slot) for c in self.conns)})")
 
     # -- reading the model --------------------------------------------------------------------
+
+    def truth(self, speed: float = 1.0) -> List[Dict[str, Any]]:
+        """The ground truth now, per connection (in the scenario's order): its ``slot`` and
+        ``gen``, each rail's capacity (``sout_mbps``, ``sup_mbps``) and state, and the best
+        split with its throughput (``opt_sup_bw``, ``opt_mbps``). Rates are Mbit/s times
+        ``speed``: what an agent measures when simulated time runs ``speed`` times faster."""
+        out = []
+        for c in self.conns:
+            w, best = c.optimum()
+            out.append({"slot": c.slot, "gen": c.gen, "is_send": c.spec.is_send,
+                        "sout_mbps": c.sout.mbps * speed, "sup_mbps": c.sup.mbps * speed,
+                        "sout_state": RAIL_STATES[c.state[0]], "sup_state": RAIL_STATES[c.state[1]],
+                        "opt_sup_bw": w, "opt_mbps": best * 8e-6 * speed})
+        return out
+
+    def publish_truth(self, speed: float = 1.0) -> None:
+        """Writes the ground truth to :func:`truth_path` (atomically; removed by ``close``), so
+        that ``record --raw`` in another process puts it on each record. Real-time mode does
+        it at start and after each change."""
+        dest = truth_path(self.path)
+        doc = {"pid": os.getpid(), "scenario": self.scenario.name, "speed": speed, "t": self.t,
+               "conns": self.truth(speed)}
+        tmp = f"{dest}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, dest)
+        self.truth_file = dest
+        self._truth_changed = False
 
     def summary(self) -> List[str]:
         out = []
@@ -507,10 +576,27 @@ def drive(sim: Simulator, policy: Policy, interval: float, duration: float,
             seg.release_agent()
 
 
+def truth_path(path: str) -> str:
+    """Where a real-time simulator on the segment at ``path`` keeps its ground truth."""
+    return path + ".truth.json"
+
+
+def read_truth(path: str) -> Dict[Tuple[int, int], Dict[str, Any]]:
+    """The ground truth a live simulator publishes for the segment at ``path``, by
+    ``(slot, gen)``; empty when no simulator drives it (no file, or its process is gone)."""
+    try:
+        with open(truth_path(path), encoding="utf-8") as fh:
+            doc = json.load(fh)
+        os.kill(int(doc["pid"]), 0)
+        return {(int(c["slot"]), int(c["gen"])): c for c in doc["conns"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def describe() -> List[str]:
     """One line per scenario (the CLI's ``sim --list``)."""
     return [f"{s.name:<6} {s.duration:>3g} s  {s.description}" for s in SCENARIOS.values()]
 
 
 __all__ = ["Conn", "Event", "Rail", "Scenario", "SCENARIOS", "SimConn", "Simulator", "describe", "drive", "msg_time",
-           "optimum", "scenario", "PID_BASE"]
+           "optimum", "read_truth", "scenario", "truth_path", "PID_BASE"]
