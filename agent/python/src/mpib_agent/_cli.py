@@ -1,9 +1,10 @@
 """mpib-agent-py: the Python agent's command line.
 
-Same commands, flags, output and exit status as the Go ``mpib-agent`` (TestCLIsAgree in
+The segment commands (create, list, set, top, record, heartbeat, run, gc) take the same flags,
+print the same output and exit as the Go ``mpib-agent`` (TestCLIsAgree in
 agent/go/cmd/mpib-agent runs both on one segment): 0 done, 1 the operation failed (stderr:
 "mpib-agent-py CMD: CODE: message", CODE shared with the Go agent), 2 the command line is
-wrong.
+wrong. Python only: ``sim``, ``replay``, ``evaluate``, ``plot`` and ``record --raw``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
 from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, class_name, clamp, heartbeat_fresh, total_size
@@ -37,6 +38,9 @@ from ._segment import (
     stale_ns_from_env,
 )
 from ._watch import CSVWriter, sample, watch, write_jsonl
+
+if TYPE_CHECKING:
+    from .sim import Scenario
 
 PROG = "mpib-agent-py"
 
@@ -296,12 +300,14 @@ def _cmd_record(a: argparse.Namespace) -> int:
         raise UsageError(f"--count {count}: want 0 (until stopped) or more")
     if a.format not in ("jsonl", "csv"):
         raise UsageError(f"--format {a.format!r}: want jsonl or csv")
+    if a.raw and a.format != "jsonl":
+        raise UsageError("--raw writes jsonl (each connection's counters are nested objects)")
     devs = _devs(a.dev)
     open_segment(a.path).close()  # refuse a bad segment before creating the output
     n = 0
     with _stop_on_signals() as stop, open(a.out, "w", encoding="utf-8", newline="") as out:
         cw = CSVWriter(out) if a.format == "csv" else None
-        for s in watch(a.path, interval, count=count or None, stop=stop):
+        for s in watch(a.path, interval, count=count or None, stop=stop, raw=a.raw):
             s = _only_sample(devs, s)
             if cw is not None:
                 cw.write(s)
@@ -310,6 +316,26 @@ def _cmd_record(a: argparse.Namespace) -> int:
             n += 1
     print(f"record: {n} sample(s) written to {a.out}", file=sys.stderr)
     return 0
+
+
+def _scenario(name: str) -> "Scenario":
+    """--scenario NAME or FILE.json: a wrong name or a bad file is a usage error."""
+    from . import sim
+
+    try:
+        return sim.scenario(name)
+    except SegmentError as e:
+        raise UsageError(f"--scenario: {e.detail}") from None
+    except OSError as e:
+        raise UsageError(f"--scenario {name!r}: cannot read it: {e.strerror or e}") from None
+
+
+def _seed(s: Optional[str], default: Optional[int]) -> Optional[int]:
+    if s is None:
+        return default
+    if _UINT_RE.match(s) is None or not s.isascii():
+        raise UsageError(f"--seed {s!r}: want an integer >= 0")
+    return int(s)
 
 
 def _speed(s: str) -> float:
@@ -326,19 +352,13 @@ def _cmd_sim(a: argparse.Namespace) -> int:
             print(line)
         return 0
     if a.scenario is None:
-        raise UsageError("give --scenario NAME (--list shows them)")
-    if a.scenario not in sim.SCENARIOS:
-        raise UsageError(f"--scenario {a.scenario!r}: want one of {', '.join(sim.SCENARIOS)}")
-    sc = sim.SCENARIOS[a.scenario]
+        raise UsageError("give --scenario NAME or FILE.json (--list shows the names)")
+    sc = _scenario(a.scenario)
     speed = _speed(a.speed)
     duration = sc.duration
     if a.duration is not None:
         duration = 0.0 if a.duration == "0" else _duration_s("duration", a.duration)
-    seed: Optional[int] = None
-    if a.seed is not None:
-        if _UINT_RE.match(a.seed) is None or not a.seed.isascii():
-            raise UsageError(f"--seed {a.seed!r}: want an integer >= 0")
-        seed = int(a.seed)
+    seed = _seed(a.seed, None)
     lv = liveness(a.path)
     if lv.locked:
         _warn(f"{a.path} is in use ({lv}): the simulated connections join the ones there")
@@ -354,6 +374,75 @@ def _cmd_sim(a: argparse.Namespace) -> int:
         sm.run(duration, speed=speed, stop=stop)
         for line in sm.summary():
             print(f"sim: {line}", flush=True)
+    return 0
+
+
+def _policy_spec(spec: str) -> str:
+    from . import evaluate
+
+    try:
+        return evaluate.policy_factory(spec)[0]
+    except ValueError as e:
+        raise UsageError(f"--policy: {e}") from None
+
+
+def _cmd_replay(a: argparse.Namespace) -> int:
+    from . import trace
+    from .evaluate import policy_factory
+
+    name = _policy_spec(a.policy)
+    interval = _duration_s("interval", a.interval)
+    seed = _seed(a.seed, 1)
+    assert seed is not None
+    sc = trace.trace_scenario(trace.read_trace(a.trace))
+    policy = policy_factory(a.policy)[1]()
+    if a.record:
+        with open(a.record, "w", encoding="utf-8") as out:
+            pct = trace.simulate(sc, policy, seed, interval, record=out)
+    else:
+        pct = trace.simulate(sc, policy, seed, interval)
+    print(f"replay: trace={a.trace} policy={name} pct={pct:.1f}")
+    return 0
+
+
+def _cmd_evaluate(a: argparse.Namespace) -> int:
+    from . import evaluate
+
+    seeds = _int("seeds", a.seeds)
+    if seeds < 1:
+        raise UsageError(f"--seeds {seeds}: want 1 or more")
+    jobs = _int("jobs", a.jobs) if a.jobs is not None else None
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs}: want 1 or more")
+    specs = evaluate.policy_specs(a.policy)
+    for p in specs:
+        _policy_spec(p)
+    try:
+        scs = evaluate.scenario_specs(a.scenarios)
+    except SegmentError as e:
+        raise UsageError(f"--scenarios: {e.detail}") from None
+    except OSError as e:
+        raise UsageError(f"--scenarios: cannot read {e.filename}: {e.strerror or e}") from None
+    rs = evaluate.evaluate(specs, scs, seeds, interval=_duration_s("interval", a.interval), jobs=jobs)
+    print(f"percent of the optimum, mean over seeds 1..{seeds}:")
+    for line in evaluate.table(rs):
+        print(line)
+    for r in rs:
+        print(r.line())
+    return 0
+
+
+def _cmd_plot(a: argparse.Namespace) -> int:
+    try:
+        from .plot import plot
+    except ImportError as e:  # never: plot imports matplotlib lazily
+        raise UsageError(str(e)) from None
+    try:
+        plot(a.trace, a.out)
+    except ImportError as e:
+        print(f"{PROG} plot: missing_extra: {e}", file=sys.stderr)
+        return 1
+    print(f"plot: {a.trace} -> {a.out}")
     return 0
 
 
@@ -532,10 +621,13 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--format", default="jsonl", help="jsonl | csv")
     p.add_argument("--interval", default="1")
     p.add_argument("--count", default="0", help="samples (0: until stopped)")
+    p.add_argument("--raw", action="store_true",
+                   help="jsonl only (Python only): each connection also carries every telemetry counter (raw) and, "
+                        "when `sim` drives the segment, its ground truth (truth)")
     dev_flag(p)
     p.set_defaults(fn=_cmd_record)
     p = cmd("sim", "simulated plugin with a rail model (for trying policies)")
-    p.add_argument("--scenario", help="scenario name (--list shows them)")
+    p.add_argument("--scenario", help="scenario name (--list shows them) or a scenario file, FILE.json")
     p.add_argument("--duration", help="simulated time (default: the scenario's; 0: until stopped)")
     p.add_argument("--speed", default="1", help="simulated seconds per real second")
     p.add_argument("--seed", help="noise seed")
@@ -551,7 +643,38 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--interval", help="default 1 (closed-loop: 0.5)")
     p.set_defaults(fn=_cmd_run)
     cmd("gc", "reclaim slots of dead processes").set_defaults(fn=_cmd_gc)
+    _offline_commands(sub, subs)
     return ap, subs
+
+
+def _offline_commands(sub: Any, subs: Dict[str, argparse.ArgumentParser]) -> None:
+    """replay, evaluate, plot: Python only, on the simulator's virtual clock or a file (no
+    segment, hence no --path)."""
+    p = sub.add_parser("replay", help="drive the simulator from a capacity trace, print the percent of the optimum",
+                       allow_abbrev=False)
+    p.add_argument("trace", help="trace file (JSON Lines; docs/agent.md, Traces)")
+    p.add_argument("--policy", default="closed-loop", help="vanilla | proportional | closed-loop | module:function")
+    p.add_argument("--seed", help="noise seed (default 1)")
+    p.add_argument("--interval", default="0.5", help="policy interval, simulated (default 0.5)")
+    p.add_argument("--record", metavar="FILE", help="also write the replayed run as a trace (for plot)")
+    p.set_defaults(fn=_cmd_replay)
+    subs["replay"] = p
+    p = sub.add_parser("evaluate", help="percent of the optimum per policy and scenario, over seeds",
+                       allow_abbrev=False)
+    p.add_argument("--policy", default="all", help="all | NAME[,NAME] | module:function (built-in: vanilla, "
+                                                   "proportional, closed-loop)")
+    p.add_argument("--scenarios", default="all", help="all | NAME[,NAME] | FILE.json (comma list)")
+    p.add_argument("--seeds", default="5", help="seeds 1..N per scenario (default 5)")
+    p.add_argument("--interval", default="0.5", help="policy interval, simulated (default 0.5)")
+    p.add_argument("--jobs", help="processes (default: the CPU count)")
+    p.set_defaults(fn=_cmd_evaluate)
+    subs["evaluate"] = p
+    p = sub.add_parser("plot", help="draw rates, split and rail states of a trace (needs mpib-agent[plot])",
+                       allow_abbrev=False)
+    p.add_argument("trace", help="trace file (record --raw, replay --record, or hand-written)")
+    p.add_argument("-o", "--out", required=True, help="output PNG")
+    p.set_defaults(fn=_cmd_plot)
+    subs["plot"] = p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

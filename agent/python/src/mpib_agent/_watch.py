@@ -7,7 +7,8 @@ import csv
 import json
 import threading
 import time
-from typing import IO, Any, Dict, Generator, List, Optional
+from dataclasses import asdict
+from typing import IO, Any, Dict, Generator, List, Optional, Tuple
 
 from ._format import SegmentError, Slot
 from ._policy import rates
@@ -50,8 +51,24 @@ def _snap(seg: Segment) -> Dict[int, Slot]:
     return {s.index: s for s in seg.connections()}
 
 
+def raw_sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float,
+               truth: Optional[Dict[Tuple[int, int], Dict[str, Any]]] = None,
+               t: Optional[float] = None) -> Dict[str, Any]:
+    """A :func:`sample` whose connections also carry ``raw``, every telemetry field of the
+    segment (as ``list --json`` prints them under ``telemetry``), and, when ``truth`` (by
+    slot and gen, as :func:`mpib_agent.sim.read_truth` returns it) has the connection,
+    ``truth``: the simulator's rails and optimum (``record --raw``, docs/agent.md "Traces")."""
+    s = sample(prev, cur, dt_s, t)
+    for c in s["conns"]:
+        c["raw"] = asdict(cur[c["slot"]].telemetry)
+        tr = (truth or {}).get((c["slot"], c["gen"]))
+        if tr is not None:
+            c["truth"] = {k: v for k, v in tr.items() if k not in ("slot", "gen")}
+    return s
+
+
 def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[int] = None,
-          stop: Optional[threading.Event] = None) -> Generator[Dict[str, Any], None, None]:
+          stop: Optional[threading.Event] = None, raw: bool = False) -> Generator[Dict[str, Any], None, None]:
     """Yields a sample (see :func:`sample`) every ``interval`` seconds: per connection its
     slot, gen, pid, conn_id, is_send, path_class, per-rail posted rates (``sout_mbps``,
     ``sup_mbps``, Mbit/s), ``last_sup_bw`` and rail states, and the completion telemetry:
@@ -62,7 +79,9 @@ def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[
     CLOCK_REALTIME), and the plugin's fused device with its NICs (``dev``, ``sout_nic``,
     ``sup_nic``). A connection appears from its
     second sample on (a rate needs two). Stops after ``count`` samples or when ``stop`` is set
-    (or when the caller stops iterating); follows a segment replaced at the path."""
+    (or when the caller stops iterating); follows a segment replaced at the path. With
+    ``raw``, each sample is a :func:`raw_sample`, with the ground truth of a simulator
+    (``mpib-agent-py sim``) that drives the segment."""
     if not interval > 0:
         raise ValueError(f"interval {interval!r}: want seconds above 0")
     stop = stop or threading.Event()
@@ -82,7 +101,12 @@ def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[
                 if e.code != "segment_gone":
                     raise
                 cur_t, cur = now_ns(), {}
-            yield sample(prev, cur, (cur_t - prev_t) / 1e9)
+            if raw:
+                from .sim import read_truth  # the ground truth a live simulator publishes
+
+                yield raw_sample(prev, cur, (cur_t - prev_t) / 1e9, read_truth(seg.path))
+            else:
+                yield sample(prev, cur, (cur_t - prev_t) / 1e9)
             prev, prev_t, n = cur, cur_t, n + 1
 
 
@@ -106,4 +130,4 @@ class CSVWriter:
         self.out.flush()
 
 
-__all__ = ["watch", "sample", "CONN_FIELDS", "CSV_FIELDS", "CSVWriter", "write_jsonl"]
+__all__ = ["watch", "sample", "raw_sample", "CONN_FIELDS", "CSV_FIELDS", "CSVWriter", "write_jsonl"]
