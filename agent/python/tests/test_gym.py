@@ -232,3 +232,21 @@ def test_per_conn_reaches_optimum_on_2to1() -> None:
     one.reset(seed=1)
     assert max(one.step(a)[4]["oracle_ratio"] for a in (0.333, 0.5, 0.667)) < 0.8
     one.close()
+
+
+def test_active_rate_policy_2to1() -> None:
+    """The per-connection policy shipped with the envs reaches 95 % of the optimum on 2to1
+    (SOUT twice SUP on one connection, the reverse on the other) over five seeds."""
+    from mpib_agent.gym import active_rate_policy, run_episode
+
+    env = gymnasium.make("mpib/SplitPerConn-v0", scenario="2to1")
+    try:
+        pcts = [run_episode(env, active_rate_policy, seed) for seed in range(1, 6)]
+        one = [run_episode(env, lambda obs: 0.5, seed) for seed in (1,)]
+    finally:
+        env.close()
+    mean = sum(pcts) / len(pcts)
+    report(f"gym: env=mpib/SplitPerConn-v0 scenario=2to1 policy=active-rate seeds=5 mean_pct={mean:.1f} "
+           f"min_pct={min(pcts):.1f}")
+    assert mean >= 95.0 and min(pcts) <= mean
+    assert one[0] < 90.0  # a fixed half split is far off on 2to1: the score can fail

@@ -394,10 +394,43 @@ class SplitPerConnEnv(_SimEnv):
         return action_fractions(action, self.n_conns)
 
 
+MIN_FRACTION = 8 / SUP_BW_MAX  # each rail keeps this share, so that both stay measured (the closed loop's 8..1016)
+
+
+def active_rate_policy(obs: Obs) -> "np.ndarray[Any, np.dtype[np.float64]]":
+    """A per-connection policy for :class:`SplitPerConnEnv` (the ``action_space`` shape of any
+    env of this module): each connection's SUP fraction proportional to its rails' active
+    rates, ``active_SUP / (active_SOUT + active_SUP)``, within [8/1024, 1016/1024] so that both
+    rails stay measured; a connection whose rails did not both complete bytes in the step (a
+    rail out of service, an idle step) keeps its applied split. The closed loop's target
+    (:class:`mpib_agent.ClosedLoopPolicy`) without its smoothing and step limit: stateless, so
+    the simulator's exact rates make it reach the optimum in one step."""
+    a = np.asarray(obs["active_gbps"], dtype=np.float64)
+    split = np.asarray(obs["split"], dtype=np.float64)
+    total = a.sum(axis=1)
+    known = (a > 0).all(axis=1)
+    frac = np.where(known, a[:, 1] / np.where(known, total, 1.0), split)
+    return np.clip(frac, MIN_FRACTION, 1.0 - MIN_FRACTION)
+
+
+def run_episode(env: "gymnasium.Env[Obs, Any]", policy: Any, seed: Optional[int] = None) -> float:
+    """Runs one episode of ``policy`` (observation -> action) from ``reset(seed=seed)`` to
+    truncation; returns the ground truth over the whole episode, reset's interval included:
+    the send connections' bytes over the best split's, in percent (from each step's
+    ``info``)."""
+    obs, info = env.reset(seed=seed)
+    moved, best = info["achieved_mbps"], info["optimum_mbps"]
+    while True:
+        obs, _, terminated, truncated, info = env.step(policy(obs))
+        moved, best = moved + info["achieved_mbps"], best + info["optimum_mbps"]
+        if terminated or truncated:
+            return 100.0 * moved / best if best > 0 else 0.0
+
+
 IDS = {"mpib/Split-v0": "mpib_agent.gym:SplitEnv", "mpib/SplitPerConn-v0": "mpib_agent.gym:SplitPerConnEnv"}
 
 for _id, _entry in IDS.items():
     if _id not in gymnasium.registry:
         gymnasium.register(id=_id, entry_point=_entry)
 
-__all__ = ["IDS", "SplitEnv", "SplitPerConnEnv", "action_fractions", "sup_bw"]
+__all__ = ["IDS", "SplitEnv", "SplitPerConnEnv", "action_fractions", "active_rate_policy", "run_episode", "sup_bw"]
