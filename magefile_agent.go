@@ -54,7 +54,7 @@ func (Agent) Test() error {
 	if err := sh.Run(py, "-m", "pip", "install", "-q", "pytest"); err != nil {
 		return err
 	}
-	if err := sh.Run(py, "-m", "pip", "install", "-q", "./agent/python[gym]"); err != nil { // pip reinstalls a local project each time; gymnasium, numpy only when missing
+	if err := sh.Run(py, "-m", "pip", "install", "-q", "./agent/python[gym,plot]"); err != nil { // pip reinstalls a local project each time; gymnasium, numpy, matplotlib (about 17 s from PyPI, wheels) only when missing
 		return err
 	}
 	return sh.RunV(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "agent/python/tests")

@@ -5,7 +5,7 @@ replays. The format (JSON Lines) is in docs/agent.md, "Traces"; in short, each l
   "sout_latency_us": 5, "sup_latency_us": 5}``, every key optional;
 - a **capacity point**: ``{"t": 16, "sout_mbps": 12.5, "sup_mbps": 6.25}`` (and optionally
   ``sout_state``/``sup_state``: up, down, failed): the rails from ``t`` on; a rail left out
-  keeps its value;
+  keeps its value; a line with ``t`` alone marks a time (the trace's end);
 - a **telemetry record** (what ``record --raw`` writes): ``{"t": ..., "conns": [...]}``, each
   connection with the ``top --json`` fields, ``raw`` (every counter of the segment's
   telemetry) and, when a simulator drives the segment, ``truth`` (its rails' capacities and
@@ -33,6 +33,7 @@ from ._watch import raw_sample
 from .sim import Conn, Event, Rail, Scenario, Simulator, drive
 
 HEADER_KEYS = ("comment", "msg_bytes", "noise", "sout_latency_us", "sup_latency_us")
+POINT_KEYS = ("sout_mbps", "sup_mbps", "sout_state", "sup_state")
 DEFAULT_MSG_BYTES = 512 << 10  # the lab's transfers (mpib-nettest --max-size 512K)
 
 
@@ -139,12 +140,17 @@ def read_trace(path: str) -> Trace:
                 raise _bad(path, n, f"t {t} goes back (the trace's lines are in time order)")
             last = float(t) - t0
             if "conns" in obj:
+                # a record's truth holds over the interval it ends: from the previous record on
+                p = _truth_point(obj, tr.records[-1]["t"] if tr.records else last)
                 tr.records.append(dict(obj, t=last))
-                p = _truth_point(obj, last)
                 if p is not None:
                     truth.append(p)
-            else:
+            elif set(obj) & set(POINT_KEYS):
+                unknown = sorted(set(obj) - set(POINT_KEYS) - {"t", "comment"})
+                if unknown:
+                    raise _bad(path, n, f"a capacity point takes t, {', '.join(POINT_KEYS)}; got {unknown[0]!r}")
                 tr.points.append(_point(path, n, obj, last))
+            # else: only a time (the trace's end, say)
     tr.duration = last
     if not tr.points:
         tr.points = truth
