@@ -18,7 +18,7 @@ import (
 
 // defaultMaxPeers bounds the (dev, peer) pairs with series of their own. A node's fused devices
 // (up to 16) talk to the peers of its NCCL rings and trees, a handful each; 64 pairs leave room
-// for all-to-all jobs on small clusters, and cap a node at about 64*2*44 series (docs/metrics.md).
+// for all-to-all jobs on small clusters and cap a node at 4151 series (docs/metrics.md).
 const defaultMaxPeers = 64
 
 // HTTP server limits: a scrape is one small response, so anything slow is a stuck client.
