@@ -27,6 +27,8 @@ def report(line: str) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if importlib.util.find_spec("gymnasium") is None or importlib.util.find_spec("numpy") is None:
         REPORT.append("gym: skipped: gymnasium or numpy not installed (pip install mpib-agent[gym])")
+    if importlib.util.find_spec("matplotlib") is None:
+        REPORT.append("plot: skipped: matplotlib not installed (pip install mpib-agent[plot])")
     for line in REPORT:
         terminalreporter.write_line(line)
 

@@ -187,7 +187,6 @@ def test_plot_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("test_plot_png skipped: matplotlib not installed (pip install mpib-agent[plot])")
         pytest.skip("matplotlib not installed (pip install mpib-agent[plot])")
     rec = tmp_path / "rec.jsonl"
     with rec.open("w") as out:

@@ -64,11 +64,11 @@ def capacity_steps(tr: Trace) -> Series:
                 cur[k] = v
         up = (cur[2] == "up" and cur[0] > 0, cur[3] == "up" and cur[1] > 0)
         w, _ = optimum(Rail(cur[0]), Rail(cur[1]), up, msg)
-        for k, v in zip(s, (p.t, cur[0], cur[1], w / SUP_BW_MAX, _state(cur[2]), _state(cur[3]))):
-            s[k].append(v)
+        for key, val in zip(s, (p.t, cur[0], cur[1], w / SUP_BW_MAX, _state(cur[2]), _state(cur[3]))):
+            s[key].append(val)
     if s["t"] and tr.duration > s["t"][-1]:  # hold the last values to the end
-        for k in s:
-            s[k].append(tr.duration if k == "t" else s[k][-1])
+        for key in s:
+            s[key].append(tr.duration if key == "t" else s[key][-1])
     return s
 
 

@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 from ._format import RAIL_STATES, SegmentError, Slot
 from ._policy import Policy
@@ -185,16 +185,17 @@ def trace_scenario(tr: Trace) -> Scenario:
     for r, st in zip(("sout", "sup"), states):
         if st != "up":
             events.append(Event(0.0, r, state=st))
-    prev = (first.sout_mbps, first.sup_mbps, states[0], states[1])
+    rates: Tuple[float, float] = (first.sout_mbps, first.sup_mbps)
     for p in tr.points[1:]:
-        cur = (p.sout_mbps if p.sout_mbps is not None else prev[0], p.sup_mbps if p.sup_mbps is not None else prev[1],
-               p.sout_state or prev[2], p.sup_state or prev[3])
+        new_rates = (p.sout_mbps if p.sout_mbps is not None else rates[0],
+                     p.sup_mbps if p.sup_mbps is not None else rates[1])
+        new_states = (p.sout_state or states[0], p.sup_state or states[1])
         for k, r in enumerate(("sout", "sup")):
-            mbps = cur[k] if cur[k] != prev[k] else None
-            state = cur[2 + k] if cur[2 + k] != prev[2 + k] else None
+            mbps = new_rates[k] if new_rates[k] != rates[k] else None
+            state = new_states[k] if new_states[k] != states[k] else None
             if (mbps is not None or state is not None) and p.t < tr.duration:
                 events.append(Event(p.t, r, mbps=mbps, state=state))
-        prev = cur
+        rates, states = new_rates, new_states
     name = os.path.basename(tr.path)
     desc = str(tr.header.get("comment", f"replay of {tr.path}"))
     return Scenario(name, desc, (Conn(rails[0], rails[1], msg_bytes=msg),), tuple(events), duration=tr.duration,
