@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
 )
@@ -77,6 +78,14 @@ const otherLabel = "other"
 // maxDevLabel is the largest fused-device index the spec allows (4.3: NCCL's device, 0..15).
 const maxDevLabel = 15
 
+// pairIdle is how long a (dev, peer) pair keeps its series once it has no active connection.
+// Jobs come and go and talk to other peers: without it, the first --max-peers pairs a node
+// ever saw would keep their series for the exporter's life and every later peer would land
+// in peer="other". Longer than any rate() window a dashboard uses, so a job's last bytes
+// still show; a pair that comes back after it starts new series at 0 (for Prometheus, a
+// series that ended and a new one).
+const pairIdle = 15 * time.Minute
+
 // connMemo is what the exporter remembers of a slot's registration.
 type connMemo struct {
 	gen  uint32
@@ -96,23 +105,24 @@ type accounts struct {
 	created  uint64                // CreatedNs of the segment the memos belong to
 	conns    map[uint32]*connMemo  // by slot index
 	retired  map[seriesKey]*counts // counters of registrations that are gone
-	pairs    map[[2]string]bool    // (dev, peer) pairs with series of their own
+	pairs    map[[2]string]uint64  // (dev, peer) pairs with series of their own: when last active (ns)
 }
 
 func newAccounts(maxPeers int) *accounts {
 	return &accounts{maxPeers: maxPeers, conns: map[uint32]*connMemo{},
-		retired: map[seriesKey]*counts{}, pairs: map[[2]string]bool{}}
+		retired: map[seriesKey]*counts{}, pairs: map[[2]string]uint64{}}
 }
 
-// keyOf names a connection's series. The first maxPeers (dev, peer) pairs seen get series of
-// their own for the exporter's life (so a series never moves); later ones share peer="other".
-func (a *accounts) keyOf(s shm.Slot) seriesKey {
+// keyOf names a connection's series. Up to maxPeers (dev, peer) pairs have series of their own,
+// kept while they are active and pairIdle after (so a connection's series never moves); pairs
+// beyond share peer="other".
+func (a *accounts) keyOf(s shm.Slot, now uint64) seriesKey {
 	dir := "recv"
 	if s.IsSend == 1 {
 		dir = "send"
 	}
-	pair := [2]string{strconv.Itoa(int(s.Dev)), s.PeerSoutIP.String()}
-	if !a.pairs[pair] {
+	pair := pairOf(s)
+	if _, ok := a.pairs[pair]; !ok {
 		if len(a.pairs) >= a.maxPeers {
 			dev := pair[0]
 			if s.Dev > maxDevLabel {
@@ -120,10 +130,12 @@ func (a *accounts) keyOf(s shm.Slot) seriesKey {
 			}
 			return seriesKey{dev, otherLabel, dir}
 		}
-		a.pairs[pair] = true
+		a.pairs[pair] = now
 	}
 	return seriesKey{pair[0], pair[1], dir}
 }
+
+func pairOf(s shm.Slot) [2]string { return [2]string{strconv.Itoa(int(s.Dev)), s.PeerSoutIP.String()} }
 
 // retire moves slot i's remembered counters into its key's retired total.
 func (a *accounts) retire(i uint32) {
@@ -141,13 +153,20 @@ func (a *accounts) retire(i uint32) {
 // remembered gen keeps counting: its last telemetry stays until the slot is claimed again,
 // so bytes a connection moved after the previous scrape and before it closed are not lost.
 // A CLAIMING slot is being (re)initialised and is skipped until the next scrape.
-func (a *accounts) update(snap *shm.Snapshot) []liveConn {
+// now is CLOCK_MONOTONIC ns, for pairIdle.
+func (a *accounts) update(snap *shm.Snapshot, now uint64) []liveConn {
 	if snap.Header.CreatedNs != a.created { // a new segment at the path: every slot is new
 		for i := range a.conns {
 			a.retire(i)
 		}
 		a.created = snap.Header.CreatedNs
 	}
+	for _, s := range snap.Slots { // pairs with an active connection are not idle
+		if _, ok := a.pairs[pairOf(s)]; ok && s.State == shm.StateActive {
+			a.pairs[pairOf(s)] = now
+		}
+	}
+	a.dropIdlePairs(now) // before naming new connections: a new peer may take a dropped pair's place
 	var live []liveConn
 	present := map[uint32]bool{}
 	for _, s := range snap.Slots {
@@ -160,7 +179,7 @@ func (a *accounts) update(snap *shm.Snapshot) []liveConn {
 		switch {
 		case s.State == shm.StateActive:
 			if m == nil {
-				m = &connMemo{gen: s.Gen, key: a.keyOf(s)}
+				m = &connMemo{gen: s.Gen, key: a.keyOf(s, now)}
 				a.conns[s.Index] = m
 			}
 			m.last.raise(countsOf(s.Telemetry))
@@ -175,6 +194,25 @@ func (a *accounts) update(snap *shm.Snapshot) []liveConn {
 		}
 	}
 	return live
+}
+
+// dropIdlePairs forgets the pairs without an active connection for pairIdle: their series
+// leave the output and their place under --max-peers is free again.
+func (a *accounts) dropIdlePairs(now uint64) {
+	for pair, last := range a.pairs {
+		if int64(now-last) < int64(pairIdle) { // signed: a clock read before last is not idle
+			continue
+		}
+		for i, m := range a.conns { // closed connections whose slots were not claimed again
+			if m.key.dev == pair[0] && m.key.peer == pair[1] {
+				delete(a.conns, i)
+			}
+		}
+		for _, dir := range []string{"send", "recv"} {
+			delete(a.retired, seriesKey{pair[0], pair[1], dir})
+		}
+		delete(a.pairs, pair)
+	}
 }
 
 // totals returns every key's counters: retired plus remembered registrations.

@@ -49,7 +49,7 @@ func (e *exporter) scrape() (res scrapeResult, changed bool) {
 	changed, e.lastErr = msg != e.lastErr, msg
 	if err == nil {
 		res.header = snap.Header
-		res.live = e.acc.update(snap)
+		res.live = e.acc.update(snap, res.now)
 	}
 	// Counters are served whether or not this read worked: a series that vanished while the
 	// segment is briefly unreadable would restart from its first sample in Prometheus.

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
@@ -268,6 +269,58 @@ func TestExportMaxPeers(t *testing.T) {
 	}
 	if n := value(t, fams, "mpib_connections", "peer", otherLabel); n != 2 {
 		t.Errorf("connections under peer=other: %v, want 2", n)
+	}
+}
+
+// TestExportIdlePairs: a pair without active connections for pairIdle leaves the output and
+// frees its place under --max-peers for a new peer; a connection keeps its series meanwhile.
+func TestExportIdlePairs(t *testing.T) {
+	s := testSegment(t, 64)
+	e := newExporter(s.Path(), 1)
+	clock := uint64(1e12)
+	e.now = func() uint64 { return clock }
+	peers := func() map[string]float64 {
+		t.Helper()
+		out := map[string]float64{}
+		for _, m := range lint(t, scrapeText(t, e))["mpib_rail_posted_bytes_total"].GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["rail"] == "sout" {
+				out[l["peer"]] = m.GetCounter().GetValue()
+			}
+		}
+		return out
+	}
+	a := register(t, s, 1, 0, "10.0.2.2", true)
+	flush(t, s, a, 100, 0, 0)
+	peers()
+	s.Release(a)
+	b := register(t, s, 2, 0, "10.0.2.3", true)
+	flush(t, s, b, 20, 0, 0)
+	clock += uint64(time.Minute)
+	if got := peers(); len(got) != 2 || got["10.0.2.2"] != 100 || got[otherLabel] != 20 {
+		t.Fatalf("one pair allowed: %v, want 10.0.2.2's 100 bytes and 20 under other", got)
+	}
+	clock += uint64(pairIdle)
+	c := register(t, s, 3, 0, "10.0.2.4", true)
+	flush(t, s, c, 3, 0, 0)
+	if got := peers(); len(got) != 2 || got["10.0.2.4"] != 3 || got[otherLabel] != 20 { // 10.0.2.2 dropped first
+		t.Fatalf("after 10.0.2.2 was idle for %v: %v, want 10.0.2.4's 3 bytes and 20 under other", pairIdle, got)
+	}
+	clock += 2 * uint64(pairIdle) // no scrape for a while: an active pair is not idle
+	if got := peers(); got["10.0.2.4"] != 3 {
+		t.Fatalf("active 10.0.2.4 after a scrape gap: %v, want its series kept", got)
+	}
+	s.Release(c)
+	clock += uint64(pairIdle) - 1
+	if got := peers(); got["10.0.2.4"] != 3 {
+		t.Fatalf("10.0.2.4 closed %v ago: %v, want its series kept", pairIdle-1, got)
+	}
+	clock++
+	if got := peers(); len(got) != 1 {
+		t.Fatalf("10.0.2.4 closed %v ago: %v, want only other's series", pairIdle, got)
 	}
 }
 
