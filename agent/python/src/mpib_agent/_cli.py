@@ -433,10 +433,8 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
 
 
 def _cmd_plot(a: argparse.Namespace) -> int:
-    try:
-        from .plot import plot
-    except ImportError as e:  # never: plot imports matplotlib lazily
-        raise UsageError(str(e)) from None
+    from .plot import plot  # matplotlib is imported when drawing, so that the error says what to install
+
     try:
         plot(a.trace, a.out)
     except ImportError as e:
