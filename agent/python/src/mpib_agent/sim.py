@@ -474,7 +474,7 @@ class Simulator:
                     self._step(dt)
                     self._flush()
                 if self._truth_changed:
-                    self.publish_truth(speed)
+                    self._publish_truth_or_say(speed, note)
             except SegmentError as e:
                 if e.code != "segment_gone":
                     raise
@@ -484,6 +484,15 @@ class Simulator:
             if now - last_check >= 0.25:
                 last_check = now
                 self._follow(note)
+
+    def _publish_truth_or_say(self, speed: float, note: Callable[[str], None]) -> None:
+        """publish_truth; a directory it cannot write to costs record --raw its truth, not
+        the simulation (said once per change)."""
+        try:
+            self.publish_truth(speed)
+        except OSError as e:
+            self._truth_changed = False
+            note(f"sim: ground truth not published beside the segment ({e}): record --raw writes no truth")
 
     def _follow(self, note: Callable[[str], None]) -> None:
         """Re-registers every connection on a segment that replaced the attached one."""
