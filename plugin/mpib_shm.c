@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -168,7 +169,7 @@ struct peer_cache {
   _Atomic uint32_t idx;
 };
 
-/* One attached segment. Immutable after publication except faulted/retired. */
+/* One attached segment. Immutable after publication except retired. */
 struct shm_map {
   struct shm_header *hdr;
   struct shm_slot *slots;
@@ -180,9 +181,8 @@ struct shm_map {
   int fd;        /* the segment file (its OFD holds our locks); -1 for an image */
   dev_t dev;
   ino_t ino;
-  int guarded;   /* registered with the SIGBUS guard */
+  int guard;     /* its entry in the SIGBUS guard's table (g_guard), -1 for none */
   int retired;   /* pages replaced by zeros, fd closed */
-  _Atomic int faulted; /* the SIGBUS guard replaced the pages (the file was truncated) */
 };
 
 struct shm_conn {
@@ -207,6 +207,7 @@ struct mpib_shm {
   off_t bad_size;
   struct timespec bad_mtime;
   int bad_errno;
+  int bad_retry; /* the refusal may pass without a change of the file (a lease): try again */
   char last_msg[512];
 };
 
@@ -279,7 +280,14 @@ static off_t shm_slot_lock_off(uint32_t slot) {
 
 /* ---- SIGBUS guard (spec 5.9) ---- */
 
-static _Atomic(struct shm_map *) g_guard[SHM_MAX_GUARDS];
+/* The guarded address ranges. The handler reads only this table, never a struct shm_map, so
+ * that a handle closing on another thread cannot free what it reads. base 0: a free entry. */
+static struct shm_guard {
+  _Atomic uintptr_t base;
+  _Atomic size_t size;
+  _Atomic int faulted; /* the handler replaced the pages (the file was truncated) */
+} g_guard[SHM_MAX_GUARDS];
+static _Atomic int g_guard_running; /* handlers between their first and last table access */
 static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_guard_installed;
 static struct sigaction g_prev_bus;
@@ -315,24 +323,34 @@ static void shm_sigbus_chain(int sig, siginfo_t *si, void *uctx) {
  * plain system call (async-signal-safe in practice on Linux/glibc). */
 static void shm_sigbus(int sig, siginfo_t *si, void *uctx) {
   int saved = errno;
+  int handled = 0;
+  atomic_fetch_add(&g_guard_running, 1); /* seq_cst: shm_guard_remove waits for it */
   if (si != NULL && si->si_code > 0) {
     uintptr_t a = (uintptr_t)si->si_addr;
-    for (int i = 0; i < SHM_MAX_GUARDS; i++) {
-      struct shm_map *m = atomic_load_explicit(&g_guard[i], memory_order_acquire);
-      if (m == NULL || a - (uintptr_t)m->hdr >= m->map_size) {
+    for (int i = 0; i < SHM_MAX_GUARDS && !handled; i++) {
+      struct shm_guard *g = &g_guard[i];
+      uintptr_t base = atomic_load(&g->base);
+      size_t size = atomic_load(&g->size);
+      if (base == 0 || a - base >= size) {
         continue;
       }
-      void *p = mmap(m->hdr, m->map_size, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-      if (p != MAP_FAILED) {
-        atomic_store_explicit(&m->faulted, 1, memory_order_release);
-        errno = saved;
-        return;
+      if (mmap((void *)base, size, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+        atomic_store_explicit(&g->faulted, 1, memory_order_release);
+        handled = 1;
       }
     }
   }
+  atomic_fetch_sub(&g_guard_running, 1);
   errno = saved;
-  shm_sigbus_chain(sig, si, uctx);
+  if (!handled) {
+    shm_sigbus_chain(sig, si, uctx);
+  }
+}
+
+/* Whether the SIGBUS guard found m's file truncated. */
+static int shm_map_faulted(const struct shm_map *m) {
+  return m->guard >= 0 && atomic_load_explicit(&g_guard[m->guard].faulted, memory_order_acquire);
 }
 
 static void shm_guard_add(struct shm_map *m) {
@@ -348,26 +366,31 @@ static void shm_guard_add(struct shm_map *m) {
     }
   }
   for (int i = 0; i < SHM_MAX_GUARDS; i++) {
-    if (atomic_load_explicit(&g_guard[i], memory_order_relaxed) == NULL) {
-      atomic_store_explicit(&g_guard[i], m, memory_order_release);
-      m->guarded = 1;
+    struct shm_guard *g = &g_guard[i];
+    if (atomic_load(&g->base) == 0) {
+      atomic_store(&g->faulted, 0);
+      atomic_store(&g->size, m->map_size);
+      atomic_store(&g->base, (uintptr_t)m->hdr); /* last: publishes the entry */
+      m->guard = i;
       break;
     }
   }
   pthread_mutex_unlock(&g_guard_mu);
 }
 
+/* Takes m's range out of the guard before it is unmapped: once this returns, no handler
+ * still holds the range, so none can map zeros over whatever the address space puts there
+ * next. */
 static void shm_guard_remove(struct shm_map *m) {
-  if (!m->guarded) {
+  if (m->guard < 0) {
     return;
   }
   pthread_mutex_lock(&g_guard_mu);
-  for (int i = 0; i < SHM_MAX_GUARDS; i++) {
-    if (atomic_load_explicit(&g_guard[i], memory_order_relaxed) == m) {
-      atomic_store_explicit(&g_guard[i], NULL, memory_order_release);
-    }
+  atomic_store(&g_guard[m->guard].base, 0);
+  while (atomic_load(&g_guard_running) != 0) {
+    sched_yield(); /* a handler of another thread is between its loads and its mmap */
   }
-  m->guarded = 0;
+  m->guard = -1;
   pthread_mutex_unlock(&g_guard_mu);
 }
 
@@ -418,13 +441,8 @@ int mpib_shm_validate(const void *buf, size_t len, char *err, size_t errlen) {
   return shm_check_image(buf, len, "(buffer)", err, errlen);
 }
 
-/* Checks 1..4: the file itself. */
-static int shm_check_file(int fd, const char *path, struct stat *st, char *err, size_t errlen) {
-  if (fstat(fd, st) != 0) {
-    int e = errno;
-    shm_err(err, errlen, "mpib shm %s: io: fstat: %s", path, strerror(e));
-    return -e;
-  }
+/* Checks 2..4 on a file's status (from fstatat before the open, from fstat after it). */
+static int shm_check_stat(const struct stat *st, const char *path, char *err, size_t errlen) {
   if (!S_ISREG(st->st_mode)) {
     shm_err(err, errlen, "mpib shm %s: not_regular: not a regular file", path);
     return -EINVAL;
@@ -443,6 +461,54 @@ static int shm_check_file(int fd, const char *path, struct stat *st, char *err, 
     return -EPERM;
   }
   return 0;
+}
+
+/* Checks 1..4: the file itself. */
+static int shm_check_file(int fd, const char *path, struct stat *st, char *err, size_t errlen) {
+  if (fstat(fd, st) != 0) {
+    int e = errno;
+    shm_err(err, errlen, "mpib shm %s: io: fstat: %s", path, strerror(e));
+    return -e;
+  }
+  return shm_check_stat(st, path, err, errlen);
+}
+
+/* Opens the segment file for reading and writing without ever waiting: O_NONBLOCK makes the
+ * open of a file another process holds a lease on fail at once (EWOULDBLOCK) instead of
+ * waiting up to the lease break time (45 s by default), and the file is checked (type, owner,
+ * mode) before it is opened at all, so a device, a FIFO or another user's file is never
+ * opened. The file checks run again on the descriptor (the path may change in between).
+ * The descriptor or -errno. */
+static int shm_open_file(const char *path, char *err, size_t errlen) {
+  struct stat st;
+  if (fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    int e = errno;
+    shm_err(err, errlen, "mpib shm %s: io: stat: %s", path, strerror(e));
+    return -e;
+  }
+  if (S_ISLNK(st.st_mode)) {
+    shm_err(err, errlen, "mpib shm %s: not_regular: a symbolic link (refused: O_NOFOLLOW)", path);
+    return -ELOOP;
+  }
+  int rc = shm_check_stat(&st, path, err, errlen);
+  if (rc != 0) {
+    return rc;
+  }
+  int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ELOOP) {
+      shm_err(err, errlen, "mpib shm %s: not_regular: a symbolic link (refused: O_NOFOLLOW)", path);
+    } else if (e == EWOULDBLOCK) {
+      shm_err(err, errlen,
+              "mpib shm %s: io: open: another process holds a lease on the file (EWOULDBLOCK): "
+              "not used (vanilla policy), tried again at every poll", path);
+    } else {
+      shm_err(err, errlen, "mpib shm %s: io: open: %s", path, strerror(e));
+    }
+    return -e;
+  }
+  return fd;
 }
 
 static struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t npeers) {
@@ -465,22 +531,16 @@ static struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint
     atomic_init(&cache[i].tag, UINT64_MAX); /* never a valid (epoch, gen) tag: gen 0 is unused */
     atomic_init(&cache[i].idx, SHM_NO_PEER);
   }
-  atomic_init(&m->faulted, 0);
+  m->guard = -1;
   return m;
 }
 
 /* Opens, validates and maps the file at path; takes the attach lock; registers the guard. */
 static int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, char *err,
                         size_t errlen) {
-  int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  int fd = shm_open_file(path, err, errlen);
   if (fd < 0) {
-    int e = errno;
-    if (e == ELOOP) {
-      shm_err(err, errlen, "mpib shm %s: not_regular: a symbolic link (refused: O_NOFOLLOW)", path);
-    } else {
-      shm_err(err, errlen, "mpib shm %s: io: open: %s", path, strerror(e));
-    }
-    return -e;
+    return fd;
   }
   struct stat st;
   int rc = shm_check_file(fd, path, &st, err, errlen);
@@ -1102,7 +1162,7 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
 /* Claims a free slot of m for d: lease first (an OFD lock on the slot's first byte), then
  * the owner CAS, so that a claimed slot always has a live lease (spec 5.4). */
 static int shm_claim(struct shm_map *m, const mpib_conn_desc *d, uint32_t *slot_out) {
-  if (m->retired || atomic_load_explicit(&m->faulted, memory_order_acquire)) {
+  if (m->retired || shm_map_faulted(m)) {
     return -ENOSPC;
   }
   uint32_t pid = d->pid;
@@ -1267,7 +1327,7 @@ static uint32_t shm_rebind_all(mpib_shm *shm, int mi) {
 }
 
 static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
-  return shm->bad_errno != 0 && st->st_dev == shm->bad_dev && st->st_ino == shm->bad_ino &&
+  return shm->bad_errno != 0 && !shm->bad_retry && st->st_dev == shm->bad_dev && st->st_ino == shm->bad_ino &&
          st->st_size == shm->bad_size && st->st_mtim.tv_sec == shm->bad_mtime.tv_sec &&
          st->st_mtim.tv_nsec == shm->bad_mtime.tv_nsec;
 }
@@ -1277,12 +1337,13 @@ static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
 static int shm_map_truncated(struct shm_map *m) {
   struct stat st;
   return m != NULL && m->fd >= 0 &&
-         (atomic_load_explicit(&m->faulted, memory_order_acquire) ||
+         (shm_map_faulted(m) ||
           (fstat(m->fd, &st) == 0 && (uint64_t)st.st_size < m->map_size));
 }
 
 /* Remembers the file st as refused (with err) until it changes (shm_same_bad). */
 static void shm_refuse(mpib_shm *shm, int err, const struct stat *st) {
+  shm->bad_retry = 0;
   shm->bad_errno = err;
   shm->bad_dev = st->st_dev;
   shm->bad_ino = st->st_ino;
@@ -1311,22 +1372,24 @@ static void shm_detach(mpib_shm *shm, struct shm_map *cur, char *msg, size_t msg
           "appears", shm->path);
 }
 
-/* Attaches the file st at the path in place of cur (NULL: none), moving every connection to
- * it (under mu). 0, or -errno with the file refused until it changes. */
-static int shm_attach(mpib_shm *shm, struct shm_map *cur, const struct stat *st, char *msg,
+/* Attaches m, a new segment mapped outside the lock, in place of the current one, moving every
+ * connection to it (under mu). 0; 1 when that file is attached already (another poll did it
+ * meanwhile); or -errno with the file st refused until it changes. */
+static int shm_attach(mpib_shm *shm, struct shm_map *m, const struct stat *st, char *msg,
                       size_t msglen) {
-  char err[384] = "";
-  struct shm_map *m = NULL;
-  struct stat ost;
-  int rc = shm->nmaps >= SHM_MAX_MAPS ? -ENOSPC : shm_map_file(shm->path, &m, &ost, err, sizeof(err));
-  if (rc != 0) {
-    if (rc == -ENOSPC) {
-      shm_err(err, sizeof(err), "mpib shm %.300s: io: attached %d segments already, no more",
-              shm->path, SHM_MAX_MAPS);
-    }
-    shm_refuse(shm, -rc, st);
-    shm_say(shm, msg, msglen, "%s", err);
-    return rc;
+  struct shm_map *cur = shm_cur(shm);
+  if (cur != NULL && cur->dev == m->dev && cur->ino == m->ino) {
+    shm_map_free(m);
+    return 1;
+  }
+  if (shm->nmaps >= SHM_MAX_MAPS) {
+    shm_map_free(m);
+    shm_refuse(shm, ENOSPC, st);
+    shm_say(shm, msg, msglen,
+            "mpib shm %.300s: io: attached %d segments already, no more in this process (the "
+            "limit of docs/shm-format.md 5.8): vanilla policy until it restarts",
+            shm->path, SHM_MAX_MAPS);
+    return -ENOSPC;
   }
   int mi = shm_add_map(shm, m);
   uint32_t bound = shm_rebind_all(shm, mi);
@@ -1341,6 +1404,26 @@ static int shm_attach(mpib_shm *shm, struct shm_map *cur, const struct stat *st,
   return 0;
 }
 
+/* Records a file at the path that could not be opened or mapped (under mu). A file another
+ * process holds a lease on is tried again at every poll (the lease may go without the file
+ * changing), and said once; any other refusal holds until the file changes. 1 when said. */
+static int shm_open_failed(mpib_shm *shm, int rc, const struct stat *st, const char *err,
+                           char *msg, size_t msglen) {
+  if (rc == -EWOULDBLOCK) {
+    int said = shm->bad_retry && shm->bad_errno == EWOULDBLOCK && shm->bad_dev == st->st_dev &&
+               shm->bad_ino == st->st_ino;
+    shm_refuse(shm, EWOULDBLOCK, st);
+    shm->bad_retry = 1;
+    if (said) {
+      return 0;
+    }
+  } else {
+    shm_refuse(shm, -rc, st);
+  }
+  shm_say(shm, msg, msglen, "%s", err);
+  return 1;
+}
+
 /* Gives a slot of map index mi to connections that found the segment full (under mu). */
 static void shm_bind_waiting(mpib_shm *shm, int mi) {
   for (uint32_t id = 0; id < shm->conn_hi && shm->unbound > 0; id++) {
@@ -1351,6 +1434,37 @@ static void shm_bind_waiting(mpib_shm *shm, int mi) {
   }
 }
 
+/* Step 1 and 2 of the poll (under mu): detaches a truncated segment, then looks at the path.
+ * 1 when the file there (st) must be opened and attached, else 0; *ret says what happened. */
+static int shm_poll_look(mpib_shm *shm, struct stat *st, int *ret, char *msg, size_t msglen) {
+  int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
+  struct shm_map *cur = ci > 0 ? atomic_load_explicit(&shm->maps[ci - 1], memory_order_relaxed) : NULL;
+  /* 1. A truncated segment (seen by the guard, or by its size): detach. */
+  if (shm_map_truncated(cur)) {
+    shm_detach(shm, cur, msg, msglen);
+    cur = NULL;
+    *ret = MPIB_SHM_POLL_DETACHED;
+  }
+  /* 2. A different file at the path (or the first one): attach it. */
+  int have = fstatat(AT_FDCWD, shm->path, st, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!have && cur == NULL && *ret == MPIB_SHM_POLL_NONE && shm->bad_errno != errno) {
+    shm->bad_errno = errno;
+    shm->bad_retry = 0;
+    shm->bad_ino = 0;
+    shm_say(shm, msg, msglen, "mpib shm %s: io: %s", shm->path, strerror(errno));
+    *ret = MPIB_SHM_POLL_FAILED;
+  }
+  if (have && (cur == NULL || st->st_dev != cur->dev || st->st_ino != cur->ino) &&
+      !shm_same_bad(shm, st)) {
+    return 1;
+  }
+  if (cur != NULL && shm->unbound > 0) {
+    /* 3. Connections that found the segment full: try again. */
+    shm_bind_waiting(shm, ci);
+  }
+  return 0;
+}
+
 int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   if (msg != NULL && msglen > 0) {
     msg[0] = '\0';
@@ -1358,39 +1472,31 @@ int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   if (shm == NULL || shm->path[0] == '\0') {
     return MPIB_SHM_POLL_NONE;
   }
-  pthread_mutex_lock(&shm->mu);
   int ret = MPIB_SHM_POLL_NONE;
-  int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
-  struct shm_map *cur = ci > 0 ? atomic_load_explicit(&shm->maps[ci - 1], memory_order_relaxed) : NULL;
-  /* 1. A truncated segment (seen by the guard, or by its size): detach. */
-  if (shm_map_truncated(cur)) {
-    shm_detach(shm, cur, msg, msglen);
-    cur = NULL;
-    ci = 0;
-    ret = MPIB_SHM_POLL_DETACHED;
-  }
-  /* 2. A different file at the path (or the first one): attach it. */
   struct stat st;
-  int have = fstatat(AT_FDCWD, shm->path, &st, AT_SYMLINK_NOFOLLOW) == 0;
-  if (!have && cur == NULL && ret == MPIB_SHM_POLL_NONE && shm->bad_errno != errno) {
-    shm->bad_errno = errno;
-    shm->bad_ino = 0;
-    shm_say(shm, msg, msglen, "mpib shm %s: io: %s", shm->path, strerror(errno));
-    ret = MPIB_SHM_POLL_FAILED;
+  pthread_mutex_lock(&shm->mu);
+  int attach = shm_poll_look(shm, &st, &ret, msg, msglen);
+  pthread_mutex_unlock(&shm->mu);
+  if (!attach) {
+    return ret;
   }
-  if (have && (cur == NULL || st.st_dev != cur->dev || st.st_ino != cur->ino) &&
-      !shm_same_bad(shm, &st)) {
-    if (shm_attach(shm, cur, &st, msg, msglen) == 0) {
-      ret = MPIB_SHM_POLL_ATTACHED;
-    } else if (ret == MPIB_SHM_POLL_NONE) {
-      ret = MPIB_SHM_POLL_FAILED;
-    }
-  } else if (cur != NULL && shm->unbound > 0) {
-    /* 3. Connections that found the segment full: try again. */
-    shm_bind_waiting(shm, ci);
+  /* Open, check and map the new file without the lock, so that registrations and closes never
+   * wait for it (spec 5.8); the open itself never blocks (shm_open_file). */
+  char err[384] = "";
+  struct shm_map *m = NULL;
+  int rc = shm_map_file(shm->path, &m, NULL, err, sizeof(err));
+  pthread_mutex_lock(&shm->mu);
+  int said = 1;
+  if (rc == 0) {
+    rc = shm_attach(shm, m, &st, msg, msglen);
+  } else {
+    said = shm_open_failed(shm, rc, &st, err, msg, msglen);
   }
   pthread_mutex_unlock(&shm->mu);
-  return ret;
+  if (rc >= 0) {
+    return rc == 0 ? MPIB_SHM_POLL_ATTACHED : ret;
+  }
+  return ret == MPIB_SHM_POLL_NONE && said ? MPIB_SHM_POLL_FAILED : ret;
 }
 
 void mpib_shm_close(mpib_shm *shm) {

@@ -188,15 +188,30 @@ func Create(path string, nslots, npeers uint32, force bool) (*Segment, error) {
 }
 
 // Open maps an existing segment after the spec's validation (section 6). A symbolic link is
-// refused (O_NOFOLLOW).
+// refused (O_NOFOLLOW). The open never waits: the file is checked (type, owner, mode) before
+// it is opened, and opened with O_NONBLOCK, so a file another process holds a lease on fails
+// at once instead of waiting for the lease break (45 s by default).
 func Open(path string) (*Segment, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, &ValidationError{Path: path, Code: ErrNotRegular, Detail: "a symbolic link (refused: O_NOFOLLOW)"}
-	}
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return nil, &ValidationError{Path: path, Code: ErrNotRegular, Detail: "a symbolic link (refused: O_NOFOLLOW)"}
+	}
+	if err := checkStat(path, &st); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return nil, &ValidationError{Path: path, Code: ErrNotRegular, Detail: "a symbolic link (refused: O_NOFOLLOW)"}
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return nil, fmt.Errorf("open %s: another process holds a lease on the file (EWOULDBLOCK): try again later: %w", path, err)
+	case err != nil:
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
 	s := &Segment{path: path}
 	if err := s.mapFile(f); err != nil {
 		f.Close()
@@ -205,14 +220,10 @@ func Open(path string) (*Segment, error) {
 	return s, nil
 }
 
-// mapFile validates f and fills the mapping fields (the caller holds mu or owns s).
-func (s *Segment) mapFile(f *os.File) error {
+// checkStat runs checks 2..4 of the spec's validation table on a file's status.
+func checkStat(path string, st *unix.Stat_t) error {
 	fail := func(code error, format string, args ...any) error {
-		return &ValidationError{Path: s.path, Code: code, Detail: fmt.Sprintf(format, args...)}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("open %s: fstat: %w", s.path, err)
+		return &ValidationError{Path: path, Code: code, Detail: fmt.Sprintf(format, args...)}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fail(ErrNotRegular, "not a regular file")
@@ -222,6 +233,19 @@ func (s *Segment) mapFile(f *os.File) error {
 	}
 	if st.Mode&0o077 != 0 { // readable by others shows peers and rates; writable lets them steer
 		return fail(ErrBadMode, "mode %04o grants group/other access (want 0600: chmod 600)", st.Mode&0o7777)
+	}
+	return nil
+}
+
+// mapFile validates f and fills the mapping fields (the caller holds mu or owns s). The file
+// checks run again on the descriptor: the path may name another file than the one checked.
+func (s *Segment) mapFile(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("open %s: fstat: %w", s.path, err)
+	}
+	if err := checkStat(s.path, &st); err != nil {
+		return err
 	}
 	head := make([]byte, HeaderSize)
 	n, _ := f.ReadAt(head, 0)
@@ -400,12 +424,35 @@ func (s *Segment) StopBeat() bool {
 	return cleared
 }
 
-// Snapshot decodes the whole live segment; hint records are read under their seqlock
-// (a busy one is returned raw).
+// geometryChanged is a *ValidationError (bad_geometry) when the header in the mapping no
+// longer describes the geometry validated at open: only a process writing garbage into the
+// file does that. Readers keep the validated geometry (the mapping's size); the caller says so.
+func (s *Segment) geometryChanged(v view, h Header) error {
+	hs, ss, ps := v.u32(offHeaderSize), v.u32(offSlotSize), v.u32(offPeerSize)
+	if string(v.bytes(offMagic, 8)) == Magic && h.Version == s.h.Version && hs == HeaderSize &&
+		ss == SlotSize && ps == PeerSize && h.NSlots == s.h.NSlots && h.NPeers == s.h.NPeers &&
+		h.TotalSize == s.h.TotalSize {
+		return nil
+	}
+	return &ValidationError{Path: s.path, Code: ErrBadGeometry, Detail: fmt.Sprintf(
+		"segment geometry changed since open (nslots %d -> %d, npeers %d -> %d, total_size %d -> %d, version %d -> %d): reopen",
+		s.h.NSlots, h.NSlots, s.h.NPeers, h.NPeers, s.h.TotalSize, h.TotalSize, s.h.Version, h.Version)}
+}
+
+// Snapshot decodes the whole live segment with the geometry validated at open; hint records
+// are read under their seqlock (a busy one is returned raw). A header whose geometry changed
+// since open gives a bad_geometry error.
 func (s *Segment) Snapshot() (*Snapshot, error) {
 	var snap *Snapshot
 	err := s.do(func(v view) error {
-		snap = decodeSnapshot(v, decodeHeader(v))
+		h := decodeHeader(v)
+		if err := s.geometryChanged(v, h); err != nil {
+			return err
+		}
+		// The bounds come from the validated copy, never from the mapping: a writer racing
+		// this read cannot move them.
+		h.Version, h.TotalSize, h.NSlots, h.NPeers = s.h.Version, s.h.TotalSize, s.h.NSlots, s.h.NPeers
+		snap = decodeSnapshot(v, h)
 		for i := range snap.Slots {
 			snap.Slots[i].Hint, _ = v.readRecord(slotOff(snap.Slots[i].Index) + slHint)
 		}
@@ -420,10 +467,14 @@ func (s *Segment) Snapshot() (*Snapshot, error) {
 	return snap, err
 }
 
-// Connections returns the ACTIVE slots.
+// Connections returns the ACTIVE slots (a bad_geometry error when the header changed since
+// open, as Snapshot).
 func (s *Segment) Connections() ([]Slot, error) {
 	out := []Slot{}
 	err := s.do(func(v view) error {
+		if err := s.geometryChanged(v, decodeHeader(v)); err != nil {
+			return err
+		}
 		for i := uint32(0); i < s.h.NSlots; i++ {
 			off := slotOff(i)
 			if SlotState(uint32(v.u64(off+slOwner))) != StateActive {
@@ -639,7 +690,7 @@ func (s *Segment) leaseFile() (*os.File, error) {
 	s.lmu.Lock()
 	defer s.lmu.Unlock()
 	if s.leases == nil {
-		f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(s.f.Fd())), os.O_RDWR|syscall.O_CLOEXEC, 0)
+		f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(s.f.Fd())), os.O_RDWR|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil, fmt.Errorf("register: %w", err)
 		}

@@ -397,11 +397,26 @@ class Segment:
 
     # -- reading ----------------------------------------------------------------------------
 
+    def _check_geometry(self, head: View) -> None:
+        """Raises SegmentError("bad_geometry") when the header read (``head``) no longer
+        describes the geometry validated at open: only a process writing garbage into the file
+        does that. Readers keep using the validated geometry either way."""
+        h, v = decode_header(head), self._h
+        sizes = (head.u32(OFF_HEADER_SIZE), head.u32(OFF_SLOT_SIZE), head.u32(OFF_PEER_SIZE))
+        if (head.read(0, len(MAGIC)) == MAGIC and sizes == (HEADER_SIZE, SLOT_SIZE, PEER_SIZE)
+                and (h.version, h.nslots, h.npeers, h.total_size) == (v.version, v.nslots, v.npeers, v.total_size)):
+            return
+        raise SegmentError("bad_geometry", f"segment geometry changed since open (nslots {v.nslots} -> {h.nslots}, "
+                           f"npeers {v.npeers} -> {h.npeers}, total_size {v.total_size} -> {h.total_size}, "
+                           f"version {v.version} -> {h.version}): reopen", self.path)
+
     def connections(self) -> List[Slot]:
-        """Active slots, hints read under their seqlock."""
+        """Active slots, hints read under their seqlock; SegmentError("bad_geometry") when the
+        header changed since open."""
         with self._io:
             n = self._h.nslots
             img = View(self._v.read(0, slot_off(n)))  # header and slots in one read
+            self._check_geometry(img)
             out = []
             for i in range(n):
                 off = slot_off(i)
@@ -418,8 +433,15 @@ class Segment:
             return decode_slot(img, i, rec)
 
     def snapshot(self) -> Snapshot:
+        """The whole segment, decoded with the geometry validated at open (one read);
+        SegmentError("bad_geometry") when the header changed since open."""
         with self._io:
-            snap = decode_view(View(self._v.read(0, self._h.total_size)), self.header())
+            img = View(self._v.read(0, self._h.total_size))
+            self._check_geometry(img)
+            h = decode_header(img)
+            h.version, h.total_size, h.nslots, h.npeers = (self._h.version, self._h.total_size,
+                                                           self._h.nslots, self._h.npeers)
+            snap = decode_view(img, h)
             for p in snap.peers:
                 p.record, _ = self._v.read_record(peer_off(self._h.nslots, p.index))
             for s in snap.slots:
@@ -585,25 +607,42 @@ class Segment:
         return True
 
 
-def open_segment(path: Optional[str] = None) -> Segment:
-    """Opens and validates (spec section 6) the segment; raises SegmentError or OSError. A
-    symbolic link is refused (O_NOFOLLOW)."""
-    p = path or default_path()
+def _check_stat(st: os.stat_result, p: str) -> None:
+    """Checks 2..4 of the spec's validation table on a file's status."""
+    if stat.S_ISLNK(st.st_mode):
+        raise SegmentError("not_regular", "a symbolic link (refused: O_NOFOLLOW)", p)
+    if not stat.S_ISREG(st.st_mode):
+        raise SegmentError("not_regular", "not a regular file", p)
+    if st.st_uid != os.geteuid():
+        raise SegmentError("bad_owner", f"owned by uid {st.st_uid}, this process runs as {os.geteuid()}", p)
+    if st.st_mode & 0o077:  # readable by others shows peers and rates; writable lets them steer
+        raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} grants group/other access "
+                           "(want 0600: chmod 600)", p)
+
+
+def _open_nonblocking(p: str) -> int:
+    """Opens the segment file read-write without ever waiting: it is checked (type, owner,
+    mode) before it is opened at all, and opened with O_NONBLOCK, so a file another process
+    holds a lease on fails at once instead of waiting for the lease break (45 s by default)."""
+    _check_stat(os.lstat(p), p)
     try:
-        fd = os.open(p, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return os.open(p, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise SegmentError("not_regular", "a symbolic link (refused: O_NOFOLLOW)", p) from None
+        if e.errno == errno.EWOULDBLOCK:
+            raise OSError(e.errno, f"another process holds a lease on the file (EWOULDBLOCK): try again later: {p}") from None
         raise
+
+
+def open_segment(path: Optional[str] = None) -> Segment:
+    """Opens and validates (spec section 6) the segment; raises SegmentError or OSError. A
+    symbolic link is refused (O_NOFOLLOW); the open never waits (``_open_nonblocking``)."""
+    p = path or default_path()
+    fd = _open_nonblocking(p)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SegmentError("not_regular", "not a regular file", p)
-        if st.st_uid != os.geteuid():
-            raise SegmentError("bad_owner", f"owned by uid {st.st_uid}, this process runs as {os.geteuid()}", p)
-        if st.st_mode & 0o077:  # readable by others shows peers and rates; writable lets them steer
-            raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} grants group/other access "
-                               "(want 0600: chmod 600)", p)
+        _check_stat(st, p)  # again: the path may name another file than the one checked
         head = os.pread(fd, HEADER_SIZE, 0)
         h = validate_header(head, st.st_size, p)
     except BaseException:
