@@ -157,6 +157,8 @@ struct mpib_request {
   uint32_t have_mask;     /* ranges confirmed by an immediate (mpib_recv_ranges_arrived) */
   uint32_t wrote_rails;   /* rails whose writes landed bytes of it: the ones iflush must order */
   int sizes[MPIB_MAX_RECVS];
+  size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
+                                  * kept where no peer can write (not the CTS copy: registered) */
   /* flush */
   uint32_t flush_rails; /* rails with a flush read outstanding */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
@@ -233,7 +235,14 @@ struct mpib_comm {
   mpib_cts_row *cts;     /* [MPIB_MAX_REQUESTS] */
   /* Size records (receiver: written by the peer; sender: staging). */
   mpib_sizes_row *sizes; /* [MPIB_MAX_REQUESTS] */
-  struct ibv_mr *area_mr[MPIB_NRAILS]; /* both, one MPIB_NIC_AREA allocation starting at cts */
+  /* The MPIB_NIC_AREA allocation at cts, registered in two parts per rail: what this side
+   * posts from (stage_mr, local access only: the sender's size records and notice words, the
+   * receiver's CTS elements and fence records) and what the peer writes (inbox_mr, the only
+   * rkey the peer gets: the sender's CTS FIFO and fence records, the receiver's size records
+   * and notice words). A peer can thus never write what this side sends, nor the CTS copy a
+   * receiver keeps (its bounds live in the requests anyway: mpib_request.posted). */
+  struct ibv_mr *stage_mr[MPIB_NRAILS];
+  struct ibv_mr *inbox_mr[MPIB_NRAILS];
 
   int is_send;
   int fdev;                          /* the fused device it belongs to */
@@ -370,21 +379,28 @@ int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *r
 #define MPIB_HANDLE_ATTEMPT_OFFSET 24
 #define MPIB_HANDLE_PENDING_OFFSET 32
 enum { MPIB_PENDING_RUNNING = 0, MPIB_PENDING_DONE = 1, MPIB_PENDING_FREE = 2 };
+/* A handle's first bytes (magic, version, listener address and nonce): what names the listener
+ * an attempt connects to. An entry keeps its attempt's, and a poll must present the same: a
+ * handle that copies or guesses another attempt's entry and generation (a forged handle from a
+ * peer rank) still names another listener and is refused. */
+#define MPIB_HANDLE_KEY_WORDS 3
 struct mpib_pending {
   uint64_t word;          /* generation << 32 | MPIB_PENDING_* */
   struct mpib_comm *comm; /* the result, valid once DONE */
   int result;             /* ncclResult_t */
+  uint64_t key[MPIB_HANDLE_KEY_WORDS]; /* the attempt's handle bytes [0, 24), set before RUNNING is published */
 };
-/* A free entry armed for a new attempt: its index + 1 (0 when the table is full) and, in
- * *gen, its generation. */
-uint32_t mpib_pending_acquire(uint32_t *gen);
+/* A free entry armed for a new attempt to the listener `handle` names: its index + 1 (0 when
+ * the table is full) and, in *gen, its generation. */
+uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen);
 /* The handshake of the attempt ended: comm (or NULL) and its ncclResult_t. */
 void mpib_pending_finish(uint32_t idx1, uint32_t gen, struct mpib_comm *comm, int result);
 /* Takes a finished attempt's result and frees its entry: 1, or 0 when it is still running,
  * was taken already or the entry moved on. */
 int mpib_pending_take(uint32_t idx1, uint32_t gen, struct mpib_comm **comm, int *result);
 /* connect()'s look at the handle: 1 while its handshake runs, 2 with the result taken (in
- * *comm and *result), 0 when the control plane must answer (no entry, or a stale one). */
+ * *comm and *result), 0 when the control plane must answer (no entry, a stale one, or one
+ * armed for another listener's handle). */
 int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result);
 /* 1 when a finished attempt's result was taken (the entry was freed or moved on). */
 int mpib_pending_collected(uint32_t idx1, uint32_t gen);
@@ -477,5 +493,10 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
 void mpib_telemetry_flush(struct mpib_comm *c);
+
+#ifdef MPIB_HOSTILE_TEST
+/* The lab's attacking sender (mpib_hostile.c): only in the hostile test build. */
+void mpib_hostile_before_post(struct mpib_comm *c, int slot, int nreqs, int size_in_imm);
+#endif
 
 #endif

@@ -32,7 +32,21 @@ static uint32_t pending_first_gen(uint32_t idx1) {
   return g;
 }
 
-uint32_t mpib_pending_acquire(uint32_t *gen) {
+static void pending_key(const void *handle, uint64_t key[MPIB_HANDLE_KEY_WORDS]) {
+  memcpy(key, handle, MPIB_HANDLE_KEY_WORDS * sizeof key[0]);
+}
+
+/* The key words are atomics: a poll of a stale handle may read them while the entry is re-armed
+ * (it then fails the generation check anyway). */
+static int pending_key_matches(const struct mpib_pending *p, const void *handle) {
+  uint64_t want[MPIB_HANDLE_KEY_WORDS];
+  pending_key(handle, want);
+  for (int i = 0; i < MPIB_HANDLE_KEY_WORDS; i++)
+    if (__atomic_load_n(&p->key[i], __ATOMIC_RELAXED) != want[i]) return 0;
+  return 1;
+}
+
+uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen) {
   uint32_t idx1 = 0;
   pthread_mutex_lock(&pending_mu);
   if (pending_nfree > 0)
@@ -47,6 +61,9 @@ uint32_t mpib_pending_acquire(uint32_t *gen) {
   if (*gen == 0) *gen = 1; /* 0 never names an entry */
   p->comm = NULL;
   p->result = 0;
+  uint64_t key[MPIB_HANDLE_KEY_WORDS];
+  pending_key(handle, key);
+  for (int i = 0; i < MPIB_HANDLE_KEY_WORDS; i++) __atomic_store_n(&p->key[i], key[i], __ATOMIC_RELAXED);
   __atomic_store_n(&p->word, pending_word(*gen, MPIB_PENDING_RUNNING), __ATOMIC_RELEASE);
   return idx1;
 }
@@ -86,7 +103,9 @@ int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result) 
   memcpy(&idx1, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, 4);
   memcpy(&gen, (const uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, 4);
   if (idx1 == 0 || idx1 > MPIB_PENDING_MAX) return 0;
-  uint64_t w = __atomic_load_n(&pending_tab[idx1 - 1].word, __ATOMIC_ACQUIRE);
+  const struct mpib_pending *p = &pending_tab[idx1 - 1];
+  uint64_t w = __atomic_load_n(&p->word, __ATOMIC_ACQUIRE);
+  if ((w >> 32) != gen || !pending_key_matches(p, handle)) return 0;
   if (w == pending_word(gen, MPIB_PENDING_RUNNING)) return 1;
   return mpib_pending_take(idx1, gen, comm, result) ? 2 : 0;
 }
@@ -107,7 +126,7 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
   if (__atomic_load_n(&creq_fd, __ATOMIC_RELAXED) < 0) return 0;
   struct mpib_connect_req *q = malloc(sizeof *q);
   if (!q) return 0;
-  uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
+  uint32_t gen = 0, idx1 = mpib_pending_acquire(handle, &gen);
   if (idx1 == 0) {
     free(q);
     return 0;

@@ -13,6 +13,10 @@
 
 /* mpib_handoff.c is bookkeeping only: it needs nothing from comm setup or the data path. */
 
+/* The listener every attempt here connects to: handle bytes [0, 24) all zero, as name_entry
+ * leaves them. */
+static const uint8_t honest_key[128];
+
 static void name_entry(uint8_t handle[128], uint32_t idx1, uint32_t gen) {
   memset(handle, 0, 128);
   memcpy(handle + 32, &idx1, 4);
@@ -20,7 +24,7 @@ static void name_entry(uint8_t handle[128], uint32_t idx1, uint32_t gen) {
 }
 
 static void test_pending_lifecycle(void) {
-  uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
+  uint32_t gen = 0, idx1 = mpib_pending_acquire(honest_key, &gen);
   CHECK(idx1 != 0 && gen != 0, "acquire: entry %u generation %u", idx1, gen);
   uint8_t handle[128];
   name_entry(handle, idx1, gen);
@@ -38,7 +42,7 @@ static void test_pending_lifecycle(void) {
   CHECK(mpib_pending_take(idx1, gen, &comm, &result) == 0, "a reclaim after NCCL took it gets nothing");
 
   /* The freed entry is handed out again with the next generation: the old handle is stale. */
-  uint32_t gen2 = 0, idx2 = mpib_pending_acquire(&gen2);
+  uint32_t gen2 = 0, idx2 = mpib_pending_acquire(honest_key, &gen2);
   CHECK(idx2 == idx1 && gen2 == gen + 1, "reuse: entry %u gen %u, want %u gen %u", idx2, gen2, idx1, gen + 1);
   CHECK(mpib_pending_poll(handle, &comm, &result) == 0, "the stale handle does not see the new attempt");
   mpib_pending_finish(idx2, gen2, NULL, 6 /* ncclRemoteError */);
@@ -63,7 +67,7 @@ static void test_pending_bad_handles(void) {
   CHECK(mpib_pending_take(0, 1, &comm, &result) == 0 && mpib_pending_take(MPIB_PENDING_MAX + 1, 1, &comm, &result) == 0,
         "take refuses out-of-range entries");
   /* A fresh entry starts at a random generation: small guesses do not name it. */
-  uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
+  uint32_t gen = 0, idx1 = mpib_pending_acquire(honest_key, &gen);
   int guessed = 0;
   for (uint32_t g = 1; g <= 64; g++) {
     name_entry(handle, idx1, g);
@@ -72,6 +76,23 @@ static void test_pending_bad_handles(void) {
   CHECK(gen > 64 ? guessed == 0 : 1, "generations 1..64 named entry %u (gen %u) %d times", idx1, gen, guessed);
   mpib_pending_finish(idx1, gen, NULL, 0);
   CHECK(mpib_pending_take(idx1, gen, &comm, &result) == 1, "cleanup");
+}
+
+/* A handle of another listener (a forged one from a peer rank) that names a live entry with
+ * its exact index and generation, copied from the honest handle, neither sees nor takes it;
+ * the honest handle still does. */
+static void test_pending_forged_key(void) {
+  uint32_t gen = 0, idx1 = mpib_pending_acquire(honest_key, &gen);
+  uint8_t honest[128], forged[128];
+  name_entry(honest, idx1, gen);
+  memcpy(forged, honest, sizeof forged);
+  forged[0] = 'M', forged[12] = 0x12, forged[16] = 0x77; /* magic, port, nonce of another listener */
+  struct mpib_comm *comm = NULL, *fake = (struct mpib_comm *)(uintptr_t)0x4321;
+  int result = -1;
+  CHECK(mpib_pending_poll(forged, &comm, &result) == 0, "a forged key does not see a running attempt");
+  mpib_pending_finish(idx1, gen, fake, 0);
+  CHECK(mpib_pending_poll(forged, &comm, &result) == 0 && comm == NULL, "a forged key does not take a finished one");
+  CHECK(mpib_pending_poll(honest, &comm, &result) == 2 && comm == fake, "the honest handle takes its comm");
 }
 
 /* NCCL's poll and a reclaim race for one result: exactly one gets it, every time. */
@@ -91,7 +112,7 @@ static void *race_take(void *arg) {
 
 static void test_pending_race(void) {
   for (int i = 0; i < 2000; i++) {
-    uint32_t gen = 0, idx1 = mpib_pending_acquire(&gen);
+    uint32_t gen = 0, idx1 = mpib_pending_acquire(honest_key, &gen);
     mpib_pending_finish(idx1, gen, (struct mpib_comm *)(uintptr_t)0x10, 0);
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, 2);
@@ -131,6 +152,7 @@ static void test_listen_queue(void) {
 int main(void) {
   test_pending_lifecycle();
   test_pending_bad_handles();
+  test_pending_forged_key();
   test_pending_race();
   test_listen_queue();
   if (failures == 0) printf("pending_test: ok\n");
