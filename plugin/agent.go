@@ -50,7 +50,10 @@ func agentHandle() *C.mpib_shm {
 	agent.shm = h
 	agent.stop, agent.done = make(chan struct{}), make(chan struct{})
 	C.mpib_set_shm(unsafe.Pointer(h))
-	go watchAgent(h, agent.stop, agent.done)
+	go func() {
+		defer recoverGoroutine("agent segment watcher")
+		watchAgent(h, agent.stop, agent.done)
+	}()
 	return h
 }
 

@@ -17,8 +17,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -38,30 +38,12 @@ type result struct {
 	err  error
 }
 
-type listener struct {
-	owner *netCtx
-	dev   int // the fused device NCCL listened on: its connections' comms live there
-	ln    net.Listener
-	nonce uint64
-	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
-
-	// spare is the first connection's receiver, built (SOUT only) right after listen while the
-	// handle travels to the peer; spareTaken says whether a handshake (or close) took it.
-	spare      chan prepared
-	spareTaken atomic.Bool
-	// unhook removes the finalize hook (close on the context's end) once NCCL closed the
-	// listener: the context would otherwise keep every closed listener until finalize.
-	unhook func() bool
-
-	mu     sync.Mutex
-	closed bool
-}
-
 // attempt is one connect. Its result goes to its entry in the C pending table, where
 // connect() takes it without calling into Go; without an entry (the table was full) connect
 // polls through Go and finds it in res.
 type attempt struct {
 	owner        *netCtx
+	key          wire.Handle // the listener it connects to: a poll must present the same handle
 	done         chan struct{}
 	res          result
 	pend         uint32      // entry in the C pending table (index + 1), 0 = none
@@ -80,16 +62,6 @@ func handshakeTimeout() time.Duration {
 	return time.Duration(plugin.cfg.HandshakeTimeoutMS) * time.Millisecond
 }
 
-// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer:
-// a real peer sends its hello right after connecting.
-func helloTimeout() time.Duration {
-	return min(handshakeTimeout(), 10*time.Second)
-}
-
-// errNotAPeer marks an accepted TCP client that never proved it is an MPIB peer of this
-// listener (a port scan, a health probe, a stale rank): it is dropped, not reported to NCCL.
-var errNotAPeer = errors.New("not an MPIB peer of this listener")
-
 func checkDevice(dev C.int) C.int {
 	n := int(C.mpib_g.nfdevs)
 	if n == 0 {
@@ -103,151 +75,25 @@ func checkDevice(dev C.int) C.int {
 	return C.int(resSuccess)
 }
 
-//export mpibGoListen
-func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm *unsafe.Pointer) C.int {
-	*listenComm = nil
-	if rc := checkDevice(dev); rc != C.int(resSuccess) {
-		return rc
-	}
-	owner := lookupCtx(uint64(ctxID))
-	if owner == nil {
-		warnf("listen: unknown or finalized context")
-		return C.int(resInvalidUsage)
-	}
-	ln, err := net.Listen("tcp4", netip.AddrPortFrom(plugin.oobAddr, 0).String())
-	if err != nil {
-		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
-		return C.int(resSystemError)
-	}
-	l := &listener{owner: owner, dev: int(dev), ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
-	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
-		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
-	registry.mu.Lock()
-	id := newID()
-	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
-	if l.lc == nil {
-		registry.mu.Unlock()
-		ln.Close()
-		warnf("listen: out of memory")
-		return C.int(resSystemError)
-	}
-	registry.listeners[id] = l
-	registry.mu.Unlock()
-	owner.wg.Add(2)
-	go l.acceptLoop()
-	go func() {
-		defer owner.wg.Done()
-		l.spare <- prepareSpare(owner.ctx, l.dev)
-	}()
-	l.unhook = context.AfterFunc(owner.ctx, func() { l.close(true) })
-	*listenComm = unsafe.Pointer(l.lc)
-	return C.int(resSuccess)
-}
-
-func (l *listener) acceptLoop() {
-	defer l.owner.wg.Done()
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			return // closed by closeListen or finalize
-		}
-		l.owner.wg.Add(1)
-		go l.serve(c)
-	}
-}
-
-// serve runs one incoming control connection and hands its comm to NCCL's next accept.
-func (l *listener) serve(c net.Conn) {
-	defer l.owner.wg.Done()
-	comm, err := acceptHandshake(l.owner.ctx, c, l)
-	if errors.Is(err, errNotAPeer) {
-		infof("listener %v: dropped a TCP client: %v", l.ln.Addr(), err)
-		return
-	}
-	rc := resSuccess
-	if err != nil {
-		warnf("accept: %v", err) // now: accept() returns the error without calling into Go
-		rc = resRemoteError
-	}
-	l.mu.Lock()
-	if !l.closed && C.mpib_listen_push(l.lc, comm, C.int(rc)) == 0 {
-		comm = nil // accept() hands it to NCCL
-	}
-	l.mu.Unlock()
-	if comm != nil {
-		closeComm(comm, true) // the listener closed meanwhile (or no memory): nobody will accept it
-	}
-}
-
-// close stops accepting and destroys handshakes that finished but were never accepted;
-// handshakes still running destroy their own comm when they find the listener closed.
-// inGoroutine: see closeComm.
-func (l *listener) close(inGoroutine bool) {
-	l.mu.Lock()
-	if !l.closed { // the first close happens before NCCL's closeListen frees lc
-		l.closed = true
-		l.ln.Close()
-		C.mpib_listen_close(l.lc)
-	}
-	var unaccepted []*C.struct_mpib_comm
-	var comm *C.struct_mpib_comm
-	var rc C.int
-	for l.lc != nil && C.mpib_listen_pop(l.lc, &comm, &rc) == 1 { // nil: NCCL's closeListen freed it
-		if comm != nil {
-			unaccepted = append(unaccepted, comm)
-		}
-	}
-	l.mu.Unlock()
-	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
-		if p := <-l.spare; p.comm != nil {
-			if inGoroutine {
-				destroyInGoroutine(p.comm)
-			} else {
-				C.mpib_comm_close(p.comm)
-			}
-		}
-	}
-	for _, comm := range unaccepted {
-		closeComm(comm, inGoroutine)
-	}
-}
-
-//export mpibGoCloseListen
-func mpibGoCloseListen(listenComm unsafe.Pointer) C.int {
-	lc := (*C.struct_mpib_listen_comm)(listenComm)
-	registry.mu.Lock()
-	l := registry.listeners[uint64(lc.id)]
-	delete(registry.listeners, uint64(lc.id))
-	registry.mu.Unlock()
-	if l != nil {
-		l.unhook()
-		l.close(false)
-		l.mu.Lock()
-		l.lc = nil // a later close (finalize's) must not touch it
-		l.mu.Unlock()
-	}
-	C.mpib_listen_comm_free(lc)
-	return C.int(resSuccess)
-}
-
 //export mpibGoConnect
-func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsafe.Pointer, sendComm *unsafe.Pointer) C.int {
+func mpibGoConnect(ctxID C.uint64_t, dev C.int, trafficClass C.int, handle unsafe.Pointer, sendComm *unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("connect", &rc)
 	*sendComm = nil
 	hb := unsafe.Slice((*byte)(handle), wire.HandleSize)
 	if id := wire.Attempt(hb); id != 0 {
-		return pollAttempt(id, sendComm)
+		return pollAttempt(id, hb, sendComm)
 	}
 	if idx1, _ := wire.Pending(hb); idx1 != 0 {
 		warnf("connect: the handle's connection attempt was collected already (or reclaimed)")
 		return C.int(resInvalidUsage)
 	}
-	h, owner, tc, rc := prepareConnect(uint64(ctxID), dev, int(trafficClass), hb)
+	h, owner, tc, prc := prepareConnect(uint64(ctxID), dev, int(trafficClass), hb)
 	d := int(dev)
-	if rc != resSuccess {
-		return C.int(rc)
+	if prc != resSuccess {
+		return C.int(prc)
 	}
 	var gen C.uint32_t
-	idx1 := C.mpib_pending_acquire(&gen)
+	idx1 := C.mpib_pending_acquire(handle, &gen)
 	id, ok := startAttempt(owner, h, d, tc, uint32(idx1), uint32(gen))
 	if !ok {
 		if idx1 != 0 {
@@ -288,31 +134,34 @@ func prepareConnect(ctxID uint64, dev C.int, trafficClass int, hb []byte) (wire.
 // It refuses (false) once the context is finalized: the check and wg.Add happen under
 // registry.mu, which endNetCtx takes to remove the context before it waits for wg.
 func startAttempt(owner *netCtx, h wire.Handle, dev, tc int, pend, gen uint32) (uint64, bool) {
-	a := &attempt{owner: owner, done: make(chan struct{}), pend: pend, gen: gen}
+	a := &attempt{owner: owner, key: h, done: make(chan struct{}), pend: pend, gen: gen}
 	registry.mu.Lock()
 	if registry.ctxs[owner.id] != owner {
 		registry.mu.Unlock()
 		warnf("connect: the context was finalized before the handshake started")
 		return 0, false
 	}
-	id := newID()
+	id := newAttemptID()
 	registry.attempts[id] = a
 	owner.wg.Add(1)
 	registry.mu.Unlock()
 	go func() {
 		defer owner.wg.Done()
-		a.res.comm, a.res.err = connectHandshake(owner.ctx, h, dev, tc)
+		a.res.comm, a.res.err = guardHandshake(func() (*C.struct_mpib_comm, error) { return connectHandshake(owner.ctx, h, dev, tc) })
 		close(a.done)
 		if a.pend != 0 {
 			rc := resSuccess
 			if a.res.err != nil {
 				warnf("connect: %v", a.res.err) // connect() returns the error without calling into Go
-				rc = resRemoteError
+				rc = handshakeResult(a.res.err)
 			}
 			C.mpib_pending_finish(C.uint32_t(a.pend), C.uint32_t(a.gen), a.res.comm, C.int(rc))
 		}
 		registry.mu.Lock()
-		a.reclaimTimer = time.AfterFunc(2*handshakeTimeout(), func() { reclaimAttempt(id, a) })
+		a.reclaimTimer = time.AfterFunc(2*handshakeTimeout(), func() {
+			defer recoverGoroutine("connect: reclaiming an uncollected connection")
+			reclaimAttempt(id, a)
+		})
 		registry.mu.Unlock()
 	}()
 	return id, true
@@ -370,9 +219,7 @@ func startConnectDispatcher() {
 					warnf("connect queue: %v (polling it every 10 ms instead)", err)
 					time.Sleep(10 * time.Millisecond)
 				}
-				var req C.struct_mpib_connect_req
-				for C.mpib_connect_dequeue(&req) == 1 {
-					startQueued(&req)
+				for dispatchOne() {
 				}
 				if time.Since(swept) > 100*time.Millisecond {
 					sweepCollected()
@@ -381,6 +228,24 @@ func startConnectDispatcher() {
 			}
 		}()
 	})
+}
+
+// dispatchOne starts the next queued connect, if any (false: the queue is empty). A panic
+// fails only that connect (NCCL's next connect() returns ncclInternalError), never the
+// dispatcher, or every later connect would wait for it forever.
+func dispatchOne() bool {
+	var req C.struct_mpib_connect_req
+	if C.mpib_connect_dequeue(&req) != 1 {
+		return false
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			warnf("connect: internal error: Go panic: %v\n%s", r, debug.Stack())
+			refuseEntry(uint32(req.idx1), uint32(req.gen), resInternalError, 2*handshakeTimeout())
+		}
+	}()
+	startQueued(&req)
+	return true
 }
 
 // startQueued starts one queued connect. A refusal becomes the attempt's result: connect()
@@ -398,14 +263,30 @@ func startQueued(req *C.struct_mpib_connect_req) {
 	refuseEntry(pend, gen, rc, 2*handshakeTimeout())
 }
 
+// newAttemptID names a connect attempt in NCCL's copy of the handle: random, so that a handle
+// forged by a peer rank cannot name another connection's attempt by counting (registry.mu).
+func newAttemptID() uint64 {
+	for {
+		if id := randomNonce(); id != 0 && registry.attempts[id] == nil {
+			return id
+		}
+	}
+}
+
 // pollAttempt is a repeated connect call that C could not answer: an attempt without an
-// entry in the C pending table, or one whose entry was taken already.
-func pollAttempt(id uint64, sendComm *unsafe.Pointer) C.int {
+// entry in the C pending table, or one whose entry was taken already. The handle must name
+// the listener the attempt connects to: one that names another (forged, or corrupted) gets
+// an error and never the attempt's comm.
+func pollAttempt(id uint64, hb []byte, sendComm *unsafe.Pointer) C.int {
 	registry.mu.Lock()
 	a := registry.attempts[id]
 	registry.mu.Unlock()
 	if a == nil {
-		warnf("connect: unknown connection attempt %d in the handle (finalized or reclaimed)", id)
+		warnf("connect: unknown connection attempt in the handle (finalized, reclaimed, or a forged handle)")
+		return C.int(resInvalidArgument)
+	}
+	if h, err := wire.DecodeHandle(hb); err != nil || h != a.key {
+		warnf("connect: the handle names a connection attempt to another listener (a forged or corrupted handle): refused")
 		return C.int(resInvalidArgument)
 	}
 	select {
@@ -416,7 +297,7 @@ func pollAttempt(id uint64, sendComm *unsafe.Pointer) C.int {
 	comm, rc, ok := a.take()
 	forgetAttempt(id)
 	if !ok {
-		warnf("connect: connection attempt %d was collected already (or reclaimed)", id)
+		warnf("connect: the handle's connection attempt was collected already (or reclaimed)")
 		return C.int(resInvalidUsage)
 	}
 	if rc == resSuccess {
@@ -445,7 +326,7 @@ func (a *attempt) take() (*C.struct_mpib_comm, C.ncclResult_t, bool) {
 	}
 	a.taken = true
 	if a.res.err != nil {
-		return nil, resRemoteError, true
+		return nil, handshakeResult(a.res.err), true
 	}
 	return a.res.comm, resSuccess, true
 }
@@ -486,7 +367,12 @@ func (a *attempt) reclaim() *C.struct_mpib_comm {
 // after its socket connects.)
 func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int) (*C.struct_mpib_comm, error) {
 	ready := make(chan prepared, 1)
-	go func() { ready <- prepare(ctx, dev, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass) }()
+	go func() {
+		p := prepared{err: errors.New("building the connection's resources failed (see the panic above)")}
+		defer func() { ready <- p }()
+		defer recoverGoroutine("connect: building the sender")
+		p = prepare(ctx, dev, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass)
+	}()
 	dialStart := time.Now()
 	c, err := dialHello(ctx, h)
 	helloSent := time.Now()
@@ -517,56 +403,13 @@ func dialHello(ctx context.Context, h wire.Handle) (net.Conn, error) {
 	return c, nil
 }
 
-// acceptHandshake is the receiving side of one incoming control connection. Until the
-// client's hello names this listener, failures are errNotAPeer.
-func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mpib_comm, error) {
-	nonce := l.nonce
-	c.SetDeadline(time.Now().Add(helloTimeout()))
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	hello := make([]byte, wire.HelloSize)
-	_, err := io.ReadFull(c, hello)
-	var got uint64
-	if err == nil {
-		got, err = wire.DecodeHello(hello)
-	}
-	if err == nil && got != nonce {
-		err = errors.New("its hello names another listener (a stale or misrouted handle)")
-	}
-	stop()
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
-	}
-	c.SetDeadline(time.Now().Add(handshakeTimeout()))
-	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
-	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
-	return handshake(ctx, c, l.receiver(ctx, local, peer))
-}
-
-// receiver is the accepted connection's prepared receiver: the listener's spare, completed for
-// this path, for its first connection; built now for any other (or when the spare failed or a
-// GID changed since it was built).
-func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepared {
-	start := time.Now()
-	if l.spareTaken.CompareAndSwap(false, true) {
-		p := <-l.spare // at most the rest of its creation
-		if p.err == nil && p.gen == gidGens(l.dev) {
-			if err := p.completeSpare(ctx, local, peer, start); err == nil {
-				return p
-			}
-		}
-		destroyInGoroutine(p.comm)
-	}
-	return prepare(ctx, l.dev, local, peer, false, tcUndef)
-}
-
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
 // the peer and brings every QP to RTS. Both sides compute the path class from the two ends
 // of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
 // c: closed on failure, kept on success as the comm's liveness signal (adoptComm).
 func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
-	comm, err := handshakeSteps(ctx, c, p)
+	comm, err := guardedSteps(ctx, c, p)
 	if !stop() || err != nil {
 		c.Close()
 		destroyInGoroutine(comm)
@@ -577,6 +420,18 @@ func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm
 	}
 	adoptComm(comm, c)
 	return comm, nil
+}
+
+// guardedSteps runs handshakeSteps and turns a panic in them into their error, with the comm
+// they were given, so that handshake frees it and the socket (guard.go).
+func guardedSteps(ctx context.Context, c net.Conn, p prepared) (comm *C.struct_mpib_comm, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			warnf("handshake with %v: Go panic: %v\n%s", p.peer, r, debug.Stack())
+			comm, err = p.comm, &panicError{where: "connection setup with " + p.peer.String(), value: r}
+		}
+	}()
+	return handshakeSteps(ctx, c, p)
 }
 
 // prepared is a comm's verbs resources before its handshake: the path between the control
@@ -679,6 +534,7 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	if p.err != nil {
 		return p.comm, p.err
 	}
+	hostileHook("handshake")
 	comm, st, cfg, peer := p.comm, &p.st, plugin.cfg, p.peer
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)

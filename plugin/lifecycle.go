@@ -107,11 +107,22 @@ func destroyInGoroutine(comm *C.struct_mpib_comm) {
 func onThrowawayThread[T any](fn func() T) T {
 	noteActivity()
 	done := make(chan T, 1)
+	panicked := make(chan any, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+		defer func() {
+			if r := recover(); r != nil {
+				panicked <- r // raised again in the caller, whose guard turns it into an error
+			}
+		}()
 		done <- fn()
 	}()
-	return <-done
+	select {
+	case v := <-done:
+		return v
+	case r := <-panicked:
+		panic(r)
+	}
 }
 
 // trimAfter is how long the control plane stays idle (no slow C call, no close) before the
@@ -282,7 +293,10 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 			raw.Control(func(fd uintptr) { C.mpib_comm_set_ctrl_fd(comm, C.int(fd)) })
 		}
 	}
-	go lc.watch()
+	go func() {
+		defer recoverGoroutine("comm liveness watcher")
+		lc.watch()
+	}()
 }
 
 // fenceRecordSize is the size of a receiver's fence record ('R' messages).
@@ -378,7 +392,8 @@ func closeDevicesIfUnused() {
 }
 
 //export mpibGoCloseComm
-func mpibGoCloseComm(comm unsafe.Pointer) C.int {
+func mpibGoCloseComm(comm unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("close", &rc)
 	if comm != nil {
 		closeComm((*C.struct_mpib_comm)(comm), false)
 	}

@@ -66,7 +66,8 @@ func warnf(format string, args ...any) { logf(C.NCCL_LOG_WARN, format, args...) 
 func infof(format string, args ...any) { logf(C.NCCL_LOG_INFO, format, args...) }
 
 //export mpibGoInit
-func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) C.int {
+func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) (rc C.int) {
+	defer recoverEntry("init", &rc)
 	plugin.mu.Lock()
 	defer plugin.mu.Unlock()
 	// The devices stay open while comms outlive the last finalize; a new init then uses them
@@ -291,7 +292,8 @@ func interfaceIPv4(name string) (netip.Addr, error) {
 }
 
 //export mpibGoFinalize
-func mpibGoFinalize(ctxID C.uint64_t) C.int {
+func mpibGoFinalize(ctxID C.uint64_t) (rc C.int) {
+	defer recoverEntry("finalize", &rc)
 	// Cancel and wait outside plugin.mu: the context's goroutines may need it to finish.
 	endNetCtx(uint64(ctxID))
 	plugin.mu.Lock()
@@ -304,7 +306,8 @@ func mpibGoFinalize(ctxID C.uint64_t) C.int {
 }
 
 //export mpibGoRegMr
-func mpibGoRegMr(comm unsafe.Pointer, data unsafe.Pointer, size C.size_t, typ C.int, fd C.int, offset C.uint64_t, mhandle *unsafe.Pointer) C.int {
+func mpibGoRegMr(comm unsafe.Pointer, data unsafe.Pointer, size C.size_t, typ C.int, fd C.int, offset C.uint64_t, mhandle *unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("regMr", &rc)
 	*mhandle = nil
 	if typ != C.NCCL_PTR_HOST && typ != C.NCCL_PTR_CUDA {
 		warnf("regMr: unsupported memory type %d", int(typ))
@@ -331,7 +334,8 @@ func mpibGoRegMr(comm unsafe.Pointer, data unsafe.Pointer, size C.size_t, typ C.
 }
 
 //export mpibGoDeregMr
-func mpibGoDeregMr(comm unsafe.Pointer, mhandle unsafe.Pointer) C.int {
+func mpibGoDeregMr(comm unsafe.Pointer, mhandle unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("deregMr", &rc)
 	if C.mpib_dereg_mr((*C.struct_mpib_mr)(mhandle)) != 0 {
 		warnf("deregMr failed")
 		return C.int(resSystemError)

@@ -1,0 +1,7 @@
+//go:build !mpibhostile
+
+package main
+
+// hostileHook is a no-op in the plugin users load. The test build (-tags mpibhostile,
+// hostile_on.go) makes it misbehave on purpose when MPIB_TEST_HOSTILE names the point.
+func hostileHook(point string) {}

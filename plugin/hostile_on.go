@@ -1,0 +1,23 @@
+//go:build mpibhostile
+
+package main
+
+// The hostile test build (build/libnccl-net-mpib-hostile.so, `go run mage.go build`): only the
+// lab's hostile-input tests load it (integration/hostile_test.go). MPIB_TEST_HOSTILE names
+// what it does wrong on purpose: go-panic (a Go panic in the handshake, which the plugin must
+// turn into an error), size-overwrite and remote-read (a sender that attacks its receiver over
+// RDMA: mpib_hostile.c). The plugin users load has none of this: hostile_off.go, and the C
+// hooks compile to nothing without MPIB_HOSTILE_TEST.
+
+/*
+#cgo CFLAGS: -DMPIB_HOSTILE_TEST
+*/
+import "C"
+
+import "os"
+
+func hostileHook(point string) {
+	if os.Getenv("MPIB_TEST_HOSTILE") == "go-panic" && point == "handshake" {
+		panic("MPIB_TEST_HOSTILE=go-panic: a panic forced in the handshake (test build)")
+	}
+}

@@ -1,0 +1,395 @@
+package main
+
+/*
+#include "mpib.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/mpib/mpib/plugin/internal/wire"
+)
+
+// The listen side of connection setup: NCCL's listen, its accept (which C answers from the
+// queue filled here) and closeListen. Anybody who can reach the listen port can open TCP
+// connections to it (a port scan, a health probe, a flood): until a client's hello names this
+// listener it is "unproven", and unproven clients are bounded so that they can neither end the
+// accept loop nor take the process's file descriptors, which it shares with NCCL, CUDA and
+// PyTorch (docs/security.md). net_ib accepts only when NCCL calls accept, one at a time; MPIB
+// accepts in the background so that two peers connecting to each other cannot deadlock, so it
+// bounds what it accepts instead.
+
+type listener struct {
+	owner *netCtx
+	dev   int // the fused device NCCL listened on: its connections' comms live there
+	ln    net.Listener
+	nonce uint64
+	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
+
+	// spare is the first connection's receiver, built (SOUT only) right after listen while the
+	// handle travels to the peer; spareTaken says whether a handshake (or close) took it.
+	spare      chan prepared
+	spareTaken atomic.Bool
+	// unhook removes the finalize hook (close on the context's end) once NCCL closed the
+	// listener: the context would otherwise keep every closed listener until finalize.
+	unhook func() bool
+
+	// served: a hello naming this listener was taken. NCCL connects once per listen, so a
+	// second one is a copied handle (refused with a message, never a second comm).
+	served atomic.Bool
+
+	umu      sync.Mutex
+	unproven []net.Conn // accepted, hello not read yet; oldest first
+	drops    dropLog
+
+	mu     sync.Mutex
+	closed bool
+}
+
+const (
+	// maxUnprovenPerListener: a new client beyond it evicts the oldest unproven one. A real
+	// peer's hello is in its socket before the accept (it writes right after connecting), so
+	// it is read long before 32 newer clients arrive, however many idle ones wait.
+	maxUnprovenPerListener = 32
+	// maxUnprovenPerProcess bounds the descriptors all listeners together spend on unproven
+	// clients; beyond it a new client is closed at once.
+	maxUnprovenPerProcess = 256
+	// acceptBackoffMax: the longest pause after a failed accept (out of descriptors or memory).
+	acceptBackoffMax = time.Second
+)
+
+var unprovenTotal atomic.Int64
+
+// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer:
+// a real peer sends its hello right after connecting.
+func helloTimeout() time.Duration {
+	return min(handshakeTimeout(), 3*time.Second)
+}
+
+// errNotAPeer marks an accepted TCP client that never proved it is an MPIB peer of this
+// listener (a port scan, a health probe, a stale rank): it is dropped, not reported to NCCL.
+var errNotAPeer = errors.New("not an MPIB peer of this listener")
+
+// errServedAlready marks a valid hello for a listener that served one already.
+var errServedAlready = errors.New("this listener's handle was used already (NCCL connects once per listen: a copied or replayed handle?): refused")
+
+//export mpibGoListen
+func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm *unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("listen", &rc)
+	*listenComm = nil
+	if rc := checkDevice(dev); rc != C.int(resSuccess) {
+		return rc
+	}
+	owner := lookupCtx(uint64(ctxID))
+	if owner == nil {
+		warnf("listen: unknown or finalized context")
+		return C.int(resInvalidUsage)
+	}
+	ln, err := net.Listen("tcp4", netip.AddrPortFrom(plugin.oobAddr, 0).String())
+	if err != nil {
+		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
+		return C.int(resSystemError)
+	}
+	l := &listener{owner: owner, dev: int(dev), ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
+	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
+		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
+	registry.mu.Lock()
+	id := newID()
+	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
+	if l.lc == nil {
+		registry.mu.Unlock()
+		ln.Close()
+		warnf("listen: out of memory")
+		return C.int(resSystemError)
+	}
+	registry.listeners[id] = l
+	registry.mu.Unlock()
+	owner.wg.Add(2)
+	go l.acceptLoop()
+	go func() {
+		defer owner.wg.Done()
+		defer recoverGoroutine("listen: building the spare receiver")
+		l.spare <- prepareSpare(owner.ctx, l.dev)
+	}()
+	l.unhook = context.AfterFunc(owner.ctx, func() {
+		defer recoverGoroutine("listener: closing at finalize")
+		l.close(true)
+	})
+	*listenComm = unsafe.Pointer(l.lc)
+	return C.int(resSuccess)
+}
+
+// acceptLoop ends only when the listener closes. A failed accept (EMFILE, ENFILE, ENOBUFS,
+// ENOMEM: the process or host is out of something) evicts the oldest unproven client, which
+// frees a descriptor, or else pauses, doubling up to a second; it is logged once per episode.
+func (l *listener) acceptLoop() {
+	defer l.owner.wg.Done()
+	defer recoverGoroutine("listener: accept loop")
+	var backoff time.Duration
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || l.isClosed() {
+				return // closed by closeListen or finalize
+			}
+			backoff = l.acceptFailed(err, backoff)
+			continue
+		}
+		if backoff > 0 {
+			infof("listener %v: accepting again after a resource shortage", l.ln.Addr())
+			backoff = 0
+		}
+		if !l.admit(c) {
+			continue
+		}
+		l.owner.wg.Add(1)
+		go l.serve(c)
+	}
+}
+
+func (l *listener) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// acceptFailed handles one failed accept and returns the next pause.
+func (l *listener) acceptFailed(err error, backoff time.Duration) time.Duration {
+	if backoff == 0 {
+		warnf("listener %v: accept: %v: backing off; the listener stays up (a flood of TCP clients, or the process is out of %s)",
+			l.ln.Addr(), err, map[bool]string{true: "file descriptors", false: "resources"}[isFDShortage(err)])
+	}
+	if l.evictOldest("evicted while the process was out of descriptors") {
+		return max(backoff, time.Millisecond) // a descriptor came free: try again at once
+	}
+	backoff = min(max(2*backoff, 5*time.Millisecond), acceptBackoffMax)
+	time.Sleep(backoff)
+	return backoff
+}
+
+func isFDShortage(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// admit counts a new client as unproven; false when it was closed at once (the process holds
+// its maximum of unproven clients). At this listener's maximum the oldest is evicted.
+func (l *listener) admit(c net.Conn) bool {
+	if unprovenTotal.Add(1) > maxUnprovenPerProcess {
+		unprovenTotal.Add(-1)
+		c.Close()
+		l.drops.note(l.ln.Addr(), "closed at once: the process holds its maximum of unproven TCP clients")
+		return false
+	}
+	l.umu.Lock()
+	full := len(l.unproven) >= maxUnprovenPerListener
+	l.unproven = append(l.unproven, c)
+	l.umu.Unlock()
+	if full {
+		l.evictOldest("evicted by a newer client")
+	}
+	return true
+}
+
+// evictOldest closes the oldest unproven client (its serve goroutine then ends); false when
+// there is none.
+func (l *listener) evictOldest(why string) bool {
+	l.umu.Lock()
+	if len(l.unproven) == 0 {
+		l.umu.Unlock()
+		return false
+	}
+	c := l.unproven[0]
+	l.unproven = l.unproven[1:]
+	l.umu.Unlock()
+	c.Close()
+	l.drops.note(l.ln.Addr(), why)
+	return true
+}
+
+// proven ends a client's unproven time (its hello was read, or reading it failed).
+func (l *listener) proven(c net.Conn) {
+	l.umu.Lock()
+	for i, u := range l.unproven {
+		if u == c {
+			l.unproven = append(l.unproven[:i], l.unproven[i+1:]...)
+			break
+		}
+	}
+	l.umu.Unlock()
+	unprovenTotal.Add(-1)
+}
+
+// serve runs one incoming control connection and hands its comm to NCCL's next accept.
+func (l *listener) serve(c net.Conn) {
+	defer l.owner.wg.Done()
+	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.owner.ctx, c, l) })
+	if errors.Is(err, errNotAPeer) {
+		l.drops.note(l.ln.Addr(), err.Error())
+		return
+	}
+	if errors.Is(err, errServedAlready) {
+		warnf("listener %v: %v", l.ln.Addr(), err)
+		return
+	}
+	rc := resSuccess
+	if err != nil {
+		warnf("accept: %v", err) // now: accept() returns the error without calling into Go
+		rc = handshakeResult(err)
+	}
+	l.mu.Lock()
+	if !l.closed && C.mpib_listen_push(l.lc, comm, C.int(rc)) == 0 {
+		comm = nil // accept() hands it to NCCL
+	}
+	l.mu.Unlock()
+	if comm != nil {
+		closeComm(comm, true) // the listener closed meanwhile (or no memory): nobody will accept it
+	}
+}
+
+// close stops accepting and destroys handshakes that finished but were never accepted;
+// handshakes still running destroy their own comm when they find the listener closed.
+// inGoroutine: see closeComm.
+func (l *listener) close(inGoroutine bool) {
+	l.mu.Lock()
+	if !l.closed { // the first close happens before NCCL's closeListen frees lc
+		l.closed = true
+		l.ln.Close()
+		C.mpib_listen_close(l.lc)
+	}
+	var unaccepted []*C.struct_mpib_comm
+	var comm *C.struct_mpib_comm
+	var rc C.int
+	for l.lc != nil && C.mpib_listen_pop(l.lc, &comm, &rc) == 1 { // nil: NCCL's closeListen freed it
+		if comm != nil {
+			unaccepted = append(unaccepted, comm)
+		}
+	}
+	l.mu.Unlock()
+	for l.evictOldest("the listener closed") {
+	}
+	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
+		if p := <-l.spare; p.comm != nil {
+			if inGoroutine {
+				destroyInGoroutine(p.comm)
+			} else {
+				C.mpib_comm_close(p.comm)
+			}
+		}
+	}
+	for _, comm := range unaccepted {
+		closeComm(comm, inGoroutine)
+	}
+}
+
+//export mpibGoCloseListen
+func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
+	defer recoverEntry("closeListen", &rc)
+	lc := (*C.struct_mpib_listen_comm)(listenComm)
+	registry.mu.Lock()
+	l := registry.listeners[uint64(lc.id)]
+	delete(registry.listeners, uint64(lc.id))
+	registry.mu.Unlock()
+	if l != nil {
+		l.unhook()
+		l.close(false)
+		l.mu.Lock()
+		l.lc = nil // a later close (finalize's) must not touch it
+		l.mu.Unlock()
+	}
+	C.mpib_listen_comm_free(lc)
+	return C.int(resSuccess)
+}
+
+// acceptHandshake is the receiving side of one incoming control connection. Until the
+// client's hello names this listener, failures are errNotAPeer.
+func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mpib_comm, error) {
+	err := l.readHello(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(handshakeTimeout()))
+	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
+	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
+	return handshake(ctx, c, l.receiver(ctx, local, peer))
+}
+
+// readHello reads and checks a client's hello within helloTimeout; the client stops being
+// unproven either way. A valid hello is taken once per listener.
+func (l *listener) readHello(ctx context.Context, c net.Conn) error {
+	defer l.proven(c)
+	c.SetDeadline(time.Now().Add(helloTimeout()))
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	hello := make([]byte, wire.HelloSize)
+	_, err := io.ReadFull(c, hello)
+	var got uint64
+	if err == nil {
+		got, err = wire.DecodeHello(hello)
+	}
+	if err == nil && got != l.nonce {
+		err = errors.New("its hello names another listener (a stale or misrouted handle)")
+	}
+	if err != nil {
+		return fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
+	}
+	if l.served.Swap(true) {
+		return fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)
+	}
+	return nil
+}
+
+// receiver is the accepted connection's prepared receiver: the listener's spare, completed for
+// this path, for its first connection; built now for any other (or when the spare failed or a
+// GID changed since it was built).
+func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepared {
+	start := time.Now()
+	if l.spareTaken.CompareAndSwap(false, true) {
+		p := <-l.spare // at most the rest of its creation
+		if p.err == nil && p.gen == gidGens(l.dev) {
+			if err := p.completeSpare(ctx, local, peer, start); err == nil {
+				return p
+			}
+		}
+		destroyInGoroutine(p.comm)
+	}
+	return prepare(ctx, l.dev, local, peer, false, tcUndef)
+}
+
+// dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one
+// line a second with the count since (a flood must not flood NCCL's log too).
+type dropLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	unseen int
+	total  uint64
+}
+
+func (d *dropLog) note(addr net.Addr, why string) {
+	d.mu.Lock()
+	d.total++
+	d.unseen++
+	if time.Since(d.last) < time.Second {
+		d.mu.Unlock()
+		return
+	}
+	n, total := d.unseen, d.total
+	d.unseen, d.last = 0, time.Now()
+	d.mu.Unlock()
+	if n == 1 {
+		infof("listener %v: dropped a TCP client (%d so far): %s", addr, total, why)
+	} else {
+		infof("listener %v: dropped %d TCP clients in the last second (%d so far; the last: %s)", addr, n, total, why)
+	}
+}
