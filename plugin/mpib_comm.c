@@ -29,7 +29,13 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
  * provider writes the QP's real capabilities back into the attributes. */
-static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline) {
+/* Responder access: data QPs take RDMA writes only (a peer holding an rkey must not read our
+ * memory through them: net_ib's data QPs grant REMOTE_WRITE only too); the loopback flush QP
+ * serves its own RDMA reads. */
+#define MPIB_DATA_QP_ACCESS IBV_ACCESS_REMOTE_WRITE
+#define MPIB_FLUSH_QP_ACCESS IBV_ACCESS_REMOTE_READ
+
+static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline, int access) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -47,7 +53,7 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct i
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = c->nic[rail]->pkey_index;
   a.port_num = c->nic[rail]->port;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  a.qp_access_flags = (unsigned)access;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     ibv_destroy_qp(qp);
     return NULL;
@@ -95,9 +101,9 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t r
   return -rc;
 }
 
-static struct ibv_mr *reg_local(const struct mpib_comm *c, int rail, void *addr, size_t len) {
-  return ibv_reg_mr(c->nic[rail]->pd, addr, len,
-                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+/* Memory of this comm's own: access as given (remote access only where the peer must write). */
+static struct ibv_mr *reg_local(const struct mpib_comm *c, int rail, void *addr, size_t len, int access) {
+  return ibv_reg_mr(c->nic[rail]->pd, addr, len, access);
 }
 
 /* This rail's own address, as the peer would see it (for the loopback flush QP). */
@@ -113,9 +119,9 @@ void mpib_local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_
 static int flush_setup(struct mpib_comm *c, int rail) {
   c->flush_cq[rail] = ibv_create_cq(c->nic[rail]->ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[rail]) return -ENOMEM;
-  c->flush_qp[rail] = create_rc_qp(c, rail, c->flush_cq[rail], NULL, 64, NULL);
+  c->flush_qp[rail] = create_rc_qp(c, rail, c->flush_cq[rail], NULL, 64, NULL, MPIB_FLUSH_QP_ACCESS);
   if (!c->flush_qp[rail]) return -ENOMEM;
-  c->flush_mr[rail] = reg_local(c, rail, c->flush_buf, MPIB_PAGE);
+  c->flush_mr[rail] = reg_local(c, rail, c->flush_buf, MPIB_PAGE, IBV_ACCESS_LOCAL_WRITE); /* the read lands here */
   if (!c->flush_mr[rail]) return -ENOMEM;
   struct mpib_rail_info self;
   mpib_local_rail_info(c, rail, &self);
@@ -131,7 +137,7 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = d->pkey_index;
   a.port_num = d->port;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  a.qp_access_flags = MPIB_DATA_QP_ACCESS; /* only data QPs are rebuilt */
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
   return 0;
 }
@@ -143,12 +149,15 @@ static int rail_setup(struct mpib_comm *c, int rail) {
    * sender's CQ holds a full send queue's worth besides the normal completions. */
   c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
   if (!c->cq[rail]) return -ENOMEM;
-  /* One key for both areas: a peer's write past the CTS area lands in the size records instead
-   * of failing with a remote access error. Every remote offset the protocol uses is in bounds
-   * (CTS slots and fence records, size records and notice words), and a peer that wrote
-   * elsewhere could corrupt the CTS area itself just as well. */
-  c->area_mr[rail] = reg_local(c, rail, c->cts, MPIB_NIC_AREA);
-  if (!c->area_mr[rail]) return -ENOMEM;
+  /* The peer writes the sender's CTS area and the receiver's size area, nothing else (mpib.h:
+   * stage_mr, inbox_mr); a write elsewhere fails with a remote access error. */
+  uint8_t *area = (uint8_t *)c->cts;
+  size_t cts_part[2] = {0, MPIB_CTS_AREA}, sizes_part[2] = {MPIB_SIZES_OFFSET, MPIB_SIZES_AREA};
+  const size_t *stage = c->is_send ? sizes_part : cts_part, *inbox = c->is_send ? cts_part : sizes_part;
+  c->stage_mr[rail] = reg_local(c, rail, area + stage[0], stage[1], IBV_ACCESS_LOCAL_WRITE);
+  if (!c->stage_mr[rail]) return -ENOMEM;
+  c->inbox_mr[rail] = reg_local(c, rail, area + inbox[0], inbox[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!c->inbox_mr[rail]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
     sa.attr.max_wr = MPIB_SRQ_DEPTH;
@@ -163,7 +172,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
-    struct ibv_qp *qp = create_rc_qp(c, rail, c->cq[rail], c->srq[rail], send_wr, &max_inline);
+    struct ibv_qp *qp = create_rc_qp(c, rail, c->cq[rail], c->srq[rail], send_wr, &max_inline, MPIB_DATA_QP_ACCESS);
     if (!qp) {
       MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;
@@ -259,7 +268,7 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
     info->nqps[r] = c->nqps[r];
     if (c->nqps[r] == 0) continue;
     mpib_local_rail_info(c, r, &info->rail[r]);
-    info->rail[r].rkey = c->area_mr[r]->rkey;
+    info->rail[r].rkey = c->inbox_mr[r]->rkey;
     rail_ece(c, r, base, &info->rail[r]);
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
     base += (int)c->nqps[r];
@@ -359,10 +368,11 @@ static void rail_destroy(struct mpib_comm *c, int r) {
   if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
   if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
   if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
-  if (c->area_mr[r]) ibv_dereg_mr(c->area_mr[r]);
+  if (c->stage_mr[r]) ibv_dereg_mr(c->stage_mr[r]);
+  if (c->inbox_mr[r]) ibv_dereg_mr(c->inbox_mr[r]);
   if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
   c->flush_qp[r] = NULL, c->flush_mr[r] = NULL, c->flush_cq[r] = NULL, c->srq[r] = NULL;
-  c->area_mr[r] = NULL, c->cq[r] = NULL;
+  c->stage_mr[r] = NULL, c->inbox_mr[r] = NULL, c->cq[r] = NULL;
   c->srq_posted[r] = 0;
 }
 

@@ -349,7 +349,7 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
     last->wr.rdma.rkey = c->rem_rkey[rail];
     if (rail == p->leader && !p->size_in_imm) {
       sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                   .lkey = c->area_mr[rail]->lkey};
+                                   .lkey = c->stage_mr[rail]->lkey};
       last->sg_list = &sges[nwr];
       last->num_sge = 1;
     }
@@ -389,6 +389,9 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
 static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
+#ifdef MPIB_HOSTILE_TEST
+  mpib_hostile_before_post(c, slot, c->slot_matched[slot], plan.size_in_imm); /* the test build only */
+#endif
   c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
   /* The post time for the completion latency: the path reads no clock per message otherwise,
    * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
@@ -517,7 +520,7 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
 static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled) {
   int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
   struct mpib_cts *cts = c->cts[slot];
-  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->area_mr[rail]->lkey};
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[rail]->lkey};
   struct ibv_send_wr wr = {.wr_id = wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
                            .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
   if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
@@ -586,6 +589,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     cts[r].seq = c->fifo_head + 1;
     cts[r].check = mpib_cts_check(&cts[r]);
     req->sizes[r] = 0;
+    req->posted[r] = sizes[r];
   }
   /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
   int rail = c->cts_rail;
@@ -745,7 +749,7 @@ static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
   /* No working rail to carry it (a RECOVER while the other rail is out too, a FAIL with no
    * rail left): the control socket alone does (ride-through). */
   if (!rail_usable(c, via) && c->ctrl_fd >= 0) return ncclSuccess;
-  return post_control(c, via, stage, c->area_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
+  return post_control(c, via, stage, c->stage_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
 }
 
 /* Receiver -> sender: its fence record of rail r, carried by the other rail and, like the
@@ -764,7 +768,7 @@ static ncclResult_t post_record(struct mpib_comm *c, int r) {
     if (c->ctrl_fd >= 0) return ncclSuccess;
     return rail_fail(c, via, "completion-error", "no rail left for the fence record");
   }
-  return post_control(c, via, st, c->area_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
+  return post_control(c, via, st, c->stage_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
 }
 
 /* Receiver: every open slot's CTS again, on the rail that took the CTS over. */
@@ -1293,8 +1297,8 @@ static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, st
   volatile int32_t *rec = c->sizes[slot];
   for (int r = 0; r < req->nreqs; r++) {
     int32_t got = imm_size != MPIB_IMM_NO_SIZE ? (int32_t)imm_size : rec[r];
-    if (got < 0 || (uint64_t)got > c->cts[slot][r].size) {
-      MPIB_WARN("peer reported %d bytes for a %lu-byte receive", got, (unsigned long)c->cts[slot][r].size);
+    if (got < 0 || (uint64_t)got > req->posted[r]) {
+      MPIB_WARN("peer reported %d bytes for a %zu-byte receive", got, req->posted[r]);
       return ncclRemoteError;
     }
     req->sizes[r] = got;

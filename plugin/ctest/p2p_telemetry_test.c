@@ -109,7 +109,7 @@ static struct mpib_comm *send_comm(uint32_t shm_id) {
     c->nqps[r] = 1;
     c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r};
     c->cq[r] = &cq[r];
-    c->area_mr[r] = &mr;
+    c->stage_mr[r] = &mr;
     c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   }
   return c;

@@ -345,7 +345,7 @@ static struct mpib_comm *make_comm(int side) {
     c->nqps[r] = 1;
     c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[i], .rail = r};
     c->cq[r] = &cq[i];
-    c->area_mr[r] = &fake_mr;
+    c->stage_mr[r] = &fake_mr;
     c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
     if (side == RECV) {
       srq[r].context = &ctx;

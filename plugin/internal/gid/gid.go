@@ -53,16 +53,28 @@ var ErrNoGID = errors.New("no usable GID")
 // the first valid (not link-local) GID of the wanted address family inside NCCL_IB_ADDR_RANGE,
 // preferring NCCL_IB_ROCE_VERSION_NUM. Unlike net_ib it refuses, with a reason, a port where
 // nothing qualifies instead of connecting from index 0 and timing out later.
+// MaxIndex is the highest GID index a connection can use: an address handle names its source
+// GID in 8 bits (ibv_global_route.sgid_index), though tables can be longer (soft-RoCE's has
+// 1024 entries). A larger index would be truncated to another entry.
+const MaxIndex = 255
+
 func ChooseRoCE(table []Entry, index int, p config.GIDPolicy) (int, error) {
+	if index > MaxIndex {
+		return -1, fmt.Errorf("%w: GID index %d is above %d: verbs address a GID with 8 bits (sgid_index)", ErrNoGID, index, MaxIndex)
+	}
 	if index >= 0 {
 		if index >= len(table) || !table[index].Present {
 			return -1, fmt.Errorf("%w: GID index %d is empty or beyond the table of %d", ErrNoGID, index, len(table))
 		}
 		return index, nil
 	}
-	best := -1
+	best, beyond := -1, 0
 	for i, e := range table {
 		if !e.valid() || e.Addr().Is4() == p.IPv6 || (p.Range.IsValid() && !p.Range.Contains(e.Addr())) {
+			continue
+		}
+		if i > MaxIndex {
+			beyond++
 			continue
 		}
 		if best < 0 || (table[best].roceVersion() != p.RoCEVersion && e.roceVersion() == p.RoCEVersion) {
@@ -77,6 +89,9 @@ func ChooseRoCE(table []Entry, index int, p config.GIDPolicy) (int, error) {
 		where := ""
 		if p.Range.IsValid() {
 			where = " in " + p.Range.String()
+		}
+		if beyond > 0 {
+			return -1, fmt.Errorf("%w: the %s RoCE GIDs%s are all above index %d (%d of them), which verbs cannot use (sgid_index is 8 bits): remove addresses from the interface so that the one to use gets a lower index", ErrNoGID, fam, where, MaxIndex, beyond)
 		}
 		return -1, fmt.Errorf("%w: no %s RoCE GID%s among %d entries (set NCCL_IB_GID_INDEX or MPIB_GID_INDEX_*)", ErrNoGID, fam, where, len(table))
 	}

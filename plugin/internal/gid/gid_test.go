@@ -25,6 +25,10 @@ var table = []Entry{
 
 func TestChooseRoCE(t *testing.T) {
 	v2 := config.GIDPolicy{RoCEVersion: 2}
+	// A soft-RoCE-sized table (1024 entries): a v1 address at 7, v2 addresses at 300 and 301.
+	long := make([]Entry, 1024)
+	long[7] = v4("10.0.1.11", TypeRoCEv1)
+	long[300], long[301] = v4("10.0.1.12", TypeRoCEv2), v4("10.0.1.13", TypeRoCEv2)
 	tests := []struct {
 		name  string
 		table []Entry
@@ -43,6 +47,9 @@ func TestChooseRoCE(t *testing.T) {
 		{"configured index empty", table, 7, v2, -1},
 		{"configured index beyond table", table, 9, v2, -1},
 		{"zero GID skipped", []Entry{roce("::", TypeRoCEv2), v4("10.0.1.11", TypeRoCEv2)}, -1, v2, 1},
+		{"auto never picks above 255 (8-bit sgid_index)", long, -1, v2, 7},
+		{"only above 255: refused, not truncated", long[8:], -1, v2, -1},
+		{"configured index above 255 refused", long, 300, v2, -1},
 	}
 	for _, tt := range tests {
 		got, err := ChooseRoCE(tt.table, tt.index, tt.p)
