@@ -159,8 +159,15 @@ func buildPlugin() error {
 		return err
 	}
 	ldflags := "-w -extldflags=-Wl,--version-script=" + script
-	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
-		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin")
+	if err := sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
+		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin"); err != nil {
+		return err
+	}
+	// The hostile test build: the same plugin with test-only misbehaviour (a forced Go panic, a
+	// sender that attacks its receiver) that MPIB_TEST_HOSTILE turns on; only the lab's
+	// hostile-input tests load it (plugin/hostile_on.go, plugin/mpib_hostile.c).
+	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-tags", "mpibhostile", "-ldflags", ldflags,
+		"-o", filepath.Join(buildDir, "libnccl-net-mpib-hostile.so"), "./plugin")
 }
 
 // ensureBuildDeps installs the verbs headers when missing (as root), or names what is missing.

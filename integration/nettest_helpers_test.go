@@ -75,19 +75,25 @@ type nettestPair struct {
 	serverEnv, clientEnv []string // the whole environment (see pluginEnv)
 	clientWrap           []string // a command the client runs under (valgrind), or none
 	args                 []string // options for both sides after --plugin and the role
+	serverLib, clientLib string   // the plugin each side loads (default pluginLib)
 }
 
 // startPair starts the server, then the client connecting to it over a fresh OOB port.
 func startPair(ctx context.Context, t *testing.T, p nettestPair) (srv, cli *Process) {
 	t.Helper()
 	port := strconv.Itoa(int(oobPort.Add(1)))
-	common := append([]string{"--plugin", pluginLib}, p.args...)
-	srv, err := p.server.Start(ctx, p.serverEnv, append([]string{nettestBin, "--role", "server", "--oob-listen", p.server.IP(SOUT) + ":" + port}, common...)...)
+	lib := func(l string) []string {
+		if l == "" {
+			l = pluginLib
+		}
+		return append([]string{"--plugin", l}, p.args...)
+	}
+	srv, err := p.server.Start(ctx, p.serverEnv, append([]string{nettestBin, "--role", "server", "--oob-listen", p.server.IP(SOUT) + ":" + port}, lib(p.serverLib)...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clientCmd := append(append([]string(nil), p.clientWrap...), nettestBin, "--role", "client", "--oob-connect", p.server.IP(SOUT)+":"+port)
-	cli, err = p.client.Start(ctx, p.clientEnv, append(clientCmd, common...)...)
+	cli, err = p.client.Start(ctx, p.clientEnv, append(clientCmd, lib(p.clientLib)...)...)
 	if err != nil {
 		srv.Kill(context.Background())
 		t.Fatal(err)

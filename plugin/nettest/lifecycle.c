@@ -46,6 +46,8 @@ static const struct {
     {"finalize-during-handshake", NT_FINALIZE_HS},
     {"abort-mid-transfer", NT_ABORT},
     {"stray-client", NT_STRAY},
+    {"listener-flood", NT_FLOOD},
+    {"forged-handle", NT_FORGED},
 };
 
 int nt_lifecycle_parse_mode(const char *name, enum nt_mode *m) {
@@ -67,12 +69,13 @@ const char *nt_lifecycle_mode_name(enum nt_mode m) {
   return "?";
 }
 
-int nt_mode_is_lifecycle(enum nt_mode m) { return m == NT_FINALIZE_HS || m == NT_ABORT || m == NT_STRAY; }
+int nt_mode_is_lifecycle(enum nt_mode m) {
+  return m == NT_FINALIZE_HS || m == NT_ABORT || m == NT_STRAY || m == NT_FLOOD || m == NT_FORGED;
+}
 
 /* ---- shared: connect/accept like main's loop, optionally counting accept errors ---- */
 
-static int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
-                           int *accept_errors) {
+int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, int *accept_errors) {
   double start = nt_now(), deadline = start + o->timeout_s;
   int spins = 0;
   while (c->scomm == NULL || c->rcomm == NULL) {
@@ -498,6 +501,8 @@ int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, s
   switch (o->mode) {
   case NT_FINALIZE_HS: return nt_mode_fhs(o, n, oob, c);
   case NT_ABORT: return nt_mode_abort(o, n, oob, c);
+  case NT_FLOOD: return nt_mode_flood(o, n, oob, c);
+  case NT_FORGED: return nt_mode_forged(o, n, oob, c);
   default: return nt_mode_stray(o, n, oob, c);
   }
 }

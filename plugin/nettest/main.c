@@ -256,6 +256,7 @@ static void nt_usage(FILE *f) {
           "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
           "  --idle-us N           verify: sleep N us after a data-loop turn that moved nothing\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
+          "hostile modes (MPIB's handle layout): listener-flood, forged-handle (hostile.c);\n"
           "scale modes: connect, resources (--comms N);\n"
           "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
           "  --help\n"

@@ -166,7 +166,11 @@ int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, stru
   if (sender) {
     nt_xfer_send(&x, &s, &st);
   } else {
+    st.max_rsize = -1;
     nt_xfer_recv(&x, &s, &st);
+    /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
+    nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
+           (long long)st.max_rsize, x.slot_size);
     if (!st.fatal) {
       nt_xfer_final_canary(&x, &st);
     }
@@ -248,7 +252,11 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
       if (sender) {
         nt_xfer_send(&x, &s, &st);
       } else {
-        nt_xfer_recv(&x, &s, &st);
+        st.max_rsize = -1;
+    nt_xfer_recv(&x, &s, &st);
+    /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
+    nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
+           (long long)st.max_rsize, x.slot_size);
       }
       if (st.fatal) {
         nt_oob_abort(oob, "%s: warmup of size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);
@@ -272,7 +280,11 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
     if (sender) {
       nt_xfer_send(&x, &s, &st);
     } else {
-      nt_xfer_recv(&x, &s, &st);
+      st.max_rsize = -1;
+    nt_xfer_recv(&x, &s, &st);
+    /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
+    nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
+           (long long)st.max_rsize, x.slot_size);
     }
     if (st.fatal) {
       nt_oob_abort(oob, "%s: size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);

@@ -31,6 +31,7 @@
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
 enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
                NT_FINALIZE_HS, NT_ABORT, NT_STRAY, /* lifecycle.c: finalize-during-handshake, ... */
+               NT_FLOOD, NT_FORGED,                /* hostile.c: listener-flood, forged-handle */
                NT_CONNECT, NT_RESOURCES };         /* scale.c */
 
 struct nt_counter {
@@ -242,6 +243,7 @@ struct nt_stats {
   double t0, t1;
   uint64_t mismatches;
   uint64_t flushes;
+  int64_t max_rsize; /* receiver: the largest size test() reported (-1: none) */
   char first_err[512];
   int fatal; /* plugin error, stall or peer abort: the run cannot continue */
 };
@@ -292,6 +294,10 @@ int nt_lifecycle_parse_mode(const char *name, enum nt_mode *m);
 const char *nt_lifecycle_mode_name(enum nt_mode m);
 int nt_mode_is_lifecycle(enum nt_mode m);
 int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+/* connect/accept like main's loop; accept errors counted in *accept_errors (NULL: fatal). */
+int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, int *accept_errors);
+int nt_mode_flood(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_forged(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 void nt_forker_start(const struct nt_opts *o);
 void nt_forker_stop(const struct nt_opts *o);
 

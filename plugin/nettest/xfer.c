@@ -718,6 +718,7 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *sch, struct nt_stats 
         for (int j = 0; j < s->g.n; j++) {
           nt_check_msg(x, &s->g, j, rsizes[j], nt_slot_buf(x, head, j), st);
           st->bytes += rsizes[j] > 0 ? (uint64_t)rsizes[j] : 0;
+          if (rsizes[j] > st->max_rsize) st->max_rsize = rsizes[j];
         }
         st->msgs += (uint64_t)s->g.n;
         st->groups++;

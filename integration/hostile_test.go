@@ -1,0 +1,173 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Hostile inputs on real soft-RoCE (docs/security.md): what a stray or hostile party on the
+// network, or a hostile peer rank, can send must not stop a job or corrupt its data.
+
+// hostileLib is the plugin's test build, with test-only misbehaviour that MPIB_TEST_HOSTILE
+// turns on (plugin/hostile_on.go, plugin/mpib_hostile.c); the plugin under test is always
+// the ordinary build (pluginLib).
+const hostileLib = NodeBuildDir + "/libnccl-net-mpib-hostile.so"
+
+// runHostilePair runs a nettest pair (the client sends) where one side may load the test build.
+func runHostilePair(t *testing.T, p nettestPair) pairResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p.args = append([]string{"--timeout-s", "30"}, p.args...)
+	srv, cli := startPair(ctx, t, p)
+	return waitPair(ctx, t, srv, cli, "nettest")
+}
+
+func atoiOr(s string, def int) int {
+	if n, err := strconv.Atoi(s); err == nil {
+		return n
+	}
+	return def
+}
+
+// TestHostileListenerFlood: the server's descriptor limit lowered to 24 above what it holds,
+// the client floods its listen port with TCP clients (idle, junk, closed at once, zeros:
+// thousands) and connects for real in the middle of the flood. The real handshake must
+// complete, the accept loop must survive running out of descriptors, the descriptors must come
+// back, and a replay of the same handle's hello must be refused.
+func TestHostileListenerFlood(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2), lcArgs("--mode", "listener-flood", "--max-size", "1M")...)
+	const sp, cp = "nettest-hostile: case=listener-flood role=server", "nettest-hostile: case=listener-flood role=client"
+	clients := atoiOr(lcField(res.clientOut, cp, "clients"), 0)
+	start, peak, end := atoiOr(lcField(res.serverOut, sp, "fds_start"), -1), atoiOr(lcField(res.serverOut, sp, "fds_peak"), -1), atoiOr(lcField(res.serverOut, sp, "fds_end"), -1)
+	limit := atoiOr(lcField(res.serverOut, sp, "fd_limit"), -1)
+	connected := lcField(res.clientOut, cp, "connected") == "true" && lcField(res.serverOut, sp, "connected") == "true"
+	// The accept loop ran out of descriptors (EMFILE) and went on: it logs the shortage once,
+	// and the real peer connected after it.
+	shortage := strings.Contains(res.serverErr, "backing off; the listener stays up")
+	alive := connected && shortage
+	refused := strings.Contains(res.serverErr, "used already") && lcField(res.clientOut, cp, "replayed_hello_refused") == "true"
+	m := resultRe.FindStringSubmatch(res.serverOut)
+	verifiedOK := m != nil && m[4] == "true"
+	fmt.Printf("hostile: case=listener-flood clients=%d fds_peak=%d accept_loop_alive=%v real_peer_connected=%v connect_ms=%s fd_limit=%d fds_start=%d fds_end=%d replayed_hello_refused=%v verified=%v\n",
+		clients, peak, alive, connected, lcField(res.clientOut, cp, "connect_ms"), limit, start, end, refused, verifiedOK)
+	if clients < 1000 {
+		t.Errorf("the flood opened %d TCP clients, want thousands (>= 1000):\n%s", clients, res)
+	}
+	if !connected || !verifiedOK || res.serverCode != 0 || res.clientCode != 0 {
+		t.Fatalf("the real peer did not connect and verify during the flood:\n%s", res)
+	}
+	if !shortage {
+		t.Errorf("the flood never ran the listener out of descriptors (fd_limit %d, peak %d): the case tested less than it says:\n%s", limit, peak, res)
+	}
+	if peak > limit {
+		t.Errorf("descriptor peak %d above the limit %d", peak, limit)
+	}
+	if end > start {
+		t.Errorf("descriptors did not come back after the flood: %d at the start, %d at the end", start, end)
+	}
+	if !refused {
+		t.Errorf("a second valid hello for the served listener was not refused with a message:\n%s", res)
+	}
+}
+
+// TestHostileForgedHandle: while its honest connect's comm waits to be collected, the client
+// calls connect with handles of another listener carrying the honest handle's attempt id and
+// pending entry (exact, then 63 variations): none may collect a comm, and the honest connect
+// must still get its own and verify.
+func TestHostileForgedHandle(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2), lcArgs("--mode", "forged-handle", "--max-size", "1M")...)
+	const cp = "nettest-hostile: case=forged-handle role=client"
+	guessed, collected := atoiOr(lcField(res.clientOut, cp, "guessed"), 0), atoiOr(lcField(res.clientOut, cp, "collected_other"), -1)
+	m := resultRe.FindStringSubmatch(res.serverOut)
+	verifiedOK := m != nil && m[4] == "true"
+	honest := strings.Contains(res.clientOut, "honest_connected=true")
+	fmt.Printf("hostile: case=forged-handle guessed=%d collected_other=%d refused=%s honest_connected=%v verified=%v\n",
+		guessed, collected, lcField(res.clientOut, cp, "refused"), honest, verifiedOK)
+	if guessed == 0 || collected != 0 {
+		t.Errorf("forged handles: guessed=%d collected_other=%d, want guesses and none collected:\n%s", guessed, collected, res)
+	}
+	if !honest || !verifiedOK || res.serverCode != 0 || res.clientCode != 0 {
+		t.Errorf("the honest connection did not connect and verify after the forgeries:\n%s", res)
+	}
+}
+
+// TestHostilePeerSizeOverwrite: a sender (the test build) writes a larger size into the
+// receiver's own CTS copy and reports more bytes than the receiver posted. The receiver's
+// plugin must never report more than was posted: it refuses the size (an error NCCL sees),
+// and its CTS copy is not writable by the peer at all.
+func TestHostilePeerSizeOverwrite(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
+		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE=size-overwrite"), clientLib: hostileLib,
+		args: []string{"--count", "20", "--max-size", "1M"}})
+	const sp = "nettest-sizes: role=server"
+	reported, posted := atoiOr(lcField(res.serverOut, sp, "reported_bytes_max"), -2), atoiOr(lcField(res.serverOut, sp, "posted_bytes"), -1)
+	attacked := strings.Contains(res.clientErr, "hostile-test: case=peer-size-overwrite")
+	refusedMsg := strings.Contains(res.serverErr, "peer reported")
+	fmt.Printf("hostile: case=peer-size-overwrite reported_bytes_max=%d posted_bytes=%d attacked=%v refused_with_message=%v server_code=%d\n",
+		max(reported, 0), posted, attacked, refusedMsg, res.serverCode)
+	if !attacked || posted <= 0 || reported == -2 {
+		t.Fatalf("the attack did not run or the receiver printed no sizes (attacked=%v):\n%s", attacked, res)
+	}
+	if reported > posted {
+		t.Errorf("the receiver's plugin reported %d bytes for a %d-byte receive: a peer's word became NCCL's size", reported, posted)
+	}
+	if !refusedMsg {
+		t.Errorf("the receiver did not refuse the inflated size with a message:\n%s", res)
+	}
+}
+
+var remoteReadRe = regexp.MustCompile(`hostile-test: case=remote-read rail=\w+ posted=\d status=(-?\d+) denied=(\w+)`)
+
+// TestHostileRemoteRead: a sender (the test build) RDMA-reads the receiver's posted buffer
+// with the rkey its CTS carries, through their data QP. The receiver's data QPs grant remote
+// writes only, so the device must refuse the read.
+func TestHostileRemoteRead(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
+		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE=remote-read"), clientLib: hostileLib,
+		args: []string{"--count", "20", "--max-size", "1M"}})
+	denied, status := "", ""
+	if m := remoteReadRe.FindStringSubmatch(res.clientErr); m != nil {
+		status, denied = m[1], m[2]
+	}
+	m := resultRe.FindStringSubmatch(res.serverOut)
+	fmt.Printf("hostile: case=remote-read denied=%s wc_status=%s verified=%v\n", denied, status, m != nil && m[4] == "true")
+	if denied != "true" {
+		t.Errorf("the peer's RDMA READ of a registered buffer was not refused (denied=%q):\n%s", denied, res)
+	}
+}
+
+// TestHostileGoPanic: the receiver (the test build, MPIB_TEST_HOSTILE=go-panic) panics in Go
+// during the handshake. The plugin must turn it into an error NCCL's accept returns
+// (ncclInternalError, 3), with a message, and the process must go on (the driver prints its
+// verdict and exits by itself, not by a crash).
+func TestHostileGoPanic(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1, "MPIB_TEST_HOSTILE=go-panic"),
+		clientEnv: pluginEnv(a2), serverLib: hostileLib, args: []string{"--count", "4"}})
+	// connect or accept, whichever NCCL's loop calls first after the handshakes failed
+	handshakeErr := strings.Contains(res.serverErr, "failed: rc=3") && strings.Contains(res.serverErr, "internal error in connection setup")
+	// A panic that escaped ends the process from the Go runtime ("panic: ..." and a goroutine
+	// dump, exit 2); the driver's own failure exit is 1.
+	escaped := strings.Contains(res.serverErr, "\npanic: ") || strings.HasPrefix(res.serverErr, "panic: ")
+	alive := res.serverCode == 1 && !escaped
+	fmt.Printf("hostile: case=go-panic handshake_error=%v process_alive=%v server_code=%d client_code=%d\n",
+		handshakeErr, alive, res.serverCode, res.clientCode)
+	if !handshakeErr || !alive {
+		t.Errorf("a Go panic in the handshake must fail it with ncclInternalError and a message, the process alive:\n%s", res)
+	}
+}
