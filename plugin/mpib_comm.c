@@ -29,9 +29,10 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
  * provider writes the QP's real capabilities back into the attributes. */
-/* Responder access: data QPs take RDMA writes only (a peer holding an rkey must not read our
- * memory through them: net_ib's data QPs grant REMOTE_WRITE only too); the loopback flush QP
- * serves its own RDMA reads. */
+/* Responder access: data QPs take RDMA writes only, so a peer holding an rkey cannot read our
+ * memory through them; the loopback flush QP serves its own RDMA reads. net_ib 2.30 grants its
+ * connect side's QPs REMOTE_WRITE only, but its accept side's REMOTE_WRITE | REMOTE_ATOMIC |
+ * REMOTE_READ, for GIN's gets and atomics; MPIB has no GIN, so it grants neither on purpose. */
 #define MPIB_DATA_QP_ACCESS IBV_ACCESS_REMOTE_WRITE
 #define MPIB_FLUSH_QP_ACCESS IBV_ACCESS_REMOTE_READ
 
