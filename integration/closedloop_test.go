@@ -319,12 +319,9 @@ type clSweepPoint struct {
 // the agent's first write replaces it (ClosedLoopStart, 512), which starts its phase 1.
 const clMarker = 384
 
-// TestClosedLoop: both agents' closed loops in one transfer, Go first, then Python, each
-// after its own sweep and through the three phases.
-func TestClosedLoop(t *testing.T) {
-	lab := labOrSkip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
+// startClosedLoopRun starts the closed-loop transfer on a1 -> a2 (the Python CLI warmed first);
+// when the test ends, the pair is killed if still running and a1's shaping removed.
+func startClosedLoopRun(ctx context.Context, t *testing.T, lab *Topology) *clRun {
 	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now()}
 	t.Cleanup(func() {
 		for _, rl := range Rails {
@@ -335,10 +332,20 @@ func TestClosedLoop(t *testing.T) {
 	})
 	r.warmPython(ctx, t)
 	r.startTransfer(ctx, t)
-	defer func() { // a failed test must not leave the pair running
+	t.Cleanup(func() { // a failed test must not leave the pair running
 		r.srv.Kill(context.Background())
 		r.cli.Kill(context.Background())
-	}()
+	})
+	return r
+}
+
+// TestClosedLoop: both agents' closed loops in one transfer, Go first, then Python, each
+// after its own sweep and through the three phases.
+func TestClosedLoop(t *testing.T) {
+	lab := labOrSkip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	r := startClosedLoopRun(ctx, t, lab)
 	phases := map[string]clPhases{}
 	sweeps := map[string][]clSweepPoint{}
 	var outs []string

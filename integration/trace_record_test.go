@@ -30,20 +30,7 @@ func TestRecordLabTrace(t *testing.T) {
 	lab := labOrSkip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now()}
-	t.Cleanup(func() {
-		for _, rl := range Rails {
-			if err := lab.Shape(context.Background(), r.a1, rl, ""); err != nil {
-				t.Errorf("restoring %s shaping: %v", rl, err)
-			}
-		}
-	})
-	r.warmPython(ctx, t)
-	r.startTransfer(ctx, t)
-	defer func() { // a failed test must not leave the pair running
-		r.srv.Kill(context.Background())
-		r.cli.Kill(context.Background())
-	}()
+	r := startClosedLoopRun(ctx, t, lab)
 	r.div = 2 // the halved rates: what a slow host's lab carries (see TestClosedLoop)
 	r.shape(ctx, t, SOUT, r.kbit(clSoutKbit))
 	const remote = "/tmp/mpib-trace.jsonl"
