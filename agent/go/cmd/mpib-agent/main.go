@@ -42,7 +42,9 @@ every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
 durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
 closed-loop --step: largest move of the split per interval in parts per 1024, integer 1..256 (default 64);
 top --json and record: {"t": unix s, "conns": [{slot, gen, pid, conn_id, is_send, path_class,
-  sout_mbps, sup_mbps, last_sup_bw, sout_state, sup_state}]} per interval (csv: one row per connection);
+  sout_mbps, sup_mbps, last_sup_bw, sout_state, sup_state, sout_completed_mbps, sup_completed_mbps,
+  sout_latency_us, sup_latency_us, sout_inflight_bytes, sup_inflight_bytes, applied_sup_bw,
+  flush_wall_ns, dev, sout_nic, sup_nic}]} per interval (csv: one row per connection);
 agents beat every MPIB_AGENT_STALE_MS/4 (default 500 ms)
 `
 

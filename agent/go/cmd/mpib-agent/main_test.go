@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -335,6 +336,18 @@ func TestRunClosedLoopFlags(t *testing.T) {
 		args := append([]string{"--path", path, "--policy", "closed-loop"}, ok...)
 		if err := cmdRun(args, &bytes.Buffer{}); errCode(err) != "io" { // flags fine; no segment there
 			t.Errorf("run %v: want the flags accepted (then io: no segment), got %v", args, err)
+		}
+	}
+}
+
+// TestUsageNamesTopFields: --help names every field top --json and record write (it once
+// named 11 of them).
+func TestUsageNamesTopFields(t *testing.T) {
+	typ := reflect.TypeOf(topConn{})
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		if !regexp.MustCompile(`\b` + name + `\b`).MatchString(usage) {
+			t.Errorf("--help does not name the top --json field %q", name)
 		}
 	}
 }
