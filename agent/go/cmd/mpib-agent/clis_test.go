@@ -224,7 +224,15 @@ func TestCLIsAgree(t *testing.T) {
 	gOut, _, _ = goCLI.run(t, env, "list", "--path", f.path)
 	pOut, _, _ = pyCLI.run(t, env, "list", "--path", f.path)
 	if normalize(gOut) != normalize(pOut) || !strings.Contains(gOut, " inter ") ||
-		!strings.Contains(gOut, " up/down ") || !strings.Contains(gOut, " failed/unknown(9) ") {
+		!strings.Contains(gOut, " up/down ") || !strings.Contains(gOut, " failed/unknown(9) ") ||
+		!strings.Contains(gOut, "\ndefaults: class inter=300\n") { // the class table itself, set above
+		t.Fatalf("list differs:\n--- go\n%s--- python\n%s", gOut, pOut)
+	}
+	peerNet, _ := shm.ParseIPv4("10.0.2.0")
+	f.seg.SetPeerHint(peerNet, 24, 512, true)
+	gOut, _, _ = goCLI.run(t, env, "list", "--path", f.path)
+	pOut, _, _ = pyCLI.run(t, env, "list", "--path", f.path)
+	if normalize(gOut) != normalize(pOut) || !strings.Contains(gOut, "\ndefaults: class inter=300 peer 10.0.2.0/24=512\n") {
 		t.Fatalf("list differs:\n--- go\n%s--- python\n%s", gOut, pOut)
 	}
 	emptyPath := filepath.Join(dir, "empty")

@@ -67,7 +67,33 @@ func cmdList(args []string, out io.Writer) error {
 			v.Telemetry.SoutState.String()+"/"+v.Telemetry.SupState.String(),
 			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10), nicPair(v.Slot))
 	}
+	snap, err := s.Snapshot()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, hintTables(snap))
 	return nil
+}
+
+// hintTables is list's last line: the class and peer defaults as set, whether or not a
+// connection uses them now (hints apply only while an agent beats). mpib-agent-py prints the
+// same line.
+func hintTables(snap *shm.Snapshot) string {
+	line := "defaults:"
+	for c, r := range snap.Class {
+		if r.Valid() {
+			line += fmt.Sprintf(" class %s=%d", shm.PathClass(c), r.SupBw)
+		}
+	}
+	for _, p := range snap.Peers {
+		if p.Record.Valid() {
+			line += fmt.Sprintf(" peer %s/%d=%d", p.Record.PeerIP, p.Record.PrefixLen, p.Record.SupBw)
+		}
+	}
+	if line == "defaults:" {
+		line += " none"
+	}
+	return line
 }
 
 func agentStatus(h shm.Header, now uint64) string {

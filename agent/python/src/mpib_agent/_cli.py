@@ -24,7 +24,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
-from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, class_name, clamp, heartbeat_fresh, total_size
+from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, Snapshot, class_name, clamp, heartbeat_fresh, total_size
 from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates
 from ._segment import (
     Segment,
@@ -189,7 +189,16 @@ def _cmd_list(a: argparse.Namespace) -> int:
                 "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
                 r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes,
                 f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers, _nic_pair(c)))
+        print(_hint_tables(seg.snapshot()))
     return 0
+
+
+def _hint_tables(snap: Snapshot) -> str:
+    """list's last line: the class and peer defaults as set, whether or not a connection uses
+    them now (the Go CLI's hintTables)."""
+    parts = [f"class {class_name(c)}={r.sup_bw}" for c, r in enumerate(snap.class_defaults) if r.valid]
+    parts += [f"peer {p.record.peer_ip}/{p.record.prefix_len}={p.record.sup_bw}" for p in snap.peers if p.record.valid]
+    return "defaults: " + (" ".join(parts) if parts else "none")
 
 
 def _cmd_set(a: argparse.Namespace) -> int:
