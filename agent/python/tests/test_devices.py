@@ -152,7 +152,7 @@ def test_cli_list_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["list", "--path", p, "--dev", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["SLOT", "DEV", "PID:CONN"]
-    assert len(lines) == 3 and lines[2].split()[1:3] == ["1", "4242:3"]
+    assert len(lines) == 4 and lines[2].split()[1:3] == ["1", "4242:3"] and lines[3] == "defaults: none"
 
 
 def test_cli_top_record_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -68,9 +68,9 @@ func TestDevFilter(t *testing.T) {
 	if err := cmdList([]string{"--path", path, "--dev", "7"}, &table); err != nil {
 		t.Fatal(err)
 	}
-	if lines := strings.Split(strings.TrimSpace(table.String()), "\n"); len(lines) != 3 ||
-		!strings.Contains(lines[1], "DEV") || !strings.Contains(lines[2], "mlx5_7/mlx5_sup:2") {
-		t.Errorf("list --dev 7 table: want the status, the header and one row naming its NICs:\n%s", table.String())
+	if lines := strings.Split(strings.TrimSpace(table.String()), "\n"); len(lines) != 4 ||
+		!strings.Contains(lines[1], "DEV") || !strings.Contains(lines[2], "mlx5_7/mlx5_sup:2") || lines[3] != "defaults: none" {
+		t.Errorf("list --dev 7 table: want the status, the header, one row naming its NICs and the defaults:\n%s", table.String())
 	}
 	jl := filepath.Join(t.TempDir(), "rec.jsonl")
 	if err := cmdRecord([]string{"--path", path, "--out", jl, "--count", "1", "--interval", "20ms", "--dev", "1"}, &bytes.Buffer{}); err != nil {
