@@ -7,7 +7,7 @@ import mmap
 import struct
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
 VERSION = 5
@@ -632,8 +632,16 @@ def peer_scan(v: Any, h: Header, ip: int) -> Optional[int]:
     return best
 
 
-def resolve_view(v: Any, h: Header, slot: int, now: int, stale_ns: int) -> Resolution:
-    """Spec 5.3."""
+RecordReader = Callable[[int], Tuple[Record, bool]]
+PeerStep = Callable[[int, int, int], Optional[Resolution]]
+
+
+def resolve_view(v: Any, h: Header, slot: int, now: int, stale_ns: int,
+                 read: Optional[RecordReader] = None, peer: Optional[PeerStep] = None) -> Resolution:
+    """Spec 5.3. ``read`` (offset -> (record, consistent)) and ``peer`` (slot, gen, peer ip ->
+    step 5's resolution, or None when no entry applies) replace the plain seqlock read and the
+    peer table scan: the simulator's cached reader (_hintcache.py) passes its own."""
+    read_rec: RecordReader = read or v.read_record
     if not 0 <= slot < h.nslots:
         return _none("bad_slot")
     if not heartbeat_fresh(v.u64(OFF_HEARTBEAT), now, stale_ns):
@@ -642,27 +650,36 @@ def resolve_view(v: Any, h: Header, slot: int, now: int, stale_ns: int) -> Resol
     if v.u64(off + S_OWNER) & 0xFFFFFFFF != STATE_ACTIVE:
         return _none("inactive")
     gen = v.u32(off + S_GEN)
-    r, ok = v.read_record(off + S_HINT)
+    r, ok = read_rec(off + S_HINT)
     if not ok:
         return _none("busy")
     if r.valid and r.gen == gen:
         return _applied(r.sup_bw, "slot")
     ip = v.u32(off + S_PEER)
-    j = peer_scan(v, h, ip)
-    if j is not None:
-        r, ok = v.read_record(peer_off(h.nslots, j))
-        if not ok:
-            return _none("busy")
-        if r.valid and prefix_match(ip, ip_int(r.peer_ip), r.prefix_len):
-            return _applied(r.sup_bw, "peer")
+    res = peer(slot, gen, ip) if peer is not None else _peer_step(v, h, ip, read_rec)
+    if res is not None:
+        return res
     c = v.u8(off + S_CLASS)
     if c <= 1:
-        r, ok = v.read_record(class_off(c))
+        r, ok = read_rec(class_off(c))
         if not ok:
             return _none("busy")
         if r.valid:
             return _applied(r.sup_bw, "class")
     return _none("no_hint")
+
+
+def _peer_step(v: Any, h: Header, ip: int, read_rec: RecordReader) -> Optional[Resolution]:
+    """Step 5 by a scan of the peer table: the matching entry's hint, ``busy``, or None."""
+    j = peer_scan(v, h, ip)
+    if j is None:
+        return None
+    r, ok = read_rec(peer_off(h.nslots, j))
+    if not ok:
+        return _none("busy")
+    if r.valid and prefix_match(ip, ip_int(r.peer_ip), r.prefix_len):
+        return _applied(r.sup_bw, "peer")
+    return None
 
 
 def resolve(buf: Buffer, slot: int, now_ns: int, stale_ns: int) -> Resolution:

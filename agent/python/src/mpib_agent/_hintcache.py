@@ -19,26 +19,17 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from ._format import (
-    OFF_HEARTBEAT,
     OFF_PEERS_EPOCH,
-    S_CLASS,
-    S_GEN,
-    S_HINT,
-    S_OWNER,
-    S_PEER,
-    STATE_ACTIVE,
     R_SEQ,
     Record,
     Resolution,
     _applied,
     _none,
-    class_off,
-    heartbeat_fresh,
     ip_int,
     peer_off,
     peer_scan,
     prefix_match,
-    slot_off,
+    resolve_view,
 )
 from ._segment import Segment
 
@@ -66,33 +57,12 @@ class CachedResolver:
         return r, ok
 
     def resolve(self, slot: int, now: int, stale_ns: int) -> Resolution:
+        """Spec 5.3 (``resolve_view``) with the cached record reads and peer lookup."""
         seg = self.seg
         with seg._io:
-            v, h = seg._v, seg._h
-            if not 0 <= slot < h.nslots:
-                return _none("bad_slot")
-            if not heartbeat_fresh(v.u64(OFF_HEARTBEAT), now, stale_ns):
-                return _none("stale")
-            off = slot_off(slot)
-            if v.u64(off + S_OWNER) & 0xFFFFFFFF != STATE_ACTIVE:
-                return _none("inactive")
-            gen = v.u32(off + S_GEN)
-            r, ok = self._record(v, off + S_HINT)
-            if not ok:
-                return _none("busy")
-            if r.valid and r.gen == gen:
-                return _applied(r.sup_bw, "slot")
-            peer = self._resolve_peer(slot, gen, v.u32(off + S_PEER))
-            if peer is not None:
-                return peer
-            c = v.u8(off + S_CLASS)
-            if c <= 1:
-                r, ok = self._record(v, class_off(c))
-                if not ok:
-                    return _none("busy")
-                if r.valid:
-                    return _applied(r.sup_bw, "class")
-            return _none("no_hint")
+            v = seg._v
+            return resolve_view(v, seg._h, slot, now, stale_ns,
+                                read=lambda off: self._record(v, off), peer=self._resolve_peer)
 
     def _resolve_peer(self, slot: int, gen: int, ip: int) -> Optional[Resolution]:
         """Step 5: the peer entry's hint, ``busy``, or None (no entry applies)."""
