@@ -28,6 +28,17 @@ func runHostilePair(t *testing.T, p nettestPair) pairResult {
 	return waitPair(ctx, t, srv, cli, "nettest")
 }
 
+// runAttackingSender runs a verify pair a2 -> a1 whose sender is the test build making the
+// attack MPIB_TEST_HOSTILE names; the receiver is the plugin under test.
+func runAttackingSender(t *testing.T, attack string) pairResult {
+	t.Helper()
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	return runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
+		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE="+attack), clientLib: hostileLib,
+		args: []string{"--count", "20", "--max-size", "1M"}})
+}
+
 func atoiOr(s string, def int) int {
 	if n, err := strconv.Atoi(s); err == nil {
 		return n
@@ -106,11 +117,7 @@ func TestHostileForgedHandle(t *testing.T) {
 // plugin must never report more than was posted: it refuses the size (an error NCCL sees),
 // and its CTS copy is not writable by the peer at all.
 func TestHostilePeerSizeOverwrite(t *testing.T) {
-	lab := labOrSkip(t)
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
-		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE=size-overwrite"), clientLib: hostileLib,
-		args: []string{"--count", "20", "--max-size", "1M"}})
+	res := runAttackingSender(t, "size-overwrite")
 	const sp = "nettest-sizes: role=server"
 	reported, posted := atoiOr(lcField(res.serverOut, sp, "reported_bytes_max"), -2), atoiOr(lcField(res.serverOut, sp, "posted_bytes"), -1)
 	attacked := strings.Contains(res.clientErr, "hostile-test: case=peer-size-overwrite")
@@ -134,11 +141,7 @@ var remoteReadRe = regexp.MustCompile(`hostile-test: case=remote-read rail=\w+ p
 // with the rkey its CTS carries, through their data QP. The receiver's data QPs grant remote
 // writes only, so the device must refuse the read.
 func TestHostileRemoteRead(t *testing.T) {
-	lab := labOrSkip(t)
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
-		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE=remote-read"), clientLib: hostileLib,
-		args: []string{"--count", "20", "--max-size", "1M"}})
+	res := runAttackingSender(t, "remote-read")
 	denied, status := "", ""
 	if m := remoteReadRe.FindStringSubmatch(res.clientErr); m != nil {
 		status, denied = m[1], m[2]
