@@ -26,7 +26,7 @@ def test_evaluate_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(lines) == len(ev.BUILTIN) * len(ev.SCENARIOS)
     for line in lines:
         report(line)
-    report(f"evaluate: {len(lines)} policy x scenario pairs, seeds={SEEDS}, {time.perf_counter() - t0:.1f} s")
+    report(f"evaluate-summary: pairs={len(lines)} seeds={SEEDS} seconds={time.perf_counter() - t0:.1f}")
     got = {}
     for line in lines:
         f = dict(kv.split("=", 1) for kv in line.split()[1:])
