@@ -97,7 +97,7 @@ const labPackage = "./integration/"
 // Faults runs the lab's fault-injection and leak suites (docs/failover.md): rails cut,
 // black-holed, lossy, flapping and deleted under verified transfers, errors where no rail is
 // left (these two also run in every lab suite, checked there against wider bounds), and
-// 300 connect/close and 30 failover/recovery cycles (these also run in every lab suite),
+// 200 connect/close and 20 failover/recovery cycles (these also run in every lab suite),
 // all checked against the targets (about 12 minutes).
 func (Test) Faults() error {
 	mg.Deps(Build)

@@ -153,14 +153,14 @@ func checkThreads(t *testing.T, f threadFigures) {
 	}
 }
 
-// TestLeakConnectClose: 300 connections opened and closed in one pair of processes (b1 -> b2,
+// TestLeakConnectClose: 200 connections opened and closed in one pair of processes (b1 -> b2,
 // vanilla) after 300 that warm it up: rounds of 10 at once (listen, connect/accept, one
 // verified message each way, close). Each side reports fds, threads, RSS and its QPs/MRs
 // every 5 rounds, 0.5 s after the round's close (at rest), and the most threads it saw while
 // the round's connections were set up; the baseline is round 30 (RSS grew by about 450 KiB
 // from round 30 to 80 in the runs with 80 warm-up rounds, then stayed: under the bound; 1000
 // cycles after 800 cost 13 minutes of every CI run, and a leak of anything per connection
-// shows in 300). The warm-up is what a
+// shows in 200: 200 of it). The warm-up is what a
 // process does before it settles: its heap reaches its size. The driver turns
 // transparent huge pages off for itself in this mode: with them RSS moved in 2 MiB steps
 // (one such step after round 30 failed a CI run at +2.8 MiB).
@@ -173,7 +173,7 @@ func TestLeakConnectClose(t *testing.T) {
 	t.Parallel()
 	client, server := lab.Node("b1"), lab.Node("b2")
 	const comms, every, base = 10, 5, 30
-	cycles := leakCycles(300)
+	cycles := leakCycles(200)
 	rounds := base + max(cycles/comms, every)
 	cycles = (rounds - base) * comms
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -296,7 +296,7 @@ func TestMinSample(t *testing.T) {
 }
 
 // TestLeakFailoverRecovery: during one a1 -> a2 transfer (vanilla: all on SUP), a1's SUP link
-// goes down until a1's send comm fails over, then up until it recovers, 30 times. Both
+// goes down until a1's send comm fails over, then up until it recovers, 20 times. Both
 // processes are probed after cycle 10, after cycle 20 and after the last (sample: the least of
 // 5 probes); fds, QPs, MRs and RSS are judged from cycle 10 to the end, threads by
 // recurringGrowth; the transfer must stay verified.
@@ -305,7 +305,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	t.Parallel()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	t.Cleanup(func() { restoreLab(t, a1, a2) })
-	cycles := max(leakCycles(30), 4)
+	cycles := max(leakCycles(20), 4)
 	const warm = 10
 	mid := warm + (cycles-warm)/2
 	if cycles <= warm {
