@@ -352,3 +352,10 @@ func TestCheckPeerGID(t *testing.T) {
 		t.Errorf("unaddressed: %v", err)
 	}
 }
+
+// The handle carries as many SUP addresses as a device may have ports.
+func TestBoundsAgree(t *testing.T) {
+	if topo.MaxSupPorts != wire.MaxSupAddrs {
+		t.Fatalf("topo.MaxSupPorts %d, wire.MaxSupAddrs %d", topo.MaxSupPorts, wire.MaxSupAddrs)
+	}
+}
