@@ -24,6 +24,7 @@ import (
 
 	"github.com/mpib/mpib/plugin/internal/config"
 	"github.com/mpib/mpib/plugin/internal/gid"
+	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
@@ -360,21 +361,35 @@ func (a *attempt) reclaim() *C.struct_mpib_comm {
 	return comm
 }
 
-// connectHandshake is the sending side: dial, hello, metadata, QPs to RTS, ready.
-// The sender builds its verbs resources while it dials: both ends of the control connection
-// are known from the handle (the dial binds to the OOB address), so nothing waits for the
-// socket, and the resources are ready when the peer's metadata arrives. (net_ib creates them
-// after its socket connects.)
+// connectHandshake is the sending side: decide the SUP pair, dial, hello, metadata, QPs to
+// RTS, ready. The sender builds its verbs resources while it dials: both ends of the control
+// connection are known from the handle (the dial binds to the OOB address), and so is the SUP
+// pair, so nothing waits for the socket, and the resources are ready when the peer's metadata
+// arrives. (net_ib creates them after its socket connects.)
 func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int) (*C.struct_mpib_comm, error) {
+	peer := h.Addr.Addr().Unmap()
+	path, err := topo.Classify(plugin.oobAddr, peer, plugin.cfg.IslandPrefixLen)
+	if err != nil {
+		return nil, err
+	}
+	plan, supGID, err := connectPlan(dev, h, path)
+	if err != nil {
+		// A relay mismatch: the hello still goes (naming no pair), so that the listener fails
+		// with the same message instead of waiting for a peer that never comes.
+		if c, derr := dialHello(ctx, h, plan); derr == nil {
+			c.Close()
+		}
+		return nil, fmt.Errorf("peer %v: %w", h.Addr, err)
+	}
 	ready := make(chan prepared, 1)
 	go func() {
 		p := prepared{err: errors.New("building the connection's resources failed (see the panic above)")}
 		defer func() { ready <- p }()
 		defer recoverGoroutine("connect: building the sender")
-		p = prepare(ctx, dev, plugin.oobAddr, h.Addr.Addr().Unmap(), true, trafficClass)
+		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supGID)
 	}()
 	dialStart := time.Now()
-	c, err := dialHello(ctx, h)
+	c, err := dialHello(ctx, h, plan)
 	helloSent := time.Now()
 	p := <-ready
 	if err != nil {
@@ -388,15 +403,20 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 	return handshake(ctx, c, p)
 }
 
-// dialHello opens the control connection and names the listener it expects.
-func dialHello(ctx context.Context, h wire.Handle) (net.Conn, error) {
+// dialHello opens the control connection and names the listener it expects, our
+// MPIB_SUP_RELAY and the SUP pair we chose.
+func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan) (net.Conn, error) {
+	hello, err := wire.EncodeHello(plan.Hello(h.Nonce, plugin.cfg.SupRelay))
+	if err != nil {
+		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
+	}
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Timeout: handshakeTimeout()}
 	c, err := d.DialContext(ctx, "tcp4", h.Addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
 	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout()))
-	if _, err := c.Write(wire.EncodeHello(h.Nonce)); err != nil {
+	if _, err := c.Write(hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
@@ -442,6 +462,7 @@ type prepared struct {
 	comm   *C.struct_mpib_comm
 	isSend bool
 	path   topo.PathClass
+	sup    suppair.Plan // the SUP pair both ends agreed on in the hello
 	prefix [2]uint8
 	local  netip.Addr
 	peer   netip.Addr
@@ -466,12 +487,12 @@ func allGIDGens() uint32 {
 }
 
 // prepareSpare builds a listener's receiver before any peer is known: SOUT's QPs, which every
-// path has. The handshake that takes it adds SUP's if its path wants them (completeSpare).
-// Receivers of inter-island connections thus never have SUP QPs, as if built at accept.
+// path has. The handshake that takes it adds SUP's if its SUP pair wants them (completeSpare).
+// Receivers without a SUP pair thus never have SUP QPs, as if built at accept.
 func prepareSpare(ctx context.Context, dev int) prepared {
 	p := prepared{dev: dev, gen: gidGens(dev), st: setupTimes{last: time.Now()}}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(dev, false, topo.InterIsland, tcUndef, false)
+	params, p.prefix, p.err = connParams(dev, false, topo.InterIsland, tcUndef, false, -1)
 	if p.err != nil {
 		return p
 	}
@@ -479,15 +500,11 @@ func prepareSpare(ctx context.Context, dev int) prepared {
 	return p
 }
 
-// completeSpare fits a spare to its connection: the path, and SUP's QPs when the path wants
-// them. The setup times start at the hello; create is then SUP's part only.
-func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, start time.Time) error {
-	p.local, p.peer, p.st = local, peer, setupTimes{last: start}
-	var err error
-	if p.path, err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen); err != nil {
-		return err
-	}
-	params, prefix, err := connParams(p.dev, false, p.path, tcUndef, true)
+// completeSpare fits a spare to its connection: the path, and SUP's QPs when the SUP pair
+// wants them. The setup times start at the hello; create is then SUP's part only.
+func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supGID int, start time.Time) error {
+	p.local, p.peer, p.path, p.sup, p.st = local, peer, path, sup, setupTimes{last: start}
+	params, prefix, err := connParams(p.dev, false, path, tcUndef, sup.SUP(), supGID)
 	if err != nil {
 		return err
 	}
@@ -512,14 +529,12 @@ func createComm(ctx context.Context, params *C.struct_mpib_conn_params) (*C.stru
 	return comm, err
 }
 
-func prepare(ctx context.Context, dev int, local, peer netip.Addr, isSend bool, trafficClass int) prepared {
-	p := prepared{dev: dev, isSend: isSend, local: local, peer: peer, st: setupTimes{last: time.Now()}}
-	p.path, p.err = topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
-	if p.err != nil {
-		return p
-	}
+// prepare builds a comm for a known path and SUP pair (supGID: the pair's SUP GID index, -1
+// for net_ib's rule).
+func prepare(ctx context.Context, dev int, local, peer netip.Addr, path topo.PathClass, isSend bool, trafficClass int, sup suppair.Plan, supGID int) prepared {
+	p := prepared{dev: dev, isSend: isSend, local: local, peer: peer, path: path, sup: sup, st: setupTimes{last: time.Now()}}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(dev, isSend, p.path, trafficClass, true)
+	params, p.prefix, p.err = connParams(dev, isSend, path, trafficClass, sup.SUP(), supGID)
 	if p.err != nil {
 		return p
 	}
@@ -547,7 +562,9 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	if p.isSend {
 		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
 	}
-	dropUnreachableSup(comm, &mine, &theirs, peer)
+	if err := checkSupMetadata(comm, p.sup, &mine, &theirs, peer); err != nil {
+		return comm, err
+	}
 	remote := metadataToC(theirs)
 	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_connect(comm, &remote) })
 	if err != nil {
@@ -563,9 +580,9 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	st.mark(&st.ack)
 	registerWithAgent(comm, p.local, peer, p.path, p.isSend)
 	st.mark(&st.agent)
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, traffic class %d, SL %d, setup %v",
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v, traffic class %d, SL %d, setup %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], int(comm.tc), int(comm.sl), st)
+		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, int(comm.tc), int(comm.sl), st)
 	return comm, nil
 }
 
@@ -596,23 +613,28 @@ func (st *setupTimes) String() string {
 	return s
 }
 
-// connParams chooses what a new comm's QPs are built with: QP counts from the mode and path,
-// each rail's GID (read now: addresses can change after init) and the traffic class.
-// withSup false leaves SUP out whatever the path (a listener's spare).
-func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, withSup bool) (C.struct_mpib_conn_params, [2]uint8, error) {
+// connParams chooses what a new comm's QPs are built with: QP counts from the mode and the
+// SUP pair (withSup: the pair agreed in the hello wants SUP QPs), each rail's GID (read now:
+// addresses can change after init; SUP's is the pair's port, supGID, or net_ib's rule when
+// -1) and the traffic class.
+func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, withSup bool, supGID int) (C.struct_mpib_conn_params, [2]uint8, error) {
 	cfg := plugin.cfg
 	var p C.struct_mpib_conn_params
 	var prefix [2]uint8
 	p.dev, p.is_send, p.mode, p.path_class = C.int(dev), boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
-	if withSup && C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0 {
+	if withSup {
 		p.nqps[1] = C.uint32_t(cfg.SupQPs)
 	}
 	for rail, r := range []config.Rail{cfg.Devices[dev].Sout, cfg.Devices[dev].Sup} {
 		if p.nqps[rail] == 0 {
 			continue
 		}
-		idx, addr, err := chooseGID(int(C.mpib_g.fdev[dev].nic[rail]), r.GIDIndex)
+		configured := r.GIDIndex
+		if rail == 1 && supGID >= 0 {
+			configured = supGID // the port the pair names (chosen by the same rule, just now)
+		}
+		idx, addr, err := chooseGID(int(C.mpib_g.fdev[dev].nic[rail]), configured)
 		if err != nil {
 			return p, prefix, fmt.Errorf("%s rail %s: %w", railNames[rail], r.HCA, err)
 		}
@@ -677,7 +699,7 @@ func warmGIDTables() {
 		for nic := range int(C.mpib_g.nnics) {
 			readGIDTable(nic)
 		}
-		localPrefixes()
+		localAddrs()
 	}()
 }
 
@@ -697,72 +719,15 @@ func chooseGID(nic, configured int) (int, netip.Addr, error) {
 	return idx, table[idx].Addr(), nil
 }
 
-// interfacePrefixLen is the prefix length of the local interface address equal to addr, or 0
-// when no interface holds it (InfiniBand GIDs, or an address outside this network namespace).
-// The interface list is cached like the GID tables, and read again when either table changed
-// (on RoCE every address added or removed is a GID change). A new prefix length on an address
-// that stays changes no GID: it is seen when the cache ages out (30 s).
-func interfacePrefixLen(addr netip.Addr) uint8 {
-	for _, pfx := range localPrefixes() {
-		if pfx.Addr().Unmap() == addr {
-			return uint8(pfx.Bits())
-		}
-	}
-	return 0
-}
-
-var ifPrefixes struct {
-	mu  sync.Mutex
-	at  time.Time
-	gen uint32
-	all []netip.Prefix
-}
-
-func localPrefixes() []netip.Prefix {
-	ifPrefixes.mu.Lock()
-	defer ifPrefixes.mu.Unlock()
-	gen := allGIDGens()
-	if ifPrefixes.all != nil && gen == ifPrefixes.gen && time.Since(ifPrefixes.at) < gidTableMaxAge {
-		return ifPrefixes.all
-	}
-	addrs, _ := net.InterfaceAddrs()
-	all := []netip.Prefix{}
-	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
-			all = append(all, pfx)
-		}
-	}
-	ifPrefixes.all, ifPrefixes.at, ifPrefixes.gen = all, time.Now(), gen
-	return all
-}
-
 // forgetGIDTables drops the cached tables and addresses (the devices closed; a reopen reads
 // afresh, and its event counts start again).
 func forgetGIDTables() {
 	gidTables.mu.Lock()
 	gidTables.table = [C.MPIB_MAX_NICS][]gid.Entry{}
 	gidTables.mu.Unlock()
-	ifPrefixes.mu.Lock()
-	ifPrefixes.all = nil
-	ifPrefixes.mu.Unlock()
-}
-
-// dropUnreachableSup removes SUP from a connection whose peer's SUP address is outside our SUP
-// subnet (or ours outside theirs): both ends decide from the same two facts, so they agree.
-// Vanilla traffic then goes on SOUT instead of failing or timing out in the RTR transition.
-func dropUnreachableSup(comm *C.struct_mpib_comm, mine, theirs *wire.Metadata, peer netip.Addr) {
-	if mine.NQPs[1] == 0 {
-		return
-	}
-	l, p := mine.Rail[1], theirs.Rail[1]
-	la, pa := netip.AddrFrom16(l.GID).Unmap(), netip.AddrFrom16(p.GID).Unmap()
-	if l.LinkLayer != wire.LinkLayerEthernet || gid.SupReachable(la, l.PrefixLen, pa, p.PrefixLen) {
-		return
-	}
-	infof("peer %v: its SUP address %v/%d and ours %v/%d share no subnet: this connection uses SOUT only",
-		peer, pa, p.PrefixLen, la, l.PrefixLen)
-	inVerbsSlot(func() { C.mpib_comm_drop_rail(comm, 1) })
-	mine.NQPs[1], theirs.NQPs[1] = 0, 0
+	ifAddrs.mu.Lock()
+	ifAddrs.all = nil
+	ifAddrs.mu.Unlock()
 }
 
 func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Metadata, error) {

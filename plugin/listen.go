@@ -18,6 +18,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mpib/mpib/plugin/internal/suppair"
+	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
@@ -35,6 +37,7 @@ type listener struct {
 	dev   int // the fused device NCCL listened on: its connections' comms live there
 	ln    net.Listener
 	nonce uint64
+	adv   wire.Handle                // the handle it published: the SUP addresses a hello may name
 	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
 
 	// spare is the first connection's receiver, built (SOUT only) right after listen while the
@@ -102,8 +105,12 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		return C.int(resSystemError)
 	}
 	l := &listener{owner: owner, dev: int(dev), ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
-	wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize),
-		wire.Handle{Addr: netip.MustParseAddrPort(ln.Addr().String()), Nonce: l.nonce})
+	l.adv = listenerHandle(l.dev, netip.MustParseAddrPort(ln.Addr().String()), l.nonce)
+	if err := wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize), l.adv); err != nil {
+		ln.Close() // a bug: suppair.Describe admits only addresses a handle carries
+		warnf("listen: %v", err)
+		return C.int(resInternalError)
+	}
 	registry.mu.Lock()
 	id := newID()
 	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
@@ -312,59 +319,70 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
 }
 
 // acceptHandshake is the receiving side of one incoming control connection. Until the
-// client's hello names this listener, failures are errNotAPeer.
+// client's hello names this listener, failures are errNotAPeer. The hello's SUP pair is then
+// checked against what this listener advertised and its SUP ports now.
 func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mpib_comm, error) {
-	err := l.readHello(ctx, c)
+	hello, err := l.readHello(ctx, c)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.SetDeadline(time.Now().Add(handshakeTimeout()))
+	start := time.Now()
+	c.SetDeadline(start.Add(handshakeTimeout()))
 	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
-	return handshake(ctx, c, l.receiver(ctx, local, peer))
+	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
+	var plan suppair.Plan
+	var supGID int
+	if err == nil {
+		plan, supGID, err = acceptPlan(l.dev, l.adv, hello, peer, path)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return handshake(ctx, c, l.receiver(ctx, local, peer, path, plan, supGID, start))
 }
 
 // readHello reads and checks a client's hello within helloTimeout; the client stops being
 // unproven either way. A valid hello is taken once per listener.
-func (l *listener) readHello(ctx context.Context, c net.Conn) error {
+func (l *listener) readHello(ctx context.Context, c net.Conn) (wire.Hello, error) {
 	defer l.proven(c)
 	c.SetDeadline(time.Now().Add(helloTimeout()))
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	hello := make([]byte, wire.HelloSize)
-	_, err := io.ReadFull(c, hello)
-	var got uint64
+	b := make([]byte, wire.HelloSize)
+	_, err := io.ReadFull(c, b)
+	var hello wire.Hello
 	if err == nil {
-		got, err = wire.DecodeHello(hello)
+		hello, err = wire.DecodeHello(b)
 	}
-	if err == nil && got != l.nonce {
+	if err == nil && hello.Nonce != l.nonce {
 		err = errors.New("its hello names another listener (a stale or misrouted handle)")
 	}
 	if err != nil {
-		return fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
+		return hello, fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
 	}
 	if l.served.Swap(true) {
-		return fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)
+		return hello, fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)
 	}
-	return nil
+	return hello, nil
 }
 
 // receiver is the accepted connection's prepared receiver: the listener's spare, completed for
-// this path, for its first connection; built now for any other (or when the spare failed or a
-// GID changed since it was built).
-func (l *listener) receiver(ctx context.Context, local, peer netip.Addr) prepared {
-	start := time.Now()
+// this path and SUP pair, for its first connection; built now for any other (or when the spare
+// failed or a GID changed since it was built).
+func (l *listener) receiver(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supGID int, start time.Time) prepared {
 	if l.spareTaken.CompareAndSwap(false, true) {
 		p := <-l.spare // at most the rest of its creation
 		if p.err == nil && p.gen == gidGens(l.dev) {
-			if err := p.completeSpare(ctx, local, peer, start); err == nil {
+			if err := p.completeSpare(ctx, local, peer, path, sup, supGID, start); err == nil {
 				return p
 			}
 		}
 		destroyInGoroutine(p.comm)
 	}
-	return prepare(ctx, l.dev, local, peer, false, tcUndef)
+	return prepare(ctx, l.dev, local, peer, path, false, tcUndef, sup, supGID)
 }
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one

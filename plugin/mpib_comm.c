@@ -226,7 +226,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->mode = p->mode;
   c->path_class = p->path_class;
   c->sup_relay = mpib_g.sup_relay;
-  c->cts_rail = mpib_cts_rail(p->mode, p->path_class);
+  c->cts_rail = mpib_cts_rail(p->mode, p->path_class, p->nqps[MPIB_RAIL_SUP]);
   c->ctrl_fd = -1;
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;
@@ -404,7 +404,7 @@ int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, in
     }
   }
   c->path_class = path_class;
-  c->cts_rail = mpib_cts_rail(c->mode, path_class);
+  c->cts_rail = mpib_cts_rail(c->mode, path_class, c->nqps[MPIB_RAIL_SUP]);
   return 0;
 }
 

@@ -156,10 +156,12 @@ static inline int mpib_sup_qps_wanted(int mode, int path_class, int sup_relay) {
   return mode == MPIB_MODE_ADVANCED && sup_relay;
 }
 
-/* The rail that carries the receiver's CTS writes (always its first QP on that rail). */
-static inline int mpib_cts_rail(int mode, int path_class) {
-  return (mode == MPIB_MODE_VANILLA && path_class == MPIB_PATH_INTRA_ISLAND) ? MPIB_RAIL_SUP
-                                                                            : MPIB_RAIL_SOUT;
+/* The rail that carries the receiver's CTS writes (always its first QP on that rail). A comm
+ * without SUP QPs (its peer's SUP ports share no cable with ours: docs/topology.md) sends it
+ * on SOUT, whatever the path. */
+static inline int mpib_cts_rail(int mode, int path_class, uint32_t sup_qps) {
+  return (mode == MPIB_MODE_VANILLA && path_class == MPIB_PATH_INTRA_ISLAND && sup_qps > 0) ? MPIB_RAIL_SUP
+                                                                                           : MPIB_RAIL_SOUT;
 }
 
 /* Vanilla policy: all intra-island traffic on SUP, all inter-island traffic on SOUT. */

@@ -207,9 +207,10 @@ static void test_qp_index(void) {
 static void test_policy(void) {
   EXPECT_EQ("vanilla intra", mpib_vanilla_sup_bw(MPIB_PATH_INTRA_ISLAND), 1024);
   EXPECT_EQ("vanilla inter", mpib_vanilla_sup_bw(MPIB_PATH_INTER_ISLAND), 0);
-  EXPECT_EQ("cts vanilla intra", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND), MPIB_RAIL_SUP);
-  EXPECT_EQ("cts vanilla inter", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND), MPIB_RAIL_SOUT);
-  EXPECT_EQ("cts advanced intra", mpib_cts_rail(MPIB_MODE_ADVANCED, MPIB_PATH_INTRA_ISLAND), MPIB_RAIL_SOUT);
+  EXPECT_EQ("cts vanilla intra", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 1), MPIB_RAIL_SUP);
+  EXPECT_EQ("cts vanilla intra, no SUP pair", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 0), MPIB_RAIL_SOUT);
+  EXPECT_EQ("cts vanilla inter", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND, 1), MPIB_RAIL_SOUT);
+  EXPECT_EQ("cts advanced intra", mpib_cts_rail(MPIB_MODE_ADVANCED, MPIB_PATH_INTRA_ISLAND, 1), MPIB_RAIL_SOUT);
   EXPECT_EQ("sup qps vanilla inter", mpib_sup_qps_wanted(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND, 1), 0);
   EXPECT_EQ("sup qps vanilla intra", mpib_sup_qps_wanted(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 0), 1);
   EXPECT_EQ("sup qps advanced inter", mpib_sup_qps_wanted(MPIB_MODE_ADVANCED, MPIB_PATH_INTER_ISLAND, 0), 0);

@@ -1,7 +1,8 @@
 /*
  * Hostile-input modes (docs/security.md). They know MPIB's handle layout (the listener's IPv4
  * address at bytes 8..11, its port at 12..13, its nonce at 16..23; connect()'s own state at
- * 24..39) and its hello (16 bytes: "MPIL", version, zeros, nonce), as the stray-client mode does.
+ * 24..39; the listener's MPIB_SUP_RELAY at byte 41, bit 0) and its hello (NT_MPIB_HELLO_SIZE),
+ * as the stray-client mode does.
  * - listener-flood: the server lowers its RLIMIT_NOFILE to a few descriptors above what it has
  *   open, the client floods the server's listen port with TCP clients (idle, junk, closed at
  *   once, zeros), and connects for real in the middle of the flood; then it presents the same
@@ -100,7 +101,7 @@ static int nt_flood_connect(const struct sockaddr_in *sa) {
 
 static void *nt_flood_run(void *arg) {
   struct nt_flood *f = arg;
-  uint8_t junk[64], zeros[16] = {0};
+  uint8_t junk[64], zeros[NT_MPIB_HELLO_SIZE] = {0};
   for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (uint8_t)(i * 37 + 11);
   while (!f->stop) {
     int fd = nt_flood_connect(&f->sa);
@@ -136,9 +137,10 @@ static int nt_replay_hello(const uint8_t *handle) {
   nt_handle_addr(handle, &sa);
   int fd = nt_flood_connect(&sa);
   if (fd < 0) return 0;
-  uint8_t hello[16] = {'M', 'P', 'I', 'L'};
+  uint8_t hello[NT_MPIB_HELLO_SIZE] = {'M', 'P', 'I', 'L'};
   memcpy(hello + 4, handle + 4, 2); /* the handle's version: the hello's */
   memcpy(hello + 8, handle + 16, 8);
+  hello[16] = handle[41] & 1; /* the listener's MPIB_SUP_RELAY: a peer's that matches; no SUP pair */
   (void)send(fd, hello, sizeof(hello), MSG_NOSIGNAL);
   struct pollfd p = {.fd = fd, .events = POLLIN};
   uint8_t b[64];

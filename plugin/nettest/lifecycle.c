@@ -414,7 +414,7 @@ static int nt_strays_open(struct nt_opts *o, struct nt_oob *oob, const uint8_t *
   if (sa.sin_addr.s_addr == htonl(INADDR_ANY)) {
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   }
-  uint8_t junk[512], zeros[16] = {0};
+  uint8_t junk[512], zeros[NT_MPIB_HELLO_SIZE] = {0};
   uint64_t st = o->seed ^ 0xbb67ae8584caa73bULL;
   for (size_t i = 0; i < sizeof(junk); i += 8) {
     st += 0x9e3779b97f4a7c15ULL;

@@ -4,7 +4,8 @@ package topo
 // cabled to a different neighbour on its own small subnet (/24 down to /31). Which local port
 // talks to which of a peer's SUP addresses is decided here from the ports' real prefixes and,
 // when relay is on, the kernel's routes. Pure: the caller reads interfaces, routes and the
-// peer's handle. Not yet used by the plugin (docs/topology.md, "SUP ports on a mesh").
+// peer's handle. The plugin runs both ends through package suppair, today with one SUP port
+// per fused device (docs/topology.md, "SUP ports on a mesh").
 //
 // The SOUT island (Classify) still gives the path class for the agent and the policy; SUP
 // reachability comes from the ports alone.
@@ -17,7 +18,7 @@ import (
 )
 
 // MaxSupPorts bounds the SUP ports of one fused device and the SUP addresses a peer's handle
-// may name: the handle will carry a fixed array of this size.
+// may name: the handle carries a fixed array of this size (wire.MaxSupAddrs).
 const MaxSupPorts = 8
 
 // Port is one local SUP port.

@@ -7,112 +7,27 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 )
 
 // ErrMalformed marks bytes that cannot come from a compatible MPIB peer.
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	Version       = 3          // 3: rail failover (replay immediates, fence records, notices); 2: traffic class/SL, LID, link layer, SUP prefix and ECE
-	HandleSize    = 128        // NCCL_NET_HANDLE_MAXSIZE
+	// Version is every message's: 4: SUP port addresses and the relay flag in the handle, the
+	// SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
+	// 2: traffic class/SL, LID, link layer, SUP prefix and ECE.
+	Version       = 4
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
 	metadataMagic = 0x4D49504D // "MPIM"
 	ackMagic      = 0x4149504D // "MPIA"
-	HelloSize     = 16
 	AckSize       = 4
 	MaxQPsPerRail = 16
 	Rails         = 2
 	railSize      = 16 + 4 + 4 + 4 + 16 + 4*MaxQPsPerRail
 	MetadataSize  = 28 + Rails*railSize
-	attemptOffset = 24
-	pendingOffset = 32
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
 )
-
-// Handle is what listen() gives NCCL and NCCL gives the peer's connect().
-// Layout: magic u32 | version u16 | reserved u16 | IPv4 [4] (network order) |
-// port u16 big-endian | reserved u16 | listener nonce u64 | connect attempt u64 |
-// pending entry u32 + generation u32 | zeros. The last two are the connecting side's own
-// bookkeeping in NCCL's buffer between connect calls; a listener writes them as zero.
-type Handle struct {
-	Addr  netip.AddrPort
-	Nonce uint64
-}
-
-// EncodeHandle writes h into a NCCL handle buffer (at least HandleSize bytes).
-func EncodeHandle(b []byte, h Handle) {
-	clear(b[:HandleSize])
-	binary.LittleEndian.PutUint32(b[0:], handleMagic)
-	binary.LittleEndian.PutUint16(b[4:], Version)
-	ip := h.Addr.Addr().As4()
-	copy(b[8:12], ip[:])
-	binary.BigEndian.PutUint16(b[12:], h.Addr.Port())
-	binary.LittleEndian.PutUint64(b[16:], h.Nonce)
-}
-
-// DecodeHandle validates and reads a handle.
-func DecodeHandle(b []byte) (Handle, error) {
-	if len(b) < HandleSize {
-		return Handle{}, fmt.Errorf("%w: handle of %d bytes", ErrMalformed, len(b))
-	}
-	if m := binary.LittleEndian.Uint32(b); m != handleMagic {
-		return Handle{}, fmt.Errorf("%w: handle magic %#08x (not an MPIB handle; is every rank using the same plugin?)", ErrMalformed, m)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return Handle{}, fmt.Errorf("%w: handle version %d, this plugin speaks %d", ErrMalformed, v, Version)
-	}
-	addr := netip.AddrFrom4([4]byte(b[8:12]))
-	port := binary.BigEndian.Uint16(b[12:])
-	if port == 0 || addr.IsUnspecified() {
-		return Handle{}, fmt.Errorf("%w: handle address %v:%d", ErrMalformed, addr, port)
-	}
-	return Handle{Addr: netip.AddrPortFrom(addr, port), Nonce: binary.LittleEndian.Uint64(b[16:])}, nil
-}
-
-// Attempt reads and SetAttempt writes the connect-attempt id that connect() keeps in NCCL's
-// handle buffer between its non-blocking calls (as net_ib keeps its stage there).
-func Attempt(b []byte) uint64        { return binary.LittleEndian.Uint64(b[attemptOffset:]) }
-func SetAttempt(b []byte, id uint64) { binary.LittleEndian.PutUint64(b[attemptOffset:], id) }
-
-// Pending reads what SetPending wrote (zeros in a handle no connect() has used).
-func Pending(b []byte) (index1, gen uint32) {
-	return binary.LittleEndian.Uint32(b[pendingOffset:]), binary.LittleEndian.Uint32(b[pendingOffset+4:])
-}
-
-// SetPending writes the connect attempt's entry in the plugin's C table of pending attempts
-// (index + 1 and generation, bytes 32..39), which connect() polls without calling into Go.
-func SetPending(b []byte, index1, gen uint32) {
-	binary.LittleEndian.PutUint32(b[pendingOffset:], index1)
-	binary.LittleEndian.PutUint32(b[pendingOffset+4:], gen)
-}
-
-// EncodeHello is the first message of the connecting side: it names the listener it expects.
-func EncodeHello(nonce uint64) []byte {
-	b := make([]byte, HelloSize)
-	binary.LittleEndian.PutUint32(b, helloMagic)
-	binary.LittleEndian.PutUint16(b[4:], Version)
-	binary.LittleEndian.PutUint64(b[8:], nonce)
-	return b
-}
-
-// DecodeHello validates a hello and returns the listener nonce it names.
-func DecodeHello(b []byte) (uint64, error) {
-	if len(b) != HelloSize {
-		return 0, fmt.Errorf("%w: hello of %d bytes", ErrMalformed, len(b))
-	}
-	if m := binary.LittleEndian.Uint32(b); m != helloMagic {
-		return 0, fmt.Errorf("%w: hello magic %#08x (the peer is not an MPIB plugin)", ErrMalformed, m)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return 0, fmt.Errorf("%w: peer speaks version %d, this plugin %d", ErrMalformed, v, Version)
-	}
-	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
-		return 0, fmt.Errorf("%w: hello with reserved bytes %#04x (not an MPIB plugin of this version)", ErrMalformed, r)
-	}
-	return binary.LittleEndian.Uint64(b[8:]), nil
-}
 
 // Ack is sent once a side's QPs are ready to receive.
 func EncodeAck() []byte { return binary.LittleEndian.AppendUint32(nil, ackMagic) }

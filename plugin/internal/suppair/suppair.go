@@ -1,0 +1,234 @@
+// Package suppair decides a connection's SUP pair on both ends of the handshake (issue 25;
+// docs/topology.md, "SUP ports on a mesh"). The listener describes its SUP ports in the
+// handle (Advertise); the connector chooses a pair with topo.ChooseSupPairs and names it in
+// its hello (Connect, Plan.Hello); the acceptor checks the named pair with
+// topo.CheckAcceptedPair (Accept). Both ends know the verdict before any SUP QP exists, so a
+// peer without a usable pair gets no SUP QP at all. Pure: the plugin reads GIDs, netdevs and
+// routes, and builds QPs from the verdict.
+package suppair
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/mpib/mpib/plugin/internal/gid"
+	"github.com/mpib/mpib/plugin/internal/topo"
+	"github.com/mpib/mpib/plugin/internal/wire"
+)
+
+// Local is one side's SUP ports as read now. Today a fused device has one SUP port; the list
+// is there for devices with several (not configurable yet).
+type Local struct {
+	Ports []topo.Port // the described ports: IPv4 address and real prefix, at most MaxSupPorts
+	// Unaddressed, when set, says why the SUP port cannot be described (Ports is then empty):
+	// the connection decides SUP as before wire version 4 (UnaddressedReachable).
+	Unaddressed string
+}
+
+// Describe turns one SUP port's facts into a described port, or says why it cannot be one:
+// InfiniBand (no IP subnet), a GID whose address is not IPv4, an address no netdev of this
+// namespace holds (bits 0: prefix unknown), or one the handle could not carry.
+func Describe(index int, infiniband bool, addr netip.Addr, bits int, netdev string) (topo.Port, string) {
+	switch {
+	case infiniband:
+		return topo.Port{}, "SUP is InfiniBand"
+	case !addr.Is4():
+		return topo.Port{}, fmt.Sprintf("the SUP GID's address %v is not IPv4", addr)
+	case bits <= 0 || netdev == "":
+		return topo.Port{}, fmt.Sprintf("no netdev here holds the SUP address %v (its prefix is unknown)", addr)
+	case bits > 32:
+		return topo.Port{}, fmt.Sprintf("the SUP address %v has prefix length %d", addr, bits)
+	}
+	if err := wire.CheckSupAddr(wire.SupAddr{Addr: addr, Bits: uint8(bits)}); err != nil {
+		return topo.Port{}, fmt.Sprintf("%v/%d cannot be advertised: %v", addr, bits, err)
+	}
+	return topo.Port{Index: index, Name: netdev, Addr: addr, Bits: uint8(bits)}, ""
+}
+
+// Advertise writes the listener's SUP fields into its handle: its described ports, or
+// unaddressed, and its MPIB_SUP_RELAY.
+func Advertise(h *wire.Handle, l Local, relay bool) {
+	h.SupRelay = relay
+	if l.Unaddressed != "" || len(l.Ports) == 0 || len(l.Ports) > wire.MaxSupAddrs {
+		h.SupUnaddressed = true
+		h.SetSupAddrs(nil)
+		return
+	}
+	addrs := make([]wire.SupAddr, len(l.Ports))
+	for i, p := range l.Ports {
+		addrs[i] = wire.SupAddr{Addr: p.Addr, Bits: p.Bits}
+	}
+	h.SupUnaddressed = false
+	h.SetSupAddrs(addrs)
+}
+
+// Plan is one side's SUP verdict for a connection.
+type Plan struct {
+	Kind wire.PairKind
+	Path topo.PathKind // PairAddressed: direct or routed
+	Port topo.Port     // PairAddressed: our port
+	Pair topo.Pair     // PairAddressed: from our side (Local ours, Peer theirs, Via the gateway when routed)
+	Why  string        // PairNone while the path wanted SUP: why not, for one INFO line
+}
+
+// SUP says whether the connection builds SUP QPs.
+func (p Plan) SUP() bool { return p.Kind != wire.PairNone }
+
+func (p Plan) String() string {
+	switch p.Kind {
+	case wire.PairAddressed:
+		return fmt.Sprintf("%v %v/%d -> %v", p.Path, p.Pair.Local, p.Port.Bits, p.Pair.Peer) + via(p.Pair)
+	case wire.PairUnaddressed:
+		return "unaddressed"
+	}
+	return "none"
+}
+
+func via(p topo.Pair) string {
+	if p.Via.IsValid() {
+		return fmt.Sprintf(" via %v", p.Via)
+	}
+	return ""
+}
+
+// RelayMismatch is a connection whose two ends set MPIB_SUP_RELAY differently: they would
+// disagree on which peers SUP reaches, and so on QP counts and the path of every message.
+type RelayMismatch struct {
+	Ours, Theirs bool
+	Side         string // ours: "connecting" or "listening"
+}
+
+func (e *RelayMismatch) Error() string {
+	return fmt.Sprintf("MPIB_SUP_RELAY differs: ours (%s side) %d, the peer's %d: set it the same on every rank",
+		e.Side, b2i(e.Ours), b2i(e.Theirs))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Connect is the connector's decision from the listener's handle. wanted: the mode and path
+// class want SUP QPs (mpib_sup_qps_wanted; the SOUT island still gives the path class). A relay
+// mismatch is an error the caller reports after sending its hello, so that the listener fails
+// too instead of waiting. When ChooseSupPairs finds several pairs (parallel cables) the first
+// is used: striping SUP QPs over several ports is not built yet.
+func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (Plan, error) {
+	if h.SupRelay != relay {
+		return Plan{}, &RelayMismatch{Ours: relay, Theirs: h.SupRelay, Side: "connecting"}
+	}
+	if !wanted {
+		return Plan{}, nil
+	}
+	if l.Unaddressed != "" || h.SupUnaddressed {
+		return Plan{Kind: wire.PairUnaddressed}, nil
+	}
+	c, err := topo.ChooseSupPairs(l.Ports, peerAddrs(h.SupAddrs()), routes, relay)
+	if err != nil {
+		return Plan{}, fmt.Errorf("choosing the SUP pair: %w", err)
+	}
+	if c.Kind == topo.PathNone {
+		return Plan{Why: c.Reason}, nil
+	}
+	pair := c.Pairs[0]
+	return Plan{Kind: wire.PairAddressed, Path: c.Kind, Port: portOf(l, pair.Port), Pair: pair}, nil
+}
+
+// Hello is the connector's hello for this plan.
+func (p Plan) Hello(nonce uint64, relay bool) wire.Hello {
+	h := wire.Hello{Nonce: nonce, SupRelay: relay, Kind: p.Kind}
+	if p.Kind == wire.PairAddressed {
+		h.Local, h.Peer = wire.SupAddr{Addr: p.Pair.Local, Bits: p.Port.Bits}, p.Pair.Peer
+	}
+	return h
+}
+
+// Accept is the acceptor's check of the connector's hello against the handle it advertised
+// (adv) and its ports now. It refuses a relay mismatch, a pair naming an address the handle did
+// not advertise, and one CheckAcceptedPair refuses (an address we no longer have, a peer we
+// cannot reach from that port); every refusal names both addresses. When our path does not
+// want SUP a named pair is ignored: the metadata check then names the differing setting.
+func Accept(adv wire.Handle, hello wire.Hello, l Local, routes []topo.Route, relay, wanted bool) (Plan, error) {
+	if hello.SupRelay != relay {
+		return Plan{}, &RelayMismatch{Ours: relay, Theirs: hello.SupRelay, Side: "listening"}
+	}
+	if !wanted {
+		return Plan{}, nil
+	}
+	switch hello.Kind {
+	case wire.PairNone:
+		return Plan{Why: "the connecting side found no SUP pair (its log says why)"}, nil
+	case wire.PairUnaddressed:
+		return Plan{Kind: wire.PairUnaddressed}, nil
+	}
+	if !adv.HasSupAddr(hello.Peer) {
+		return Plan{}, fmt.Errorf("SUP pair %v (ours) - %v (peer) refused: our handle did not advertise %v (it advertised %s)",
+			hello.Peer, hello.Local, hello.Peer, advertised(adv))
+	}
+	theirs := topo.PeerAddr{Addr: hello.Local.Addr, Bits: hello.Local.Bits}
+	pair, err := topo.CheckAcceptedPair(l.Ports, hello.Peer, theirs, routes, relay)
+	if err != nil {
+		return Plan{}, err
+	}
+	path := topo.PathDirect
+	if pair.Via.IsValid() {
+		path = topo.PathRouted
+	}
+	return Plan{Kind: wire.PairAddressed, Path: path, Port: portOf(l, pair.Port), Pair: pair}, nil
+}
+
+// CheckPeerGID checks that the peer's SUP GID in its metadata is the address the pair names:
+// a peer whose QPs sit on another port would never be reached.
+func (p Plan) CheckPeerGID(peerGID netip.Addr) error {
+	if p.Kind != wire.PairAddressed || peerGID.Unmap() == p.Pair.Peer {
+		return nil
+	}
+	return fmt.Errorf("the peer's SUP GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
+		peerGID.Unmap(), p.Pair.Peer, p.Pair.Local, p.Pair.Peer)
+}
+
+// UnaddressedReachable is the rule for PairUnaddressed, decided on both ends from the two
+// rails' metadata as before wire version 4: InfiniBand always; RoCE when each GID's address
+// lies in the other's subnet (gid.SupReachable, a prefix of 0 counting as reachable). why
+// names both addresses when not.
+func UnaddressedReachable(mine, theirs wire.RailInfo) (ok bool, why string) {
+	if mine.LinkLayer != wire.LinkLayerEthernet {
+		return true, ""
+	}
+	la, pa := netip.AddrFrom16(mine.GID).Unmap(), netip.AddrFrom16(theirs.GID).Unmap()
+	if gid.SupReachable(la, mine.PrefixLen, pa, theirs.PrefixLen) {
+		return true, ""
+	}
+	return false, fmt.Sprintf("its SUP address %v/%d and ours %v/%d share no subnet", pa, theirs.PrefixLen, la, mine.PrefixLen)
+}
+
+func peerAddrs(s []wire.SupAddr) []topo.PeerAddr {
+	out := make([]topo.PeerAddr, len(s))
+	for i, a := range s {
+		out[i] = topo.PeerAddr{Addr: a.Addr, Bits: a.Bits}
+	}
+	return out
+}
+
+func portOf(l Local, index int) topo.Port {
+	for _, p := range l.Ports {
+		if p.Index == index {
+			return p
+		}
+	}
+	return topo.Port{}
+}
+
+func advertised(h wire.Handle) string {
+	if h.SupUnaddressed {
+		return "no address: its SUP port is unaddressed"
+	}
+	s := make([]string, h.NSup)
+	for i, a := range h.SupAddrs() {
+		s[i] = a.String()
+	}
+	return "[" + strings.Join(s, ", ") + "]"
+}

@@ -1,0 +1,361 @@
+package suppair
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/mpib/mpib/plugin/internal/gid"
+	"github.com/mpib/mpib/plugin/internal/topo"
+	"github.com/mpib/mpib/plugin/internal/wire"
+)
+
+func port(index int, name, cidr string) topo.Port {
+	p := netip.MustParsePrefix(cidr)
+	return topo.Port{Index: index, Name: name, Addr: p.Addr(), Bits: uint8(p.Bits())}
+}
+
+func local(ports ...topo.Port) Local { return Local{Ports: ports} }
+
+func route(dst, via, dev string) topo.Route {
+	r := topo.Route{Dst: netip.MustParsePrefix(dst), Dev: dev}
+	if via != "" {
+		r.Via = netip.MustParseAddr(via)
+	}
+	return r
+}
+
+// side is one end of a connection: its SUP ports, routes and MPIB_SUP_RELAY.
+type side struct {
+	l      Local
+	routes []topo.Route
+	relay  bool
+}
+
+// outcome is what each end decided and the errors, after the handshake's first two steps
+// went through the wire encoders and decoders as the plugin runs them.
+type outcome struct {
+	conn, acc       Plan
+	connErr, accErr error
+}
+
+func handshake(t *testing.T, listener, connector side, wanted bool) outcome {
+	t.Helper()
+	h := wire.Handle{Addr: netip.MustParseAddrPort("10.0.1.12:40000"), Nonce: 77}
+	Advertise(&h, listener.l, listener.relay)
+	b := make([]byte, wire.HandleSize)
+	if err := wire.EncodeHandle(b, h); err != nil {
+		t.Fatalf("listener's handle: %v", err)
+	}
+	got, err := wire.DecodeHandle(b)
+	if err != nil {
+		t.Fatalf("connector decoding the handle: %v", err)
+	}
+	var o outcome
+	o.conn, o.connErr = Connect(got, connector.l, connector.routes, connector.relay, wanted)
+	hb, err := wire.EncodeHello(o.conn.Hello(got.Nonce, connector.relay)) // sent even after a mismatch
+	if err != nil {
+		t.Fatalf("connector's hello for %v: %v", o.conn, err)
+	}
+	hello, err := wire.DecodeHello(hb)
+	if err != nil {
+		t.Fatalf("acceptor decoding the hello: %v", err)
+	}
+	o.acc, o.accErr = Accept(h, hello, listener.l, listener.routes, listener.relay, wanted)
+	return o
+}
+
+// agree checks that both ends build SUP QPs or neither, on mirrored addresses.
+func (o outcome) agree() error {
+	if o.conn.Kind != o.acc.Kind || o.conn.Path != o.acc.Path {
+		return fmt.Errorf("connector %v, acceptor %v", o.conn, o.acc)
+	}
+	if o.conn.Pair.Local != o.acc.Pair.Peer || o.conn.Pair.Peer != o.acc.Pair.Local {
+		return fmt.Errorf("pairs do not mirror: connector %v, acceptor %v", o.conn.Pair, o.acc.Pair)
+	}
+	return nil
+}
+
+func TestDescribe(t *testing.T) {
+	a := netip.MustParseAddr
+	tests := []struct {
+		name   string
+		ib     bool
+		addr   string
+		bits   int
+		netdev string
+		why    string // "" = described
+	}{
+		{"RoCE /24", false, "10.9.1.11", 24, "a1_sup", ""},
+		{"RoCE /31", false, "10.9.200.0", 31, "to-c2", ""},
+		{"RoCE /32", false, "10.9.200.9", 32, "lo9", ""},
+		{"InfiniBand", true, "fe80::1", 0, "", "InfiniBand"},
+		{"IPv6 GID", false, "fd00::11", 64, "sup0", "not IPv4"},
+		{"no netdev holds it", false, "10.9.1.11", 0, "", "prefix is unknown"},
+		{"prefix /7", false, "10.9.1.11", 7, "sup0", "cannot be advertised"},
+		{"prefix /33", false, "10.9.1.11", 33, "sup0", "prefix length 33"},
+		{"subnet broadcast", false, "10.9.1.255", 24, "sup0", "broadcast"},
+	}
+	for _, tt := range tests {
+		p, why := Describe(3, tt.ib, a(tt.addr), tt.bits, tt.netdev)
+		if tt.why == "" {
+			want := topo.Port{Index: 3, Name: tt.netdev, Addr: a(tt.addr), Bits: uint8(tt.bits)}
+			if why != "" || p != want {
+				t.Errorf("%s: %v, %q; want %v", tt.name, p, why, want)
+			}
+		} else if !strings.Contains(why, tt.why) || p != (topo.Port{}) {
+			t.Errorf("%s: %v, %q; want a reason saying %q", tt.name, p, why, tt.why)
+		}
+	}
+}
+
+func TestAdvertise(t *testing.T) {
+	var h wire.Handle
+	Advertise(&h, local(port(0, "a1_sup", "10.9.1.11/24")), true)
+	if !h.SupRelay || h.SupUnaddressed || h.NSup != 1 || h.Sup[0] != (wire.SupAddr{Addr: netip.MustParseAddr("10.9.1.11"), Bits: 24}) {
+		t.Errorf("one port: %+v", h)
+	}
+	Advertise(&h, Local{Unaddressed: "SUP is InfiniBand"}, false)
+	if h.SupRelay || !h.SupUnaddressed || h.NSup != 0 {
+		t.Errorf("unaddressed: %+v", h)
+	}
+}
+
+// Today's lab: one SUP port per fused device, island A on 10.9.1.0/24, island B on 10.9.2.0/24.
+var (
+	a1 = side{l: local(port(0, "a1_sup", "10.9.1.11/24"))}
+	a2 = side{l: local(port(0, "a2_sup", "10.9.1.12/24"))}
+	b1 = side{l: local(port(0, "b1_sup", "10.9.2.11/24"))}
+)
+
+func TestOnePortLab(t *testing.T) {
+	o := handshake(t, a2, a1, true)
+	if o.connErr != nil || o.accErr != nil || o.agree() != nil {
+		t.Fatalf("a1>a2: %+v (%v)", o, o.agree())
+	}
+	if o.conn.String() != "direct 10.9.1.11/24 -> 10.9.1.12" || o.acc.String() != "direct 10.9.1.12/24 -> 10.9.1.11" {
+		t.Errorf("a1>a2: connector %v, acceptor %v", o.conn, o.acc)
+	}
+	// A peer whose SUP address shares no subnet: no SUP QP on either side, one reason that
+	// names both addresses (advanced mode with relay wants SUP across islands).
+	for _, relay := range []bool{false, true} {
+		a, b := a1, b1
+		a.relay, b.relay = relay, relay
+		o = handshake(t, b, a, true)
+		if o.connErr != nil || o.accErr != nil || o.conn.SUP() || o.acc.SUP() {
+			t.Fatalf("a1>b1 relay=%v: %+v", relay, o)
+		}
+		if !strings.Contains(o.conn.Why, "10.9.2.11/24") || !strings.Contains(o.conn.Why, "10.9.1.11/24") || o.acc.Why == "" {
+			t.Errorf("a1>b1 relay=%v: reasons %q / %q", relay, o.conn.Why, o.acc.Why)
+		}
+	}
+	// The path does not want SUP (vanilla across islands): none, and no reason to log.
+	o = handshake(t, b1, a1, false)
+	if o.conn.SUP() || o.acc.SUP() || o.conn.Why != "" || o.acc.Why != "" || o.connErr != nil || o.accErr != nil {
+		t.Errorf("not wanted: %+v", o)
+	}
+}
+
+// One port each side: SUP exactly when the rule before wire version 4 (gid.SupReachable on
+// the two rails' metadata, run by dropUnreachableSup) kept it.
+func TestOnePortMatchesMetadataRule(t *testing.T) {
+	cidrs := []string{"10.9.1.11/24", "10.9.1.12/24", "10.9.2.11/24", "10.9.1.200/30", "10.9.1.12/16",
+		"10.9.13.3/29", "10.9.13.10/29", "10.9.13.1/29", "10.9.200.0/31", "10.9.200.1/31", "10.9.200.2/31"}
+	for _, lc := range cidrs {
+		for _, pc := range cidrs {
+			if lc == pc || netip.MustParsePrefix(lc).Addr() == netip.MustParsePrefix(pc).Addr() {
+				continue
+			}
+			l, p := netip.MustParsePrefix(lc), netip.MustParsePrefix(pc)
+			want := gid.SupReachable(l.Addr(), uint8(l.Bits()), p.Addr(), uint8(p.Bits()))
+			o := handshake(t, side{l: local(port(0, "p", pc))}, side{l: local(port(0, "l", lc))}, true)
+			if o.connErr != nil || o.accErr != nil || o.agree() != nil || o.conn.SUP() != want {
+				t.Errorf("%s > %s: connector %v, acceptor %v (%v, %v); the metadata rule says %v", lc, pc, o.conn, o.acc, o.connErr, o.accErr, want)
+			}
+		}
+	}
+}
+
+// The planned lab mesh: island A a full mesh with a parallel a2-a3 cable on a /29 of a1-a3's
+// /24 (the /24 trap), island B a ring b1-b2-b3-b4 with routes b1<->b3 via b2, b2<->b4 via b3.
+// Every connection, relay off and on, each side's lists carried through the wire: both ends
+// agree; relay off never routes.
+func TestMeshLab(t *testing.T) {
+	nodes := map[string]Local{
+		"a1": local(port(0, "to-a2", "10.9.1.1/24"), port(1, "to-a3", "10.9.13.1/29")),
+		"a2": local(port(0, "to-a1", "10.9.1.2/24"), port(1, "to-a3", "10.9.23.2/24"), port(2, "to-a3b", "10.9.13.10/29")),
+		"a3": local(port(0, "to-a1", "10.9.13.3/29"), port(1, "to-a2", "10.9.23.3/24"), port(2, "to-a2b", "10.9.13.11/29")),
+		"b1": local(port(0, "to-b2", "10.9.112.1/24"), port(1, "to-b4", "10.9.141.1/24")),
+		"b2": local(port(0, "to-b1", "10.9.112.2/24"), port(1, "to-b3", "10.9.123.2/24")),
+		"b3": local(port(0, "to-b2", "10.9.123.3/24"), port(1, "to-b4", "10.9.134.3/24")),
+		"b4": local(port(0, "to-b3", "10.9.134.4/24"), port(1, "to-b1", "10.9.141.4/24")),
+	}
+	routes := map[string][]topo.Route{
+		"b1": {route("10.9.123.0/24", "10.9.112.2", "to-b2"), route("0.0.0.0/0", "10.9.141.4", "to-b4")},
+		"b2": {route("10.9.134.0/24", "10.9.123.3", "to-b3")},
+		"b3": {route("10.9.112.0/24", "10.9.123.2", "to-b2")},
+		"b4": {route("10.9.123.0/24", "10.9.134.3", "to-b3")},
+	}
+	want := map[string]string{ // relay on; relay off gives none where this is routed
+		"a1>a2": "direct 10.9.1.1/24 -> 10.9.1.2", "a1>a3": "direct 10.9.13.1/29 -> 10.9.13.3",
+		"a2>a3": "direct 10.9.23.2/24 -> 10.9.23.3", "a3>a2": "direct 10.9.23.3/24 -> 10.9.23.2",
+		"b1>b3": "routed 10.9.112.1/24 -> 10.9.123.3 via 10.9.112.2", "b3>b1": "routed 10.9.123.3/24 -> 10.9.112.1 via 10.9.123.2",
+		"b2>b4": "routed 10.9.123.2/24 -> 10.9.134.4 via 10.9.123.3", "b4>b2": "routed 10.9.134.4/24 -> 10.9.123.2 via 10.9.134.3",
+		"b1>b4": "direct 10.9.141.1/24 -> 10.9.141.4",
+	}
+	for conn, w := range want {
+		from, to, _ := strings.Cut(conn, ">")
+		for _, relay := range []bool{true, false} {
+			o := handshake(t, side{nodes[to], routes[to], relay}, side{nodes[from], routes[from], relay}, true)
+			if o.connErr != nil || o.accErr != nil {
+				t.Fatalf("%s relay=%v: %v / %v", conn, relay, o.connErr, o.accErr)
+			}
+			if err := o.agree(); err != nil {
+				t.Errorf("%s relay=%v: %v", conn, relay, err)
+			}
+			wantNow := w
+			if !relay && strings.HasPrefix(w, "routed") {
+				wantNow = "none"
+			}
+			if o.conn.String() != wantNow {
+				t.Errorf("%s relay=%v: %v, want %s", conn, relay, o.conn, wantNow)
+			}
+		}
+	}
+}
+
+func TestRelayMismatch(t *testing.T) {
+	on, off := a2, a1
+	on.relay = true
+	for _, tt := range []struct {
+		name                string
+		listener, connector side
+		conn, acc           string
+	}{
+		{"listener on", on, off, "ours (connecting side) 0, the peer's 1", "ours (listening side) 1, the peer's 0"},
+		{"connector on", off, on, "ours (connecting side) 1, the peer's 0", "ours (listening side) 0, the peer's 1"},
+	} {
+		for _, wanted := range []bool{true, false} { // a mismatch is an error whatever the path
+			o := handshake(t, tt.listener, tt.connector, wanted)
+			var m *RelayMismatch
+			if !errors.As(o.connErr, &m) || !errors.As(o.accErr, &m) {
+				t.Fatalf("%s: errors %v / %v, want RelayMismatch on both sides", tt.name, o.connErr, o.accErr)
+			}
+			for _, c := range []struct {
+				err  error
+				want string
+			}{{o.connErr, tt.conn}, {o.accErr, tt.acc}} {
+				if !strings.Contains(c.err.Error(), "MPIB_SUP_RELAY") || !strings.Contains(c.err.Error(), c.want) {
+					t.Errorf("%s: %q does not say MPIB_SUP_RELAY and %q", tt.name, c.err, c.want)
+				}
+			}
+			if o.conn.SUP() {
+				t.Errorf("%s: the connector's hello named %v after a mismatch", tt.name, o.conn)
+			}
+		}
+	}
+}
+
+func TestAcceptRefuses(t *testing.T) {
+	adv := wire.Handle{}
+	Advertise(&adv, a2.l, false)
+	hello := func(local, peer string) wire.Hello {
+		p := netip.MustParsePrefix(local)
+		return wire.Hello{Nonce: 1, Kind: wire.PairAddressed, Local: wire.SupAddr{Addr: p.Addr(), Bits: uint8(p.Bits())}, Peer: netip.MustParseAddr(peer)}
+	}
+	unaddressed := wire.Handle{}
+	Advertise(&unaddressed, Local{Unaddressed: "SUP is InfiniBand"}, false)
+	tests := []struct {
+		name  string
+		adv   wire.Handle
+		hello wire.Hello
+		now   Local
+		want  []string
+	}{
+		{"an address the handle did not advertise", adv, hello("10.9.1.11/24", "10.9.1.13"), a2.l,
+			[]string{"10.9.1.13", "10.9.1.11/24", "did not advertise", "10.9.1.12/24"}},
+		{"a pair with an unaddressed handle", unaddressed, hello("10.9.1.11/24", "10.9.1.12"), a2.l,
+			[]string{"10.9.1.12", "10.9.1.11", "unaddressed"}},
+		{"stale handle: the advertised address is gone", adv, hello("10.9.1.11/24", "10.9.1.12"),
+			local(port(0, "a2_sup", "10.9.1.200/24")), []string{"10.9.1.12", "10.9.1.11", "stale"}},
+		{"the connector's prefix excludes us", adv, hello("10.9.1.11/30", "10.9.1.12"), a2.l,
+			[]string{"10.9.1.12", "10.9.1.11", "no common subnet"}},
+		{"our port became unaddressed", adv, hello("10.9.1.11/24", "10.9.1.12"), Local{Unaddressed: "x"},
+			[]string{"10.9.1.12", "10.9.1.11"}},
+	}
+	for _, tt := range tests {
+		p, err := Accept(tt.adv, tt.hello, tt.now, nil, false, true)
+		if err == nil {
+			t.Errorf("%s: accepted %v", tt.name, p)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q does not say %q", tt.name, err, w)
+			}
+		}
+	}
+	// Not wanted on our side: the pair is ignored (the metadata check names the setting).
+	if p, err := Accept(adv, hello("10.9.1.11/24", "10.9.1.13"), a2.l, nil, false, false); err != nil || p.SUP() {
+		t.Errorf("not wanted: %v, %v", p, err)
+	}
+}
+
+func TestUnaddressed(t *testing.T) {
+	ib := side{l: Local{Unaddressed: "SUP is InfiniBand"}}
+	for _, tt := range []struct {
+		name                string
+		listener, connector side
+	}{
+		{"both InfiniBand", ib, ib}, {"listener unaddressed", ib, a1}, {"connector unaddressed", a2, ib},
+	} {
+		o := handshake(t, tt.listener, tt.connector, true)
+		if o.connErr != nil || o.accErr != nil || o.conn.Kind != wire.PairUnaddressed || o.acc.Kind != wire.PairUnaddressed {
+			t.Errorf("%s: %+v", tt.name, o)
+		}
+	}
+	gidOf := func(a string) [16]byte { return netip.MustParseAddr(a).As16() }
+	roce := func(a string, bits uint8) wire.RailInfo {
+		return wire.RailInfo{GID: gidOf(a), LinkLayer: wire.LinkLayerEthernet, PrefixLen: bits}
+	}
+	for _, tt := range []struct {
+		name         string
+		mine, theirs wire.RailInfo
+		ok           bool
+	}{
+		{"InfiniBand", wire.RailInfo{LinkLayer: wire.LinkLayerInfiniBand}, wire.RailInfo{LinkLayer: wire.LinkLayerInfiniBand}, true},
+		{"same /24", roce("10.9.1.11", 24), roce("10.9.1.12", 24), true},
+		{"prefix unknown", roce("10.9.1.11", 0), roce("10.9.2.12", 24), true},
+		{"IPv6, one /64", roce("fd00::11", 64), roce("fd00::12", 64), true},
+		{"IPv6, two /64s", roce("fd00::11", 64), roce("fd01::12", 64), false},
+		{"two /24s", roce("10.9.1.11", 24), roce("10.9.2.11", 24), false},
+	} {
+		ok, why := UnaddressedReachable(tt.mine, tt.theirs)
+		if ok != tt.ok || (!ok && !strings.Contains(why, "share no subnet")) {
+			t.Errorf("%s: %v %q", tt.name, ok, why)
+		}
+	}
+}
+
+func TestCheckPeerGID(t *testing.T) {
+	o := handshake(t, a2, a1, true)
+	if err := o.conn.CheckPeerGID(netip.MustParseAddr("::ffff:10.9.1.12")); err != nil {
+		t.Errorf("the named address as a mapped GID: %v", err)
+	}
+	err := o.conn.CheckPeerGID(netip.MustParseAddr("::ffff:10.9.1.99"))
+	if err == nil || !strings.Contains(err.Error(), "10.9.1.99") || !strings.Contains(err.Error(), "10.9.1.11") {
+		t.Errorf("another GID: %v", err)
+	}
+	if err := (Plan{Kind: wire.PairUnaddressed}).CheckPeerGID(netip.MustParseAddr("fe80::1")); err != nil {
+		t.Errorf("unaddressed: %v", err)
+	}
+}
+
+// The handle carries as many SUP addresses as a device may have ports.
+func TestBoundsAgree(t *testing.T) {
+	if topo.MaxSupPorts != wire.MaxSupAddrs {
+		t.Fatalf("topo.MaxSupPorts %d, wire.MaxSupAddrs %d", topo.MaxSupPorts, wire.MaxSupAddrs)
+	}
+}

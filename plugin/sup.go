@@ -1,0 +1,201 @@
+package main
+
+/*
+#include "mpib.h"
+#include "mpib_policy.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/mpib/mpib/plugin/internal/suppair"
+	"github.com/mpib/mpib/plugin/internal/topo"
+	"github.com/mpib/mpib/plugin/internal/wire"
+)
+
+// SUP ports and the SUP pair of a connection (issue 25, docs/topology.md "SUP ports on a
+// mesh"): the listener advertises its SUP port addresses in the handle, the connector picks a
+// pair and names it in its hello, the acceptor checks it, all before any SUP QP exists. The
+// decisions are package suppair's; this file reads what they need (GIDs, netdevs, routes).
+
+// supPorts is a fused device's SUP ports as read now, with each port's GID index.
+type supPorts struct {
+	local suppair.Local
+	gid   []int // gid[i]: the GID index of local.Ports[i]
+}
+
+// gidOf is the GID index of the port a plan names (-1: none, or the plan is unaddressed and
+// the GID is chosen by net_ib's rule when the comm is built).
+func (s supPorts) gidOf(p suppair.Plan) int {
+	if p.Kind != wire.PairAddressed {
+		return -1
+	}
+	for i, port := range s.local.Ports {
+		if port.Index == p.Port.Index {
+			return s.gid[i]
+		}
+	}
+	return -1
+}
+
+// devSupPorts reads a fused device's SUP ports. Today a device has one: the SUP NIC's GID
+// chosen by net_ib's rule (the one its QPs use), described by the netdev that holds its
+// address and that address's real prefix there (not a global /24: /29../31 links must work).
+func devSupPorts(dev int) supPorts {
+	nic := int(C.mpib_g.fdev[dev].nic[1])
+	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].Sup.GIDIndex)
+	if err != nil {
+		return supPorts{local: suppair.Local{Unaddressed: fmt.Sprintf("no SUP GID: %v", err)}}
+	}
+	ib := C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND
+	port, why := suppair.Describe(0, ib, addr, int(interfacePrefixLen(addr)), interfaceAddr(addr).dev)
+	if why != "" {
+		return supPorts{local: suppair.Local{Unaddressed: why}}
+	}
+	return supPorts{local: suppair.Local{Ports: []topo.Port{port}}, gid: []int{idx}}
+}
+
+// supWanted says whether a connection's mode and path want SUP QPs at all (the SOUT island
+// rule, mpib_sup_qps_wanted); the SUP pair then decides whether it gets them.
+func supWanted(path topo.PathClass) bool {
+	cfg := plugin.cfg
+	return C.mpib_sup_qps_wanted(C.int(cfg.Mode), C.int(path), boolInt(cfg.SupRelay)) != 0
+}
+
+// supRoutes is the kernel's main IPv4 table when MPIB_SUP_RELAY=1 (only a relayed pair
+// consults routes), else nil. A table that cannot be read counts as empty: no routed pair.
+func supRoutes() []topo.Route {
+	if !plugin.cfg.SupRelay {
+		return nil
+	}
+	f, err := os.Open("/proc/net/route")
+	if err != nil {
+		warnf("MPIB_SUP_RELAY=1: reading the routes: %v (no SUP pair through a relay)", err)
+		return nil
+	}
+	defer f.Close()
+	routes, err := topo.ParseProcRoute(f, binary.NativeEndian)
+	if err != nil {
+		warnf("MPIB_SUP_RELAY=1: %v (no SUP pair through a relay)", err)
+		return nil
+	}
+	return routes
+}
+
+// listenerHandle is the handle listen() publishes: the control address and nonce, the
+// device's SUP port addresses and MPIB_SUP_RELAY.
+func listenerHandle(dev int, addr netip.AddrPort, nonce uint64) wire.Handle {
+	h := wire.Handle{Addr: addr, Nonce: nonce}
+	suppair.Advertise(&h, devSupPorts(dev).local, plugin.cfg.SupRelay)
+	return h
+}
+
+// connectPlan is the connector's SUP verdict for a connection to the handle's listener, and
+// the SUP GID to build with. A peer the path wants SUP for but no pair reaches gets one INFO
+// line naming it and why.
+func connectPlan(dev int, h wire.Handle, path topo.PathClass) (suppair.Plan, int, error) {
+	ports := devSupPorts(dev)
+	plan, err := suppair.Connect(h, ports.local, supRoutes(), plugin.cfg.SupRelay, supWanted(path))
+	if err == nil && plan.Why != "" {
+		infof("peer %v: no SUP pair: %s: this connection uses SOUT only", h.Addr.Addr(), plan.Why)
+	}
+	return plan, ports.gidOf(plan), err
+}
+
+// acceptPlan is the acceptor's check of the connector's hello against the handle it
+// advertised and its SUP ports now.
+func acceptPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, path topo.PathClass) (suppair.Plan, int, error) {
+	ports := devSupPorts(dev)
+	plan, err := suppair.Accept(adv, hello, ports.local, supRoutes(), plugin.cfg.SupRelay, supWanted(path))
+	if err != nil {
+		return plan, -1, fmt.Errorf("peer %v: %w", peer, err)
+	}
+	if plan.Why != "" {
+		infof("peer %v: no SUP pair: %s: this connection uses SOUT only", peer, plan.Why)
+	}
+	return plan, ports.gidOf(plan), nil
+}
+
+// checkSupMetadata applies the plan to the exchanged metadata: an addressed pair's peer GID
+// must be the address it names; an unaddressed pair keeps the rule before wire version 4 (both
+// ends drop SUP when the two rails' addresses share no subnet, from the same two facts).
+func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs *wire.Metadata, peer netip.Addr) error {
+	if mine.NQPs[1] == 0 {
+		return nil
+	}
+	if err := plan.CheckPeerGID(netip.AddrFrom16(theirs.Rail[1].GID)); err != nil {
+		return fmt.Errorf("peer %v: %w", peer, err)
+	}
+	if plan.Kind != wire.PairUnaddressed {
+		return nil
+	}
+	if ok, why := suppair.UnaddressedReachable(mine.Rail[1], theirs.Rail[1]); !ok {
+		infof("peer %v: %s: this connection uses SOUT only", peer, why)
+		inVerbsSlot(func() { C.mpib_comm_drop_rail(comm, 1) })
+		mine.NQPs[1], theirs.NQPs[1] = 0, 0
+	}
+	return nil
+}
+
+// ifAddr is one interface address: its prefix on the netdev that holds it.
+type ifAddr struct {
+	prefix netip.Prefix
+	dev    string
+}
+
+// interfaceAddr is the local interface address equal to addr with its netdev, or the zero
+// ifAddr when no interface holds it (InfiniBand GIDs, or an address outside this network
+// namespace). The list is cached like the GID tables, and read again when either table
+// changed (on RoCE every address added or removed is a GID change). A new prefix length on an
+// address that stays changes no GID: it is seen when the cache ages out (30 s).
+func interfaceAddr(addr netip.Addr) ifAddr {
+	for _, a := range localAddrs() {
+		if a.prefix.Addr().Unmap() == addr {
+			return a
+		}
+	}
+	return ifAddr{}
+}
+
+// interfacePrefixLen is the prefix length of interfaceAddr (0: none holds addr).
+func interfacePrefixLen(addr netip.Addr) uint8 {
+	if p := interfaceAddr(addr).prefix; p.IsValid() {
+		return uint8(p.Bits())
+	}
+	return 0
+}
+
+var ifAddrs struct {
+	mu  sync.Mutex
+	at  time.Time
+	gen uint32
+	all []ifAddr
+}
+
+func localAddrs() []ifAddr {
+	ifAddrs.mu.Lock()
+	defer ifAddrs.mu.Unlock()
+	gen := allGIDGens()
+	if ifAddrs.all != nil && gen == ifAddrs.gen && time.Since(ifAddrs.at) < gidTableMaxAge {
+		return ifAddrs.all
+	}
+	all := []ifAddr{}
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+				all = append(all, ifAddr{prefix: pfx, dev: ifc.Name})
+			}
+		}
+	}
+	ifAddrs.all, ifAddrs.at, ifAddrs.gen = all, time.Now(), gen
+	return all
+}
