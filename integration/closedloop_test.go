@@ -488,7 +488,7 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 		sweep = append(sweep, clSweepPoint{sup, opt, from})
 		time.Sleep(clSweepSettle + clSweepMeasure + 300*time.Millisecond) // node time is past from+measure: the marker came back after it was read
 		if !running(r.cli) {
-			t.Fatalf("the transfer ended during the sweep: raise clTransfer")
+			r.transferEnded(ctx, t, "the sweep")
 		}
 	}
 	if err := beat.Kill(ctx); err != nil {
@@ -568,7 +568,7 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 		ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
 		time.Sleep(r.phase() + 300*time.Millisecond) // past t0+phase in node time (see the sweep)
 		if !running(r.cli) {
-			t.Fatalf("the transfer ended during %s agent's phase %d: raise clTransfer", agent.name, n+1)
+			r.transferEnded(ctx, t, fmt.Sprintf("%s agent's phase %d", agent.name, n+1))
 		}
 	}
 	ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
@@ -579,6 +579,17 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 	loop.Kill(ctx)
 	lOut, lErr, _, _ := loop.Wait(ctx)
 	return ph, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
+}
+
+// transferEnded fails the test for a transfer that ended before the test stopped it, with both
+// drivers' output: the bytes ran out (raise clTransfer), or the run failed.
+func (r *clRun) transferEnded(ctx context.Context, t *testing.T, during string) {
+	t.Helper()
+	r.srv.Kill(ctx)
+	cOut, cErr, cCode, _ := r.cli.Wait(ctx)
+	sOut, sErr, sCode, _ := r.srv.Wait(ctx)
+	t.Fatalf("the transfer ended during %s (if it completed its %s: raise clTransfer)\nclient exit %d:\n%s%s\nserver exit %d:\n%s%s",
+		during, clTransfer, cCode, tail(cOut, 3000), tail(cErr, 3000), sCode, tail(sOut, 2000), tail(sErr, 2000))
 }
 
 // staticRates is the sweep's rate per shaping and hint, and the best per shaping.
