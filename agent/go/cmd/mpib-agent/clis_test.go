@@ -475,7 +475,13 @@ func runLoop(t *testing.T, c cli, env []string, fx *fixture, args []string, step
 		}
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // a loop that ignores or deadlocks on SIGTERM
+		t.Errorf("%s: the loop did not exit within 10 s of SIGTERM", c.name)
+		cmd.Process.Kill()
+		<-done
+	}
 	err := cmd.Wait()
 	code := 0
 	var ee *exec.ExitError

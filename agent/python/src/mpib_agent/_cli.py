@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iter
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
 from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, Snapshot, class_name, clamp, heartbeat_fresh, total_size
-from ._policy import ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates
+from ._policy import (ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates,
+                      signal_setter)
 from ._segment import (
     Segment,
     beat_period_s,
@@ -294,7 +295,7 @@ def _cmd_top(a: argparse.Namespace) -> int:
 def _stop_on_signals() -> Iterator[threading.Event]:
     """An event that SIGINT and SIGTERM set while the block runs (then the old handlers)."""
     stop = threading.Event()
-    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, signal_setter(stop)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
     finally:
@@ -455,8 +456,8 @@ def _cmd_plot(a: argparse.Namespace) -> int:
 
 def _loop(seg: Segment, tick: Callable[[], None], interval: float) -> None:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, signal_setter(stop))
+    signal.signal(signal.SIGINT, signal_setter(stop))
     agent_loop(seg, tick, interval, stop=stop)
 
 

@@ -6,6 +6,7 @@ TestCLIsAgree runs both agents on one segment.
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import re
@@ -288,9 +289,24 @@ def run_policy(
                note=lambda s: None)
 
 
+def signal_setter(stop: threading.Event) -> Callable[[int, object], None]:
+    """A signal handler that sets ``stop`` from a new low-level thread, never from the handler.
+
+    A handler runs in the main thread between two bytecodes, possibly while that thread is inside
+    ``stop.wait()`` holding the event's internal lock (a plain, non-reentrant Lock): calling
+    ``stop.set()`` there waits for that lock forever. A Go test that SIGTERMs ``run`` found a
+    Python agent hung so, both threads in futex waits. ``_thread.start_new_thread`` takes no
+    Python-level lock, and its thread sets the event once the main thread lets go of it."""
+
+    def handler(signum: int, frame: object) -> None:
+        _thread.start_new_thread(stop.set, ())
+
+    return handler
+
+
 def install_sigterm_stop(stop: threading.Event) -> None:
     """Makes SIGTERM set ``stop`` (for daemons)."""
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, signal_setter(stop))
 
 
 # ---- the static policy ----------------------------------------------------------------------
