@@ -2,6 +2,7 @@ package libtest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -43,15 +44,18 @@ func buildNettestFake(t *testing.T) (nettest, fake string) {
 }
 
 // freePorts returns a loopback port p with p+1 free as well (device i's side channel is the
-// given port + i).
+// given port + i). They come from below Linux's ephemeral range (32768-60999 by default):
+// ports the kernel handed out there were free when checked and then taken, between the
+// check and the driver's listen, as the source port of another test's connection (a CI
+// run failed so: "cannot listen on 127.0.0.1:38042: Address already in use").
 func freePorts(t *testing.T) int {
 	t.Helper()
 	for try := 0; try < 50; try++ {
-		l0, err := net.Listen("tcp", "127.0.0.1:0")
+		p := 30000 + rand.IntN(2700)
+		l0, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		p := l0.Addr().(*net.TCPAddr).Port
 		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
 		l0.Close()
 		if err == nil {
@@ -59,7 +63,7 @@ func freePorts(t *testing.T) int {
 			return p
 		}
 	}
-	t.Fatal("no two adjacent free loopback ports")
+	t.Fatal("no two adjacent free loopback ports in 30000..32700")
 	return 0
 }
 
