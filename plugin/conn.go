@@ -410,8 +410,7 @@ func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan) (net.Conn,
 	if err != nil {
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Timeout: handshakeTimeout()}
-	c, err := d.DialContext(ctx, "tcp4", h.Addr.String())
+	c, err := dialControl(ctx, h.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
 	}
@@ -421,6 +420,27 @@ func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan) (net.Conn,
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
 	return c, nil
+}
+
+// dialControl opens the control connection. A process briefly out of descriptors (EMFILE,
+// ENFILE: a flood of TCP clients on one of its listeners, which the accept loop sheds within
+// a second) dials again with a backoff of up to 200 ms until the handshake's deadline, as the
+// accept loop does, instead of failing the connection at once: a CI run's flood test failed
+// the real peer's own connect so ("socket: too many open files").
+func dialControl(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+	deadline := time.Now().Add(handshakeTimeout())
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Deadline: deadline}
+	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 200*time.Millisecond) {
+		c, err := d.DialContext(ctx, "tcp4", addr.String())
+		if err == nil || !isFDShortage(err) || time.Now().Add(backoff).After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
+	}
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
