@@ -55,7 +55,8 @@ func devSupPorts(dev int) supPorts {
 		return supPorts{local: suppair.Local{Unaddressed: fmt.Sprintf("no SUP GID: %v", err)}}
 	}
 	ib := C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND
-	port, why := suppair.Describe(0, ib, addr, int(interfacePrefixLen(addr)), interfaceAddr(addr).dev)
+	ifa := interfaceAddr(addr)
+	port, why := suppair.Describe(0, ib, addr, ifa.bits(), ifa.dev)
 	if why != "" {
 		return supPorts{local: suppair.Local{Unaddressed: why}}
 	}
@@ -164,13 +165,16 @@ func interfaceAddr(addr netip.Addr) ifAddr {
 	return ifAddr{}
 }
 
-// interfacePrefixLen is the prefix length of interfaceAddr (0: none holds addr).
-func interfacePrefixLen(addr netip.Addr) uint8 {
-	if p := interfaceAddr(addr).prefix; p.IsValid() {
-		return uint8(p.Bits())
+// bits is the address's prefix length on its netdev (0: no netdev holds it).
+func (a ifAddr) bits() int {
+	if a.prefix.IsValid() {
+		return a.prefix.Bits()
 	}
 	return 0
 }
+
+// interfacePrefixLen is the prefix length of interfaceAddr (0: none holds addr).
+func interfacePrefixLen(addr netip.Addr) uint8 { return uint8(interfaceAddr(addr).bits()) }
 
 var ifAddrs struct {
 	mu  sync.Mutex
