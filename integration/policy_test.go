@@ -97,55 +97,108 @@ func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
 // readRailTx reads both rails' transmitted bytes in one command, so that while traffic flows
 // the two counters are taken at the same instant (one exec per rail would skew the window).
 func readRailTx(ctx context.Context, n *Node) (sout, sup uint64, err error) {
-	out, errOut, code, err := n.Exec(ctx, nil, "cat", "/sys/class/net/"+n.Netdev(SOUT)+"/statistics/tx_bytes",
-		"/sys/class/net/"+n.Netdev(SUP)+"/statistics/tx_bytes")
-	f := strings.Fields(out)
-	if err != nil || code != 0 || len(f) != 2 {
-		return 0, 0, fmt.Errorf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
-	}
-	sout, _ = strconv.ParseUint(f[0], 10, 64)
-	sup, _ = strconv.ParseUint(f[1], 10, 64)
-	return sout, sup, nil
+	w, err := readRailWire(ctx, n)
+	return w.tx[SOUT], w.tx[SUP], err
 }
 
-func railTx(ctx context.Context, t *testing.T, n *Node) (sout, sup uint64) {
+// railWire is one reading of a node's rails: the netdevs' transmitted bytes and the soft-RoCE
+// devices' retransmission events (the requester's timeouts, completer_retry_err, and the
+// sequence NAKs it received, rcvd_seq_err): after either, go-back-N sends bytes again.
+type railWire struct {
+	tx, retransmits map[Rail]uint64
+}
+
+func readRailWire(ctx context.Context, n *Node) (railWire, error) {
+	w := railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}
+	var files []string
+	for _, r := range Rails {
+		hw := "/sys/class/infiniband/" + n.Dev(r) + "/ports/1/hw_counters/"
+		files = append(files, "/sys/class/net/"+n.Netdev(r)+"/statistics/tx_bytes", hw+"completer_retry_err", hw+"rcvd_seq_err")
+	}
+	out, errOut, code, err := n.Exec(ctx, nil, append([]string{"cat"}, files...)...)
+	f := strings.Fields(out)
+	if err != nil || code != 0 || len(f) != len(files) {
+		return w, fmt.Errorf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
+	}
+	v := make([]uint64, len(f))
+	for i := range f {
+		if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
+			return w, fmt.Errorf("%s: rail counter %s: %v", n.Name(), files[i], err)
+		}
+	}
+	for i, r := range Rails {
+		w.tx[r], w.retransmits[r] = v[3*i], v[3*i+1]+v[3*i+2]
+	}
+	return w, nil
+}
+
+func railWireNow(ctx context.Context, t *testing.T, n *Node) railWire {
 	t.Helper()
-	sout, sup, err := readRailTx(ctx, n)
+	w, err := readRailWire(ctx, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sout, sup
+	return w
 }
+
+// shareWindow is one measured window: the SUP share of the bytes n transmitted, how many, and
+// the retransmission events in it.
+type shareWindow struct {
+	share       float64
+	bytes       uint64
+	retransmits uint64
+	windows     int // windows measured to get this one (see supShareOver)
+}
+
+// A window that fails its verdict after retransmissions is measured again, up to this many
+// windows in all.
+const shareWindowsMax = 3
 
 // supShareOver waits until n has transmitted `settle` more bytes (requests posted under the
 // previous policy drain), then measures n's SUP share over the next `measure` bytes. Phases
 // are counted in bytes, not seconds, so they hold whatever speed the lab runs at.
-// atMeasure, when given, runs when the measured window starts and again when it ends.
-func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure uint64, atMeasure func()) (float64, uint64) {
+// A window in which soft-RoCE retransmitted (go-back-N after a timeout or a sequence NAK, in
+// the busy VM) counts some of a rail's bytes twice: when such a window misses the verdict
+// (ok), it judged the transport, not the split, and the next window is measured instead, up
+// to shareWindowsMax; the last one counts. A window that misses without a retransmission is
+// the answer. A CI run measured 0.514 for a hint of 512 while the plugin's completed bytes
+// said 0.497.
+// atWindow, when given, runs when a measured window starts (true) and ends (false).
+func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure uint64, ok func(share float64) bool, atWindow func(start bool)) shareWindow {
 	t.Helper()
-	waitBytes := func(want uint64) (sout, sup uint64) {
-		sout0, sup0 := railTx(ctx, t, n)
+	waitBytes := func(want uint64) (w0, w1 railWire) {
+		w0 = railWireNow(ctx, t, n)
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
-			sout, sup = railTx(ctx, t, n)
-			if (sout-sout0)+(sup-sup0) >= want {
-				return sout - sout0, sup - sup0
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s sent only %d of %d bytes in 3 minutes", n.Name(), (sout-sout0)+(sup-sup0), want)
+			w1 = railWireNow(ctx, t, n)
+			if sent := (w1.tx[SOUT] - w0.tx[SOUT]) + (w1.tx[SUP] - w0.tx[SUP]); sent >= want {
+				return w0, w1
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s sent only %d of %d bytes in 3 minutes", n.Name(), sent, want)
 			}
 			time.Sleep(time.Second) // a process start per poll: leave the CPUs to the transfer and the agent CLI
 		}
 	}
 	waitBytes(settle)
-	if atMeasure != nil {
-		atMeasure()
+	var win shareWindow
+	for win.windows < shareWindowsMax {
+		if atWindow != nil {
+			atWindow(true)
+		}
+		w0, w1 := waitBytes(measure)
+		if atWindow != nil {
+			atWindow(false)
+		}
+		sout, sup := w1.tx[SOUT]-w0.tx[SOUT], w1.tx[SUP]-w0.tx[SUP]
+		win = shareWindow{share: share(sup, sup+sout), bytes: sup + sout, windows: win.windows + 1,
+			retransmits: (w1.retransmits[SOUT] - w0.retransmits[SOUT]) + (w1.retransmits[SUP] - w0.retransmits[SUP])}
+		if win.retransmits == 0 || ok(win.share) {
+			break
+		}
+		t.Logf("%s: window %d measured a SUP share of %.4f with %d retransmission events in it: measuring again",
+			n.Name(), win.windows, win.share, win.retransmits)
 	}
-	sout, sup := waitBytes(measure)
-	if atMeasure != nil {
-		atMeasure()
-	}
-	return share(sup, sup+sout), sup + sout
+	return win
 }
 
 func running(p *Process) bool {
@@ -158,13 +211,13 @@ func running(p *Process) bool {
 }
 
 const (
-	// Settle: several times the bytes that can be in flight (8 requests of <= 1 MiB): a
+	// Settle: several times the bytes that can be in flight (8 requests of <= 256 KiB): a
 	// rail's backlog under the old hint drains while the other rail already runs the new one.
-	// Within a phase the rails can drift apart by at most what is in flight, so the measured
-	// window is many times larger than that.
-	// Measured shares were within 0.005 of the hint over 128 MiB windows in the runs on record; 96 MiB
-	// keeps that error under 0.007 if it scales with 1/window (the tolerance is 0.01) and
-	// takes a quarter less lab time.
+	// Within a phase a rail can run ahead of the other by at most its part of what is in
+	// flight (1 MiB at hint 512), which moves a 96 MiB window's share by at most about 0.005
+	// (the tolerance is 0.01). With 1 MiB requests that bound was 0.02: the tolerance held on
+	// luck. Measured shares were within 0.006 of the hint in the runs on record.
+	policyMaxSize = "256K"
 	phaseSettle  = 24 << 20
 	phaseMeasure = 96 << 20 // bytes measured per phase
 	policyStale  = 2 * time.Second
@@ -173,10 +226,9 @@ const (
 // policyPhase is one hint's measurement: the wire's SUP share over the window and the
 // agent's view of the slot when the window started and ended.
 type policyPhase struct {
-	hint  int
-	share float64
-	bytes uint64
-	tele  [2]listedConn
+	hint int
+	shareWindow
+	tele [2]listedConn
 }
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
@@ -205,7 +257,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	stopFile := fmt.Sprintf("/tmp/policy-%s-%d.stop", agent.name, time.Now().UnixNano())
 	a2.Exec(ctx, nil, "rm", "-f", stopFile)
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(a1, mode...),
-		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1000G", "--stop-file", stopFile, "--max-size", "1M", "--window", "8",
+		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", "1000G", "--stop-file", stopFile, "--max-size", policyMaxSize, "--window", "8",
 			"--idle-us", strconv.Itoa(faultIdleUS)}}) // idle drivers leave the CPUs to rxe and to the agent's CLI
 	defer func() { // a phase that failed leaves the transfer running
 		for _, p := range []*Process{srv, cli} {
@@ -223,19 +275,26 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	var phases []policyPhase
 	for _, hint := range []int{0, 512, 1024, 256} {
 		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
-		var tele []listedConn
-		s, b := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, func() { tele = append(tele, goAgent.telemetry(ctx, t, a1, slot)) })
+		var tele [2]listedConn
+		w := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, hintShareOK(hint), func(start bool) {
+			i := 0
+			if !start {
+				i = 1
+			}
+			tele[i] = goAgent.telemetry(ctx, t, a1, slot)
+		})
 		if !running(cli) {
 			t.Fatalf("the transfer ended before phase hint=%d was measured", hint)
 		}
-		phases = append(phases, policyPhase{hint, s, b, [2]listedConn{tele[0], tele[1]}})
+		phases = append(phases, policyPhase{hint, w, tele})
 	}
 	// The agent dies: its heartbeat goes stale and the plugin falls back to vanilla (all SUP).
 	if err := beat.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(policyStale)
-	fallback, fbBytes := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, nil)
+	fb := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, func(s float64) bool { return s >= fallbackShareMin }, nil)
+	fallback, fbBytes := fb.share, fb.bytes
 	fbApplied := goAgent.telemetry(ctx, t, a1, slot).Telemetry.AppliedSupBw
 	stillRunning := running(cli)
 	if _, _, code, err := a2.Exec(ctx, nil, "touch", stopFile); err != nil || code != 0 {
@@ -251,10 +310,11 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	}
 	verified(t, res)
 	for _, p := range phases {
-		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true\n", agent.name, p.hint, p.share)
-		if want := float64(p.hint) / 1024; math.Abs(p.share-want) > 0.01 || p.bytes < 1<<20 {
-			t.Errorf("hint %d: SUP share %.4f over %d bytes, want %.4f within 0.01 (rail events of the run: %q)",
-				p.hint, p.share, p.bytes, want, railEventLines(cErr+sErr))
+		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true windows=%d retransmits=%d\n",
+			agent.name, p.hint, p.share, p.windows, p.retransmits)
+		if want := float64(p.hint) / 1024; !hintShareOK(p.hint)(p.share) || p.bytes < 1<<20 {
+			t.Errorf("hint %d: SUP share %.4f over %d bytes (%d retransmission events in it), want %.4f within 0.01 (rail events of the run: %q)",
+				p.hint, p.share, p.bytes, p.retransmits, want, railEventLines(cErr+sErr))
 		}
 	}
 	checkPhaseTelemetry(t, agent.name, phases)
@@ -262,10 +322,18 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 		t.Errorf("after the agent died the plugin's telemetry says applied_sup_bw=%d, want vanilla 1024", fbApplied)
 	}
 	fmt.Printf("policy: pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true\n", fallback)
-	if !stillRunning || fallback < 0.99 || fbBytes < 1<<20 {
+	if !stillRunning || fallback < fallbackShareMin || fbBytes < 1<<20 {
 		t.Errorf("after the agent died: SUP share %.4f over %d bytes (transfer running: %t), want vanilla ~1.0", fallback, fbBytes, stillRunning)
 	}
 }
+
+// hintShareOK is the verdict on a phase's measured SUP share: the hint's within 0.01.
+func hintShareOK(hint int) func(float64) bool {
+	return func(s float64) bool { return math.Abs(s-float64(hint)/1024) <= 0.01 }
+}
+
+// fallbackShareMin is the least SUP share of vanilla (all SUP) after the agent died.
+const fallbackShareMin = 0.99
 
 func TestPolicyGoAgent(t *testing.T)     { testAgentPhases(t, goAgent) }
 func TestPolicyPythonAgent(t *testing.T) { testAgentPhases(t, pythonAgent) }

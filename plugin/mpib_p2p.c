@@ -30,6 +30,10 @@
 #include "mpib_shm.h"
 
 static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+static const char *rail_state_name(int st) {
+  static const char *const names[] = {"up", "fencing", "down", "recovering", "probing", "dead"};
+  return st >= 0 && st <= MPIB_RAIL_DEAD ? names[st] : "?";
+}
 
 static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
   for (int i = 0; i < c->nreqs_pool; i++) {
@@ -1328,9 +1332,15 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   int complete = req == NULL || (req->seq & 0xFF) != seq8
                      ? -1
                      : mpib_recv_ranges_arrived(&req->expected_mask, &req->have_mask, full, ranges, replay);
-  if (complete < 0) {
-    MPIB_WARN("%s rail: completion for slot %u (seq %u, mask %u%s) matches no posted receive", rail_name(rail), slot,
-              seq8, mask, replay ? ", replay" : "");
+  if (complete < 0) { /* never guessed at: a stray write may have landed in a buffer NCCL owns again */
+    char open[112];
+    if (req == NULL) snprintf(open, sizeof open, "the slot holds no receive");
+    else if ((req->seq & 0xFF) != seq8) snprintf(open, sizeof open, "the slot's receive is seq %u", (unsigned)(req->seq & 0xFF));
+    else snprintf(open, sizeof open, "its receive expects ranges %u and has %u (the transport delivered a write twice?)",
+                  req->expected_mask, req->have_mask);
+    MPIB_WARN("%s rail (generation %u, %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no posted receive: %s",
+              rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state), slot, seq8, mask,
+              replay ? ", replay" : "", wc->qp_num, open);
     return ncclRemoteError;
   }
   req->wrote_rails |= 1u << rail;

@@ -101,7 +101,7 @@ static void test_recv_ranges(void) {
       {"double fault: both ranges replayed in one chain", 1, {{B, B, 1, 1}}},
       {"double fault: SUP's replay, then SOUT's", 2, {{B, U, 1, 0}, {B, O, 1, 1}}},
       {"a replay of a confirmed range is harmless", 3, {{B, U, 0, 0}, {B, U, 1, 0}, {B, O, 1, 1}}},
-      {"an original range twice is a corrupt peer", 2, {{B, O, 0, 0}, {B, O, 0, -1}}},
+      {"an original range twice (a corrupt peer, or soft-RoCE executing one write twice) is refused", 2, {{B, O, 0, 0}, {B, O, 0, -1}}},
       {"another full mask is a corrupt peer", 2, {{B, O, 0, 0}, {U, U, 0, -1}}},
       {"a range outside the full mask is a corrupt peer", 1, {{O, U, 1, -1}}},
       {"no range", 1, {{B, 0, 1, -1}}},
