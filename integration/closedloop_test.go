@@ -358,16 +358,17 @@ type clSweepPoint struct {
 // clStaleVar is the staleness limit the plugins and agents of the test share (see the top).
 var clStaleVar = "MPIB_AGENT_STALE_MS=" + strconv.Itoa(clStaleMS)
 
-// clRCTimeout is the RC ACK timeout of the test's connection: 21 (4.096 us * 2^21 = 8.6 s)
-// instead of MPIB's default 15 (134 ms, five tries: 0.67 s). a1's rails are shaped down to
-// 1.56 Mbit/s behind 10000-packet netem queues, so a packet and the ACKs of a2's CTS writes
-// wait seconds there: with the default every rail timed out over and over (a 150 s run on the
-// busy host: 67 failovers, 1.4 Mbit/s of 5 shaped), and soft-RoCE, retransmitting in the
-// starved VM, twice executed one RDMA write with immediate within one QP generation, which
-// the receiver refuses (`matches no posted receive ... has 1`), failing the connection. With
-// 21 the same run had no failover and carried 4.0 Mbit/s. A real fabric queues for
-// microseconds to milliseconds; net_ib's own default, 20, is 4.3 s.
-const clRCTimeout = "MPIB_IB_TIMEOUT=21"
+// clRCTimeout is the RC ACK timeout of the test's connection: net_ib's default, 20 (4.096 us
+// * 2^20 = 4.3 s a try), instead of MPIB's 15 (134 ms, five tries: 0.67 s). a1's rails are
+// shaped down to 1.56 Mbit/s behind 10000-packet netem queues, so packets and the ACKs of
+// a2's CTS writes wait seconds there: with MPIB's default every rail timed out over and over
+// (a 150 s run on the busy host: 67 failovers, 1.4 Mbit/s of 5 shaped), and soft-RoCE,
+// retransmitting in the starved VM, twice executed one RDMA write with immediate within one
+// QP generation, which the receiver refuses (`matches no posted receive ... has 1`), failing
+// the connection. The timeout is also how long a lost last packet stalls the transfer (no
+// later packet draws a sequence NAK): with 21 (8.6 s) busy-host runs stalled 7 s at a time.
+// A real fabric queues for microseconds to milliseconds.
+const clRCTimeout = "MPIB_IB_TIMEOUT=20"
 
 // clStaleEnv is an agent's environment with the test's staleness limit.
 func clStaleEnv(a agentCLI) []string { return append([]string{clStaleVar}, a.env...) }
