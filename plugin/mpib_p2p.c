@@ -1336,8 +1336,8 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
     char open[112];
     if (req == NULL) snprintf(open, sizeof open, "the slot holds no receive");
     else if ((req->seq & 0xFF) != seq8) snprintf(open, sizeof open, "the slot's receive is seq %u", (unsigned)(req->seq & 0xFF));
-    else snprintf(open, sizeof open, "its receive expects ranges %u and has %u (the transport delivered a write twice?)",
-                  req->expected_mask, req->have_mask);
+    else snprintf(open, sizeof open, "its receive expects ranges %u and has %u%s", req->expected_mask, req->have_mask,
+                  !replay && (req->have_mask & ranges) ? " (the transport delivered a write twice?)" : "");
     MPIB_WARN("%s rail (generation %u, %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no posted receive: %s",
               rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state), slot, seq8, mask,
               replay ? ", replay" : "", wc->qp_num, open);
