@@ -52,6 +52,8 @@ type listedConn struct {
 		SupCompletedBytes  uint64 `json:"sup_completed_bytes"`
 		SoutBusyNs         uint64 `json:"sout_busy_ns"`
 		SupBusyNs          uint64 `json:"sup_busy_ns"`
+		SoutActiveNs       uint64 `json:"sout_active_ns"`
+		SupActiveNs        uint64 `json:"sup_active_ns"`
 		ReadsStale         uint64 `json:"reads_stale"`
 	} `json:"telemetry"`
 }
@@ -218,9 +220,9 @@ const (
 	// (the tolerance is 0.01). With 1 MiB requests that bound was 0.02: the tolerance held on
 	// luck. Measured shares were within 0.006 of the hint in the runs on record.
 	policyMaxSize = "256K"
-	phaseSettle  = 24 << 20
-	phaseMeasure = 96 << 20 // bytes measured per phase
-	policyStale  = 2 * time.Second
+	phaseSettle   = 24 << 20
+	phaseMeasure  = 96 << 20 // bytes measured per phase
+	policyStale   = 2 * time.Second
 )
 
 // policyPhase is one hint's measurement: the wire's SUP share over the window and the
