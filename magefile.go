@@ -72,15 +72,29 @@ func (Test) Unit() error {
 	return nil
 }
 
-// unitGoAndC runs the Go packages' tests outside integration/ (the C tests among them).
+// unitGoAndC runs the Go packages' tests outside integration/, then the C tests alone and
+// verbose: their programs print evidence lines (replay-model:, flush:, ...) that go test shows
+// only for a package it tests alone with -v.
 func unitGoAndC() error {
 	mg.Deps(Build)
 	pkgs, err := unitPackages()
 	if err != nil {
 		return err
 	}
-	return sh.RunV("go", append([]string{"test", "-count=1"}, pkgs...)...)
+	var goPkgs []string
+	for _, p := range pkgs {
+		if !strings.HasSuffix(p, cTestPackage) {
+			goPkgs = append(goPkgs, p)
+		}
+	}
+	if err := sh.RunV("go", append([]string{"test", "-count=1"}, goPkgs...)...); err != nil {
+		return err
+	}
+	return sh.RunV("go", "test", "-count=1", "-v", "."+cTestPackage)
 }
+
+// cTestPackage is the C tests' runner package (its path's tail).
+const cTestPackage = "/plugin/ctest"
 
 // Integration runs the soft-RoCE lab suite (builds and boots the lab on demand). It names the
 // lab package alone: `go test` streams a package's output as it runs only when it tests one

@@ -22,6 +22,17 @@ ncclResult_t mpib_devices(int *ndev) {
   return ncclSuccess;
 }
 
+/* The SUP speed of a fused device: a connection uses one of its SUP ports, so the slowest
+ * whose speed is known (<= 0: none is). */
+static int sup_speed_mbps(const struct mpib_fdev *f) {
+  int slowest = 0;
+  for (int i = 0; i < f->nsup; i++) {
+    int s = mpib_g.nic[f->sup_nic[i]].speed_mbps;
+    if (s > 0 && (slowest == 0 || s < slowest)) slowest = s;
+  }
+  return slowest;
+}
+
 /* Each fused device is one NCCL device of its own (vProps: itself): MPIB makes no virtual
  * devices out of them (makeVDevice stays NULL), and its members are not NCCL devices. */
 ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
@@ -31,7 +42,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
     return ncclInvalidArgument;
   }
   const struct mpib_fdev *f = &mpib_g.fdev[dev];
-  const struct mpib_nic *sout = &mpib_g.nic[f->nic[MPIB_RAIL_SOUT]], *sup = &mpib_g.nic[f->nic[MPIB_RAIL_SUP]];
+  const struct mpib_nic *sout = &mpib_g.nic[f->nic[MPIB_RAIL_SOUT]];
   memset(p, 0, sizeof *p);
   p->name = (char *)f->prop_name;
   p->pci_path = f->prop_has_pci_path ? (char *)f->prop_pci_path : NULL;
@@ -39,7 +50,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->ptr_support = f->prop_ptr_support;
   p->force_flush = f->prop_force_flush;
   /* what the slowest kind of connection of this mode gets (mpib_props.h) */
-  p->speed = mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup->speed_mbps);
+  p->speed = mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_mbps(f));
   p->port = sout->port;
   p->max_comms = f->prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;

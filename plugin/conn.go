@@ -372,7 +372,7 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 	if err != nil {
 		return nil, err
 	}
-	plan, supGID, err := connectPlan(dev, h, path)
+	plan, supAt, err := connectPlan(dev, h, path)
 	if err != nil {
 		// A relay mismatch: the hello still goes (naming no pair), so that the listener fails
 		// with the same message instead of waiting for a peer that never comes.
@@ -386,7 +386,7 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 		p := prepared{err: errors.New("building the connection's resources failed (see the panic above)")}
 		defer func() { ready <- p }()
 		defer recoverGoroutine("connect: building the sender")
-		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supGID)
+		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supAt)
 	}()
 	dialStart := time.Now()
 	c, err := dialHello(ctx, h, plan)
@@ -491,10 +491,14 @@ type prepared struct {
 	gen    [2]uint32 // its device's GID change counts its GIDs were chosen under (a listener's spare)
 }
 
-// gidGens is a device's two NICs' GID change counts.
+// gidGens is a device's GID change counts: SOUT's, and the sum of its SUP ports'.
 func gidGens(dev int) [2]uint32 {
-	n := C.mpib_g.fdev[dev].nic
-	return [2]uint32{uint32(C.mpib_gid_gen(n[0])), uint32(C.mpib_gid_gen(n[1]))}
+	f := &C.mpib_g.fdev[dev]
+	gens := [2]uint32{uint32(C.mpib_gid_gen(f.nic[0])), 0}
+	for i := range int(f.nsup) {
+		gens[1] += uint32(C.mpib_gid_gen(f.sup_nic[i]))
+	}
+	return gens
 }
 
 // allGIDGens sums every open NIC's GID change count: it moves when any address came or went.
@@ -512,7 +516,7 @@ func allGIDGens() uint32 {
 func prepareSpare(ctx context.Context, dev int) prepared {
 	p := prepared{dev: dev, gen: gidGens(dev), st: setupTimes{last: time.Now()}}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(dev, false, topo.InterIsland, tcUndef, false, -1)
+	params, p.prefix, p.err = connParams(dev, false, topo.InterIsland, tcUndef, false, supPortUse{gid: -1})
 	if p.err != nil {
 		return p
 	}
@@ -522,16 +526,16 @@ func prepareSpare(ctx context.Context, dev int) prepared {
 
 // completeSpare fits a spare to its connection: the path, and SUP's QPs when the SUP pair
 // wants them. The setup times start at the hello; create is then SUP's part only.
-func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supGID int, start time.Time) error {
+func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supAt supPortUse, start time.Time) error {
 	p.local, p.peer, p.path, p.sup, p.st = local, peer, path, sup, setupTimes{last: start}
-	params, prefix, err := connParams(p.dev, false, path, tcUndef, sup.SUP(), supGID)
+	params, prefix, err := connParams(p.dev, false, path, tcUndef, sup.SUP(), supAt)
 	if err != nil {
 		return err
 	}
 	p.prefix = prefix
 	p.st.mark(&p.st.params)
 	rc, err := withVerbsSlot(ctx, func() C.int {
-		return C.mpib_comm_set_path(p.comm, C.int(p.path), params.nqps[1], params.gid_index[1])
+		return C.mpib_comm_set_path(p.comm, C.int(p.path), params.nqps[1], params.sup_port, params.gid_index[1])
 	})
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc))
@@ -549,12 +553,12 @@ func createComm(ctx context.Context, params *C.struct_mpib_conn_params) (*C.stru
 	return comm, err
 }
 
-// prepare builds a comm for a known path and SUP pair (supGID: the pair's SUP GID index, -1
-// for net_ib's rule).
-func prepare(ctx context.Context, dev int, local, peer netip.Addr, path topo.PathClass, isSend bool, trafficClass int, sup suppair.Plan, supGID int) prepared {
+// prepare builds a comm for a known path and SUP pair (supAt: the pair's SUP port and GID
+// index, -1 for net_ib's rule).
+func prepare(ctx context.Context, dev int, local, peer netip.Addr, path topo.PathClass, isSend bool, trafficClass int, sup suppair.Plan, supAt supPortUse) prepared {
 	p := prepared{dev: dev, isSend: isSend, local: local, peer: peer, path: path, sup: sup, st: setupTimes{last: time.Now()}}
 	var params C.struct_mpib_conn_params
-	params, p.prefix, p.err = connParams(dev, isSend, path, trafficClass, sup.SUP(), supGID)
+	params, p.prefix, p.err = connParams(dev, isSend, path, trafficClass, sup.SUP(), supAt)
 	if p.err != nil {
 		return p
 	}
@@ -600,9 +604,13 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	st.mark(&st.ack)
 	registerWithAgent(comm, p.local, peer, p.path, p.isSend)
 	st.mark(&st.agent)
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v, traffic class %d, SL %d, setup %v",
+	supPort := "-"
+	if comm.nqps[1] > 0 {
+		supPort = C.GoString(&comm.nic[1].name[0])
+	}
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, setup %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, int(comm.tc), int(comm.sl), st)
+		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), st)
 	return comm, nil
 }
 
@@ -634,10 +642,10 @@ func (st *setupTimes) String() string {
 }
 
 // connParams chooses what a new comm's QPs are built with: QP counts from the mode and the
-// SUP pair (withSup: the pair agreed in the hello wants SUP QPs), each rail's GID (read now:
-// addresses can change after init; SUP's is the pair's port, supGID, or net_ib's rule when
-// -1) and the traffic class.
-func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, withSup bool, supGID int) (C.struct_mpib_conn_params, [2]uint8, error) {
+// SUP pair (withSup: the pair agreed in the hello wants SUP QPs), the SUP port the pair names
+// (supAt.port) and each rail's GID (read now: addresses can change after init; SUP's is the
+// pair's, supAt.gid, or net_ib's rule when -1) and the traffic class.
+func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, withSup bool, supAt supPortUse) (C.struct_mpib_conn_params, [2]uint8, error) {
 	cfg := plugin.cfg
 	var p C.struct_mpib_conn_params
 	var prefix [2]uint8
@@ -645,16 +653,19 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
 	if withSup {
 		p.nqps[1] = C.uint32_t(cfg.SupQPs)
+		p.sup_port = C.int(supAt.port)
 	}
-	for rail, r := range []config.Rail{cfg.Devices[dev].Sout, cfg.Devices[dev].Sup} {
+	f := &C.mpib_g.fdev[dev]
+	nics := [2]C.int{f.nic[0], f.sup_nic[p.sup_port]}
+	for rail, r := range []config.Rail{cfg.Devices[dev].Sout, cfg.Devices[dev].SupPorts[p.sup_port]} {
 		if p.nqps[rail] == 0 {
 			continue
 		}
 		configured := r.GIDIndex
-		if rail == 1 && supGID >= 0 {
-			configured = supGID // the port the pair names (chosen by the same rule, just now)
+		if rail == 1 && supAt.gid >= 0 {
+			configured = supAt.gid // the port the pair names (chosen by the same rule, just now)
 		}
-		idx, addr, err := chooseGID(int(C.mpib_g.fdev[dev].nic[rail]), configured)
+		idx, addr, err := chooseGID(int(nics[rail]), configured)
 		if err != nil {
 			return p, prefix, fmt.Errorf("%s rail %s: %w", railNames[rail], r.HCA, err)
 		}

@@ -333,15 +333,15 @@ func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mp
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
 	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
 	var plan suppair.Plan
-	var supGID int
+	var supAt supPortUse
 	if err == nil {
-		plan, supGID, err = acceptPlan(l.dev, l.adv, hello, peer, path)
+		plan, supAt, err = acceptPlan(l.dev, l.adv, hello, peer, path)
 	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	return handshake(ctx, c, l.receiver(ctx, local, peer, path, plan, supGID, start))
+	return handshake(ctx, c, l.receiver(ctx, local, peer, path, plan, supAt, start))
 }
 
 // readHello reads and checks a client's hello within helloTimeout; the client stops being
@@ -372,17 +372,17 @@ func (l *listener) readHello(ctx context.Context, c net.Conn) (wire.Hello, error
 // receiver is the accepted connection's prepared receiver: the listener's spare, completed for
 // this path and SUP pair, for its first connection; built now for any other (or when the spare
 // failed or a GID changed since it was built).
-func (l *listener) receiver(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supGID int, start time.Time) prepared {
+func (l *listener) receiver(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supAt supPortUse, start time.Time) prepared {
 	if l.spareTaken.CompareAndSwap(false, true) {
 		p := <-l.spare // at most the rest of its creation
 		if p.err == nil && p.gen == gidGens(l.dev) {
-			if err := p.completeSpare(ctx, local, peer, path, sup, supGID, start); err == nil {
+			if err := p.completeSpare(ctx, local, peer, path, sup, supAt, start); err == nil {
 				return p
 			}
 		}
 		destroyInGoroutine(p.comm)
 	}
-	return prepare(ctx, l.dev, local, peer, path, false, tcUndef, sup, supGID)
+	return prepare(ctx, l.dev, local, peer, path, false, tcUndef, sup, supAt)
 }
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one

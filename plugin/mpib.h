@@ -63,9 +63,12 @@ enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_W
 static inline const char *mpib_rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
 
 /* Fused devices NCCL sees (MPIB_HCA_SOUT and MPIB_HCA_SUP paired by position) and the NICs
- * they are made of: a SUP NIC may serve several fused devices (pairs of GPUs sharing one). */
+ * they are made of: a SUP NIC may serve several fused devices (pairs of GPUs sharing one), and
+ * a fused device may have several SUP ports (a direct-attach mesh: one per cable; each
+ * connection uses one, the one its peer is cabled to). */
 #define MPIB_MAX_DEVS 16
-#define MPIB_MAX_NICS (MPIB_NRAILS * MPIB_MAX_DEVS)
+#define MPIB_MAX_SUP_PORTS 8
+#define MPIB_MAX_NICS (MPIB_MAX_DEVS * (1 + MPIB_MAX_SUP_PORTS))
 
 /* One physical NIC port (global, opened once at init by the Go control plane). */
 struct mpib_nic {
@@ -93,7 +96,9 @@ struct mpib_nic {
 
 /* One fused device: a SOUT NIC and a SUP NIC, and what getProperties reports for it. */
 struct mpib_fdev {
-  int nic[MPIB_NRAILS]; /* indexes into mpib_g.nic */
+  int nic[MPIB_NRAILS]; /* indexes into mpib_g.nic; nic[MPIB_RAIL_SUP] is sup_nic[0] */
+  int sup_nic[MPIB_MAX_SUP_PORTS]; /* every SUP port, in MPIB_HCA_SUP order */
+  int nsup;
   int rail_id, plane_id; /* v12 railId / planeId (NCCL_NET_ID_UNDEF: none) */
   char prop_name[160];
   char prop_pci_path[256];
@@ -130,10 +135,12 @@ struct mpib_global {
 };
 extern struct mpib_global mpib_g;
 
-/* Memory handle: one MR per rail of one fused device (the comm's that registered it; NCCL
- * registers a buffer per net device). */
+/* Memory handle: one MR per NIC of one fused device, [0] on SOUT and [1 + i] on SUP port i
+ * (NCCL registers a buffer once per net device, regIsGlobal, and uses it on every comm of the
+ * device, whichever SUP port a comm's peer is cabled to: mpib_comm_mr picks the comm's). */
+#define MPIB_MR_SLOTS (1 + MPIB_MAX_SUP_PORTS)
 struct mpib_mr {
-  struct ibv_mr *mr[MPIB_NRAILS];
+  struct ibv_mr *mr[MPIB_MR_SLOTS];
   int fdev;
 };
 
@@ -216,7 +223,8 @@ struct mpib_conn_info {
 
 /* Per-connection choices made by the control plane before the QPs exist. */
 struct mpib_conn_params {
-  int dev; /* the fused device */
+  int dev;      /* the fused device */
+  int sup_port; /* its SUP port the connection uses (suppair's choice; 0 without SUP QPs) */
   int is_send, mode, path_class;
   uint32_t nqps[MPIB_NRAILS];
   int gid_index[MPIB_NRAILS]; /* chosen at connect time (the GID table may change after init) */
@@ -246,7 +254,8 @@ struct mpib_comm {
 
   int is_send;
   int fdev;                          /* the fused device it belongs to */
-  struct mpib_nic *nic[MPIB_NRAILS]; /* that device's NICs, per rail */
+  struct mpib_nic *nic[MPIB_NRAILS]; /* that device's NICs, per rail: SUP is port sup_port's */
+  int sup_port;
   int mode, path_class, sup_relay, cts_rail;
   int gid_index[MPIB_NRAILS];
   union ibv_gid gid[MPIB_NRAILS];
@@ -471,7 +480,7 @@ void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 /* A receiver built before its peer was known (a listener's spare, SOUT only): its path sets
  * the CTS rail, and SUP's QPs are built now when the path wants them (sup_qps > 0). 0 or a
  * negative errno; on failure the comm is as before. */
-int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_gid_index);
+int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_port, int sup_gid_index);
 size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
@@ -492,6 +501,11 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
+
+/* The MR of a device-wide memory handle on this comm's NIC of one rail (NULL: none there). */
+static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struct mpib_mr *mh, int rail) {
+  return mh->mr[rail == MPIB_RAIL_SOUT ? 0 : 1 + c->sup_port];
+}
 void mpib_telemetry_flush(struct mpib_comm *c);
 
 #ifdef MPIB_HOSTILE_TEST

@@ -136,11 +136,14 @@ void mpib_nic_close_all(void) {
 
 /* A connection uses, per rail with QPs, its QPs plus a loopback flush QP, a CQ plus a flush
  * CQ (worst case: a receiver with flush). net_ib reports the device's QP limit; MPIB divides
- * it by what one connection takes on the tighter rail. */
+ * it by what one connection takes on the tightest NIC (every SUP port may be the one: all of
+ * a mesh's connections may go to one neighbour). */
 int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]) {
+  const struct mpib_fdev *f = &mpib_g.fdev[dev];
   int best = 65536;
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
+  for (int i = -1; i < f->nsup; i++) {
+    int r = i < 0 ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+    struct mpib_nic *d = &mpib_g.nic[i < 0 ? f->nic[MPIB_RAIL_SOUT] : f->sup_nic[i]];
     if (nqps[r] == 0 || d->max_qp <= 0 || d->max_cq <= 0) continue;
     int by_qp = d->max_qp / (int)(nqps[r] + 1), by_cq = d->max_cq / 2;
     if (by_qp < best) best = by_qp;
@@ -227,20 +230,21 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
   mh->fdev = dev;
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    struct mpib_nic *d = &mpib_g.nic[mpib_g.fdev[dev].nic[r]];
+  const struct mpib_fdev *f = &mpib_g.fdev[dev];
+  for (int slot = 0; slot < 1 + f->nsup; slot++) { /* SOUT, then every SUP port (mpib_comm_mr) */
+    struct mpib_nic *d = &mpib_g.nic[slot == 0 ? f->nic[MPIB_RAIL_SOUT] : f->sup_nic[slot - 1]];
     /* A dead device never carries data again in this process: the buffer is registered on
      * the rails that work (the data path never posts on a dead rail). */
     if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;
     if (fd >= 0) {
-      mh->mr[r] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
+      mh->mr[slot] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
     } else {
-      mh->mr[r] = mpib_ibv_reg_mr_compat(d->pd, data, size, access);
+      mh->mr[slot] = mpib_ibv_reg_mr_compat(d->pd, data, size, access);
     }
-    if (!mh->mr[r]) {
+    if (!mh->mr[slot]) {
       int rc = errno ? -errno : -ENOMEM;
-      MPIB_WARN("%s rail: memory registration of %zu bytes at %p failed: %s", rail_name(r), size, data,
-                strerror(-rc));
+      MPIB_WARN("%s rail (%s): memory registration of %zu bytes at %p failed: %s", rail_name(d->role), d->name, size,
+                data, strerror(-rc));
       mpib_dereg_mr(mh);
       return rc;
     }
@@ -252,8 +256,8 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
 int mpib_dereg_mr(struct mpib_mr *mh) {
   int rc = 0;
   if (!mh) return 0;
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    if (mh->mr[r] && ibv_dereg_mr(mh->mr[r])) rc = -EIO;
+  for (int slot = 0; slot < MPIB_MR_SLOTS; slot++) {
+    if (mh->mr[slot] && ibv_dereg_mr(mh->mr[slot])) rc = -EIO;
   }
   free(mh);
   return rc;

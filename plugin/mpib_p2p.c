@@ -336,7 +336,7 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
     range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
-                                 .lkey = reqs[r]->mh->mr[rail]->lkey};
+                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, rail)->lkey};
     wrs[nwr] = (struct ibv_send_wr){.wr_id = wrid_special(c, rail, MPIB_WR_UNSIGNALLED), .sg_list = &sges[nwr],
                                     .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
     wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
@@ -587,7 +587,10 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     memset(&cts[r], 0, sizeof cts[r]);
     cts[r].addr = (uint64_t)(uintptr_t)data[r];
     cts[r].size = sizes[r];
-    for (int rail = 0; rail < MPIB_NRAILS; rail++) cts[r].rkey[rail] = (mh && mh->mr[rail]) ? mh->mr[rail]->rkey : 0;
+    for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+      struct ibv_mr *mr = mh ? mpib_comm_mr(c, mh, rail) : NULL;
+      cts[r].rkey[rail] = mr ? mr->rkey : 0;
+    }
     cts[r].tag = tags[r];
     cts[r].nreqs = (uint32_t)n;
     cts[r].seq = c->fifo_head + 1;
@@ -643,7 +646,7 @@ static int post_flush_read(struct mpib_comm *c, int rail, struct mpib_request *r
   struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
                            .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
   wr.wr.rdma.remote_addr = (uintptr_t)addr;
-  wr.wr.rdma.rkey = mh->mr[rail]->rkey;
+  wr.wr.rdma.rkey = mpib_comm_mr(c, mh, rail)->rkey;
   struct ibv_send_wr *bad = NULL;
   return -ibv_post_send(c->flush_qp[rail], &wr, &bad);
 }
@@ -665,7 +668,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
     return ncclInternalError;
   }
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[rail] || !mh->mr[rail]) continue;
+    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[rail] || !mpib_comm_mr(c, mh, rail)) continue;
     int e = post_flush_read(c, rail, req, data[last], mh);
     if (e) { /* the QP could not be reset or took no read: a flush error, ignored (above) */
       MPIB_INFO("%s rail: no flush read posted (%s); its writes completed before this call", rail_name(rail), strerror(-e));

@@ -49,6 +49,15 @@ const (
 	resRemoteError     = C.ncclResult_t(C.ncclRemoteError)
 )
 
+// The configuration's bounds are the C arrays' sizes: either differing fails the build (a
+// negative array length).
+var (
+	_ [C.MPIB_MAX_DEVS - config.MaxDevices]struct{}
+	_ [config.MaxDevices - C.MPIB_MAX_DEVS]struct{}
+	_ [C.MPIB_MAX_SUP_PORTS - config.MaxSupPorts]struct{}
+	_ [config.MaxSupPorts - C.MPIB_MAX_SUP_PORTS]struct{}
+)
+
 // logf writes through NCCL's logger, one goroutine at a time: the logger takes its own lock
 // and writes to a file or pipe, and a goroutine waiting there would hold an OS thread, where
 // one waiting on logMu holds none (see Threads in lifecycle.go).
@@ -123,7 +132,11 @@ func initPlugin() C.int {
 	}
 	for d, dev := range cfg.Devices {
 		f := &C.mpib_g.fdev[d]
-		f.nic[0], f.nic[1] = C.int(index[d][0]), C.int(index[d][1])
+		f.nic[0], f.nic[1] = C.int(index[d].Sout), C.int(index[d].Sup[0])
+		for i, n := range index[d].Sup {
+			f.sup_nic[i] = C.int(n)
+		}
+		f.nsup = C.int(len(index[d].Sup))
 		f.rail_id, f.plane_id = C.int(dev.RailID), C.int(dev.PlaneID)
 	}
 	plugin.devicesOpen = true
@@ -143,7 +156,13 @@ func deviceList(devs []config.Device) string {
 		if d > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "SOUT %s:%d + SUP %s:%d", dev.Sout.HCA, dev.Sout.Port, dev.Sup.HCA, dev.Sup.Port)
+		fmt.Fprintf(&b, "SOUT %s:%d + SUP ", dev.Sout.HCA, dev.Sout.Port)
+		for i, r := range dev.SupPorts {
+			if i > 0 {
+				b.WriteString("+")
+			}
+			fmt.Fprintf(&b, "%s:%d", r.HCA, r.Port)
+		}
 	}
 	return b.String()
 }
@@ -210,6 +229,15 @@ func gpuDirectLoaded() bool {
 
 // fillProperties computes what getProperties reports for every fused device, and the flush
 // setting (one for the process: any device that needs flushes turns them on).
+// propName is the device's name for NCCL: mpib[SOUT+SUP], every SUP port listed.
+func propName(dev config.Device) string {
+	names := []string{dev.Sout.HCA}
+	for _, r := range dev.SupPorts {
+		names = append(names, r.HCA)
+	}
+	return "mpib[" + strings.Join(names, "+") + "]"
+}
+
 func fillProperties(cfg config.Config) {
 	g := &C.mpib_g
 	peermem, dmabuf := gpuDirectLoaded(), C.mpib_dmabuf_supported() != 0
@@ -224,9 +252,12 @@ func fillProperties(cfg config.Config) {
 	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
 	for d, dev := range cfg.Devices {
 		f := &g.fdev[d]
-		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), fmt.Sprintf("mpib[%s+%s]", dev.Sout.HCA, dev.Sup.HCA))
+		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev))
 		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.nic[0]].ctx.device))
-		dd := C.mpib_data_direct(f.nic[0]) != 0 || C.mpib_data_direct(f.nic[1]) != 0
+		dd := C.mpib_data_direct(f.nic[0]) != 0
+		for i := range int(f.nsup) {
+			dd = dd || C.mpib_data_direct(f.sup_nic[i]) != 0
+		}
 		dataDirect = dataDirect || dd
 		f.prop_force_flush = boolInt(dd)
 		f.prop_ptr_support = C.int(support &^ placeOnPCI(d, dev))

@@ -31,36 +31,63 @@ type supPorts struct {
 	gid   []int // gid[i]: the GID index of local.Ports[i]
 }
 
-// gidOf is the GID index of the port a plan names (-1: none, or the plan is unaddressed and
-// the GID is chosen by net_ib's rule when the comm is built).
-func (s supPorts) gidOf(p suppair.Plan) int {
+// supPortUse is the SUP port (its index in the fused device) a connection's SUP QPs are
+// built on, and their GID index there (-1: chosen by net_ib's rule when the comm is built).
+type supPortUse struct{ port, gid int }
+
+// use is where a plan's SUP QPs go: the port it names with that port's GID; an unaddressed
+// or empty plan uses the device's first SUP port and net_ib's rule.
+func (s supPorts) use(p suppair.Plan) supPortUse {
 	if p.Kind != wire.PairAddressed {
-		return -1
+		return supPortUse{gid: -1}
 	}
 	for i, port := range s.local.Ports {
 		if port.Index == p.Port.Index {
-			return s.gid[i]
+			return supPortUse{port: port.Index, gid: s.gid[i]}
 		}
 	}
-	return -1
+	return supPortUse{gid: -1}
 }
 
-// devSupPorts reads a fused device's SUP ports. Today a device has one: the SUP NIC's GID
-// chosen by net_ib's rule (the one its QPs use), described by the netdev that holds its
-// address and that address's real prefix there (not a global /24: /29../31 links must work).
+// devSupPorts reads a fused device's SUP ports: each port's GID chosen by net_ib's rule (the
+// one its QPs use), described by the netdev that holds its address and that address's real
+// prefix there (not a global /24: /29../31 links must work). A device whose only port cannot
+// be described (InfiniBand, no IPv4 address) is unaddressed: its connections decide SUP as
+// before wire version 4. Of several ports, those that cannot be described now (an address
+// removed, a link down) are left out, so their peers get no pair on them; when none can be,
+// the device is unaddressed on its first port.
 func devSupPorts(dev int) supPorts {
-	nic := int(C.mpib_g.fdev[dev].nic[1])
-	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].Sup.GIDIndex)
+	f := &C.mpib_g.fdev[dev]
+	var out supPorts
+	var firstWhy string
+	for i := range int(f.nsup) {
+		port, idx, why := describeSupPort(dev, i, int(f.sup_nic[i]))
+		if why != "" {
+			if firstWhy == "" {
+				firstWhy = why
+			}
+			continue
+		}
+		out.local.Ports = append(out.local.Ports, port)
+		out.gid = append(out.gid, idx)
+	}
+	if len(out.local.Ports) == 0 || (f.nsup == 1 && firstWhy != "") {
+		return supPorts{local: suppair.Local{Unaddressed: firstWhy}}
+	}
+	return out
+}
+
+// describeSupPort is SUP port i of a device (NIC nic) described, with its GID index, or why
+// it cannot be.
+func describeSupPort(dev, i, nic int) (topo.Port, int, string) {
+	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].SupPorts[i].GIDIndex)
 	if err != nil {
-		return supPorts{local: suppair.Local{Unaddressed: fmt.Sprintf("no SUP GID: %v", err)}}
+		return topo.Port{}, -1, fmt.Sprintf("no SUP GID on %s: %v", plugin.cfg.Devices[dev].SupPorts[i].HCA, err)
 	}
 	ib := C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND
 	ifa := interfaceAddr(addr)
-	port, why := suppair.Describe(0, ib, addr, ifa.bits(), ifa.dev)
-	if why != "" {
-		return supPorts{local: suppair.Local{Unaddressed: why}}
-	}
-	return supPorts{local: suppair.Local{Ports: []topo.Port{port}}, gid: []int{idx}}
+	port, why := suppair.Describe(i, ib, addr, ifa.bits(), ifa.dev)
+	return port, idx, why
 }
 
 // supWanted says whether a connection's mode and path want SUP QPs at all (the SOUT island
@@ -101,27 +128,27 @@ func listenerHandle(dev int, addr netip.AddrPort, nonce uint64) wire.Handle {
 // connectPlan is the connector's SUP verdict for a connection to the handle's listener, and
 // the SUP GID to build with. A peer the path wants SUP for but no pair reaches gets one INFO
 // line naming it and why.
-func connectPlan(dev int, h wire.Handle, path topo.PathClass) (suppair.Plan, int, error) {
+func connectPlan(dev int, h wire.Handle, path topo.PathClass) (suppair.Plan, supPortUse, error) {
 	ports := devSupPorts(dev)
 	plan, err := suppair.Connect(h, ports.local, supRoutes(), plugin.cfg.SupRelay, supWanted(path))
 	if err == nil && plan.Why != "" {
 		infof("peer %v: no SUP pair: %s: this connection uses SOUT only", h.Addr.Addr(), plan.Why)
 	}
-	return plan, ports.gidOf(plan), err
+	return plan, ports.use(plan), err
 }
 
 // acceptPlan is the acceptor's check of the connector's hello against the handle it
 // advertised and its SUP ports now.
-func acceptPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, path topo.PathClass) (suppair.Plan, int, error) {
+func acceptPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, path topo.PathClass) (suppair.Plan, supPortUse, error) {
 	ports := devSupPorts(dev)
 	plan, err := suppair.Accept(adv, hello, ports.local, supRoutes(), plugin.cfg.SupRelay, supWanted(path))
 	if err != nil {
-		return plan, -1, fmt.Errorf("peer %v: %w", peer, err)
+		return plan, supPortUse{gid: -1}, fmt.Errorf("peer %v: %w", peer, err)
 	}
 	if plan.Why != "" {
 		infof("peer %v: no SUP pair: %s: this connection uses SOUT only", peer, plan.Why)
 	}
-	return plan, ports.gidOf(plan), nil
+	return plan, ports.use(plan), nil
 }
 
 // checkSupMetadata applies the plan to the exchanged metadata: an addressed pair's peer GID

@@ -10,7 +10,9 @@
  *   - SUP dead but idle (the bytes came by SOUT): the flush reads on SOUT and completes;
  *   - SUP dead before iflush, with SUP's bytes to order: iflush fails at once;
  *   - a read that fails on a live device completes the flush, never fails the rail, and the
- *     flush QP is reset before its next read. */
+ *     flush QP is reset before its next read;
+ *   - on a comm of a device's third SUP port, SUP's read names the buffer's MR on that port
+ *     (a device-wide memory handle holds one MR per port: mpib_comm_mr). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
@@ -42,6 +44,7 @@ static struct ibv_qp fqp[MPIB_NRAILS];
 static struct ibv_cq fcq[MPIB_NRAILS];
 static struct ibv_mr mr = {.lkey = 1, .rkey = 2};
 static uint64_t reads[MPIB_NRAILS][8];
+static uint32_t read_rkey[MPIB_NRAILS];
 static int nreads[MPIB_NRAILS], ncqe[MPIB_NRAILS];
 static struct ibv_wc cqe[MPIB_NRAILS][8];
 
@@ -49,6 +52,7 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
   (void)bad;
   int r = (int)(q - fqp);
   reads[r][nreads[r]++] = wr->wr_id;
+  read_rkey[r] = wr->wr.rdma.rkey;
   return 0;
 }
 static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
@@ -86,10 +90,17 @@ static void reset(void) {
   }
 }
 
-/* One flush of a 4 KiB receive whose bytes rails `due` wrote: its ncclResult_t, the request in *req. */
+/* One flush of a 4 KiB receive whose bytes rails `due` wrote: its ncclResult_t, the request in
+ * *req. The buffer's memory handle has an MR on SOUT and on each of 3 SUP ports, each with an
+ * rkey of its own (10 + slot). */
 static ncclResult_t flush(struct mpib_comm *c, uint32_t due, void **req) {
   static char buf[4096];
-  struct mpib_mr mh = {.mr = {&mr, &mr}};
+  static struct ibv_mr port_mr[MPIB_MR_SLOTS];
+  struct mpib_mr mh = {0};
+  for (int slot = 0; slot < 4; slot++) {
+    port_mr[slot] = (struct ibv_mr){.lkey = 1, .rkey = 10 + (uint32_t)slot};
+    mh.mr[slot] = &port_mr[slot];
+  }
   void *data = buf, *mhp = &mh;
   int size = (int)sizeof buf;
   c->flush_due = due;
@@ -146,6 +157,21 @@ int main(void) {
 
   req = (void *)1;
   CHECK(flush(c, 0, &req) == ncclSuccess && req == NULL, "nothing written since the last flush: nothing to read");
+
+  reset();
+  CHECK(flush(c, O | U, &req) == ncclSuccess && read_rkey[MPIB_RAIL_SOUT] == 10 && read_rkey[MPIB_RAIL_SUP] == 11,
+        "SUP port 0: the reads name the MRs of SOUT (10) and SUP port 0 (11): %u %u", read_rkey[MPIB_RAIL_SOUT],
+        read_rkey[MPIB_RAIL_SUP]);
+  complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  done = 0;
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "port 0's flush completes");
+  c->sup_port = 2;
+  reset();
+  CHECK(flush(c, O | U, &req) == ncclSuccess && read_rkey[MPIB_RAIL_SOUT] == 10 && read_rkey[MPIB_RAIL_SUP] == 13,
+        "SUP port 2: the reads name the MRs of SOUT (10) and SUP port 2 (13): %u %u", read_rkey[MPIB_RAIL_SOUT],
+        read_rkey[MPIB_RAIL_SUP]);
+  printf("flush: sup_port=2 sout_rkey=%u sup_rkey=%u\n", read_rkey[MPIB_RAIL_SOUT], read_rkey[MPIB_RAIL_SUP]);
   free(c->flush_buf);
   free(c->reqs);
   free(c);

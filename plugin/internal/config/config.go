@@ -24,7 +24,7 @@ type Knob struct {
 // Knobs lists every MPIB_* variable the plugin reads.
 var Knobs = []Knob{
 	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCAs, comma-separated, each NAME[:PORT[:RAIL[:PLANE]]] as NCCL_IB_HCA, e.g. mlx5_0:1 or mlx5_0,mlx5_1,...: one fused device per entry (at most 16); RAIL and PLANE are NCCL's railId and planeId (default: the entry's position, and no plane)"},
-	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCAs, as many entries as MPIB_HCA_SOUT, paired by position (NAME[:PORT]); a NIC may be named more than once where GPUs share one"},
+	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCAs, as many entries as MPIB_HCA_SOUT, paired by position (NAME[:PORT]); a NIC may be named more than once where GPUs share one; on a direct-attach mesh an entry names up to 8 ports joined by '+' (NAME[:PORT]+NAME[:PORT]), and each connection uses the one its peer is cabled to (docs/topology.md)"},
 	{"MPIB_GID_INDEX_SOUT", "auto", "GID index on SOUT (wins over NCCL_IB_GID_INDEX); auto chooses at every connect like net_ib"},
 	{"MPIB_GID_INDEX_SUP", "auto", "GID index on SUP; as above"},
 	{"MPIB_OOB_IF", "(required)", "network interface (on the SOUT fabric) for the TCP control path"},
@@ -79,13 +79,21 @@ type Rail struct {
 // MaxDevices is how many fused devices the lists may name (mpib.h MPIB_MAX_DEVS).
 const MaxDevices = 16
 
+// MaxSupPorts is how many SUP ports one fused device may have (mpib.h MPIB_MAX_SUP_PORTS,
+// topo.MaxSupPorts): on a direct-attach mesh, one per cable.
+const MaxSupPorts = 8
+
 // NoID is NCCL_NET_ID_UNDEF: a device with no rail or plane of its own.
 const NoID = -1
 
 // Device is one fused device: the SOUT and SUP ports at the same position of the two lists,
-// and NCCL's railId and planeId for it (v12).
+// and NCCL's railId and planeId for it (v12). A SUP entry may name several ports joined by
+// '+' (a direct-attach mesh: one port per cable); each connection uses the one its peer is
+// cabled to (package suppair). Sup is the first, the device's SUP port wherever one port
+// stands for all (its name, its PCI placement).
 type Device struct {
 	Sout, Sup       Rail
+	SupPorts        []Rail // Sup first, at most MaxSupPorts
 	RailID, PlaneID int
 }
 
@@ -169,10 +177,16 @@ func Parse(getenv func(string) string) (Config, error) {
 	return c, p.err
 }
 
+// DeviceNICs is one fused device's ports as indexes into the list NICs returns.
+type DeviceNICs struct {
+	Sout int
+	Sup  []int // in SupPorts order
+}
+
 // NICs lists the distinct ports the devices use, SOUT's in list order and then SUP's, and
-// for each device the index of its SOUT and SUP port in that list: a NIC named by several
+// for each device the index of its SOUT and SUP ports in that list: a NIC named by several
 // devices is opened once.
-func (c Config) NICs() (nics []NIC, index [][2]int) {
+func (c Config) NICs() (nics []NIC, index []DeviceNICs) {
 	at := map[[2]any]int{}
 	add := func(r Rail, role int) int {
 		k := [2]any{r.HCA, r.Port}
@@ -183,12 +197,14 @@ func (c Config) NICs() (nics []NIC, index [][2]int) {
 		nics = append(nics, NIC{Rail: r, Role: role})
 		return len(nics) - 1
 	}
-	index = make([][2]int, len(c.Devices))
+	index = make([]DeviceNICs, len(c.Devices))
 	for d, dev := range c.Devices {
-		index[d][0] = add(dev.Sout, 0)
+		index[d].Sout = add(dev.Sout, 0)
 	}
 	for d, dev := range c.Devices {
-		index[d][1] = add(dev.Sup, 1)
+		for _, r := range dev.SupPorts {
+			index[d].Sup = append(index[d].Sup, add(r, 1))
+		}
 	}
 	return nics, index
 }
@@ -276,7 +292,7 @@ func (p *parser) devices() []Device {
 	devs := make([]Device, len(sout))
 	soutPorts := map[[2]any]int{}
 	for i := range sout {
-		devs[i] = Device{Sout: sout[i].Rail, Sup: sup[i].Rail, RailID: sout[i].railID, PlaneID: sout[i].planeID}
+		devs[i] = Device{Sout: sout[i].Rail, Sup: sup[i].Rail, SupPorts: sup[i].ports, RailID: sout[i].railID, PlaneID: sout[i].planeID}
 		if devs[i].RailID == NoID {
 			devs[i].RailID = i
 		}
@@ -287,23 +303,26 @@ func (p *parser) devices() []Device {
 		}
 		soutPorts[k] = i
 	}
-	for i, s := range sup {
-		if j, clash := soutPorts[[2]any{s.HCA, s.Port}]; clash {
-			p.fail(fmt.Sprintf("MPIB_HCA_SUP entry %d (%s:%d) is MPIB_HCA_SOUT entry %d: a port serves one fabric", i, s.HCA, s.Port, j))
-			return nil
+	for i, e := range sup {
+		for _, s := range e.ports {
+			if j, clash := soutPorts[[2]any{s.HCA, s.Port}]; clash {
+				p.fail(fmt.Sprintf("MPIB_HCA_SUP entry %d (%s:%d) is MPIB_HCA_SOUT entry %d: a port serves one fabric", i, s.HCA, s.Port, j))
+				return nil
+			}
 		}
 	}
 	return devs
 }
 
 type hcaEntry struct {
-	Rail
+	Rail            // the first port
+	ports           []Rail
 	railID, planeID int
 }
 
-// hcaList reads one comma-separated list of NCCL_IB_HCA-style entries,
-// NAME[:PORT[:RAIL[:PLANE]]]; withIDs says whether RAIL and PLANE may be given (SOUT's list
-// carries the device's ids).
+// hcaList reads one comma-separated list of NCCL_IB_HCA-style entries: SOUT's (withIDs: it
+// carries the device's ids) NAME[:PORT[:RAIL[:PLANE]]], SUP's NAME[:PORT] or several of them
+// joined by '+' (one per cable of a mesh).
 func (p *parser) hcaList(hcaVar, gidVar string, withIDs bool) []hcaEntry {
 	gidIndex := p.first(-1, 0, 255, gidVar, "NCCL_IB_GID_INDEX")
 	v := strings.TrimSpace(p.getenv(hcaVar))
@@ -322,15 +341,48 @@ func (p *parser) hcaList(hcaVar, gidVar string, withIDs bool) []hcaEntry {
 	}
 	out := make([]hcaEntry, 0, len(parts))
 	for i, part := range parts {
-		e, msg := parseHCA(strings.TrimSpace(part), withIDs)
+		e, msg := parseEntry(strings.TrimSpace(part), withIDs, gidIndex)
 		if msg != "" {
 			p.fail(fmt.Sprintf("%s entry %d (%q): %s", hcaVar, i, part, msg))
 			return nil
 		}
-		e.GIDIndex = gidIndex
 		out = append(out, e)
 	}
 	return out
+}
+
+// parseEntry reads one device's entry: one port (parseHCA), or for SUP (!withIDs) up to
+// MaxSupPorts joined by '+', each named once.
+func parseEntry(s string, withIDs bool, gidIndex int) (hcaEntry, string) {
+	names := strings.Split(s, "+")
+	if len(names) > 1 && withIDs {
+		return hcaEntry{}, "a fused device has one SOUT port ('+' joins SUP ports only)"
+	}
+	if len(names) > MaxSupPorts {
+		return hcaEntry{}, fmt.Sprintf("%d SUP ports: at most %d per fused device", len(names), MaxSupPorts)
+	}
+	var first hcaEntry
+	seen := map[[2]any]bool{}
+	for i, name := range names {
+		e, msg := parseHCA(strings.TrimSpace(name), withIDs)
+		if msg != "" {
+			if len(names) > 1 {
+				msg = fmt.Sprintf("port %d (%q): %s", i, name, msg)
+			}
+			return hcaEntry{}, msg
+		}
+		e.GIDIndex = gidIndex
+		if k := [2]any{e.HCA, e.Port}; seen[k] {
+			return hcaEntry{}, fmt.Sprintf("names %s:%d twice", e.HCA, e.Port)
+		} else {
+			seen[k] = true
+		}
+		if i == 0 {
+			first = e
+		}
+		first.ports = append(first.ports, e.Rail)
+	}
+	return first, ""
 }
 
 // parseHCA reads NAME[:PORT[:RAIL[:PLANE]]] (net_ib's NCCL_IB_HCA entry); the empty message

@@ -25,7 +25,7 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Devices:         []Device{{Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, RailID: 0, PlaneID: NoID}},
+		Devices:         []Device{{Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, SupPorts: []Rail{{"mlx5_1", 2, -1}}, RailID: 0, PlaneID: NoID}},
 		OOBInterface:    "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: DefaultShmPath(),
 		AgentStaleMS: 500, IBTimeout: 15, IBRetryCnt: 4, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
@@ -62,6 +62,12 @@ func TestParseErrors(t *testing.T) {
 		{"qps 0", append(append([]string{}, base...), "MPIB_SUP_QP", "0"), "MPIB_SUP_QP"},
 		{"force 1025", append(append([]string{}, base...), "MPIB_FORCE_SUP_BW", "1025"), "0..1024"},
 		{"gid text", append(append([]string{}, base...), "MPIB_GID_INDEX_SUP", "x"), "MPIB_GID_INDEX_SUP"},
+		{"two SOUT ports", []string{"MPIB_HCA_SOUT", "a+b", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT entry 0 (\"a+b\"): a fused device has one SOUT port"},
+		{"nine SUP ports", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "p0+p1+p2+p3+p4+p5+p6+p7+p8", "MPIB_OOB_IF", "e"}, "9 SUP ports: at most 8 per fused device"},
+		{"SUP port twice", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "x+y+x:1", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (\"x+y+x:1\"): names x:1 twice"},
+		{"empty SUP port", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "x+", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (\"x+\"): port 1 (\"\"): not an HCA name"},
+		{"SUP port with ids", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "x+y:1:3", "MPIB_OOB_IF", "e"}, "port 1 (\"y:1:3\"): want NAME[:PORT]"},
+		{"second SUP port is SOUT's", []string{"MPIB_HCA_SOUT", "a,b", "MPIB_HCA_SUP", "x,y+a", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 1 (a:1) is MPIB_HCA_SOUT entry 0: a port serves one fabric"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,24 +80,37 @@ func TestParseErrors(t *testing.T) {
 }
 
 // TestParseDevices: the lists of an 8-GPU node (one SOUT and one SUP NIC per GPU), of one
-// whose SUP NICs serve pairs of GPUs, and NCCL_IB_HCA's rail and plane fields.
+// whose SUP NICs serve pairs of GPUs, NCCL_IB_HCA's rail and plane fields, and SUP entries
+// of several ports (a direct-attach mesh, one port per cable).
 func TestParseDevices(t *testing.T) {
+	r := func(name string, port int) Rail { return Rail{name, port, -1} }
+	dev := func(sout Rail, rail, plane int, sup ...Rail) Device {
+		return Device{Sout: sout, Sup: sup[0], SupPorts: sup, RailID: rail, PlaneID: plane}
+	}
 	tests := []struct {
 		name      string
 		sout, sup string
 		want      []Device
 		nics      int
-		index     [][2]int
+		index     []DeviceNICs
 	}{
-		{"one pair", "mlx5_0", "mlx5_1:2", []Device{{Rail{"mlx5_0", 1, -1}, Rail{"mlx5_1", 2, -1}, 0, NoID}}, 2, [][2]int{{0, 1}}},
-		{"two pairs", "s0, s1", "p0,p1", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 0, NoID}, {Rail{"s1", 1, -1}, Rail{"p1", 1, -1}, 1, NoID}},
-			4, [][2]int{{0, 2}, {1, 3}}},
-		{"shared SUP", "s0,s1,s2,s3", "p0,p0,p1,p1", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 0, NoID},
-			{Rail{"s1", 1, -1}, Rail{"p0", 1, -1}, 1, NoID}, {Rail{"s2", 1, -1}, Rail{"p1", 1, -1}, 2, NoID}, {Rail{"s3", 1, -1}, Rail{"p1", 1, -1}, 3, NoID}},
-			6, [][2]int{{0, 4}, {1, 4}, {2, 5}, {3, 5}}},
-		{"rail and plane", "s0:1:4:1,s1:2:5", "p0,p1:2", []Device{{Rail{"s0", 1, -1}, Rail{"p0", 1, -1}, 4, 1}, {Rail{"s1", 2, -1}, Rail{"p1", 2, -1}, 5, NoID}},
-			4, [][2]int{{0, 2}, {1, 3}}},
-		{"one NIC, two ports", "m0:1", "m0:2", []Device{{Rail{"m0", 1, -1}, Rail{"m0", 2, -1}, 0, NoID}}, 2, [][2]int{{0, 1}}},
+		{"one pair", "mlx5_0", "mlx5_1:2", []Device{dev(r("mlx5_0", 1), 0, NoID, r("mlx5_1", 2))}, 2, []DeviceNICs{{0, []int{1}}}},
+		{"two pairs", "s0, s1", "p0,p1", []Device{dev(r("s0", 1), 0, NoID, r("p0", 1)), dev(r("s1", 1), 1, NoID, r("p1", 1))},
+			4, []DeviceNICs{{0, []int{2}}, {1, []int{3}}}},
+		{"shared SUP", "s0,s1,s2,s3", "p0,p0,p1,p1", []Device{dev(r("s0", 1), 0, NoID, r("p0", 1)),
+			dev(r("s1", 1), 1, NoID, r("p0", 1)), dev(r("s2", 1), 2, NoID, r("p1", 1)), dev(r("s3", 1), 3, NoID, r("p1", 1))},
+			6, []DeviceNICs{{0, []int{4}}, {1, []int{4}}, {2, []int{5}}, {3, []int{5}}}},
+		{"rail and plane", "s0:1:4:1,s1:2:5", "p0,p1:2", []Device{dev(r("s0", 1), 4, 1, r("p0", 1)), dev(r("s1", 2), 5, NoID, r("p1", 2))},
+			4, []DeviceNICs{{0, []int{2}}, {1, []int{3}}}},
+		{"one NIC, two ports", "m0:1", "m0:2", []Device{dev(r("m0", 1), 0, NoID, r("m0", 2))}, 2, []DeviceNICs{{0, []int{1}}}},
+		{"mesh: two SUP ports", "mlx5_0", "mlx5_2+mlx5_3", []Device{dev(r("mlx5_0", 1), 0, NoID, r("mlx5_2", 1), r("mlx5_3", 1))},
+			3, []DeviceNICs{{0, []int{1, 2}}}},
+		{"mesh: a Spark port's two functions, spaces", "s0", " rocep1s0f0 + rocep1s0f1:1 ", []Device{dev(r("s0", 1), 0, NoID, r("rocep1s0f0", 1), r("rocep1s0f1", 1))},
+			3, []DeviceNICs{{0, []int{1, 2}}}},
+		{"mesh: two devices share a port", "s0,s1", "p0+p1,p1+p2", []Device{dev(r("s0", 1), 0, NoID, r("p0", 1), r("p1", 1)), dev(r("s1", 1), 1, NoID, r("p1", 1), r("p2", 1))},
+			5, []DeviceNICs{{0, []int{2, 3}}, {1, []int{3, 4}}}},
+		{"eight SUP ports", "s", "p0+p1+p2+p3+p4+p5+p6+p7", []Device{dev(r("s", 1), 0, NoID, r("p0", 1), r("p1", 1), r("p2", 1), r("p3", 1), r("p4", 1), r("p5", 1), r("p6", 1), r("p7", 1))},
+			9, []DeviceNICs{{0, []int{1, 2, 3, 4, 5, 6, 7, 8}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,8 +126,13 @@ func TestParseDevices(t *testing.T) {
 				t.Errorf("NICs: %d %v, want %d %v", len(nics), index, tt.nics, tt.index)
 			}
 			for d, ix := range index {
-				if nics[ix[0]].Rail != c.Devices[d].Sout || nics[ix[1]].Rail != c.Devices[d].Sup || nics[ix[0]].Role != 0 || nics[ix[1]].Role != 1 {
-					t.Errorf("device %d: NICs %+v %+v, want its SOUT and SUP", d, nics[ix[0]], nics[ix[1]])
+				if nics[ix.Sout].Rail != c.Devices[d].Sout || nics[ix.Sout].Role != 0 {
+					t.Errorf("device %d: SOUT NIC %+v, want %+v", d, nics[ix.Sout], c.Devices[d].Sout)
+				}
+				for i, n := range ix.Sup {
+					if nics[n].Rail != c.Devices[d].SupPorts[i] || nics[n].Role != 1 {
+						t.Errorf("device %d: SUP port %d NIC %+v, want %+v", d, i, nics[n], c.Devices[d].SupPorts[i])
+					}
 				}
 			}
 		})

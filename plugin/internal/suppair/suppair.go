@@ -17,8 +17,8 @@ import (
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
-// Local is one side's SUP ports as read now. Today a fused device has one SUP port; the list
-// is there for devices with several (not configurable yet).
+// Local is one side's SUP ports as read now: every port of the fused device that could be
+// described (MPIB_HCA_SUP names up to MaxSupPorts per device, joined by '+').
 type Local struct {
 	Ports []topo.Port // the described ports: IPv4 address and real prefix, at most MaxSupPorts
 	// Unaddressed, when set, says why the SUP port cannot be described (Ports is then empty):

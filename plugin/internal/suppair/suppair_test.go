@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mpib/mpib/plugin/internal/config"
 	"github.com/mpib/mpib/plugin/internal/gid"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
@@ -353,9 +354,10 @@ func TestCheckPeerGID(t *testing.T) {
 	}
 }
 
-// The handle carries as many SUP addresses as a device may have ports.
+// The handle carries as many SUP addresses as a device may have ports, and the configuration
+// allows as many (the plugin's build checks config against the C arrays).
 func TestBoundsAgree(t *testing.T) {
-	if topo.MaxSupPorts != wire.MaxSupAddrs {
-		t.Fatalf("topo.MaxSupPorts %d, wire.MaxSupAddrs %d", topo.MaxSupPorts, wire.MaxSupAddrs)
+	if topo.MaxSupPorts != wire.MaxSupAddrs || config.MaxSupPorts != topo.MaxSupPorts {
+		t.Fatalf("topo.MaxSupPorts %d, wire.MaxSupAddrs %d, config.MaxSupPorts %d", topo.MaxSupPorts, wire.MaxSupAddrs, config.MaxSupPorts)
 	}
 }

@@ -4,8 +4,8 @@ package topo
 // cabled to a different neighbour on its own small subnet (/24 down to /31). Which local port
 // talks to which of a peer's SUP addresses is decided here from the ports' real prefixes and,
 // when relay is on, the kernel's routes. Pure: the caller reads interfaces, routes and the
-// peer's handle. The plugin runs both ends through package suppair, today with one SUP port
-// per fused device (docs/topology.md, "SUP ports on a mesh").
+// peer's handle. The plugin runs both ends through package suppair, with every SUP port
+// MPIB_HCA_SUP names for the device (docs/topology.md, "SUP ports on a mesh").
 //
 // The SOUT island (Classify) still gives the path class for the agent and the policy; SUP
 // reachability comes from the ports alone.
