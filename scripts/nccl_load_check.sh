@@ -27,3 +27,7 @@ run_case eight-pairs-missing MPIB_HCA_SOUT=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,ml
 # 5. Lists that do not pair (8 SOUT, 4 SUP): a clear error, NCCL moves on.
 run_case lists-do-not-pair MPIB_HCA_SOUT=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 \
   MPIB_HCA_SUP=sup0,sup1,sup2,sup3 MPIB_OOB_IF=lo
+# 6. A mesh device: two SUP ports joined by '+', on a machine without those NICs.
+run_case mesh-ports-missing MPIB_HCA_SOUT=mlx5_0 MPIB_HCA_SUP=mlx5_2+mlx5_3 MPIB_OOB_IF=lo
+# 7. A SUP port named twice in one device: a clear error, NCCL moves on.
+run_case mesh-port-twice MPIB_HCA_SOUT=mlx5_0 MPIB_HCA_SUP=mlx5_2+mlx5_2:1 MPIB_OOB_IF=lo
