@@ -26,7 +26,9 @@ import (
 // work, read from the segment when the stretch begins and ends: active_optimum_share); and
 // always within the wider clShapedTol of the shaped one, so that a loop that does not follow
 // the shaping fails whatever the counters say (splitOK). On a busy host the lab VM's rails
-// deliver less than their shaping, unevenly, and the loop rightly follows them. How fast the loop settles and how much throughput it gets are
+// deliver less than their shaping, unevenly, and the loop rightly follows them. The stretch is
+// judged live; one that missed after the transport retransmitted is judged again after
+// another settle time under the same shaping (runPhase, clMaxExtensions). How fast the loop settles and how much throughput it gets are
 // judged on the simulator, where capacities are exact: agent/go/sim TestClosedLoopScenarios
 // (>= 95 % of the optimum from 10 s after each change, every scenario) and the Python
 // `evaluate` suite (>= 95 % mean). The lab prints both (split_settled_s, settled_s, mbps, ratio,
@@ -274,14 +276,16 @@ func (s *railSampler) settleSplit(t0, end, opt float64) (settled, share float64)
 	return -1, shareOf(p[len(p)/2], p[len(p)-1])
 }
 
-// endShare is what the lab judges of one phase ending at end (splitOK): SUP's share of the
-// bytes over the phase's last `window` (clEndWindow in slow motion); -1 without samples.
-func (s *railSampler) endShare(end float64, window time.Duration) float64 {
-	p := s.between(end-window.Seconds(), end)
-	if len(p) < 2 || p[len(p)-1].t-p[0].t < window.Seconds()/2 {
-		return -1
+// markAt is a mark of a1's rails from the samples (the last at or before node time at; no
+// telemetry: the rails' optimum unknown), for the verdict's tests.
+func (s *railSampler) markAt(at float64) clMark {
+	var p railPoint
+	for _, q := range s.pts {
+		if q.t <= at {
+			p = q
+		}
 	}
-	return shareOf(p[0], p[len(p)-1])
+	return clMark{wire: railWire{tx: map[Rail]uint64{SOUT: p.sout, SUP: p.sp}}}
 }
 
 // window is a clWindow-long stretch of samples: its first and last.
@@ -347,7 +351,59 @@ type clRun struct {
 type clPhases struct {
 	starts  []float64
 	staleAt []uint64
-	active  []float64 // per phase, the optimum share of the rails' active rates over its end (activeOptimum)
+	ends    []clJudged // per phase, the judged stretch at its end (the last one, when extended)
+}
+
+// clJudged is the stretch a phase is judged on: SUP's share of a1's bytes over it, the
+// optimum of the rails' active rates over it, the verdict, and how many times the phase was
+// extended because the transport retransmitted (clMaxExtensions) and the retransmission
+// events counted over the phase.
+type clJudged struct {
+	share, active float64
+	ok            bool
+	extended      int
+	retransmits   uint64
+}
+
+// clMaxExtensions bounds how many times a missed phase is extended after retransmissions.
+// A soft-RoCE packet lost in the lab VM stalls its rail until the RC timeout (4.3 s, with
+// nothing completing while requests are in flight): the loop reads that as a slow rail and
+// moves the split, as it should, and the phase's end can fall in its recovery. A CI run on an
+// idle host (2026-11-26, halved rates) had both rails send nothing for 5 s in Go's phase 2:
+// the loop went to 0.55 and was back at 0.45 of 0.333 when the phase ended. Like TestPolicy*
+// (supShareOver), a stretch that missed with retransmissions is not the loop's verdict: the
+// phase goes on under the same shaping for another settle time and end stretch, judged
+// afresh; a stretch that missed with none fails at once. At the test's rates soft-RoCE counts
+// retransmissions in nearly every phase (30-283 in an idle run), so in practice a missed
+// stretch gets up to two more; a wrong loop misses all of them.
+const clMaxExtensions = 2
+
+// clMark is one reading of the connection's telemetry (railMarks) and a1's rails (railWire).
+type clMark struct {
+	marks railMarks
+	wire  railWire
+}
+
+func (r *clRun) mark(ctx context.Context, t *testing.T) clMark {
+	return clMark{r.railMarks(ctx, t), railWireNow(ctx, t, r.a1)}
+}
+
+func (m clMark) retransmits() (n uint64) {
+	for _, v := range m.wire.retransmits {
+		n += v
+	}
+	return n
+}
+
+// judge is the verdict on the stretch between two marks (opt: the shaped optimum).
+func judge(from, to clMark, opt float64) clJudged {
+	so, su := float64(to.wire.tx[SOUT]-from.wire.tx[SOUT]), float64(to.wire.tx[SUP]-from.wire.tx[SUP])
+	j := clJudged{share: -1, active: activeOptimum(from.marks, to.marks)}
+	if so+su > 0 {
+		j.share = su / (so + su)
+	}
+	j.ok = splitOK(j.share, opt, j.active)
+	return j
 }
 
 // railMarks are a connection's per-rail completed bytes and active time at one moment.
@@ -450,7 +506,7 @@ func startClosedLoopRun(ctx context.Context, t *testing.T, lab *Topology) *clRun
 // after its own sweep and through the three phases.
 func TestClosedLoop(t *testing.T) {
 	lab := labOrSkip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute) // 6 phases of 64 s at div=8
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute) // 6 phases of 64 s at div=8, each extended up to twice
 	defer cancel()
 	r := startClosedLoopRun(ctx, t, lab)
 	phases := map[string]clPhases{}
@@ -625,13 +681,9 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 		if n > 0 { // the change and its time in one command
 			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(r.kbit(full)))
 		}
-		began := time.Now()
 		ph.starts = append(ph.starts, t0)
 		ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
-		time.Sleep(time.Until(began.Add(time.Duration(clSettleMax * r.slow() * float64(time.Second)))))
-		from := r.railMarks(ctx, t)
-		time.Sleep(time.Until(began.Add(r.phase() + 300*time.Millisecond))) // past t0+phase in node time (see the sweep)
-		ph.active = append(ph.active, activeOptimum(from, r.railMarks(ctx, t)))
+		ph.ends = append(ph.ends, r.runPhase(ctx, t, agent.name, n, full))
 		if !running(r.cli) {
 			r.transferEnded(ctx, t, fmt.Sprintf("%s agent's phase %d", agent.name, n+1))
 		}
@@ -644,6 +696,33 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 	loop.Kill(ctx)
 	lOut, lErr, _, _ := loop.Wait(ctx)
 	return ph, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
+}
+
+// runPhase lets the loop run for one phase that has just begun (the shaping for SUP at full
+// rate `full` in force) and judges its end stretch, from clSettleMax after the start to the
+// phase's end, live: a stretch that missed after the transport retransmitted is followed by
+// another settle time and end stretch under the same shaping (clMaxExtensions).
+func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, full int) clJudged {
+	settle := time.Duration(clSettleMax * r.slow() * float64(time.Second))
+	opt := float64(r.kbit(full)) / float64(r.kbit(full)+r.kbit(clSoutKbit))
+	began, first := time.Now(), r.mark(ctx, t)
+	time.Sleep(time.Until(began.Add(settle)))
+	from := r.mark(ctx, t)
+	time.Sleep(time.Until(began.Add(r.phase() + 300*time.Millisecond))) // past t0+phase in node time (see the sweep)
+	to := r.mark(ctx, t)
+	j := judge(from, to, opt)
+	for ext := 1; !j.ok && to.retransmits() > first.retransmits() && ext <= clMaxExtensions; ext++ {
+		t.Logf("%s phase %d: SUP share %.3f (rails' optimum %.3f) after %d retransmission events: the phase goes on (extension %d)",
+			agent, n+1, j.share, j.active, to.retransmits()-first.retransmits(), ext)
+		time.Sleep(settle)
+		from = r.mark(ctx, t)
+		time.Sleep(time.Duration(float64(clEndWindow) * r.slow()))
+		to = r.mark(ctx, t)
+		j = judge(from, to, opt)
+		j.extended = ext
+	}
+	j.retransmits = to.retransmits() - first.retransmits()
+	return j
 }
 
 // transferEnded fails the test for a transfer that ended before the test stopped it, with both
@@ -691,12 +770,11 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 		if splitAt < 0 {
 			splitShown = phase
 		}
-		endShare := r.samp.endShare(end, time.Duration(float64(clEndWindow)*r.slow()))
-		active := ph.active[n]
-		ok := splitOK(endShare, opt, active)
-		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f split_settled_s=%.1f sup_share=%.3f optimum_share=%.3f end_share=%.3f split_ok=%t slow=%g active_optimum_share=%.3f\n",
+		j := ph.ends[n]
+		endShare, active, ok := j.share, j.active, j.ok
+		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f split_settled_s=%.1f sup_share=%.3f optimum_share=%.3f end_share=%.3f split_ok=%t slow=%g active_optimum_share=%.3f extended=%d retransmits=%d\n",
 			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.lowest/best[sup],
-			splitShown, share, opt, endShare, ok, r.slow(), active)
+			splitShown, share, opt, endShare, ok, r.slow(), active, j.extended, j.retransmits)
 		if !ok {
 			t.Errorf("%s phase %d: SUP share %.3f from %g s after the change to the phase's end, want the shaped optimum %.3f or the rails' active optimum %.3f +- %.3f, and the shaped one +- %.3f (split_settled_s=%.1f, stale reads %d)",
 				agent, n+1, endShare, clSettleMax*r.slow(), opt, active, clShareTol, clShapedTol, splitShown, ph.staleAt[n+1]-ph.staleAt[n])
@@ -707,7 +785,8 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 // testSplitVerdict: the split judges on synthetic samples (0.2 s apart over a 16 s phase at
 // 30 Mbit/s, optimum share 2/3). settleSplit (printed): at the optimum or near it settles at
 // once, a slow start when it gets there, a runaway or a split off by more than the tolerance
-// never, and a lab that slows down at the optimum split still settles. endShare (the verdict):
+// never, and a lab that slows down at the optimum split still settles. judge (the verdict, the
+// rails' optimum unknown here):
 // passes what settles by 10 s and holds, fails a runaway, a split off by more than the
 // tolerance and one that gets there only at 12 s.
 func testSplitVerdict(t *testing.T) {
@@ -754,8 +833,8 @@ func testSplitVerdict(t *testing.T) {
 	} {
 		sm := samples(tc.share, tc.rate)
 		settled, share := sm.settleSplit(100, 116, opt)
-		if got := sm.endShare(116, clEndWindow); splitOK(got, opt, -1) != tc.endOK {
-			t.Errorf("%s: endShare %.3f, want ok=%t", tc.name, got, tc.endOK)
+		if j := judge(sm.markAt(110), sm.markAt(116), opt); j.ok != tc.endOK || j.active != -1 {
+			t.Errorf("%s: end share %.3f ok=%t (active %.3f), want ok=%t", tc.name, j.share, j.ok, j.active, tc.endOK)
 		}
 		never := tc.settledMax < 0
 		switch {
