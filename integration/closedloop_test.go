@@ -397,11 +397,8 @@ func (m clMark) retransmits() (n uint64) {
 
 // judge is the verdict on the stretch between two marks (opt: the shaped optimum).
 func judge(from, to clMark, opt float64) clJudged {
-	so, su := float64(to.wire.tx[SOUT]-from.wire.tx[SOUT]), float64(to.wire.tx[SUP]-from.wire.tx[SUP])
-	j := clJudged{share: -1, active: activeOptimum(from.marks, to.marks)}
-	if so+su > 0 {
-		j.share = su / (so + su)
-	}
+	point := func(m clMark) railPoint { return railPoint{sout: m.wire.tx[SOUT], sp: m.wire.tx[SUP]} }
+	j := clJudged{share: shareOf(point(from), point(to)), active: activeOptimum(from.marks, to.marks)}
 	j.ok = splitOK(j.share, opt, j.active)
 	return j
 }

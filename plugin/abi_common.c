@@ -42,7 +42,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
     return ncclInvalidArgument;
   }
   const struct mpib_fdev *f = &mpib_g.fdev[dev];
-  const struct mpib_nic *sout = &mpib_g.nic[f->nic[MPIB_RAIL_SOUT]];
+  const struct mpib_nic *sout = &mpib_g.nic[f->sout_nic];
   memset(p, 0, sizeof *p);
   p->name = (char *)f->prop_name;
   p->pci_path = f->prop_has_pci_path ? (char *)f->prop_pci_path : NULL;

@@ -494,7 +494,7 @@ type prepared struct {
 // gidGens is a device's GID change counts: SOUT's, and the sum of its SUP ports'.
 func gidGens(dev int) [2]uint32 {
 	f := &C.mpib_g.fdev[dev]
-	gens := [2]uint32{uint32(C.mpib_gid_gen(f.nic[0])), 0}
+	gens := [2]uint32{uint32(C.mpib_gid_gen(f.sout_nic)), 0}
 	for i := range int(f.nsup) {
 		gens[1] += uint32(C.mpib_gid_gen(f.sup_nic[i]))
 	}
@@ -656,7 +656,7 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 		p.sup_port = C.int(supAt.port)
 	}
 	f := &C.mpib_g.fdev[dev]
-	nics := [2]C.int{f.nic[0], f.sup_nic[p.sup_port]}
+	nics := [2]C.int{f.sout_nic, f.sup_nic[p.sup_port]}
 	for rail, r := range []config.Rail{cfg.Devices[dev].Sout, cfg.Devices[dev].SupPorts[p.sup_port]} {
 		if p.nqps[rail] == 0 {
 			continue

@@ -96,8 +96,8 @@ struct mpib_nic {
 
 /* One fused device: a SOUT NIC and a SUP NIC, and what getProperties reports for it. */
 struct mpib_fdev {
-  int nic[MPIB_NRAILS]; /* indexes into mpib_g.nic; nic[MPIB_RAIL_SUP] is sup_nic[0] */
-  int sup_nic[MPIB_MAX_SUP_PORTS]; /* every SUP port, in MPIB_HCA_SUP order */
+  int sout_nic;                    /* index into mpib_g.nic */
+  int sup_nic[MPIB_MAX_SUP_PORTS]; /* every SUP port's, in MPIB_HCA_SUP order */
   int nsup;
   int rail_id, plane_id; /* v12 railId / planeId (NCCL_NET_ID_UNDEF: none) */
   char prop_name[160];

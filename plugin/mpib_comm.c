@@ -208,22 +208,31 @@ size_t mpib_comm_host_bytes(int is_send) {
   return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
+/* Points the comm's SUP rail at SUP port `port` of its device (before any SUP resource exists). */
+static int use_sup_port(struct mpib_comm *c, int port) {
+  const struct mpib_fdev *f = &mpib_g.fdev[c->fdev];
+  if (port < 0 || port >= f->nsup) {
+    MPIB_WARN("SUP rail: port %d of fused device %d: it has %d", port, c->fdev, f->nsup);
+    return -EINVAL;
+  }
+  c->sup_port = port;
+  c->nic[MPIB_RAIL_SUP] = &mpib_g.nic[f->sup_nic[port]];
+  return 0;
+}
+
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   if (p->dev < 0 || p->dev >= mpib_g.nfdevs) {
     MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
     return NULL;
   }
-  const struct mpib_fdev *f = &mpib_g.fdev[p->dev];
-  if (p->sup_port < 0 || p->sup_port >= f->nsup) {
-    MPIB_WARN("connection on SUP port %d of fused device %d: it has %d", p->sup_port, p->dev, f->nsup);
-    return NULL;
-  }
   struct mpib_comm *c = page_alloc(sizeof *c);
   if (c == NULL) return NULL;
   c->fdev = p->dev;
-  c->sup_port = p->sup_port;
-  c->nic[MPIB_RAIL_SOUT] = &mpib_g.nic[f->nic[MPIB_RAIL_SOUT]];
-  c->nic[MPIB_RAIL_SUP] = &mpib_g.nic[f->sup_nic[p->sup_port]];
+  c->nic[MPIB_RAIL_SOUT] = &mpib_g.nic[mpib_g.fdev[p->dev].sout_nic];
+  if (use_sup_port(c, p->sup_port)) {
+    page_free(c, sizeof *c);
+    return NULL;
+  }
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->cts = page_alloc(MPIB_NIC_AREA);
@@ -401,16 +410,11 @@ void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
 
 int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_port, int sup_gid_index) {
   if (sup_qps > 0 && c->nqps[MPIB_RAIL_SUP] == 0) {
-    const struct mpib_fdev *f = &mpib_g.fdev[c->fdev];
-    if (sup_port < 0 || sup_port >= f->nsup) {
-      MPIB_WARN("SUP rail: port %d of fused device %d: it has %d", sup_port, c->fdev, f->nsup);
-      return -EINVAL;
-    }
-    c->sup_port = sup_port; /* a spare has no SUP resources yet: its port is the pair's */
-    c->nic[MPIB_RAIL_SUP] = &mpib_g.nic[f->sup_nic[sup_port]];
+    int rc = use_sup_port(c, sup_port); /* a spare has no SUP resources yet: its port is the pair's */
+    if (rc) return rc;
     c->nqps[MPIB_RAIL_SUP] = sup_qps;
     c->gid_index[MPIB_RAIL_SUP] = sup_gid_index;
-    int rc = rail_setup(c, MPIB_RAIL_SUP);
+    rc = rail_setup(c, MPIB_RAIL_SUP);
     if (rc) {
       MPIB_WARN("SUP rail: connection setup failed: %s", strerror(-rc));
       mpib_comm_drop_rail(c, MPIB_RAIL_SUP);

@@ -143,7 +143,7 @@ int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]) {
   int best = 65536;
   for (int i = -1; i < f->nsup; i++) {
     int r = i < 0 ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
-    struct mpib_nic *d = &mpib_g.nic[i < 0 ? f->nic[MPIB_RAIL_SOUT] : f->sup_nic[i]];
+    struct mpib_nic *d = &mpib_g.nic[i < 0 ? f->sout_nic : f->sup_nic[i]];
     if (nqps[r] == 0 || d->max_qp <= 0 || d->max_cq <= 0) continue;
     int by_qp = d->max_qp / (int)(nqps[r] + 1), by_cq = d->max_cq / 2;
     if (by_qp < best) best = by_qp;
@@ -232,7 +232,7 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
   if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
   const struct mpib_fdev *f = &mpib_g.fdev[dev];
   for (int slot = 0; slot < 1 + f->nsup; slot++) { /* SOUT, then every SUP port (mpib_comm_mr) */
-    struct mpib_nic *d = &mpib_g.nic[slot == 0 ? f->nic[MPIB_RAIL_SOUT] : f->sup_nic[slot - 1]];
+    struct mpib_nic *d = &mpib_g.nic[slot == 0 ? f->sout_nic : f->sup_nic[slot - 1]];
     /* A dead device never carries data again in this process: the buffer is registered on
      * the rails that work (the data path never posts on a dead rail). */
     if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;

@@ -132,7 +132,7 @@ func initPlugin() C.int {
 	}
 	for d, dev := range cfg.Devices {
 		f := &C.mpib_g.fdev[d]
-		f.nic[0], f.nic[1] = C.int(index[d].Sout), C.int(index[d].Sup[0])
+		f.sout_nic = C.int(index[d].Sout)
 		for i, n := range index[d].Sup {
 			f.sup_nic[i] = C.int(n)
 		}
@@ -253,8 +253,8 @@ func fillProperties(cfg config.Config) {
 	for d, dev := range cfg.Devices {
 		f := &g.fdev[d]
 		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev))
-		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.nic[0]].ctx.device))
-		dd := C.mpib_data_direct(f.nic[0]) != 0
+		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.sout_nic].ctx.device))
+		dd := C.mpib_data_direct(f.sout_nic) != 0
 		for i := range int(f.nsup) {
 			dd = dd || C.mpib_data_direct(f.sup_nic[i]) != 0
 		}

@@ -71,7 +71,7 @@ func devSupPorts(dev int) supPorts {
 		out.local.Ports = append(out.local.Ports, port)
 		out.gid = append(out.gid, idx)
 	}
-	if len(out.local.Ports) == 0 || (f.nsup == 1 && firstWhy != "") {
+	if len(out.local.Ports) == 0 {
 		return supPorts{local: suppair.Local{Unaddressed: firstWhy}}
 	}
 	return out
