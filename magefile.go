@@ -31,8 +31,7 @@ type Test mg.Namespace
 // The lab VM boots while the Go and C unit tests run (on a cold machine its image is built
 // first: package downloads and a first boot, about 3 minutes of mostly waiting), so the suite
 // finds it running; All powers off a VM it booted. The agents' fuzzers and the Python tests
-// run after the boot, not beside it: a booting VM takes both cores, and an 8-second fuzz run
-// beside it ended in "context deadline exceeded" (a worker that did not answer in time). A
+// run after the boot, not beside it: a booting VM takes both cores and starves them. A
 // boot that fails here is not an error yet: the suite boots the lab itself and reports what
 // goes wrong.
 func (Test) All(ctx context.Context) error {
