@@ -54,7 +54,9 @@ func TestMeshPortChoice(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ports := a1.Dev(SUP) + "+" + a1.Dev(SUP2)
-	for _, tc := range []meshPortCase{{SUP2, true}, {SUP, true}, {SUP2, false}, {SUP, false}} {
+	// The peer on a1's first port (a1_sup) is TestMeshFabric's a1-a2 and a3-a1 (both ends
+	// with several ports); here the peer is on the second, from either side.
+	for _, tc := range []meshPortCase{{SUP2, true}, {SUP2, false}} {
 		side := map[bool]string{true: "connect", false: "accept"}[tc.a1Sends]
 		t.Run(fmt.Sprintf("%s peer on %s", side, tc.peerSup), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -177,40 +179,5 @@ func TestMeshPortFailover(t *testing.T) {
 		t.Errorf("the connection on %s saw %d rail events while only %s was cut", a1.Dev(SUP), other, a1.Dev(SUP2))
 	case during.TxBytes-before.TxBytes < 1<<20:
 		t.Errorf("a1's %s sent %d bytes while %s was down: the other port's connection stalled", a1.Dev(SUP), during.TxBytes-before.TxBytes, a1.Dev(SUP2))
-	}
-}
-
-// TestMeshRelayMismatch: MPIB_SUP_RELAY set on one end only fails the connection on both ends
-// within seconds, each naming the setting (the handshake carries the flag both ways), never a
-// hang or an RTR timeout; each direction. Fixed line:
-//
-//	mesh: case=relay-mismatch pair=a1-a2 relay=a1:1,a2:0 error_ms=N hang=false client_named=true server_named=true
-func TestMeshRelayMismatch(t *testing.T) {
-	lab := labOrSkip(t)
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	for _, relayOnA1 := range []bool{true, false} {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		relay := map[bool]string{true: "1", false: "0"}
-		env := func(n *Node, on bool) []string {
-			return append(pluginEnv(n), "MPIB_MODE=0", "MPIB_SUP_RELAY="+relay[on])
-		}
-		start := time.Now()
-		srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: env(a2, !relayOnA1), clientEnv: env(a1, relayOnA1),
-			args: []string{"--timeout-s", "30", "--mode", "verify", "--bytes", "1M"}})
-		res := waitPair(ctx, t, srv, cli, "the relay-mismatch pair")
-		errorMS := time.Since(start).Milliseconds()
-		cancel()
-		const named = "MPIB_SUP_RELAY differs"
-		cNamed, sNamed := strings.Contains(res.clientErr+res.clientOut, named), strings.Contains(res.serverErr+res.serverOut, named)
-		fmt.Printf("mesh: case=relay-mismatch pair=a1-a2 relay=a1:%s,a2:%s error_ms=%d hang=false client_named=%t server_named=%t\n",
-			relay[relayOnA1], relay[!relayOnA1], errorMS, cNamed, sNamed)
-		switch {
-		case res.clientCode == 0 || res.serverCode == 0:
-			t.Errorf("relay a1:%s a2:%s: a side succeeded (client %d, server %d):\n%s", relay[relayOnA1], relay[!relayOnA1], res.clientCode, res.serverCode, res)
-		case !cNamed || !sNamed:
-			t.Errorf("relay a1:%s a2:%s: want both sides to say %q:\n%s", relay[relayOnA1], relay[!relayOnA1], named, res)
-		case errorMS > 5000:
-			t.Errorf("relay a1:%s a2:%s: both sides failed only after %d ms, want within 5000", relay[relayOnA1], relay[!relayOnA1], errorMS)
-		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,6 +24,10 @@ type Node struct {
 	gid    map[Rail]int
 	rails  []Rail  // its rails: SOUT and SUP, and SOUT2 and SUP2 where it has a second device
 	runner *runner // starts the node's commands (a docker exec each would cost ~1 s)
+	// links are its cable ends while the mesh is up (StartMesh), with their prefixes; their
+	// devices, netdevs and addresses are in the maps above like any rail's.
+	links  []Rail
+	prefix map[Rail]netip.Prefix
 }
 
 // Name is the node's name, e.g. "a1".
@@ -114,37 +119,44 @@ type Counters struct {
 	TxBytes, RxBytes uint64
 	RdmaTxPkts       uint64 // hw_counters/sent_pkts
 	RdmaRxPkts       uint64 // hw_counters/rcvd_pkts
+	TxPkts, RxPkts   uint64 // the netdev's packets (forwarded ones too)
 }
 
 // Sub returns c - before.
 func (c Counters) Sub(before Counters) Counters {
 	return Counters{c.TxBytes - before.TxBytes, c.RxBytes - before.RxBytes,
-		c.RdmaTxPkts - before.RdmaTxPkts, c.RdmaRxPkts - before.RdmaRxPkts}
+		c.RdmaTxPkts - before.RdmaTxPkts, c.RdmaRxPkts - before.RdmaRxPkts,
+		c.TxPkts - before.TxPkts, c.RxPkts - before.RxPkts}
 }
 
 // Counters reads rail r's counters in the node.
 func (n *Node) Counters(ctx context.Context, r Rail) (Counters, error) {
 	nd, hw := "/sys/class/net/"+n.netdev[r]+"/statistics/", "/sys/class/infiniband/"+n.dev[r]+"/ports/1/hw_counters/"
-	out, err := n.output(ctx, "cat", nd+"tx_bytes", nd+"rx_bytes", hw+"sent_pkts", hw+"rcvd_pkts")
+	out, err := n.output(ctx, "cat", nd+"tx_bytes", nd+"rx_bytes", hw+"sent_pkts", hw+"rcvd_pkts", nd+"tx_packets", nd+"rx_packets")
 	if err != nil {
 		return Counters{}, err
 	}
 	f := strings.Fields(out)
-	if len(f) != 4 {
+	if len(f) != 6 {
 		return Counters{}, fmt.Errorf("%s: counters of %s: %q", n.name, r, out)
 	}
-	var v [4]uint64
+	var v [6]uint64
 	for i := range v {
 		if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
 			return Counters{}, fmt.Errorf("%s: counters of %s: %w", n.name, r, err)
 		}
 	}
-	return Counters{v[0], v[1], v[2], v[3]}, nil
+	return Counters{v[0], v[1], v[2], v[3], v[4], v[5]}, nil
 }
 
-// waitGIDs waits for the RoCE v2 IPv4-mapped GID of both rails' devices and records their
+// waitGIDs waits for the RoCE v2 IPv4-mapped GID of every rail's device and records their
 // indexes (one exec: execs are slow under TCG).
 func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
+	return n.waitRailGIDs(ctx, timeout, n.rails)
+}
+
+// waitRailGIDs is waitGIDs for the given rails.
+func (n *Node) waitRailGIDs(ctx context.Context, timeout time.Duration, rails []Rail) error {
 	script := `tries=$(($0 * 5))
 	for dev in "$@"; do
 		d=/sys/class/infiniband/$dev/ports/1; found=
@@ -160,7 +172,7 @@ func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
 		echo $found
 	done`
 	args := []string{"sh", "-c", script, strconv.Itoa(int(timeout.Seconds()))}
-	for _, r := range n.rails {
+	for _, r := range rails {
 		args = append(args, n.dev[r])
 	}
 	out, err := n.output(ctx, args...)
@@ -168,10 +180,10 @@ func (n *Node) waitGIDs(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	f := strings.Fields(out)
-	if len(f) != len(n.rails) {
+	if len(f) != len(rails) {
 		return fmt.Errorf("%s: GID indexes: %q", n.name, out)
 	}
-	for i, r := range n.rails {
+	for i, r := range rails {
 		if n.gid[r], err = strconv.Atoi(f[i]); err != nil {
 			return fmt.Errorf("%s: GID index of %s: %w", n.name, n.dev[r], err)
 		}

@@ -41,10 +41,11 @@ type runnerReply struct {
 }
 
 // startRunner starts the runner in a container with one docker exec whose stdin stays open,
-// and waits for its first line.
-func startRunner(ctx context.Context, cli *client.Client, name, containerID string) (*runner, error) {
+// and waits for its first line. wrap is a command the runner runs under (the mesh's namespace
+// nodes: `ip netns exec NS`), or none.
+func startRunner(ctx context.Context, cli *client.Client, name, containerID string, wrap ...string) (*runner, error) {
 	created, err := cli.ExecCreate(ctx, containerID, client.ExecCreateOptions{
-		Cmd: []string{"python3", "-u", "-c", runnerScript}, AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		Cmd: append(wrap, "python3", "-u", "-c", runnerScript), AttachStdin: true, AttachStdout: true, AttachStderr: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: starting the command runner: %w", name, err)

@@ -434,7 +434,7 @@ int mpib_connect_dequeue(struct mpib_connect_req *out);
 
 /* NICs (mpib_device.c), called by the Go control plane and comm setup. Return 0 or -errno. NICs
  * are named by their index in mpib_g.nic, fused devices by theirs in mpib_g.fdev. */
-int mpib_nic_open(int nic, int role, const char *name, int port, int pkey);
+int mpib_nic_open(int nic, int role, const char *name, int port, int pkey, int may_be_down);
 void mpib_nic_close_all(void);
 int mpib_dmabuf_supported(void);
 /* How many connections a fused device can hold (for NCCL's maxComms), given QPs per connection. */

@@ -44,7 +44,7 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   return lane * width;
 }
 
-int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index) {
+int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index, int may_be_down) {
   if (nic < 0 || nic >= MPIB_MAX_NICS) return -EINVAL;
   struct mpib_nic *d = &mpib_g.nic[nic];
   int n = 0, rc = 0;
@@ -75,15 +75,24 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index)
     rc = -rc;
     goto fail;
   }
-  if (pa.state != IBV_PORT_ACTIVE) {
+  if (pa.state != IBV_PORT_ACTIVE && !may_be_down) {
     MPIB_WARN("%s HCA %s port %d is not active (state %d)", rail_name(rail), name, port, pa.state);
     rc = -ENETDOWN;
     goto fail;
   }
   d->link_layer = pa.link_layer;
-  d->active_mtu = pa.active_mtu;
+  d->active_mtu = pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096 ? pa.active_mtu : IBV_MTU_1024;
   d->lid = pa.lid;
   d->speed_mbps = port_speed_mbps(&pa);
+  if (pa.state != IBV_PORT_ACTIVE) {
+    /* One cable of a mesh device unplugged must not take the node's devices away: the port is
+     * opened down, left out of SUP pairs (sup.go) and joins them when its port comes up. Its
+     * speed is unknown until then (a down port's figures are not the link's). */
+    MPIB_WARN("%s HCA %s port %d is not active (state %d): opened, and left out of SUP pairs until it is",
+              rail_name(rail), name, port, pa.state);
+    d->port_down = 1;
+    d->speed_mbps = 0;
+  }
   struct ibv_device_attr da;
   if (ibv_query_device(d->ctx, &da) == 0) {
     d->max_qp = da.max_qp;

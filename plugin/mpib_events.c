@@ -26,6 +26,14 @@ static int first_time(int nic, enum ibv_event_type t) {
   return __atomic_fetch_add(&event_counts[nic][i], 1, __ATOMIC_RELAXED) == 0;
 }
 
+/* A port opened down (a mesh device's unplugged cable, mpib_nic_open) reported no real MTU:
+ * read it again when the port comes up, before connections may use it. */
+static void refresh_mtu(struct mpib_nic *d) {
+  struct ibv_port_attr pa;
+  if (ibv_query_port(d->ctx, d->port, &pa) == 0 && pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096)
+    __atomic_store_n(&d->active_mtu, pa.active_mtu, __ATOMIC_RELAXED);
+}
+
 static void handle_event(int nic, const struct ibv_async_event *ev) {
   struct mpib_nic *d = &mpib_g.nic[nic];
   int rail = d->role;
@@ -39,6 +47,7 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   case IBV_EVENT_PORT_ERR:
   case IBV_EVENT_PORT_ACTIVE:
     __atomic_store_n(&d->port_change_ns, mpib_now_ns(), __ATOMIC_RELAXED);
+    if (t == IBV_EVENT_PORT_ACTIVE) refresh_mtu(d);
     __atomic_store_n(&d->port_down, t == IBV_EVENT_PORT_ERR, __ATOMIC_RELEASE);
     MPIB_INFO("%s rail: device %s port %d is %s", rail_name(rail), d->name, ev->element.port_num,
               t == IBV_EVENT_PORT_ERR ? "down: traffic moves to the other rail where it can" : "active again");

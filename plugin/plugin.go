@@ -119,9 +119,17 @@ func initPlugin() C.int {
 	plugin.cfg, plugin.oobAddr = cfg, oob
 	applyConfig(cfg)
 	nics, index := cfg.NICs()
+	// A SUP port of a mesh device (several SUP ports) may be down at init: it is opened and
+	// left out of SUP pairs until it comes up. A device's only SUP port, or SOUT, must be up.
+	mayBeDown := map[int]bool{}
+	for _, d := range index {
+		for _, n := range d.Sup {
+			mayBeDown[n] = len(d.Sup) > 1
+		}
+	}
 	for i, n := range nics {
 		name := C.CString(n.HCA)
-		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex))
+		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex), boolInt(mayBeDown[i]))
 		C.free(unsafe.Pointer(name))
 		if rc != 0 {
 			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on

@@ -3,6 +3,8 @@ package main
 /*
 #include "mpib.h"
 #include "mpib_policy.h"
+
+static int mpib_sup_port_down(int nic) { return __atomic_load_n(&mpib_g.nic[nic].port_down, __ATOMIC_ACQUIRE); }
 */
 import "C"
 
@@ -53,9 +55,10 @@ func (s supPorts) use(p suppair.Plan) supPortUse {
 // one its QPs use), described by the netdev that holds its address and that address's real
 // prefix there (not a global /24: /29../31 links must work). A device whose only port cannot
 // be described (InfiniBand, no IPv4 address) is unaddressed: its connections decide SUP as
-// before wire version 4. Of several ports, those that cannot be described now (an address
-// removed, a link down) are left out, so their peers get no pair on them; when none can be,
-// the device is unaddressed on its first port.
+// before wire version 4 (a down port is still described: its connections fail over and back
+// as always). Of several ports, those that cannot be described now (an address removed, a port
+// down: its async event, or down at init) are left out, so their peers get no pair on them;
+// when none can be, the device is unaddressed on its first port.
 func devSupPorts(dev int) supPorts {
 	f := &C.mpib_g.fdev[dev]
 	var out supPorts
@@ -80,6 +83,9 @@ func devSupPorts(dev int) supPorts {
 // describeSupPort is SUP port i of a device (NIC nic) described, with its GID index, or why
 // it cannot be.
 func describeSupPort(dev, i, nic int) (topo.Port, int, string) {
+	if len(plugin.cfg.Devices[dev].SupPorts) > 1 && C.mpib_sup_port_down(C.int(nic)) != 0 {
+		return topo.Port{}, -1, fmt.Sprintf("SUP port %s is down", plugin.cfg.Devices[dev].SupPorts[i].HCA)
+	}
 	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].SupPorts[i].GIDIndex)
 	if err != nil {
 		return topo.Port{}, -1, fmt.Sprintf("no SUP GID on %s: %v", plugin.cfg.Devices[dev].SupPorts[i].HCA, err)

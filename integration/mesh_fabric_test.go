@@ -1,0 +1,331 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMeshFabric runs the plugin on the lab's SUP mesh (mesh.go, docs/mesh.md): island A a full
+// mesh a1-a2-a3 with a parallel a2-a3 cable whose /29 shares a /24 with a1-a3, island B a ring
+// b1-b2-b3-b4 whose b2 and b3 forward between their cables. Every node's MPIB_HCA_SUP names all
+// its cables (parallel cables first, so a /24 matcher would take the wrong one). Vanilla mode:
+// an island pair's data all goes on SUP when a pair of ports reaches the peer. Fixed lines:
+//
+//	mesh: pair=a1-a3 mode=vanilla relay=off path=direct sup_ports=a1_sup_a3 link_tx_bytes=N other_sup_tx_bytes=N sout_tx_bytes=N verified=true cables=a1_sup_a3 striped=false peer_port=a3_sup_a1 peer_link_rx_bytes=N
+//	mesh: pair=b1-b3 mode=vanilla relay=off path=none sup_qps=0 sup_tx_bytes=N sout_tx_bytes=N verified=true
+//	mesh: pair=b1-b3 mode=vanilla relay=on path=routed via=b2 sup_ports=b1_sup_b2 relay_rx_bytes=N relay_tx_bytes=N relay_rdma_pkts=N verified=true relay_fwd_pkts=N other_sup_tx_bytes=N sout_tx_bytes=N
+//	mesh: pair=b1-b4 topo=line mode=vanilla relay=on path=routed via=b2,b3 sup_ports=b1_sup_b2 relay_rx_bytes=N,N relay_tx_bytes=N,N relay_rdma_pkts=N verified=true ...
+//	mesh: case=relay-mismatch pair=b1-b3 relay=b1:1,b3:0 error_ms=N hang=false client_named=true server_named=true wall_ms=N
+//
+// The sender's counters judge direct and none pairs: the chosen cable carries the payload,
+// its other SUP ports and SOUT under 1 % of it (none: SUP under 1 %). A routed pair's relay
+// node runs no MPIB process: its cable from the sender receives the payload and its cable to
+// the receiver sends it (each >= payload), and its rxe devices see under 1 % of the packets it
+// forwards (the kernel forwards them; soft-RoCE never does). The line is the ring with its
+// b4-b1 cable down: b1 reaches b4 through b2 and b3.
+func TestMeshFabric(t *testing.T) {
+	lab := labOrSkip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	m, err := lab.StartMesh(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	took, phases := m.Ready()
+	fmt.Printf("lab: mesh up in %.1f s (%s; namespace nodes a3 b3 b4, %d cables)\n", took.Seconds(), phases, len(meshLinkSpecs))
+	t.Run("direct", func(t *testing.T) {
+		for _, p := range [][2]string{{"a1", "a2"}, {"a1", "a3"}, {"a3", "a1"}, {"a2", "a3"}, {"b1", "b2"}, {"b2", "b3"}, {"b3", "b4"}, {"b4", "b1"}} {
+			meshDirect(ctx, t, m, m.Node(p[0]), m.Node(p[1]))
+		}
+	})
+	t.Run("none", func(t *testing.T) { meshNone(ctx, t, m, m.Node("b1"), m.Node("b3")) })
+	t.Run("routed", func(t *testing.T) {
+		meshRouted(ctx, t, m, m.Node("b1"), m.Node("b3"), []*Node{m.Node("b2")}, "")
+		meshRouted(ctx, t, m, m.Node("b2"), m.Node("b4"), []*Node{m.Node("b3")}, "")
+	})
+	t.Run("line", func(t *testing.T) {
+		if err := m.SetLine(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		defer m.SetLine(context.Background(), false)
+		meshRouted(ctx, t, m, m.Node("b1"), m.Node("b4"), []*Node{m.Node("b2"), m.Node("b3")}, "line")
+	})
+	t.Run("relay-mismatch", func(t *testing.T) {
+		for _, relayOnClient := range []bool{true, false} {
+			meshRelayMismatch(ctx, t, m, m.Node("b1"), m.Node("b3"), relayOnClient)
+		}
+	})
+}
+
+// meshPorts are a node's SUP ports on the mesh: its cables (parallel ones first), and a1's
+// and a2's SUP rail (their cable to each other, 10.9.1.0/24).
+func meshPorts(n *Node) []Rail {
+	var ports []Rail
+	for _, r := range n.Links() {
+		if strings.HasSuffix(string(r), "P") {
+			ports = append([]Rail{r}, ports...)
+		} else {
+			ports = append(ports, r)
+		}
+	}
+	if n.Name() == "a1" || n.Name() == "a2" {
+		ports = append(ports, SUP)
+	}
+	return ports
+}
+
+func meshFabricEnv(n *Node, relay bool) []string {
+	devs := make([]string, 0, 4)
+	for _, r := range meshPorts(n) {
+		devs = append(devs, n.Dev(r))
+	}
+	return []string{"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + strings.Join(devs, "+"), "MPIB_OOB_IF=" + n.Netdev(SOUT),
+		"NCCL_DEBUG=INFO", "MPIB_MODE=0", "MPIB_SUP_RELAY=" + map[bool]string{true: "1", false: "0"}[relay]}
+}
+
+// cablesBetween are a's rails whose cable ends at b.
+func cablesBetween(a, b *Node) []Rail {
+	var out []Rail
+	for _, r := range meshPorts(a) {
+		if r == SUP && (b.Name() == "a1" || b.Name() == "a2") || r == LinkRail(b.Name(), false) || r == LinkRail(b.Name(), true) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// meshRun is one verified transfer from -> to and the counters it moved.
+type meshRun struct {
+	payload  uint64
+	sender   map[Rail]Counters            // from's SOUT and SUP ports
+	receiver map[Rail]Counters            // to's SUP ports
+	relays   map[string]map[Rail]Counters // each relay node's cables
+	log      string                       // the sender's stderr
+	supQPs   int
+	plan     string // the send comm's SUP pair, e.g. "direct 10.9.13.1/29 -> 10.9.13.2"
+	port     string // the device its SUP QPs are on ("-": none)
+}
+
+var sendCommRe = regexp.MustCompile(`send comm .* SUP QPs (\d+), CTS on \w+, SUP pair (.+) on (\S+), traffic class`)
+
+func meshTransfer(ctx context.Context, t *testing.T, from, to *Node, relays []*Node, relayOn bool) meshRun {
+	t.Helper()
+	sample := func(n *Node, rails []Rail) map[Rail]Counters {
+		out := map[Rail]Counters{}
+		for _, r := range rails {
+			c, err := n.Counters(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[r] = c
+		}
+		return out
+	}
+	senderRails := append([]Rail{SOUT}, meshPorts(from)...)
+	b0, r0 := sample(from, senderRails), map[string]map[Rail]Counters{}
+	p0 := sample(to, meshPorts(to))
+	for _, n := range relays {
+		r0[n.Name()] = sample(n, n.Links())
+	}
+	srv, cli := startPair(ctx, t, nettestPair{server: to, client: from, serverEnv: meshFabricEnv(to, relayOn), clientEnv: meshFabricEnv(from, relayOn),
+		args: []string{"--timeout-s", "90", "--mode", "verify", "--bytes", fmt.Sprint(meshPayload), "--max-size", "1M", "--window", "8"}})
+	res := waitPair(ctx, t, srv, cli, "the mesh transfer "+from.Name()+" -> "+to.Name())
+	run := meshRun{payload: verified(t, res), log: res.clientErr, sender: map[Rail]Counters{}, receiver: map[Rail]Counters{}, relays: map[string]map[Rail]Counters{}}
+	for r, c := range sample(from, senderRails) {
+		run.sender[r] = c.Sub(b0[r])
+	}
+	for r, c := range sample(to, meshPorts(to)) {
+		run.receiver[r] = c.Sub(p0[r])
+	}
+	for _, n := range relays {
+		run.relays[n.Name()] = map[Rail]Counters{}
+		for r, c := range sample(n, n.Links()) {
+			run.relays[n.Name()][r] = c.Sub(r0[n.Name()][r])
+		}
+	}
+	mt := sendCommRe.FindStringSubmatch(res.clientErr)
+	if mt == nil {
+		t.Fatalf("%s -> %s: no send comm INFO line in the sender's log:\n%s", from.Name(), to.Name(), tail(res.clientErr, 3000))
+	}
+	fmt.Sscan(mt[1], &run.supQPs)
+	run.plan, run.port = mt[2], mt[3]
+	return run
+}
+
+// supTx is what the sender's SUP ports other than keep sent.
+func (r meshRun) supTx(from *Node, keep Rail) (n uint64) {
+	for _, p := range meshPorts(from) {
+		if p != keep {
+			n += r.sender[p].TxBytes
+		}
+	}
+	return n
+}
+
+// railOfDev is the node's rail whose device is dev.
+func railOfDev(n *Node, dev string) (Rail, bool) {
+	for _, r := range meshPorts(n) {
+		if n.Dev(r) == dev {
+			return r, true
+		}
+	}
+	return "", false
+}
+
+func meshDirect(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
+	run := meshTransfer(ctx, t, from, to, nil, false)
+	pair := from.Name() + "-" + to.Name()
+	cables := cablesBetween(from, to)
+	names := make([]string, len(cables))
+	for i, r := range cables {
+		names[i] = from.Dev(r)
+	}
+	chosen, ok := railOfDev(from, run.port)
+	link := run.sender[chosen].TxBytes
+	// The acceptor must have built on the cable's other end (the port the connector's hello
+	// names): the receiver's end of the chosen cable received the payload.
+	far := SUP
+	if chosen != SUP {
+		far = LinkRail(from.Name(), strings.HasSuffix(string(chosen), "P"))
+	}
+	farRx := run.receiver[far].RxBytes
+	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_tx_bytes=%d other_sup_tx_bytes=%d sout_tx_bytes=%d verified=true cables=%s striped=false peer_port=%s peer_link_rx_bytes=%d\n",
+		pair, run.port, link, run.supTx(from, chosen), run.sender[SOUT].TxBytes, strings.Join(names, ","), to.Dev(far), farRx)
+	switch {
+	case !ok || !slices.Contains(cables, chosen) || !strings.HasPrefix(run.plan, "direct "):
+		t.Errorf("%s: SUP pair %q on %s, want a direct pair on one of its cables to %s (%v)", pair, run.plan, run.port, to.Name(), names)
+	case link < run.payload || farRx < run.payload:
+		t.Errorf("%s: the chosen cable sent %d bytes on %s and received %d on %s, of a %d-byte payload", pair, link, run.port, farRx, to.Dev(far), run.payload)
+	case run.supTx(from, chosen)*100 >= run.payload || run.sender[SOUT].TxBytes*100 >= run.payload:
+		t.Errorf("%s: other SUP ports sent %d and SOUT %d bytes, want each under 1 %% of %d", pair, run.supTx(from, chosen), run.sender[SOUT].TxBytes, run.payload)
+	}
+}
+
+func meshNone(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
+	run := meshTransfer(ctx, t, from, to, nil, false)
+	pair := from.Name() + "-" + to.Name()
+	sup := run.supTx(from, "")
+	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=none sup_qps=%d sup_tx_bytes=%d sout_tx_bytes=%d verified=true\n",
+		pair, run.supQPs, sup, run.sender[SOUT].TxBytes)
+	switch {
+	case run.supQPs != 0 || run.plan != "none":
+		t.Errorf("%s: %d SUP QPs, SUP pair %q: want none (no common cable, relay off)", pair, run.supQPs, run.plan)
+	case !strings.Contains(run.log, "no SUP pair"):
+		t.Errorf("%s: the sender's log does not say why it has no SUP pair:\n%s", pair, tail(run.log, 3000))
+	case sup*100 >= run.payload || run.sender[SOUT].TxBytes < run.payload:
+		t.Errorf("%s: SUP sent %d and SOUT %d bytes of a %d-byte payload, want SOUT all of it", pair, sup, run.sender[SOUT].TxBytes, run.payload)
+	}
+}
+
+var viaRe = regexp.MustCompile(`^routed \S+ -> \S+ via (\S+)$`)
+
+// meshRouted: from reaches to through the relays, in order (the kernel forwards; no MPIB
+// process runs on them). line names a topology other than the ring, for the line's field.
+func meshRouted(ctx context.Context, t *testing.T, m *Mesh, from, to *Node, relays []*Node, line string) {
+	run := meshTransfer(ctx, t, from, to, relays, true)
+	pair := from.Name() + "-" + to.Name()
+	first := relays[0]
+	gateway := "?"
+	if mt := viaRe.FindStringSubmatch(run.plan); mt != nil {
+		for _, r := range first.Links() {
+			if first.IP(r) == mt[1] {
+				gateway = first.Name()
+			}
+		}
+	}
+	chosen, _ := railOfDev(from, run.port)
+	// Each relay receives on its cable from the previous hop and sends on its cable to the next.
+	var via, rx, tx []string
+	var rdma, fwd uint64
+	hops := append(append([]*Node{from}, relays...), to)
+	bad := ""
+	for i, n := range relays {
+		in, out := run.relays[n.Name()][LinkRail(hops[i].Name(), false)], run.relays[n.Name()][LinkRail(hops[i+2].Name(), false)]
+		via, rx, tx = append(via, n.Name()), append(rx, fmt.Sprint(in.RxBytes)), append(tx, fmt.Sprint(out.TxBytes))
+		for _, c := range run.relays[n.Name()] {
+			rdma += c.RdmaRxPkts + c.RdmaTxPkts
+		}
+		fwd += in.RxPkts
+		if in.RxBytes < run.payload || out.TxBytes < run.payload {
+			bad = fmt.Sprintf("%s received %d and forwarded %d bytes of a %d-byte payload", n.Name(), in.RxBytes, out.TxBytes, run.payload)
+		}
+	}
+	topoField := ""
+	if line != "" {
+		topoField = " topo=" + line
+	}
+	fmt.Printf("mesh: pair=%s%s mode=vanilla relay=on path=routed via=%s sup_ports=%s relay_rx_bytes=%s relay_tx_bytes=%s relay_rdma_pkts=%d verified=true relay_fwd_pkts=%d other_sup_tx_bytes=%d sout_tx_bytes=%d\n",
+		pair, topoField, strings.Join(via, ","), run.port, strings.Join(rx, ","), strings.Join(tx, ","), rdma, fwd, run.supTx(from, chosen), run.sender[SOUT].TxBytes)
+	switch {
+	case gateway != first.Name() || chosen != LinkRail(first.Name(), false):
+		t.Errorf("%s: SUP pair %q on %s, want routed through %s on %s", pair, run.plan, run.port, first.Name(), from.Dev(LinkRail(first.Name(), false)))
+	case bad != "":
+		t.Errorf("%s: %s", pair, bad)
+	case rdma*100 >= fwd:
+		t.Errorf("%s: the relays' rxe devices counted %d packets of the %d they forwarded, want under 1 %%", pair, rdma, fwd)
+	case run.supTx(from, chosen)*100 >= run.payload || run.sender[SOUT].TxBytes*100 >= run.payload:
+		t.Errorf("%s: other SUP ports sent %d and SOUT %d bytes, want each under 1 %% of %d", pair, run.supTx(from, chosen), run.sender[SOUT].TxBytes, run.payload)
+	}
+}
+
+// meshRelayMismatch: MPIB_SUP_RELAY set on one end only fails the connection on both ends
+// within seconds, each naming the setting (the handshake carries the flag both ways), never a
+// hang or an RTR timeout. error_ms runs from the client's plugin being ready (its "ready:"
+// line) to the later of the two sides' errors, from the plugin's log timestamps
+// (MPIB_NETTEST_LOG_MS=1, one clock: the lab VM's): starting two processes under the lab's
+// emulated CPUs is not the handshake's time, and a busy host must not flip the verdict.
+// wall_ms is the whole run, process starts included.
+func meshRelayMismatch(ctx context.Context, t *testing.T, m *Mesh, client, server *Node, relayOnClient bool) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	relay := map[bool]string{true: "1", false: "0"}
+	start := time.Now()
+	env := func(n *Node, on bool) []string { return append(meshFabricEnv(n, on), "MPIB_NETTEST_LOG_MS=1") }
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: env(server, !relayOnClient), clientEnv: env(client, relayOnClient),
+		args: []string{"--timeout-s", "30", "--mode", "verify", "--bytes", "1M"}})
+	res := waitPair(ctx, t, srv, cli, "the relay-mismatch pair")
+	wallMS := time.Since(start).Milliseconds()
+	const named = "MPIB_SUP_RELAY differs"
+	ready, cErr, sErr := logMS(res.clientErr, "ready: "), logMS(res.clientErr, named), logMS(res.serverErr, named)
+	errorMS := int64(-1)
+	if ready > 0 && cErr > 0 && sErr > 0 {
+		errorMS = max(cErr, sErr) - ready
+	}
+	cNamed, sNamed := strings.Contains(res.clientErr+res.clientOut, named), strings.Contains(res.serverErr+res.serverOut, named)
+	setting := fmt.Sprintf("%s:%s,%s:%s", client.Name(), relay[relayOnClient], server.Name(), relay[!relayOnClient])
+	fmt.Printf("mesh: case=relay-mismatch pair=%s-%s relay=%s error_ms=%d hang=false client_named=%t server_named=%t wall_ms=%d\n",
+		client.Name(), server.Name(), setting, errorMS, cNamed, sNamed, wallMS)
+	switch {
+	case res.clientCode == 0 || res.serverCode == 0:
+		t.Errorf("relay %s: a side succeeded (client %d, server %d):\n%s", setting, res.clientCode, res.serverCode, res)
+	case !cNamed || !sNamed:
+		t.Errorf("relay %s: want both sides to say %q:\n%s", setting, named, res)
+	case errorMS < 0:
+		t.Errorf("relay %s: no timestamped ready and error lines to time the failure by:\n%s", setting, res)
+	case errorMS > 5000:
+		t.Errorf("relay %s: both sides failed only %d ms after the client was ready, want within 5000", setting, errorMS)
+	}
+}
+
+var logMSRe = regexp.MustCompile(`\[ms=(\d+)\]$`)
+
+// logMS is the timestamp of the first timestamped log line containing what, or 0.
+func logMS(log, what string) int64 {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, what) {
+			continue
+		}
+		if mt := logMSRe.FindStringSubmatch(line); mt != nil {
+			var ms int64
+			fmt.Sscan(mt[1], &ms)
+			return ms
+		}
+	}
+	return 0
+}
