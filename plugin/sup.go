@@ -83,16 +83,17 @@ func devSupPorts(dev int) supPorts {
 // describeSupPort is SUP port i of a device (NIC nic) described, with its GID index, or why
 // it cannot be.
 func describeSupPort(dev, i, nic int) (topo.Port, int, string) {
-	if len(plugin.cfg.Devices[dev].SupPorts) > 1 && C.mpib_sup_port_down(C.int(nic)) != 0 {
-		return topo.Port{}, -1, fmt.Sprintf("SUP port %s is down", plugin.cfg.Devices[dev].SupPorts[i].HCA)
-	}
 	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].SupPorts[i].GIDIndex)
 	if err != nil {
 		return topo.Port{}, -1, fmt.Sprintf("no SUP GID on %s: %v", plugin.cfg.Devices[dev].SupPorts[i].HCA, err)
 	}
 	ib := C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND
 	ifa := interfaceAddr(addr)
-	port, why := suppair.Describe(i, ib, addr, ifa.bits(), ifa.dev)
+	leftOutDown := len(plugin.cfg.Devices[dev].SupPorts) > 1 && C.mpib_sup_port_down(C.int(nic)) != 0
+	port, why := suppair.Describe(i, leftOutDown, ib, addr, ifa.bits(), ifa.dev)
+	if why != "" {
+		why = fmt.Sprintf("SUP port %s: %s", plugin.cfg.Devices[dev].SupPorts[i].HCA, why)
+	}
 	return port, idx, why
 }
 

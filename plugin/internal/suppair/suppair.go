@@ -27,10 +27,14 @@ type Local struct {
 }
 
 // Describe turns one SUP port's facts into a described port, or says why it cannot be one:
+// left out because it is down (leftOutDown: the caller's rule, a mesh device's port whose link
+// is down; a device's only port is described down too, its connections fail over and back),
 // InfiniBand (no IP subnet), a GID whose address is not IPv4, an address no netdev of this
 // namespace holds (bits 0: prefix unknown), or one the handle could not carry.
-func Describe(index int, infiniband bool, addr netip.Addr, bits int, netdev string) (topo.Port, string) {
+func Describe(index int, leftOutDown, infiniband bool, addr netip.Addr, bits int, netdev string) (topo.Port, string) {
 	switch {
+	case leftOutDown:
+		return topo.Port{}, "the port is down"
 	case infiniband:
 		return topo.Port{}, "SUP is InfiniBand"
 	case !addr.Is4():

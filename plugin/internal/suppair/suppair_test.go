@@ -83,24 +83,26 @@ func TestDescribe(t *testing.T) {
 	a := netip.MustParseAddr
 	tests := []struct {
 		name   string
+		down   bool
 		ib     bool
 		addr   string
 		bits   int
 		netdev string
 		why    string // "" = described
 	}{
-		{"RoCE /24", false, "10.9.1.11", 24, "a1_sup", ""},
-		{"RoCE /31", false, "10.9.200.0", 31, "to-c2", ""},
-		{"RoCE /32", false, "10.9.200.9", 32, "lo9", ""},
-		{"InfiniBand", true, "fe80::1", 0, "", "InfiniBand"},
-		{"IPv6 GID", false, "fd00::11", 64, "sup0", "not IPv4"},
-		{"no netdev holds it", false, "10.9.1.11", 0, "", "prefix is unknown"},
-		{"prefix /7", false, "10.9.1.11", 7, "sup0", "cannot be advertised"},
-		{"prefix /33", false, "10.9.1.11", 33, "sup0", "prefix length 33"},
-		{"subnet broadcast", false, "10.9.1.255", 24, "sup0", "broadcast"},
+		{"RoCE /24", false, false, "10.9.1.11", 24, "a1_sup", ""},
+		{"RoCE /31", false, false, "10.9.200.0", 31, "to-c2", ""},
+		{"RoCE /32", false, false, "10.9.200.9", 32, "lo9", ""},
+		{"a mesh port whose link is down", true, false, "10.9.141.1", 24, "sup_b4", "is down"},
+		{"InfiniBand", false, true, "fe80::1", 0, "", "InfiniBand"},
+		{"IPv6 GID", false, false, "fd00::11", 64, "sup0", "not IPv4"},
+		{"no netdev holds it", false, false, "10.9.1.11", 0, "", "prefix is unknown"},
+		{"prefix /7", false, false, "10.9.1.11", 7, "sup0", "cannot be advertised"},
+		{"prefix /33", false, false, "10.9.1.11", 33, "sup0", "prefix length 33"},
+		{"subnet broadcast", false, false, "10.9.1.255", 24, "sup0", "broadcast"},
 	}
 	for _, tt := range tests {
-		p, why := Describe(3, tt.ib, a(tt.addr), tt.bits, tt.netdev)
+		p, why := Describe(3, tt.down, tt.ib, a(tt.addr), tt.bits, tt.netdev)
 		if tt.why == "" {
 			want := topo.Port{Index: 3, Name: tt.netdev, Addr: a(tt.addr), Bits: uint8(tt.bits)}
 			if why != "" || p != want {
