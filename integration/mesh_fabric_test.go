@@ -116,17 +116,7 @@ var sendCommRe = regexp.MustCompile(`send comm .* SUP QPs (\d+), CTS on \w+, SUP
 
 func meshTransfer(ctx context.Context, t *testing.T, from, to *Node, relays []*Node, relayOn bool) meshRun {
 	t.Helper()
-	sample := func(n *Node, rails []Rail) map[Rail]Counters {
-		out := map[Rail]Counters{}
-		for _, r := range rails {
-			c, err := n.Counters(ctx, r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[r] = c
-		}
-		return out
-	}
+	sample := func(n *Node, rails []Rail) map[Rail]Counters { return meshCounters(ctx, t, n, rails...) }
 	senderRails := append([]Rail{SOUT}, meshPorts(from)...)
 	b0, r0 := sample(from, senderRails), map[string]map[Rail]Counters{}
 	p0 := sample(to, meshPorts(to))

@@ -36,11 +36,14 @@ func meshEnv(n *Node, sup string) []string {
 	return []string{"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + sup, "MPIB_OOB_IF=" + n.Netdev(SOUT), "NCCL_DEBUG=INFO", "MPIB_MODE=0"}
 }
 
-// meshCounters reads a node's SOUT, SUP and SUP2 counters.
-func meshCounters(ctx context.Context, t *testing.T, n *Node) map[Rail]Counters {
+// meshCounters reads a node's counters on the given rails (default SOUT, SUP and SUP2).
+func meshCounters(ctx context.Context, t *testing.T, n *Node, rails ...Rail) map[Rail]Counters {
 	t.Helper()
+	if len(rails) == 0 {
+		rails = []Rail{SOUT, SUP, SUP2}
+	}
 	out := map[Rail]Counters{}
-	for _, r := range []Rail{SOUT, SUP, SUP2} {
+	for _, r := range rails {
 		c, err := n.Counters(ctx, r)
 		if err != nil {
 			t.Fatal(err)
