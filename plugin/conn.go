@@ -19,6 +19,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -766,7 +767,11 @@ func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Met
 		return wire.Metadata{}, fmt.Errorf("metadata to %v: %w", peer, err)
 	}
 	buf := make([]byte, wire.MetadataSize)
-	if _, err := io.ReadFull(c, buf); err != nil {
+	if n, err := io.ReadFull(c, buf); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			// The listener closes a connection whose hello it refused, or read too late.
+			err = fmt.Errorf("%w (closed before any metadata: the peer refused our hello, see its log, or its process ended)", err)
+		}
 		return wire.Metadata{}, fmt.Errorf("metadata from %v: %w", peer, err)
 	}
 	theirs, err := wire.DecodeMetadata(buf)

@@ -62,8 +62,8 @@ type listener struct {
 
 const (
 	// maxUnprovenPerListener: a new client beyond it evicts the oldest unproven one. A real
-	// peer's hello is in its socket before the accept (it writes right after connecting), so
-	// it is read long before 32 newer clients arrive, however many idle ones wait.
+	// peer writes its hello right after connecting, so it is read long before 32 newer
+	// clients arrive, however many idle ones wait.
 	maxUnprovenPerListener = 32
 	// maxUnprovenPerProcess bounds the descriptors all listeners together spend on unproven
 	// clients; beyond it a new client is closed at once.
@@ -74,10 +74,21 @@ const (
 
 var unprovenTotal atomic.Int64
 
-// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer:
-// a real peer sends its hello right after connecting.
+// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer.
+// A real peer writes its hello right after its connect returns, but the listener's kernel
+// completes the TCP handshake without the peer's process: a peer descheduled between the two
+// is late. It was 3 s, and a CI run lost a real connection to it (a loaded 2-core host: the
+// connector's dial took up to 4.8 s, its listener dropped it as a stray and its connect
+// failed). net_ib's accept waits for NCCL's socket magic with no deadline of its own; ours
+// only frees the descriptors of silent clients, whose number the caps above bound, so it is
+// long enough for any scheduler and still ends an idle client's hold.
+const helloTimeoutMax = 30 * time.Second
+
+// slowHello: a hello later than this is reported (INFO), to show how close peers come.
+const slowHello = time.Second
+
 func helloTimeout() time.Duration {
-	return min(handshakeTimeout(), 3*time.Second)
+	return min(handshakeTimeout(), helloTimeoutMax)
 }
 
 // errNotAPeer marks an accepted TCP client that never proved it is an MPIB peer of this
@@ -348,7 +359,8 @@ func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mp
 // unproven either way. A valid hello is taken once per listener.
 func (l *listener) readHello(ctx context.Context, c net.Conn) (wire.Hello, error) {
 	defer l.proven(c)
-	c.SetDeadline(time.Now().Add(helloTimeout()))
+	start := time.Now()
+	c.SetDeadline(start.Add(helloTimeout()))
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	b := make([]byte, wire.HelloSize)
@@ -356,6 +368,10 @@ func (l *listener) readHello(ctx context.Context, c net.Conn) (wire.Hello, error
 	var hello wire.Hello
 	if err == nil {
 		hello, err = wire.DecodeHello(b)
+	}
+	if wait := time.Since(start); err == nil && wait > slowHello {
+		infof("listener %v: the hello of %v came %d ms after its TCP connection (a loaded peer; it may take up to %v)",
+			l.ln.Addr(), c.RemoteAddr(), wait.Milliseconds(), helloTimeout())
 	}
 	if err == nil && hello.Nonce != l.nonce {
 		err = errors.New("its hello names another listener (a stale or misrouted handle)")

@@ -64,9 +64,16 @@ func startVM(s vmSpec) (*vm, error) {
 		netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:2375", s.port)
 	}
 	cmdline := "console=ttyS0 quiet panic=-1 oops=panic mpib.mode=" + s.mode + " mpib.image=" + containers.NodeImage
+	if extra := os.Getenv("MPIB_LAB_KERNEL_ARGS"); extra != "" {
+		cmdline += " " + extra
+	}
+	cpu := "max"
+	if c := os.Getenv("MPIB_LAB_CPU"); c != "" {
+		cpu = c
+	}
 	args := []string{
 		"-name", "mpib-lab", "-nodefaults", "-display", "none", "-no-reboot",
-		"-accel", accel(), "-cpu", "max", "-smp", "2", "-m", strconv.Itoa(guestMemMiB),
+		"-accel", accel(), "-cpu", cpu, "-smp", "2", "-m", strconv.Itoa(guestMemMiB),
 		"-kernel", s.img.Vmlinuz, "-initrd", s.img.Initrd, "-append", cmdline,
 		"-drive", drive,
 		"-virtfs", "local,path=" + s.buildDir + ",mount_tag=build,security_model=none,readonly=on,id=build",
