@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 )
 
@@ -89,7 +90,7 @@ func watchAgent(h *C.mpib_shm, stop, done chan struct{}) {
 	}
 }
 
-func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path topo.PathClass, isSend bool) {
+func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, isSend bool) {
 	if plugin.cfg.Mode != 1 {
 		return
 	}
@@ -112,6 +113,9 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		pid:           C.uint32_t(os.Getpid()),
 		conn_id:       C.uint64_t(connID),
 		dev:           C.uint16_t(comm.fdev),
+	}
+	if comm.nqps[1] > 0 {
+		d.sup_path = C.uint8_t(sup.RecordPath())
 	}
 	for r, nic := range comm.nic {
 		if nic == nil {

@@ -603,7 +603,7 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 		return comm, err
 	}
 	st.mark(&st.ack)
-	registerWithAgent(comm, p.local, peer, p.path, p.isSend)
+	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)
 	st.mark(&st.agent)
 	supPort := "-"
 	if comm.nqps[1] > 0 {

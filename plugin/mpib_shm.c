@@ -1,5 +1,5 @@
 /*
- * MPIB shared-memory hint segment, format version 5 (docs/shm-format.md).
+ * MPIB shared-memory hint segment, format version 6 (docs/shm-format.md).
  * Every struct below mirrors a table of the spec; the _Static_asserts pin the offsets.
  *
  * Process model: one handle (struct mpib_shm) per process holds a table of connections and
@@ -105,7 +105,8 @@ struct shm_slot {
   _Atomic uint32_t pid;
   _Atomic uint64_t registered_ns;
   _Atomic uint8_t port[2]; /* version 4: SOUT's, SUP's */
-  uint8_t reserved2[6];
+  _Atomic uint8_t sup_path; /* version 6: MPIB_SHM_SUP_PATH_* */
+  uint8_t reserved2[5];
   struct shm_rec hint;
   _Atomic uint64_t sout_bytes;
   _Atomic uint64_t sout_requests;
@@ -142,6 +143,7 @@ _Static_assert(offsetof(struct shm_slot, nqps_sup) == 40, "nqps_sup at +40");
 _Static_assert(offsetof(struct shm_slot, pid) == 44, "pid at +44");
 _Static_assert(offsetof(struct shm_slot, dev) == 42, "dev at +42");
 _Static_assert(offsetof(struct shm_slot, port) == 56, "ports at +56");
+_Static_assert(offsetof(struct shm_slot, sup_path) == 58, "sup_path at +58");
 _Static_assert(offsetof(struct shm_slot, nic) == 336, "NIC names at +336");
 _Static_assert(offsetof(struct shm_slot, hint) == 64, "hint at +64");
 _Static_assert(offsetof(struct shm_slot, sout_bytes) == 128, "telemetry at +128");
@@ -843,6 +845,7 @@ int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *o) {
   o->pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
   o->registered_ns = atomic_load_explicit(&s->registered_ns, memory_order_relaxed);
   o->dev = atomic_load_explicit(&s->dev, memory_order_relaxed);
+  o->sup_path = atomic_load_explicit(&s->sup_path, memory_order_relaxed);
   for (int r = 0; r < 2; r++) {
     o->port[r] = atomic_load_explicit(&s->port[r], memory_order_relaxed);
     for (int i = 0; i < MPIB_SHM_NIC_NAME; i++) {
@@ -1128,6 +1131,7 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->pid, pid, memory_order_relaxed);
   atomic_store_explicit(&s->registered_ns, mpib_shm_now_ns(), memory_order_relaxed);
   atomic_store_explicit(&s->dev, d->dev, memory_order_relaxed);
+  atomic_store_explicit(&s->sup_path, d->sup_path, memory_order_relaxed);
   for (int r = 0; r < 2; r++) {
     atomic_store_explicit(&s->port[r], d->port[r], memory_order_relaxed);
     int end = 0; /* a NUL from the first one on, and at the last byte: a longer name is cut */

@@ -1,5 +1,5 @@
 /*
- * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 5.
+ * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 6.
  * The format is specified in docs/shm-format.md; testdata/shm/ pins it.
  * Pure C11 + POSIX: no verbs, no Go, no NCCL. All symbols are hidden (never exported).
  *
@@ -26,7 +26,7 @@
 
 #define MPIB_SHM_HIDDEN __attribute__((visibility("hidden")))
 
-#define MPIB_SHM_VERSION 5u
+#define MPIB_SHM_VERSION 6u
 #define MPIB_SHM_NIC_NAME 24 /* bytes of a NIC name field, its NUL included (spec 4.3) */
 #define MPIB_SHM_DEFAULT_PREFIX "/dev/shm/mpib-hints-" /* + the effective uid */
 #define MPIB_SHM_DEFAULT_STALE_MS 500u
@@ -47,7 +47,16 @@ typedef struct {
   uint16_t dev;                         /* the fused device (version 4) */
   uint8_t port[2];                      /* SOUT's, SUP's port */
   char nic[2][MPIB_SHM_NIC_NAME];       /* SOUT's, SUP's NIC name; a longer one is cut */
+  uint8_t sup_path;                     /* MPIB_SHM_SUP_PATH_* (version 6) */
 } mpib_conn_desc;
+
+/* How the connection's SUP QPs reach the peer (the slot's sup_path, spec 4.3, version 6). */
+enum {
+  MPIB_SHM_SUP_PATH_NONE = 0,   /* no SUP QPs */
+  MPIB_SHM_SUP_PATH_DIRECT = 1, /* the peer's SUP address is in our port's connected prefix */
+  MPIB_SHM_SUP_PATH_ROUTED = 2, /* through the fabric's forwarding (MPIB_SUP_RELAY=1) */
+  MPIB_SHM_SUP_PATH_ISLAND = 3, /* SUP pair without addresses: the SOUT island says it reaches */
+};
 
 /* Where a resolved hint came from (values of the slot's last_source, docs section 5.3). */
 enum {
@@ -99,6 +108,7 @@ typedef struct {
   uint32_t pid;
   uint64_t registered_ns;
   uint16_t dev; /* version 4 */
+  uint8_t sup_path; /* version 6 */
   uint8_t port[2];
   char nic[2][MPIB_SHM_NIC_NAME]; /* raw bytes: NUL-padded when the writer follows the spec */
   mpib_shm_record hint;

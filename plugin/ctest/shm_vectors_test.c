@@ -329,6 +329,7 @@ static uint8_t *encode(const jv *seg, size_t *len) {
     put(img, off + 42, ju(s, "dev"), 2);
     put(img, off + 56, ju(s, "sout_port"), 1);
     put(img, off + 57, ju(s, "sup_port"), 1);
+    put(img, off + 58, ju(s, "sup_path"), 1);
     enc_nic_name(img, off + 336, js(s, "sout_nic"));
     enc_nic_name(img, off + 360, js(s, "sup_nic"));
     enc_record(img, off + 64, jget(s, "hint"));
@@ -465,7 +466,7 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
               s.nqps_sout == ju(w, "nqps_sout") && s.nqps_sup == ju(w, "nqps_sup") &&
               s.pid == ju(w, "pid") && s.registered_ns == ju(w, "registered_ns") &&
               s.dev == ju(w, "dev") && s.port[0] == ju(w, "sout_port") && s.port[1] == ju(w, "sup_port") &&
-              nic_name_is(s.nic[0], js(w, "sout_nic")) && nic_name_is(s.nic[1], js(w, "sup_nic")),
+              s.sup_path == ju(w, "sup_path") && nic_name_is(s.nic[0], js(w, "sout_nic")) && nic_name_is(s.nic[1], js(w, "sup_nic")),
           "%s: slot %u descriptor differs from the vector", name, i);
     char what[32];
     snprintf(what, sizeof(what), "slot[%u].hint", i);
@@ -758,7 +759,8 @@ static void test_api(void) {
   mpib_conn_desc d = {.local_sout_ip = 0x0A000101, .peer_sout_ip = 0x0A000207,
                       .peer_island = 0x0A000200, .path_class = 1, .is_send = 1,
                       .nqps_sout = 2, .nqps_sup = 4, .conn_id = 1, .dev = 3, .port = {1, 2},
-                      .nic = {"mlx5_3", "a_sup_nic_name_23_bytes"}}; /* 23 + NUL: the longest */
+                      .nic = {"mlx5_3", "a_sup_nic_name_23_bytes"}, /* 23 + NUL: the longest */
+                      .sup_path = MPIB_SHM_SUP_PATH_ROUTED};
   uint32_t ids[4], extra, slots[4];
   for (int i = 0; i < 4; i++) {
     d.conn_id = (uint64_t)i;
@@ -769,8 +771,8 @@ static void test_api(void) {
   mpib_shm_slot_info info;
   CHECK(mpib_shm_decode_slot(shm, slots[0], &info) == 0 && info.dev == 3 && info.port[0] == 1 &&
             info.port[1] == 2 && nic_name_is(info.nic[0], "mlx5_3") &&
-            nic_name_is(info.nic[1], "a_sup_nic_name_23_bytes"),
-        "registration writes the device, its ports and NIC names");
+            nic_name_is(info.nic[1], "a_sup_nic_name_23_bytes") && info.sup_path == MPIB_SHM_SUP_PATH_ROUTED,
+        "registration writes the device, its ports, NIC names and SUP path");
   mpib_conn_desc longer = d; /* a name filling the descriptor's field: cut, NUL-ended */
   memset(longer.nic[0], 'x', sizeof(longer.nic[0]));
   longer.conn_id = 99;

@@ -113,6 +113,7 @@ func decodeSlot(v view, i uint32, hint Record) Slot {
 		Dev:          v.u16(off + slDev),
 		SoutPort:     v.u8(off + slSoutPort),
 		SupPort:      v.u8(off + slSupPort),
+		SupPath:      SupPath(v.u8(off + slSupPath)),
 		SoutNIC:      NICName(v.bytes(off+slSoutNIC, NICNameSize)),
 		SupNIC:       NICName(v.bytes(off+slSupNIC, NICNameSize)),
 		Hint:         hint,
@@ -226,6 +227,7 @@ func encodeSlot(v view, s Slot) {
 	v.put16(off+slDev, s.Dev)
 	v.put8(off+slSoutPort, s.SoutPort)
 	v.put8(off+slSupPort, s.SupPort)
+	v.put8(off+slSupPath, uint8(s.SupPath))
 	putNICName(v, off+slSoutNIC, s.SoutNIC)
 	putNICName(v, off+slSupNIC, s.SupNIC)
 	putRecord(v, off+slHint, s.Hint)

@@ -1,4 +1,4 @@
-// Package shm reads and writes the MPIB shared-memory hint segment (format version 5,
+// Package shm reads and writes the MPIB shared-memory hint segment (format version 6,
 // specified in docs/shm-format.md): the agent side of MPIB's run-time policy.
 //
 // Two levels:

@@ -9,7 +9,7 @@ import (
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
-	Version     = 5
+	Version     = 6
 	HeaderSize  = 256
 	SlotSize    = 384
 	PeerSize    = 64
@@ -62,6 +62,31 @@ const (
 	IntraIsland PathClass = 0
 	InterIsland PathClass = 1
 )
+
+// SupPath is how a connection's SUP QPs reach the peer (slot sup_path, version 6). It is a
+// number in JSON, as path_class is; String names it for people.
+type SupPath uint8
+
+const (
+	SupPathNone   SupPath = 0 // no SUP QPs
+	SupPathDirect SupPath = 1 // the peer's SUP address is in our port's connected prefix
+	SupPathRouted SupPath = 2 // through the fabric's forwarding (MPIB_SUP_RELAY=1)
+	SupPathIsland SupPath = 3 // a SUP pair without addresses: the SOUT island says SUP reaches
+)
+
+func (p SupPath) String() string {
+	switch p {
+	case SupPathNone:
+		return "none"
+	case SupPathDirect:
+		return "direct"
+	case SupPathRouted:
+		return "routed"
+	case SupPathIsland:
+		return "island"
+	}
+	return "unknown(" + strconv.Itoa(int(p)) + ")"
+}
 
 // RailState is a rail's state on one connection (slot telemetry, sout_state/sup_state).
 // It marshals to JSON as "up", "down", "failed", or "unknown(N)" for any other value.
@@ -170,6 +195,7 @@ const (
 	slRegistered    = 48
 	slSoutPort      = 56 // version 4: the NICs' ports, u8 each
 	slSupPort       = 57
+	slSupPath       = 58 // version 6: how SUP reaches the peer (SupPath)
 	slHint          = 64
 	slSoutBytes     = 128
 	slSoutRequests  = 136

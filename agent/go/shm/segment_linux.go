@@ -746,6 +746,7 @@ func (s *Segment) Register(d ConnDesc) (uint32, error) {
 			v.put16(off+slDev, d.Dev)
 			v.put8(off+slSoutPort, d.Ports[0])
 			v.put8(off+slSupPort, d.Ports[1])
+			v.put8(off+slSupPath, uint8(d.SupPath))
 			putNICName(v, off+slSoutNIC, d.NICs[0])
 			putNICName(v, off+slSupNIC, d.NICs[1])
 			putTelemetry(v, off, Telemetry{})

@@ -124,6 +124,7 @@ type Slot struct {
 	Dev          uint16    `json:"dev"` // the plugin's fused device (format 4)
 	SoutPort     uint8     `json:"sout_port"`
 	SupPort      uint8     `json:"sup_port"`
+	SupPath      SupPath   `json:"sup_path"` // how SUP reaches the peer (format 6)
 	SoutNIC      string    `json:"sout_nic"` // as NICName shows it
 	SupNIC       string    `json:"sup_nic"`
 	Hint         Record    `json:"hint"`
@@ -156,4 +157,5 @@ type ConnDesc struct {
 	Dev                                 uint16   // the fused device
 	Ports                               [2]uint8 // SOUT's, SUP's
 	NICs                                [2]string
+	SupPath                             SupPath // how SUP reaches the peer
 }

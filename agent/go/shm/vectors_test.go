@@ -244,11 +244,30 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
+		{name: "sup_paths", desc: "version 6 sup_path (+58): none (no SUP QPs), direct, routed, island (a pair without addresses) and an unknown value 9 on a free slot; hints unaffected",
+			snap: func() *Snapshot {
+				s := base()
+				s.Header.NSlots, s.Header.TotalSize = 5, TotalSize(5, 4)
+				s.Class[0] = hint(2, 1024, FlagValid, 0)
+				s0 := active(0, 9001, 1, 1, "10.0.2.13", "10.0.2.0", IntraIsland)
+				s0.NQPsSup = 0 // relay off, no cable to b3: SOUT only
+				s1 := active(1, 9001, 1, 2, "10.0.2.12", "10.0.2.0", IntraIsland)
+				s1.SupPath, s1.SupNIC = SupPathDirect, "b1_sup_b2"
+				s2 := active(2, 9001, 1, 3, "10.0.2.13", "10.0.2.0", IntraIsland)
+				s2.SupPath, s2.SupNIC = SupPathRouted, "b1_sup_b2"
+				s2.Hint = hint(2, 256, FlagValid, 1) // a routed SUP path is still steered by its hint
+				s3 := active(3, 9002, 1, 4, "10.0.1.12", "10.0.1.0", IntraIsland)
+				s3.SupPath, s3.SupNIC = SupPathIsland, "mlx5_4"
+				s4 := Slot{Index: 4, Gen: 6, SupPath: 9}
+				s.Slots = []Slot{s0, s1, s2, s3, s4}
+				return s
+			},
+			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb), rd(4, hb)}},
 		{name: "bad_magic", desc: "the basic segment with magic MPIBHINX", snap: basic,
 			mutate: func(b []byte) []byte { b[7] = 'X'; return b }},
-		{name: "bad_version", desc: "the basic segment with format version 4 (made by an older agent: the same layout without recoveries, and 0644 accepted): refused", snap: basic,
+		{name: "bad_version", desc: "the basic segment with format version 5 (made by an older agent: the same layout without sup_path): refused", snap: basic,
 			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, Version-1); return b }},
-		{name: "bad_version_newer", desc: "the basic segment with format version 6 (made by a newer agent): refused", snap: basic,
+		{name: "bad_version_newer", desc: "the basic segment with format version 7 (made by a newer agent): refused", snap: basic,
 			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, Version+1); return b }},
 		{name: "too_small_header", desc: "100 bytes: shorter than a header", snap: basic,
 			mutate: func(b []byte) []byte { return b[:100] }},

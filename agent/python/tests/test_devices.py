@@ -64,15 +64,16 @@ def test_device_fields_round_trip() -> None:
     assert img[o1 + 360: o1 + 384] == b"mlx5_8" + bytes(18)
     assert img[o3 + 42: o3 + 44] == (15).to_bytes(2, "little") and img[o3 + 56: o3 + 58] == bytes([255, 1])
     assert img[o3 + 336: o3 + 360] == b"rocep65s0f0_long_name_x" + NUL
-    assert img[o1 + 44: o1 + 48] == bytes(4) and img[o1 + 58: o1 + 64] == bytes(6)  # pid 0, reserved
+    assert img[o1 + 44: o1 + 48] == bytes(4) and img[o1 + 58: o1 + 64] == bytes(6)  # pid 0, sup_path 0, reserved
     snap = mpib_agent.decode(img)
     assert snap.slots == [s1, s3]
     d = snap.to_dict()
     keys = list(d["slots"][0])
     i = keys.index("registered_ns")
-    assert keys[i + 1: i + 7] == ["dev", "sout_port", "sup_port", "sout_nic", "sup_nic", "hint"]
-    assert {k: d["slots"][1][k] for k in keys[i + 1: i + 6]} == {
-        "dev": 15, "sout_port": 255, "sup_port": 1, "sout_nic": "rocep65s0f0_long_name_x", "sup_nic": "ibp12s0"}
+    assert keys[i + 1: i + 8] == ["dev", "sout_port", "sup_port", "sup_path", "sout_nic", "sup_nic", "hint"]
+    assert {k: d["slots"][1][k] for k in keys[i + 1: i + 7]} == {
+        "dev": 15, "sout_port": 255, "sup_port": 1, "sup_path": 0, "sout_nic": "rocep65s0f0_long_name_x",
+        "sup_nic": "ibp12s0"}
     assert mpib_agent.encode(mpib_agent.Snapshot.from_dict(json.loads(json.dumps(d)))) == img
 
 
@@ -199,3 +200,17 @@ def test_cli_bad_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: st
     with pytest.raises(SystemExit) as ei:  # no value: argparse's usage error
         main(["list", "--path", p, "--dev"])
     assert ei.value.code == 2
+
+
+def test_sup_path_field() -> None:
+    """Version 6's sup_path (+58): written at its offset, read back, named for people; a value
+    the spec does not define is kept and shown as unknown(N)."""
+    from mpib_agent._format import sup_path_name
+
+    s0 = mpib_agent.Slot(index=0, state=2, gen=1, conn_id=1, sup_path=2, sup_nic="b1_sup_b2")
+    s2 = mpib_agent.Slot(index=2, gen=4, sup_path=9)
+    img = mpib_agent.encode(_snap(s0, s2))
+    assert img[slot_off(0) + 58] == 2 and img[slot_off(2) + 58] == 9
+    assert img[slot_off(0) + 59: slot_off(0) + 64] == bytes(5)
+    assert mpib_agent.decode(img).slots == [s0, s2]
+    assert [sup_path_name(p) for p in (0, 1, 2, 3, 9)] == ["none", "direct", "routed", "island", "unknown(9)"]

@@ -18,7 +18,7 @@ def test_create_mode_and_header(seg: mpib_agent.Segment) -> None:
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600
     h = seg.header()
-    assert (h.version, h.nslots, h.npeers, h.total_size) == (5, 8, 4, 256 + 8 * 384 + 4 * 64)
+    assert (h.version, h.nslots, h.npeers, h.total_size) == (6, 8, 4, 256 + 8 * 384 + 4 * 64)
 
 
 @pytest.mark.parametrize(
@@ -416,16 +416,16 @@ def test_rail_state_live(seg: mpib_agent.Segment) -> None:
 
 
 def test_version_message() -> None:
-    """A segment of another format version is refused saying which side is older: a version 4
-    segment (no recoveries), 3 (no device fields) or 2 (256-byte slots) predates this reader,
-    version 6 comes from a newer agent."""
+    """A segment of another format version is refused saying which side is older: a version 5
+    segment (no sup_path), 4 (no recoveries), 3 (no device fields) or 2 (256-byte slots)
+    predates this reader, version 7 comes from a newer agent."""
     img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
         header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    for ver, want in ((2, "older agent"), (3, "older agent"), (4, "older agent"), (6, "newer agent")):
+    for ver, want in ((2, "older agent"), (3, "older agent"), (4, "older agent"), (5, "older agent"), (7, "newer agent")):
         img[8:12] = ver.to_bytes(4, "little")
         with pytest.raises(mpib_agent.SegmentError) as ei:
             mpib_agent.decode(bytes(img))
-        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 5" in str(ei.value)
+        assert ei.value.code == "bad_version" and want in str(ei.value) and "implements 6" in str(ei.value)
 
 
 def test_completion_decode() -> None:

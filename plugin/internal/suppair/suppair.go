@@ -79,6 +79,30 @@ type Plan struct {
 // SUP says whether the connection builds SUP QPs.
 func (p Plan) SUP() bool { return p.Kind != wire.PairNone }
 
+// The agent segment's sup_path values (docs/shm-format.md 4.3, version 6).
+const (
+	RecordNone   = 0 // no SUP QPs
+	RecordDirect = 1 // the peer's address is in our port's connected prefix
+	RecordRouted = 2 // through the fabric's forwarding (MPIB_SUP_RELAY=1)
+	RecordIsland = 3 // a pair without addresses: the SOUT island says SUP reaches
+)
+
+// RecordPath is the plan's sup_path for the agent's connection record: how SUP reaches the
+// peer, so that an advanced-mode agent can weigh a routed SUP path differently.
+func (p Plan) RecordPath() uint8 {
+	switch {
+	case p.Kind == wire.PairUnaddressed:
+		return RecordIsland
+	case p.Kind != wire.PairAddressed:
+		return RecordNone
+	case p.Path == topo.PathRouted:
+		return RecordRouted
+	case p.Path == topo.PathDirect:
+		return RecordDirect
+	}
+	return RecordNone
+}
+
 func (p Plan) String() string {
 	switch p.Kind {
 	case wire.PairAddressed:

@@ -363,3 +363,23 @@ func TestBoundsAgree(t *testing.T) {
 		t.Fatalf("topo.MaxSupPorts %d, wire.MaxSupAddrs %d, config.MaxSupPorts %d", topo.MaxSupPorts, wire.MaxSupAddrs, config.MaxSupPorts)
 	}
 }
+
+// RecordPath is what an advanced-mode agent reads of the SUP path (sup_path, spec 4.3).
+func TestRecordPath(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		plan Plan
+		want uint8
+	}{
+		{"no SUP", Plan{}, RecordNone},
+		{"no SUP, with a reason", Plan{Kind: wire.PairNone, Why: "no direct pair"}, RecordNone},
+		{"direct", Plan{Kind: wire.PairAddressed, Path: topo.PathDirect}, RecordDirect},
+		{"routed", Plan{Kind: wire.PairAddressed, Path: topo.PathRouted}, RecordRouted},
+		{"addressed but no path (never built)", Plan{Kind: wire.PairAddressed, Path: topo.PathNone}, RecordNone},
+		{"unaddressed (InfiniBand, no IPv4 GID)", Plan{Kind: wire.PairUnaddressed}, RecordIsland},
+	} {
+		if got := c.plan.RecordPath(); got != c.want {
+			t.Errorf("%s: RecordPath() = %d, want %d", c.name, got, c.want)
+		}
+	}
+}

@@ -21,7 +21,7 @@ type connView struct {
 	Effective shm.Resolution `json:"effective"`
 }
 
-const listFmt = "%5s %3s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s %13s %9s %s\n"
+const listFmt = "%5s %3s %21s %15s %15s %7s %4s %5s %5s %8s %14s %14s %13s %9s %8s %s\n"
 
 func cmdList(args []string, out io.Writer) error {
 	fs, path := newFlags("list")
@@ -50,7 +50,7 @@ func cmdList(args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out, agentStatus(s.Header(), now))
 	fmt.Fprintf(out, listFmt, "SLOT", "DEV", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE", "SOUT_BYTES", "SUP_BYTES",
-		"RAILS", "FAILOVERS", "NICS")
+		"RAILS", "FAILOVERS", "SUP_PATH", "NICS")
 	for _, v := range views {
 		dir := "recv"
 		if v.IsSend == 1 {
@@ -65,7 +65,7 @@ func cmdList(args []string, out io.Writer) error {
 			fmt.Sprintf("%d+%d", v.NQPsSout, v.NQPsSup), hint, v.Effective.Source.String(),
 			strconv.FormatUint(v.Telemetry.SoutBytes, 10), strconv.FormatUint(v.Telemetry.SupBytes, 10),
 			v.Telemetry.SoutState.String()+"/"+v.Telemetry.SupState.String(),
-			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10), nicPair(v.Slot))
+			strconv.FormatUint(uint64(v.Telemetry.Failovers), 10), v.SupPath.String(), nicPair(v.Slot))
 	}
 	snap, err := s.Snapshot()
 	if err != nil {

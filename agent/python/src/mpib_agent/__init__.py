@@ -1,4 +1,4 @@
-"""Agent side of MPIB's shared-memory hint segment (docs/shm-format.md, version 5)."""
+"""Agent side of MPIB's shared-memory hint segment (docs/shm-format.md, version 6)."""
 
 from ._format import (
     DEFAULT_PATH_PREFIX,

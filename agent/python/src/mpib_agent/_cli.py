@@ -24,7 +24,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
-from ._format import MAX_PEERS, MAX_SLOTS, SegmentError, Slot, Snapshot, class_name, clamp, heartbeat_fresh, total_size
+from ._format import (MAX_PEERS, MAX_SLOTS, SegmentError, Slot, Snapshot, class_name, clamp, heartbeat_fresh,
+                      sup_path_name, total_size)
 from ._policy import (ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates,
                       signal_setter)
 from ._segment import (
@@ -161,7 +162,7 @@ def _cmd_create(a: argparse.Namespace) -> int:
     return 0
 
 
-_LIST_FMT = "{:>5} {:>3} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14} {:>13} {:>9} {}"
+_LIST_FMT = "{:>5} {:>3} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>14} {:>14} {:>13} {:>9} {:>8} {}"
 
 
 def _nic_pair(c: Slot) -> str:
@@ -183,13 +184,14 @@ def _cmd_list(a: argparse.Namespace) -> int:
             return 0
         print(_status(seg))
         print(_LIST_FMT.format("SLOT", "DEV", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
-                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS", "NICS"))
+                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS", "SUP_PATH", "NICS"))
         for c, r in rows:
             print(_LIST_FMT.format(
                 c.index, c.dev, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
                 "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
                 r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes,
-                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers, _nic_pair(c)))
+                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers, sup_path_name(c.sup_path),
+                _nic_pair(c)))
         print(_hint_tables(seg.snapshot()))
     return 0
 

@@ -1,4 +1,4 @@
-"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v5)."""
+"""Layout, decoding, encoding and hint resolution of the segment (docs/shm-format.md, v6)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 MAGIC = b"MPIBHINT"
-VERSION = 5
+VERSION = 6
 HEADER_SIZE = 256
 SLOT_SIZE = 384
 PEER_SIZE = 64
@@ -41,6 +41,7 @@ S_OWNER, S_GEN, S_CONN, S_LOCAL, S_PEER, S_ISLAND = 0, 8, 16, 24, 28, 32
 S_CLASS, S_SEND, S_QSOUT, S_QSUP, S_PID, S_REG, S_HINT = 36, 37, 38, 40, 44, 48, 64
 # version 4: the connection's fused device (u16), its NICs' ports (u8 each) and names
 S_DEV, S_SOUT_PORT, S_SUP_PORT = 42, 56, 57
+S_SUP_PATH = 58  # version 6: how SUP reaches the peer (SUP_PATHS)
 S_SOUT_NIC, S_SUP_NIC = 336, 360  # char[NIC_NAME] each, NUL-padded, NUL-terminated
 NIC_NAME = 24
 TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
@@ -349,6 +350,7 @@ class Slot:
     dev: int = 0
     sout_port: int = 0  # 1-based
     sup_port: int = 0
+    sup_path: int = 0  # version 6: 0 none, 1 direct, 2 routed, 3 island (sup_path_name)
     sout_nic: str = ""  # verbs device name, as nic_name() shows it
     sup_nic: str = ""
     hint: Record = field(default_factory=Record)
@@ -477,6 +479,7 @@ def decode_slot(v: Any, i: int, hint: Optional[Record] = None) -> Slot:
         dev=v.u16(off + S_DEV),
         sout_port=v.u8(off + S_SOUT_PORT),
         sup_port=v.u8(off + S_SUP_PORT),
+        sup_path=v.u8(off + S_SUP_PATH),
         sout_nic=nic_name(v.read(off + S_SOUT_NIC, NIC_NAME)),
         sup_nic=nic_name(v.read(off + S_SUP_NIC, NIC_NAME)),
         hint=hint if hint is not None else v.raw_record(off + S_HINT),
@@ -564,6 +567,7 @@ def encode_slot(v: Any, s: Slot) -> None:
     v.put32(off + S_PID, s.pid)
     v.put64(off + S_REG, s.registered_ns)
     put_device(v, off, s.dev, s.sout_port, s.sup_port, s.sout_nic, s.sup_nic)
+    v.put8(off + S_SUP_PATH, s.sup_path)
     _put_record(v, off + S_HINT, s.hint)
     put_telemetry(v, off, s.telemetry)
 
@@ -582,6 +586,14 @@ def put_telemetry(v: Any, off: int, t: Telemetry) -> None:
         (v.put64 if size == 8 else v.put32)(off + o, getattr(t, name))
     for name, o in RAIL_STATE_FIELDS:
         v.put8(off + o, rail_state_value(getattr(t, name)))
+
+
+SUP_PATHS = {0: "none", 1: "direct", 2: "routed", 3: "island"}
+
+
+def sup_path_name(p: int) -> str:
+    """How a connection's SUP QPs reach the peer (slot sup_path), as both CLIs print it."""
+    return SUP_PATHS.get(p, f"unknown({p})")
 
 
 def class_name(c: int) -> str:

@@ -42,6 +42,7 @@ from ._format import (
     S_REG,
     S_SEND,
     S_TELEMETRY,
+    S_SUP_PATH,
     S_TELEMETRY_END,
     SOURCES,
     STATE_ACTIVE,
@@ -77,6 +78,7 @@ class ConnDesc:
     sup_port: int = 1
     sout_nic: str = ""  # the SOUT NIC's verbs device name ("mlx5_0"); cut to 23 bytes when stored
     sup_nic: str = ""
+    sup_path: int = 0  # version 6: 0 none, 1 direct, 2 routed, 3 island
 
 
 class PluginProcess:
@@ -142,6 +144,7 @@ class PluginProcess:
                 v.put32(off + S_PID, self.pid)
                 v.put64(off + S_REG, now_ns())
                 put_device(v, off, d.dev, d.sout_port, d.sup_port, d.sout_nic, d.sup_nic)
+                v.put8(off + S_SUP_PATH, d.sup_path)
                 # telemetry restarts at 0 with each claim (not the NIC names after it)
                 v.write(off + S_TELEMETRY, bytes(S_TELEMETRY_END - S_TELEMETRY))
                 v.put64(off + S_OWNER, STATE_ACTIVE | self.pid << 32)
