@@ -56,6 +56,10 @@ func TestMeshFabric(t *testing.T) {
 		defer m.SetLine(context.Background(), false)
 		meshRouted(ctx, t, m, m.Node("b1"), m.Node("b4"), []*Node{m.Node("b2"), m.Node("b3")}, "line")
 	})
+	t.Run("agent-record", func(t *testing.T) {
+		meshAgentRecord(ctx, t, m.Node("b1"), m.Node("b3"), "routed")
+		meshAgentRecord(ctx, t, m.Node("b1"), m.Node("b2"), "direct")
+	})
 	t.Run("relay-mismatch", func(t *testing.T) {
 		for _, relayOnClient := range []bool{true, false} {
 			meshRelayMismatch(ctx, t, m, m.Node("b1"), m.Node("b3"), relayOnClient)
@@ -318,4 +322,74 @@ func logMS(log, what string) int64 {
 		}
 	}
 	return 0
+}
+
+// supPathNames are the agent segment's sup_path values (docs/shm-format.md 4.3, format 6).
+var supPathNames = map[uint8]string{0: "none", 1: "direct", 2: "routed", 3: "island"}
+
+// meshAgentRecord: in advanced mode, with the relay on, the sender's connection records in
+// the agent segment say how SUP reaches the peer (format 6 sup_path), as both CLIs list them.
+// Fixed line:
+//
+//	mesh: case=agent-record pair=b1-b3 relay=on sup_path=routed listed=N python_sup_path=routed verified=true
+func meshAgentRecord(ctx context.Context, t *testing.T, from, to *Node, want string) {
+	t.Helper()
+	stop := fmt.Sprintf("/tmp/mesh-record-%d.stop", time.Now().UnixNano())
+	for _, n := range []*Node{from, to} {
+		n.Exec(ctx, nil, "rm", "-f", segPath, stop)
+		goAgent.run(ctx, t, n, "create")
+	}
+	defer func() {
+		for _, n := range []*Node{from, to} {
+			n.Exec(context.Background(), nil, "rm", "-f", segPath, stop)
+		}
+	}()
+	advanced := func(n *Node) []string {
+		env := meshFabricEnv(n, true)
+		for i, e := range env {
+			if e == "MPIB_MODE=0" {
+				env[i] = "MPIB_MODE=1"
+			}
+		}
+		return append(env, "MPIB_SHM_PATH="+segPath)
+	}
+	srv, cli := startPair(ctx, t, nettestPair{server: to, client: from, serverEnv: advanced(to), clientEnv: advanced(from),
+		args: []string{"--timeout-s", "90", "--mode", "verify", "--bytes", "2000M", "--stop-file", stop, "--max-size", "1M", "--window", "8"}})
+	defer func() {
+		srv.Kill(context.Background())
+		cli.Kill(context.Background())
+	}()
+	var conns []deviceConn
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && running(cli); time.Sleep(500 * time.Millisecond) {
+		if conns = listDev(ctx, t, goAgent, from, 0); len(conns) > 0 {
+			break
+		}
+	}
+	py := listDev(ctx, t, pythonAgent, from, 0)
+	to.Exec(ctx, nil, "touch", stop)
+	verified(t, waitPair(ctx, t, srv, cli, "the agent-record transfer "+from.Name()+" -> "+to.Name()))
+	paths := func(cs []deviceConn) string {
+		seen := map[string]bool{}
+		var out []string
+		for _, c := range cs {
+			name, ok := supPathNames[c.SupPath]
+			if !ok {
+				name = fmt.Sprintf("unknown(%d)", c.SupPath)
+			}
+			if !seen[name] {
+				seen[name] = true
+				out = append(out, name)
+			}
+		}
+		if len(out) == 0 {
+			return "-"
+		}
+		return strings.Join(out, ",")
+	}
+	got, gotPy := paths(conns), paths(py)
+	fmt.Printf("mesh: case=agent-record pair=%s-%s relay=on sup_path=%s listed=%d python_sup_path=%s verified=true\n",
+		from.Name(), to.Name(), got, len(conns), gotPy)
+	if len(conns) == 0 || got != want || gotPy != want {
+		t.Errorf("%s -> %s: %d record(s) with sup_path %s (Python CLI: %s), want %s", from.Name(), to.Name(), len(conns), got, gotPy, want)
+	}
 }

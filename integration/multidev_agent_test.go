@@ -18,6 +18,7 @@ type deviceConn struct {
 	Dev     uint16 `json:"dev"`
 	SoutNIC string `json:"sout_nic"`
 	SupNIC  string `json:"sup_nic"`
+	SupPath uint8  `json:"sup_path"` // format 6: 0 none, 1 direct, 2 routed, 3 island
 }
 
 // listDev runs an agent's list --json --dev dev on n.
