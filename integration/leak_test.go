@@ -185,7 +185,9 @@ func TestLeakConnectClose(t *testing.T) {
 	s, c := waitBoth(srv, cli, start.Add(25*time.Minute), start.Add(25*time.Minute))
 	t.Logf("%d connect/close cycles (%d rounds of %d) in %.1f s", cycles, rounds, comms, time.Since(start).Seconds())
 	if s.code != 0 || c.code != 0 || s.hung || c.hung {
-		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s", s, c)
+		// The reasons last: a CI summary shows only the tail of a failure.
+		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s\nreasons: server: %s\nclient: %s", s, c,
+			strings.Join(failureLines(s.err), " | "), strings.Join(failureLines(c.err), " | "))
 	}
 	var g leakGrowth
 	g.threads = -1 << 30 // set from restThreads below
@@ -455,5 +457,22 @@ func TestCycleSummary(t *testing.T) {
 	}
 	if got := cycleSummary("cycle 4: no failover in 5 s"); got != "cycle 4: no failover in 5 s" {
 		t.Errorf("a failed script's output must pass through, got %q", got)
+	}
+}
+
+// failureLines are a driver's error lines: its own, the plugin's warnings and dropped clients.
+func failureLines(stderr string) []string {
+	return linesContaining(stderr, "mpib-nettest:", "NCCL WARN", "dropped a TCP client", "failed")
+}
+
+func TestFailureLines(t *testing.T) {
+	log := "NCCL INFO NET/MPIB : send comm up\n" +
+		"NCCL INFO NET/MPIB : listener 10.0.2.12:1: dropped a TCP client (1 so far): not an MPIB peer\n" +
+		"NCCL WARN NET/MPIB : connect: metadata from 10.0.2.12: connection reset by peer\n" +
+		"mpib-nettest: connect #2 of 10 failed: rc=6\n" +
+		"NCCL INFO NET/MPIB : devices closed\n"
+	got := failureLines(log)
+	if len(got) != 3 || !strings.Contains(got[0], "dropped") || !strings.Contains(got[2], "connect #2") {
+		t.Fatalf("failureLines kept %q", got)
 	}
 }
