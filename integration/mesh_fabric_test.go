@@ -326,9 +326,6 @@ func logMS(log, what string) int64 {
 	return 0
 }
 
-// supPathNames are the agent segment's sup_path values (docs/shm-format.md 4.3, format 6).
-var supPathNames = map[uint8]string{0: "none", 1: "direct", 2: "routed", 3: "island"}
-
 // meshAgentRecord: in advanced mode, with the relay on, the sender's connection records in
 // the agent segment say how SUP reaches the peer (format 6 sup_path), as both CLIs list them.
 // Fixed line:
@@ -337,15 +334,7 @@ var supPathNames = map[uint8]string{0: "none", 1: "direct", 2: "routed", 3: "isl
 func meshAgentRecord(ctx context.Context, t *testing.T, from, to *Node, want string) {
 	t.Helper()
 	stop := fmt.Sprintf("/tmp/mesh-record-%d.stop", time.Now().UnixNano())
-	for _, n := range []*Node{from, to} {
-		n.Exec(ctx, nil, "rm", "-f", segPath, stop)
-		goAgent.run(ctx, t, n, "create")
-	}
-	defer func() {
-		for _, n := range []*Node{from, to} {
-			n.Exec(context.Background(), nil, "rm", "-f", segPath, stop)
-		}
-	}()
+	defer freshSegments(ctx, t, stop, from, to)()
 	advanced := func(n *Node) []string {
 		env := meshFabricEnv(n, true)
 		for i, e := range env {
@@ -371,15 +360,9 @@ func meshAgentRecord(ctx context.Context, t *testing.T, from, to *Node, want str
 	to.Exec(ctx, nil, "touch", stop)
 	verified(t, waitPair(ctx, t, srv, cli, "the agent-record transfer "+from.Name()+" -> "+to.Name()))
 	paths := func(cs []deviceConn) string {
-		seen := map[string]bool{}
 		var out []string
 		for _, c := range cs {
-			name, ok := supPathNames[c.SupPath]
-			if !ok {
-				name = fmt.Sprintf("unknown(%d)", c.SupPath)
-			}
-			if !seen[name] {
-				seen[name] = true
+			if name := c.SupPath.String(); !slices.Contains(out, name) {
 				out = append(out, name)
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/agent/go/shm"
 )
 
 // mdStopFile ends TestMultiDeviceAgentRecords' transfer (the receiver stops posting).
@@ -13,12 +15,27 @@ const mdStopFile = "/tmp/multidev.stop"
 
 // deviceConn is what the agents' list --json says of a connection's device (format 4).
 type deviceConn struct {
-	Index   uint32 `json:"index"`
-	IsSend  uint8  `json:"is_send"`
-	Dev     uint16 `json:"dev"`
-	SoutNIC string `json:"sout_nic"`
-	SupNIC  string `json:"sup_nic"`
-	SupPath uint8  `json:"sup_path"` // format 6: 0 none, 1 direct, 2 routed, 3 island
+	Index   uint32      `json:"index"`
+	IsSend  uint8       `json:"is_send"`
+	Dev     uint16      `json:"dev"`
+	SoutNIC string      `json:"sout_nic"`
+	SupNIC  string      `json:"sup_nic"`
+	SupPath shm.SupPath `json:"sup_path"` // format 6
+}
+
+// freshSegments creates a new agent segment (Go CLI) on each node, after removing the old one
+// and the stop file; the returned function removes both again.
+func freshSegments(ctx context.Context, t *testing.T, stop string, nodes ...*Node) func() {
+	t.Helper()
+	for _, n := range nodes {
+		n.Exec(ctx, nil, "rm", "-f", segPath, stop)
+		goAgent.run(ctx, t, n, "create")
+	}
+	return func() {
+		for _, n := range nodes {
+			n.Exec(context.Background(), nil, "rm", "-f", segPath, stop)
+		}
+	}
 }
 
 // listDev runs an agent's list --json --dev dev on n.
@@ -41,15 +58,7 @@ func TestMultiDeviceAgentRecords(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	for _, n := range []*Node{a1, a2} {
-		n.Exec(ctx, nil, "rm", "-f", segPath, mdStopFile)
-		goAgent.run(ctx, t, n, "create")
-	}
-	defer func() {
-		for _, n := range []*Node{a1, a2} {
-			n.Exec(context.Background(), nil, "rm", "-f", segPath, mdStopFile)
-		}
-	}()
+	defer freshSegments(ctx, t, mdStopFile, a1, a2)()
 	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
 	srv, cli := startPair(ctx, t, nettestPair{server: a2, client: a1, serverEnv: mdEnv(a2, mode...), clientEnv: mdEnv(a1, mode...),
 		args: []string{"--timeout-s", "90", "--dev", "1", "--mode", "verify", "--bytes", "2000M", "--stop-file", mdStopFile,
