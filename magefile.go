@@ -206,8 +206,9 @@ func aptInstall(pkgs ...string) error {
 	return cmd.Run()
 }
 
-// Bench runs the plugin against perftest on the same soft-RoCE rails (P1..P4), prints one line
-// per figure and writes docs/benchmarks.md's table and docs/benchmarks.png.
+// Bench runs the plugin against perftest on the same soft-RoCE rails (P1..P5) and on the SUP
+// mesh (mesh-bw), prints one line per figure and writes docs/benchmarks.md's table and
+// docs/benchmarks.png.
 func Bench() error {
 	mg.Deps(Build)
 	out, err := filepath.Abs(filepath.Join(buildDir, "bench"))

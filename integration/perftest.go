@@ -14,6 +14,7 @@ import (
 type WriteBW struct {
 	Server, Client *Node
 	Rail           Rail
+	PeerRail       Rail          // the server's rail when its name differs (a mesh cable's far end); default Rail
 	Size           int           // message size in bytes (default 65536)
 	Iters          int           // iterations (default 500)
 	Port           int           // TCP port of perftest's out-of-band exchange (default 18515)
@@ -67,12 +68,15 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 	if w.Timeout == 0 {
 		w.Timeout = 60 * time.Second
 	}
+	if w.PeerRail == "" {
+		w.PeerRail = w.Rail
+	}
 	other := SOUT
 	if w.Rail == SOUT {
 		other = SUP
 	}
-	args := func(n *Node) []string {
-		a := []string{"ib_write_bw", "-d", n.Dev(w.Rail), "-x", strconv.Itoa(n.GIDIndex(w.Rail)), "-F",
+	args := func(n *Node, r Rail) []string {
+		a := []string{"ib_write_bw", "-d", n.Dev(r), "-x", strconv.Itoa(n.GIDIndex(r)), "-F",
 			"-s", strconv.Itoa(w.Size), "-n", strconv.Itoa(w.Iters), "-p", strconv.Itoa(w.Port)}
 		if w.TxDepth > 0 {
 			a = append(a, "--tx-depth", strconv.Itoa(w.TxDepth))
@@ -85,14 +89,14 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		if cBefore, err = w.Client.Counters(ctx, w.Rail); err != nil {
 			return nil, err
 		}
-		if sBefore, err = w.Server.Counters(ctx, w.Rail); err != nil {
+		if sBefore, err = w.Server.Counters(ctx, w.PeerRail); err != nil {
 			return nil, err
 		}
 		if oBefore, err = w.Client.Counters(ctx, other); err != nil {
 			return nil, err
 		}
 	}
-	srv, err := w.Server.Start(ctx, nil, append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()) + 10)}, args(w.Server)...)...)
+	srv, err := w.Server.Start(ctx, nil, append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()) + 10)}, args(w.Server, w.PeerRail)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +105,7 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		return nil, err
 	}
 	start := time.Now()
-	cargs := append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()))}, args(w.Client)...)
+	cargs := append([]string{"timeout", strconv.Itoa(int(w.Timeout.Seconds()))}, args(w.Client, w.Rail)...)
 	cout, cerr, ccode, err := w.Client.Exec(ctx, nil, append(cargs, w.Server.IP(SOUT))...)
 	if err != nil {
 		return nil, err
@@ -124,7 +128,7 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		if res.ClientRail, err = delta(ctx, w.Client, w.Rail, cBefore); err != nil {
 			return nil, err
 		}
-		if res.ServerRail, err = delta(ctx, w.Server, w.Rail, sBefore); err != nil {
+		if res.ServerRail, err = delta(ctx, w.Server, w.PeerRail, sBefore); err != nil {
 			return nil, err
 		}
 		if res.ClientOther, err = delta(ctx, w.Client, other, oBefore); err != nil {

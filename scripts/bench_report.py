@@ -21,8 +21,9 @@ TARGETS = {
     "P5": ">= 0.95 vs one rail",
     "connect": "watch",
     "resources": "watch",
+    "mesh-bw": ">= 0.95 direct, >= 0.90 routed; all-pairs >= 2.7, parallel >= 1.8 (vs one link)",
 }
-NAMES = ("p1", "p2", "p3", "p4", "p5", "scale")
+NAMES = ("p1", "p2", "p3", "p4", "p5", "scale", "mesh")
 
 
 def load(d: pathlib.Path, name: str) -> list:

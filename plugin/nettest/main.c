@@ -254,7 +254,7 @@ static void nt_usage(FILE *f) {
           "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
           "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
           "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
-          "  --idle-us N           verify: sleep N us after a data-loop turn that moved nothing\n"
+          "  --idle-us N           verify, bw: sleep N us after a data-loop turn that moved nothing\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
           "hostile modes (MPIB's handle layout): listener-flood, forged-handle (hostile.c);\n"
           "scale modes: connect, resources (--comms N);\n"
@@ -627,7 +627,6 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       if (nt_parse_int(a, 1, 100000, &nt_watch.idle_us) != 0) {
         NT_BAD("--idle-us must be 1..100000, not '%s'", a);
       }
-      nt_watch.enabled = 1;
       break;
     case OPT_REPORTEVERY:
       if (nt_parse_int(a, 1, 10000, &o->report_every) != 0) {
@@ -709,7 +708,12 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     NT_BAD("--rounds applies to the connect and resources modes only");
   }
   if (nt_watch.enabled && o->mode != NT_VERIFY) {
-    NT_BAD("--gap-ms, --stop-file, --ignore-peer-abort and --idle-us apply to verify only");
+    NT_BAD("--gap-ms, --stop-file and --ignore-peer-abort apply to verify only");
+  }
+  /* bw too: a 4 MiB message over a shaped lab link takes a second, and two spinning drivers
+   * take the emulated CPUs that soft-RoCE moves the packets with. */
+  if (nt_watch.idle_us > 0 && o->mode != NT_VERIFY && o->mode != NT_BW) {
+    NT_BAD("--idle-us applies to verify and bw only");
   }
   if ((o->report_every || o->rdma_res || o->round_gate) && !nt_mode_is_scale(o->mode)) {
     NT_BAD("--report-every, --rdma-res and --round-gate apply to the connect and resources modes only");
