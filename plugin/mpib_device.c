@@ -85,10 +85,12 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   d->lid = pa.lid;
   d->speed_mbps = port_speed_mbps(&pa);
   if (pa.state != IBV_PORT_ACTIVE) {
-    /* One cable of a mesh device unplugged must not take the node's devices away: the port is
-     * opened down, left out of SUP pairs (sup.go) and joins them when its port comes up. Its
-     * speed is unknown until then (a down port's figures are not the link's). */
-    MPIB_WARN("%s HCA %s port %d is not active (state %d): opened, and left out of SUP pairs until it is",
+    /* An unplugged SUP cable must not take the node's devices away (only SUP ports get here):
+     * the port is opened down and treated as one that went down later. A mesh device leaves it
+     * out of SUP pairs (sup.go); a device's only SUP port gets its connections' SUP QPs, whose
+     * traffic goes to SOUT until the port comes up. Its speed is unknown until then (a down
+     * port's figures are not the link's). */
+    MPIB_WARN("%s HCA %s port %d is not active (state %d): opened; its traffic moves to SOUT until the port comes up",
               rail_name(rail), name, port, pa.state);
     d->port_down = 1;
     d->speed_mbps = 0;

@@ -119,17 +119,15 @@ func initPlugin() C.int {
 	plugin.cfg, plugin.oobAddr = cfg, oob
 	applyConfig(cfg)
 	nics, index := cfg.NICs()
-	// A SUP port of a mesh device (several SUP ports) may be down at init: it is opened and
-	// left out of SUP pairs until it comes up. A device's only SUP port, or SOUT, must be up.
-	mayBeDown := map[int]bool{}
-	for _, d := range index {
-		for _, n := range d.Sup {
-			mayBeDown[n] = len(d.Sup) > 1
-		}
-	}
+	// A SUP port may be down at init (a cable unplugged, a switch port not up yet): it is
+	// opened, and the device runs on SOUT until the port comes up, as after a port that goes
+	// down later (a mesh device leaves it out of SUP pairs; a device's only SUP port gets its
+	// connections' SUP QPs, which fail over to SOUT and come back by themselves). net_ib skips
+	// a port that is not active; one unplugged cable must not take a fused device, or with it
+	// every device of the node, away from NCCL. SOUT must be up: no device works without it.
 	for i, n := range nics {
 		name := C.CString(n.HCA)
-		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex), boolInt(mayBeDown[i]))
+		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex), boolInt(n.Role == 1)) // 1: SUP (a NIC that is some device's SOUT is opened as SOUT)
 		C.free(unsafe.Pointer(name))
 		if rc != 0 {
 			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on

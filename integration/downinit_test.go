@@ -1,0 +1,108 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFaultSupDownAtInit: a1's SUP link is down before either process starts (a cable not
+// plugged in yet, a switch port still training). The plugin opens the fused device anyway,
+// a1 -> a2 runs on SOUT, and once the link comes up the connection's SUP rail comes back by
+// itself. net_ib leaves a port that is not active out of its devices; MPIB used to give NCCL
+// no device at all then (one NIC failing to open closed them all). Line:
+//
+//	fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=true continued_on=SOUT rail_joined_ms=N sup_back_ms=N verified=true nccl_errors=0
+//
+// rail_joined_ms runs from the link's return to the send comm's recovery line (node clock),
+// held to the fault cases' recovery bound; sup_back_ms to downInitBytes counted on a1's SUP
+// netdev (sout_first_ms: the same on SOUT from the drivers' start); sout_mbps and sup_mbps
+// are a1's rate on each over 2 s before the link came up and after SUP carried again.
+const downInitBytes = 1 << 20
+
+func TestFaultSupDownAtInit(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer restoreLab(t, a1)
+	if _, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", linkDownCmd(a1, SUP)); err != nil || code != 0 {
+		t.Fatalf("taking %s down: %v exit %d %s", a1.Netdev(SUP), err, code, errOut)
+	}
+	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla"), faultEnv(a1, "vanilla"),
+		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30")
+	defer fp.killUnlessStopped()
+	t0 := time.Now()
+	if err := waitRailTraffic(ctx, a1, SOUT, downInitBytes, fp.srv, fp.cli); err != nil {
+		s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
+		t.Fatalf("a1 -> a2 with a1's SUP link down at init: no SOUT traffic: %v\nserver %s\nclient %s", err, s, c)
+	}
+	soutMS := time.Since(t0).Milliseconds()
+	soutMbps := txMbpsOver(ctx, t, a1, SOUT, 2*time.Second)
+	upMS, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up")
+	if err != nil {
+		t.Fatalf("bringing %s up: %v", a1.Netdev(SUP), err)
+	}
+	up := time.Now()
+	limit := currentFaultLimits().recoverMS
+	bctx, bcancel := context.WithTimeout(ctx, time.Duration(limit)*time.Millisecond+10*time.Second)
+	backErr := waitRailTraffic(bctx, a1, SUP, downInitBytes, fp.srv, fp.cli)
+	bcancel()
+	backMS := time.Since(up).Milliseconds()
+	supMbps := txMbpsOver(ctx, t, a1, SUP, 2*time.Second)
+	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
+	m := resultRe.FindStringSubmatch(s.out)
+	verifiedOK := s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
+	opened := strings.Contains(c.err, "is not active") && !strings.Contains(c.err, "0 fused devices")
+	nerr := ncclErrors(s.err, c.err)
+	for _, side := range []exitInfo{c, s} {
+		var lines []string
+		for _, l := range strings.Split(side.err, "\n") {
+			if strings.Contains(l, "failover:") || strings.Contains(l, "recovery:") || strings.Contains(l, "degraded") ||
+				strings.Contains(l, "not active") || strings.Contains(l, "port 1 is") || strings.Contains(l, "RTS") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("rail events:\n%s", strings.Join(lines, "\n"))
+	}
+	if backErr != nil {
+		backMS = -1
+	}
+	// The send comm's SUP recovery after the link came up (node clock): the rail joined.
+	joinMS := int64(-1)
+	for _, e := range parseRailEvents("a1", c.err) {
+		if e.kind == "recovery" && e.rail == SUP && e.side == "send" && e.ms >= upMS {
+			joinMS = e.ms - upMS
+			break
+		}
+	}
+	fmt.Printf("fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=%v continued_on=SOUT rail_joined_ms=%d sup_back_ms=%d verified=%v nccl_errors=%d sout_first_ms=%d sout_mbps=%.1f sup_mbps=%.1f\n",
+		opened, joinMS, backMS, verifiedOK, nerr, soutMS, soutMbps, supMbps)
+	switch {
+	case !opened:
+		t.Errorf("a1's log does not show its SUP port opened down:\n%s", stderrExcerpt(c.err))
+	case !verifiedOK || nerr != 0:
+		t.Errorf("the transfer did not end verified without NCCL errors:\nserver %s\nclient %s", s, c)
+	case backErr != nil || joinMS < 0 || joinMS > limit:
+		t.Errorf("SUP joined the connection %d ms after its link came up and carried 1 MiB after %d ms (%v): want it joined within %d ms\nclient %s",
+			joinMS, backMS, backErr, limit, c)
+	}
+}
+
+// txMbpsOver is what node n sent on rail r over d, in Mbit/s.
+func txMbpsOver(ctx context.Context, t *testing.T, n *Node, r Rail, d time.Duration) float64 {
+	t.Helper()
+	c0, err := n.Counters(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	c1, err := n.Counters(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(c1.TxBytes-c0.TxBytes) * 8 / time.Since(t0).Seconds() / 1e6
+}
