@@ -223,9 +223,9 @@ func TestFaultRideThrough(t *testing.T) {
 // TestFaultConnectAfterLoss: a connection made while a rail is lost comes up on the other rail
 // (NCCL connects lazily, mid-job), with its buffers registered, and the rail joins it when it
 // returns. The rail's RoCE is dropped both ways at both ends before the drivers start (the
-// control socket shares SOUT's netdev and must live; a link taken down before a process starts
-// fails its init, which needs active ports, and on rxe takes the netdev's GIDs with it), so the
-// new connection's first use of the rail fails it over; SUP in vanilla mode (the data rail
+// control socket shares SOUT's netdev and must live, and SOUT's port must be active at init; a
+// SUP link down before the processes start is TestFaultSupDownAtInit's case), so the new
+// connection's first use of the rail fails it over; SUP in vanilla mode (the data rail
 // intra-island), SOUT in advanced mode with both rails busy. The rail comes back 3 s after
 // traffic began. A rail whose QPs cannot even reach RTR at connect (a port down in a running
 // process) starts the connection degraded (mpib_comm_connect): the model test's degraded starts.
