@@ -316,8 +316,10 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	base := min(warm, mid/2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	t0 := time.Now()
 	fp := startFaultTransfer(ctx, t, a1, a2, "vanilla", "--max-size", "256K")
 	defer fp.killUnlessStopped()
+	t.Logf("transfer started: %.1f s", time.Since(t0).Seconds())
 	// cyclesScript runs cycles [from, to]: down until one more failover line of a1's send
 	// comm, up until one more recovery line (5 s / 10 s each), then 0.3 s of traffic. Clock
 	// reads and pauses are bash built-ins (a read timing out on a pipe nobody writes): a
@@ -351,6 +353,8 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	// moment (a GC cycle, a timer) in any single one. A CI run failed on one such probe
 	// (threads 9 after cycle 5, 10 after cycle 100, fds and RSS unchanged).
 	sample := func() [2]leakSample {
+		t0 := time.Now()
+		defer func() { t.Logf("sample: %.1f s", time.Since(t0).Seconds()) }()
 		time.Sleep(time.Second)
 		var r [2]leakSample
 		for n := range leakProbes {
@@ -373,7 +377,9 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	middle := sample()
 	run(mid+1, cycles)
 	last := sample()
+	t0 = time.Now()
 	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
+	t.Logf("transfer stopped: %.1f s", time.Since(t0).Seconds())
 	var g leakGrowth
 	for i, role := range []string{"client", "server"} {
 		t.Logf("%s after cycle %d: %s; after cycle %d: %s; after cycle %d: %s", role, base, first[i], mid, middle[i], cycles, last[i])
