@@ -32,7 +32,7 @@ func TestFaultSupDownAtInit(t *testing.T) {
 		t.Fatalf("taking %s down: %v exit %d %s", a1.Netdev(SUP), err, code, errOut)
 	}
 	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla"), faultEnv(a1, "vanilla"),
-		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30")
+		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "1M")
 	defer fp.killUnlessStopped()
 	t0 := time.Now()
 	if err := waitRailTraffic(ctx, a1, SOUT, downInitBytes, fp.srv, fp.cli); err != nil {

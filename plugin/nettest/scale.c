@@ -71,39 +71,30 @@ int nt_mode_is_scale(enum nt_mode m) { return m == NT_CONNECT || m == NT_RESOURC
 
 /* ---- process resources ---- */
 
-/* --rdma-res: this process's QPs and MRs as the kernel lists them (`rdma res show qp|mr`).
- * The kernel names the thread that created each object ("pid <tid> comm <thread name>"),
- * and the plugin's Go threads come and go, so a line is ours when its comm is this process's
- * command name (/proc/self/comm, which threads inherit): one driver per node, as in the lab.
- * -1 when the command fails. */
+/* --rdma-res: QPs or MRs ("qp", "mr") on the RDMA devices this process sees, from the
+ * kernel's per-device counts (`rdma res`): one driver per node, as in the lab, so they are
+ * this process's. The per-object dumps (`rdma res show qp`) would name the creating process,
+ * but they give no pid (so no comm) for a process of a lab container in exclusive netns mode:
+ * matching this process's comm there counted nothing until 2026-11-27. -1 when the command
+ * fails or prints no count. */
 static int nt_rdma_res_count(const char *what) {
-  char cmd[128], comm[64] = "", line[1024];
-  FILE *c = fopen("/proc/self/comm", "r");
-  if (c == NULL || fgets(comm, sizeof(comm), c) == NULL) {
-    if (c != NULL) {
-      fclose(c);
-    }
-    return -1;
-  }
-  fclose(c);
-  comm[strcspn(comm, "\n")] = '\0';
-  snprintf(cmd, sizeof(cmd), "rdma res show %s 2>/dev/null", what);
-  FILE *f = popen(cmd, "r");
+  char line[1024];
+  FILE *f = popen("rdma res 2>/dev/null", "r");
   if (f == NULL) {
     return -1;
   }
-  int n = 0;
+  int n = 0, seen = 0;
   while (fgets(line, sizeof(line), f) != NULL) {
     char *save = NULL, *prev = NULL;
     for (char *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
-      if (prev != NULL && strcmp(prev, "comm") == 0 && strcmp(tok, comm) == 0) {
-        n++;
-        break;
+      if (prev != NULL && strcmp(prev, what) == 0) {
+        n += atoi(tok);
+        seen = 1;
       }
       prev = tok;
     }
   }
-  return pclose(f) == 0 ? n : -1;
+  return pclose(f) == 0 && seen ? n : -1;
 }
 
 struct nt_proc {
