@@ -70,7 +70,7 @@ func Start(ctx context.Context) (*Topology, error) {
 			return t, nil
 		}
 		lastErr = err
-		if !env.Owned || ctx.Err() != nil {
+		if ctx.Err() != nil || !env.Owned && !labDied(ctx, cfg) {
 			break
 		}
 		fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, rebooting the lab: %v\n", attempt, err)
@@ -82,6 +82,19 @@ func Start(ctx context.Context) (*Topology, error) {
 	}
 	unlock()
 	return nil, lastErr
+}
+
+// labDied says whether the lab VM that another process booted (`go run mage.go test` boots it
+// beside the unit tests) is gone or no longer answers: then this run replaces it, as it does
+// its own. Its guest kernel panicked under TCG while Docker started the topology's containers
+// (an int3 trap in live-patched kernel text, 2026-11-27), and without a retry the suite
+// failed with "no lab". A VM that still works is never replaced under its owner.
+func labDied(ctx context.Context, cfg lab.Config) bool {
+	_, err := lab.Status(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lab: the running lab VM failed: %v\n", err)
+	}
+	return err != nil
 }
 
 func startTopology(ctx context.Context, cfg lab.Config, env *lab.Env) (t *Topology, err error) {
