@@ -138,7 +138,6 @@ func meshFarEnd(from, to *Node, clientRail Rail, relays []*Node) Rail {
 	return LinkRail(from.Name(), strings.HasSuffix(string(clientRail), "P"))
 }
 
-var meshBWPortRe = sendCommRe
 
 // meshPluginBW runs one nettest bw run client -> server with every node's whole mesh
 // configuration, its meshBWReps repetitions as one size repeated (a process pair under the
@@ -168,7 +167,7 @@ func meshBWResult(t *testing.T, client, server *Node, res pairResult) ([]float64
 	if res.serverCode != 0 || res.clientCode != 0 {
 		t.Fatalf("%s: nettest bw failed:\n%s", pair, res)
 	}
-	mt := meshBWPortRe.FindStringSubmatch(res.clientErr)
+	mt := sendCommRe.FindStringSubmatch(res.clientErr)
 	var mbps []float64
 	for _, bw := range bwLineRe.FindAllStringSubmatch(res.serverOut, -1) {
 		v, _ := strconv.ParseFloat(bw[4], 64)
