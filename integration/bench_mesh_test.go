@@ -138,7 +138,6 @@ func meshFarEnd(from, to *Node, clientRail Rail, relays []*Node) Rail {
 	return LinkRail(from.Name(), strings.HasSuffix(string(clientRail), "P"))
 }
 
-
 // meshPluginBW runs one nettest bw run client -> server with every node's whole mesh
 // configuration, its meshBWReps repetitions as one size repeated (a process pair under the
 // lab's emulated CPUs takes seconds to start), and returns the receiver's Mbit/s per
