@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -43,11 +44,23 @@ import (
 //     reference, not the agent under test) under phase 1's and phase 2's shaping, each
 //     measured over clSweepMeasure: best_static_mbps and ratio (printed, not judged) compare
 //     the loop's rate with it (phase 3 has phase 1's shaping and reuses its point);
-//  2. hand-over: no heartbeat, the marker hint, shaping back to phase 1, the agent starts
-//     `run --policy closed-loop --interval 0.5`; its phase 1 starts when the loop's first hint
-//     (512, ClosedLoopStart) replaces the marker (the Python CLI takes seconds to start under
-//     TCG, which is start-up, not the loop); phases 2 and 3 start at the shaping change, the
-//     loop running throughout; the loop stops after phase 3.
+//  2. hand-over: no heartbeat, the marker hint, shaping back to phase 1, the agent's
+//     `run --policy closed-loop --interval 0.5` goes; its phase 1 starts when the loop's first
+//     hint (512, ClosedLoopStart) replaces the marker; phases 2 and 3 start at the shaping
+//     change, the loop running throughout; the loop stops after phase 3. Each agent's process
+//     starts before the transfer, blocked on a FIFO in a1 (clGate: the Python CLI with its
+//     imports done), and the hand-over writes its `run` arguments there: the Python CLI's
+//     start under TCG (33 s to its first hint in a CI run, competing with the transfer for
+//     a1's vCPUs) is start-up, not the loop, and no longer falls between the hand-over and
+//     phase 1.
+//
+// Every exec into the lab VM starts processes there, 0.5-5 s each while an agent runs (about
+// 5 s an exec beside the Python loop in CI), so each step is one exec (a1Script): the marker,
+// shaping, go and wait for the first hint in one; a phase's change, its time and first mark in
+// one; a mark (the slot's telemetry and a1's rail counters) in one. With a mark of two execs
+// and the change, the stale-read count and the marks each their own, the Python agent's
+// phases took 41-43 s of the 16 planned (the first mark ate the settle time, the middle one
+// ran past the phase's end).
 //
 // The rails must be what limits the transfer, not the lab VM's CPU: a slow host's lab carries
 // less than the 75 Mbit/s of phase 1 on two rails at once (47 Mbit/s in one benchmark run),
@@ -183,10 +196,11 @@ func (s *railSampler) stop(ctx context.Context, t *testing.T) {
 }
 
 // nodeSh runs a shell script in n that ends by printing /proc/uptime (the sampler's clock)
-// right after its action (when it succeeded), and returns that time. args are $0, $1...
+// right after its action (when it succeeded), and returns that time. args are $0, $1... The
+// time is read with the shell's read, not cat: a process start in the loaded VM takes seconds.
 func nodeSh(ctx context.Context, t *testing.T, n *Node, script string, args ...string) float64 {
 	t.Helper()
-	out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", script + " && cat /proc/uptime"}, args...)...)
+	out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", script + ` && read u x </proc/uptime && echo "$u $x"`}, args...)...)
 	f := strings.Fields(out)
 	if err != nil || code != 0 || len(f) < 2 {
 		t.Fatalf("%s: %s: %v exit %d %q %q", n.Name(), script, err, code, out, errOut)
@@ -340,7 +354,9 @@ type clRun struct {
 	samp     *railSampler
 	cli, srv *Process
 	start    time.Time
-	div      int // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (carryDivisor)
+	div      int                // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (carryDivisor)
+	gates    map[string]*clGate // by agent name: each agent's `run`, waiting for its hand-over
+	unshaped bool               // a1's shaping is removed (the cleanup need not)
 }
 
 // clPhases is one agent's three phases: their start times (node clock), and the plugin's count
@@ -378,14 +394,18 @@ type clJudged struct {
 // stretch gets up to two more; a wrong loop misses all of them.
 const clMaxExtensions = 2
 
-// clMark is one reading of the connection's telemetry (railMarks) and a1's rails (railWire).
+// clMark is one reading of the connection's telemetry (railMarks, and the plugin's count of
+// stale hint reads) and a1's rails (railWire).
 type clMark struct {
 	marks railMarks
 	wire  railWire
+	stale uint64
 }
 
+// mark reads a clMark in one exec (clPrelude's mark).
 func (r *clRun) mark(ctx context.Context, t *testing.T) clMark {
-	return clMark{r.railMarks(ctx, t), railWireNow(ctx, t, r.a1)}
+	t.Helper()
+	return r.markFrom(t, r.mustScript(ctx, t, "mark", nil, "mark"))
 }
 
 func (m clMark) retransmits() (n uint64) {
@@ -406,9 +426,122 @@ func judge(from, to clMark, opt float64) clJudged {
 // railMarks are a connection's per-rail completed bytes and active time at one moment.
 type railMarks struct{ soutBytes, soutNs, supBytes, supNs uint64 }
 
-func (r *clRun) railMarks(ctx context.Context, t *testing.T) railMarks {
-	tl := goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry
-	return railMarks{tl.SoutCompletedBytes, tl.SoutActiveNs, tl.SupCompletedBytes, tl.SupActiveNs}
+// clPrelude is the start of every script a1Script runs (bash; CL_GO, CL_SEG and CL_WIRE from
+// a1Script, the rest from its caller). Shell built-ins wherever they do: a process start in
+// the lab VM takes 0.5-5 s while an agent runs.
+//   - stamp NAME prints "@NAME <a1's /proc/uptime>", the sampler's clock;
+//   - mark prints "@wire" with a1's rail counters (readRailWire's files, in its order) and then,
+//     after "@json", the Go CLI's list --json: one mark, one process. It comes last in a script
+//     (markFrom takes the rest of the output as the list);
+//   - gone PIDFILE: the process that recorded its PID there (Node.Start) has exited (false
+//     while it has not recorded it yet);
+//   - pause S: S seconds without a `sleep` process.
+const clPrelude = `stamp() { local u x; read -r u x </proc/uptime && echo "@$1 $u"; }
+mark() {
+	local f v w=
+	for f in $CL_WIRE; do read -r v <"$f" || return 1; w+=" $v"; done
+	echo "@wire$w"; echo "@json"
+	"$CL_GO" list --json --path "$CL_SEG"
+}
+gone() { local pid; read -r pid <"$1" 2>/dev/null && ! kill -0 "$pid" 2>/dev/null; }
+pause() { [[ -n $pfd ]] || exec {pfd}<> <(:); read -t "$1" -u $pfd || true; }
+`
+
+// wireFiles are a1's rail counters a mark reads, as readRailWire reads them.
+func (r *clRun) wireFiles() []string {
+	var files []string
+	for _, rl := range Rails {
+		hw := "/sys/class/infiniband/" + r.a1.Dev(rl) + "/ports/1/hw_counters/"
+		files = append(files, "/sys/class/net/"+r.a1.Netdev(rl)+"/statistics/tx_bytes", hw+"completer_retry_err", hw+"rcvd_seq_err")
+	}
+	return files
+}
+
+// a1Script runs clPrelude and script in a1 with bash, env added to the CL_* variables.
+func (r *clRun) a1Script(ctx context.Context, env []string, script string) (stdout, stderr string, exitCode int, err error) {
+	base := []string{"CL_GO=" + goAgent.cmd[0], "CL_SEG=" + segPath, "CL_WIRE=" + strings.Join(r.wireFiles(), " ")}
+	return r.a1.Exec(ctx, append(base, env...), "bash", "-c", clPrelude+script)
+}
+
+// mustScript is a1Script for a script that must succeed (what: the step, for the failure).
+func (r *clRun) mustScript(ctx context.Context, t *testing.T, what string, env []string, script string) string {
+	t.Helper()
+	out, errOut, code, err := r.a1Script(ctx, env, script)
+	if err != nil || code != 0 {
+		t.Fatalf("a1: %s: %v exit %d\n%s%s", what, err, code, tail(out, 3000), tail(errOut, 2000))
+	}
+	return out
+}
+
+// clOut is a script's output: its "@NAME fields..." lines by name and what follows "@json".
+type clOut struct {
+	at   map[string][]string
+	json string
+}
+
+func parseCLOut(out string) clOut {
+	o := clOut{at: map[string][]string{}}
+	for rest := out; rest != ""; {
+		var line string
+		line, rest, _ = strings.Cut(rest, "\n")
+		if line == "@json" {
+			o.json = rest
+			break
+		}
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "@") {
+			o.at[f[0][1:]] = f[1:]
+		}
+	}
+	return o
+}
+
+// stampOf is the time of a script's stamp NAME.
+func stampOf(t *testing.T, out, name string) float64 {
+	t.Helper()
+	f := parseCLOut(out).at[name]
+	if len(f) != 1 {
+		t.Fatalf("a1: no @%s in %q", name, tail(out, 2000))
+	}
+	u, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		t.Fatalf("a1: @%s: %v", name, err)
+	}
+	return u
+}
+
+// markFrom is the mark a script's output ends with (clPrelude's mark).
+func (r *clRun) markFrom(t *testing.T, out string) clMark {
+	t.Helper()
+	o := parseCLOut(out)
+	w := o.at["wire"]
+	if len(w) != 3*len(Rails) {
+		t.Fatalf("a1: mark: rail counters %q in %q", w, tail(out, 2000))
+	}
+	v := make([]uint64, len(w))
+	for i := range w {
+		var err error
+		if v[i], err = strconv.ParseUint(w[i], 10, 64); err != nil {
+			t.Fatalf("a1: mark: rail counter %q: %v", w[i], err)
+		}
+	}
+	m := clMark{wire: railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}}
+	for i, rl := range Rails {
+		m.wire.tx[rl], m.wire.retransmits[rl] = v[3*i], v[3*i+1]+v[3*i+2]
+	}
+	var conns []listedConn
+	if err := json.Unmarshal([]byte(o.json), &conns); err != nil {
+		t.Fatalf("a1: mark: go agent list --json: %v\n%s", err, tail(out, 2000))
+	}
+	for _, c := range conns {
+		if c.Index == r.slot {
+			tl := c.Telemetry
+			m.marks = railMarks{tl.SoutCompletedBytes, tl.SoutActiveNs, tl.SupCompletedBytes, tl.SupActiveNs}
+			m.stale = tl.ReadsStale
+			return m
+		}
+	}
+	t.Fatalf("go agent list --json: slot %d is gone", r.slot)
+	return m
 }
 
 // activeOptimum is the split the rails' active rates between two marks call for: SUP's rate
@@ -479,24 +612,42 @@ func clStaleEnv(a agentCLI) []string { return append([]string{clStaleVar}, a.env
 // the agent's first write replaces it (ClosedLoopStart, 512), which starts its phase 1.
 const clMarker = 384
 
-// startClosedLoopRun starts the closed-loop transfer on a1 -> a2 (the Python CLI warmed first);
-// when the test ends, the pair is killed if still running and a1's shaping removed.
+// startClosedLoopRun starts both agents' gates (clGate; the Python CLI's imports done) and
+// then the closed-loop transfer on a1 -> a2; when the test ends, the pair and the gates are
+// killed if still running and a1's shaping removed.
 func startClosedLoopRun(ctx context.Context, t *testing.T, lab *Topology) *clRun {
 	r := &clRun{lab: lab, a1: lab.Node("a1"), start: time.Now()}
 	t.Cleanup(func() {
-		for _, rl := range Rails {
-			if err := lab.Shape(context.Background(), r.a1, rl, ""); err != nil {
-				t.Errorf("restoring %s shaping: %v", rl, err)
+		if r.unshaped {
+			return
+		}
+		if err := r.unshape(context.Background()); err != nil {
+			t.Errorf("restoring a1's shaping: %v", err)
+		}
+	})
+	r.startGates(ctx, t)
+	r.startTransfer(ctx, t)
+	t.Cleanup(func() { // a failed test must not leave the pair running
+		for _, p := range []*Process{r.srv, r.cli} {
+			if running(p) { // a Kill is an exec, also for a process that has exited
+				p.Kill(context.Background())
 			}
 		}
 	})
-	r.warmPython(ctx, t)
-	r.startTransfer(ctx, t)
-	t.Cleanup(func() { // a failed test must not leave the pair running
-		r.srv.Kill(context.Background())
-		r.cli.Kill(context.Background())
-	})
 	return r
+}
+
+// unshape removes a1's shaping on every rail in one exec (what Topology.Shape does with "").
+func (r *clRun) unshape(ctx context.Context) error {
+	args := []string{"sh", "-c", `for d in "$@"; do tc qdisc del dev "$d" root 2>/dev/null; done; true`, "sh"}
+	for _, rl := range Rails {
+		args = append(args, r.a1.Netdev(rl))
+	}
+	_, errOut, code, err := r.a1.Exec(ctx, nil, args...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errOut))
+	}
+	return err
 }
 
 // TestClosedLoop: both agents' closed loops in one transfer, Go first, then Python, each
@@ -515,9 +666,7 @@ func TestClosedLoop(t *testing.T) {
 		outs = append(outs, out)
 	}
 	r.samp.stop(ctx, t)
-	for _, rl := range Rails {
-		lab.Shape(ctx, r.a1, rl, "")
-	}
+	r.unshaped = r.unshape(ctx) == nil
 	lab.Node("a2").Exec(ctx, nil, "touch", clStopFile) // the transfer ends (see clTransfer)
 	cOut, cErr, cCode, err1 := r.cli.Wait(ctx)
 	sOut, sErr, sCode, err2 := r.srv.Wait(ctx)
@@ -542,19 +691,86 @@ func (r *clRun) shape(ctx context.Context, t *testing.T, rl Rail, kbit int) {
 	}
 }
 
-// warmPython starts the Python CLI once before anything is measured: its first start in the
-// emulated VM compiles the package's bytecode (into the pycache the agent's env names) and
-// took 50-65 s of a1's CPU in CI runs, right before the agent's phase 1, which then competed
-// with soft-RoCE for a1's two vCPUs (the rails sagged below their shaped rates).
-func (r *clRun) warmPython(ctx context.Context, t *testing.T) {
-	for i := range 2 { // the second start shows what the agent's start costs once warm
-		t0 := time.Now()
-		out, errOut, code, err := r.a1.Exec(ctx, pythonAgent.env, append(pythonAgent.cmd, "--help")...)
-		if err != nil || code != 0 {
-			t.Fatalf("python agent --help: exit %d %v: %s %s", code, err, out, errOut)
+// clGate is one agent's `run` process in a1, started before the transfer and blocked reading
+// a FIFO (no CPU) until its hand-over writes its arguments there (handOver). The Python gate
+// imports the CLI, then waits and calls its main with them: what `python3 -m mpib_agent run
+// ...` does, only its start-up moved. The Go gate is a bash that execs the Go CLI with them.
+// The gate creates its FIFO under another name, opens it read-write and renames it: the FIFO
+// is there once the gate holds it open (the Python one: once its imports are done), so the
+// hand-over's write never blocks and is never lost.
+type clGate struct {
+	p    *Process
+	fifo string
+}
+
+// pidFile is where Node.Start had the gate record its PID (the agent's: the gate execs it or
+// is it).
+func (g *clGate) pidFile() string { return "/tmp/.mpib-proc-" + g.p.tag }
+
+const (
+	clPyGate = `import os, sys; from mpib_agent._cli import main; p = sys.argv[1]; os.mkfifo(p + ".new"); ` +
+		`f = os.fdopen(os.open(p + ".new", os.O_RDWR), "rb"); os.rename(p + ".new", p); a = f.readline().decode().split(); ` +
+		`f.close(); os.unlink(p); raise SystemExit(main(a))`
+	clGoGate = `mkfifo "$0.new" && exec 3<>"$0.new" && mv "$0.new" "$0" && read -r a <&3 && exec 3<&- && set -f && exec "$1" $a`
+)
+
+// startGates starts both agents' gates and waits until they hold their FIFOs. This is also
+// the Python CLI's warm-up: its first start in the emulated VM compiles the package's bytecode
+// (into the pycache the agent's env names) and took 50-65 s of a1's CPU in CI runs; it must be
+// over before anything is measured, or it competes with soft-RoCE for a1's two vCPUs (the
+// rails sagged below their shaped rates right at the agent's phase 1). A second start only
+// showed what a warm start costs (2.3 s in CI) and is gone.
+func (r *clRun) startGates(ctx context.Context, t *testing.T) {
+	t0 := time.Now()
+	r.gates = map[string]*clGate{}
+	id := strconv.FormatInt(time.Now().UnixNano(), 36) // a FIFO of an earlier run is not this one's
+	var gates []string
+	for _, a := range []agentCLI{goAgent, pythonAgent} {
+		g := &clGate{fifo: "/tmp/closedloop-" + a.name + "-" + id}
+		cmd := []string{"bash", "-c", clGoGate, g.fifo, a.cmd[0]}
+		if a.name == pythonAgent.name {
+			cmd = []string{a.cmd[0], "-c", clPyGate, g.fifo}
 		}
-		t.Logf("python agent start %d: %.1f s", i+1, time.Since(t0).Seconds())
+		p, err := r.a1.Start(ctx, clStaleEnv(a), cmd...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.p, r.gates[a.name] = p, g
+		gates = append(gates, g.fifo+":"+g.pidFile())
 	}
+	t.Cleanup(func() {
+		for _, g := range r.gates {
+			if running(g.p) {
+				g.p.Kill(context.Background())
+			}
+		}
+	})
+	out, errOut, code, err := r.a1Script(ctx, []string{"CL_GATES=" + strings.Join(gates, " ")}, `
+		for g in $CL_GATES; do
+			until [[ -p ${g%%:*} ]]; do
+				gone "${g#*:}" && { echo "@gone ${g%%:*}"; exit 3; }
+				(( SECONDS < 300 )) || exit 4
+				pause 0.2
+			done
+		done`)
+	if err != nil || code != 0 {
+		if f := parseCLOut(out).at["gone"]; code == 3 && len(f) == 1 {
+			for name, g := range r.gates {
+				if g.fifo == f[0] {
+					r.gateExited(ctx, t, name)
+				}
+			}
+		}
+		t.Fatalf("a1: the agents' gates: %v exit %d %s %s", err, code, out, errOut)
+	}
+	t.Logf("python agent start 1: %.1f s (imports done: its run waits for its hand-over)", time.Since(t0).Seconds())
+}
+
+// gateExited fails the test for an agent's gate that exited, with its output.
+func (r *clRun) gateExited(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	out, errOut, code, _ := r.gates[name].p.Wait(ctx)
+	t.Fatalf("%s agent run exited %d:\n%s%s", name, code, out, errOut)
 }
 
 // startTransfer creates the segment, starts the verified a1->a2 transfer in advanced mode and
@@ -562,11 +778,15 @@ func (r *clRun) warmPython(ctx context.Context, t *testing.T) {
 func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 	a2 := r.lab.Node("a2")
 	r.div = 1
-	r.shape(ctx, t, SOUT, clSoutKbit)
-	r.shape(ctx, t, SUP, 5000) // until the sweep: few bytes go by while the pair sets up (vanilla is all SUP)
-	r.a1.Exec(ctx, nil, "rm", "-f", segPath)
+	// Shaping (SUP at 5000 until the sweep: few bytes go by while the pair sets up, vanilla is
+	// all SUP) and a fresh segment, in one exec.
+	out, errOut, code, err := r.a1.Exec(ctx, nil, "sh", "-c", `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000 &&
+		tc qdisc replace dev "$2" root netem rate 5000kbit limit 10000 && rm -f "$3" && "$4" create --path "$3"`,
+		r.a1.Netdev(SOUT), strconv.Itoa(clSoutKbit), r.a1.Netdev(SUP), segPath, goAgent.cmd[0])
+	if err != nil || code != 0 {
+		t.Fatalf("a1: shaping and segment: %v exit %d %s %s", err, code, out, errOut)
+	}
 	a2.Exec(ctx, nil, "rm", "-f", clStopFile)
-	goAgent.run(ctx, t, r.a1, "create")
 	mode := []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath, clStaleVar, clRCTimeout}
 	r.srv, r.cli = startPair(ctx, t, nettestPair{server: a2, client: r.a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(r.a1, mode...),
 		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--stop-file", clStopFile, "--max-size", clMaxSize, "--window", "8",
@@ -577,12 +797,6 @@ func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 	t.Logf("send connection in slot %d at %.1f s", r.slot, time.Since(r.start).Seconds())
 }
 
-// setHint sets the slot's hint with the reference CLI and returns the node time it landed.
-func (r *clRun) setHint(ctx context.Context, t *testing.T, hint int) float64 {
-	return nodeSh(ctx, t, r.a1, `"$0" set --conn "$1" --sup-bw "$2" --path "$3" >/dev/null`,
-		goAgent.cmd[0], strconv.Itoa(int(r.slot)), strconv.Itoa(hint), segPath)
-}
-
 // runSweep measures a static hint (the Go CLI's set and heartbeat: the reference, not an agent
 // under test) at the optimum under phase 1's and phase 2's shaping, and returns its points. It
 // first checks that the lab carries full rates (see the top).
@@ -591,14 +805,25 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer beat.Kill(context.Background())
+	defer func() {
+		if running(beat) { // a Kill is an exec, also for a process that has exited
+			beat.Kill(context.Background())
+		}
+	}()
 	r.checkCarry(ctx, t)
 	var sweep []clSweepPoint
-	for _, full := range []int{clSupKbit, clSupCutKbit} {
+	for i, full := range []int{clSupKbit, clSupCutKbit} {
 		sup := r.kbit(full)
-		r.shape(ctx, t, SUP, sup)
 		opt := optimum(sup, r.kbit(clSoutKbit))
-		from := r.setHint(ctx, t, opt) + clSweepSettle.Seconds()
+		// The shaping and the hint in one exec; SOUT's too at the first point when the rates
+		// are divided (checkCarry decided that).
+		script := `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000 && "$2" set --conn "$3" --sup-bw "$4" --path "$5" >/dev/null`
+		args := []string{r.a1.Netdev(SUP), strconv.Itoa(sup), goAgent.cmd[0], strconv.Itoa(int(r.slot)), strconv.Itoa(opt), segPath}
+		if i == 0 && r.div > 1 {
+			script = `tc qdisc replace dev "$6" root netem rate "$7"kbit limit 10000 && ` + script
+			args = append(args, r.a1.Netdev(SOUT), strconv.Itoa(r.kbit(clSoutKbit)))
+		}
+		from := nodeSh(ctx, t, r.a1, script, args...) + clSweepSettle.Seconds()
 		sweep = append(sweep, clSweepPoint{sup, opt, from})
 		time.Sleep(clSweepSettle + clSweepMeasure + 300*time.Millisecond) // node time is past from+measure: the marker came back after it was read
 		if !running(r.cli) {
@@ -613,24 +838,32 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 }
 
 // checkCarry divides every rate by carryDivisor of what the lab carries at phase 1's optimum
-// (a heartbeat must be running: without one the hint does not apply).
+// (a heartbeat must be running: without one the hint does not apply). The shaping, the hint,
+// its settle time and the probe are one exec; SOUT's shaping at divided rates goes with the
+// sweep's first point.
 func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
-	r.shape(ctx, t, SUP, clSupKbit)
-	r.setHint(ctx, t, optimum(clSupKbit, clSoutKbit))
-	time.Sleep(clSweepSettle)
-	out, errOut, code, err := r.a1.Exec(ctx, nil, "sh", "-c",
-		`read a <"$0"; read b <"$1"; sleep 3; read c <"$0"; read d <"$1"; echo $(( (c - a + d - b) * 8 / 3000 ))`,
-		"/sys/class/net/"+r.a1.Netdev(SOUT)+"/statistics/tx_bytes", "/sys/class/net/"+r.a1.Netdev(SUP)+"/statistics/tx_bytes")
-	carried, perr := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || code != 0 || perr != nil {
+	out, errOut, code, err := r.a1Script(ctx, []string{"CL_DEV=" + r.a1.Netdev(SUP), "CL_KBIT=" + strconv.Itoa(clSupKbit),
+		"CL_SLOT=" + strconv.Itoa(int(r.slot)), "CL_HINT=" + strconv.Itoa(optimum(clSupKbit, clSoutKbit)),
+		"CL_SETTLE=" + strconv.FormatFloat(clSweepSettle.Seconds(), 'g', -1, 64),
+		"CL_SOUTTX=/sys/class/net/" + r.a1.Netdev(SOUT) + "/statistics/tx_bytes", "CL_SUPTX=/sys/class/net/" + r.a1.Netdev(SUP) + "/statistics/tx_bytes"}, `
+		tc qdisc replace dev "$CL_DEV" root netem rate "${CL_KBIT}kbit" limit 10000 || exit 1
+		"$CL_GO" set --conn "$CL_SLOT" --sup-bw "$CL_HINT" --path "$CL_SEG" >/dev/null || exit 1
+		sleep "$CL_SETTLE"
+		read a <"$CL_SOUTTX"; read b <"$CL_SUPTX"; sleep 3; read c <"$CL_SOUTTX"; read d <"$CL_SUPTX"
+		echo "@carried $(( (c - a + d - b) * 8 / 3000 ))"`)
+	f := parseCLOut(out).at["carried"]
+	if err != nil || code != 0 || len(f) != 1 {
 		t.Fatalf("carry probe: %v exit %d %q %q", err, code, out, errOut)
+	}
+	carried, perr := strconv.Atoi(f[0])
+	if perr != nil {
+		t.Fatalf("carry probe: %q: %v", out, perr)
 	}
 	want := clCarryHeadroom * float64(clSoutKbit+clSupKbit)
 	if r.div = carryDivisor(carried); r.div == 1 {
 		t.Logf("carry probe: %d kbit/s at phase 1's optimum, at least %.0f: full rates", carried, want)
 		return
 	}
-	r.shape(ctx, t, SOUT, r.kbit(clSoutKbit))
 	fmt.Printf("closedloop: carried_kbit=%d want_kbit=%.0f rates=%s div=%d (the lab VM, not the rails, would limit full rates)\n",
 		carried, want, map[bool]string{true: "halved", false: "divided"}[r.div == 2], r.div)
 }
@@ -649,60 +882,103 @@ func carryDivisor(carried int) int {
 	return 8
 }
 
-// runAgent hands the slot to agent's closed loop under phase 1's shaping (phase 1 starts when
-// its first hint replaces clMarker: the Python CLI takes seconds to start under TCG, which is
-// start-up, not the loop), then changes the shaping for phases 2 and 3. It returns the phases
-// and the loop's output.
+// runAgent hands the slot to agent's closed loop under phase 1's shaping (handOver; phase 1
+// starts when its first hint replaces clMarker), then changes the shaping for phases 2 and 3.
+// It returns the phases and the loop's output. Each phase is three execs, two of them outside
+// its sleeps: its change with its time and first mark (for phase 1 the hand-over), the mark
+// at the settle time and the one at its end, which also gives the next phase's stale-read
+// count before the change and the last phase's final count.
 func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clPhases, string) {
-	r.setHint(ctx, t, clMarker)
-	r.shape(ctx, t, SUP, r.kbit(clSupKbit))
-	handover := time.Now()
-	interval := strconv.FormatFloat(0.5*r.slow(), 'g', -1, 64)
-	loop, err := r.a1.Start(ctx, clStaleEnv(agent), append(agent.cmd, "run", "--policy", "closed-loop", "--interval", interval, "--path", segPath)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer loop.Kill(context.Background())
-	// Polled every 0.3 s: each poll starts a process in the VM, and at 0.1 s the polls took
-	// the CPU the Python CLI needed to start (its first hint came 85 s after its start on a
-	// host with a core taken, near the 90 s this wait had).
-	t0 := nodeSh(ctx, t, r.a1, `timeout 240 sh -c 'while "$0" list --json --path "$1" | grep -q "\"sup_bw\": $2,"; do sleep 0.3; done' "$0" "$1" "$2" || exit 1`,
-		goAgent.cmd[0], segPath, strconv.Itoa(clMarker))
-	if !running(loop) {
-		out, errOut, code, _ := loop.Wait(ctx)
-		t.Fatalf("%s agent run exited %d:\n%s%s", agent.name, code, out, errOut)
-	}
-	t.Logf("%s agent: the loop's first hint %.1f s after its start", agent.name, time.Since(handover).Seconds())
+	g := r.gates[agent.name]
+	t0, first := r.handOver(ctx, t, agent)
 	var ph clPhases
 	for n, full := range clPhaseSup {
-		if n > 0 { // the change and its time in one command
-			t0 = nodeSh(ctx, t, r.a1, `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000`, r.a1.Netdev(SUP), strconv.Itoa(r.kbit(full)))
+		if n > 0 { // the change, its time and the phase's first mark in one exec
+			out := r.mustScript(ctx, t, fmt.Sprintf("%s phase %d's change", agent.name, n+1),
+				[]string{"CL_DEV=" + r.a1.Netdev(SUP), "CL_KBIT=" + strconv.Itoa(r.kbit(full))}, `
+				tc qdisc replace dev "$CL_DEV" root netem rate "${CL_KBIT}kbit" limit 10000 || exit 1
+				stamp t0 && mark`)
+			t0, first = stampOf(t, out, "t0"), r.markFrom(t, out)
 		}
 		ph.starts = append(ph.starts, t0)
-		ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
-		ph.ends = append(ph.ends, r.runPhase(ctx, t, agent.name, n, full))
+		ph.staleAt = append(ph.staleAt, first.stale)
+		j, last := r.runPhase(ctx, t, agent.name, n, full, first)
+		ph.ends = append(ph.ends, j)
+		if n == len(clPhaseSup)-1 {
+			ph.staleAt = append(ph.staleAt, last.stale)
+		}
 		if !running(r.cli) {
 			r.transferEnded(ctx, t, fmt.Sprintf("%s agent's phase %d", agent.name, n+1))
 		}
 	}
-	ph.staleAt = append(ph.staleAt, goAgent.telemetry(ctx, t, r.a1, r.slot).Telemetry.ReadsStale)
 	// The agent shares the lab VM's 2 vCPUs with soft-RoCE and the transfer: its CPU time
-	// tells whether it could slow the rails down.
-	ps, _, _, _ := r.a1.Exec(ctx, nil, "sh", "-c", "ps -eo etimes,time,args --sort=-time | head -6 | cut -c1-120")
+	// tells whether it could slow the rails down. The same exec stops it (it starts no
+	// children, so its PID is all there is to kill).
+	ps, _, code, _ := r.a1Script(ctx, []string{"CL_PIDFILE=" + g.pidFile(), "CL_FIFO=" + g.fifo}, `
+		ps -eo etimes,time,args --sort=-time | head -6 | cut -c1-120
+		read -r pid <"$CL_PIDFILE" && kill -KILL "$pid"; rc=$?
+		rm -f "$CL_FIFO"; exit $rc`)
 	t.Logf("%s agent: a1's busiest processes at the end of phase 3 (elapsed s, CPU time):\n%s", agent.name, ps)
-	loop.Kill(ctx)
-	lOut, lErr, _, _ := loop.Wait(ctx)
+	if code != 0 {
+		g.p.Kill(ctx)
+	}
+	lOut, lErr, _, _ := g.p.Wait(ctx)
 	return ph, fmt.Sprintf("%s agent run output:\n%s%s", agent.name, tail(lOut, 6000), tail(lErr, 2000))
 }
 
+// handOver hands the slot to agent's gate in one exec: no heartbeat (the sweep's is gone, or
+// the previous agent), the marker hint, SUP's shaping back to phase 1, the gate's `run`
+// arguments into its FIFO (the agent goes), then a poll until the loop's first hint replaces
+// the marker, its time and the phase's first mark. It returns that time (phase 1's start) and
+// mark. The poll lists the segment every 0.3 s: each poll starts processes in the VM, and at
+// 0.1 s the polls took the CPU the Python CLI needed to start (its first hint came 85 s after
+// its start on a host with a core taken); the pause between polls is a built-in.
+func (r *clRun) handOver(ctx context.Context, t *testing.T, agent agentCLI) (float64, clMark) {
+	g := r.gates[agent.name]
+	interval := strconv.FormatFloat(0.5*r.slow(), 'g', -1, 64)
+	argv := []string{"run", "--policy", "closed-loop", "--interval", interval, "--path", segPath} // one line, split on blanks
+	out, errOut, code, err := r.a1Script(ctx, []string{"CL_SLOT=" + strconv.Itoa(int(r.slot)), "CL_MARKER=" + strconv.Itoa(clMarker),
+		"CL_DEV=" + r.a1.Netdev(SUP), "CL_KBIT=" + strconv.Itoa(r.kbit(clSupKbit)), "CL_FIFO=" + g.fifo, "CL_PIDFILE=" + g.pidFile(),
+		"CL_ARGV=" + strings.Join(argv, " ")}, `
+		"$CL_GO" set --conn "$CL_SLOT" --sup-bw "$CL_MARKER" --path "$CL_SEG" >/dev/null || exit 1
+		tc qdisc replace dev "$CL_DEV" root netem rate "${CL_KBIT}kbit" limit 10000 || exit 1
+		gone "$CL_PIDFILE" && exit 3
+		[[ -p $CL_FIFO ]] || { echo "no FIFO $CL_FIFO" >&2; exit 1; }
+		stamp go
+		exec 3<>"$CL_FIFO" && printf '%s\n' "$CL_ARGV" >&3 && exec 3>&- || exit 1
+		SECONDS=0
+		while "$CL_GO" list --json --path "$CL_SEG" | grep -q "\"sup_bw\": $CL_MARKER,"; do
+			gone "$CL_PIDFILE" && exit 3
+			(( SECONDS < 240 )) || { echo "no hint of the agent in 240 s" >&2; exit 4; }
+			pause 0.3
+		done
+		stamp t0 && mark`)
+	if code == 3 || (err == nil && code != 0 && !running(g.p)) {
+		r.gateExited(ctx, t, agent.name)
+	}
+	if err != nil || code != 0 {
+		t.Fatalf("a1: %s agent's hand-over: %v exit %d\n%s%s", agent.name, err, code, tail(out, 3000), tail(errOut, 2000))
+	}
+	if !running(g.p) {
+		r.gateExited(ctx, t, agent.name)
+	}
+	t0 := stampOf(t, out, "t0")
+	t.Logf("%s agent: the loop's first hint %.1f s after its start (its go; the process started before the transfer)",
+		agent.name, t0-stampOf(t, out, "go"))
+	return t0, r.markFrom(t, out)
+}
+
 // runPhase lets the loop run for one phase that has just begun (the shaping for SUP at full
-// rate `full` in force) and judges its end stretch, from clSettleMax after the start to the
-// phase's end, live: a stretch that missed after the transport retransmitted is followed by
-// another settle time and end stretch under the same shaping (clMaxExtensions).
-func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, full int) clJudged {
+// rate `full` in force, first its first mark) and judges its end stretch, from clSettleMax
+// after the start to the phase's end, live: a stretch that missed after the transport
+// retransmitted is followed by another settle time and end stretch under the same shaping
+// (clMaxExtensions). The phase's timing starts when it is called, after the exec that made
+// the change and the first mark came back: started before it, a first mark that took as long
+// as the settle time left none. It returns the verdict and the last mark.
+func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, full int, first clMark) (clJudged, clMark) {
 	settle := time.Duration(clSettleMax * r.slow() * float64(time.Second))
 	opt := float64(r.kbit(full)) / float64(r.kbit(full)+r.kbit(clSoutKbit))
-	began, first := time.Now(), r.mark(ctx, t)
+	began := time.Now()
 	time.Sleep(time.Until(began.Add(settle)))
 	from := r.mark(ctx, t)
 	time.Sleep(time.Until(began.Add(r.phase() + 300*time.Millisecond))) // past t0+phase in node time (see the sweep)
@@ -719,7 +995,7 @@ func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, ful
 		j.extended = ext
 	}
 	j.retransmits = to.retransmits() - first.retransmits()
-	return j
+	return j, to
 }
 
 // transferEnded fails the test for a transfer that ended before the test stopped it, with both

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -345,7 +346,10 @@ func meshAgentRecord(ctx context.Context, t *testing.T, from, to *Node, want str
 		return append(env, "MPIB_SHM_PATH="+segPath)
 	}
 	srv, cli := startPair(ctx, t, nettestPair{server: to, client: from, serverEnv: advanced(to), clientEnv: advanced(from),
-		args: []string{"--timeout-s", "90", "--mode", "verify", "--bytes", "2000M", "--stop-file", stop, "--max-size", "1M", "--window", "8"}})
+		// A trickle: the records need a live connection, not its bandwidth, and a Python CLI
+		// start beside a full-speed transfer took most of a minute under TCG.
+		args: []string{"--timeout-s", "90", "--mode", "verify", "--bytes", "2000M", "--stop-file", stop, "--max-size", "64K", "--window", "1",
+			"--idle-us", strconv.Itoa(faultIdleUS)}})
 	defer func() {
 		srv.Kill(context.Background())
 		cli.Kill(context.Background())

@@ -42,13 +42,9 @@ func meshCounters(ctx context.Context, t *testing.T, n *Node, rails ...Rail) map
 	if len(rails) == 0 {
 		rails = []Rail{SOUT, SUP, SUP2}
 	}
-	out := map[Rail]Counters{}
-	for _, r := range rails {
-		c, err := n.Counters(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[r] = c
+	out, err := n.RailCounters(ctx, rails...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -231,6 +231,119 @@ type policyPhase struct {
 	hint int
 	shareWindow
 	tele [2]listedConn
+	set  time.Duration // what the agent's set call took
+}
+
+// agentSets returns how testAgentPhases makes the agent's `set` calls (args: the command line
+// without --path), `calls` of them, and what each took. The Go CLI's are run when due; the
+// Python CLI's are started ahead (pythonSets).
+func agentSets(ctx context.Context, t *testing.T, n *Node, agent agentCLI, calls int) func(args ...string) time.Duration {
+	t.Helper()
+	if agent.name == pythonAgent.name {
+		return pythonSets(ctx, t, n, agent, calls)
+	}
+	// A Go CLI start is what a counter reading costs: nothing to gain from starting it ahead.
+	return func(args ...string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		agent.run(ctx, t, n, args...)
+		return time.Since(start)
+	}
+}
+
+// pythonCallScript is one Python agent CLI call started ahead of time (pythonSets): it imports
+// the CLI, says so (the ready file, $2), then blocks reading its FIFO ($1) until the test
+// writes the call's arguments there, one a line, ended by an empty line, and exits with the
+// CLI's main on them: the code path of `python3 -m mpib_agent ARGS` (mpib_agent/__main__.py
+// is `raise SystemExit(main())`; that entry itself runs in the test's create and heartbeat).
+// It holds the FIFO open for writing too: arguments written before it reads wait in the
+// pipe, and the writer's open never blocks, even on a dead reader.
+const pythonCallScript = `import os, sys
+from mpib_agent._cli import main
+fd = os.open(sys.argv[1], os.O_RDWR)
+open(sys.argv[2], "w").close()
+data = b""
+while not data.endswith(b"\n\n"):
+    chunk = os.read(fd, 4096)
+    if not chunk:
+        sys.exit("mpib test: the FIFO closed before the arguments came")
+    data += chunk
+os.close(fd)
+sys.exit(main(data.decode().split("\n")[:-2]))
+`
+
+// pythonSets starts `calls` Python CLI calls in n before the transfer (pythonCallScript) and
+// waits until each has imported the CLI; the returned function hands the next one its
+// arguments and checks its exit and output as agentCLI.run does. A Python start costs ~4 s
+// in the idle VM and ~10 s while the unshaped transfer saturates it: the four set calls made
+// while it ran took 40-50 s of the test. Started ahead, a call costs the shell that writes
+// its FIFO and the CLI's own work, and the blocked processes take no CPU from the transfer.
+// They start after create, whose run left the bytecode in the pycache (pythonAgent).
+func pythonSets(ctx context.Context, t *testing.T, n *Node, agent agentCLI, calls int) func(args ...string) time.Duration {
+	t.Helper()
+	dir := fmt.Sprintf("/tmp/policy-calls-%d", time.Now().UnixNano())
+	var fifos, readies []string
+	for i := range calls {
+		fifos, readies = append(fifos, fmt.Sprintf("%s/%d.fifo", dir, i)), append(readies, fmt.Sprintf("%s/%d.ready", dir, i))
+	}
+	if out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", `mkdir "$0" && mkfifo "$@"`, dir}, fifos...)...); err != nil || code != 0 {
+		t.Fatalf("%s: making the FIFOs in %s: exit %d %v\n%s%s", n.Name(), dir, code, err, out, errOut)
+	}
+	var procs []*Process
+	t.Cleanup(func() { // also when the test failed: a call never handed its arguments blocks forever
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, p := range procs {
+			if running(p) {
+				p.Kill(cctx)
+			}
+		}
+		n.Exec(cctx, nil, "rm", "-rf", dir)
+	})
+	for i := range calls {
+		p, err := n.Start(ctx, agent.env, "python3", "-c", pythonCallScript, fifos[i], readies[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, p)
+	}
+	// One command waits for all of them (up to 10 s at a time, in between the test looks for
+	// calls that died).
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		_, errOut, code, err := n.Exec(ctx, nil, append([]string{"timeout", "10", "sh", "-c",
+			`for f; do while [ ! -e "$f" ]; do sleep 0.5; done; done`, "ready"}, readies...)...)
+		if err == nil && code == 0 {
+			break
+		}
+		for i, p := range procs {
+			if !running(p) {
+				out, pErr, pCode, _ := p.Wait(ctx)
+				t.Fatalf("%s agent call %d exited %d before its arguments came:\n%s%s", agent.name, i, pCode, out, pErr)
+			}
+		}
+		if err != nil || code != 124 || time.Now().After(deadline) {
+			t.Fatalf("%s agent calls: not all ready in %s: exit %d %v %s", agent.name, dir, code, err, errOut)
+		}
+	}
+	next := 0
+	return func(args ...string) time.Duration {
+		t.Helper()
+		if next == len(procs) {
+			t.Fatalf("%s agent: more set calls than the %d started", agent.name, len(procs))
+		}
+		i, p := next, procs[next]
+		next++
+		start := time.Now()
+		if out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", `exec 3<>"$0" && printf '%s\n' "$@" "" >&3`, fifos[i]},
+			append(args, "--path", segPath)...)...); err != nil || code != 0 {
+			t.Fatalf("%s agent %s: writing the arguments to %s: exit %d %v\n%s%s", agent.name, strings.Join(args, " "), fifos[i], code, err, out, errOut)
+		}
+		out, errOut, code, err := p.Wait(ctx)
+		if err != nil || code != 0 {
+			t.Fatalf("%s agent %s: exit %d %v\n%s%s", agent.name, strings.Join(args, " "), code, err, out, errOut)
+		}
+		return time.Since(start)
+	}
 }
 
 func testAgentPhases(t *testing.T, agent agentCLI) {
@@ -248,6 +361,9 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
+	hints := []int{0, 512, 1024, 256}
+	// Before the transfer loads the VM (see pythonSets).
+	set := agentSets(ctx, t, a1, agent, len(hints))
 
 	// The staleness limit leaves room for the lab's scheduling hiccups (a heartbeat process
 	// descheduled for half a second under the emulated CPUs would send a message the vanilla
@@ -275,8 +391,8 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	slot := goAgent.sendSlot(ctx, t, a1)
 
 	var phases []policyPhase
-	for _, hint := range []int{0, 512, 1024, 256} {
-		agent.run(ctx, t, a1, "set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
+	for _, hint := range hints {
+		took := set("set", "--conn", strconv.Itoa(int(slot)), "--sup-bw", strconv.Itoa(hint))
 		var tele [2]listedConn
 		w := supShareOver(ctx, t, a1, phaseSettle, phaseMeasure, hintShareOK(hint), func(start bool) {
 			i := 0
@@ -288,7 +404,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 		if !running(cli) {
 			t.Fatalf("the transfer ended before phase hint=%d was measured", hint)
 		}
-		phases = append(phases, policyPhase{hint, w, tele})
+		phases = append(phases, policyPhase{hint, w, tele, took})
 	}
 	// The agent dies: its heartbeat goes stale and the plugin falls back to vanilla (all SUP).
 	if err := beat.Kill(ctx); err != nil {
@@ -312,8 +428,8 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	}
 	verified(t, res)
 	for _, p := range phases {
-		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true windows=%d retransmits=%d\n",
-			agent.name, p.hint, p.share, p.windows, p.retransmits)
+		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true windows=%d retransmits=%d set_s=%.1f\n",
+			agent.name, p.hint, p.share, p.windows, p.retransmits, p.set.Seconds())
 		if want := float64(p.hint) / 1024; !hintShareOK(p.hint)(p.share) || p.bytes < 1<<20 {
 			t.Errorf("hint %d: SUP share %.4f over %d bytes (%d retransmission events in it), want %.4f within 0.01 (rail events of the run: %q)",
 				p.hint, p.share, p.bytes, p.retransmits, want, railEventLines(cErr+sErr))
