@@ -890,6 +890,7 @@ func carryDivisor(carried int) int {
 // count before the change and the last phase's final count.
 func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clPhases, string) {
 	g := r.gates[agent.name]
+	t.Logf("%s agent: hand-over at %.1f s of the run", agent.name, time.Since(r.start).Seconds())
 	t0, first := r.handOver(ctx, t, agent)
 	var ph clPhases
 	for n, full := range clPhaseSup {
@@ -980,9 +981,15 @@ func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, ful
 	opt := float64(r.kbit(full)) / float64(r.kbit(full)+r.kbit(clSoutKbit))
 	began := time.Now()
 	time.Sleep(time.Until(began.Add(settle)))
+	m0 := time.Now()
 	from := r.mark(ctx, t)
+	m1 := time.Now()
 	time.Sleep(time.Until(began.Add(r.phase() + 300*time.Millisecond))) // past t0+phase in node time (see the sweep)
+	m2 := time.Now()
 	to := r.mark(ctx, t)
+	// Where a phase's time goes (a mark is one exec: seconds under load).
+	t.Logf("%s phase %d: began at %.1f s of the run, marks took %.1f and %.1f s, ended at %.1f s", agent, n+1,
+		began.Sub(r.start).Seconds(), m1.Sub(m0).Seconds(), time.Since(m2).Seconds(), time.Since(r.start).Seconds())
 	j := judge(from, to, opt)
 	for ext := 1; !j.ok && to.retransmits() > first.retransmits() && ext <= clMaxExtensions; ext++ {
 		t.Logf("%s phase %d: SUP share %.3f (rails' optimum %.3f) after %d retransmission events: the phase goes on (extension %d)",

@@ -251,18 +251,21 @@ func TestLeakConnectClose(t *testing.T) {
 // command's start costs a second or more in the loaded emulated VM). The script starts one
 // process per probe (`rdma res`) and does the rest with bash built-ins: a probe that started
 // a dozen (ls, wc, awk, sleep) took about 5 s under TCG and slowed the test running beside it.
+// RSS is statm's resident pages (VmRSS): one short line, read whole by one read(). The shell's
+// read of /proc/PID/status line by line read it in chunks, each regenerated from the process's
+// current state, and missed the VmRSS line of a busy process now and then (a CI run read 0).
 // QPs and MRs are the node's RDMA devices' counts (`rdma res`): the driver is the only user of
 // its node's devices here. The per-resource dumps (`rdma res show qp`) name no pid or comm for
 // a process of the container in the lab's exclusive netns mode, so counting their lines of
 // comm mpib-nettest, as this did until 2026-11-27, counted nothing (qps=0 while the driver held
 // its QPs); they also took about 3.5 s each under TCG.
 func probes(ctx context.Context, p *Process, n int, gap time.Duration) ([]leakSample, error) {
-	script := `shopt -s nullglob; read -r pid < "/tmp/.mpib-proc-$0" || exit 1
+	script := `shopt -s nullglob; read -r pid < "/tmp/.mpib-proc-$0" || exit 1; pagekib=$(( $(getconf PAGESIZE) / 1024 ))
 	exec {pause}<> <(:)
 	for ((i = 1; i <= $1; i++)); do
 		((i == 1)) || read -t "$2" -u $pause
 		fds=(/proc/$pid/fd/*); tasks=(/proc/$pid/task/*); rss=0; qps=0; mrs=0
-		while read -r k v _; do [[ $k == VmRSS: ]] && rss=$v; done < /proc/$pid/status
+		read -r _ rss _ < /proc/$pid/statm && ((rss *= pagekib))
 		while read -r -a w; do
 			for ((j = 0; j + 1 < ${#w[@]}; j++)); do
 				[[ ${w[j]} == qp ]] && ((qps += w[j+1])); [[ ${w[j]} == mr ]] && ((mrs += w[j+1]))

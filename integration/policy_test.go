@@ -216,12 +216,14 @@ const (
 	// Settle: several times the bytes that can be in flight (8 requests of <= 256 KiB): a
 	// rail's backlog under the old hint drains while the other rail already runs the new one.
 	// Within a phase a rail can run ahead of the other by at most its part of what is in
-	// flight (1 MiB at hint 512), which moves a 96 MiB window's share by at most about 0.005
+	// flight (1 MiB at hint 512), which moves a 64 MiB window's share by at most about 0.008
 	// (the tolerance is 0.01). With 1 MiB requests that bound was 0.02: the tolerance held on
-	// luck. Measured shares were within 0.006 of the hint in the runs on record.
+	// luck. Measured shares were within 0.006 of the hint in the runs on record (96 MiB
+	// windows then; 64 MiB since 2026-11-27 to cut the two tests' 5 minutes of every CI run:
+	// halving the requests instead halved the lab's rate, per-request costs dominate).
 	policyMaxSize = "256K"
-	phaseSettle   = 24 << 20
-	phaseMeasure  = 96 << 20 // bytes measured per phase
+	phaseSettle   = 16 << 20
+	phaseMeasure  = 64 << 20 // bytes measured per phase
 	policyStale   = 2 * time.Second
 )
 
@@ -495,7 +497,7 @@ func checkPhaseTelemetry(t *testing.T, agent string, phases []policyPhase) {
 		s := share(sup, sup+sout)
 		fmt.Printf("policy-telemetry: agent=%s hint=%d completed_sup_share=%.3f completed_bytes=%d applied_sup_bw=%d sout_busy_ms=%.0f sup_busy_ms=%.0f\n",
 			agent, hint, s, sup+sout, b.AppliedSupBw, float64(b.SoutBusyNs-a.SoutBusyNs)/1e6, float64(b.SupBusyNs-a.SupBusyNs)/1e6)
-		if want := float64(hint) / 1024; math.Abs(s-want) > 0.02 || sup+sout < 64<<20 {
+		if want := float64(hint) / 1024; math.Abs(s-want) > 0.02 || sup+sout < phaseMeasure*2/3 {
 			t.Errorf("hint %d: the telemetry's completed bytes split %.4f over %d bytes, want %.4f within 0.02", hint, s, sup+sout, want)
 		}
 		if b.AppliedSupBw != uint32(hint) {
