@@ -447,19 +447,9 @@ gone() { local pid; read -r pid <"$1" 2>/dev/null && ! kill -0 "$pid" 2>/dev/nul
 pause() { [[ -n $pfd ]] || exec {pfd}<> <(:); read -t "$1" -u $pfd || true; }
 `
 
-// wireFiles are a1's rail counters a mark reads, as readRailWire reads them.
-func (r *clRun) wireFiles() []string {
-	var files []string
-	for _, rl := range Rails {
-		hw := "/sys/class/infiniband/" + r.a1.Dev(rl) + "/ports/1/hw_counters/"
-		files = append(files, "/sys/class/net/"+r.a1.Netdev(rl)+"/statistics/tx_bytes", hw+"completer_retry_err", hw+"rcvd_seq_err")
-	}
-	return files
-}
-
 // a1Script runs clPrelude and script in a1 with bash, env added to the CL_* variables.
 func (r *clRun) a1Script(ctx context.Context, env []string, script string) (stdout, stderr string, exitCode int, err error) {
-	base := []string{"CL_GO=" + goAgent.cmd[0], "CL_SEG=" + segPath, "CL_WIRE=" + strings.Join(r.wireFiles(), " ")}
+	base := []string{"CL_GO=" + goAgent.cmd[0], "CL_SEG=" + segPath, "CL_WIRE=" + strings.Join(railWireFiles(r.a1), " ")}
 	return r.a1.Exec(ctx, append(base, env...), "bash", "-c", clPrelude+script)
 }
 

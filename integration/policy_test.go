@@ -110,13 +110,20 @@ type railWire struct {
 	tx, retransmits map[Rail]uint64
 }
 
-func readRailWire(ctx context.Context, n *Node) (railWire, error) {
-	w := railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}
+// railWireFiles are the files a railWire is read from, three per rail in Rails' order: the
+// netdev's tx_bytes and the rxe device's two retransmission counters.
+func railWireFiles(n *Node) []string {
 	var files []string
 	for _, r := range Rails {
 		hw := "/sys/class/infiniband/" + n.Dev(r) + "/ports/1/hw_counters/"
 		files = append(files, "/sys/class/net/"+n.Netdev(r)+"/statistics/tx_bytes", hw+"completer_retry_err", hw+"rcvd_seq_err")
 	}
+	return files
+}
+
+func readRailWire(ctx context.Context, n *Node) (railWire, error) {
+	w := railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}
+	files := railWireFiles(n)
 	out, errOut, code, err := n.Exec(ctx, nil, append([]string{"cat"}, files...)...)
 	f := strings.Fields(out)
 	if err != nil || code != 0 || len(f) != len(files) {
