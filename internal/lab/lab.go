@@ -39,8 +39,8 @@ type Env struct {
 	Mode       string // ModeVM or ModeHost
 	DockerHost string // DOCKER_HOST value for the lab's engine ("" = the host's default)
 	Image      string // node image tag, present in the engine
-	// BuildDir is the path of the shared build directory on the engine's machine: the
-	// source of the nodes' /opt/mpib bind mount.
+	// BuildDir is the path of the shared build directory on the engine's machine: what the
+	// nodes see at /opt/mpib (the harness binds a copy of it in the VM: 9p keeps no page cache).
 	BuildDir string
 	// Owned is true when this process booted the lab, so it should also stop it.
 	Owned bool
