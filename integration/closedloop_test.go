@@ -48,7 +48,7 @@ import (
 //     `run --policy closed-loop --interval 0.5` goes; its phase 1 starts when the loop's first
 //     hint (512, ClosedLoopStart) replaces the marker; phases 2 and 3 start at the shaping
 //     change, the loop running throughout; the loop stops after phase 3. Each agent's process
-//     starts before the transfer, blocked on a FIFO in a1 (clGate: the Python CLI with its
+//     starts before the transfer, blocked on a FIFO in a1 (agentGate: the Python CLI with its
 //     imports done), and the hand-over writes its `run` arguments there: the Python CLI's
 //     start under TCG (33 s to its first hint in a CI run, competing with the transfer for
 //     a1's vCPUs) is start-up, not the loop, and no longer falls between the hand-over and
@@ -354,9 +354,9 @@ type clRun struct {
 	samp     *railSampler
 	cli, srv *Process
 	start    time.Time
-	div      int                // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (carryDivisor)
-	gates    map[string]*clGate // by agent name: each agent's `run`, waiting for its hand-over
-	unshaped bool               // a1's shaping is removed (the cleanup need not)
+	div      int                   // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (carryDivisor)
+	gates    map[string]*agentGate // by agent name: each agent's `run`, waiting for its hand-over
+	unshaped bool                  // a1's shaping is removed (the cleanup need not)
 }
 
 // clPhases is one agent's three phases: their start times (node clock), and the plugin's count
@@ -602,7 +602,7 @@ func clStaleEnv(a agentCLI) []string { return append([]string{clStaleVar}, a.env
 // the agent's first write replaces it (ClosedLoopStart, 512), which starts its phase 1.
 const clMarker = 384
 
-// startClosedLoopRun starts both agents' gates (clGate; the Python CLI's imports done) and
+// startClosedLoopRun starts both agents' gates (agentGate; the Python CLI's imports done) and
 // then the closed-loop transfer on a1 -> a2; when the test ends, the pair and the gates are
 // killed if still running and a1's shaping removed.
 func startClosedLoopRun(ctx context.Context, t *testing.T, lab *Topology) *clRun {
@@ -681,29 +681,6 @@ func (r *clRun) shape(ctx context.Context, t *testing.T, rl Rail, kbit int) {
 	}
 }
 
-// clGate is one agent's `run` process in a1, started before the transfer and blocked reading
-// a FIFO (no CPU) until its hand-over writes its arguments there (handOver). The Python gate
-// imports the CLI, then waits and calls its main with them: what `python3 -m mpib_agent run
-// ...` does, only its start-up moved. The Go gate is a bash that execs the Go CLI with them.
-// The gate creates its FIFO under another name, opens it read-write and renames it: the FIFO
-// is there once the gate holds it open (the Python one: once its imports are done), so the
-// hand-over's write never blocks and is never lost.
-type clGate struct {
-	p    *Process
-	fifo string
-}
-
-// pidFile is where Node.Start had the gate record its PID (the agent's: the gate execs it or
-// is it).
-func (g *clGate) pidFile() string { return "/tmp/.mpib-proc-" + g.p.tag }
-
-const (
-	clPyGate = `import os, sys; from mpib_agent._cli import main; p = sys.argv[1]; os.mkfifo(p + ".new"); ` +
-		`f = os.fdopen(os.open(p + ".new", os.O_RDWR), "rb"); os.rename(p + ".new", p); a = f.readline().decode().split(); ` +
-		`f.close(); os.unlink(p); raise SystemExit(main(a))`
-	clGoGate = `mkfifo "$0.new" && exec 3<>"$0.new" && mv "$0.new" "$0" && read -r a <&3 && exec 3<&- && set -f && exec "$1" $a`
-)
-
 // startGates starts both agents' gates and waits until they hold their FIFOs. This is also
 // the Python CLI's warm-up: its first start in the emulated VM compiles the package's bytecode
 // (into the pycache the agent's env names) and took 50-65 s of a1's CPU in CI runs; it must be
@@ -712,47 +689,15 @@ const (
 // showed what a warm start costs (2.3 s in CI) and is gone.
 func (r *clRun) startGates(ctx context.Context, t *testing.T) {
 	t0 := time.Now()
-	r.gates = map[string]*clGate{}
+	r.gates = map[string]*agentGate{}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) // a FIFO of an earlier run is not this one's
-	var gates []string
+	var gates []*agentGate
 	for _, a := range []agentCLI{goAgent, pythonAgent} {
-		g := &clGate{fifo: "/tmp/closedloop-" + a.name + "-" + id}
-		cmd := []string{"bash", "-c", clGoGate, g.fifo, a.cmd[0]}
-		if a.name == pythonAgent.name {
-			cmd = []string{a.cmd[0], "-c", clPyGate, g.fifo}
-		}
-		p, err := r.a1.Start(ctx, clStaleEnv(a), cmd...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.p, r.gates[a.name] = p, g
-		gates = append(gates, g.fifo+":"+g.pidFile())
+		g := startAgentGate(ctx, t, r.a1, a, clStaleEnv(a), "/tmp/closedloop-"+a.name+"-"+id)
+		r.gates[a.name] = g
+		gates = append(gates, g)
 	}
-	t.Cleanup(func() {
-		for _, g := range r.gates {
-			if running(g.p) {
-				g.p.Kill(context.Background())
-			}
-		}
-	})
-	out, errOut, code, err := r.a1Script(ctx, []string{"CL_GATES=" + strings.Join(gates, " ")}, `
-		for g in $CL_GATES; do
-			until [[ -p ${g%%:*} ]]; do
-				gone "${g#*:}" && { echo "@gone ${g%%:*}"; exit 3; }
-				(( SECONDS < 300 )) || exit 4
-				pause 0.2
-			done
-		done`)
-	if err != nil || code != 0 {
-		if f := parseCLOut(out).at["gone"]; code == 3 && len(f) == 1 {
-			for name, g := range r.gates {
-				if g.fifo == f[0] {
-					r.gateExited(ctx, t, name)
-				}
-			}
-		}
-		t.Fatalf("a1: the agents' gates: %v exit %d %s %s", err, code, out, errOut)
-	}
+	waitAgentGates(ctx, t, r.a1, gates)
 	t.Logf("python agent start 1: %.1f s (imports done: its run waits for its hand-over)", time.Since(t0).Seconds())
 }
 
@@ -927,16 +872,15 @@ func (r *clRun) runAgent(ctx context.Context, t *testing.T, agent agentCLI) (clP
 func (r *clRun) handOver(ctx context.Context, t *testing.T, agent agentCLI) (float64, clMark) {
 	g := r.gates[agent.name]
 	interval := strconv.FormatFloat(0.5*r.slow(), 'g', -1, 64)
-	argv := []string{"run", "--policy", "closed-loop", "--interval", interval, "--path", segPath} // one line, split on blanks
-	out, errOut, code, err := r.a1Script(ctx, []string{"CL_SLOT=" + strconv.Itoa(int(r.slot)), "CL_MARKER=" + strconv.Itoa(clMarker),
-		"CL_DEV=" + r.a1.Netdev(SUP), "CL_KBIT=" + strconv.Itoa(r.kbit(clSupKbit)), "CL_FIFO=" + g.fifo, "CL_PIDFILE=" + g.pidFile(),
-		"CL_ARGV=" + strings.Join(argv, " ")}, `
+	argv := []string{"run", "--policy", "closed-loop", "--interval", interval, "--path", segPath}
+	out, errOut, code, err := r.a1Script(ctx, append(g.gateEnv(t, argv), "CL_SLOT="+strconv.Itoa(int(r.slot)), "CL_MARKER="+strconv.Itoa(clMarker),
+		"CL_DEV="+r.a1.Netdev(SUP), "CL_KBIT="+strconv.Itoa(r.kbit(clSupKbit)), "CL_PIDFILE="+g.pidFile()), `
 		"$CL_GO" set --conn "$CL_SLOT" --sup-bw "$CL_MARKER" --path "$CL_SEG" >/dev/null || exit 1
 		tc qdisc replace dev "$CL_DEV" root netem rate "${CL_KBIT}kbit" limit 10000 || exit 1
 		gone "$CL_PIDFILE" && exit 3
-		[[ -p $CL_FIFO ]] || { echo "no FIFO $CL_FIFO" >&2; exit 1; }
+		[[ -p $GATE_FIFO ]] || { echo "no FIFO $GATE_FIFO" >&2; exit 1; }
 		stamp go
-		exec 3<>"$CL_FIFO" && printf '%s\n' "$CL_ARGV" >&3 && exec 3>&- || exit 1
+		`+gateGo+` || exit 1
 		SECONDS=0
 		while "$CL_GO" list --json --path "$CL_SEG" | grep -q "\"sup_bw\": $CL_MARKER,"; do
 			gone "$CL_PIDFILE" && exit 3

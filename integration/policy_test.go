@@ -260,98 +260,29 @@ func agentSets(ctx context.Context, t *testing.T, n *Node, agent agentCLI, calls
 	}
 }
 
-// pythonCallScript is one Python agent CLI call started ahead of time (pythonSets): it imports
-// the CLI, says so (the ready file, $2), then blocks reading its FIFO ($1) until the test
-// writes the call's arguments there, one a line, ended by an empty line, and exits with the
-// CLI's main on them: the code path of `python3 -m mpib_agent ARGS` (mpib_agent/__main__.py
-// is `raise SystemExit(main())`; that entry itself runs in the test's create and heartbeat).
-// It holds the FIFO open for writing too: arguments written before it reads wait in the
-// pipe, and the writer's open never blocks, even on a dead reader.
-const pythonCallScript = `import os, sys
-from mpib_agent._cli import main
-fd = os.open(sys.argv[1], os.O_RDWR)
-open(sys.argv[2], "w").close()
-data = b""
-while not data.endswith(b"\n\n"):
-    chunk = os.read(fd, 4096)
-    if not chunk:
-        sys.exit("mpib test: the FIFO closed before the arguments came")
-    data += chunk
-os.close(fd)
-sys.exit(main(data.decode().split("\n")[:-2]))
-`
-
-// pythonSets starts `calls` Python CLI calls in n before the transfer (pythonCallScript) and
+// pythonSets starts `calls` Python CLI calls in n before the transfer, each an agentGate, and
 // waits until each has imported the CLI; the returned function hands the next one its
-// arguments and checks its exit and output as agentCLI.run does. A Python start costs ~4 s
-// in the idle VM and ~10 s while the unshaped transfer saturates it: the four set calls made
-// while it ran took 40-50 s of the test. Started ahead, a call costs the shell that writes
-// its FIFO and the CLI's own work, and the blocked processes take no CPU from the transfer.
-// They start after create, whose run left the bytecode in the pycache (pythonAgent).
+// arguments and checks its exit as agentCLI.run does. A Python start costs ~4 s in the idle
+// VM and ~10 s while the unshaped transfer saturates it: the four set calls made while it ran
+// took 40-50 s of the test. They start after create, whose run left the bytecode in the
+// pycache (pythonAgent).
 func pythonSets(ctx context.Context, t *testing.T, n *Node, agent agentCLI, calls int) func(args ...string) time.Duration {
 	t.Helper()
-	dir := fmt.Sprintf("/tmp/policy-calls-%d", time.Now().UnixNano())
-	var fifos, readies []string
+	id := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var gates []*agentGate
 	for i := range calls {
-		fifos, readies = append(fifos, fmt.Sprintf("%s/%d.fifo", dir, i)), append(readies, fmt.Sprintf("%s/%d.ready", dir, i))
+		gates = append(gates, startAgentGate(ctx, t, n, agent, agent.env, fmt.Sprintf("/tmp/policy-call-%s-%d", id, i)))
 	}
-	if out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", `mkdir "$0" && mkfifo "$@"`, dir}, fifos...)...); err != nil || code != 0 {
-		t.Fatalf("%s: making the FIFOs in %s: exit %d %v\n%s%s", n.Name(), dir, code, err, out, errOut)
-	}
-	var procs []*Process
-	t.Cleanup(func() { // also when the test failed: a call never handed its arguments blocks forever
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		for _, p := range procs {
-			if running(p) {
-				p.Kill(cctx)
-			}
-		}
-		n.Exec(cctx, nil, "rm", "-rf", dir)
-	})
-	for i := range calls {
-		p, err := n.Start(ctx, agent.env, "python3", "-c", pythonCallScript, fifos[i], readies[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, p)
-	}
-	// One command waits for all of them (up to 10 s at a time, in between the test looks for
-	// calls that died).
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		_, errOut, code, err := n.Exec(ctx, nil, append([]string{"timeout", "10", "sh", "-c",
-			`for f; do while [ ! -e "$f" ]; do sleep 0.5; done; done`, "ready"}, readies...)...)
-		if err == nil && code == 0 {
-			break
-		}
-		for i, p := range procs {
-			if !running(p) {
-				out, pErr, pCode, _ := p.Wait(ctx)
-				t.Fatalf("%s agent call %d exited %d before its arguments came:\n%s%s", agent.name, i, pCode, out, pErr)
-			}
-		}
-		if err != nil || code != 124 || time.Now().After(deadline) {
-			t.Fatalf("%s agent calls: not all ready in %s: exit %d %v %s", agent.name, dir, code, err, errOut)
-		}
-	}
+	waitAgentGates(ctx, t, n, gates)
 	next := 0
 	return func(args ...string) time.Duration {
 		t.Helper()
-		if next == len(procs) {
-			t.Fatalf("%s agent: more set calls than the %d started", agent.name, len(procs))
+		if next == len(gates) {
+			t.Fatalf("%s agent: more set calls than the %d started", agent.name, len(gates))
 		}
-		i, p := next, procs[next]
+		g := gates[next]
 		next++
-		start := time.Now()
-		if out, errOut, code, err := n.Exec(ctx, nil, append([]string{"sh", "-c", `exec 3<>"$0" && printf '%s\n' "$@" "" >&3`, fifos[i]},
-			append(args, "--path", segPath)...)...); err != nil || code != 0 {
-			t.Fatalf("%s agent %s: writing the arguments to %s: exit %d %v\n%s%s", agent.name, strings.Join(args, " "), fifos[i], code, err, out, errOut)
-		}
-		out, errOut, code, err := p.Wait(ctx)
-		if err != nil || code != 0 {
-			t.Fatalf("%s agent %s: exit %d %v\n%s%s", agent.name, strings.Join(args, " "), code, err, out, errOut)
-		}
-		return time.Since(start)
+		return g.call(ctx, t, n, agent.name+" agent "+strings.Join(args, " "), append(args, "--path", segPath)...)
 	}
 }
 
