@@ -54,8 +54,9 @@ import (
 //     a1's vCPUs) is start-up, not the loop, and no longer falls between the hand-over and
 //     phase 1.
 //
-// Every exec into the lab VM starts processes there, 0.5-5 s each while an agent runs (about
-// 5 s an exec beside the Python loop in CI), so each step is one exec (a1Script): the marker,
+// Every exec into the lab VM starts processes there, up to seconds each beside the transfer
+// (5-14 s a mark beside the Python loop while the nodes ran build/ from the 9p share: see
+// docs/lab.md), so each step is one exec (a1Script): the marker,
 // shaping, go and wait for the first hint in one; a phase's change, its time and first mark in
 // one; a mark (the slot's telemetry and a1's rail counters) in one. With a mark of two execs
 // and the change, the stale-read count and the marks each their own, the Python agent's
