@@ -69,6 +69,9 @@ static inline const char *mpib_rail_name(int rail) { return rail == MPIB_RAIL_SO
 #define MPIB_MAX_DEVS 16
 #define MPIB_MAX_SUP_PORTS 8
 #define MPIB_MAX_NICS (MPIB_MAX_DEVS * (1 + MPIB_MAX_SUP_PORTS))
+/* A connection's lanes (MPIB_NLANES, mpib_policy.h): each NIC port its rails' QPs live on has
+ * its own CQ, SRQ and registrations (a verbs object belongs to one device context). Failover,
+ * replay and the split stay per rail. */
 
 /* One physical NIC port (global, opened once at init by the Go control plane). */
 struct mpib_nic {
@@ -167,7 +170,7 @@ struct mpib_request {
   size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
                                   * kept where no peer can write (not the CTS copy: registered) */
   /* flush */
-  uint32_t flush_rails; /* rails with a flush read outstanding */
+  uint32_t flush_lanes; /* lanes with a flush read outstanding */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
 };
@@ -201,6 +204,7 @@ struct mpib_rail_ctl {
 struct mpib_qp {
   struct ibv_qp *qp;
   int rail;
+  int lane; /* the lane (NIC port) it lives on: its rail's index for a rail's first lane */
 };
 
 /* Local and remote connection facts exchanged over the TCP control socket. */
@@ -249,32 +253,34 @@ struct mpib_comm {
    * rkey the peer gets: the sender's CTS FIFO and fence records, the receiver's size records
    * and notice words). A peer can thus never write what this side sends, nor the CTS copy a
    * receiver keeps (its bounds live in the requests anyway: mpib_request.posted). */
-  struct ibv_mr *stage_mr[MPIB_NRAILS];
-  struct ibv_mr *inbox_mr[MPIB_NRAILS];
+  struct ibv_mr *stage_mr[MPIB_NLANES];
+  struct ibv_mr *inbox_mr[MPIB_NLANES];
 
   int is_send;
   int fdev;                          /* the fused device it belongs to */
-  struct mpib_nic *nic[MPIB_NRAILS]; /* that device's NICs, per rail: SUP is port sup_port's */
+  struct mpib_nic *nic[MPIB_NLANES]; /* that device's NICs, per lane: SUP's first is port sup_port's */
   int sup_port;
+  int sup_lanes;                      /* SUP lanes (1 + ports striped over; 1 without striping) */
+  int lane_port[MPIB_NLANES];         /* a SUP lane's port of the fused device */
   int mode, path_class, sup_relay, cts_rail;
-  int gid_index[MPIB_NRAILS];
-  union ibv_gid gid[MPIB_NRAILS];
+  int gid_index[MPIB_NLANES];
+  union ibv_gid gid[MPIB_NLANES];
   uint8_t tc, sl; /* of this connection's data QPs (the sender's) */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_qp qps[MPIB_MAX_QPS];
-  struct ibv_cq *cq[MPIB_NRAILS];
-  struct ibv_srq *srq[MPIB_NRAILS]; /* receiver only */
-  int srq_posted[MPIB_NRAILS];
+  struct ibv_cq *cq[MPIB_NLANES];
+  struct ibv_srq *srq[MPIB_NLANES]; /* receiver only */
+  int srq_posted[MPIB_NLANES];
   uint64_t fifo_head; /* sequence number of the next request */
   uint32_t force_sup_bw;
   struct mpib_rail_ctl rail[MPIB_NRAILS];
-  struct mpib_rail_info rem_rail[MPIB_NRAILS]; /* the peer's QPs, kept to rebuild a rail */
-  enum ibv_mtu rail_mtu[MPIB_NRAILS];
+  struct mpib_rail_info rem_rail[MPIB_NLANES]; /* the peer's QPs per lane, kept to rebuild a rail */
+  enum ibv_mtu rail_mtu[MPIB_NLANES];
   int ctrl_fd; /* the TCP control socket (owned by Go): tells the peer this side failed */
 
   /* Peer's buffer for our RDMA writes (sender: size records; receiver: CTS FIFO). */
   uint64_t rem_addr;
-  uint32_t rem_rkey[MPIB_NRAILS];
+  uint32_t rem_rkey[MPIB_NLANES];
 
   /* Sender: the isends matched to each slot; receiver: the irecv owning each slot. */
   struct mpib_request *slot_reqs[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
@@ -297,12 +303,12 @@ struct mpib_comm {
   int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
 
   /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
-  struct ibv_qp *flush_qp[MPIB_NRAILS];
-  struct ibv_cq *flush_cq[MPIB_NRAILS];
-  struct ibv_mr *flush_mr[MPIB_NRAILS];
+  struct ibv_qp *flush_qp[MPIB_NLANES];
+  struct ibv_cq *flush_cq[MPIB_NLANES];
+  struct ibv_mr *flush_mr[MPIB_NLANES];
   uint8_t *flush_buf; /* one page, NIC-read */
   uint32_t flush_due;  /* rails that wrote bytes of receives completed since the last flush */
-  uint8_t flush_broken[MPIB_NRAILS]; /* a read failed on the rail's flush QP: reset before its next use */
+  uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the rail's flush QP: reset before its next use */
 
   uint64_t peer_gone_ns; /* set by the control plane when the peer's control socket closed */
   int failure_reported;  /* the reason this comm cannot progress was logged (log once) */
@@ -467,7 +473,7 @@ int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err);
-int mpib_flush_qp_reset(struct mpib_comm *c, int rail);
+int mpib_flush_qp_reset(struct mpib_comm *c, int lane);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
@@ -502,9 +508,27 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
 
-/* The MR of a device-wide memory handle on this comm's NIC of one rail (NULL: none there). */
-static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struct mpib_mr *mh, int rail) {
-  return mh->mr[rail == MPIB_RAIL_SOUT ? 0 : 1 + c->sup_port];
+/* Lanes (MPIB_NLANES): how many a rail has, the i-th of a rail, and a lane's rail. */
+static inline int mpib_lane_count(const struct mpib_comm *c, int rail) { return rail == MPIB_RAIL_SOUT ? 1 : c->sup_lanes; }
+static inline int mpib_lane(int rail, int i) { return i == 0 ? rail : MPIB_NRAILS + i - 1; }
+static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP; }
+
+/* Whether a device under any of the rail's lanes died (IBV_EVENT_DEVICE_FATAL), or reported
+ * its port down (async events; set by mpib_events.c, read without a lock). */
+static inline int mpib_rail_fatal(const struct mpib_comm *c, int rail) {
+  for (int i = 0; i < mpib_lane_count(c, rail); i++)
+    if (__atomic_load_n(&c->nic[mpib_lane(rail, i)]->fatal, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
+static inline int mpib_rail_port_down(const struct mpib_comm *c, int rail) {
+  for (int i = 0; i < mpib_lane_count(c, rail); i++)
+    if (__atomic_load_n(&c->nic[mpib_lane(rail, i)]->port_down, __ATOMIC_RELAXED)) return 1;
+  return 0;
+}
+
+/* The MR of a device-wide memory handle on this comm's NIC of one lane (NULL: none there). */
+static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struct mpib_mr *mh, int lane) {
+  return mh->mr[lane == MPIB_RAIL_SOUT ? 0 : 1 + c->lane_port[lane]];
 }
 void mpib_telemetry_flush(struct mpib_comm *c);
 

@@ -36,7 +36,7 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 #define MPIB_DATA_QP_ACCESS IBV_ACCESS_REMOTE_WRITE
 #define MPIB_FLUSH_QP_ACCESS IBV_ACCESS_REMOTE_READ
 
-static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline, int access) {
+static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline, int access) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -47,13 +47,13 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct i
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
   ia.cap.max_inline_data = max_inline ? *max_inline : 0;
-  struct ibv_qp *qp = ibv_create_qp(c->nic[rail]->pd, &ia);
+  struct ibv_qp *qp = ibv_create_qp(c->nic[lane]->pd, &ia);
   if (qp == NULL) return NULL;
   if (max_inline) *max_inline = ia.cap.max_inline_data;
   struct ibv_qp_attr a = {0};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = c->nic[rail]->pkey_index;
-  a.port_num = c->nic[rail]->port;
+  a.pkey_index = c->nic[lane]->pkey_index;
+  a.port_num = c->nic[lane]->port;
   a.qp_access_flags = (unsigned)access;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     ibv_destroy_qp(qp);
@@ -63,16 +63,17 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int rail, struct i
 }
 
 /* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
-int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
                       const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
-  struct mpib_nic *d = c->nic[rail];
+  struct mpib_nic *d = c->nic[lane];
+  int rail = mpib_lane_rail(lane);
   if (rem->ece_valid && mpib_g.ece_enable) {
     struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
     if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP) MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
   }
   struct ibv_qp_attr a = {0};
-  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[rail],
-                    c->gid[rail].raw, rem->gid, rem->lid, tc, c->sl) != 0) {
+  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[lane],
+                    c->gid[lane].raw, rem->gid, rem->lid, tc, c->sl) != 0) {
     MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", rail_name(rail), d->link_layer,
               rem->link_layer, rem->lid);
     return -EPROTO;
@@ -103,35 +104,35 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t r
 }
 
 /* Memory of this comm's own: access as given (remote access only where the peer must write). */
-static struct ibv_mr *reg_local(const struct mpib_comm *c, int rail, void *addr, size_t len, int access) {
-  return ibv_reg_mr(c->nic[rail]->pd, addr, len, access);
+static struct ibv_mr *reg_local(const struct mpib_comm *c, int lane, void *addr, size_t len, int access) {
+  return ibv_reg_mr(c->nic[lane]->pd, addr, len, access);
 }
 
-/* This rail's own address, as the peer would see it (for the loopback flush QP). */
-void mpib_local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_info *ri) {
+/* This lane's own address, as the peer would see it (for the loopback flush QP). */
+void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri) {
   memset(ri, 0, sizeof *ri);
-  memcpy(ri->gid, c->gid[rail].raw, 16);
-  ri->mtu = c->nic[rail]->active_mtu;
-  ri->lid = c->nic[rail]->lid;
-  ri->link_layer = (uint8_t)c->nic[rail]->link_layer;
+  memcpy(ri->gid, c->gid[lane].raw, 16);
+  ri->mtu = c->nic[lane]->active_mtu;
+  ri->lid = c->nic[lane]->lid;
+  ri->link_layer = (uint8_t)c->nic[lane]->link_layer;
 }
 
 /* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. */
-static int flush_setup(struct mpib_comm *c, int rail) {
-  c->flush_cq[rail] = ibv_create_cq(c->nic[rail]->ctx, 64, NULL, NULL, 0);
-  if (!c->flush_cq[rail]) return -ENOMEM;
-  c->flush_qp[rail] = create_rc_qp(c, rail, c->flush_cq[rail], NULL, 64, NULL, MPIB_FLUSH_QP_ACCESS);
-  if (!c->flush_qp[rail]) return -ENOMEM;
-  c->flush_mr[rail] = reg_local(c, rail, c->flush_buf, MPIB_PAGE, IBV_ACCESS_LOCAL_WRITE); /* the read lands here */
-  if (!c->flush_mr[rail]) return -ENOMEM;
+static int flush_setup(struct mpib_comm *c, int lane) {
+  c->flush_cq[lane] = ibv_create_cq(c->nic[lane]->ctx, 64, NULL, NULL, 0);
+  if (!c->flush_cq[lane]) return -ENOMEM;
+  c->flush_qp[lane] = create_rc_qp(c, lane, c->flush_cq[lane], NULL, 64, NULL, MPIB_FLUSH_QP_ACCESS);
+  if (!c->flush_qp[lane]) return -ENOMEM;
+  c->flush_mr[lane] = reg_local(c, lane, c->flush_buf, MPIB_PAGE, IBV_ACCESS_LOCAL_WRITE); /* the read lands here */
+  if (!c->flush_mr[lane]) return -ENOMEM;
   struct mpib_rail_info self;
-  mpib_local_rail_info(c, rail, &self);
-  return mpib_qp_connect(c, c->flush_qp[rail], rail, c->flush_qp[rail]->qp_num, &self, c->nic[rail]->active_mtu, c->tc, 0);
+  mpib_local_rail_info(c, lane, &self);
+  return mpib_qp_connect(c, c->flush_qp[lane], lane, c->flush_qp[lane]->qp_num, &self, c->nic[lane]->active_mtu, c->tc, 0);
 }
 
 /* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
-int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail) {
-  struct mpib_nic *d = c->nic[rail];
+int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane) {
+  struct mpib_nic *d = c->nic[lane];
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
   memset(&a, 0, sizeof a);
@@ -143,47 +144,58 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail
   return 0;
 }
 
-static int rail_setup(struct mpib_comm *c, int rail) {
-  struct mpib_nic *d = c->nic[rail];
-  if (ibv_query_gid(d->ctx, d->port, c->gid_index[rail], &c->gid[rail]) != 0) return -EADDRNOTAVAIL;
+/* One lane's CQ, CTS/size area registrations, SRQ (receiver) and flush loopback. */
+static int lane_setup(struct mpib_comm *c, int lane) {
+  struct mpib_nic *d = c->nic[lane];
+  if (ibv_query_gid(d->ctx, d->port, c->gid_index[lane], &c->gid[lane]) != 0) return -EADDRNOTAVAIL;
   /* A failed QP completes every outstanding work request in error, signalled or not: the
    * sender's CQ holds a full send queue's worth besides the normal completions. */
-  c->cq[rail] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
-  if (!c->cq[rail]) return -ENOMEM;
+  c->cq[lane] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
+  if (!c->cq[lane]) return -ENOMEM;
   /* The peer writes the sender's CTS area and the receiver's size area, nothing else (mpib.h:
    * stage_mr, inbox_mr); a write elsewhere fails with a remote access error. */
   uint8_t *area = (uint8_t *)c->cts;
   size_t cts_part[2] = {0, MPIB_CTS_AREA}, sizes_part[2] = {MPIB_SIZES_OFFSET, MPIB_SIZES_AREA};
   const size_t *stage = c->is_send ? sizes_part : cts_part, *inbox = c->is_send ? cts_part : sizes_part;
-  c->stage_mr[rail] = reg_local(c, rail, area + stage[0], stage[1], IBV_ACCESS_LOCAL_WRITE);
-  if (!c->stage_mr[rail]) return -ENOMEM;
-  c->inbox_mr[rail] = reg_local(c, rail, area + inbox[0], inbox[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!c->inbox_mr[rail]) return -ENOMEM;
+  c->stage_mr[lane] = reg_local(c, lane, area + stage[0], stage[1], IBV_ACCESS_LOCAL_WRITE);
+  if (!c->stage_mr[lane]) return -ENOMEM;
+  c->inbox_mr[lane] = reg_local(c, lane, area + inbox[0], inbox[1], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!c->inbox_mr[lane]) return -ENOMEM;
   if (!c->is_send) {
     struct ibv_srq_init_attr sa = {0};
     sa.attr.max_wr = MPIB_SRQ_DEPTH;
     sa.attr.max_sge = 1;
-    c->srq[rail] = ibv_create_srq(d->pd, &sa);
-    if (!c->srq[rail]) return -ENOMEM;
-    int rc = mpib_srq_refill(c, rail);
+    c->srq[lane] = ibv_create_srq(d->pd, &sa);
+    if (!c->srq[lane]) return -ENOMEM;
+    int rc = mpib_srq_refill(c, lane);
+    if (rc) return rc;
+  }
+  if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, lane);
+  return 0;
+}
+
+/* A rail's lanes and QPs: QP i on lane i mod the rail's lanes. */
+static int rail_setup(struct mpib_comm *c, int rail) {
+  int nlanes = mpib_lane_count(c, rail);
+  for (int i = 0; i < nlanes; i++) {
+    int rc = lane_setup(c, mpib_lane(rail, i));
     if (rc) return rc;
   }
   int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
   int inline_cts = mpib_g.use_inline && !c->is_send;
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
+    int lane = mpib_lane(rail, (int)(i % (uint32_t)nlanes));
     uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
-    struct ibv_qp *qp = create_rc_qp(c, rail, c->cq[rail], c->srq[rail], send_wr, &max_inline, MPIB_DATA_QP_ACCESS);
+    struct ibv_qp *qp = create_rc_qp(c, lane, c->cq[lane], c->srq[lane], send_wr, &max_inline, MPIB_DATA_QP_ACCESS);
     if (!qp) {
       MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;
     }
-    c->qps[base + i].qp = qp;
-    c->qps[base + i].rail = rail;
+    c->qps[base + i] = (struct mpib_qp){.qp = qp, .rail = rail, .lane = lane};
     int first = base + i == 0; /* the comm's first QP: the CTS may go on either rail */
     if (inline_cts && (first || max_inline < c->max_inline)) c->max_inline = max_inline;
   }
-  if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, rail);
   return 0;
 }
 
@@ -216,6 +228,8 @@ static int use_sup_port(struct mpib_comm *c, int port) {
     return -EINVAL;
   }
   c->sup_port = port;
+  c->sup_lanes = 1;
+  c->lane_port[MPIB_RAIL_SUP] = port;
   c->nic[MPIB_RAIL_SUP] = &mpib_g.nic[f->sup_nic[port]];
   return 0;
 }
@@ -300,20 +314,23 @@ uint8_t mpib_qp_traffic_class(const struct mpib_comm *c) {
   return c->tc;
 }
 
-/* One rail's QPs to the peer's: 0 or the first QP's -errno. */
+/* One rail's QPs to the peer's: 0 or the first QP's -errno. The peer's connection facts are
+ * per rail, so a rail has one lane here (striping needs them per lane: docs/mesh.md). */
 static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
+  if (mpib_lane_count(c, r) != 1) return -EPROTO;
   c->rem_rkey[r] = remote->rail[r].rkey;
   enum ibv_mtu mtu = c->nic[r]->active_mtu;
   if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
   c->rem_rail[r] = remote->rail[r];
   c->rail_mtu[r] = mtu;
-  if (c->nic[r]->fatal) return -ENODEV;
+  if (mpib_rail_fatal(c, r)) return -ENODEV;
   if (c->nic[r]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
-    int rc = mpib_qp_connect(c, c->qps[base + i].qp, r, remote->rail[r].qpn[i], &remote->rail[r], mtu,
-                        mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
+    const struct mpib_qp *q = &c->qps[base + i];
+    int rc = mpib_qp_connect(c, q->qp, q->lane, remote->rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
+                             mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
     if (rc) {
-      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r), c->qps[base + i].qp->qp_num,
+      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r), q->qp->qp_num,
                 remote->rail[r].qpn[i], strerror(-rc));
       return rc;
     }
@@ -350,7 +367,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   if (down < 0) return 0;
   if (up == 0 || !mpib_g.failover) return err;
   struct mpib_rail_ctl *rc = &c->rail[down];
-  rc->state = c->nic[down]->fatal ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
+  rc->state = mpib_rail_fatal(c, down) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   rc->since_ns = mpib_now_ns();
   rc->retry_at_ns = rc->since_ns + mpib_g.recovery_backoff_ms * 1000000ull;
   if (c->cts_rail == down) c->cts_rail = 1 - down;
@@ -380,17 +397,21 @@ void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec) {
   __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
+static void lane_destroy(struct mpib_comm *c, int l) {
+  if (c->flush_qp[l]) ibv_destroy_qp(c->flush_qp[l]);
+  if (c->flush_mr[l]) ibv_dereg_mr(c->flush_mr[l]);
+  if (c->flush_cq[l]) ibv_destroy_cq(c->flush_cq[l]);
+  if (c->srq[l]) ibv_destroy_srq(c->srq[l]);
+  if (c->stage_mr[l]) ibv_dereg_mr(c->stage_mr[l]);
+  if (c->inbox_mr[l]) ibv_dereg_mr(c->inbox_mr[l]);
+  if (c->cq[l]) ibv_destroy_cq(c->cq[l]);
+  c->flush_qp[l] = NULL, c->flush_mr[l] = NULL, c->flush_cq[l] = NULL, c->srq[l] = NULL;
+  c->stage_mr[l] = NULL, c->inbox_mr[l] = NULL, c->cq[l] = NULL;
+  c->srq_posted[l] = 0;
+}
+
 static void rail_destroy(struct mpib_comm *c, int r) {
-  if (c->flush_qp[r]) ibv_destroy_qp(c->flush_qp[r]);
-  if (c->flush_mr[r]) ibv_dereg_mr(c->flush_mr[r]);
-  if (c->flush_cq[r]) ibv_destroy_cq(c->flush_cq[r]);
-  if (c->srq[r]) ibv_destroy_srq(c->srq[r]);
-  if (c->stage_mr[r]) ibv_dereg_mr(c->stage_mr[r]);
-  if (c->inbox_mr[r]) ibv_dereg_mr(c->inbox_mr[r]);
-  if (c->cq[r]) ibv_destroy_cq(c->cq[r]);
-  c->flush_qp[r] = NULL, c->flush_mr[r] = NULL, c->flush_cq[r] = NULL, c->srq[r] = NULL;
-  c->stage_mr[r] = NULL, c->inbox_mr[r] = NULL, c->cq[r] = NULL;
-  c->srq_posted[r] = 0;
+  for (int i = 0; i < mpib_lane_count(c, r); i++) lane_destroy(c, mpib_lane(r, i));
 }
 
 static void rail_qps_destroy(struct mpib_comm *c, int r) {

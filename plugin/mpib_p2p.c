@@ -52,7 +52,7 @@ static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
 
 /* A port the device reported down (async event) is not scheduled while the other rail can
  * carry the request. */
-static int rail_down(const struct mpib_comm *c, int rail) { return __atomic_load_n(&c->nic[rail]->port_down, __ATOMIC_RELAXED); }
+static int rail_down(const struct mpib_comm *c, int rail) { return mpib_rail_port_down(c, rail); }
 
 /* Why a comm can make no more progress, checked only while a caller waits for it: a fatal
  * device under any of its rails, or a peer whose control socket closed longer ago than the
@@ -77,7 +77,7 @@ static void publish_rail_state(struct mpib_comm *c, int r);
 static int rail_usable(const struct mpib_comm *c, int r);
 static ncclResult_t progress(struct mpib_comm *c);
 
-static int rail_fatal(const struct mpib_comm *c, int rail) { return __atomic_load_n(&c->nic[rail]->fatal, __ATOMIC_ACQUIRE); }
+static int rail_fatal(const struct mpib_comm *c, int rail) { return mpib_rail_fatal(c, rail); }
 static void notify_peer_failed(struct mpib_comm *c);
 
 static ncclResult_t comm_health_check(struct mpib_comm *c) {
@@ -328,6 +328,7 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   const struct mpib_cts *cts = c->cts_snap[slot];
   int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
   if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
+  int lane = c->qps[qi].lane; /* its NIC: the registrations and the peer's rkeys of that port */
   struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
   struct ibv_sge sges[MPIB_MAX_RECVS + 1];
   int nwr = 0;
@@ -336,11 +337,11 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
     range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
     if (len == 0) continue;
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
-                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, rail)->lkey};
+                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
     wrs[nwr] = (struct ibv_send_wr){.wr_id = wrid_special(c, rail, MPIB_WR_UNSIGNALLED), .sg_list = &sges[nwr],
                                     .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
     wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
-    wrs[nwr].wr.rdma.rkey = cts[r].rkey[rail];
+    wrs[nwr].wr.rdma.rkey = mpib_cts_rkey(&cts[r], lane);
     nwr++;
   }
   struct ibv_send_wr *last;
@@ -350,10 +351,10 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
     last = &wrs[nwr];
     *last = (struct ibv_send_wr){0};
     last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
-    last->wr.rdma.rkey = c->rem_rkey[rail];
+    last->wr.rdma.rkey = c->rem_rkey[lane];
     if (rail == p->leader && !p->size_in_imm) {
       sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                   .lkey = c->stage_mr[rail]->lkey};
+                                   .lkey = c->stage_mr[lane]->lkey};
       last->sg_list = &sges[nwr];
       last->num_sge = 1;
     }
@@ -523,18 +524,28 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
  * (after the CTS rail failed) is harmless: the same bytes land in the same place. */
 static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled) {
   int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  int lane = c->qps[qi].lane;
   struct mpib_cts *cts = c->cts[slot];
-  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[rail]->lkey};
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[lane]->lkey};
   struct ibv_send_wr wr = {.wr_id = wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
                            .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
   if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
   if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
   wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
-  wr.wr.rdma.rkey = c->rem_rkey[rail];
+  wr.wr.rdma.rkey = c->rem_rkey[lane];
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
   if (rc == 0 && signalled) c->pending[rail]++;
   return rc;
+}
+
+/* Every lane's SRQ of rail r refilled: 0 or the first -errno. */
+static int srq_refill_rail(struct mpib_comm *c, int r) {
+  for (int i = 0; i < mpib_lane_count(c, r); i++) {
+    int rc = mpib_srq_refill(c, mpib_lane(r, i));
+    if (rc) return rc;
+  }
+  return 0;
 }
 
 /* Keeps a rail's receives posted; a rail that refuses them (its device just died) fails over. */
@@ -542,7 +553,7 @@ static ncclResult_t srq_refill_or_fail(struct mpib_comm *c, int r) {
   /* A rail being rebuilt is its thread's alone (a provider built without locks would race);
    * recv_rebuilt refills it. */
   if (!c->srq[r] || c->rail[r].state == MPIB_RAIL_DEAD || c->rail[r].rebuild.running) return ncclSuccess;
-  if (mpib_srq_refill(c, r) == 0) return ncclSuccess;
+  if (srq_refill_rail(c, r) == 0) return ncclSuccess;
   if (c->rail[r].state != MPIB_RAIL_UP) return ncclSuccess; /* already out of service */
   return rail_fail(c, r, "completion-error", "posting receives to it failed");
 }
@@ -587,7 +598,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     memset(&cts[r], 0, sizeof cts[r]);
     cts[r].addr = (uint64_t)(uintptr_t)data[r];
     cts[r].size = sizes[r];
-    for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    for (int rail = 0; rail < MPIB_NRAILS; rail++) { /* a rail's first lane: its index */
       struct ibv_mr *mr = mh ? mpib_comm_mr(c, mh, rail) : NULL;
       cts[r].rkey[rail] = mr ? mr->rkey : 0;
     }
@@ -636,19 +647,19 @@ static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
   return ncclSystemError;
 }
 
-static int post_flush_read(struct mpib_comm *c, int rail, struct mpib_request *req, void *addr, struct mpib_mr *mh) {
-  if (c->flush_broken[rail]) {
-    int e = mpib_flush_qp_reset(c, rail);
+static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *req, void *addr, struct mpib_mr *mh) {
+  if (c->flush_broken[lane]) {
+    int e = mpib_flush_qp_reset(c, lane);
     if (e) return e;
-    c->flush_broken[rail] = 0;
+    c->flush_broken[lane] = 0;
   }
-  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[rail]->lkey};
+  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[lane]->lkey};
   struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
                            .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
   wr.wr.rdma.remote_addr = (uintptr_t)addr;
-  wr.wr.rdma.rkey = mpib_comm_mr(c, mh, rail)->rkey;
+  wr.wr.rdma.rkey = mpib_comm_mr(c, mh, lane)->rkey;
   struct ibv_send_wr *bad = NULL;
-  return -ibv_post_send(c->flush_qp[rail], &wr, &bad);
+  return -ibv_post_send(c->flush_qp[lane], &wr, &bad);
 }
 
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
@@ -667,15 +678,16 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
     MPIB_WARN("no free request for a flush");
     return ncclInternalError;
   }
-  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[rail] || !mpib_comm_mr(c, mh, rail)) continue;
-    int e = post_flush_read(c, rail, req, data[last], mh);
+  for (int lane = 0; lane < MPIB_NLANES; lane++) { /* every lane of a rail that wrote: each NIC orders its own */
+    int rail = mpib_lane_rail(lane);
+    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
+    int e = post_flush_read(c, lane, req, data[last], mh);
     if (e) { /* the QP could not be reset or took no read: a flush error, ignored (above) */
       MPIB_INFO("%s rail: no flush read posted (%s); its writes completed before this call", rail_name(rail), strerror(-e));
-      c->flush_broken[rail] = 1;
+      c->flush_broken[lane] = 1;
       continue;
     }
-    req->flush_rails |= 1u << rail;
+    req->flush_lanes |= 1u << lane;
   }
   c->flush_due = 0;
   *request = req;
@@ -731,10 +743,10 @@ static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, stru
   struct ibv_send_wr wr = {.wr_id = wrid_special(c, via, MPIB_WR_CTRL), .sg_list = &sge, .num_sge = 1,
                            .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
   if (len <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE;
+  int qi = mpib_qp_index(via, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* on the rail's first lane: mr's */
   wr.wr.rdma.remote_addr = c->rem_addr + off;
-  wr.wr.rdma.rkey = c->rem_rkey[via];
+  wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
   struct ibv_send_wr *bad = NULL;
-  int qi = mpib_qp_index(via, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
   int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
   if (rc) return comm_failed(c, "posting a failover message failed: ", strerror(rc));
   c->pending[via]++;
@@ -893,10 +905,12 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   struct ibv_wc wcs[16];
   int n;
   if (!c->cq[r] || rail_fatal(c, r)) return ncclSuccess;
-  while ((n = ibv_poll_cq(c->cq[r], 16, wcs)) > 0) {
-    for (int i = 0; i < n; i++) {
-      ncclResult_t res = handle_completion(c, r, &wcs[i]);
-      if (res != ncclSuccess) return res;
+  for (int l = 0; l < mpib_lane_count(c, r); l++) {
+    while ((n = ibv_poll_cq(c->cq[mpib_lane(r, l)], 16, wcs)) > 0) {
+      for (int i = 0; i < n; i++) {
+        ncclResult_t res = handle_completion(c, r, &wcs[i]);
+        if (res != ncclSuccess) return res;
+      }
     }
   }
   return ncclSuccess;
@@ -1065,10 +1079,10 @@ static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_PROBE), .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = IBV_SEND_SIGNALED};
-    wr.wr.rdma.remote_addr = c->rem_addr;
-    wr.wr.rdma.rkey = c->rem_rkey[r];
-    struct ibv_send_wr *bad = NULL;
     int qi = mpib_qp_index(r, i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* every QP of the rail once */
+    wr.wr.rdma.remote_addr = c->rem_addr;
+    wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
+    struct ibv_send_wr *bad = NULL;
     if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
     rc->probes++;
     c->pending[r]++;
@@ -1112,7 +1126,11 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   case MPIB_RAIL_DOWN: {
     int e;
     if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
-    uint64_t port_back = __atomic_load_n(&c->nic[r]->port_change_ns, __ATOMIC_RELAXED);
+    uint64_t port_back = 0;
+    for (int l = 0; l < mpib_lane_count(c, r); l++) { /* the latest change of any of its ports */
+      uint64_t t = __atomic_load_n(&c->nic[mpib_lane(r, l)]->port_change_ns, __ATOMIC_RELAXED);
+      if (t > port_back) port_back = t;
+    }
     int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
     /* Without a working other rail only when the control socket can carry the handshake. */
     if (due && !rail_down(c, r) && !rail_fatal(c, r) && (rail_usable(c, 1 - r) || c->ctrl_fd >= 0)) return send_recover(c, r, now);
@@ -1164,7 +1182,7 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
     MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
     return ncclSuccess;
   }
-  if (c->srq[r] && mpib_srq_refill(c, r)) return ncclSuccess;
+  if (c->srq[r] && srq_refill_rail(c, r)) return ncclSuccess;
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
   fence_rec(c, r)->ready_gen = rc->gen;
@@ -1446,11 +1464,12 @@ static ncclResult_t keepalive_tick(struct mpib_comm *c) {
 static ncclResult_t progress(struct mpib_comm *c) {
   struct ibv_wc wcs[16];
   c->tele_now_ns = 0; /* completion_now reads the clock afresh for this call's completions */
-  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->cq[rail] || !rail_busy(c, rail)) continue;
+  for (int lane = 0; lane < MPIB_NLANES; lane++) {
+    int rail = mpib_lane_rail(lane);
+    if (!c->cq[lane] || !rail_busy(c, rail)) continue;
     int n;
     do {
-      n = ibv_poll_cq(c->cq[rail], 16, wcs);
+      n = ibv_poll_cq(c->cq[lane], 16, wcs);
       if (n < 0) {
         if (c->rail[rail].state != MPIB_RAIL_UP) break;
         ncclResult_t res = rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
@@ -1462,6 +1481,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
         if (res != ncclSuccess) return res;
       }
     } while (n == 16);
+    if (lane != rail) continue; /* the rail's receives are refilled once, for all its lanes */
     ncclResult_t res = srq_refill_or_fail(c, rail);
     if (res != ncclSuccess) return res;
   }
@@ -1477,19 +1497,20 @@ static ncclResult_t progress(struct mpib_comm *c) {
  * device died fails the request. */
 static ncclResult_t flush_progress(struct mpib_comm *c, struct mpib_request *req) {
   struct ibv_wc wc;
-  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->flush_cq[rail]) continue;
-    if (rail_fatal(c, rail)) {
-      if (req->flush_rails & (1u << rail)) return flush_rail_dead(c, rail);
+  for (int lane = 0; lane < MPIB_NLANES; lane++) {
+    int rail = mpib_lane_rail(lane);
+    if (!c->flush_cq[lane]) continue;
+    if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) {
+      if (req->flush_lanes & (1u << lane)) return flush_rail_dead(c, rail);
       continue;
     }
-    while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {
-      if (wc.status != IBV_WC_SUCCESS && !c->flush_broken[rail]) {
-        c->flush_broken[rail] = 1;
+    while (ibv_poll_cq(c->flush_cq[lane], 1, &wc) > 0) {
+      if (wc.status != IBV_WC_SUCCESS && !c->flush_broken[lane]) {
+        c->flush_broken[lane] = 1;
         MPIB_INFO("%s rail: a flush read failed (%s); ignored, its QP is reset before the next flush", rail_name(rail),
                   ibv_wc_status_str(wc.status));
       }
-      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_rails &= ~(1u << rail);
+      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_lanes &= ~(1u << lane);
     }
   }
   return ncclSuccess;
@@ -1501,7 +1522,7 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   *done = 0;
   ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c, req) : progress(c);
   if (res != ncclSuccess) return res;
-  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_rails == 0;
+  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_lanes == 0;
   if (!req->done) return comm_health(c);
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;

@@ -180,6 +180,12 @@ static inline uint32_t mpib_guard_sup_bw(uint32_t sup_bw, int path_class, int su
 
 /* A CTS FIFO element: the receiver RDMA-writes one per grouped receive into the sender's
  * FIFO. 64 bytes, 64-byte aligned, so one element never straddles a cache line. */
+/* A connection's lanes: the NIC ports its rails' QPs live on (mpib.h). Lane 0 is SOUT's port,
+ * lane 1 SUP's first port (a rail's first lane has the rail's index), lanes 2.. the further
+ * SUP ports one connection stripes over (parallel cables to one peer). */
+#define MPIB_MAX_STRIPE 4
+#define MPIB_NLANES (MPIB_NRAILS + MPIB_MAX_STRIPE - 1)
+
 struct mpib_cts {
   uint64_t addr;
   uint64_t size;
@@ -188,7 +194,8 @@ struct mpib_cts {
   uint32_t nreqs;
   uint64_t seq;   /* request sequence number + 1; 0 = never written */
   uint64_t check; /* mpib_cts_check of the fields above */
-  uint8_t pad[16];
+  uint32_t stripe_rkey[MPIB_MAX_STRIPE - 1]; /* the buffer's rkeys on lanes 2..: 0 without striping */
+  uint8_t pad[4];
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct mpib_cts) == 64, "CTS element is one cache line");
 
@@ -205,7 +212,22 @@ static inline uint64_t mpib_cts_check(const volatile struct mpib_cts *e) {
     h *= 0xBF58476D1CE4E5B9ull;
     h ^= h >> 31;
   }
+  /* Striped lanes' rkeys are mixed in only when present: an element without them checks as
+   * before, so peers of one wire version agree whether or not they know of striping. */
+  uint64_t stripe[2] = {(uint64_t)e->stripe_rkey[0] << 32 | e->stripe_rkey[1], e->stripe_rkey[2]};
+  if (stripe[0] | stripe[1]) {
+    for (int i = 0; i < 2; i++) {
+      h ^= stripe[i];
+      h *= 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+  }
   return h;
+}
+
+/* The rkey a write on `lane` uses for the element's buffer. */
+static inline uint32_t mpib_cts_rkey(const struct mpib_cts *e, int lane) {
+  return lane < MPIB_NRAILS ? e->rkey[lane] : e->stripe_rkey[lane - MPIB_NRAILS];
 }
 
 /* Copies a CTS element out of the FIFO once, so that every decision is made on one set of
@@ -214,6 +236,7 @@ static inline void mpib_cts_snapshot(const volatile struct mpib_cts *src, struct
   dst->addr = src->addr;
   dst->size = src->size;
   for (int i = 0; i < MPIB_NRAILS; i++) dst->rkey[i] = src->rkey[i];
+  for (int i = 0; i < MPIB_MAX_STRIPE - 1; i++) dst->stripe_rkey[i] = src->stripe_rkey[i];
   dst->tag = src->tag;
   dst->nreqs = src->nreqs;
   dst->seq = src->seq;

@@ -5,13 +5,13 @@
 
 #include "mpib.h"
 
-/* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
-int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int rail, uint32_t rem_qpn,
+/* INIT -> RTR -> RTS against a remote QP of the QP's lane; tc is this QP's traffic class. */
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
                     const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn);
 /* A QP back to INIT through RESET (what it had queued is discarded). */
-int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int rail);
-/* This rail's own address, as the peer would see it (for the loopback flush QP). */
-void mpib_local_rail_info(const struct mpib_comm *c, int rail, struct mpib_rail_info *ri);
+int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane);
+/* This lane's own address, as the peer would see it (for the loopback flush QP). */
+void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri);
 /* The class of the comm's QPs' packets (the receiver's may follow NCCL_IB_FIFO_TC). */
 uint8_t mpib_qp_traffic_class(const struct mpib_comm *c);
 /* Index of the rail's first QP in c->qps. */

@@ -17,17 +17,17 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
  * itself again. Called by iflush before it posts on that rail; a loopback needs no peer. net_ib
  * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
  * owns it, so no rebuild thread races a flush. 0 or -errno. */
-int mpib_flush_qp_reset(struct mpib_comm *c, int rail) {
-  struct mpib_nic *d = c->nic[rail];
-  struct ibv_qp *qp = c->flush_qp[rail];
+int mpib_flush_qp_reset(struct mpib_comm *c, int lane) {
+  struct mpib_nic *d = c->nic[lane];
+  struct ibv_qp *qp = c->flush_qp[lane];
   struct ibv_wc wc;
   if (qp == NULL) return -EINVAL;
-  int rc = mpib_qp_reset_to_init(c, qp, rail);
-  while (ibv_poll_cq(c->flush_cq[rail], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
+  int rc = mpib_qp_reset_to_init(c, qp, lane);
+  while (ibv_poll_cq(c->flush_cq[lane], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
   if (rc) return rc;
   struct mpib_rail_info self;
-  mpib_local_rail_info(c, rail, &self);
-  return mpib_qp_connect(c, qp, rail, qp->qp_num, &self, d->active_mtu, c->tc, 0);
+  mpib_local_rail_info(c, lane, &self);
+  return mpib_qp_connect(c, qp, lane, qp->qp_num, &self, d->active_mtu, c->tc, 0);
 }
 
 /* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
@@ -46,17 +46,17 @@ int mpib_rail_to_error(struct mpib_comm *c, int r) {
  * (the peer does the same with the same psn). */
 /* After a port flap the kernel may have re-added the rail's GID at another index: find the
  * same address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. */
-static int refresh_gid_index(struct mpib_comm *c, int r) {
+static int refresh_gid_index(struct mpib_comm *c, int l) {
   uint8_t gid[16];
   int type, want_type;
-  if (mpib_nic_gid_entry(c->nic[r], c->gid_index[r], gid, &want_type) == 0 && memcmp(gid, c->gid[r].raw, 16) == 0) return 0;
+  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &want_type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0) return 0;
   /* The original type is what the entry had at connect time; without it, take RoCE v2. */
   want_type = IBV_GID_TYPE_ROCE_V2;
-  int n = c->nic[r]->gid_tbl_len;
+  int n = c->nic[l]->gid_tbl_len;
   for (int i = 0; i < n; i++) {
-    if (mpib_nic_gid_entry(c->nic[r], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[r].raw, 16) == 0) {
-      MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(r), c->gid_index[r], i);
-      c->gid_index[r] = i;
+    if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[l].raw, 16) == 0) {
+      MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
+      c->gid_index[l] = i;
       return 0;
     }
   }
@@ -64,17 +64,19 @@ static int refresh_gid_index(struct mpib_comm *c, int r) {
 }
 
 int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
-  struct mpib_nic *d = c->nic[r];
-  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
-    int rc = refresh_gid_index(c, r);
+  for (int i = 0; i < mpib_lane_count(c, r); i++) {
+    int l = mpib_lane(r, i);
+    if (c->nic[l]->link_layer != IBV_LINK_LAYER_ETHERNET) continue;
+    int rc = refresh_gid_index(c, l);
     if (rc) return rc;
-    mpib_neigh_warm(c->rem_rail[r].gid); /* a link that went down flushed the entry */
+    mpib_neigh_warm(c->rem_rail[l].gid); /* a link that went down flushed the entry */
   }
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
-    struct ibv_qp *qp = c->qps[mpib_rail_base(c, r) + i].qp;
-    int rc = mpib_qp_reset_to_init(c, qp, r);
+    const struct mpib_qp *q = &c->qps[mpib_rail_base(c, r) + i];
+    int rc = mpib_qp_reset_to_init(c, q->qp, q->lane);
     if (rc) return rc;
-    rc = mpib_qp_connect(c, qp, r, c->rem_rail[r].qpn[i], &c->rem_rail[r], c->rail_mtu[r], mpib_qp_traffic_class(c), psn);
+    rc = mpib_qp_connect(c, q->qp, q->lane, c->rem_rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
+                         mpib_qp_traffic_class(c), psn);
     if (rc) return rc;
   }
   return 0;

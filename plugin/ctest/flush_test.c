@@ -69,6 +69,7 @@ static void complete_reads(int r, enum ibv_wc_status status) {
 static struct mpib_comm *recv_comm(void) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
+  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
   c->nreqs_pool = MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->flush_buf = calloc(1, MPIB_PAGE);
@@ -166,7 +167,7 @@ int main(void) {
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
   done = 0;
   CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "port 0's flush completes");
-  c->sup_port = 2;
+  c->sup_port = c->lane_port[MPIB_RAIL_SUP] = 2;
   reset();
   CHECK(flush(c, O | U, &req) == ncclSuccess && read_rkey[MPIB_RAIL_SOUT] == 10 && read_rkey[MPIB_RAIL_SUP] == 13,
         "SUP port 2: the reads name the MRs of SOUT (10) and SUP port 2 (13): %u %u", read_rkey[MPIB_RAIL_SOUT],

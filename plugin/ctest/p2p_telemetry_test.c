@@ -89,6 +89,7 @@ static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
 static struct mpib_comm *send_comm(uint32_t shm_id) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
+  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
   c->is_send = 1;
@@ -107,7 +108,7 @@ static struct mpib_comm *send_comm(uint32_t shm_id) {
     qp[r].context = &ctx;
     cq[r].context = &ctx;
     c->nqps[r] = 1;
-    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r};
+    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r, .lane = r};
     c->cq[r] = &cq[r];
     c->stage_mr[r] = &mr;
     c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};

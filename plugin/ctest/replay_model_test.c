@@ -347,6 +347,7 @@ static void ctrl_pump(void) {
 static struct mpib_comm *make_comm(int side) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
+  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
   size_t area = (MPIB_NIC_AREA + MPIB_PAGE - 1) / MPIB_PAGE * MPIB_PAGE;
   c->cts = aligned_alloc(MPIB_PAGE, area);
   memset(c->cts, 0, area);
@@ -366,7 +367,7 @@ static struct mpib_comm *make_comm(int side) {
     qp[i].context = &ctx;
     cq[i].context = &ctx;
     c->nqps[r] = 1;
-    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[i], .rail = r};
+    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[i], .rail = r, .lane = r};
     c->cq[r] = &cq[i];
     c->stage_mr[r] = &fake_mr;
     c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
