@@ -69,9 +69,6 @@ static inline const char *mpib_rail_name(int rail) { return rail == MPIB_RAIL_SO
 #define MPIB_MAX_DEVS 16
 #define MPIB_MAX_SUP_PORTS 8
 #define MPIB_MAX_NICS (MPIB_MAX_DEVS * (1 + MPIB_MAX_SUP_PORTS))
-/* A connection's lanes (MPIB_NLANES, mpib_policy.h): each NIC port its rails' QPs live on has
- * its own CQ, SRQ and registrations (a verbs object belongs to one device context). Failover,
- * replay and the split stay per rail. */
 
 /* One physical NIC port (global, opened once at init by the Go control plane). */
 struct mpib_nic {
@@ -302,13 +299,13 @@ struct mpib_comm {
   int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
   int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
 
-  /* Receiver flush: a loopback QP per rail reading 1 byte back through the NIC. */
+  /* Receiver flush: a loopback QP per lane reading 1 byte back through its NIC. */
   struct ibv_qp *flush_qp[MPIB_NLANES];
   struct ibv_cq *flush_cq[MPIB_NLANES];
   struct ibv_mr *flush_mr[MPIB_NLANES];
   uint8_t *flush_buf; /* one page, NIC-read */
   uint32_t flush_due;  /* rails that wrote bytes of receives completed since the last flush */
-  uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the rail's flush QP: reset before its next use */
+  uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the lane's flush QP: reset before its next use */
 
   uint64_t peer_gone_ns; /* set by the control plane when the peer's control socket closed */
   int failure_reported;  /* the reason this comm cannot progress was logged (log once) */
@@ -508,7 +505,9 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
 
-/* Lanes (MPIB_NLANES): how many a rail has, the i-th of a rail, and a lane's rail. */
+/* Lanes (MPIB_NLANES, mpib_policy.h): each NIC port a comm's rails use has its own CQ, SRQ and
+ * registrations (a verbs object belongs to one device context); failover, replay and the split
+ * stay per rail. How many lanes a rail has, the i-th of a rail, and a lane's rail. */
 static inline int mpib_lane_count(const struct mpib_comm *c, int rail) { return rail == MPIB_RAIL_SOUT ? 1 : c->sup_lanes; }
 static inline int mpib_lane(int rail, int i) { return i == 0 ? rail : MPIB_NRAILS + i - 1; }
 static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP; }
