@@ -13,10 +13,10 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	// Version is every message's: 4: SUP port addresses and the relay flag in the handle, the
-	// SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
+	// Version is every message's: 5: up to MaxPairs SUP pairs in the hello (striping); 4: SUP
+	// port addresses and the relay flag in the handle, the SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
 	// 2: traffic class/SL, LID, link layer, SUP prefix and ECE.
-	Version       = 4
+	Version       = 5
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
 	metadataMagic = 0x4D49504D // "MPIM"
