@@ -809,6 +809,9 @@ func checkPeer(mine, theirs wire.Metadata) error {
 	if mine.NQPs != theirs.NQPs {
 		return fmt.Errorf("QP counts differ: local SOUT/SUP %v, peer %v (set MPIB_SOUT_QP/MPIB_SUP_QP/MPIB_SUP_RELAY alike)", mine.NQPs, theirs.NQPs)
 	}
+	if mine.SupLanes != theirs.SupLanes {
+		return fmt.Errorf("SUP lanes differ: local %d, peer %d (the hello's SUP pairs decide them on both ends)", mine.SupLanes, theirs.SupLanes)
+	}
 	if theirs.BufAddr == 0 {
 		return errors.New("peer advertised a null buffer")
 	}
@@ -846,6 +849,12 @@ func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass,
 			m.Rail[r].QPN[q] = uint32(ri.qpn[q])
 		}
 	}
+	m.SupLanes = uint8(info.sup_lanes)
+	for i := range m.Lane {
+		li := &info.lane[i]
+		m.Lane[i] = wire.LaneInfo{GID: *(*[16]byte)(unsafe.Pointer(&li.gid[0])), MTU: uint32(li.mtu), RKey: uint32(li.rkey),
+			LID: uint16(li.lid), LinkLayer: uint8(li.link_layer)}
+	}
 	return m
 }
 
@@ -868,6 +877,12 @@ func metadataToC(m wire.Metadata) C.struct_mpib_conn_info {
 		for q := 0; q < wire.MaxQPsPerRail; q++ {
 			ri.qpn[q] = C.uint32_t(m.Rail[r].QPN[q])
 		}
+	}
+	info.sup_lanes = C.uint32_t(m.SupLanes)
+	for i, l := range m.Lane {
+		li := &info.lane[i]
+		*(*[16]byte)(unsafe.Pointer(&li.gid[0])) = l.GID
+		li.mtu, li.rkey, li.lid, li.link_layer = C.uint32_t(l.MTU), C.uint32_t(l.RKey), C.uint16_t(l.LID), C.uint8_t(l.LinkLayer)
 	}
 	return info
 }

@@ -218,11 +218,21 @@ struct mpib_rail_info {
   struct ibv_ece ece;
   uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
 };
+/* A striped SUP lane's facts (lanes 2..; the rail's QP numbers stay in its mpib_rail_info). */
+struct mpib_lane_info {
+  uint8_t gid[16];
+  uint32_t mtu; /* enum ibv_mtu */
+  uint32_t rkey; /* the lane's registration of the advertised buffer */
+  uint16_t lid;
+  uint8_t link_layer;
+};
 struct mpib_conn_info {
   uint8_t tc, sl; /* the sending side's: both ends use them */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_rail_info rail[MPIB_NRAILS];
   uint64_t buf_addr; /* sender: its CTS FIFO; receiver: its size records */
+  uint32_t sup_lanes; /* 0 without SUP QPs, else 1 + the striped lanes */
+  struct mpib_lane_info lane[MPIB_MAX_STRIPE - 1];
 };
 
 /* Per-connection choices made by the control plane before the QPs exist. */

@@ -304,6 +304,16 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
     base += (int)c->nqps[r];
   }
+  info->sup_lanes = c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0;
+  for (int i = 1; i < (int)info->sup_lanes; i++) {
+    int l = mpib_lane(MPIB_RAIL_SUP, i);
+    struct mpib_rail_info self;
+    mpib_local_rail_info(c, l, &self);
+    struct mpib_lane_info *li = &info->lane[i - 1];
+    memcpy(li->gid, self.gid, 16);
+    li->mtu = self.mtu, li->lid = self.lid, li->link_layer = self.link_layer;
+    li->rkey = c->inbox_mr[l]->rkey;
+  }
 }
 
 /* The class of a QP's packets: the sender's class, except on the receiver, whose QPs carry
@@ -352,6 +362,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     c->sl = remote->sl;
   }
   int base = 0, up = 0, down = -1, err = 0;
+  if (remote->sup_lanes != (c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0)) return -EPROTO;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
     if (remote->nqps[r] != c->nqps[r]) return -EPROTO;
