@@ -536,7 +536,7 @@ func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, pa
 	p.prefix = prefix
 	p.st.mark(&p.st.params)
 	rc, err := withVerbsSlot(ctx, func() C.int {
-		return C.mpib_comm_set_path(p.comm, C.int(p.path), params.nqps[1], params.sup_port, params.gid_index[1])
+		return C.mpib_comm_set_path(p.comm, &params)
 	})
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc))
@@ -653,8 +653,11 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	p.dev, p.is_send, p.mode, p.path_class = C.int(dev), boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
 	if withSup {
-		p.nqps[1] = C.uint32_t(cfg.SupQPs)
+		p.nqps[1] = C.uint32_t(max(cfg.SupQPs, 1+len(supAt.stripe))) // a QP on each lane at least
 		p.sup_port = C.int(supAt.port)
+		if err := stripeParams(&p, dev, supAt.stripe); err != nil {
+			return p, prefix, err
+		}
 	}
 	f := &C.mpib_g.fdev[dev]
 	nics := [2]C.int{f.sout_nic, f.sup_nic[p.sup_port]}
@@ -675,6 +678,24 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	}
 	p.tc = C.int(connectionTC(trafficClass))
 	return p, prefix, nil
+}
+
+// stripeParams sets a striped connection's further SUP lanes: each lane's port and its GID
+// (the pair's, chosen by the same rule as the first port's).
+func stripeParams(p *C.struct_mpib_conn_params, dev int, stripe []supLane) error {
+	if len(stripe) == 0 {
+		return nil
+	}
+	f := &C.mpib_g.fdev[dev]
+	p.sup_lanes = C.int(1 + len(stripe))
+	for i, l := range stripe {
+		idx, _, err := chooseGID(int(f.sup_nic[l.port]), l.gid)
+		if err != nil {
+			return fmt.Errorf("SUP lane %d (port %d): %w", i+2, l.port, err)
+		}
+		p.lane_port[i], p.lane_gid_index[i] = C.int(l.port), C.int(idx)
+	}
+	return nil
 }
 
 var railNames = [2]string{"SOUT", "SUP"}

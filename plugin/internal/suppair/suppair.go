@@ -279,6 +279,20 @@ func (p Plan) CheckPeerGID(peerGID netip.Addr) error {
 		peerGID.Unmap(), p.Pair.Peer, p.Pair.Local, p.Pair.Peer)
 }
 
+// CheckPeerLaneGID checks a striped lane's GID in the peer's metadata likewise: lane i+2
+// carries the peer address of the plan's Stripe[i].
+func (p Plan) CheckPeerLaneGID(i int, peerGID netip.Addr) error {
+	if i < 0 || i >= len(p.Stripe) {
+		return fmt.Errorf("the plan has no striped SUP lane %d", i+2)
+	}
+	l := p.Stripe[i].Pair
+	if peerGID.Unmap() == l.Peer {
+		return nil
+	}
+	return fmt.Errorf("the peer's SUP lane %d GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
+		i+2, peerGID.Unmap(), l.Peer, l.Local, l.Peer)
+}
+
 // UnaddressedReachable is the rule for PairUnaddressed, decided on both ends from the two
 // rails' metadata as before wire version 4: InfiniBand always; RoCE when each GID's address
 // lies in the other's subnet (gid.SupReachable, a prefix of 0 counting as reachable). why

@@ -452,3 +452,27 @@ func TestRecordPath(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckPeerLaneGID: each striped lane's GID in the peer's metadata must carry its pair's
+// peer address (the lab's a2 -> a3 over both cables).
+func TestCheckPeerLaneGID(t *testing.T) {
+	a2 := local(port(0, "to-a1", "10.9.1.2/24"), port(1, "to-a3", "10.9.23.2/24"), port(2, "to-a3b", "10.9.13.10/29"))
+	a3 := local(port(0, "to-a1", "10.9.13.3/29"), port(1, "to-a2", "10.9.23.3/24"), port(2, "to-a2b", "10.9.13.11/29"))
+	o := handshake(t, side{a3, nil, false}, side{a2, nil, false}, true)
+	if o.connErr != nil || o.accErr != nil || len(o.conn.Stripe) != 1 {
+		t.Fatalf("a2 -> a3: %v %v / %v %v", o.conn, o.connErr, o.acc, o.accErr)
+	}
+	if err := o.conn.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.13.11")); err != nil {
+		t.Errorf("connector, the parallel cable's far end: %v", err)
+	}
+	if err := o.acc.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.13.10")); err != nil {
+		t.Errorf("acceptor, the parallel cable's far end: %v", err)
+	}
+	// The first cable's address on the striped lane: the peer put that lane on the wrong port.
+	if err := o.conn.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.23.3")); err == nil || !strings.Contains(err.Error(), "10.9.13.11") {
+		t.Errorf("a lane on the wrong port: %v", err)
+	}
+	if err := o.conn.CheckPeerLaneGID(1, netip.MustParseAddr("::ffff:10.9.13.11")); err == nil {
+		t.Error("a lane the plan does not have: no error")
+	}
+}
