@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -606,8 +607,12 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)
 	st.mark(&st.agent)
 	supPort := "-"
-	if comm.nqps[1] > 0 {
-		supPort = C.GoString(&comm.nic[1].name[0])
+	if comm.nqps[1] > 0 { // every SUP lane's NIC: lane 1, then the striped lanes 2.. (mpib_lane)
+		var names []string
+		for i := range int(comm.sup_lanes) {
+			names = append(names, C.GoString(&comm.nic[1+i].name[0]))
+		}
+		supPort = strings.Join(names, "+")
 	}
 	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, setup %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
@@ -699,6 +704,9 @@ func stripeParams(p *C.struct_mpib_conn_params, dev int, stripe []supLane) error
 }
 
 var railNames = [2]string{"SOUT", "SUP"}
+
+// The C side's lanes and the hello's pairs must agree (a compile error otherwise).
+var _ = [1]struct{}{}[C.MPIB_MAX_STRIPE-wire.MaxPairs]
 
 // gidTables caches each rail's GID table until its device reports a change
 // (IBV_EVENT_GID_CHANGE: an address added or removed) or gidTableMaxAge passes, whichever comes
