@@ -38,11 +38,11 @@ func TestBenchMesh(t *testing.T) {
 	defer shapeMesh(context.Background(), t, m, 0)
 	shapeMesh(ctx, t, m, meshLinkMbit)
 	var figs []figure
-	oneLink := map[string]float64{} // island A's direct pairs' plugin medians
+	oneLink := map[string]float64{} // island A's one-cable direct pairs' plugin medians
 	for _, p := range [][2]string{{"a1", "a2"}, {"a1", "a3"}, {"a2", "a3"}, {"b1", "b2"}, {"b2", "b3"}, {"b3", "b4"}, {"b4", "b1"}} {
 		from, to := m.Node(p[0]), m.Node(p[1])
 		f := meshBWPair(ctx, t, from, to, nil)
-		if from.Name()[0] == 'a' {
+		if from.Name()[0] == 'a' && len(cablesBetween(from, to)) == 1 { // a2-a3 stripes over two
 			oneLink[from.Name()+"-"+to.Name()] = f.Plugin
 		}
 		figs = append(figs, f)
@@ -54,7 +54,7 @@ func TestBenchMesh(t *testing.T) {
 		links = append(links, v)
 	}
 	one := median(links)
-	figs = append(figs, meshBWAllPairs(ctx, t, m, one), meshBWParallel(ctx, t, m, oneLink["a2-a3"]))
+	figs = append(figs, meshBWAllPairs(ctx, t, m, one), meshBWParallel(ctx, t, m, one))
 	saveFigures(t, "mesh", figs)
 }
 
