@@ -850,6 +850,12 @@ func checkPeer(mine, theirs wire.Metadata) error {
 				railNames[r], linkLayerName(mine.Rail[r].LinkLayer), linkLayerName(theirs.Rail[r].LinkLayer))
 		}
 	}
+	for i := 0; i+1 < int(mine.SupLanes); i++ {
+		if mine.Lane[i].LinkLayer != theirs.Lane[i].LinkLayer {
+			return fmt.Errorf("SUP lane %d link layers differ: local %s, peer %s (both ends of a cable must be InfiniBand or both RoCE)",
+				i+2, linkLayerName(mine.Lane[i].LinkLayer), linkLayerName(theirs.Lane[i].LinkLayer))
+		}
+	}
 	return nil
 }
 

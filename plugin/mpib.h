@@ -500,8 +500,8 @@ void mpib_comm_peer_failed(struct mpib_comm *c);
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 /* A receiver built before its peer was known (a listener's spare, SOUT only): its path sets
  * the CTS rail, and SUP's lanes and QPs are built now when the path wants them (p->nqps[SUP]
- * > 0; p's path, SUP port(s) and GID indexes). 0 or a negative errno; on failure the comm is
- * as before. */
+ * > 0; p's path, SUP port(s) and GID indexes). 0 or a negative errno; on failure the comm has
+ * no SUP QPs, as before (its SUP lane fields may name the ports it tried: unused). */
 int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p);
 size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);

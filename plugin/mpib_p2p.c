@@ -902,7 +902,7 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   return ncclSuccess;
 }
 
-static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc);
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc);
 
 /* Everything rail r's CQ holds, handled now (a dead device's CQ is not touched). */
 static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
@@ -912,7 +912,7 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   for (int l = 0; l < mpib_lane_count(c, r); l++) {
     while ((n = ibv_poll_cq(c->cq[mpib_lane(r, l)], 16, wcs)) > 0) {
       for (int i = 0; i < n; i++) {
-        ncclResult_t res = handle_completion(c, r, &wcs[i]);
+        ncclResult_t res = handle_completion(c, r, mpib_lane(r, l), &wcs[i]);
         if (res != ncclSuccess) return res;
       }
     }
@@ -1383,10 +1383,11 @@ static int rail_busy(const struct mpib_comm *c, int rail) {
   return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0) || st == MPIB_RAIL_FENCING;
 }
 
-static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+/* One completion of lane `lane` of rail `rail`: a receive used up that lane's SRQ. */
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc) {
   uint64_t id = wc->wr_id;
   if (id == MPIB_WRID_RECV) { /* an SRQ receive: they outlive QP generations */
-    c->srq_posted[rail]--;
+    c->srq_posted[lane]--;
     if (wc->status != IBV_WC_SUCCESS) return rail_error(c, rail, wc);
     return on_recv_completion(c, rail, wc);
   }
@@ -1479,7 +1480,7 @@ static ncclResult_t poll_lane(struct mpib_comm *c, int rail, int lane) {
       return rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
     }
     for (int i = 0; i < n; i++) {
-      ncclResult_t res = handle_completion(c, rail, &wcs[i]);
+      ncclResult_t res = handle_completion(c, rail, lane, &wcs[i]);
       if (res != ncclSuccess) return res;
     }
   } while (n == 16);

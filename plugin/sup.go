@@ -195,6 +195,7 @@ func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs 
 		infof("peer %v: %s: this connection uses SOUT only", peer, why)
 		inVerbsSlot(func() { C.mpib_comm_drop_rail(comm, 1) })
 		mine.NQPs[1], theirs.NQPs[1] = 0, 0
+		mine.SupLanes, theirs.SupLanes = 0, 0 // no SUP QPs, no SUP lanes (mpib_comm_connect checks)
 	}
 	return nil
 }
