@@ -18,6 +18,7 @@ import (
 // an island pair's data all goes on SUP when a pair of ports reaches the peer. Fixed lines:
 //
 //	mesh: pair=a1-a3 mode=vanilla relay=off path=direct sup_ports=a1_sup_a3 link_tx_bytes=N other_sup_tx_bytes=N sout_tx_bytes=N verified=true cables=a1_sup_a3 striped=false peer_port=a3_sup_a1 peer_link_rx_bytes=N
+//	mesh: pair=a2-a3 mode=vanilla relay=off path=direct sup_ports=a2_sup_a3,a2_sup_a3p link_tx_bytes=N,N ... striped=true peer_port=a3_sup_a2,a3_sup_a2p peer_link_rx_bytes=N,N
 //	mesh: pair=b1-b3 mode=vanilla relay=off path=none sup_qps=0 sup_tx_bytes=N sout_tx_bytes=N verified=true
 //	mesh: pair=b1-b3 mode=vanilla relay=on path=routed via=b2 sup_ports=b1_sup_b2 relay_rx_bytes=N relay_tx_bytes=N relay_rdma_pkts=N verified=true relay_fwd_pkts=N other_sup_tx_bytes=N sout_tx_bytes=N
 //	mesh: pair=b1-b4 topo=line mode=vanilla relay=on path=routed via=b2,b3 sup_ports=b1_sup_b2 relay_rx_bytes=N,N relay_tx_bytes=N,N relay_rdma_pkts=N verified=true ...
@@ -175,6 +176,34 @@ func railOfDev(n *Node, dev string) (Rail, bool) {
 	return "", false
 }
 
+// planAddrRe finds each pair's local address in a SUP plan ("direct A/24 -> B + C/29 -> D").
+var planAddrRe = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+)/\d+ -> `)
+
+// planPorts is the sender's cable ends a plan's pairs use, in the plan's order (the first
+// pair's first; a striped plan has one per parallel cable).
+func planPorts(n *Node, plan string) []Rail {
+	var out []Rail
+	for _, mt := range planAddrRe.FindAllStringSubmatch(plan, -1) {
+		for _, r := range meshPorts(n) {
+			if n.IP(r) == mt[1] {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// farEnd is the receiver's end of the sender's cable end r.
+func farEnd(from *Node, r Rail) Rail {
+	if r == SUP {
+		return SUP
+	}
+	return LinkRail(from.Name(), strings.HasSuffix(string(r), "P"))
+}
+
+// meshDirect: a direct pair carries the payload; over parallel cables (a2-a3) the SUP rail
+// stripes, each cable 40-60 % of the SUP bytes (the lists in sup_ports, link_tx_bytes,
+// peer_port and peer_link_rx_bytes are in the plan's order).
 func meshDirect(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
 	run := meshTransfer(ctx, t, from, to, nil, false)
 	pair := from.Name() + "-" + to.Name()
@@ -183,24 +212,45 @@ func meshDirect(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
 	for i, r := range cables {
 		names[i] = from.Dev(r)
 	}
-	chosen, ok := railOfDev(from, run.port)
-	link := run.sender[chosen].TxBytes
-	// The acceptor must have built on the cable's other end (the port the connector's hello
-	// names): the receiver's end of the chosen cable received the payload.
-	far := SUP
-	if chosen != SUP {
-		far = LinkRail(from.Name(), strings.HasSuffix(string(chosen), "P"))
+	used := planPorts(from, run.plan)
+	var devs, links, farDevs, farRxs []string
+	var sum, farSum uint64
+	shares := []float64{}
+	for _, r := range used {
+		devs, farDevs = append(devs, from.Dev(r)), append(farDevs, to.Dev(farEnd(from, r)))
+		links = append(links, strconv.FormatUint(run.sender[r].TxBytes, 10))
+		rx := run.receiver[farEnd(from, r)].RxBytes
+		farRxs = append(farRxs, strconv.FormatUint(rx, 10))
+		sum, farSum = sum+run.sender[r].TxBytes, farSum+rx
 	}
-	farRx := run.receiver[far].RxBytes
-	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_tx_bytes=%d other_sup_tx_bytes=%d sout_tx_bytes=%d verified=true cables=%s striped=false peer_port=%s peer_link_rx_bytes=%d\n",
-		pair, run.port, link, run.supTx(from, chosen), run.sender[SOUT].TxBytes, strings.Join(names, ","), to.Dev(far), farRx)
+	for _, r := range used {
+		shares = append(shares, float64(run.sender[r].TxBytes)/float64(max(sum, 1)))
+	}
+	var other uint64
+	for _, p := range meshPorts(from) {
+		if !slices.Contains(used, p) {
+			other += run.sender[p].TxBytes
+		}
+	}
+	striped := len(used) > 1
+	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_tx_bytes=%s other_sup_tx_bytes=%d sout_tx_bytes=%d verified=true cables=%s striped=%t peer_port=%s peer_link_rx_bytes=%s\n",
+		pair, strings.Join(devs, ","), strings.Join(links, ","), other, run.sender[SOUT].TxBytes, strings.Join(names, ","), striped,
+		strings.Join(farDevs, ","), strings.Join(farRxs, ","))
+	allCables := len(used) > 0
+	for _, r := range used {
+		allCables = allCables && slices.Contains(cables, r)
+	}
 	switch {
-	case !ok || !slices.Contains(cables, chosen) || !strings.HasPrefix(run.plan, "direct "):
-		t.Errorf("%s: SUP pair %q on %s, want a direct pair on one of its cables to %s (%v)", pair, run.plan, run.port, to.Name(), names)
-	case link < run.payload || farRx < run.payload:
-		t.Errorf("%s: the chosen cable sent %d bytes on %s and received %d on %s, of a %d-byte payload", pair, link, run.port, farRx, to.Dev(far), run.payload)
-	case run.supTx(from, chosen)*100 >= run.payload || run.sender[SOUT].TxBytes*100 >= run.payload:
-		t.Errorf("%s: other SUP ports sent %d and SOUT %d bytes, want each under 1 %% of %d", pair, run.supTx(from, chosen), run.sender[SOUT].TxBytes, run.payload)
+	case !allCables || !strings.HasPrefix(run.plan, "direct "):
+		t.Errorf("%s: SUP pair %q on %s, want direct pairs on its cables to %s (%v)", pair, run.plan, run.port, to.Name(), names)
+	case len(cables) > 1 && !striped:
+		t.Errorf("%s: %d cables to %s but the SUP rail uses %v: want it striped over all", pair, len(cables), to.Name(), devs)
+	case sum < run.payload || farSum < run.payload:
+		t.Errorf("%s: the chosen cables sent %s bytes on %v and received %s on %v, of a %d-byte payload", pair, links, devs, farRxs, farDevs, run.payload)
+	case other*100 >= run.payload || run.sender[SOUT].TxBytes*100 >= run.payload:
+		t.Errorf("%s: other SUP ports sent %d and SOUT %d bytes, want each under 1 %% of %d", pair, other, run.sender[SOUT].TxBytes, run.payload)
+	case striped && slices.ContainsFunc(shares, func(x float64) bool { return x < 0.40 || x > 0.60 }):
+		t.Errorf("%s: striped cables carried %v of the SUP bytes (%s), want each 40-60 %%", pair, shares, links)
 	}
 }
 

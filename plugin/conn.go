@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -536,7 +537,7 @@ func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, pa
 	p.prefix = prefix
 	p.st.mark(&p.st.params)
 	rc, err := withVerbsSlot(ctx, func() C.int {
-		return C.mpib_comm_set_path(p.comm, C.int(p.path), params.nqps[1], params.sup_port, params.gid_index[1])
+		return C.mpib_comm_set_path(p.comm, &params)
 	})
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc))
@@ -606,8 +607,12 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)
 	st.mark(&st.agent)
 	supPort := "-"
-	if comm.nqps[1] > 0 {
-		supPort = C.GoString(&comm.nic[1].name[0])
+	if comm.nqps[1] > 0 { // every SUP lane's NIC: lane 1, then the striped lanes 2.. (mpib_lane)
+		var names []string
+		for i := range int(comm.sup_lanes) {
+			names = append(names, C.GoString(&comm.nic[1+i].name[0]))
+		}
+		supPort = strings.Join(names, "+")
 	}
 	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, setup %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
@@ -653,8 +658,11 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	p.dev, p.is_send, p.mode, p.path_class = C.int(dev), boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
 	if withSup {
-		p.nqps[1] = C.uint32_t(cfg.SupQPs)
+		p.nqps[1] = C.uint32_t(max(cfg.SupQPs, 1+len(supAt.stripe))) // a QP on each lane at least
 		p.sup_port = C.int(supAt.port)
+		if err := stripeParams(&p, dev, supAt.stripe); err != nil {
+			return p, prefix, err
+		}
 	}
 	f := &C.mpib_g.fdev[dev]
 	nics := [2]C.int{f.sout_nic, f.sup_nic[p.sup_port]}
@@ -677,7 +685,28 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	return p, prefix, nil
 }
 
+// stripeParams sets a striped connection's further SUP lanes: each lane's port and its GID
+// (the pair's, chosen by the same rule as the first port's).
+func stripeParams(p *C.struct_mpib_conn_params, dev int, stripe []supLane) error {
+	if len(stripe) == 0 {
+		return nil
+	}
+	f := &C.mpib_g.fdev[dev]
+	p.sup_lanes = C.int(1 + len(stripe))
+	for i, l := range stripe {
+		idx, _, err := chooseGID(int(f.sup_nic[l.port]), l.gid)
+		if err != nil {
+			return fmt.Errorf("SUP lane %d (port %d): %w", i+2, l.port, err)
+		}
+		p.lane_port[i], p.lane_gid_index[i] = C.int(l.port), C.int(idx)
+	}
+	return nil
+}
+
 var railNames = [2]string{"SOUT", "SUP"}
+
+// The C side's lanes and the hello's pairs must agree (a compile error otherwise).
+var _ = [1]struct{}{}[C.MPIB_MAX_STRIPE-wire.MaxPairs]
 
 // gidTables caches each rail's GID table until its device reports a change
 // (IBV_EVENT_GID_CHANGE: an address added or removed) or gidTableMaxAge passes, whichever comes
@@ -809,6 +838,9 @@ func checkPeer(mine, theirs wire.Metadata) error {
 	if mine.NQPs != theirs.NQPs {
 		return fmt.Errorf("QP counts differ: local SOUT/SUP %v, peer %v (set MPIB_SOUT_QP/MPIB_SUP_QP/MPIB_SUP_RELAY alike)", mine.NQPs, theirs.NQPs)
 	}
+	if mine.SupLanes != theirs.SupLanes {
+		return fmt.Errorf("SUP lanes differ: local %d, peer %d (the hello's SUP pairs decide them on both ends)", mine.SupLanes, theirs.SupLanes)
+	}
 	if theirs.BufAddr == 0 {
 		return errors.New("peer advertised a null buffer")
 	}
@@ -816,6 +848,12 @@ func checkPeer(mine, theirs wire.Metadata) error {
 		if mine.NQPs[r] > 0 && mine.Rail[r].LinkLayer != theirs.Rail[r].LinkLayer {
 			return fmt.Errorf("%s link layers differ: local %s, peer %s (both ends of a rail must be InfiniBand or both RoCE)",
 				railNames[r], linkLayerName(mine.Rail[r].LinkLayer), linkLayerName(theirs.Rail[r].LinkLayer))
+		}
+	}
+	for i := 0; i+1 < int(mine.SupLanes); i++ {
+		if mine.Lane[i].LinkLayer != theirs.Lane[i].LinkLayer {
+			return fmt.Errorf("SUP lane %d link layers differ: local %s, peer %s (both ends of a cable must be InfiniBand or both RoCE)",
+				i+2, linkLayerName(mine.Lane[i].LinkLayer), linkLayerName(theirs.Lane[i].LinkLayer))
 		}
 	}
 	return nil
@@ -846,6 +884,12 @@ func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass,
 			m.Rail[r].QPN[q] = uint32(ri.qpn[q])
 		}
 	}
+	m.SupLanes = uint8(info.sup_lanes)
+	for i := range m.Lane {
+		li := &info.lane[i]
+		m.Lane[i] = wire.LaneInfo{GID: *(*[16]byte)(unsafe.Pointer(&li.gid[0])), MTU: uint32(li.mtu), RKey: uint32(li.rkey),
+			LID: uint16(li.lid), LinkLayer: uint8(li.link_layer)}
+	}
 	return m
 }
 
@@ -868,6 +912,12 @@ func metadataToC(m wire.Metadata) C.struct_mpib_conn_info {
 		for q := 0; q < wire.MaxQPsPerRail; q++ {
 			ri.qpn[q] = C.uint32_t(m.Rail[r].QPN[q])
 		}
+	}
+	info.sup_lanes = C.uint32_t(m.SupLanes)
+	for i, l := range m.Lane {
+		li := &info.lane[i]
+		*(*[16]byte)(unsafe.Pointer(&li.gid[0])) = l.GID
+		li.mtu, li.rkey, li.lid, li.link_layer = C.uint32_t(l.MTU), C.uint32_t(l.RKey), C.uint16_t(l.LID), C.uint8_t(l.LinkLayer)
 	}
 	return info
 }

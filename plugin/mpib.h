@@ -192,7 +192,7 @@ struct mpib_rail_ctl {
   uint32_t attempts;     /* recoveries that failed in a row (back-off) */
   uint32_t probes;       /* PROBING: probe writes not yet completed */
   int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
-  int keepalive_out;     /* a keepalive write is outstanding on the rail */
+  int keepalive_out;     /* keepalive writes outstanding on the rail (one per lane) */
   uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
   struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
@@ -215,11 +215,21 @@ struct mpib_rail_info {
   struct ibv_ece ece;
   uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
 };
+/* A striped SUP lane's facts (lanes 2..; the rail's QP numbers stay in its mpib_rail_info). */
+struct mpib_lane_info {
+  uint8_t gid[16];
+  uint32_t mtu; /* enum ibv_mtu */
+  uint32_t rkey; /* the lane's registration of the advertised buffer */
+  uint16_t lid;
+  uint8_t link_layer;
+};
 struct mpib_conn_info {
   uint8_t tc, sl; /* the sending side's: both ends use them */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_rail_info rail[MPIB_NRAILS];
   uint64_t buf_addr; /* sender: its CTS FIFO; receiver: its size records */
+  uint32_t sup_lanes; /* 0 without SUP QPs, else 1 + the striped lanes */
+  struct mpib_lane_info lane[MPIB_MAX_STRIPE - 1];
 };
 
 /* Per-connection choices made by the control plane before the QPs exist. */
@@ -230,6 +240,11 @@ struct mpib_conn_params {
   uint32_t nqps[MPIB_NRAILS];
   int gid_index[MPIB_NRAILS]; /* chosen at connect time (the GID table may change after init) */
   int tc;                     /* this side's traffic class (the receiver adopts the sender's) */
+  /* Striping (parallel cables to the peer): SUP lanes (0 or 1: none), and each further lane's
+   * port and GID index; nqps[SUP] is at least sup_lanes. */
+  int sup_lanes;
+  int lane_port[MPIB_MAX_STRIPE - 1];
+  int lane_gid_index[MPIB_MAX_STRIPE - 1];
 };
 
 typedef struct mpib_cts mpib_cts_row[MPIB_MAX_RECVS];
@@ -481,9 +496,10 @@ void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 /* A receiver built before its peer was known (a listener's spare, SOUT only): its path sets
- * the CTS rail, and SUP's QPs are built now when the path wants them (sup_qps > 0). 0 or a
- * negative errno; on failure the comm is as before. */
-int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_port, int sup_gid_index);
+ * the CTS rail, and SUP's lanes and QPs are built now when the path wants them (p->nqps[SUP]
+ * > 0; p's path, SUP port(s) and GID indexes). 0 or a negative errno; on failure the comm has
+ * no SUP QPs, as before (its SUP lane fields may name the ports it tried: unused). */
+int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p);
 size_t mpib_comm_host_bytes(int is_send);
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);

@@ -220,17 +220,30 @@ size_t mpib_comm_host_bytes(int is_send) {
   return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
-/* Points the comm's SUP rail at SUP port `port` of its device (before any SUP resource exists). */
-static int use_sup_port(struct mpib_comm *c, int port) {
+/* Points the comm's SUP lanes at ports of its device (before any SUP resource exists): the
+ * first at p->sup_port, lane 2+i at p->lane_port[i], each port once. */
+static int use_sup_ports(struct mpib_comm *c, const struct mpib_conn_params *p) {
   const struct mpib_fdev *f = &mpib_g.fdev[c->fdev];
-  if (port < 0 || port >= f->nsup) {
-    MPIB_WARN("SUP rail: port %d of fused device %d: it has %d", port, c->fdev, f->nsup);
+  int nlanes = p->sup_lanes > 1 ? p->sup_lanes : 1;
+  if (nlanes > MPIB_MAX_STRIPE || (p->nqps[MPIB_RAIL_SUP] && p->nqps[MPIB_RAIL_SUP] < (uint32_t)nlanes)) {
+    MPIB_WARN("SUP rail: %d lanes with %u QPs (at most %d lanes, a QP each)", nlanes, p->nqps[MPIB_RAIL_SUP], MPIB_MAX_STRIPE);
     return -EINVAL;
   }
-  c->sup_port = port;
-  c->sup_lanes = 1;
-  c->lane_port[MPIB_RAIL_SUP] = port;
-  c->nic[MPIB_RAIL_SUP] = &mpib_g.nic[f->sup_nic[port]];
+  uint32_t used = 0;
+  for (int i = 0; i < nlanes; i++) {
+    int port = i == 0 ? p->sup_port : p->lane_port[i - 1];
+    if (port < 0 || port >= f->nsup || (used & (1u << port))) {
+      MPIB_WARN("SUP rail: port %d of fused device %d for lane %d: it has %d, each used once", port, c->fdev, i + 1, f->nsup);
+      return -EINVAL;
+    }
+    used |= 1u << port;
+    int l = mpib_lane(MPIB_RAIL_SUP, i);
+    c->lane_port[l] = port;
+    c->nic[l] = &mpib_g.nic[f->sup_nic[port]];
+    if (i > 0) c->gid_index[l] = p->lane_gid_index[i - 1];
+  }
+  c->sup_port = p->sup_port;
+  c->sup_lanes = nlanes;
   return 0;
 }
 
@@ -243,7 +256,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   if (c == NULL) return NULL;
   c->fdev = p->dev;
   c->nic[MPIB_RAIL_SOUT] = &mpib_g.nic[mpib_g.fdev[p->dev].sout_nic];
-  if (use_sup_port(c, p->sup_port)) {
+  if (use_sup_ports(c, p)) {
     page_free(c, sizeof *c);
     return NULL;
   }
@@ -304,6 +317,16 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
     base += (int)c->nqps[r];
   }
+  info->sup_lanes = c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0;
+  for (int i = 1; i < (int)info->sup_lanes; i++) {
+    int l = mpib_lane(MPIB_RAIL_SUP, i);
+    struct mpib_rail_info self;
+    mpib_local_rail_info(c, l, &self);
+    struct mpib_lane_info *li = &info->lane[i - 1];
+    memcpy(li->gid, self.gid, 16);
+    li->mtu = self.mtu, li->lid = self.lid, li->link_layer = self.link_layer;
+    li->rkey = c->inbox_mr[l]->rkey;
+  }
 }
 
 /* The class of a QP's packets: the sender's class, except on the receiver, whose QPs carry
@@ -314,17 +337,32 @@ uint8_t mpib_qp_traffic_class(const struct mpib_comm *c) {
   return c->tc;
 }
 
-/* One rail's QPs to the peer's: 0 or the first QP's -errno. The peer's connection facts are
- * per rail, so a rail has one lane here (striping needs them per lane: docs/mesh.md). */
+/* The peer's facts for one lane of rail r: its rail's for the first lane, a striped lane's
+ * own (address, MTU, rkey) for the others. */
+static void remote_lane(struct mpib_comm *c, int r, int i, const struct mpib_conn_info *remote) {
+  int l = mpib_lane(r, i);
+  struct mpib_rail_info ri = remote->rail[r];
+  if (i > 0) {
+    const struct mpib_lane_info *li = &remote->lane[i - 1];
+    memcpy(ri.gid, li->gid, 16);
+    ri.mtu = li->mtu, ri.rkey = li->rkey, ri.lid = li->lid, ri.link_layer = li->link_layer;
+    ri.ece_valid = 0;
+  }
+  enum ibv_mtu mtu = c->nic[l]->active_mtu;
+  if ((enum ibv_mtu)ri.mtu < mtu) mtu = (enum ibv_mtu)ri.mtu;
+  c->rem_rail[l] = ri;
+  c->rem_rkey[l] = ri.rkey;
+  c->rail_mtu[l] = mtu;
+}
+
+/* One rail's QPs to the peer's, each against its lane's address: 0 or the first QP's -errno. */
 static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
-  if (mpib_lane_count(c, r) != 1) return -EPROTO;
-  c->rem_rkey[r] = remote->rail[r].rkey;
-  enum ibv_mtu mtu = c->nic[r]->active_mtu;
-  if ((enum ibv_mtu)remote->rail[r].mtu < mtu) mtu = (enum ibv_mtu)remote->rail[r].mtu;
-  c->rem_rail[r] = remote->rail[r];
-  c->rail_mtu[r] = mtu;
+  for (int i = 0; i < mpib_lane_count(c, r); i++) {
+    int l = mpib_lane(r, i);
+    remote_lane(c, r, i, remote);
+    if (c->nic[l]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(c->rem_rail[l].gid);
+  }
   if (mpib_rail_fatal(c, r)) return -ENODEV;
-  if (c->nic[r]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(remote->rail[r].gid);
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     const struct mpib_qp *q = &c->qps[base + i];
     int rc = mpib_qp_connect(c, q->qp, q->lane, remote->rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
@@ -352,6 +390,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     c->sl = remote->sl;
   }
   int base = 0, up = 0, down = -1, err = 0;
+  if (remote->sup_lanes != (c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0)) return -EPROTO;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
     if (remote->nqps[r] != c->nqps[r]) return -EPROTO;
@@ -429,12 +468,13 @@ void mpib_comm_drop_rail(struct mpib_comm *c, int rail) {
   if (c->cts_rail == rail) c->cts_rail = 1 - rail;
 }
 
-int mpib_comm_set_path(struct mpib_comm *c, int path_class, uint32_t sup_qps, int sup_port, int sup_gid_index) {
-  if (sup_qps > 0 && c->nqps[MPIB_RAIL_SUP] == 0) {
-    int rc = use_sup_port(c, sup_port); /* a spare has no SUP resources yet: its port is the pair's */
+int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p) {
+  int path_class = p->path_class;
+  if (p->nqps[MPIB_RAIL_SUP] > 0 && c->nqps[MPIB_RAIL_SUP] == 0) {
+    int rc = use_sup_ports(c, p); /* a spare has no SUP resources yet: its ports are the pairs' */
     if (rc) return rc;
-    c->nqps[MPIB_RAIL_SUP] = sup_qps;
-    c->gid_index[MPIB_RAIL_SUP] = sup_gid_index;
+    c->nqps[MPIB_RAIL_SUP] = p->nqps[MPIB_RAIL_SUP];
+    c->gid_index[MPIB_RAIL_SUP] = p->gid_index[MPIB_RAIL_SUP];
     rc = rail_setup(c, MPIB_RAIL_SUP);
     if (rc) {
       MPIB_WARN("SUP rail: connection setup failed: %s", strerror(-rc));

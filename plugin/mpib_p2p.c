@@ -602,6 +602,10 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
       struct ibv_mr *mr = mh ? mpib_comm_mr(c, mh, rail) : NULL;
       cts[r].rkey[rail] = mr ? mr->rkey : 0;
     }
+    for (int i = 1; c->nqps[MPIB_RAIL_SUP] && i < c->sup_lanes; i++) { /* striped SUP lanes */
+      struct ibv_mr *mr = mh ? mpib_comm_mr(c, mh, mpib_lane(MPIB_RAIL_SUP, i)) : NULL;
+      cts[r].stripe_rkey[i - 1] = mr ? mr->rkey : 0;
+    }
     cts[r].tag = tags[r];
     cts[r].nreqs = (uint32_t)n;
     cts[r].seq = c->fifo_head + 1;
@@ -898,7 +902,7 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   return ncclSuccess;
 }
 
-static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc);
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc);
 
 /* Everything rail r's CQ holds, handled now (a dead device's CQ is not touched). */
 static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
@@ -908,7 +912,7 @@ static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   for (int l = 0; l < mpib_lane_count(c, r); l++) {
     while ((n = ibv_poll_cq(c->cq[mpib_lane(r, l)], 16, wcs)) > 0) {
       for (int i = 0; i < n; i++) {
-        ncclResult_t res = handle_completion(c, r, &wcs[i]);
+        ncclResult_t res = handle_completion(c, r, mpib_lane(r, l), &wcs[i]);
         if (res != ncclSuccess) return res;
       }
     }
@@ -1379,10 +1383,11 @@ static int rail_busy(const struct mpib_comm *c, int rail) {
   return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0) || st == MPIB_RAIL_FENCING;
 }
 
-static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+/* One completion of lane `lane` of rail `rail`: a receive used up that lane's SRQ. */
+static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc) {
   uint64_t id = wc->wr_id;
   if (id == MPIB_WRID_RECV) { /* an SRQ receive: they outlive QP generations */
-    c->srq_posted[rail]--;
+    c->srq_posted[lane]--;
     if (wc->status != IBV_WC_SUCCESS) return rail_error(c, rail, wc);
     return on_recv_completion(c, rail, wc);
   }
@@ -1392,7 +1397,7 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struc
   if (c->pending[rail]) c->pending[rail]--;
   int kind = wrid_kind(id);
   if (kind == MPIB_WR_PROBE) return probe_done(c, rail);
-  if (kind == MPIB_WR_KEEPALIVE) c->rail[rail].keepalive_out = 0;
+  if (kind == MPIB_WR_KEEPALIVE && c->rail[rail].keepalive_out > 0) c->rail[rail].keepalive_out--;
   if (kind == 0 && c->is_send) return on_send_completion(c, rail, id);
   return ncclSuccess; /* a signalled CTS or control write */
 }
@@ -1411,16 +1416,20 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, const struc
  * 100 ms per busy comm, none on a comm that is idle altogether (MPIB_KEEPALIVE_NS there). */
 #define MPIB_IDLE_RAIL_PROBE_NS 100000000ull
 
+/* One zero-byte write on each lane of the rail (its first QPs: QP i sits on lane i mod the
+ * lanes), so that a striped rail's idle cable is checked too. */
 static ncclResult_t post_keepalive(struct mpib_comm *c, int r) {
-  struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
-  wr.wr.rdma.remote_addr = c->rem_addr;
-  wr.wr.rdma.rkey = c->rem_rkey[r];
-  struct ibv_send_wr *bad = NULL;
-  int qi = mpib_qp_index(r, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-  if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
-  c->rail[r].keepalive_out = 1;
-  c->pending[r]++;
+  for (int i = 0; i < mpib_lane_count(c, r); i++) {
+    struct ibv_send_wr wr = {.wr_id = wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+    int qi = mpib_qp_index(r, (uint64_t)i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+    wr.wr.rdma.remote_addr = c->rem_addr;
+    wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
+    struct ibv_send_wr *bad = NULL;
+    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
+    c->rail[r].keepalive_out++;
+    c->pending[r]++;
+  }
   return ncclSuccess;
 }
 
@@ -1459,30 +1468,36 @@ static ncclResult_t keepalive_tick(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
-/* Drains the completion queues of the rails that have work, each while it yields, then lets
- * the failover state machine move. */
-static ncclResult_t progress(struct mpib_comm *c) {
+/* Handles what one lane's CQ yields, 16 at a time while it fills the batch; a failing poll
+ * fails the rail. */
+static ncclResult_t poll_lane(struct mpib_comm *c, int rail, int lane) {
   struct ibv_wc wcs[16];
+  int n;
+  do {
+    n = ibv_poll_cq(c->cq[lane], 16, wcs);
+    if (n < 0) {
+      if (c->rail[rail].state != MPIB_RAIL_UP) return ncclSuccess;
+      return rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
+    }
+    for (int i = 0; i < n; i++) {
+      ncclResult_t res = handle_completion(c, rail, lane, &wcs[i]);
+      if (res != ncclSuccess) return res;
+    }
+  } while (n == 16);
+  return ncclSuccess;
+}
+
+/* Drains the completion queues of the rails that have work, each lane while it yields, then
+ * lets the failover state machine move. */
+static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* completion_now reads the clock afresh for this call's completions */
-  for (int lane = 0; lane < MPIB_NLANES; lane++) {
-    int rail = mpib_lane_rail(lane);
-    if (!c->cq[lane] || !rail_busy(c, rail)) continue;
-    int n;
-    do {
-      n = ibv_poll_cq(c->cq[lane], 16, wcs);
-      if (n < 0) {
-        if (c->rail[rail].state != MPIB_RAIL_UP) break;
-        ncclResult_t res = rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
-        if (res != ncclSuccess) return res;
-        break;
-      }
-      for (int i = 0; i < n; i++) {
-        ncclResult_t res = handle_completion(c, rail, &wcs[i]);
-        if (res != ncclSuccess) return res;
-      }
-    } while (n == 16);
-    if (lane != rail) continue; /* the rail's receives are refilled once, for all its lanes */
-    ncclResult_t res = srq_refill_or_fail(c, rail);
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (!c->cq[rail] || !rail_busy(c, rail)) continue;
+    for (int i = 0; i < mpib_lane_count(c, rail) && rail_busy(c, rail); i++) {
+      ncclResult_t res = poll_lane(c, rail, mpib_lane(rail, i));
+      if (res != ncclSuccess) return res;
+    }
+    ncclResult_t res = srq_refill_or_fail(c, rail); /* after all its lanes' receives were consumed */
     if (res != ncclSuccess) return res;
   }
   if ((++c->idle_polls & 255) == 0) {

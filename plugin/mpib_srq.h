@@ -14,6 +14,7 @@
 static inline int mpib_srq_refill(struct mpib_comm *c, int lane) {
   int missing = MPIB_SRQ_DEPTH - c->srq_posted[lane];
   if (missing < MPIB_SRQ_REFILL) return 0;
+  if (missing > MPIB_SRQ_DEPTH) missing = MPIB_SRQ_DEPTH; /* a miscount must never overrun wrs */
   struct ibv_recv_wr wrs[MPIB_SRQ_DEPTH];
   for (int i = 0; i < missing; i++) {
     wrs[i] = (struct ibv_recv_wr){.wr_id = MPIB_WRID_RECV, .num_sge = 0, .next = i + 1 < missing ? &wrs[i + 1] : NULL};

@@ -34,8 +34,15 @@ type supPorts struct {
 }
 
 // supPortUse is the SUP port (its index in the fused device) a connection's SUP QPs are
-// built on, and their GID index there (-1: chosen by net_ib's rule when the comm is built).
-type supPortUse struct{ port, gid int }
+// built on, and their GID index there (-1: chosen by net_ib's rule when the comm is built);
+// stripe: the further ports a striped connection's SUP lanes use, with their GID indexes.
+type supPortUse struct {
+	port, gid int
+	stripe    []supLane
+}
+
+// supLane is one further SUP lane's port and GID index.
+type supLane struct{ port, gid int }
 
 // use is where a plan's SUP QPs go: the port it names with that port's GID; an unaddressed
 // or empty plan uses the device's first SUP port and net_ib's rule.
@@ -43,12 +50,20 @@ func (s supPorts) use(p suppair.Plan) supPortUse {
 	if p.Kind != wire.PairAddressed {
 		return supPortUse{gid: -1}
 	}
+	u := supPortUse{gid: -1}
 	for i, port := range s.local.Ports {
 		if port.Index == p.Port.Index {
-			return supPortUse{port: port.Index, gid: s.gid[i]}
+			u = supPortUse{port: port.Index, gid: s.gid[i]}
 		}
 	}
-	return supPortUse{gid: -1}
+	for _, l := range p.Stripe {
+		for i, port := range s.local.Ports {
+			if port.Index == l.Port.Index {
+				u.stripe = append(u.stripe, supLane{port: port.Index, gid: s.gid[i]})
+			}
+		}
+	}
+	return u
 }
 
 // devSupPorts reads a fused device's SUP ports: each port's GID chosen by net_ib's rule (the
@@ -168,6 +183,11 @@ func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs 
 	if err := plan.CheckPeerGID(netip.AddrFrom16(theirs.Rail[1].GID)); err != nil {
 		return fmt.Errorf("peer %v: %w", peer, err)
 	}
+	for i := range plan.Stripe {
+		if err := plan.CheckPeerLaneGID(i, netip.AddrFrom16(theirs.Lane[i].GID)); err != nil {
+			return fmt.Errorf("peer %v: %w", peer, err)
+		}
+	}
 	if plan.Kind != wire.PairUnaddressed {
 		return nil
 	}
@@ -175,6 +195,7 @@ func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs 
 		infof("peer %v: %s: this connection uses SOUT only", peer, why)
 		inVerbsSlot(func() { C.mpib_comm_drop_rail(comm, 1) })
 		mine.NQPs[1], theirs.NQPs[1] = 0, 0
+		mine.SupLanes, theirs.SupLanes = 0, 0 // no SUP QPs, no SUP lanes (mpib_comm_connect checks)
 	}
 	return nil
 }

@@ -304,11 +304,12 @@ void nt_forker_stop(const struct nt_opts *o);
 /* ---- scale.c: many connections (connect, resources) ---- */
 #define NT_MAX_COMMS 4096
 
-/* MPIB's hello on its control socket (plugin/internal/wire/hello.go, version 4): "MPIL",
+/* MPIB's hello on its control socket (plugin/internal/wire/hello.go, version 5): "MPIL",
  * version u16, zeros, the listener's nonce (handle bytes 16..23) at 8, flags (bit 0: the
  * connector's MPIB_SUP_RELAY, which must equal the handle's byte 41 bit 0) at 16, the SUP pair
- * kind at 17 (0: none), zeros to the end. The hostile modes send it as a peer would. */
-#define NT_MPIB_HELLO_SIZE 28
+ * kind at 17 (0: none), zeros to the end (the pair count at 19 and the pairs). The hostile
+ * modes send it as a peer would. */
+#define NT_MPIB_HELLO_SIZE 64
 int nt_scale_parse_mode(const char *name, enum nt_mode *m);
 const char *nt_scale_mode_name(enum nt_mode m);
 int nt_mode_is_scale(enum nt_mode m);

@@ -73,7 +73,17 @@ type Plan struct {
 	Path topo.PathKind // PairAddressed: direct or routed
 	Port topo.Port     // PairAddressed: our port
 	Pair topo.Pair     // PairAddressed: from our side (Local ours, Peer theirs, Via the gateway when routed)
-	Why  string        // PairNone while the path wanted SUP: why not, for one INFO line
+	// Stripe: further direct pairs to the peer (parallel cables), each on a port and a peer
+	// address no other pair of the plan uses; the SUP rail stripes over all of them. At most
+	// wire.MaxPairs - 1; none for a routed pair.
+	Stripe []Lane
+	Why    string // PairNone while the path wanted SUP: why not, for one INFO line
+}
+
+// Lane is one further pair of a striped plan.
+type Lane struct {
+	Port topo.Port
+	Pair topo.Pair
 }
 
 // SUP says whether the connection builds SUP QPs.
@@ -106,7 +116,11 @@ func (p Plan) RecordPath() uint8 {
 func (p Plan) String() string {
 	switch p.Kind {
 	case wire.PairAddressed:
-		return fmt.Sprintf("%v %v/%d -> %v", p.Path, p.Pair.Local, p.Port.Bits, p.Pair.Peer) + via(p.Pair)
+		s := fmt.Sprintf("%v %v/%d -> %v", p.Path, p.Pair.Local, p.Port.Bits, p.Pair.Peer) + via(p.Pair)
+		for _, l := range p.Stripe {
+			s += fmt.Sprintf(" + %v/%d -> %v", l.Pair.Local, l.Port.Bits, l.Pair.Peer)
+		}
+		return s
 	case wire.PairUnaddressed:
 		return "unaddressed"
 	}
@@ -142,8 +156,9 @@ func b2i(b bool) int {
 // Connect is the connector's decision from the listener's handle. wanted: the mode and path
 // class want SUP QPs (mpib_sup_qps_wanted; the SOUT island still gives the path class). A relay
 // mismatch is an error the caller reports after sending its hello, so that the listener fails
-// too instead of waiting. When ChooseSupPairs finds several pairs (parallel cables) the first
-// is used: striping SUP QPs over several ports is not built yet.
+// too instead of waiting. When ChooseSupPairs finds several direct pairs (parallel cables, a
+// port's two functions) the plan stripes over those that use distinct ports on both sides
+// (stripePairs), the first pair first.
 func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (Plan, error) {
 	if h.SupRelay != relay {
 		return Plan{}, &RelayMismatch{Ours: relay, Theirs: h.SupRelay, Side: "connecting"}
@@ -162,7 +177,29 @@ func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (P
 		return Plan{Why: c.Reason}, nil
 	}
 	pair := c.Pairs[0]
-	return Plan{Kind: wire.PairAddressed, Path: c.Kind, Port: portOf(l, pair.Port), Pair: pair}, nil
+	plan := Plan{Kind: wire.PairAddressed, Path: c.Kind, Port: portOf(l, pair.Port), Pair: pair}
+	if c.Kind == topo.PathDirect {
+		for _, q := range stripePairs(c.Pairs)[1:] {
+			plan.Stripe = append(plan.Stripe, Lane{Port: portOf(l, q.Port), Pair: q})
+		}
+	}
+	return plan, nil
+}
+
+// stripePairs is the pairs a striped connection uses, in order: each takes a local port and a
+// peer address no earlier one took (one lane per cable end), at most wire.MaxPairs. Two pairs
+// from one port to two addresses of the peer would be one cable counted twice.
+func stripePairs(pairs []topo.Pair) []topo.Pair {
+	var out []topo.Pair
+	ports, peers := map[int]bool{}, map[netip.Addr]bool{}
+	for _, p := range pairs {
+		if len(out) == wire.MaxPairs || ports[p.Port] || peers[p.Peer] {
+			continue
+		}
+		ports[p.Port], peers[p.Peer] = true, true
+		out = append(out, p)
+	}
+	return out
 }
 
 // Hello is the connector's hello for this plan.
@@ -170,6 +207,9 @@ func (p Plan) Hello(nonce uint64, relay bool) wire.Hello {
 	h := wire.Hello{Nonce: nonce, SupRelay: relay, Kind: p.Kind}
 	if p.Kind == wire.PairAddressed {
 		h.Local, h.Peer = wire.SupAddr{Addr: p.Pair.Local, Bits: p.Port.Bits}, p.Pair.Peer
+		for i, l := range p.Stripe {
+			h.Stripe[i] = wire.HelloPair{Local: wire.SupAddr{Addr: l.Pair.Local, Bits: l.Port.Bits}, Peer: l.Pair.Peer}
+		}
 	}
 	return h
 }
@@ -192,12 +232,7 @@ func Accept(adv wire.Handle, hello wire.Hello, l Local, routes []topo.Route, rel
 	case wire.PairUnaddressed:
 		return Plan{Kind: wire.PairUnaddressed}, nil
 	}
-	if !adv.HasSupAddr(hello.Peer) {
-		return Plan{}, fmt.Errorf("SUP pair %v (ours) - %v (peer) refused: our handle did not advertise %v (it advertised %s)",
-			hello.Peer, hello.Local, hello.Peer, advertised(adv))
-	}
-	theirs := topo.PeerAddr{Addr: hello.Local.Addr, Bits: hello.Local.Bits}
-	pair, err := topo.CheckAcceptedPair(l.Ports, hello.Peer, theirs, routes, relay)
+	pair, err := acceptPair(adv, wire.HelloPair{Local: hello.Local, Peer: hello.Peer}, l, routes, relay)
 	if err != nil {
 		return Plan{}, err
 	}
@@ -205,7 +240,33 @@ func Accept(adv wire.Handle, hello wire.Hello, l Local, routes []topo.Route, rel
 	if pair.Via.IsValid() {
 		path = topo.PathRouted
 	}
-	return Plan{Kind: wire.PairAddressed, Path: path, Port: portOf(l, pair.Port), Pair: pair}, nil
+	plan := Plan{Kind: wire.PairAddressed, Path: path, Port: portOf(l, pair.Port), Pair: pair}
+	ports := map[int]bool{pair.Port: true}
+	for _, hp := range hello.Stripe[:hello.Pairs()-1] {
+		q, err := acceptPair(adv, hp, l, routes, relay)
+		if err != nil {
+			return Plan{}, err
+		}
+		// Striping is over parallel cables: every lane direct, each on a port of its own.
+		if path != topo.PathDirect || q.Via.IsValid() || ports[q.Port] {
+			return Plan{}, fmt.Errorf("SUP pair %v (ours) - %v (peer) refused: a striped pair must be direct, on a port no other "+
+				"pair of the connection uses (the first pair is %v)", hp.Peer, hp.Local.Addr, plan)
+		}
+		ports[q.Port] = true
+		plan.Stripe = append(plan.Stripe, Lane{Port: portOf(l, q.Port), Pair: q})
+	}
+	return plan, nil
+}
+
+// acceptPair checks one pair of a hello: an address our handle advertised, which our port
+// still has and reaches the peer's from (CheckAcceptedPair).
+func acceptPair(adv wire.Handle, hp wire.HelloPair, l Local, routes []topo.Route, relay bool) (topo.Pair, error) {
+	if !adv.HasSupAddr(hp.Peer) {
+		return topo.Pair{}, fmt.Errorf("SUP pair %v (ours) - %v (peer) refused: our handle did not advertise %v (it advertised %s)",
+			hp.Peer, hp.Local, hp.Peer, advertised(adv))
+	}
+	theirs := topo.PeerAddr{Addr: hp.Local.Addr, Bits: hp.Local.Bits}
+	return topo.CheckAcceptedPair(l.Ports, hp.Peer, theirs, routes, relay)
 }
 
 // CheckPeerGID checks that the peer's SUP GID in its metadata is the address the pair names:
@@ -216,6 +277,20 @@ func (p Plan) CheckPeerGID(peerGID netip.Addr) error {
 	}
 	return fmt.Errorf("the peer's SUP GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
 		peerGID.Unmap(), p.Pair.Peer, p.Pair.Local, p.Pair.Peer)
+}
+
+// CheckPeerLaneGID checks a striped lane's GID in the peer's metadata likewise: lane i+2
+// carries the peer address of the plan's Stripe[i].
+func (p Plan) CheckPeerLaneGID(i int, peerGID netip.Addr) error {
+	if i < 0 || i >= len(p.Stripe) {
+		return fmt.Errorf("the plan has no striped SUP lane %d", i+2)
+	}
+	l := p.Stripe[i].Pair
+	if peerGID.Unmap() == l.Peer {
+		return nil
+	}
+	return fmt.Errorf("the peer's SUP lane %d GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
+		i+2, peerGID.Unmap(), l.Peer, l.Local, l.Peer)
 }
 
 // UnaddressedReachable is the rule for PairUnaddressed, decided on both ends from the two

@@ -76,7 +76,74 @@ func (o outcome) agree() error {
 	if o.conn.Pair.Local != o.acc.Pair.Peer || o.conn.Pair.Peer != o.acc.Pair.Local {
 		return fmt.Errorf("pairs do not mirror: connector %v, acceptor %v", o.conn.Pair, o.acc.Pair)
 	}
+	if len(o.conn.Stripe) != len(o.acc.Stripe) {
+		return fmt.Errorf("striped lanes differ: connector %v, acceptor %v", o.conn, o.acc)
+	}
+	for i, c := range o.conn.Stripe {
+		if a := o.acc.Stripe[i]; c.Pair.Local != a.Pair.Peer || c.Pair.Peer != a.Pair.Local {
+			return fmt.Errorf("striped pair %d does not mirror: connector %v, acceptor %v", i+2, c.Pair, a.Pair)
+		}
+	}
 	return nil
+}
+
+// TestStripePairs: which of ChooseSupPairs' direct pairs a connection stripes over.
+func TestStripePairs(t *testing.T) {
+	pair := func(port int, local, peer string) topo.Pair {
+		return topo.Pair{Port: port, Local: netip.MustParseAddr(local), Peer: netip.MustParseAddr(peer)}
+	}
+	a, b, c, d, e := pair(0, "10.9.1.1", "10.9.1.2"), pair(1, "10.9.2.1", "10.9.2.2"), pair(2, "10.9.3.1", "10.9.3.2"),
+		pair(3, "10.9.4.1", "10.9.4.2"), pair(4, "10.9.5.1", "10.9.5.2")
+	tests := []struct {
+		name string
+		in   []topo.Pair
+		want []topo.Pair
+	}{
+		{"one", []topo.Pair{a}, []topo.Pair{a}},
+		{"parallel cables", []topo.Pair{a, b}, []topo.Pair{a, b}},
+		// One port in a /24 holding two of the peer's addresses: one cable, not two.
+		{"one port, two peer addresses", []topo.Pair{a, pair(0, "10.9.1.1", "10.9.1.3")}, []topo.Pair{a}},
+		// Two of our ports to one peer address: one cable end on the peer, not two.
+		{"two ports, one peer address", []topo.Pair{a, pair(1, "10.9.1.5", "10.9.1.2")}, []topo.Pair{a}},
+		{"at most wire.MaxPairs", []topo.Pair{a, b, c, d, e}, []topo.Pair{a, b, c, d}},
+	}
+	for _, tt := range tests {
+		got := stripePairs(tt.in)
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestAcceptRefusesStripes: the acceptor checks every pair of a striped hello.
+func TestAcceptRefusesStripes(t *testing.T) {
+	a3 := local(port(0, "to-a1", "10.9.13.3/29"), port(1, "to-a2", "10.9.23.3/24"), port(2, "to-a2b", "10.9.13.11/29"))
+	adv := wire.Handle{Addr: netip.MustParseAddrPort("10.0.1.13:40000"), Nonce: 77}
+	Advertise(&adv, a3, false)
+	base := wire.Hello{Nonce: 77, Kind: wire.PairAddressed, Local: wire.SupAddr{Addr: netip.MustParseAddr("10.9.23.2"), Bits: 24},
+		Peer: netip.MustParseAddr("10.9.23.3")}
+	striped := func(local string, bits uint8, peer string) wire.Hello {
+		h := base
+		h.Stripe[0] = wire.HelloPair{Local: wire.SupAddr{Addr: netip.MustParseAddr(local), Bits: bits}, Peer: netip.MustParseAddr(peer)}
+		return h
+	}
+	if p, err := Accept(adv, striped("10.9.13.10", 29, "10.9.13.11"), a3, nil, false, true); err != nil || len(p.Stripe) != 1 || p.Stripe[0].Port.Index != 2 {
+		t.Fatalf("the lab's parallel cable: %v, %v", p, err)
+	}
+	tests := []struct {
+		name, want string
+		hello      wire.Hello
+	}{
+		{"not advertised", "did not advertise 10.9.13.12", striped("10.9.13.10", 29, "10.9.13.12")},
+		{"not reachable from that port", "refused", striped("10.9.30.1", 24, "10.9.13.11")},
+		// (A pair repeating an address of another is refused by wire.DecodeHello already.)
+	}
+	for _, tt := range tests {
+		p, err := Accept(adv, tt.hello, a3, nil, false, true)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, %v; want an error saying %q", tt.name, p, err, tt.want)
+		}
+	}
 }
 
 func TestDescribe(t *testing.T) {
@@ -203,7 +270,9 @@ func TestMeshLab(t *testing.T) {
 	}
 	want := map[string]string{ // relay on; relay off gives none where this is routed
 		"a1>a2": "direct 10.9.1.1/24 -> 10.9.1.2", "a1>a3": "direct 10.9.13.1/29 -> 10.9.13.3",
-		"a2>a3": "direct 10.9.23.2/24 -> 10.9.23.3", "a3>a2": "direct 10.9.23.3/24 -> 10.9.23.2",
+		// Both cables: the /24 first (ChooseSupPairs' order), the parallel /29 striped.
+		"a2>a3": "direct 10.9.23.2/24 -> 10.9.23.3 + 10.9.13.10/29 -> 10.9.13.11",
+		"a3>a2": "direct 10.9.23.3/24 -> 10.9.23.2 + 10.9.13.11/29 -> 10.9.13.10",
 		"b1>b3": "routed 10.9.112.1/24 -> 10.9.123.3 via 10.9.112.2", "b3>b1": "routed 10.9.123.3/24 -> 10.9.112.1 via 10.9.123.2",
 		"b2>b4": "routed 10.9.123.2/24 -> 10.9.134.4 via 10.9.123.3", "b4>b2": "routed 10.9.134.4/24 -> 10.9.123.2 via 10.9.134.3",
 		"b1>b4": "direct 10.9.141.1/24 -> 10.9.141.4",
@@ -381,5 +450,29 @@ func TestRecordPath(t *testing.T) {
 		if got := c.plan.RecordPath(); got != c.want {
 			t.Errorf("%s: RecordPath() = %d, want %d", c.name, got, c.want)
 		}
+	}
+}
+
+// TestCheckPeerLaneGID: each striped lane's GID in the peer's metadata must carry its pair's
+// peer address (the lab's a2 -> a3 over both cables).
+func TestCheckPeerLaneGID(t *testing.T) {
+	a2 := local(port(0, "to-a1", "10.9.1.2/24"), port(1, "to-a3", "10.9.23.2/24"), port(2, "to-a3b", "10.9.13.10/29"))
+	a3 := local(port(0, "to-a1", "10.9.13.3/29"), port(1, "to-a2", "10.9.23.3/24"), port(2, "to-a2b", "10.9.13.11/29"))
+	o := handshake(t, side{a3, nil, false}, side{a2, nil, false}, true)
+	if o.connErr != nil || o.accErr != nil || len(o.conn.Stripe) != 1 {
+		t.Fatalf("a2 -> a3: %v %v / %v %v", o.conn, o.connErr, o.acc, o.accErr)
+	}
+	if err := o.conn.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.13.11")); err != nil {
+		t.Errorf("connector, the parallel cable's far end: %v", err)
+	}
+	if err := o.acc.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.13.10")); err != nil {
+		t.Errorf("acceptor, the parallel cable's far end: %v", err)
+	}
+	// The first cable's address on the striped lane: the peer put that lane on the wrong port.
+	if err := o.conn.CheckPeerLaneGID(0, netip.MustParseAddr("::ffff:10.9.23.3")); err == nil || !strings.Contains(err.Error(), "10.9.13.11") {
+		t.Errorf("a lane on the wrong port: %v", err)
+	}
+	if err := o.conn.CheckPeerLaneGID(1, netip.MustParseAddr("::ffff:10.9.13.11")); err == nil {
+		t.Error("a lane the plan does not have: no error")
 	}
 }

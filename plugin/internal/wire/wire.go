@@ -13,10 +13,10 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	// Version is every message's: 4: SUP port addresses and the relay flag in the handle, the
-	// SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
+	// Version is every message's: 5: up to MaxPairs SUP pairs in the hello (striping); 4: SUP
+	// port addresses and the relay flag in the handle, the SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
 	// 2: traffic class/SL, LID, link layer, SUP prefix and ECE.
-	Version       = 4
+	Version       = 5
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
 	metadataMagic = 0x4D49504D // "MPIM"
@@ -25,7 +25,8 @@ const (
 	MaxQPsPerRail = 16
 	Rails         = 2
 	railSize      = 16 + 4 + 4 + 4 + 16 + 4*MaxQPsPerRail
-	MetadataSize  = 28 + Rails*railSize
+	laneSize      = 16 + 4 + 4 + 2 + 1 + 1
+	MetadataSize  = 28 + Rails*railSize + 4 + (MaxPairs-1)*laneSize
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
 )
 
@@ -65,12 +66,26 @@ type RailInfo struct {
 	QPN       [MaxQPsPerRail]uint32
 }
 
+// LaneInfo is a striped SUP lane's connection facts (lanes 2..: one per further SUP pair of
+// the hello); the rail's QP numbers stay in its RailInfo (QP i sits on lane i mod SupLanes).
+type LaneInfo struct {
+	GID       [16]byte
+	MTU       uint32 // enum ibv_mtu
+	RKey      uint32 // the lane's registration of the advertised buffer
+	LID       uint16
+	LinkLayer uint8
+	PrefixLen uint8
+}
+
 // Metadata is exchanged by both sides after the hello.
 // Layout: magic u32 | version u16 | size u16 | mode u8 | path class u8 | traffic class u8 |
 // service level u8 | nqps [2]u32 | buffer address u64 | rails [2]{gid [16], mtu u32,
 // rkey u32, lid u16, link layer u8, prefix length u8, ece {valid u32, vendor u32, options u32,
-// comp mask u32}, qpn [16]u32}. The traffic class and service level are the sending side's:
-// both ends of a connection use the sender's (as net_ib does).
+// comp mask u32}, qpn [16]u32} | SUP lanes u8 | reserved [3] | lanes [MaxPairs-1]{gid [16],
+// mtu u32, rkey u32, lid u16, link layer u8, prefix length u8}. The traffic class and service
+// level are the sending side's: both ends of a connection use the sender's (as net_ib does).
+// SupLanes is 0 without SUP QPs, else the SUP pairs (1 without striping); lanes past
+// SupLanes - 1 are zero.
 type Metadata struct {
 	Mode      uint8
 	PathClass uint8
@@ -78,6 +93,8 @@ type Metadata struct {
 	NQPs      [Rails]uint32
 	BufAddr   uint64
 	Rail      [Rails]RailInfo
+	SupLanes  uint8
+	Lane      [MaxPairs - 1]LaneInfo
 }
 
 // EncodeMetadata serializes m into MetadataSize bytes.
@@ -107,6 +124,14 @@ func EncodeMetadata(m Metadata) []byte {
 		for _, q := range r.QPN {
 			b = binary.LittleEndian.AppendUint32(b, q)
 		}
+	}
+	b = append(b, m.SupLanes, 0, 0, 0)
+	for _, l := range m.Lane {
+		b = append(b, l.GID[:]...)
+		b = binary.LittleEndian.AppendUint32(b, l.MTU)
+		b = binary.LittleEndian.AppendUint32(b, l.RKey)
+		b = binary.LittleEndian.AppendUint16(b, l.LID)
+		b = append(b, l.LinkLayer, l.PrefixLen)
 	}
 	return b
 }
@@ -168,5 +193,38 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 			return m, fmt.Errorf("%w: rail %d link layer %d", ErrMalformed, i, r.LinkLayer)
 		}
 	}
-	return m, nil
+	return m, decodeLanes(&m, b[off:])
+}
+
+// decodeLanes reads and checks the striped lanes that end the metadata.
+func decodeLanes(m *Metadata, b []byte) error {
+	le := binary.LittleEndian
+	m.SupLanes = b[0]
+	if b[1]|b[2]|b[3] != 0 {
+		return fmt.Errorf("%w: metadata reserved bytes % x after the rails", ErrMalformed, b[1:4])
+	}
+	switch {
+	case m.NQPs[1] == 0 && m.SupLanes != 0:
+		return fmt.Errorf("%w: %d SUP lanes without SUP QPs", ErrMalformed, m.SupLanes)
+	case m.NQPs[1] > 0 && (m.SupLanes < 1 || m.SupLanes > MaxPairs || uint32(m.SupLanes) > m.NQPs[1]):
+		return fmt.Errorf("%w: %d SUP lanes for %d SUP QPs (1..%d, at most one a QP)", ErrMalformed, m.SupLanes, m.NQPs[1], MaxPairs)
+	}
+	off := 4
+	for i := range m.Lane {
+		l := &m.Lane[i]
+		copy(l.GID[:], b[off:off+16])
+		l.MTU, l.RKey = le.Uint32(b[off+16:]), le.Uint32(b[off+20:])
+		l.LID, l.LinkLayer, l.PrefixLen = le.Uint16(b[off+24:]), b[off+26], b[off+27]
+		off += laneSize
+		if i+2 > int(m.SupLanes) {
+			if *l != (LaneInfo{}) {
+				return fmt.Errorf("%w: SUP lane %d filled in, with %d lanes", ErrMalformed, i+2, m.SupLanes)
+			}
+			continue
+		}
+		if l.MTU < 1 || l.MTU > maxIBMTUEnum || (l.LinkLayer != LinkLayerInfiniBand && l.LinkLayer != LinkLayerEthernet) || l.PrefixLen > 128 {
+			return fmt.Errorf("%w: SUP lane %d MTU code %d, link layer %d, prefix length %d", ErrMalformed, i+2, l.MTU, l.LinkLayer, l.PrefixLen)
+		}
+	}
+	return nil
 }

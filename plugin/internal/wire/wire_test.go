@@ -20,8 +20,15 @@ func sampleMetadata() Metadata {
 			m.Rail[r].QPN[q] = uint32(100*r + q + 17)
 		}
 	}
+	// SUP striped over two cables: the second lane's facts.
+	m.SupLanes = 2
+	m.Lane[0] = LaneInfo{MTU: 3, RKey: 0x2002, LinkLayer: LinkLayerEthernet, PrefixLen: 29}
+	m.Lane[0].GID[10], m.Lane[0].GID[11], m.Lane[0].GID[15] = 0xff, 0xff, 9
 	return m
 }
+
+// laneOff is where the striped lanes start in the encoding.
+const laneOff = 28 + Rails*railSize + 4
 
 func TestAck(t *testing.T) {
 	if err := CheckAck(EncodeAck()); err != nil {
@@ -55,6 +62,10 @@ func TestMetadataRejects(t *testing.T) {
 		{"service level", 11, 16}, {"too many SOUT QPs", 12, 17}, {"too many SUP QPs", 16, 200},
 		{"no SOUT QPs", 12, 0}, {"MTU code", 28 + 16, 9}, {"link layer", 28 + 26, 3},
 		{"ECE flag", 28 + 28, 2}, {"prefix length", 28 + 27, 129},
+		{"no SUP lanes with SUP QPs", laneOff - 4, 0}, {"5 SUP lanes", laneOff - 4, 5},
+		{"more lanes than SUP QPs", laneOff - 4, 4}, {"reserved after the rails", laneOff - 3, 1},
+		{"lane MTU code", laneOff + 16, 9}, {"lane link layer", laneOff + 26, 0}, {"lane prefix", laneOff + 27, 129},
+		{"a lane past the count", laneOff + laneSize + 20, 1},
 	}
 	for _, tt := range tests {
 		b := bytes.Clone(good)
@@ -65,6 +76,15 @@ func TestMetadataRejects(t *testing.T) {
 	}
 	if _, err := DecodeMetadata(good[:100]); !errors.Is(err, ErrMalformed) {
 		t.Errorf("short metadata: %v", err)
+	}
+	noSup := sampleMetadata()
+	noSup.NQPs[1], noSup.Rail[1], noSup.Lane, noSup.SupLanes = 0, RailInfo{}, [MaxPairs - 1]LaneInfo{}, 1
+	if _, err := DecodeMetadata(EncodeMetadata(noSup)); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a SUP lane without SUP QPs: %v", err)
+	}
+	noSup.SupLanes = 0
+	if _, err := DecodeMetadata(EncodeMetadata(noSup)); err != nil {
+		t.Errorf("no SUP at all: %v", err)
 	}
 }
 
