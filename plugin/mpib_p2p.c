@@ -1024,38 +1024,49 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   return post_replays(c);
 }
 
+/* Which field of the receiver's record names the generation the sender waits for. */
+enum record_field { REC_FENCE, REC_READY, REC_REFUSED };
+static uint64_t record_gen(const volatile struct mpib_fence_rec *rec, enum record_field f) {
+  return f == REC_FENCE ? rec->fence_gen : f == REC_READY ? rec->ready_gen : rec->refused_gen;
+}
+
 /* Copies the receiver's record of rail r (`in`: the RDMA-written copy or the control socket's),
- * which names the current generation in the given field (fence or ready); 1 when the copy is
- * complete (its checksum holds). */
-static int read_record_check(struct mpib_comm *c, int r, int ready, volatile struct mpib_fence_rec *in,
+ * which names the current generation in field f; 1 when the copy is complete (its checksum
+ * holds). */
+static int read_record_check(struct mpib_comm *c, int r, enum record_field f, volatile struct mpib_fence_rec *in,
                              struct mpib_fence_rec *out) {
   uint64_t want = c->rail[r].gen;
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   memcpy(out, (const void *)in, sizeof *out);
-  return (ready ? out->ready_gen : out->fence_gen) == want && out->check == mpib_fence_check(out);
+  return record_gen(out, f) == want && out->check == mpib_fence_check(out);
 }
 
 /* Reads the receiver's record of rail r when it is complete and names the rail's generation
- * in the given field (fence or ready). The sender looks for a fence on every progress call:
- * the common answer (no record for this generation) is one load, in line. */
-static inline int read_record(struct mpib_comm *c, int r, int ready, struct mpib_fence_rec *out) {
+ * in field f. The sender looks for a fence on every progress call: the common answer (no
+ * record for this generation) is one load, in line. */
+static inline int read_record(struct mpib_comm *c, int r, enum record_field f, struct mpib_fence_rec *out) {
   volatile struct mpib_fence_rec *in = fence_rec(c, r), *tcp = &c->tcp_rec[r];
-  if ((ready ? in->ready_gen : in->fence_gen) == c->rail[r].gen && read_record_check(c, r, ready, in, out)) return 1;
-  if ((ready ? tcp->ready_gen : tcp->fence_gen) != c->rail[r].gen) return 0;
-  return read_record_check(c, r, ready, tcp, out);
+  if (record_gen(in, f) == c->rail[r].gen && read_record_check(c, r, f, in, out)) return 1;
+  if (record_gen(tcp, f) != c->rail[r].gen) return 0;
+  return read_record_check(c, r, f, tcp, out);
 }
 
-/* Sender: the rail's QPs were rebuilt (e == 0): ask the receiver to do the same. A failure
- * is retried after the back-off. */
+/* Sender: an attempt to bring rail r back failed before its probes (this side's or the
+ * receiver's rebuild, or no answer): the rail is DOWN and tried again after the back-off. */
+static ncclResult_t attempt_failed(struct mpib_comm *c, int r, uint64_t now, const char *why, const char *detail) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  rc->state = MPIB_RAIL_DOWN;
+  rc->attempts++;
+  rc->retry_at_ns = next_retry_ns(c, rc, now);
+  MPIB_INFO("%s rail: generation %u: %s%s; next attempt in %llu ms", rail_name(r), rc->gen, why, detail,
+            (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
+  return ncclSuccess;
+}
+
+/* Sender: the rail's QPs were rebuilt (e == 0): ask the receiver to do the same. */
 static ncclResult_t send_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  if (e) {
-    rc->attempts++;
-    rc->retry_at_ns = next_retry_ns(c, rc, now);
-    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); next attempt in %llu ms", rail_name(r), strerror(-e),
-              (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
-    return ncclSuccess;
-  }
+  if (e) return attempt_failed(c, r, now, "reconnecting its QPs failed: ", strerror(-e));
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
   return post_notice(c, r, MPIB_NOTICE_RECOVER);
@@ -1117,7 +1128,7 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
      * (it completed them all; only acknowledgements were lost) answers when NCCL posts its
      * next one. A dead receiver closes the control socket (comm_health fails us then), so
      * waiting longer is only logged. */
-    if (read_record(c, r, 0, &rec)) {
+    if (read_record(c, r, REC_FENCE, &rec)) {
       rc->slow_reported = 0;
       return send_resolve(c, r, &rec);
     }
@@ -1141,12 +1152,9 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     return ncclSuccess;
   }
   case MPIB_RAIL_RECOVERING:
-    if (read_record(c, r, 1, &rec)) return post_probes(c, r, now);
-    if (now - rc->since_ns > timeout) { /* the receiver did not rebuild: try again later */
-      rc->state = MPIB_RAIL_DOWN;
-      rc->attempts++;
-      rc->retry_at_ns = next_retry_ns(c, rc, now);
-    }
+    if (read_record(c, r, REC_READY, &rec)) return post_probes(c, r, now);
+    if (read_record(c, r, REC_REFUSED, &rec)) return attempt_failed(c, r, now, "the receiver could not rebuild it", "");
+    if (now - rc->since_ns > timeout) return attempt_failed(c, r, now, "the receiver did not answer its RECOVER", "");
     return ncclSuccess;
   case MPIB_RAIL_PROBING:
     if (now - rc->since_ns > timeout) return rail_fail(c, r, "probe-failed", "the probes never completed");
@@ -1178,13 +1186,16 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
 }
 
 /* Receiver: rail r's QPs were rebuilt (e == 0) as generation rc->gen: refill its receives and
- * tell the sender. On a failure the sender times out and retries. */
+ * tell the sender. A failure is told too: the sender retries after its back-off (without the
+ * answer it would wait MPIB_FAILOVER_TIMEOUT_MS; seen in the lab when the loss that failed the
+ * rail also lost the ARP reply this side's RTR waited for). */
 static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (rc->state != MPIB_RAIL_DOWN) return ncclSuccess; /* its device died meanwhile (DEAD) */
   if (e) {
     MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
-    return ncclSuccess;
+    fence_rec(c, r)->refused_gen = rc->gen;
+    return rail_usable(c, 1 - r) || c->ctrl_fd >= 0 ? post_record(c, r) : ncclSuccess; /* else: its timeout */
   }
   if (c->srq[r] && srq_refill_rail(c, r)) return ncclSuccess;
   rc->state = MPIB_RAIL_RECOVERING;
@@ -1270,7 +1281,7 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
       }
     } else if (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) {
       struct mpib_fence_rec rec;
-      if (read_record(c, r, 0, &rec) && (res = rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
+      if (read_record(c, r, REC_FENCE, &rec) && (res = rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
         res = send_resolve(c, r, &rec);
     }
     if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && rail_down(c, r))

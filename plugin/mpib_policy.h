@@ -373,7 +373,9 @@ static inline uint64_t mpib_notice_order(uint64_t word) {
 }
 
 /* The receiver's answer for one rail, RDMA-written into the sender's memory after the CTS FIFO:
- * the generation it fenced (with what it had then) and the generation it rebuilt its QPs for. */
+ * the generation it fenced (with what it had then), the generation it rebuilt its QPs for, and
+ * the generation it could not rebuild (its RTR failed: on RoCE the peer's MAC did not resolve),
+ * so the sender retries after its back-off instead of waiting out MPIB_FAILOVER_TIMEOUT_MS. */
 #define MPIB_FENCE_SLOTS 32
 struct mpib_fence_rec {
   uint64_t fence_gen;
@@ -382,7 +384,8 @@ struct mpib_fence_rec {
   uint8_t have[MPIB_FENCE_SLOTS]; /* the open receive's confirmed ranges (mpib_recv_ranges_arrived) */
   uint64_t next_seq;
   uint64_t check;
-  uint8_t pad[48];
+  uint64_t refused_gen;
+  uint8_t pad[40];
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct mpib_fence_rec) == 384, "fence record layout");
 
@@ -396,6 +399,7 @@ static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r)
     h *= 0x94D049BB133111EBull;
     h ^= h >> 29;
   }
+  if (r->refused_gen) h = (h ^ r->refused_gen) * 0xBF58476D1CE4E5B9ull; /* only when set: older records check as before */
   return h;
 }
 

@@ -9,7 +9,9 @@
  *     bytes in flight, the split applied after the topology guard, the wall-clock stamp;
  *   - the clock reads: one per posted slot, one per progress call that completes sends;
  *   - a failover (docs/failover.md): a slot the receiver already has counts as completed on
- *     the failed rail, a replayed one as posted and completed on the rail that carried it.
+ *     the failed rail, a replayed one as posted and completed on the rail that carried it;
+ *   - the recovery after it (not telemetry; the same harness): a receiver that could not
+ *     rebuild says so and the sender retries after its back-off, not its failover timeout.
  * No RDMA device is needed (ibv_post_send and ibv_poll_cq call through the context's ops). */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -272,6 +274,43 @@ static void test_failover(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struc
   CHECK(seg_u64(shm, id, SOUT_FLY) == 0 && seg_u64(shm, id, SUP_FLY) == 0, "failover: bytes left in flight");
 }
 
+/* After test_failover (SUP DOWN): a recovery the receiver refuses (its RTR failed) is a failed
+ * attempt at once, so the next one comes after the back-off; a stale or torn refusal changes
+ * nothing; the next attempt that the receiver answers ready probes and brings SUP back. The
+ * failover timeout is out of reach here, so only the refusal can end the first attempt. */
+static void test_recovery_refused(struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
+  struct mpib_rail_ctl *rc = &c->rail[MPIB_RAIL_SUP];
+  struct mpib_fence_rec *rec = (struct mpib_fence_rec *)((char *)c->cts + MPIB_CTS_BYTES) + MPIB_RAIL_SUP;
+  mpib_g.recovery_backoff_ms = 250;
+  mpib_g.recovery_backoff_max_ms = 2000;
+  mpib_g.failover_timeout_ms = 1000000;
+  rc->retry_at_ns = fake_now;
+  uint32_t gen = rc->gen;
+  struct mpib_request *r = send_one(c, mh, buf, 4096);
+  int done = 0;
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING && rc->gen == gen + 1,
+        "recovery started: state %d gen %u", rc->state, rc->gen);
+  rec->refused_gen = gen; /* an older generation's refusal */
+  rec->check = mpib_fence_check(rec);
+  fake_now += 1000000;
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING, "a stale refusal was taken");
+  rec->refused_gen = gen + 1; /* torn: the checksum is the old one's */
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING, "a torn refusal was taken");
+  rec->check = mpib_fence_check(rec);
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_DOWN && rc->attempts == 1 &&
+            rc->retry_at_ns == fake_now + 500000000ull,
+        "refused: state %d attempts %u retry in %lld ns", rc->state, rc->attempts, (long long)(rc->retry_at_ns - fake_now));
+  fake_now = rc->retry_at_ns;
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING && rc->gen == gen + 2,
+        "retried after the back-off: state %d gen %u", rc->state, rc->gen);
+  rec->ready_gen = gen + 2;
+  rec->check = mpib_fence_check(rec);
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_PROBING, "ready: state %d", rc->state);
+  CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_UP && rc->attempts == 0,
+        "probed: state %d attempts %u", rc->state, rc->attempts);
+  wait_all(&r, 1);
+}
+
 int main(void) {
   char dir[] = "/tmp/mpib-p2p-teleXXXXXX", path[256], err[512];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -289,6 +328,7 @@ int main(void) {
     test_batch(shm, id, c, &mh, buf);
     test_thresholds(shm, id, c, &mh, buf);
     test_failover(shm, id, c, &mh, buf);
+    test_recovery_refused(c, &mh, buf);
     test_foreign_handle(c, buf);
   }
   mpib_shm_close(shm);

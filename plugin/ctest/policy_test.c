@@ -171,6 +171,11 @@ static void test_failover(void) {
   rec.have[5] = 1;
   rec.fence_gen = 4;
   EXPECT_EQ("record generation covered", mpib_fence_check(&rec) != good, 1);
+  rec.fence_gen = 3;
+  rec.refused_gen = 5; /* a refused rebuild is covered once named; unnamed, records check as before */
+  EXPECT_EQ("refused generation covered", mpib_fence_check(&rec) != good, 1);
+  rec.refused_gen = 0;
+  EXPECT_EQ("no refusal: the same check", mpib_fence_check(&rec) == good, 1);
 }
 
 static void test_idle_probe(void) {
