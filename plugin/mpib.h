@@ -541,6 +541,16 @@ static inline int mpib_rail_port_down(const struct mpib_comm *c, int rail) {
   return 0;
 }
 
+/* The NIC to name when the rail fails for its device or port: the first lane's that is dead
+ * or down (a striped lane's own name), else the rail's first lane's. */
+static inline const char *mpib_rail_fault_nic(const struct mpib_comm *c, int rail) {
+  for (int i = 0; i < mpib_lane_count(c, rail); i++) {
+    const struct mpib_nic *n = c->nic[mpib_lane(rail, i)];
+    if (__atomic_load_n(&n->fatal, __ATOMIC_ACQUIRE) || __atomic_load_n(&n->port_down, __ATOMIC_RELAXED)) return n->name;
+  }
+  return c->nic[rail]->name;
+}
+
 /* The MR of a device-wide memory handle on this comm's NIC of one lane (NULL: none there). */
 static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struct mpib_mr *mh, int lane) {
   return mh->mr[lane == MPIB_RAIL_SOUT ? 0 : 1 + c->lane_port[lane]];

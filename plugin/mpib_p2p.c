@@ -89,7 +89,7 @@ static ncclResult_t comm_health_check(struct mpib_comm *c) {
         continue;
       }
       if (c->rail[r].state == MPIB_RAIL_FENCING) continue;
-      ncclResult_t res = rail_fail(c, r, "device-fatal", c->nic[r]->name);
+      ncclResult_t res = rail_fail(c, r, "device-fatal", mpib_rail_fault_nic(c, r));
       if (res != ncclSuccess) return ncclSystemError;
     }
   }
@@ -646,7 +646,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
  * net_ib does, and its QP is reset before its next use (mpib_flush_qp_reset). */
 static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
   MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
-            "ordered before the GPU reads them", rail_name(rail), c->nic[rail]->name);
+            "ordered before the GPU reads them", rail_name(rail), mpib_rail_fault_nic(c, rail));
   c->failure_reported = 1;
   return ncclSystemError;
 }
@@ -1173,6 +1173,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   if (res != ncclSuccess) return res;
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->fence_gen = rc->gen;
+  st->refused_gen = 0; /* set only in a refusal's record: the others check as without the field */
   st->next_seq = c->fifo_head;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
@@ -1201,6 +1202,7 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
   fence_rec(c, r)->ready_gen = rc->gen;
+  fence_rec(c, r)->refused_gen = 0;
   return post_record(c, r);
 }
 
@@ -1217,6 +1219,8 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   rc->state = MPIB_RAIL_DOWN; /* completions of the old generation are dropped by the drain */
   ncclResult_t res = drain_rail(c, r);
   if (res != ncclSuccess) return res;
+  c->pending[r] = 0; /* the reset discards what is still queued: counted, it would keep the rail */
+  rc->keepalive_out = 0; /* busy and its idle keepalives off for good (as fence_rail clears them) */
   rc->gen = gen;
   if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(gen)) == 0) return ncclSuccess;
   return recv_rebuilt(c, r, mpib_rail_reconnect(c, r, mpib_gen_psn(gen)), now); /* no thread: here */
@@ -1285,7 +1289,7 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
         res = send_resolve(c, r, &rec);
     }
     if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && rail_down(c, r))
-      res = rail_fail(c, r, "port-down", c->nic[r]->name);
+      res = rail_fail(c, r, "port-down", mpib_rail_fault_nic(c, r));
     if (res == ncclSuccess && rc->state != MPIB_RAIL_UP && rc->state != MPIB_RAIL_DEAD) {
       uint64_t now = mpib_now_ns();
       res = c->is_send ? send_rail_tick(c, r, now)

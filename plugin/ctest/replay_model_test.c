@@ -12,6 +12,9 @@
  *   - a write that cannot land or be acknowledged for RC_BUDGET steps fails the QP: the head
  *     completes with RETRY_EXC_ERR and the rest with WR_FLUSH_ERR (what the RC retry budget
  *     does); mpib_rail_to_error flushes a QP the same way; a reconnect discards its queue;
+ *   - the receiver's reconnect fails while its rail is blocked either way (RoCE resolves the
+ *     peer's MAC in the RTR transition, and the lab's loss case lost the ARP reply), the
+ *     sender's succeeds (its neighbour entry still cached): the receiver refuses the attempt;
  *   - the TCP control socket is a real socketpair that never fails (the lab drops RoCE only,
  *     UDP 4791, when a sequence needs the control path alive).
  * Faults are one-way or two-way black holes on a rail, healed later. Sequences: every
@@ -26,7 +29,9 @@
  *     rides through even when no rail works for a while), never an error or a hang;
  *   - outages that never heal, with a short stall timeout: both ends fail, no hang;
  *   - NCCL's profiler (mpib_profiler.c, real): every event of a completed request was stopped
- *     exactly once, through replays and failovers.
+ *     exactly once, through replays and failovers;
+ *   - the sender never waits out MPIB_FAILOVER_TIMEOUT_MS for an answer to a RECOVER (the
+ *     control socket never fails here, so the receiver always answers: ready or refused).
  * Prints: replay-model: sequences=N completions_checked=N wrong_bytes=0 ... */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,16 +53,19 @@ struct mpib_global mpib_g;
 static uint64_t fake_now = 10000000000ull;
 static int verbose;
 
+static long refusals_seen, answer_timeouts; /* the sender's log of its recovery attempts */
+
 uint64_t mpib_now_ns(void) { return fake_now; }
 void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
   (void)level, (void)file, (void)line;
-  if (!verbose) return;
+  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "[%llu ms] ", (unsigned long long)(fake_now / 1000000ull));
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  refusals_seen += strstr(msg, "the receiver could not rebuild it") != NULL;
+  answer_timeouts += strstr(msg, "the receiver did not answer its RECOVER") != NULL;
+  if (verbose) fprintf(stderr, "[%llu ms] %s\n", (unsigned long long)(fake_now / 1000000ull), msg);
 }
 const char *ibv_wc_status_str(enum ibv_wc_status status) { return status == IBV_WC_SUCCESS ? "ok" : "error"; }
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
@@ -161,7 +169,8 @@ int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) {
   struct fqp *f = &fq[side_of(c) * 2 + rail];
   for (int k = 0; k < f->n; k++) wqe_free(&f->q[(f->head + k) % QDEPTH]);
   f->n = 0;
-  f->err = 0;
+  f->err = side_of(c) == RECV && blocked[rail]; /* its RTR could not resolve the peer: left in INIT */
+  if (f->err) return -ETIMEDOUT;
   f->psn = psn;
   return 0;
 }
@@ -600,9 +609,13 @@ int main(void) {
                           o.hang, wrong_bytes - wrong0, stray_bytes - stray0, o.prof_unbalanced);
               }
   printf("replay-model: sequences=%d completions_checked=%ld wrong_bytes=%ld stray_bytes=%ld errors=%d hangs=%d "
-         "failed_sequences=%d profiler_unbalanced_sequences=%d\n",
-         sequences, completions_checked, wrong_bytes, stray_bytes, errors, hangs, bad, prof_bad);
+         "failed_sequences=%d profiler_unbalanced_sequences=%d refused_rebuilds=%ld answer_timeouts=%ld\n",
+         sequences, completions_checked, wrong_bytes, stray_bytes, errors, hangs, bad, prof_bad, refusals_seen,
+         answer_timeouts);
   CHECK(bad == 0, "%d of %d sequences failed", bad, sequences);
+  CHECK(refusals_seen > 0 && answer_timeouts == 0,
+        "recovery: %ld refused rebuilds, %ld attempts that waited out the failover timeout (want some, none)",
+        refusals_seen, answer_timeouts);
   /* Outages that never heal: with the stall timeout short, both ends fail with an error, no
    * hang and no wrong byte; and a peer that goes away during a stall fails the other at once. */
   mpib_g.stall_timeout_ms = 500;
