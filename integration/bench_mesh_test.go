@@ -49,8 +49,12 @@ func TestBenchMesh(t *testing.T) {
 	}
 	for _, p := range pairs {
 		from, to := m.Node(p[0]), m.Node(p[1])
+		if n := len(cablesBetween(from, to)); n > 1 { // one cable's ib_write_bw is no reference for a stripe
+			fmt.Printf("bench: %s-%s: %d cables, the plugin stripes over them: measured by case=parallel\n", p[0], p[1], n)
+			continue
+		}
 		f := meshBWPair(ctx, t, from, to, nil)
-		if from.Name()[0] == 'a' && len(cablesBetween(from, to)) == 1 { // a2-a3 stripes over two
+		if from.Name()[0] == 'a' {
 			oneLink[from.Name()+"-"+to.Name()] = f.Plugin
 		}
 		figs = append(figs, f)
