@@ -530,13 +530,18 @@ static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPI
 
 /* Whether a device under any of the rail's lanes died (IBV_EVENT_DEVICE_FATAL), or reported
  * its port down (async events; set by mpib_events.c, read without a lock). */
+/* Both run several times per test() call: the rail's first lane is checked in line, the loop
+ * is only for striped lanes (P4 counted 150 more instructions per test call with the loop for
+ * every rail). */
 static inline int mpib_rail_fatal(const struct mpib_comm *c, int rail) {
-  for (int i = 0; i < mpib_lane_count(c, rail); i++)
+  if (__atomic_load_n(&c->nic[rail]->fatal, __ATOMIC_ACQUIRE)) return 1;
+  for (int i = 1; i < mpib_lane_count(c, rail); i++)
     if (__atomic_load_n(&c->nic[mpib_lane(rail, i)]->fatal, __ATOMIC_ACQUIRE)) return 1;
   return 0;
 }
 static inline int mpib_rail_port_down(const struct mpib_comm *c, int rail) {
-  for (int i = 0; i < mpib_lane_count(c, rail); i++)
+  if (__atomic_load_n(&c->nic[rail]->port_down, __ATOMIC_RELAXED)) return 1;
+  for (int i = 1; i < mpib_lane_count(c, rail); i++)
     if (__atomic_load_n(&c->nic[mpib_lane(rail, i)]->port_down, __ATOMIC_RELAXED)) return 1;
   return 0;
 }

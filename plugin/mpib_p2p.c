@@ -1508,7 +1508,8 @@ static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* completion_now reads the clock afresh for this call's completions */
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!c->cq[rail] || !rail_busy(c, rail)) continue;
-    for (int i = 0; i < mpib_lane_count(c, rail) && rail_busy(c, rail); i++) {
+    for (int i = 0; i < mpib_lane_count(c, rail); i++) {
+      if (i > 0 && !rail_busy(c, rail)) break; /* an earlier lane's completion took the rail out */
       ncclResult_t res = poll_lane(c, rail, mpib_lane(rail, i));
       if (res != ncclSuccess) return res;
     }
