@@ -390,14 +390,14 @@ func TestUnaddressed(t *testing.T) {
 	}
 	gidOf := func(a string) [16]byte { return netip.MustParseAddr(a).As16() }
 	roce := func(a string, bits uint8) wire.RailInfo {
-		return wire.RailInfo{GID: gidOf(a), LinkLayer: wire.LinkLayerEthernet, PrefixLen: bits}
+		return wire.RailInfo{LaneInfo: wire.LaneInfo{GID: gidOf(a), LinkLayer: wire.LinkLayerEthernet, PrefixLen: bits}}
 	}
 	for _, tt := range []struct {
 		name         string
 		mine, theirs wire.RailInfo
 		ok           bool
 	}{
-		{"InfiniBand", wire.RailInfo{LinkLayer: wire.LinkLayerInfiniBand}, wire.RailInfo{LinkLayer: wire.LinkLayerInfiniBand}, true},
+		{"InfiniBand", wire.RailInfo{LaneInfo: wire.LaneInfo{LinkLayer: wire.LinkLayerInfiniBand}}, wire.RailInfo{LaneInfo: wire.LaneInfo{LinkLayer: wire.LinkLayerInfiniBand}}, true},
 		{"same /24", roce("10.9.1.11", 24), roce("10.9.1.12", 24), true},
 		{"prefix unknown", roce("10.9.1.11", 0), roce("10.9.2.12", 24), true},
 		{"IPv6, one /64", roce("fd00::11", 64), roce("fd00::12", 64), true},

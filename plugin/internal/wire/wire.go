@@ -24,8 +24,8 @@ const (
 	AckSize       = 4
 	MaxQPsPerRail = 16
 	Rails         = 2
-	railSize      = 16 + 4 + 4 + 4 + 16 + 4*MaxQPsPerRail
 	laneSize      = 16 + 4 + 4 + 2 + 1 + 1
+	railSize      = laneSize + 16 + 4*MaxQPsPerRail
 	MetadataSize  = 28 + Rails*railSize + 4 + (MaxPairs-1)*laneSize
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
 )
@@ -54,27 +54,24 @@ type ECE struct {
 	VendorID, Options, CompMask uint32
 }
 
-// RailInfo is one rail's connection facts.
-type RailInfo struct {
-	GID       [16]byte
-	MTU       uint32 // enum ibv_mtu
-	RKey      uint32
-	LID       uint16 // InfiniBand local identifier (0 on RoCE)
-	LinkLayer uint8  // LinkLayerInfiniBand or LinkLayerEthernet
-	PrefixLen uint8  // prefix length of the IP subnet holding the GID's address; 0 = unknown
-	ECE       ECE
-	QPN       [MaxQPsPerRail]uint32
-}
-
-// LaneInfo is a striped SUP lane's connection facts (lanes 2..: one per further SUP pair of
-// the hello); the rail's QP numbers stay in its RailInfo (QP i sits on lane i mod SupLanes).
+// LaneInfo is one lane's connection facts: the NIC port a rail's QPs live on. A rail's first
+// lane is in its RailInfo; a striped SUP rail's further lanes (2..: one per further SUP pair of
+// the hello) are in Metadata.Lane, and the rail's QP numbers stay in its RailInfo (QP i sits on
+// lane i mod SupLanes).
 type LaneInfo struct {
 	GID       [16]byte
 	MTU       uint32 // enum ibv_mtu
 	RKey      uint32 // the lane's registration of the advertised buffer
-	LID       uint16
-	LinkLayer uint8
-	PrefixLen uint8
+	LID       uint16 // InfiniBand local identifier (0 on RoCE)
+	LinkLayer uint8  // LinkLayerInfiniBand or LinkLayerEthernet
+	PrefixLen uint8  // prefix length of the IP subnet holding the GID's address; 0 = unknown
+}
+
+// RailInfo is one rail's connection facts: its first lane's, its ECE options and its QPs.
+type RailInfo struct {
+	LaneInfo
+	ECE ECE
+	QPN [MaxQPsPerRail]uint32
 }
 
 // Metadata is exchanged by both sides after the hello.
@@ -109,11 +106,7 @@ func EncodeMetadata(m Metadata) []byte {
 	}
 	b = binary.LittleEndian.AppendUint64(b, m.BufAddr)
 	for _, r := range m.Rail {
-		b = append(b, r.GID[:]...)
-		b = binary.LittleEndian.AppendUint32(b, r.MTU)
-		b = binary.LittleEndian.AppendUint32(b, r.RKey)
-		b = binary.LittleEndian.AppendUint16(b, r.LID)
-		b = append(b, r.LinkLayer, r.PrefixLen)
+		b = appendLane(b, r.LaneInfo)
 		valid := uint32(0)
 		if r.ECE.Valid {
 			valid = 1
@@ -127,13 +120,26 @@ func EncodeMetadata(m Metadata) []byte {
 	}
 	b = append(b, m.SupLanes, 0, 0, 0)
 	for _, l := range m.Lane {
-		b = append(b, l.GID[:]...)
-		b = binary.LittleEndian.AppendUint32(b, l.MTU)
-		b = binary.LittleEndian.AppendUint32(b, l.RKey)
-		b = binary.LittleEndian.AppendUint16(b, l.LID)
-		b = append(b, l.LinkLayer, l.PrefixLen)
+		b = appendLane(b, l)
 	}
 	return b
+}
+
+// appendLane and readLane are a lane's laneSize bytes: gid [16] | mtu u32 | rkey u32 | lid u16
+// | link layer u8 | prefix length u8.
+func appendLane(b []byte, l LaneInfo) []byte {
+	b = append(b, l.GID[:]...)
+	b = binary.LittleEndian.AppendUint32(b, l.MTU)
+	b = binary.LittleEndian.AppendUint32(b, l.RKey)
+	b = binary.LittleEndian.AppendUint16(b, l.LID)
+	return append(b, l.LinkLayer, l.PrefixLen)
+}
+
+func readLane(b []byte) LaneInfo {
+	le := binary.LittleEndian
+	l := LaneInfo{MTU: le.Uint32(b[16:]), RKey: le.Uint32(b[20:]), LID: le.Uint16(b[24:]), LinkLayer: b[26], PrefixLen: b[27]}
+	copy(l.GID[:], b[:16])
+	return l
 }
 
 // DecodeMetadata validates and reads metadata from a peer.
@@ -171,14 +177,11 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 	off += 8
 	for i := range m.Rail {
 		r := &m.Rail[i]
-		copy(r.GID[:], b[off:off+16])
-		r.MTU = le.Uint32(b[off+16:])
-		r.RKey = le.Uint32(b[off+20:])
-		r.LID = le.Uint16(b[off+24:])
-		r.LinkLayer, r.PrefixLen = b[off+26], b[off+27]
-		valid := le.Uint32(b[off+28:])
-		r.ECE = ECE{Valid: valid == 1, VendorID: le.Uint32(b[off+32:]), Options: le.Uint32(b[off+36:]), CompMask: le.Uint32(b[off+40:])}
-		off += 44
+		r.LaneInfo = readLane(b[off:])
+		off += laneSize
+		valid := le.Uint32(b[off:])
+		r.ECE = ECE{Valid: valid == 1, VendorID: le.Uint32(b[off+4:]), Options: le.Uint32(b[off+8:]), CompMask: le.Uint32(b[off+12:])}
+		off += 16
 		if valid > 1 || r.PrefixLen > 128 {
 			return m, fmt.Errorf("%w: rail %d ECE flag %d, prefix length %d", ErrMalformed, i, valid, r.PrefixLen)
 		}
@@ -198,7 +201,6 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 
 // decodeLanes reads and checks the striped lanes that end the metadata.
 func decodeLanes(m *Metadata, b []byte) error {
-	le := binary.LittleEndian
 	m.SupLanes = b[0]
 	if b[1]|b[2]|b[3] != 0 {
 		return fmt.Errorf("%w: metadata reserved bytes % x after the rails", ErrMalformed, b[1:4])
@@ -212,9 +214,7 @@ func decodeLanes(m *Metadata, b []byte) error {
 	off := 4
 	for i := range m.Lane {
 		l := &m.Lane[i]
-		copy(l.GID[:], b[off:off+16])
-		l.MTU, l.RKey = le.Uint32(b[off+16:]), le.Uint32(b[off+20:])
-		l.LID, l.LinkLayer, l.PrefixLen = le.Uint16(b[off+24:]), b[off+26], b[off+27]
+		*l = readLane(b[off:])
 		off += laneSize
 		if i+2 > int(m.SupLanes) {
 			if *l != (LaneInfo{}) {
