@@ -51,19 +51,25 @@ func (s supPorts) use(p suppair.Plan) supPortUse {
 		return supPortUse{gid: -1}
 	}
 	u := supPortUse{gid: -1}
-	for i, port := range s.local.Ports {
-		if port.Index == p.Port.Index {
-			u = supPortUse{port: port.Index, gid: s.gid[i]}
-		}
+	if gid, ok := s.gidOf(p.Port.Index); ok {
+		u.port, u.gid = p.Port.Index, gid
 	}
 	for _, l := range p.Stripe {
-		for i, port := range s.local.Ports {
-			if port.Index == l.Port.Index {
-				u.stripe = append(u.stripe, supLane{port: port.Index, gid: s.gid[i]})
-			}
+		if gid, ok := s.gidOf(l.Port.Index); ok {
+			u.stripe = append(u.stripe, supLane{port: l.Port.Index, gid: gid})
 		}
 	}
 	return u
+}
+
+// gidOf is the GID index chosen for the device's SUP port with the given index.
+func (s supPorts) gidOf(index int) (int, bool) {
+	for i, port := range s.local.Ports {
+		if port.Index == index {
+			return s.gid[i], true
+		}
+	}
+	return 0, false
 }
 
 // devSupPorts reads a fused device's SUP ports: each port's GID chosen by net_ib's rule (the

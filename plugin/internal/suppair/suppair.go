@@ -272,11 +272,10 @@ func acceptPair(adv wire.Handle, hp wire.HelloPair, l Local, routes []topo.Route
 // CheckPeerGID checks that the peer's SUP GID in its metadata is the address the pair names:
 // a peer whose QPs sit on another port would never be reached.
 func (p Plan) CheckPeerGID(peerGID netip.Addr) error {
-	if p.Kind != wire.PairAddressed || peerGID.Unmap() == p.Pair.Peer {
+	if p.Kind != wire.PairAddressed {
 		return nil
 	}
-	return fmt.Errorf("the peer's SUP GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
-		peerGID.Unmap(), p.Pair.Peer, p.Pair.Local, p.Pair.Peer)
+	return checkPairGID(p.Pair, "SUP GID", peerGID)
 }
 
 // CheckPeerLaneGID checks a striped lane's GID in the peer's metadata likewise: lane i+2
@@ -285,12 +284,16 @@ func (p Plan) CheckPeerLaneGID(i int, peerGID netip.Addr) error {
 	if i < 0 || i >= len(p.Stripe) {
 		return fmt.Errorf("the plan has no striped SUP lane %d", i+2)
 	}
-	l := p.Stripe[i].Pair
-	if peerGID.Unmap() == l.Peer {
+	return checkPairGID(p.Stripe[i].Pair, fmt.Sprintf("SUP lane %d GID", i+2), peerGID)
+}
+
+// checkPairGID: the peer's GID (named what) carries the pair's peer address.
+func checkPairGID(pair topo.Pair, what string, peerGID netip.Addr) error {
+	if peerGID.Unmap() == pair.Peer {
 		return nil
 	}
-	return fmt.Errorf("the peer's SUP lane %d GID carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
-		i+2, peerGID.Unmap(), l.Peer, l.Local, l.Peer)
+	return fmt.Errorf("the peer's %s carries %v, not %v, the address of the SUP pair %v (ours) - %v (peer)",
+		what, peerGID.Unmap(), pair.Peer, pair.Local, pair.Peer)
 }
 
 // UnaddressedReachable is the rule for PairUnaddressed, decided on both ends from the two
