@@ -529,10 +529,9 @@ static inline int mpib_lane(int rail, int i) { return i == 0 ? rail : MPIB_NRAIL
 static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP; }
 
 /* Whether a device under any of the rail's lanes died (IBV_EVENT_DEVICE_FATAL), or reported
- * its port down (async events; set by mpib_events.c, read without a lock). */
-/* Both run several times per test() call: the rail's first lane is checked in line, the loop
- * is only for striped lanes (P4 counted 150 more instructions per test call with the loop for
- * every rail). */
+ * its port down (async events; set by mpib_events.c, read without a lock). Both run several
+ * times per test() call: the rail's first lane is checked in line, the loop is only for
+ * striped lanes (P4 counted 150 more instructions per test call with the loop for every rail). */
 static inline int mpib_rail_fatal(const struct mpib_comm *c, int rail) {
   if (__atomic_load_n(&c->nic[rail]->fatal, __ATOMIC_ACQUIRE)) return 1;
   for (int i = 1; i < mpib_lane_count(c, rail); i++)
