@@ -299,33 +299,48 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 	}()
 }
 
-// fenceRecordSize is the size of a receiver's fence record ('R' messages).
-const fenceRecordSize = C.sizeof_struct_mpib_fence_rec
+// fenceRecordSize is the size of a receiver's fence record ('R' messages), confirmRecordSize
+// of a sender's confirm record ('C').
+const (
+	fenceRecordSize   = C.sizeof_struct_mpib_fence_rec
+	confirmRecordSize = C.sizeof_struct_mpib_confirm_rec
+)
 
 // watch reads the control socket after the handshake. The peer's data path writes three kinds
 // of messages there: 'N' rail word (a failover notice, 1 + 1 + 8 bytes little-endian, also
 // sent by RDMA; see post_notice in mpib_p2p.c), 'R' rail record (the receiver's fence record
 // of a rail, 1 + 1 + fenceRecordSize bytes, also sent by RDMA when a rail can carry it; see
-// post_record) and 'F' (its side failed for good: fail the requests waiting on it now).
+// post_record), 'C' rail record (the sender's confirm record of a rail, 1 + 1 +
+// confirmRecordSize bytes, likewise; see post_confirm) and 'F' (its side failed for good: fail
+// the requests waiting on it now).
 // Anything else, or the end of the stream, means the peer is gone (or misbehaves).
 func (lc *liveComm) watch() {
 	defer close(lc.watchDone)
 	var b [10]byte
-	var rec [fenceRecordSize]byte
+	var rec [max(fenceRecordSize, confirmRecordSize)]byte
 	var err error
 	for {
-		if _, err = io.ReadFull(lc.conn, b[:1]); err != nil || (b[0] != 'N' && b[0] != 'R') {
+		if _, err = io.ReadFull(lc.conn, b[:1]); err != nil || (b[0] != 'N' && b[0] != 'R' && b[0] != 'C') {
 			break
 		}
-		if b[0] == 'R' {
+		if b[0] == 'R' || b[0] == 'C' {
+			size := fenceRecordSize
+			if b[0] == 'C' {
+				size = confirmRecordSize
+			}
 			if _, err = io.ReadFull(lc.conn, b[1:2]); err != nil {
 				break
 			}
-			if _, err = io.ReadFull(lc.conn, rec[:]); err != nil {
+			if _, err = io.ReadFull(lc.conn, rec[:size]); err != nil {
 				break
 			}
-			if !lc.closing.Load() {
+			if lc.closing.Load() {
+				continue
+			}
+			if b[0] == 'R' {
 				C.mpib_comm_tcp_record(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
+			} else {
+				C.mpib_comm_tcp_confirm(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
 			}
 			continue
 		}

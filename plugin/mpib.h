@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "mpib_log.h"
 #include "mpib_policy.h"
@@ -41,9 +42,11 @@
 #define MPIB_SIZES_BYTES (sizeof(mpib_sizes_row) * MPIB_MAX_REQUESTS)
 /* After the CTS FIFO: the receiver's fence records, one per rail (the sender's copy is written
  * by the receiver; the receiver's is its staging). After the size records: the sender's
- * notice word per rail (likewise). See mpib_policy.h. */
+ * notice word per rail, then its confirm record per rail (likewise). See mpib_policy.h. */
 #define MPIB_CTS_AREA (MPIB_CTS_BYTES + MPIB_NRAILS * sizeof(struct mpib_fence_rec))
-#define MPIB_SIZES_AREA (MPIB_SIZES_BYTES + MPIB_NRAILS * sizeof(uint64_t))
+#define MPIB_NOTICE_BYTES 64 /* the notice words, padded to the confirm records' alignment */
+#define MPIB_CONFIRM_OFFSET (MPIB_SIZES_BYTES + MPIB_NOTICE_BYTES) /* from the size records */
+#define MPIB_SIZES_AREA (MPIB_CONFIRM_OFFSET + MPIB_NRAILS * sizeof(struct mpib_confirm_rec))
 /* Both areas share one allocation and one memory registration per rail (the size records on
  * their own cache lines after the CTS area): one MR per rail instead of two makes connection
  * setup one kernel call shorter per rail and halves the MRs a connection holds. */
@@ -166,8 +169,11 @@ struct mpib_request {
   int sizes[MPIB_MAX_RECVS];
   size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
                                   * kept where no peer can write (not the CTS copy: registered) */
-  /* flush */
+  /* flush (mpib_flush.c) */
   uint32_t flush_lanes; /* lanes with a flush read outstanding */
+  uint32_t flush_redo;  /* lanes whose read failed or was lost with a QP reset: posted again */
+  void *flush_addr;     /* the buffer the reads go to (with mh) */
+  uint64_t flush_failed_ns; /* when its first read failed (0: none did): the retries' deadline */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
 };
@@ -249,6 +255,7 @@ struct mpib_conn_params {
 
 typedef struct mpib_cts mpib_cts_row[MPIB_MAX_RECVS];
 typedef int32_t mpib_sizes_row[MPIB_MAX_RECVS];
+_Static_assert(MPIB_NRAILS * sizeof(uint64_t) <= MPIB_NOTICE_BYTES && MPIB_SIZES_BYTES % 64 == 0, "notice words");
 
 /* One direction of a connection: a send comm or a recv comm. */
 struct mpib_comm {
@@ -310,6 +317,21 @@ struct mpib_comm {
   /* Sender: the receiver's records that came over the control socket (sent there when no
    * rail can carry them; the checksum rejects a copy torn by the control plane's write). */
   struct mpib_fence_rec tcp_rec[MPIB_NRAILS];
+  /* Receiver: the sender's confirm records that came over the control socket, and the newest
+   * generation whose confirm record was applied, per rail. */
+  struct mpib_confirm_rec tcp_confirm[MPIB_NRAILS];
+  uint64_t confirm_seen[MPIB_NRAILS];
+  /* Sender, per slot: the ranges whose carrier on each rail was acknowledged, the seq + 1 of
+   * its latest post (kept after it completed) and the size its immediate carried. */
+  uint8_t slot_acked_on[MPIB_MAX_REQUESTS][MPIB_NRAILS];
+  uint64_t slot_last_seq1[MPIB_MAX_REQUESTS];
+  uint32_t slot_imm_size[MPIB_MAX_REQUESTS];
+  /* Control messages (mpib_failover.c): RDMA copies a full send queue refused, posted again on
+   * a later progress call (bit kind * MPIB_NRAILS + rail), and the bytes for the control socket
+   * that a short write left, sent before anything newer (whole messages only). */
+  uint32_t ctrl_rdma_due;
+  uint32_t ctrl_out_n;
+  uint8_t ctrl_out[2048];
   uint64_t stall_since_ns; /* no rail of the connection works since (0: one does); see ride_through */
   int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
   int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
@@ -485,12 +507,13 @@ int mpib_rail_to_error(struct mpib_comm *c, int rail);
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn);
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err);
-int mpib_flush_qp_reset(struct mpib_comm *c, int lane);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
 /* A fence record about a rail that arrived on the control socket (sizeof(struct mpib_fence_rec) bytes). */
 void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec);
+/* A confirm record about a rail that arrived on the control socket (sizeof(struct mpib_confirm_rec) bytes). */
+void mpib_comm_tcp_confirm(struct mpib_comm *c, int rail, const void *rec);
 /* The peer said over the control socket that its side failed: waiting requests fail now. */
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
@@ -520,6 +543,22 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
 uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
+
+/* A free request of the comm's pool, zeroed and typed; NULL when all are in use. */
+static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type) {
+  for (int i = 0; i < c->nreqs_pool; i++) {
+    int k = (c->req_cursor + i) % c->nreqs_pool;
+    struct mpib_request *r = &c->reqs[k];
+    if (r->type == MPIB_REQ_FREE) {
+      memset(r, 0, sizeof *r);
+      r->type = type;
+      r->comm = c;
+      c->req_cursor = (k + 1) % c->nreqs_pool;
+      return r;
+    }
+  }
+  return NULL;
+}
 
 /* Lanes (MPIB_NLANES, mpib_policy.h): each NIC port a comm's rails use has its own CQ, SRQ and
  * registrations (a verbs object belongs to one device context); failover, replay and the split

@@ -29,13 +29,6 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
  * provider writes the QP's real capabilities back into the attributes. */
-/* Responder access: data QPs take RDMA writes only, so a peer holding an rkey cannot read our
- * memory through them; the loopback flush QP serves its own RDMA reads. net_ib 2.30 grants its
- * connect side's QPs REMOTE_WRITE only, but its accept side's REMOTE_WRITE | REMOTE_ATOMIC |
- * REMOTE_READ, for GIN's gets and atomics; MPIB has no GIN, so it grants neither on purpose. */
-#define MPIB_DATA_QP_ACCESS IBV_ACCESS_REMOTE_WRITE
-#define MPIB_FLUSH_QP_ACCESS IBV_ACCESS_REMOTE_READ
-
 static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline, int access) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
@@ -131,7 +124,7 @@ static int flush_setup(struct mpib_comm *c, int lane) {
 }
 
 /* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
-int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane) {
+int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane, int access) {
   struct mpib_nic *d = c->nic[lane];
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return -errno ? -errno : -EIO;
@@ -139,7 +132,7 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = d->pkey_index;
   a.port_num = d->port;
-  a.qp_access_flags = MPIB_DATA_QP_ACCESS; /* only data QPs are rebuilt */
+  a.qp_access_flags = (unsigned)access;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -EIO;
   return 0;
 }
@@ -433,6 +426,12 @@ void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
 void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec) {
   if (rail < 0 || rail >= MPIB_NRAILS) return;
   memcpy(&c->tcp_rec[rail], rec, sizeof c->tcp_rec[rail]);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+void mpib_comm_tcp_confirm(struct mpib_comm *c, int rail, const void *rec) {
+  if (rail < 0 || rail >= MPIB_NRAILS) return;
+  memcpy(&c->tcp_confirm[rail], rec, sizeof c->tcp_confirm[rail]);
   __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "mpib.h"
+#include "mpib_flush.h"
 #include "mpib_srq.h"
 #include "mpib_profiler.h"
 #include "mpib_shm.h"
@@ -33,21 +34,6 @@ static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" 
 static const char *rail_state_name(int st) {
   static const char *const names[] = {"up", "fencing", "down", "recovering", "probing", "dead"};
   return st >= 0 && st <= MPIB_RAIL_DEAD ? names[st] : "?";
-}
-
-static struct mpib_request *req_alloc(struct mpib_comm *c, int type) {
-  for (int i = 0; i < c->nreqs_pool; i++) {
-    int k = (c->req_cursor + i) % c->nreqs_pool;
-    struct mpib_request *r = &c->reqs[k];
-    if (r->type == MPIB_REQ_FREE) {
-      memset(r, 0, sizeof *r);
-      r->type = type;
-      r->comm = c;
-      c->req_cursor = (k + 1) % c->nreqs_pool;
-      return r;
-    }
-  }
-  return NULL;
 }
 
 /* A port the device reported down (async event) is not scheduled while the other rail can
@@ -397,7 +383,9 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
 #ifdef MPIB_HOSTILE_TEST
   mpib_hostile_before_post(c, slot, c->slot_matched[slot], plan.size_in_imm); /* the test build only */
 #endif
-  c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
+  c->slot_posted_seq1[slot] = c->slot_last_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
+  c->slot_imm_size[slot] = plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE;
+  c->slot_acked_on[slot][MPIB_RAIL_SOUT] = c->slot_acked_on[slot][MPIB_RAIL_SUP] = 0;
   /* The post time for the completion latency: the path reads no clock per message otherwise,
    * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
   c->slot_post_ns[slot] = c->shm_slot >= 0 ? mpib_now_ns() : 0;
@@ -500,7 +488,7 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
               ((struct mpib_mr *)mhandle)->fdev, c->fdev);
     return ncclInvalidArgument;
   }
-  struct mpib_request *req = req_alloc(c, MPIB_REQ_SEND);
+  struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_SEND);
   if (!req) return ncclSuccess; /* pool exhausted: retry after completions */
   req->data = data;
   req->size = size;
@@ -578,7 +566,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   }
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   if (c->slot_reqs[slot][0] != NULL) return ncclSuccess; /* slot still busy */
-  struct mpib_request *req = req_alloc(c, MPIB_REQ_RECV);
+  struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_RECV);
   if (!req) return ncclSuccess;
   req->seq = c->fifo_head;
   req->nreqs = n;
@@ -636,68 +624,6 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   return ncclSuccess;
 }
 
-/* iflush orders the NIC's writes before the GPU reads the buffer: a loopback RDMA read on
- * each rail whose writes landed bytes of receives completed since the last flush (a rail that
- * carried a range, original or replay; net_ib reads on every device of the comm). One read
- * after those completions orders all of them, so a flush covers every receive completed
- * before it. A rail whose device died after writing such bytes cannot order them: the flush
- * fails with a message instead of waiting on a CQ nobody polls (net_ib fails test() when a
- * fatal device's completion shows up). A read that fails on a live device is ignored, as
- * net_ib does, and its QP is reset before its next use (mpib_flush_qp_reset). */
-static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
-  MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
-            "ordered before the GPU reads them", rail_name(rail), mpib_rail_fault_nic(c, rail));
-  c->failure_reported = 1;
-  return ncclSystemError;
-}
-
-static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *req, void *addr, struct mpib_mr *mh) {
-  if (c->flush_broken[lane]) {
-    int e = mpib_flush_qp_reset(c, lane);
-    if (e) return e;
-    c->flush_broken[lane] = 0;
-  }
-  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[lane]->lkey};
-  struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
-  wr.wr.rdma.remote_addr = (uintptr_t)addr;
-  wr.wr.rdma.rkey = mpib_comm_mr(c, mh, lane)->rkey;
-  struct ibv_send_wr *bad = NULL;
-  return -ibv_post_send(c->flush_qp[lane], &wr, &bad);
-}
-
-ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
-  struct mpib_comm *c = recvComm;
-  *request = NULL;
-  int last = -1;
-  for (int r = 0; r < n; r++) {
-    if (sizes[r] > 0) last = r;
-  }
-  if (!mpib_g.flush_enabled || last < 0 || c->flush_due == 0) return ncclSuccess;
-  struct mpib_mr *mh = mhandles[last];
-  for (int rail = 0; rail < MPIB_NRAILS; rail++)
-    if ((c->flush_due & (1u << rail)) && rail_fatal(c, rail)) return flush_rail_dead(c, rail);
-  struct mpib_request *req = req_alloc(c, MPIB_REQ_FLUSH);
-  if (!req) {
-    MPIB_WARN("no free request for a flush");
-    return ncclInternalError;
-  }
-  for (int lane = 0; lane < MPIB_NLANES; lane++) { /* every lane of a rail that wrote: each NIC orders its own */
-    int rail = mpib_lane_rail(lane);
-    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
-    int e = post_flush_read(c, lane, req, data[last], mh);
-    if (e) { /* the QP could not be reset or took no read: a flush error, ignored (above) */
-      MPIB_INFO("%s rail: no flush read posted (%s); its writes completed before this call", rail_name(rail), strerror(-e));
-      c->flush_broken[lane] = 1;
-      continue;
-    }
-    req->flush_lanes |= 1u << lane;
-  }
-  c->flush_due = 0;
-  *request = req;
-  return ncclSuccess;
-}
-
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
   (void)recvComm, (void)n, (void)request;
   return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
@@ -726,11 +652,37 @@ static int rail_usable(const struct mpib_comm *c, int r) {
   return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !rail_fatal(c, r) && !rail_down(c, r);
 }
 
+/* Sends what a short write left on the control socket; 0 once nothing is left. The socket is
+ * non-blocking for the data path: a full one keeps the bytes for a later progress call. */
+static int ctrl_flush(struct mpib_comm *c) {
+  while (c->ctrl_out_n > 0) {
+    ssize_t n = send(c->ctrl_fd, c->ctrl_out, c->ctrl_out_n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) return -1;
+    memmove(c->ctrl_out, c->ctrl_out + n, c->ctrl_out_n - (size_t)n);
+    c->ctrl_out_n -= (uint32_t)n;
+  }
+  return 0;
+}
+
+/* Queues one whole message for the control socket and sends what it can: the peer's reader
+ * (lifecycle.go) frames messages by their kind byte, so a message is never cut or dropped in
+ * part. One that does not fit behind a stuck socket is dropped whole: notices and records are
+ * the newest state, also RDMA-written, and a later one supersedes it. */
+static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
+  if (c->ctrl_fd < 0) return;
+  if (c->ctrl_out_n + len > sizeof c->ctrl_out) {
+    MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped", c->is_send ? "send" : "recv",
+              c->ctrl_out_n, len);
+    return;
+  }
+  memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
+  c->ctrl_out_n += (uint32_t)len;
+  (void)ctrl_flush(c);
+}
+
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
  * socket makes its watcher fail them at once (lifecycle.go). */
-static void notify_peer_failed(struct mpib_comm *c) {
-  if (c->ctrl_fd >= 0) (void)send(c->ctrl_fd, "F", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-}
+static void notify_peer_failed(struct mpib_comm *c) { ctrl_send(c, "F", 1); }
 
 /* The receiver's fence record of a rail: the sender's copy (written by the receiver) or the
  * receiver's staging, after the CTS FIFO. The sender's notice word follows the size records. */
@@ -740,9 +692,11 @@ static struct mpib_fence_rec *fence_rec(struct mpib_comm *c, int r) {
 static uint64_t *notice_word(struct mpib_comm *c, int r) { return (uint64_t *)((char *)c->sizes + MPIB_SIZES_BYTES) + r; }
 
 /* One signalled RDMA write of a control structure on `via`; len bytes from local to the
- * peer's buffer at offset off. */
+ * peer's buffer at offset off. A full send queue (ENOMEM) is back-pressure, not a fault: the
+ * write is posted again on a later progress call (ctrl_rdma_retry; bit `due`), and the control
+ * socket carries its copy meanwhile. */
 static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, struct ibv_mr *mr, uint32_t len,
-                                 uint64_t off) {
+                                 uint64_t off, uint32_t due) {
   struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = mr->lkey};
   struct ibv_send_wr wr = {.wr_id = wrid_special(c, via, MPIB_WR_CTRL), .sg_list = &sge, .num_sge = 1,
                            .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
@@ -752,46 +706,104 @@ static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, stru
   wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
-  if (rc) return comm_failed(c, "posting a failover message failed: ", strerror(rc));
+  if (rc == ENOMEM) {
+    c->ctrl_rdma_due |= due;
+    return ncclSuccess;
+  }
+  if (rc) return rail_fail(c, via, "completion-error", "posting a failover message failed");
   c->pending[via]++;
   return ncclSuccess;
 }
 
+enum { CTRL_NOTICE = 0, CTRL_RECORD = 1, CTRL_CONFIRM = 2 };
+static uint32_t ctrl_due_bit(int kind, int r) { return 1u << (kind * MPIB_NRAILS + r); }
+
 /* Sender -> receiver: a notice about rail r, carried by the other rail (or by r itself once
  * its probes proved it), and over the control socket, which does not queue behind the data
  * on that rail's QP (mpib_notice_order: the receiver takes the newer). */
-static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
-  int via = (cmd == MPIB_NOTICE_FAIL || rail_usable(c, 1 - r)) ? 1 - r : r;
+/* The RDMA copy of the notice word staged for rail r, on the rail that can carry it (the other
+ * one, or r itself once its probes proved it). */
+static ncclResult_t post_notice_rdma(struct mpib_comm *c, int r) {
   uint64_t *stage = notice_word(c, r);
-  *stage = mpib_notice_encode(c->rail[r].gen, cmd);
-  if (c->ctrl_fd >= 0) {
-    uint8_t msg[10] = {'N', (uint8_t)r};
-    for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
-    (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
+  uint32_t gen, cmd;
+  (void)mpib_notice_decode(*stage, &gen, &cmd);
+  int via = (cmd == MPIB_NOTICE_FAIL || rail_usable(c, 1 - r)) ? 1 - r : r;
   /* No working rail to carry it (a RECOVER while the other rail is out too, a FAIL with no
    * rail left): the control socket alone does (ride-through). */
   if (!rail_usable(c, via) && c->ctrl_fd >= 0) return ncclSuccess;
-  return post_control(c, via, stage, c->stage_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage);
+  return post_control(c, via, stage, c->stage_mr[via], sizeof *stage, MPIB_SIZES_BYTES + (uint64_t)r * sizeof *stage,
+                      ctrl_due_bit(CTRL_NOTICE, r));
+}
+
+static ncclResult_t post_notice(struct mpib_comm *c, int r, uint32_t cmd) {
+  uint64_t *stage = notice_word(c, r);
+  *stage = mpib_notice_encode(c->rail[r].gen, cmd);
+  uint8_t msg[10] = {'N', (uint8_t)r};
+  for (int i = 0; i < 8; i++) msg[2 + i] = (uint8_t)(*stage >> (8 * i));
+  ctrl_send(c, msg, sizeof msg);
+  return post_notice_rdma(c, r);
 }
 
 /* Receiver -> sender: its fence record of rail r, carried by the other rail and, like the
  * notices, the control socket ('R' rail record: the sender takes whichever copy names the
  * generation it waits for); the socket alone when no rail works (ride-through). */
-static ncclResult_t post_record(struct mpib_comm *c, int r) {
+static ncclResult_t post_record_rdma(struct mpib_comm *c, int r) {
   int via = 1 - r;
   struct mpib_fence_rec *st = fence_rec(c, r);
-  st->check = mpib_fence_check(st);
-  if (c->ctrl_fd >= 0) {
-    uint8_t msg[2 + sizeof *st] = {'R', (uint8_t)r};
-    memcpy(msg + 2, st, sizeof *st);
-    (void)send(c->ctrl_fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
   if (!rail_usable(c, via)) {
     if (c->ctrl_fd >= 0) return ncclSuccess;
     return rail_fail(c, via, "completion-error", "no rail left for the fence record");
   }
-  return post_control(c, via, st, c->stage_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st);
+  return post_control(c, via, st, c->stage_mr[via], sizeof *st, MPIB_CTS_BYTES + (uint64_t)r * sizeof *st,
+                      ctrl_due_bit(CTRL_RECORD, r));
+}
+
+static ncclResult_t post_record(struct mpib_comm *c, int r) {
+  struct mpib_fence_rec *st = fence_rec(c, r);
+  st->check = mpib_fence_check(st);
+  uint8_t msg[2 + sizeof *st] = {'R', (uint8_t)r};
+  memcpy(msg + 2, st, sizeof *st);
+  ctrl_send(c, msg, sizeof msg);
+  return post_record_rdma(c, r);
+}
+
+/* Sender -> receiver: its confirm record of rail r (mpib_policy.h), like the notices: RDMA on
+ * the other rail and the control socket ('C'). */
+static struct mpib_confirm_rec *confirm_rec(struct mpib_comm *c, int r) {
+  return (struct mpib_confirm_rec *)((char *)c->sizes + MPIB_CONFIRM_OFFSET) + r;
+}
+
+static ncclResult_t post_confirm_rdma(struct mpib_comm *c, int r) {
+  int via = 1 - r;
+  struct mpib_confirm_rec *st = confirm_rec(c, r);
+  if (!rail_usable(c, via)) return ncclSuccess; /* the control socket's copy */
+  return post_control(c, via, st, c->stage_mr[via], sizeof *st, MPIB_CONFIRM_OFFSET + (uint64_t)r * sizeof *st,
+                      ctrl_due_bit(CTRL_CONFIRM, r));
+}
+
+static ncclResult_t post_confirm(struct mpib_comm *c, int r) {
+  struct mpib_confirm_rec *st = confirm_rec(c, r);
+  st->check = mpib_confirm_check(st);
+  uint8_t msg[2 + sizeof *st] = {'C', (uint8_t)r};
+  memcpy(msg + 2, st, sizeof *st);
+  ctrl_send(c, msg, sizeof msg);
+  return post_confirm_rdma(c, r);
+}
+
+/* Posts again the control writes a full send queue refused, and what the control socket has
+ * not taken yet. Runs on every progress call; with nothing due it costs two loads. */
+static ncclResult_t ctrl_retry(struct mpib_comm *c) {
+  if (c->ctrl_out_n) (void)ctrl_flush(c);
+  uint32_t due = c->ctrl_rdma_due;
+  c->ctrl_rdma_due = 0; /* post_control marks again what the send queue still refuses */
+  for (int r = 0; r < MPIB_NRAILS && due; r++) {
+    ncclResult_t res = ncclSuccess;
+    if (due & ctrl_due_bit(CTRL_NOTICE, r)) res = post_notice_rdma(c, r);
+    if (res == ncclSuccess && (due & ctrl_due_bit(CTRL_RECORD, r))) res = post_record_rdma(c, r);
+    if (res == ncclSuccess && (due & ctrl_due_bit(CTRL_CONFIRM, r))) res = post_confirm_rdma(c, r);
+    if (res != ncclSuccess) return res;
+  }
+  return ncclSuccess;
 }
 
 /* Receiver: every open slot's CTS again, on the rail that took the CTS over. */
@@ -904,18 +916,24 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
 
 static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc);
 
-/* Everything rail r's CQ holds, handled now (a dead device's CQ is not touched). */
+/* Everything rail r's CQs hold, handled now: every lane whose device lives (a dead device's
+ * CQ is not touched; a striped rail's healthy lanes still deliver what they have). A lane
+ * whose poll fails has nothing more to give: what it held is settled by the fence record and
+ * the sender's confirm. */
 static ncclResult_t drain_rail(struct mpib_comm *c, int r) {
   struct ibv_wc wcs[16];
   int n;
-  if (!c->cq[r] || rail_fatal(c, r)) return ncclSuccess;
+  if (!c->cq[r]) return ncclSuccess;
   for (int l = 0; l < mpib_lane_count(c, r); l++) {
-    while ((n = ibv_poll_cq(c->cq[mpib_lane(r, l)], 16, wcs)) > 0) {
+    int lane = mpib_lane(r, l);
+    if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) continue;
+    while ((n = ibv_poll_cq(c->cq[lane], 16, wcs)) > 0) {
       for (int i = 0; i < n; i++) {
-        ncclResult_t res = handle_completion(c, r, mpib_lane(r, l), &wcs[i]);
+        ncclResult_t res = handle_completion(c, r, lane, &wcs[i]);
         if (res != ncclSuccess) return res;
       }
     }
+    if (n < 0) MPIB_INFO("%s rail: polling %s's completions failed while draining it", rail_name(r), c->nic[lane]->name);
   }
   return ncclSuccess;
 }
@@ -1003,6 +1021,28 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
   return 0;
 }
 
+/* Sender: stages the confirm record of rail r for the receiver's record `rec`: the ranges its
+ * open receives lack whose carrier on r was acknowledged (mpib_confirm_ranges). A slot the
+ * record shows open cannot have been reused here: its next CTS comes only after that receive
+ * completes. Returns how many slots it names. */
+static int confirm_acked(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec) {
+  struct mpib_confirm_rec *st = confirm_rec(c, r);
+  int n = 0;
+  memset(st, 0, sizeof *st);
+  st->gen = c->rail[r].gen;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
+    uint64_t seq1 = c->slot_last_seq1[slot];
+    uint32_t ranges = seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, c->slot_acked_on[slot][r]) : 0;
+    if (!ranges) continue;
+    st->seq1[slot] = seq1;
+    st->ranges[slot] = (uint8_t)ranges;
+    st->full[slot] = c->slot_full[slot];
+    st->imm_size[slot] = c->slot_imm_size[slot];
+    n++;
+  }
+  return n;
+}
+
 /* Sender: the receiver's record of rail r says which byte ranges of its open slots it already
  * has; the rest of what r carried is replayed on the surviving rail (mpib_replay_ranges). */
 static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec) {
@@ -1019,9 +1059,11 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   c->pending[r] = 0;
   rc->since_ns = now;
   rc->retry_at_ns = next_retry_ns(c, rc, now);
-  MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered", rail_name(r),
-            rc->gen, replays, settled);
-  return post_replays(c);
+  int confirmed = confirm_acked(c, r, rec);
+  MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered, %d confirmed",
+            rail_name(r), rc->gen, replays, settled, confirmed);
+  ncclResult_t res = confirmed ? post_confirm(c, r) : ncclSuccess;
+  return res == ncclSuccess ? post_replays(c) : res;
 }
 
 /* Which field of the receiver's record names the generation the sender waits for. */
@@ -1060,6 +1102,17 @@ static ncclResult_t attempt_failed(struct mpib_comm *c, int r, uint64_t now, con
   rc->retry_at_ns = next_retry_ns(c, rc, now);
   MPIB_INFO("%s rail: generation %u: %s%s; next attempt in %llu ms", rail_name(r), rc->gen, why, detail,
             (unsigned long long)((rc->retry_at_ns - now) / 1000000ull));
+  return ncclSuccess;
+}
+
+/* Sender: rail r never comes back for this connection (a device under it died, here or at the
+ * receiver): it stays out of service, with no more recovery attempts. */
+static ncclResult_t rail_dead(struct mpib_comm *c, int r, const char *why) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  rc->state = MPIB_RAIL_DEAD;
+  publish_rail_state(c, r);
+  MPIB_WARN("failover: rail=%s side=%s gen=%u is dead for this connection: %s; no more recovery attempts", rail_name(r),
+            c->is_send ? "send" : "recv", rc->gen, why);
   return ncclSuccess;
 }
 
@@ -1153,7 +1206,10 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   }
   case MPIB_RAIL_RECOVERING:
     if (read_record(c, r, REC_READY, &rec)) return post_probes(c, r, now);
-    if (read_record(c, r, REC_REFUSED, &rec)) return attempt_failed(c, r, now, "the receiver could not rebuild it", "");
+    if (read_record(c, r, REC_REFUSED, &rec)) {
+      if (rec.refused_dead) return rail_dead(c, r, "the receiver's device under it died");
+      return attempt_failed(c, r, now, "the receiver could not rebuild it", "");
+    }
     if (now - rc->since_ns > timeout) return attempt_failed(c, r, now, "the receiver did not answer its RECOVER", "");
     return ncclSuccess;
   case MPIB_RAIL_PROBING:
@@ -1174,6 +1230,7 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   struct mpib_fence_rec *st = fence_rec(c, r);
   st->fence_gen = rc->gen;
   st->refused_gen = 0; /* set only in a refusal's record: the others check as without the field */
+  st->refused_dead = 0;
   st->next_seq = c->fifo_head;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
@@ -1190,19 +1247,26 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
  * tell the sender. A failure is told too: the sender retries after its back-off (without the
  * answer it would wait MPIB_FAILOVER_TIMEOUT_MS; seen in the lab when the loss that failed the
  * rail also lost the ARP reply this side's RTR waited for). */
+/* Receiver: refuses the sender's attempt to bring rail r back as generation gen: it retries
+ * after its back-off, or, when this side's device under the rail died, never again. */
+static ncclResult_t recv_refuse(struct mpib_comm *c, int r, uint32_t gen, int dead, const char *why) {
+  MPIB_INFO("%s rail: refusing its recovery as generation %u: %s", rail_name(r), gen, why);
+  fence_rec(c, r)->refused_gen = gen;
+  fence_rec(c, r)->refused_dead = (uint8_t)dead;
+  return rail_usable(c, 1 - r) || c->ctrl_fd >= 0 ? post_record(c, r) : ncclSuccess; /* else: its timeout */
+}
+
 static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  if (rc->state != MPIB_RAIL_DOWN) return ncclSuccess; /* its device died meanwhile (DEAD) */
-  if (e) {
-    MPIB_INFO("%s rail: reconnecting its QPs failed (%s); the sender retries", rail_name(r), strerror(-e));
-    fence_rec(c, r)->refused_gen = rc->gen;
-    return rail_usable(c, 1 - r) || c->ctrl_fd >= 0 ? post_record(c, r) : ncclSuccess; /* else: its timeout */
-  }
-  if (c->srq[r] && srq_refill_rail(c, r)) return ncclSuccess;
+  if (rail_fatal(c, r)) return recv_refuse(c, r, rc->gen, 1, "its device died");
+  if (rc->state != MPIB_RAIL_DOWN) return ncclSuccess;
+  if (e) return recv_refuse(c, r, rc->gen, 0, strerror(-e));
+  if (c->srq[r] && srq_refill_rail(c, r)) return recv_refuse(c, r, rc->gen, 0, "posting its receives failed");
   rc->state = MPIB_RAIL_RECOVERING;
   rc->since_ns = now;
   fence_rec(c, r)->ready_gen = rc->gen;
   fence_rec(c, r)->refused_gen = 0;
+  fence_rec(c, r)->refused_dead = 0;
   return post_record(c, r);
 }
 
@@ -1210,7 +1274,7 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
  * sender (failover_tick polls the rebuild), and say so. */
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  if (rail_fatal(c, r)) return ncclSuccess;
+  if (rail_fatal(c, r)) return recv_refuse(c, r, gen, 1, "its device died");
   if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
     rc->state = MPIB_RAIL_DOWN;   /* never came up at connect): what is queued on it dies with the reset */
     ncclResult_t res = recv_leave_cts_rail(c, r);
@@ -1264,8 +1328,50 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   return ncclSuccess;
 }
 
+static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size);
+
+/* Receiver: the sender's confirm record of rail r (the RDMA copy or the control socket's),
+ * when it is complete and newer than the last one applied; 1 then. */
+static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out) {
+  volatile struct mpib_confirm_rec *in[2] = {confirm_rec(c, r), &c->tcp_confirm[r]};
+  for (int k = 0; k < 2; k++) {
+    if (in[k]->gen <= c->confirm_seen[r]) continue;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    memcpy(out, (const void *)in[k], sizeof *out);
+    if (out->gen > c->confirm_seen[r] && out->check == mpib_confirm_check(out)) return 1;
+  }
+  return 0;
+}
+
+/* Receiver: the ranges the sender's confirm names arrived (their carrier on the fenced rail r
+ * was acknowledged, but this side never polled the completion): counted as a replay of them
+ * would be. */
+static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
+  struct mpib_confirm_rec rec;
+  if (!read_confirm(c, r, &rec)) return ncclSuccess;
+  c->confirm_seen[r] = rec.gen;
+  for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
+    struct mpib_request *req = c->slot_reqs[slot][0];
+    if (!rec.seq1[slot] || req == NULL || req->seq + 1 != rec.seq1[slot]) continue;
+    int complete = mpib_recv_ranges_arrived(&req->expected_mask, &req->have_mask, rec.full[slot], rec.ranges[slot], 1);
+    if (complete < 0) {
+      MPIB_WARN("%s rail: the sender confirmed ranges %u of slot %d (full %u) that its receive cannot have (expects %u)",
+                rail_name(r), rec.ranges[slot], slot, rec.full[slot], req->expected_mask);
+      return ncclRemoteError;
+    }
+    req->wrote_rails |= 1u << r;
+    MPIB_INFO("%s rail: slot %d: ranges %u confirmed by the sender (their completion was lost with the rail)", rail_name(r),
+              slot, rec.ranges[slot]);
+    if (complete) {
+      ncclResult_t res = recv_finish(c, r, (uint32_t)slot, req, rec.imm_size[slot]);
+      if (res != ncclSuccess) return res;
+    }
+  }
+  return ncclSuccess;
+}
+
 /* Runs on every progress call. With every rail UP it costs a load or two per rail: the port
- * state, and the peer's record (sender) or notice (receiver) word. */
+ * state, and the peer's record (sender) or notice and confirm (receiver) words. */
 static ncclResult_t failover_tick(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (!c->nqps[r]) continue;
@@ -1276,10 +1382,11 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
       /* Notices wait in their words until the rebuild is done: a newer RECOVER is acted on then. */
       if (mpib_rail_rebuild_poll(c, r, &e)) res = recv_rebuilt(c, r, e, mpib_now_ns());
     } else if (!c->is_send) {
+      res = recv_confirm(c, r);
       uint64_t word = __atomic_load_n(notice_word(c, r), __ATOMIC_ACQUIRE);
       uint64_t tcp = __atomic_load_n(&c->tcp_notice[r], __ATOMIC_ACQUIRE);
       if (mpib_notice_order(tcp) > mpib_notice_order(word)) word = tcp;
-      if (word != rc->notice_seen && mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
+      if (res == ncclSuccess && word != rc->notice_seen && mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
         rc->notice_seen = word;
         res = recv_notice(c, r, word, mpib_now_ns());
       }
@@ -1295,6 +1402,10 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
       res = c->is_send ? send_rail_tick(c, r, now)
                        : rc->state == MPIB_RAIL_FENCING ? recv_fence_settle(c, r, now) : ncclSuccess;
     }
+    if (res != ncclSuccess) return res;
+  }
+  if (c->ctrl_out_n || c->ctrl_rdma_due) {
+    ncclResult_t res = ctrl_retry(c);
     if (res != ncclSuccess) return res;
   }
   return c->replays_waiting > 0 ? post_replays(c) : ncclSuccess;
@@ -1319,12 +1430,14 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
     uint32_t ranges = c->slot_replay_on[slot][rail];
     if (!ranges) return ncclSuccess;
     c->slot_replay_on[slot][rail] = 0;
+    c->slot_acked_on[slot][rail] |= (uint8_t)ranges;
     for (int range = 0; range < MPIB_NRAILS; range++) /* the lost ranges, carried by this rail */
       if (ranges & (1u << range)) tele_complete(c, slot, rail, range);
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
     c->slot_rails[slot] &= ~(1u << rail);
+    c->slot_acked_on[slot][rail] |= (uint8_t)(1u << rail);
     tele_complete(c, slot, rail, rail);
   }
   slot_try_complete(c, slot);
@@ -1523,37 +1636,12 @@ static ncclResult_t progress(struct mpib_comm *c) {
   return failover_tick(c);
 }
 
-/* Flush reads that completed, on every rail (they name their request). A failed one counts
- * as done and marks the QP for a reset (see mpib_iflush); a rail under the request whose
- * device died fails the request. */
-static ncclResult_t flush_progress(struct mpib_comm *c, struct mpib_request *req) {
-  struct ibv_wc wc;
-  for (int lane = 0; lane < MPIB_NLANES; lane++) {
-    int rail = mpib_lane_rail(lane);
-    if (!c->flush_cq[lane]) continue;
-    if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) {
-      if (req->flush_lanes & (1u << lane)) return flush_rail_dead(c, rail);
-      continue;
-    }
-    while (ibv_poll_cq(c->flush_cq[lane], 1, &wc) > 0) {
-      if (wc.status != IBV_WC_SUCCESS && !c->flush_broken[lane]) {
-        c->flush_broken[lane] = 1;
-        MPIB_INFO("%s rail: a flush read failed (%s); ignored, its QP is reset before the next flush", rail_name(rail),
-                  ibv_wc_status_str(wc.status));
-      }
-      ((struct mpib_request *)(uintptr_t)wc.wr_id)->flush_lanes &= ~(1u << lane);
-    }
-  }
-  return ncclSuccess;
-}
-
 ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   struct mpib_request *req = request;
   struct mpib_comm *c = req->comm;
   *done = 0;
-  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? flush_progress(c, req) : progress(c);
+  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? mpib_flush_test(c, req) : progress(c);
   if (res != ncclSuccess) return res;
-  if (req->type == MPIB_REQ_FLUSH) req->done = req->flush_lanes == 0;
   if (!req->done) return comm_health(c);
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;

@@ -385,7 +385,8 @@ struct mpib_fence_rec {
   uint64_t next_seq;
   uint64_t check;
   uint64_t refused_gen;
-  uint8_t pad[40];
+  uint8_t refused_dead; /* with refused_gen: the receiver's device under the rail died; never retry */
+  uint8_t pad[39];
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct mpib_fence_rec) == 384, "fence record layout");
 
@@ -400,7 +401,44 @@ static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r)
     h ^= h >> 29;
   }
   if (r->refused_gen) h = (h ^ r->refused_gen) * 0xBF58476D1CE4E5B9ull; /* only when set: older records check as before */
+  if (r->refused_dead) h = (h ^ r->refused_dead) * 0x94D049BB133111EBull;
   return h;
+}
+
+/* The sender's answer to a fence record: the byte ranges of open receives that the record
+ * lacks although their carrier on the fenced rail was acknowledged. The sender's RC
+ * acknowledgement is the delivery authority (the responder acknowledges an RDMA write once its
+ * bytes are placed): a receive completion the receiver had not polled when the rail was fenced
+ * (its NIC died with the completion queued, or it arrived after the fence and was dropped) is
+ * confirmed here, and the receiver counts those ranges as arrived. RDMA-written into the
+ * receiver's memory after the notice words and sent over the control socket ('C'). */
+struct mpib_confirm_rec {
+  uint64_t gen;                         /* the fenced rail's generation it answers */
+  uint64_t seq1[MPIB_FENCE_SLOTS];      /* the confirmed receive's seq + 1, 0 = nothing for the slot */
+  uint8_t ranges[MPIB_FENCE_SLOTS];     /* its ranges confirmed */
+  uint8_t full[MPIB_FENCE_SLOTS];       /* the slot's full range mask */
+  uint32_t imm_size[MPIB_FENCE_SLOTS];  /* the size its immediate carried, or MPIB_IMM_NO_SIZE */
+  uint64_t check;
+} __attribute__((aligned(64)));
+_Static_assert(sizeof(struct mpib_confirm_rec) == 512, "confirm record layout");
+
+static inline uint64_t mpib_confirm_check(const volatile struct mpib_confirm_rec *r) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ r->gen;
+  for (int i = 0; i < MPIB_FENCE_SLOTS; i++) {
+    h ^= r->seq1[i] + ((uint64_t)r->ranges[i] << 56) + ((uint64_t)r->full[i] << 48) + ((uint64_t)r->imm_size[i] << 16);
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+/* Sender: which ranges of the slot whose receive the record shows open (open_seq1) and having
+ * `have` it confirms, given `acked`, the ranges of its seq slot_seq whose carriers on the fenced
+ * rail were acknowledged. Only the fenced rail's: a range still on its way over a working rail
+ * arrives there, and confirming it too would make it arrive twice. */
+static inline uint32_t mpib_confirm_ranges(uint64_t open_seq1, uint32_t have, uint64_t slot_seq, uint32_t acked) {
+  if (open_seq1 != slot_seq + 1) return 0;
+  return acked & ~have;
 }
 
 #endif

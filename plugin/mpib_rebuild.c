@@ -1,6 +1,6 @@
 /* Rail rebuild: a failed rail's QPs forced to the error state, then reset and reconnected to
- * the peer's same QPs (on a thread of their own), and the flush loopback reset after a failed
- * read. Called by the message path; calls comm setup's QP helpers and the NICs' GID reads. */
+ * the peer's same QPs (on a thread of their own). Called by the
+ * message path; calls comm setup's QP helpers and the NICs' GID reads. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -12,23 +12,6 @@
 #include "mpib_verbs.h"
 
 static const char *rail_name(int rail) { return mpib_rail_name(rail); }
-
-/* The flush QP after a read failed on it (it is in the error state): reset and connected to
- * itself again. Called by iflush before it posts on that rail; a loopback needs no peer. net_ib
- * resets its flush QP in recovery; MPIB does it when the QP is next needed, on the thread that
- * owns it, so no rebuild thread races a flush. 0 or -errno. */
-int mpib_flush_qp_reset(struct mpib_comm *c, int lane) {
-  struct mpib_nic *d = c->nic[lane];
-  struct ibv_qp *qp = c->flush_qp[lane];
-  struct ibv_wc wc;
-  if (qp == NULL) return -EINVAL;
-  int rc = mpib_qp_reset_to_init(c, qp, lane);
-  while (ibv_poll_cq(c->flush_cq[lane], 1, &wc) > 0) {} /* flushed reads of requests already failed or done */
-  if (rc) return rc;
-  struct mpib_rail_info self;
-  mpib_local_rail_info(c, lane, &self);
-  return mpib_qp_connect(c, qp, lane, qp->qp_num, &self, d->active_mtu, c->tc, 0);
-}
 
 /* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
  * arrives for them, and their outstanding work requests complete in error. */
@@ -73,7 +56,7 @@ int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   }
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     const struct mpib_qp *q = &c->qps[mpib_rail_base(c, r) + i];
-    int rc = mpib_qp_reset_to_init(c, q->qp, q->lane);
+    int rc = mpib_qp_reset_to_init(c, q->qp, q->lane, MPIB_DATA_QP_ACCESS);
     if (rc) return rc;
     rc = mpib_qp_connect(c, q->qp, q->lane, c->rem_rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
                          mpib_qp_traffic_class(c), psn);

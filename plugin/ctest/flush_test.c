@@ -1,16 +1,18 @@
 //go:build ignore
-// link: ../mpib_p2p.c ../mpib_shm.c ../mpib_profiler.c
+// link: ../mpib_p2p.c ../mpib_flush.c ../mpib_shm.c ../mpib_profiler.c
 
-/* iflush on FAKE verbs (mpib_p2p.c unchanged): which rails a flush reads on, what a dead device
- * does to it, and what a failed read does. The lab cannot raise IBV_EVENT_DEVICE_FATAL (rxe
+/* iflush on FAKE verbs (mpib_flush.c and mpib_p2p.c unchanged): which rails a flush reads on,
+ * what a dead device does to it, and what a failed read does. The lab cannot raise IBV_EVENT_DEVICE_FATAL (rxe
  * cannot disassociate a context), so the fatal cases are proven here:
  *   - a receive's bytes written by SUP only: the flush reads on SUP only;
  *   - SUP's device dies while that read is outstanding: test() fails with an error, it does
  *     not return done=0 forever (the dead device's CQ is never polled again);
  *   - SUP dead but idle (the bytes came by SOUT): the flush reads on SOUT and completes;
  *   - SUP dead before iflush, with SUP's bytes to order: iflush fails at once;
- *   - a read that fails on a live device completes the flush, never fails the rail, and the
- *     flush QP is reset before its next read;
+ *   - a read that fails on a live device never completes the flush and never fails the rail:
+ *     the flush QP is reset with its own access (REMOTE_READ, what a loopback read needs) and
+ *     the read posted again; a reset also posts again another flush's read that the QP had;
+ *   - a lane that cannot read again within MPIB_FAILOVER_TIMEOUT_MS fails the flush;
  *   - on a comm of a device's third SUP port, SUP's read names the buffer's MR on that port
  *     (a device-wide memory handle holds one MR per port: mpib_comm_mr). */
 #define _GNU_SOURCE
@@ -25,7 +27,7 @@
 #include "check.h"
 
 struct mpib_global mpib_g;
-uint64_t mpib_now_ns(void) { return 1000000000ull; }
+uint64_t mpib_now_ns(void);
 void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
   (void)level, (void)file, (void)line, (void)fmt;
 }
@@ -35,8 +37,21 @@ int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)ra
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
-static int resets[MPIB_NRAILS];
-int mpib_flush_qp_reset(struct mpib_comm *c, int rail) { return (void)c, resets[rail]++, 0; }
+static int resets[MPIB_NRAILS], reset_access[MPIB_NRAILS], reset_fails;
+static uint64_t now_ns = 1000000000ull;
+int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane, int access) {
+  (void)c, (void)qp;
+  resets[lane]++;
+  reset_access[lane] = access;
+  return reset_fails ? -EIO : 0;
+}
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn, const struct mpib_rail_info *rem,
+                    enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
+  return (void)c, (void)qp, (void)lane, (void)rem_qpn, (void)rem, (void)mtu, (void)tc, (void)psn, 0;
+}
+void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri) {
+  (void)c, (void)lane, memset(ri, 0, sizeof *ri);
+}
 
 /* Fake flush QPs: a posted read waits in `reads` until the test completes it. */
 static struct ibv_context ctx;
@@ -47,6 +62,7 @@ static uint64_t reads[MPIB_NRAILS][8];
 static uint32_t read_rkey[MPIB_NRAILS];
 static int nreads[MPIB_NRAILS], ncqe[MPIB_NRAILS];
 static struct ibv_wc cqe[MPIB_NRAILS][8];
+uint64_t mpib_now_ns(void) { return now_ns; }
 
 static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
   (void)bad;
@@ -97,7 +113,7 @@ static void reset(void) {
 static ncclResult_t flush(struct mpib_comm *c, uint32_t due, void **req) {
   static char buf[4096];
   static struct ibv_mr port_mr[MPIB_MR_SLOTS];
-  struct mpib_mr mh = {0};
+  static struct mpib_mr mh; /* NCCL's handle outlives the flush */
   for (int slot = 0; slot < 4; slot++) {
     port_mr[slot] = (struct ibv_mr){.lkey = 1, .rkey = 10 + (uint32_t)slot};
     mh.mr[slot] = &port_mr[slot];
@@ -146,15 +162,39 @@ int main(void) {
   reset();
   CHECK(flush(c, O | U, &req) == ncclSuccess && nreads[0] == 1 && nreads[1] == 1, "both rails wrote: a read on each");
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
-  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR); /* a read fails on a live device */
+  void *other = NULL;
+  CHECK(flush(c, U, &other) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 2, "a second flush's read queued behind it");
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR); /* the first read fails on a live device, the second is flushed */
   done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "a failed read completes the flush (ignored, as net_ib)");
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && !done, "a failed read never completes the flush");
+  CHECK(resets[MPIB_RAIL_SUP] == 1 && reset_access[MPIB_RAIL_SUP] == IBV_ACCESS_REMOTE_READ,
+        "the flush QP is reset once, granting REMOTE_READ (resets %d, access %#x)", resets[MPIB_RAIL_SUP],
+        reset_access[MPIB_RAIL_SUP]);
+  CHECK(nreads[MPIB_RAIL_SUP] == 1, "the failed read is posted again on the reset QP (%d reads)", nreads[MPIB_RAIL_SUP]);
   CHECK(c->rail[MPIB_RAIL_SUP].state == MPIB_RAIL_UP, "a flush error never fails the rail (state %d)", c->rail[MPIB_RAIL_SUP].state);
-  CHECK(flush(c, U, &req) == ncclSuccess && resets[MPIB_RAIL_SUP] == 1 && nreads[MPIB_RAIL_SUP] == 1,
-        "the flush QP is reset before its next read (resets %d)", resets[MPIB_RAIL_SUP]);
+  done = 0;
+  CHECK(mpib_test(other, &done, NULL) == ncclSuccess && !done && nreads[MPIB_RAIL_SUP] == 2,
+        "the other flush's read, lost with the QP's error, is posted again too (%d reads)", nreads[MPIB_RAIL_SUP]);
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
   done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "the reset QP flushes again");
+  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "the reset QP orders the first flush");
+  done = 0;
+  CHECK(mpib_test(other, &done, NULL) == ncclSuccess && done, "and the second");
+  printf("flush: failed-read reposted=true resets=%d access=REMOTE_READ counted_done_with_failed_read=false\n",
+         resets[MPIB_RAIL_SUP]);
+
+  reset(); /* a lane that cannot read again: the flush fails after the failover timeout, never completes */
+  mpib_g.failover_timeout_ms = 5000;
+  CHECK(flush(c, U, &req) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 1, "a flush on SUP");
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
+  reset_fails = 1; /* the port is down: the QP cannot come back */
+  done = 0;
+  res = ncclSuccess;
+  for (int i = 0; i < 100 && res == ncclSuccess && !done; i++, now_ns += 100000000ull) res = mpib_test(req, &done, NULL);
+  CHECK(res == ncclSystemError && !done, "a lane that cannot read for the timeout fails the flush (res %d done %d)", res, done);
+  ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
+  reset_fails = 0;
+  c->failure_reported = 0;
 
   req = (void *)1;
   CHECK(flush(c, 0, &req) == ncclSuccess && req == NULL, "nothing written since the last flush: nothing to read");

@@ -43,7 +43,8 @@ void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *f
 void mpib_comm_destroy(struct mpib_comm *c) { (void)c; } /* mpib_comm_close's last step (comm setup) */
 int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
-int mpib_flush_qp_reset(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
+#include "../mpib_flush.h"
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) { return (void)c, (void)req, ncclInternalError; } /* no flushes here */
 /* No rebuild thread here: a recovery would take its in-line path (these tests keep recovery
  * off with a long back-off; the lab's fault tests run the thread). */
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }

@@ -1,0 +1,168 @@
+/*
+ * iflush: orders the NIC's writes before the GPU reads the buffer. Called by the ABI shims
+ * (mpib_iflush) and by the message path's test() (mpib_flush_test); calls comm setup's QP
+ * helpers to reset a loopback flush QP. Pure C, no Go calls.
+ *
+ * A flush is a 1-byte loopback RDMA read on each lane of a rail whose writes landed bytes of
+ * receives completed since the last flush (a rail that carried a range, original or replay;
+ * net_ib reads on every device of the comm). One read after those completions orders all of
+ * them, so a flush covers every receive completed before it.
+ *
+ * A read that fails orders nothing, so it never counts as done: net_ib 2.30 fails the request
+ * (test() returns ncclRemoteError); MPIB posts it again on its lane's loopback QP, reset with the
+ * flush QP's own access (REMOTE_READ), and fails the request with a message only when the lane
+ * cannot read for MPIB_FAILOVER_TIMEOUT_MS (a port flap shorter than that costs nothing) or its
+ * device died. A reset discards what the QP had queued, and a provider may clean those reads'
+ * completions from the CQ at RESET (rdma-core's mlx5 does): every read outstanding on the lane
+ * is posted again after a reset, so none waits for a completion that will never come.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "mpib.h"
+#include "mpib_flush.h"
+#include "mpib_qp.h"
+
+static const char *lane_rail_name(int lane) { return mpib_rail_name(mpib_lane_rail(lane)); }
+
+/* A rail whose device died after writing bytes of a completed receive cannot order them: the
+ * flush fails instead of waiting on a CQ nobody polls (net_ib fails test() when a fatal
+ * device's completion shows up). */
+static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
+  MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
+            "ordered before the GPU reads them", mpib_rail_name(rail), mpib_rail_fault_nic(c, rail));
+  c->failure_reported = 1;
+  return ncclSystemError;
+}
+
+/* The flush requests of the comm with a read outstanding on `lane`. */
+static void lane_reads_lost(struct mpib_comm *c, int lane) {
+  for (int i = 0; i < c->nreqs_pool; i++) {
+    struct mpib_request *r = &c->reqs[i];
+    if (r->type != MPIB_REQ_FLUSH || !(r->flush_lanes & (1u << lane))) continue;
+    r->flush_lanes &= ~(1u << lane);
+    r->flush_redo |= 1u << lane;
+  }
+}
+
+/* Handles the lane's flush completions: each names its request; a failed one (or one flushed
+ * by the QP's error state) is posted again. */
+static void flush_poll_lane(struct mpib_comm *c, int lane) {
+  struct ibv_wc wc;
+  while (ibv_poll_cq(c->flush_cq[lane], 1, &wc) > 0) {
+    struct mpib_request *r = (struct mpib_request *)(uintptr_t)wc.wr_id;
+    if (r->type != MPIB_REQ_FLUSH || !(r->flush_lanes & (1u << lane))) continue; /* its read was already redone */
+    r->flush_lanes &= ~(1u << lane);
+    if (wc.status == IBV_WC_SUCCESS) continue;
+    if (!c->flush_broken[lane])
+      MPIB_INFO("%s rail: a flush read failed (%s); its QP is reset and the read posted again", lane_rail_name(lane),
+                ibv_wc_status_str(wc.status));
+    c->flush_broken[lane] = 1;
+    r->flush_redo |= 1u << lane;
+    if (!r->flush_failed_ns) r->flush_failed_ns = mpib_now_ns();
+  }
+}
+
+/* The lane's loopback QP after a read failed on it (it is in the error state): its completions
+ * handled, reset and connected to itself again; every read it still had is posted again. On
+ * the thread that owns the comm, so no rebuild thread races a flush. 0 or -errno. */
+static int flush_qp_reset(struct mpib_comm *c, int lane) {
+  struct ibv_qp *qp = c->flush_qp[lane];
+  flush_poll_lane(c, lane);
+  int rc = mpib_qp_reset_to_init(c, qp, lane, MPIB_FLUSH_QP_ACCESS);
+  lane_reads_lost(c, lane);
+  if (rc) return rc;
+  struct mpib_rail_info self;
+  mpib_local_rail_info(c, lane, &self);
+  rc = mpib_qp_connect(c, qp, lane, qp->qp_num, &self, c->nic[lane]->active_mtu, c->tc, 0);
+  if (rc == 0) c->flush_broken[lane] = 0;
+  return rc;
+}
+
+static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *req) {
+  if (c->flush_broken[lane]) {
+    int e = flush_qp_reset(c, lane);
+    if (e) return e;
+  }
+  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[lane]->lkey};
+  struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = (uintptr_t)req->flush_addr;
+  wr.wr.rdma.rkey = mpib_comm_mr(c, req->mh, lane)->rkey;
+  struct ibv_send_wr *bad = NULL;
+  int e = ibv_post_send(c->flush_qp[lane], &wr, &bad);
+  if (e) {
+    c->flush_broken[lane] = 1; /* a QP that takes no read is reset before the next one */
+    return -e;
+  }
+  req->flush_lanes |= 1u << lane;
+  req->flush_redo &= ~(1u << lane);
+  return 0;
+}
+
+/* Posts again the request's reads that failed or were lost; past the deadline, fails it. */
+static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req) {
+  for (int lane = 0; lane < MPIB_NLANES; lane++) {
+    if (!(req->flush_redo & (1u << lane))) continue;
+    int e = post_flush_read(c, lane, req);
+    if (e == 0) continue;
+    if (!req->flush_failed_ns) req->flush_failed_ns = mpib_now_ns();
+    if (mpib_now_ns() - req->flush_failed_ns <= mpib_g.failover_timeout_ms * 1000000ull) continue; /* next test() */
+    MPIB_WARN("recv comm: flush: the %s rail's NIC %s could not read back for %llu ms (%s): the receive's bytes "
+              "cannot be ordered before the GPU reads them", lane_rail_name(lane), c->nic[lane]->name,
+              (unsigned long long)mpib_g.failover_timeout_ms, strerror(-e));
+    c->failure_reported = 1;
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
+  for (int lane = 0; lane < MPIB_NLANES; lane++) {
+    if (!c->flush_cq[lane]) continue;
+    if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) {
+      if ((req->flush_lanes | req->flush_redo) & (1u << lane)) return flush_rail_dead(c, mpib_lane_rail(lane));
+      continue;
+    }
+    flush_poll_lane(c, lane);
+  }
+  if (req->flush_redo) {
+    ncclResult_t res = flush_retry(c, req);
+    if (res != ncclSuccess) return res;
+  }
+  req->done = req->flush_lanes == 0 && req->flush_redo == 0;
+  return ncclSuccess;
+}
+
+ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
+  struct mpib_comm *c = recvComm;
+  *request = NULL;
+  int last = -1;
+  for (int r = 0; r < n; r++) {
+    if (sizes[r] > 0) last = r;
+  }
+  if (!mpib_g.flush_enabled || last < 0 || c->flush_due == 0) return ncclSuccess;
+  struct mpib_mr *mh = mhandles[last];
+  for (int rail = 0; rail < MPIB_NRAILS; rail++)
+    if ((c->flush_due & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
+  struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_FLUSH);
+  if (!req) {
+    MPIB_WARN("no free request for a flush");
+    return ncclInternalError;
+  }
+  req->flush_addr = data[last];
+  req->mh = mh;
+  for (int lane = 0; lane < MPIB_NLANES; lane++) { /* every lane of a rail that wrote: each NIC orders its own */
+    int rail = mpib_lane_rail(lane);
+    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
+    req->flush_redo |= 1u << lane; /* posted now, or by test() when the lane cannot take it yet */
+  }
+  c->flush_due = 0;
+  ncclResult_t res = flush_retry(c, req);
+  if (res != ncclSuccess) {
+    req->type = MPIB_REQ_FREE;
+    return res;
+  }
+  *request = req;
+  return ncclSuccess;
+}
