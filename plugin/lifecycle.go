@@ -339,6 +339,9 @@ func (lc *liveComm) watch() {
 			}
 			if b[0] == 'R' {
 				C.mpib_comm_tcp_record(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
+				// A sender NCCL is not calling (every send of it completed) still answers what
+				// its acknowledgements show delivered; the data path answers when it runs.
+				C.mpib_comm_answer_record(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
 			} else {
 				C.mpib_comm_tcp_confirm(lc.comm, C.int(b[1]), unsafe.Pointer(&rec[0]))
 			}

@@ -317,20 +317,22 @@ struct mpib_comm {
   /* Sender: the receiver's records that came over the control socket (sent there when no
    * rail can carry them; the checksum rejects a copy torn by the control plane's write). */
   struct mpib_fence_rec tcp_rec[MPIB_NRAILS];
-  /* Receiver: the sender's confirm records that came over the control socket, and the newest
-   * generation whose confirm record was applied, per rail. */
+  /* Receiver: the sender's confirm records that came over the control socket, and the
+   * checksum of the last one applied, per rail. */
   struct mpib_confirm_rec tcp_confirm[MPIB_NRAILS];
   uint64_t confirm_seen[MPIB_NRAILS];
-  /* Sender, per slot: the ranges whose carrier on each rail was acknowledged, the seq + 1 of
-   * its latest post (kept after it completed) and the size its immediate carried. */
-  uint8_t slot_acked_on[MPIB_MAX_REQUESTS][MPIB_NRAILS];
-  uint64_t slot_last_seq1[MPIB_MAX_REQUESTS];
-  uint32_t slot_imm_size[MPIB_MAX_REQUESTS];
-  /* Control messages (mpib_failover.c): RDMA copies a full send queue refused, posted again on
-   * a later progress call (bit kind * MPIB_NRAILS + rail), and the bytes for the control socket
-   * that a short write left, sent before anything newer (whole messages only). */
+  /* Sender, per slot and rail: what its latest post was acknowledged for (mpib_ack_word; kept
+   * after the slot completed). Written by the data path's thread with atomic stores, read by
+   * the control plane's thread too: it answers a fence record that arrives while NCCL has no
+   * send of this comm to test (mpib_comm_answer_record). */
+  uint64_t slot_ack[MPIB_MAX_REQUESTS][MPIB_NRAILS];
+  /* Control messages: RDMA copies a full send queue refused, posted again on a later progress
+   * call (bit kind * MPIB_NRAILS + rail), and the bytes for the control socket that a short
+   * write left, sent before anything newer (whole messages only; ctrl_mu: the control plane's
+   * thread writes there too). */
   uint32_t ctrl_rdma_due;
   uint32_t ctrl_out_n;
+  pthread_mutex_t ctrl_mu;
   uint8_t ctrl_out[2048];
   uint64_t stall_since_ns; /* no rail of the connection works since (0: one does); see ride_through */
   int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
@@ -514,6 +516,10 @@ void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
 void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec);
 /* A confirm record about a rail that arrived on the control socket (sizeof(struct mpib_confirm_rec) bytes). */
 void mpib_comm_tcp_confirm(struct mpib_comm *c, int rail, const void *rec);
+/* Sender: a fence record that arrived over the control socket, answered from the control
+ * plane's thread with the confirm of what this side's acknowledgements show delivered (the
+ * data path answers too, when NCCL calls it; a receiver applies either). */
+void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec);
 /* The peer said over the control socket that its side failed: waiting requests fail now. */
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */

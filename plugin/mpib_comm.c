@@ -264,6 +264,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->sup_relay = mpib_g.sup_relay;
   c->cts_rail = mpib_cts_rail(p->mode, p->path_class, p->nqps[MPIB_RAIL_SUP]);
   c->ctrl_fd = -1;
+  pthread_mutex_init(&c->ctrl_mu, NULL);
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;
   c->shm_slot = -1;
@@ -496,6 +497,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   free(c->reqs);
   page_free(c->cts, MPIB_NIC_AREA);
   page_free(c->flush_buf, MPIB_PAGE);
+  pthread_mutex_destroy(&c->ctrl_mu);
   page_free(c, sizeof *c);
 }
 

@@ -11,7 +11,7 @@
  * A read that fails orders nothing, so it never counts as done: net_ib 2.30 fails the request
  * (test() returns ncclRemoteError); MPIB posts it again on its lane's loopback QP, reset with the
  * flush QP's own access (REMOTE_READ), and fails the request with a message only when the lane
- * cannot read for MPIB_FAILOVER_TIMEOUT_MS (a port flap shorter than that costs nothing) or its
+ * cannot read for MPIB_STALL_TIMEOUT_MS (the ride-through budget: a port flap shorter than that costs nothing) or its
  * device died. A reset discards what the QP had queued, and a provider may clean those reads'
  * completions from the CQ at RESET (rdma-core's mlx5 does): every read outstanding on the lane
  * is posted again after a reset, so none waits for a completion that will never come.
@@ -107,10 +107,10 @@ static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req) {
     int e = post_flush_read(c, lane, req);
     if (e == 0) continue;
     if (!req->flush_failed_ns) req->flush_failed_ns = mpib_now_ns();
-    if (mpib_now_ns() - req->flush_failed_ns <= mpib_g.failover_timeout_ms * 1000000ull) continue; /* next test() */
-    MPIB_WARN("recv comm: flush: the %s rail's NIC %s could not read back for %llu ms (%s): the receive's bytes "
+    if (mpib_now_ns() - req->flush_failed_ns <= mpib_g.stall_timeout_ms * 1000000ull) continue; /* next test() */
+    MPIB_WARN("recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
               "cannot be ordered before the GPU reads them", lane_rail_name(lane), c->nic[lane]->name,
-              (unsigned long long)mpib_g.failover_timeout_ms, strerror(-e));
+              (unsigned long long)mpib_g.stall_timeout_ms, strerror(-e));
     c->failure_reported = 1;
     return ncclSystemError;
   }

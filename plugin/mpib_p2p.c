@@ -361,42 +361,56 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   return 0;
 }
 
+/* A range of the slot that could not go out on its rail waits for a replay (post_replays), on
+ * whichever rail can carry it first. */
+static void defer_range(struct mpib_comm *c, int slot, int rail) {
+  if (c->slot_replay_wait[slot] == 0) c->replays_waiting++;
+  c->slot_replay_wait[slot] |= (uint8_t)(1u << rail);
+}
+
+/* Posts one rail's chain of the slot. A rail out of service (a failover under way: its QPs are
+ * in the error state, and a chain posted now would be flushed after its fence was settled),
+ * one whose send queue is full (back-pressure, not a fault) or one that refuses the post (its
+ * device just died, say) does not carry it: the range goes out as a replay, and a refusing
+ * rail fails over like any failed rail. */
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
-  int rc = post_chain(c, slot, rail, p, 1u << rail, 0);
+  int in_service = c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;
+  int rc = in_service ? post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
+  if (rc == 0) {
+    tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
+    return ncclSuccess;
+  }
   if (rc == EINVAL) {
     MPIB_WARN("%s rail has no QP for this connection (policy bug)", rail_name(rail));
     return ncclInternalError;
   }
-  if (rc) {
+  if (!mpib_g.failover) {
     MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
     return ncclSystemError;
   }
-  return ncclSuccess;
+  defer_range(c, slot, rail);
+  if (rc == EAGAIN || rc == ENOMEM) return ncclSuccess;
+  return rail_fail(c, rail, "completion-error", "posting to it failed");
 }
 
-/* Post the slot's matched sends on every active rail. A rail that refuses the post (its
- * device just died, say) fails over like any failed rail: its part of the slot counts as sent
- * and lost, and the failover replays it on the other rail. */
+/* Post the slot's matched sends on every active rail (post_rail: a rail that cannot take its
+ * range now leaves it to a replay). */
 static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   struct slot_plan plan;
   plan_slot(c, slot, &plan);
 #ifdef MPIB_HOSTILE_TEST
   mpib_hostile_before_post(c, slot, c->slot_matched[slot], plan.size_in_imm); /* the test build only */
 #endif
-  c->slot_posted_seq1[slot] = c->slot_last_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
-  c->slot_imm_size[slot] = plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE;
-  c->slot_acked_on[slot][MPIB_RAIL_SOUT] = c->slot_acked_on[slot][MPIB_RAIL_SUP] = 0;
+  c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
+  uint64_t ack = mpib_ack_word(c->slot_posted_seq1[slot], plan.mask,
+                               0, plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE);
+  for (int r = 0; r < MPIB_NRAILS; r++) __atomic_store_n(&c->slot_ack[slot][r], ack, __ATOMIC_RELEASE);
   /* The post time for the completion latency: the path reads no clock per message otherwise,
    * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
   c->slot_post_ns[slot] = c->shm_slot >= 0 ? mpib_now_ns() : 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
-    tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
     ncclResult_t res = post_rail(c, slot, rail, &plan);
-    if (res == ncclSystemError && mpib_g.failover && rail_usable(c, 1 - rail)) {
-      c->slot_rails[slot] |= 1u << rail;
-      res = rail_fail(c, rail, "completion-error", "posting to it failed");
-    }
     if (res != ncclSuccess) return res;
   }
   c->tele_slots++;
@@ -654,7 +668,7 @@ static int rail_usable(const struct mpib_comm *c, int r) {
 
 /* Sends what a short write left on the control socket; 0 once nothing is left. The socket is
  * non-blocking for the data path: a full one keeps the bytes for a later progress call. */
-static int ctrl_flush(struct mpib_comm *c) {
+static int ctrl_flush_locked(struct mpib_comm *c) {
   while (c->ctrl_out_n > 0) {
     ssize_t n = send(c->ctrl_fd, c->ctrl_out, c->ctrl_out_n, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n <= 0) return -1;
@@ -664,20 +678,28 @@ static int ctrl_flush(struct mpib_comm *c) {
   return 0;
 }
 
+static void ctrl_flush(struct mpib_comm *c) {
+  pthread_mutex_lock(&c->ctrl_mu);
+  (void)ctrl_flush_locked(c);
+  pthread_mutex_unlock(&c->ctrl_mu);
+}
+
 /* Queues one whole message for the control socket and sends what it can: the peer's reader
  * (lifecycle.go) frames messages by their kind byte, so a message is never cut or dropped in
  * part. One that does not fit behind a stuck socket is dropped whole: notices and records are
  * the newest state, also RDMA-written, and a later one supersedes it. */
 static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_fd < 0) return;
+  pthread_mutex_lock(&c->ctrl_mu);
   if (c->ctrl_out_n + len > sizeof c->ctrl_out) {
     MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped", c->is_send ? "send" : "recv",
               c->ctrl_out_n, len);
-    return;
+  } else {
+    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
+    c->ctrl_out_n += (uint32_t)len;
+    (void)ctrl_flush_locked(c);
   }
-  memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
-  c->ctrl_out_n += (uint32_t)len;
-  (void)ctrl_flush(c);
+  pthread_mutex_unlock(&c->ctrl_mu);
 }
 
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
@@ -783,7 +805,6 @@ static ncclResult_t post_confirm_rdma(struct mpib_comm *c, int r) {
 
 static ncclResult_t post_confirm(struct mpib_comm *c, int r) {
   struct mpib_confirm_rec *st = confirm_rec(c, r);
-  st->check = mpib_confirm_check(st);
   uint8_t msg[2 + sizeof *st] = {'C', (uint8_t)r};
   memcpy(msg + 2, st, sizeof *st);
   ctrl_send(c, msg, sizeof msg);
@@ -793,7 +814,7 @@ static ncclResult_t post_confirm(struct mpib_comm *c, int r) {
 /* Posts again the control writes a full send queue refused, and what the control socket has
  * not taken yet. Runs on every progress call; with nothing due it costs two loads. */
 static ncclResult_t ctrl_retry(struct mpib_comm *c) {
-  if (c->ctrl_out_n) (void)ctrl_flush(c);
+  if (__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED)) ctrl_flush(c);
   uint32_t due = c->ctrl_rdma_due;
   c->ctrl_rdma_due = 0; /* post_control marks again what the send queue still refuses */
   for (int r = 0; r < MPIB_NRAILS && due; r++) {
@@ -1025,22 +1046,36 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
  * open receives lack whose carrier on r was acknowledged (mpib_confirm_ranges). A slot the
  * record shows open cannot have been reused here: its next CTS comes only after that receive
  * completes. Returns how many slots it names. */
-static int confirm_acked(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec) {
-  struct mpib_confirm_rec *st = confirm_rec(c, r);
+static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec, struct mpib_confirm_rec *st) {
   int n = 0;
   memset(st, 0, sizeof *st);
-  st->gen = c->rail[r].gen;
+  st->gen = rec->fence_gen;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
-    uint64_t seq1 = c->slot_last_seq1[slot];
-    uint32_t ranges = seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, c->slot_acked_on[slot][r]) : 0;
+    uint64_t w = __atomic_load_n(&c->slot_ack[slot][r], __ATOMIC_ACQUIRE), seq1 = mpib_ack_seq1(w);
+    uint32_t ranges = seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, mpib_ack_ranges(w)) : 0;
     if (!ranges) continue;
     st->seq1[slot] = seq1;
     st->ranges[slot] = (uint8_t)ranges;
-    st->full[slot] = c->slot_full[slot];
-    st->imm_size[slot] = c->slot_imm_size[slot];
+    st->full[slot] = (uint8_t)mpib_ack_full(w);
+    st->imm_size[slot] = mpib_ack_imm_size(w);
     n++;
   }
+  st->check = mpib_confirm_check(st);
   return n;
+}
+
+static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len);
+
+/* The control plane's answer to a fence record (mpib.h): the confirm, over the control socket. */
+void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_bytes) {
+  struct mpib_fence_rec rec;
+  struct mpib_confirm_rec st;
+  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;
+  memcpy(&rec, rec_bytes, sizeof rec);
+  if (rec.fence_gen == 0 || rec.check != mpib_fence_check(&rec) || confirm_build(c, rail, &rec, &st) == 0) return;
+  uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
+  memcpy(msg + 2, &st, sizeof st);
+  ctrl_send(c, msg, sizeof msg);
 }
 
 /* Sender: the receiver's record of rail r says which byte ranges of its open slots it already
@@ -1059,7 +1094,7 @@ static ncclResult_t send_resolve(struct mpib_comm *c, int r, const struct mpib_f
   c->pending[r] = 0;
   rc->since_ns = now;
   rc->retry_at_ns = next_retry_ns(c, rc, now);
-  int confirmed = confirm_acked(c, r, rec);
+  int confirmed = confirm_build(c, r, rec, confirm_rec(c, r));
   MPIB_INFO("failover: rail=%s side=send gen=%u resolved: %d slot(s) replayed, %d already delivered, %d confirmed",
             rail_name(r), rc->gen, replays, settled, confirmed);
   ncclResult_t res = confirmed ? post_confirm(c, r) : ncclSuccess;
@@ -1331,14 +1366,16 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
 static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size);
 
 /* Receiver: the sender's confirm record of rail r (the RDMA copy or the control socket's),
- * when it is complete and newer than the last one applied; 1 then. */
+ * when it is complete and not the last one applied; 1 then. Applying one is idempotent: a
+ * confirm names a receive by its sequence number, and ranges already arrived arrive again
+ * harmlessly (both the data path and the control plane may send one). */
 static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out) {
   volatile struct mpib_confirm_rec *in[2] = {confirm_rec(c, r), &c->tcp_confirm[r]};
   for (int k = 0; k < 2; k++) {
-    if (in[k]->gen <= c->confirm_seen[r]) continue;
+    if (in[k]->check == c->confirm_seen[r] || in[k]->gen == 0) continue;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     memcpy(out, (const void *)in[k], sizeof *out);
-    if (out->gen > c->confirm_seen[r] && out->check == mpib_confirm_check(out)) return 1;
+    if (out->check == mpib_confirm_check(out) && out->check != c->confirm_seen[r]) return 1;
   }
   return 0;
 }
@@ -1349,7 +1386,7 @@ static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out
 static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
   struct mpib_confirm_rec rec;
   if (!read_confirm(c, r, &rec)) return ncclSuccess;
-  c->confirm_seen[r] = rec.gen;
+  c->confirm_seen[r] = rec.check;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     if (!rec.seq1[slot] || req == NULL || req->seq + 1 != rec.seq1[slot]) continue;
@@ -1404,7 +1441,7 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
     }
     if (res != ncclSuccess) return res;
   }
-  if (c->ctrl_out_n || c->ctrl_rdma_due) {
+  if (__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) || c->ctrl_rdma_due) {
     ncclResult_t res = ctrl_retry(c);
     if (res != ncclSuccess) return res;
   }
@@ -1422,6 +1459,12 @@ static ncclResult_t rail_error(struct mpib_comm *c, int rail, const struct ibv_w
   return rail_fail(c, rail, st == MPIB_RAIL_PROBING ? "probe-failed" : "completion-error", detail);
 }
 
+/* The slot's ranges `ranges` were acknowledged on `rail` (their carrier completed). */
+static void slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
+  uint64_t w = c->slot_ack[slot][rail];
+  __atomic_store_n(&c->slot_ack[slot][rail], w | (uint64_t)(ranges & 3u) << 18, __ATOMIC_RELEASE);
+}
+
 static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t id) {
   uint64_t seq = id & MPIB_WRID_SEQ_MASK;
   int slot = (int)(seq % MPIB_MAX_REQUESTS);
@@ -1430,14 +1473,14 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
     uint32_t ranges = c->slot_replay_on[slot][rail];
     if (!ranges) return ncclSuccess;
     c->slot_replay_on[slot][rail] = 0;
-    c->slot_acked_on[slot][rail] |= (uint8_t)ranges;
+    slot_acked(c, slot, rail, ranges);
     for (int range = 0; range < MPIB_NRAILS; range++) /* the lost ranges, carried by this rail */
       if (ranges & (1u << range)) tele_complete(c, slot, rail, range);
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
     c->slot_rails[slot] &= ~(1u << rail);
-    c->slot_acked_on[slot][rail] |= (uint8_t)(1u << rail);
+    slot_acked(c, slot, rail, 1u << rail);
     tele_complete(c, slot, rail, rail);
   }
   slot_try_complete(c, slot);

@@ -432,6 +432,20 @@ static inline uint64_t mpib_confirm_check(const volatile struct mpib_confirm_rec
   return h;
 }
 
+/* Sender: one slot's latest post and its acknowledgements on one rail, in one word the control
+ * plane's thread can read while the data path writes it: seq + 1 (bits 24..63), the slot's full
+ * range mask (20..21), the ranges acknowledged on the rail (18..19), whether the immediate
+ * carried the size (16) and that size (0..15). */
+static inline uint64_t mpib_ack_word(uint64_t seq1, uint32_t full, uint32_t acked, uint32_t imm_size) {
+  uint64_t w = seq1 << 24 | (uint64_t)(full & 3u) << 20 | (uint64_t)(acked & 3u) << 18;
+  if (imm_size <= 0xFFFFu) w |= 1ull << 16 | imm_size;
+  return w;
+}
+static inline uint64_t mpib_ack_seq1(uint64_t w) { return w >> 24; }
+static inline uint32_t mpib_ack_full(uint64_t w) { return (uint32_t)(w >> 20) & 3u; }
+static inline uint32_t mpib_ack_ranges(uint64_t w) { return (uint32_t)(w >> 18) & 3u; }
+static inline uint32_t mpib_ack_imm_size(uint64_t w) { return (w >> 16) & 1u ? (uint32_t)(w & 0xFFFFu) : 0xFFFFFFFFu; }
+
 /* Sender: which ranges of the slot whose receive the record shows open (open_seq1) and having
  * `have` it confirms, given `acked`, the ranges of its seq slot_seq whose carriers on the fenced
  * rail were acknowledged. Only the fenced rail's: a range still on its way over a working rail

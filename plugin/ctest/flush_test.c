@@ -12,7 +12,7 @@
  *   - a read that fails on a live device never completes the flush and never fails the rail:
  *     the flush QP is reset with its own access (REMOTE_READ, what a loopback read needs) and
  *     the read posted again; a reset also posts again another flush's read that the QP had;
- *   - a lane that cannot read again within MPIB_FAILOVER_TIMEOUT_MS fails the flush;
+ *   - a lane that cannot read again within MPIB_STALL_TIMEOUT_MS fails the flush;
  *   - on a comm of a device's third SUP port, SUP's read names the buffer's MR on that port
  *     (a device-wide memory handle holds one MR per port: mpib_comm_mr). */
 #define _GNU_SOURCE
@@ -184,14 +184,14 @@ int main(void) {
          resets[MPIB_RAIL_SUP]);
 
   reset(); /* a lane that cannot read again: the flush fails after the failover timeout, never completes */
-  mpib_g.failover_timeout_ms = 5000;
+  mpib_g.stall_timeout_ms = 5000;
   CHECK(flush(c, U, &req) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 1, "a flush on SUP");
   complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
   reset_fails = 1; /* the port is down: the QP cannot come back */
   done = 0;
   res = ncclSuccess;
   for (int i = 0; i < 100 && res == ncclSuccess && !done; i++, now_ns += 100000000ull) res = mpib_test(req, &done, NULL);
-  CHECK(res == ncclSystemError && !done, "a lane that cannot read for the timeout fails the flush (res %d done %d)", res, done);
+  CHECK(res == ncclSystemError && !done, "a lane that cannot read for the stall timeout fails the flush (res %d done %d)", res, done);
   ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
   reset_fails = 0;
   c->failure_reported = 0;
