@@ -33,6 +33,7 @@
  * one CTS write per slot (receiver). */
 #define MPIB_SEND_WR_SENDER (MPIB_MAX_REQUESTS * (MPIB_MAX_RECVS + 1) + 8)
 #define MPIB_SEND_WR_RECEIVER (MPIB_MAX_REQUESTS + 8)
+_Static_assert(MPIB_SEND_WR_RECEIVER < 256 && MPIB_MAX_RECVS + 1 < 256, "a batch fits a wr_id's 8 bits");
 /* Sender CQ: its signalled writes and replays, or, once a rail failed, every write of a full
  * send queue completing in error. */
 #define MPIB_CQ_DEPTH_SENDER (MPIB_SEND_WR_SENDER + MPIB_MAX_REQUESTS + 16)
@@ -53,13 +54,19 @@
 #define MPIB_SIZES_OFFSET ((MPIB_CTS_AREA + 63) & ~(size_t)63)
 #define MPIB_NIC_AREA (MPIB_SIZES_OFFSET + MPIB_SIZES_AREA)
 _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers every FIFO slot");
-/* Send completions: wr_id names what completed. Data writes carry the slot's sequence number,
- * the rail's generation (a completion of an older generation is ignored) and a replay bit;
- * control writes carry a kind with bit 63 set. */
+/* Send completions: wr_id names what completed. Data writes carry the slot's sequence number
+ * (bits 0..47), the rail's generation (56..61: a completion of an older generation is ignored)
+ * and a replay bit; control writes carry a kind (0..7) and the generation (8..31) with bit 63
+ * set, and their QP's index (40..47). A signalled one also carries the work requests it
+ * retires from its QP's send queue (itself and the unsignalled ones posted before it: data
+ * bits 48..55, control bits 32..39), for the send-queue accounting (sq_used). */
 #define MPIB_WRID_SPECIAL (1ull << 63)
 #define MPIB_WRID_REPLAY (1ull << 62)
 #define MPIB_WRID_GEN_SHIFT 56
-#define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_GEN_SHIFT) - 1)
+#define MPIB_WRID_BATCH_SHIFT 48
+#define MPIB_WRID_SEQ_MASK ((1ull << MPIB_WRID_BATCH_SHIFT) - 1)
+#define MPIB_WRID_SPECIAL_BATCH_SHIFT 32
+#define MPIB_WRID_SPECIAL_QP_SHIFT 40
 enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV, MPIB_WR_KEEPALIVE };
 #define MPIB_WRID_RECV (MPIB_WRID_SPECIAL | MPIB_WR_RECV) /* SRQ receives outlive QP generations */
 
@@ -356,6 +363,12 @@ struct mpib_comm {
   uint64_t cts_snap_seq[MPIB_MAX_REQUESTS];
 
   uint32_t pending[MPIB_NRAILS]; /* signalled sends not yet completed, per rail */
+  /* Send-queue accounting per QP (mpib_p2p.c qp_post): work requests posted and not yet
+   * retired by a signalled completion, and those posted since the last signalled one. A post
+   * that does not fit the depth is refused whole (ENOMEM) before the provider sees it, so a
+   * chain is never taken in part. */
+  uint16_t sq_used[MPIB_MAX_QPS], sq_batch[MPIB_MAX_QPS];
+  uint16_t sq_depth; /* what each data QP was created with (MPIB_SEND_WR_SENDER or _RECEIVER) */
   int recvs_open;                /* receiver: irecvs not yet completed */
   /* Keepalive (mpib_p2p.c keepalive_tick): a comm NCCL keeps polling that has made no progress
    * for a second writes zero bytes on each rail, so a dead path errors even with nothing else

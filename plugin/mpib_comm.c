@@ -174,7 +174,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     int rc = lane_setup(c, mpib_lane(rail, i));
     if (rc) return rc;
   }
-  int send_wr = c->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
+  int send_wr = c->sq_depth;
   int inline_cts = mpib_g.use_inline && !c->is_send;
   int base = rail == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
@@ -264,6 +264,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->sup_relay = mpib_g.sup_relay;
   c->cts_rail = mpib_cts_rail(p->mode, p->path_class, p->nqps[MPIB_RAIL_SUP]);
   c->ctrl_fd = -1;
+  c->sq_depth = p->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
   pthread_mutex_init(&c->ctrl_mu, NULL);
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;

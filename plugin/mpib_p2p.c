@@ -296,6 +296,52 @@ static int wrid_current(const struct mpib_comm *c, int rail, uint64_t id) {
 }
 static int wrid_kind(uint64_t id) { return (id & MPIB_WRID_SPECIAL) ? (int)(id & 0xFFu) : 0; }
 
+/* A chain the provider took in part (its first writes, then an error): those writes may still
+ * land, so the chain counts as carried by the rail, and only the rail's fence (both ends' QPs
+ * in the error state, then the receiver's record) may hand its ranges to a replay. */
+#define MPIB_POST_PARTIAL (-1)
+
+/* Posts the work requests `first` (nwr of them, only the last possibly signalled) on QP qi when
+ * its send queue has room for all of them, else none (ENOMEM): a full queue is back-pressure,
+ * and a chain the provider took in part could land after its range was replayed elsewhere.
+ * The signalled one carries the batch it retires (MPIB_WRID_*). 0 or an errno; a provider
+ * that still refuses part of the list returns MPIB_POST_PARTIAL (below). */
+static int qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr) {
+  if (c->sq_used[qi] + nwr > c->sq_depth) return ENOMEM;
+  struct ibv_send_wr *last = first;
+  while (last->next) last = last->next;
+  int signalled = (last->send_flags & IBV_SEND_SIGNALED) != 0;
+  if (signalled) {
+    uint64_t batch = (uint64_t)(c->sq_batch[qi] + nwr);
+    last->wr_id |= (last->wr_id & MPIB_WRID_SPECIAL)
+                       ? batch << MPIB_WRID_SPECIAL_BATCH_SHIFT | (uint64_t)qi << MPIB_WRID_SPECIAL_QP_SHIFT
+                       : batch << MPIB_WRID_BATCH_SHIFT;
+  }
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(c->qps[qi].qp, first, &bad);
+  if (rc && bad == first) return rc;
+  c->sq_used[qi] = (uint16_t)(c->sq_used[qi] + nwr);
+  c->sq_batch[qi] = signalled ? 0 : (uint16_t)(c->sq_batch[qi] + nwr);
+  return rc ? MPIB_POST_PARTIAL : 0;
+}
+
+/* A signalled send completed (or was flushed) on rail `rail` in the current generation: the
+ * places its batch held in its QP's send queue are free again. */
+static void sq_retire(struct mpib_comm *c, int rail, uint64_t id) {
+  int special = (id & MPIB_WRID_SPECIAL) != 0;
+  int qi = special ? (int)((id >> MPIB_WRID_SPECIAL_QP_SHIFT) & 0xFFu)
+                   : mpib_qp_index(rail, id & MPIB_WRID_SEQ_MASK, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  uint16_t batch = (uint16_t)((id >> (special ? MPIB_WRID_SPECIAL_BATCH_SHIFT : MPIB_WRID_BATCH_SHIFT)) & 0xFFu);
+  if (qi < 0 || qi >= MPIB_MAX_QPS) return;
+  c->sq_used[qi] = c->sq_used[qi] > batch ? (uint16_t)(c->sq_used[qi] - batch) : 0;
+}
+
+/* A rail's QPs were reset (rebuilt): their send queues are empty. */
+static void sq_reset_rail(struct mpib_comm *c, int r) {
+  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  for (uint32_t i = 0; i < c->nqps[r]; i++) c->sq_used[base + i] = c->sq_batch[base + i] = 0;
+}
+
 /* Where a request's byte ranges lie: range SOUT is its first sout bytes, range SUP the rest;
  * both together are the whole request. */
 static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, size_t *len) {
@@ -304,10 +350,12 @@ static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, s
   *len = end > *off ? end - *off : 0;
 }
 
+
 /* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
  * the last one (or a final write carrying the size records) with the immediate and
  * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
- * surviving rail. Returns 0 or the errno of ibv_post_send. */
+ * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
+ * MPIB_POST_PARTIAL. */
 static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p, uint32_t ranges, int replay) {
   int nreqs = c->slot_matched[slot];
   struct mpib_request **reqs = c->slot_reqs[slot];
@@ -352,11 +400,11 @@ static int post_chain(struct mpib_comm *c, int slot, int rail, const struct slot
   last->wr_id = wrid_data(c, rail, reqs[0]->seq, replay);
   for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
   if (!replay && mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
-  struct ibv_send_wr *bad = NULL;
-  int rc = ibv_post_send(c->qps[qi].qp, &wrs[0], &bad);
-  if (rc) return rc;
+  int rc = qp_post(c, qi, &wrs[0], nwr);
+  if (rc > 0) return rc; /* nothing of it went out */
   if (!replay) c->slot_rails[slot] |= 1u << rail;
   else c->slot_replay_on[slot][rail] |= (uint8_t)ranges;
+  if (rc) return MPIB_POST_PARTIAL;
   c->pending[rail]++;
   return 0;
 }
@@ -372,7 +420,8 @@ static void defer_range(struct mpib_comm *c, int slot, int rail) {
  * in the error state, and a chain posted now would be flushed after its fence was settled),
  * one whose send queue is full (back-pressure, not a fault) or one that refuses the post (its
  * device just died, say) does not carry it: the range goes out as a replay, and a refusing
- * rail fails over like any failed rail. */
+ * rail fails over like any failed rail. A chain taken in part fails the rail over, and the
+ * fence settles it (MPIB_POST_PARTIAL). */
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct slot_plan *p) {
   int in_service = c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;
   int rc = in_service ? post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
@@ -388,6 +437,7 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
     MPIB_WARN("%s rail: ibv_post_send failed: %s", rail_name(rail), strerror(rc));
     return ncclSystemError;
   }
+  if (rc == MPIB_POST_PARTIAL) return rail_fail(c, rail, "completion-error", "its send queue took part of a chain");
   defer_range(c, slot, rail);
   if (rc == EAGAIN || rc == ENOMEM) return ncclSuccess;
   return rail_fail(c, rail, "completion-error", "posting to it failed");
@@ -535,8 +585,7 @@ static int post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalle
   if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
   wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
   wr.wr.rdma.rkey = c->rem_rkey[lane];
-  struct ibv_send_wr *bad = NULL;
-  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  int rc = qp_post(c, qi, &wr, 1);
   if (rc == 0 && signalled) c->pending[rail]++;
   return rc;
 }
@@ -620,6 +669,10 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   int rc = 0;
   if (c->stall_since_ns && !rail_usable(c, rail)) c->cts_repost_due = 1; /* written when a rail is back */
   else rc = post_cts(c, slot, rail, n, slot == 0);
+  if (rc == ENOMEM) { /* the CTS QP's send queue is full: NCCL calls again, after its completions */
+    req->type = MPIB_REQ_FREE;
+    return progress(c);
+  }
   if (rc) {
     MPIB_WARN("%s rail: posting the CTS failed: %s", rail_name(rail), strerror(rc));
     if (!mpib_g.failover || !rail_usable(c, 1 - rail)) {
@@ -726,8 +779,7 @@ static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, stru
   int qi = mpib_qp_index(via, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* on the rail's first lane: mr's */
   wr.wr.rdma.remote_addr = c->rem_addr + off;
   wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
-  struct ibv_send_wr *bad = NULL;
-  int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
+  int rc = qp_post(c, qi, &wr, 1);
   if (rc == ENOMEM) {
     c->ctrl_rdma_due |= due;
     return ncclSuccess;
@@ -830,12 +882,17 @@ static ncclResult_t ctrl_retry(struct mpib_comm *c) {
 /* Receiver: every open slot's CTS again, on the rail that took the CTS over. */
 static int repost_open_cts(struct mpib_comm *c, int rail) {
   int last = -1;
+  c->cts_repost_due = 0;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++)
     if (c->slot_reqs[slot][0]) last = slot;
   for (int slot = 0; slot <= last; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     if (req == NULL) continue;
     int rc = post_cts(c, slot, rail, req->nreqs, slot == last);
+    if (rc == ENOMEM) { /* all of them again once the queue drains (a CTS written twice is harmless) */
+      c->cts_repost_due = 1;
+      return 0;
+    }
     if (rc) return rc;
   }
   return 0;
@@ -1007,6 +1064,11 @@ static ncclResult_t post_replays(struct mpib_comm *c) {
     p.imm = mpib_imm_encode_replay((uint32_t)slot, ranges, c->slot_full[slot], reqs[0]->seq);
     int rc = post_chain(c, slot, s, &p, ranges, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
+    if (rc == MPIB_POST_PARTIAL) { /* carried by s now, in part: s's fence settles it */
+      c->slot_replay_wait[slot] = 0;
+      c->replays_waiting--;
+      return rail_fail(c, s, "completion-error", "its send queue took part of a replay");
+    }
     if (rc) return rail_fail(c, s, "completion-error", "posting a replay failed");
     for (int range = 0; range < MPIB_NRAILS; range++)
       if (ranges & (1u << range)) tele_post(c, slot, s, range, completion_now(c));
@@ -1166,6 +1228,7 @@ static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   ncclResult_t res = drain_rail(c, r); /* stale completions of the failed generation */
   if (res != ncclSuccess) return res;
+  sq_reset_rail(c, r);
   rc->gen++;
   rc->since_ns = now;
   if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(rc->gen)) == 0) return ncclSuccess;
@@ -1185,8 +1248,7 @@ static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
     int qi = mpib_qp_index(r, i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* every QP of the rail once */
     wr.wr.rdma.remote_addr = c->rem_addr;
     wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
-    struct ibv_send_wr *bad = NULL;
-    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
+    if (qp_post(c, qi, &wr, 1)) return rail_fail(c, r, "probe-failed", "posting a probe failed");
     rc->probes++;
     c->pending[r]++;
   }
@@ -1320,6 +1382,7 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   if (res != ncclSuccess) return res;
   c->pending[r] = 0; /* the reset discards what is still queued: counted, it would keep the rail */
   rc->keepalive_out = 0; /* busy and its idle keepalives off for good (as fence_rail clears them) */
+  sq_reset_rail(c, r);
   rc->gen = gen;
   if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(gen)) == 0) return ncclSuccess;
   return recv_rebuilt(c, r, mpib_rail_reconnect(c, r, mpib_gen_psn(gen)), now); /* no thread: here */
@@ -1333,10 +1396,15 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
     return ncclSuccess;
   }
   int live = rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_RECOVERING;
+  /* A FAIL of a newer generation than this side's: its RECOVER was superseded before it was
+   * read (notices keep only the newest), so this side never rebuilt for it. The sender waits
+   * for a record naming that generation: adopt it and answer. */
+  if (cmd == MPIB_NOTICE_FAIL && gen > rc->gen) rc->gen = gen;
   if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && live) return rail_fail(c, r, "peer-notice", "the sender failed it");
-  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && rc->state == MPIB_RAIL_DOWN) {
-    /* A rail this side never brought up (a degraded start: its QPs never reached RTR) while the
-     * sender's did: the sender waits for a record of it. Nothing can have arrived on it. */
+  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && (rc->state == MPIB_RAIL_DOWN || rc->state == MPIB_RAIL_DEAD)) {
+    /* Out of service here already (never brought up at connect, a rebuild it refused, or its
+     * device died) while the sender's was in service: the sender waits for a record. Nothing
+     * can have arrived on it since its last record. */
     rc->state = MPIB_RAIL_FENCING;
     rc->since_ns = now - MPIB_FENCE_SETTLE_NS;
     return ncclSuccess;
@@ -1444,6 +1512,10 @@ static ncclResult_t failover_tick(struct mpib_comm *c) {
   if (__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) || c->ctrl_rdma_due) {
     ncclResult_t res = ctrl_retry(c);
     if (res != ncclSuccess) return res;
+  }
+  if (c->cts_repost_due && !c->is_send && rail_usable(c, c->cts_rail)) { /* a repost a full queue cut short */
+    int e = repost_open_cts(c, c->cts_rail);
+    if (e) return comm_failed(c, "reposting the CTS failed: ", strerror(e));
   }
   return c->replays_waiting > 0 ? post_replays(c) : ncclSuccess;
 }
@@ -1563,7 +1635,9 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, c
     return on_recv_completion(c, rail, wc);
   }
   int st = c->rail[rail].state;
-  if (!wrid_current(c, rail, id) || st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess;
+  if (!wrid_current(c, rail, id)) return ncclSuccess;
+  sq_retire(c, rail, id);
+  if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess;
   if (wc->status != IBV_WC_SUCCESS) return rail_error(c, rail, wc);
   if (c->pending[rail]) c->pending[rail]--;
   int kind = wrid_kind(id);
@@ -1596,8 +1670,9 @@ static ncclResult_t post_keepalive(struct mpib_comm *c, int r) {
     int qi = mpib_qp_index(r, (uint64_t)i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
     wr.wr.rdma.remote_addr = c->rem_addr;
     wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
-    struct ibv_send_wr *bad = NULL;
-    if (ibv_post_send(c->qps[qi].qp, &wr, &bad)) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
+    int rc = qp_post(c, qi, &wr, 1);
+    if (rc == ENOMEM) continue; /* a full send queue: the rail is busy, its own traffic checks it */
+    if (rc) return rail_fail(c, r, "completion-error", "posting a keepalive failed");
     c->rail[r].keepalive_out++;
     c->pending[r]++;
   }
@@ -1683,7 +1758,10 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   struct mpib_request *req = request;
   struct mpib_comm *c = req->comm;
   *done = 0;
+  /* A flush still waiting (a lane that must read again) lets the comm's failover move too: NCCL
+   * may be testing nothing else of this comm. */
   ncclResult_t res = req->type == MPIB_REQ_FLUSH ? mpib_flush_test(c, req) : progress(c);
+  if (res == ncclSuccess && req->type == MPIB_REQ_FLUSH && !req->done && req->flush_redo) res = progress(c);
   if (res != ncclSuccess) return res;
   if (!req->done) return comm_health(c);
   *done = 1;

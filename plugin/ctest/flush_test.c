@@ -89,6 +89,9 @@ static struct mpib_comm *recv_comm(void) {
   c->nreqs_pool = MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->flush_buf = calloc(1, MPIB_PAGE);
+  c->cts = calloc(1, MPIB_NIC_AREA); /* the failover state the flush's wait drives (nothing happens there) */
+  c->sizes = (mpib_sizes_row *)((char *)c->cts + MPIB_SIZES_OFFSET);
+  c->ctrl_fd = -1;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     fqp[r].context = fcq[r].context = &ctx;
     c->flush_qp[r] = &fqp[r];
@@ -214,6 +217,7 @@ int main(void) {
         read_rkey[MPIB_RAIL_SUP]);
   printf("flush: sup_port=2 sout_rkey=%u sup_rkey=%u\n", read_rkey[MPIB_RAIL_SOUT], read_rkey[MPIB_RAIL_SUP]);
   free(c->flush_buf);
+  free(c->cts);
   free(c->reqs);
   free(c);
   return failures ? 1 : 0;

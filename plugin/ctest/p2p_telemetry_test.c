@@ -101,6 +101,7 @@ static struct mpib_comm *send_comm(uint32_t shm_id) {
   c->force_sup_bw = 512; /* half on each rail */
   c->whole_msg_max = 0;  /* every slot is split */
   c->nreqs_pool = MPIB_REQ_POOL_SEND;
+  c->sq_depth = MPIB_SEND_WR_SENDER;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
   memset(c->cts, 0, MPIB_CTS_AREA);

@@ -372,6 +372,7 @@ static struct mpib_comm *make_comm(int side) {
   c->nreqs_pool = side == SEND ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->ctrl_fd = ctrl[side];
+  c->sq_depth = side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     int i = side * 2 + r;
     qp[i].context = &ctx;

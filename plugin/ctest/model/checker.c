@@ -77,6 +77,7 @@ void mpib_comm_destroy(struct mpib_comm *c) { (void)c; }
 
 enum { SEND = 0, RECV = 1, NLANE = 3, NDATA = 3, NQPS = 2 * (NDATA + NLANE), RC_BUDGET = 30, CQDEPTH = 4096 };
 enum { FWD = 1, REV = 2 }; /* sender -> receiver, receiver -> sender */
+enum { SMALL_SQ = 8 };     /* a schedule's small send queues (struct schedule) */
 enum { OP_WRITE, OP_WRITE_IMM, OP_READ };
 
 struct wqe {
@@ -263,9 +264,20 @@ static size_t msg_size(long m, int i) {
   static const size_t sizes[] = {1, 640, 4096, 8999, 300, 70};
   return sizes[(m * 7 + i * 3) % 6];
 }
-static uint8_t msg_byte(long m, int i, size_t off) {
-  uint8_t b = (uint8_t)(m * 131 + i * 17 + off * 7 + 1);
-  return b == 0xEE ? 0x11 : b;
+/* Byte off of request i of message m is (m*131 + i*17 + off*7 + 1) mod 256, 0xEE (an unwritten
+ * receive buffer's fill) made 0x11. As a run of a table (7 * 183 = 1 mod 256): comparing a
+ * request's bytes is one memcmp. */
+static uint8_t pattern_table[256 + MAXSZ];
+static const uint8_t *pattern_at(long m, int i, size_t off) {
+  size_t q = (size_t)(183 * (uint64_t)(m * 131 + i * 17 + 1)) & 255;
+  return &pattern_table[q + off];
+}
+static uint8_t msg_byte(long m, int i, size_t off) { return *pattern_at(m, i, off); }
+static long mismatches(const uint8_t *a, const uint8_t *b, size_t n) {
+  if (memcmp(a, b, n) == 0) return 0;
+  long d = 0;
+  for (size_t k = 0; k < n; k++) d += a[k] != b[k];
+  return d;
 }
 
 /* A write landing in a receive buffer must carry what the buffer's current receive expects. */
@@ -275,8 +287,11 @@ static void check_landing(const uint8_t *dst, const uint8_t *data, uint32_t len)
   size_t at = (size_t)(dst - lo);
   int b = (int)(at / (NGROUP * MAXSZ)), i = (int)(at / MAXSZ % NGROUP);
   size_t off = at % MAXSZ;
-  for (uint32_t k = 0; k < len; k++)
-    wrong_bytes += rbuf_owner[b] < 0 || data[k] != msg_byte(rbuf_owner[b], i, off + k);
+  long bad = rbuf_owner[b] < 0 ? (long)len : mismatches(data, pattern_at(rbuf_owner[b], i, off), len);
+  if (bad && verbose)
+    fprintf(stderr, "[%llu] stray: %ld of %u bytes landed wrong in buffer %d request %d offset %zu (owner message %ld)\n",
+            (unsigned long long)(fake_now / 1000000ull), bad, len, b, i, off, rbuf_owner[b]);
+  wrong_bytes += bad;
 }
 
 static void land(struct fqp *f, struct wqe *w) {
@@ -407,7 +422,7 @@ static void ctrl_pump(int s) {
 
 /* ---- one connection ---- */
 
-static struct mpib_comm *make_comm(int side) {
+static struct mpib_comm *make_comm(int side, int small_sq) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int l = 0; l < NLANE; l++) {
     struct mpib_nic *n = &mpib_g.nic[side * NLANE + l];
@@ -432,13 +447,15 @@ static struct mpib_comm *make_comm(int side) {
   c->nreqs_pool = side == SEND ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->ctrl_fd = 100 + side;
+  c->sq_depth = (uint16_t)(small_sq ? SMALL_SQ : side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER);
   pthread_mutex_init(&c->ctrl_mu, NULL);
   c->nqps[MPIB_RAIL_SOUT] = 1;
   c->nqps[MPIB_RAIL_SUP] = 2;
   for (int k = 0; k < NDATA; k++) {
     int id = qp_id(side, k), lane = data_lane(k);
     vqp[id].context = &ctx;
-    fq[id] = (struct fqp){.side = side, .lane = lane, .depth = side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER,
+    int depth = small_sq ? SMALL_SQ : side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
+    fq[id] = (struct fqp){.side = side, .lane = lane, .depth = depth,
                           .access = MPIB_DATA_QP_ACCESS, .psn = mpib_gen_psn(1)};
     fq[id].q = calloc((size_t)fq[id].depth, sizeof(struct wqe));
     c->qps[k] = (struct mpib_qp){.qp = &vqp[id], .rail = mpib_lane_rail(lane), .lane = lane};
@@ -494,6 +511,7 @@ struct schedule {
   int nf;
   struct fault f[MAXF];
   int recv_every; /* the receiver is called every this many steps: acknowledgements outrun its polls */
+  int small_sq;   /* data QPs' send queues hold SMALL_SQ work requests: back-pressure happens */
 };
 
 /* Targets of each kind: how many, and the fault for index i. */
@@ -523,7 +541,7 @@ static struct fault make_fault(int kind, int i, int at, int len) {
 }
 
 static void describe(const struct schedule *s, char *out, size_t n) {
-  int k = snprintf(out, n, "recv_every=%d", s->recv_every);
+  int k = snprintf(out, n, "recv_every=%d small_sq=%d", s->recv_every, s->small_sq);
   for (int i = 0; i < s->nf && k < (int)n; i++) {
     const struct fault *f = &s->f[i];
     k += snprintf(out + k, n - (size_t)k, " %s(side=%d target=%d dirs=%d at=%d len=%d)", kind_names[f->kind], f->side,
@@ -616,10 +634,15 @@ static void verify_recv(long m, int b) {
   completed_recvs++;
   for (int i = 0; i < msg_n(m); i++) {
     if ((size_t)ends[RECV].sizes[b][i] != msg_size(m, i)) {
+      if (verbose) fprintf(stderr, "wrong: message %ld request %d: size %d, sent %zu\n", m, i, ends[RECV].sizes[b][i], msg_size(m, i));
       wrong_bytes += (long)msg_size(m, i);
       continue;
     }
-    for (size_t off = 0; off < msg_size(m, i); off++) wrong_bytes += rbuf[b][i][off] != msg_byte(m, i, off);
+    long bad = mismatches(rbuf[b][i], pattern_at(m, i, 0), msg_size(m, i));
+    if (bad && verbose)
+      fprintf(stderr, "[%llu] wrong: message %ld request %d: %ld of %zu bytes\n", (unsigned long long)(fake_now / 1000000ull), m,
+              i, bad, msg_size(m, i));
+    wrong_bytes += bad;
   }
 }
 
@@ -634,7 +657,7 @@ static void flush_done_check(struct mpib_comm *c, void *flush) {
 /* Receiver: posts receives up to the window, tests the oldest, flushes it, checks its bytes. */
 static int recv_side(struct mpib_comm *c, int posting) {
   struct end *e = &ends[RECV];
-  struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr, &fake_mr}, .fdev = 0};
+  static struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr, &fake_mr}, .fdev = 0}; /* NCCL's outlives the calls */
   while (posting && e->posted - e->done < WINDOW) {
     long m = e->posted;
     int b = (int)(m % WINDOW), n = msg_n(m);
@@ -653,12 +676,14 @@ static int recv_side(struct mpib_comm *c, int posting) {
     e->recv_done[b] = 0;
     e->posted++;
   }
-  while (e->done < e->posted) {
-    long m = e->done;
+  /* Every open receive and flush is tested, as NCCL's proxy does, oldest first; a receive's
+   * bytes are read once its flush completed. */
+  for (long m = e->done; m < e->posted; m++) {
     int b = (int)(m % WINDOW), fin = 0, n = msg_n(m);
+    if (e->recv_done[b] == 2) continue;
     if (!e->recv_done[b]) {
       if (mpib_test(e->req[b][0], &fin, e->sizes[b]) != ncclSuccess) return -1;
-      if (!fin) break;
+      if (!fin) continue;
       e->recv_done[b] = 1;
       void *data[NGROUP], *mhs[NGROUP] = {&mh, &mh};
       int sizes[NGROUP];
@@ -669,13 +694,14 @@ static int recv_side(struct mpib_comm *c, int posting) {
     if (e->flush[b]) {
       fin = 0;
       if (mpib_test(e->flush[b], &fin, NULL) != ncclSuccess) return -1;
-      if (!fin) break;
+      if (!fin) continue;
       flush_done_check(c, e->flush[b]);
     }
     verify_recv(m, b);
     rbuf_owner[b] = -1;
-    e->done++;
+    e->recv_done[b] = 2;
   }
+  while (e->done < e->posted && e->recv_done[e->done % WINDOW] == 2) e->done++;
   return 0;
 }
 
@@ -689,8 +715,7 @@ static int send_side(struct mpib_comm *c, long limit) {
     long m = e->posted;
     int b = (int)(m % WINDOW), s = (int)(m % NSRC), i = e->posted_part;
     if (i == 0)
-      for (int k = 0; k < msg_n(m); k++)
-        for (size_t off = 0; off < msg_size(m, k); off++) sbuf[s][k][off] = msg_byte(m, k, off);
+      for (int k = 0; k < msg_n(m); k++) memcpy(sbuf[s][k], pattern_at(m, k, 0), msg_size(m, k));
     void *req = NULL;
     if (mpib_isend(c, sbuf[s][i], msg_size(m, i), i + 1, &mh_keep, NULL, &req) != ncclSuccess) return -1;
     if (req == NULL) break;
@@ -786,7 +811,7 @@ static void dump(struct mpib_comm *s, struct mpib_comm *r) {
 static struct outcome run(const struct schedule *s) {
   fabric_reset();
   fake_now = 10000000000ull;
-  struct mpib_comm *sc = make_comm(SEND), *rc = make_comm(RECV);
+  struct mpib_comm *sc = make_comm(SEND, s->small_sq), *rc = make_comm(RECV, s->small_sq);
   sc->rem_addr = (uint64_t)(uintptr_t)rc->sizes;
   rc->rem_addr = (uint64_t)(uintptr_t)sc->cts;
   int horizon = SETTLE;
@@ -885,13 +910,14 @@ static int singles(struct fault *out, int at_override) {
 static struct fault *single_tab, *later_tab;
 static int nsingle, nlater;
 
-/* Schedule `id` of the exhaustive enumeration: ids [0, 2 * nsingle) have one fault, then every
- * pair (a first fault, and a second one starting gaps[g] after it). The receiver runs every
- * step or every third (id parity). */
-static long enum_count(void) { return 2L * nsingle + 2L * nsingle * nlater * NGAP; }
+/* Schedule `id` of the exhaustive enumeration: ids [0, VARIANTS * nsingle) have one fault, then
+ * every pair (a first fault, and a second one starting gaps[g] after it). Each in VARIANTS
+ * forms: the receiver runs every step or every third, with the real send queues or small ones. */
+enum { VARIANTS = 4 };
+static long enum_count(void) { return VARIANTS * (long)nsingle + VARIANTS * (long)nsingle * nlater * NGAP; }
 static struct schedule enum_schedule(long id) {
-  struct schedule s = {.recv_every = id % 2 ? 3 : 1};
-  id /= 2;
+  struct schedule s = {.recv_every = id % 2 ? 3 : 1, .small_sq = (id / 2) % 2};
+  id /= VARIANTS;
   if (id < nsingle) {
     s.nf = 1;
     s.f[0] = single_tab[id];
@@ -914,6 +940,7 @@ static uint64_t rng_next(uint64_t *x) {
 static struct schedule random_schedule(uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   struct schedule s = {.recv_every = 1 + (int)(rng_next(&x) % 3), .nf = 1 + (int)(rng_next(&x) % MAXF)};
+  s.small_sq = (int)(rng_next(&x) % 2);
   for (int i = 0; i < s.nf; i++) {
     int kind = (int)(rng_next(&x) % NKINDS);
     s.f[i] = make_fault(kind, (int)(rng_next(&x) % (uint64_t)ntargets(kind)), 5 + (int)(rng_next(&x) % 500),
@@ -962,6 +989,18 @@ int main(int argc, char **argv) {
   mpib_g.recovery_backoff_max_ms = 160;
   mpib_g.failover_timeout_ms = 300;
   mpib_g.stall_timeout_ms = 3000;
+  for (size_t i = 0; i < sizeof pattern_table; i++) {
+    uint8_t b = (uint8_t)(i * 7);
+    pattern_table[i] = b == 0xEE ? 0x11 : b;
+  }
+  for (long m = 0; m < 50; m++) /* the table says what the formula says */
+    for (size_t off = 0; off < MAXSZ; off += 97) {
+      uint8_t b = (uint8_t)(m * 131 + 17 + off * 7 + 1);
+      if (msg_byte(m, 1, off) != (b == 0xEE ? 0x11 : b)) {
+        fprintf(stderr, "model: pattern table disagrees at message %ld offset %zu\n", m, off);
+        return 2;
+      }
+    }
   nsingle = singles(NULL, -1);
   single_tab = calloc((size_t)nsingle, sizeof *single_tab);
   singles(single_tab, -1);
@@ -991,10 +1030,10 @@ int main(int argc, char **argv) {
   char id[64];
   for (long i = 0; ; i++) {
     struct schedule s;
-    if (i < 2L * nsingle) {
+    if (i < VARIANTS * (long)nsingle) {
       snprintf(id, sizeof id, "e%ld", i);
     } else if (i < total) {
-      long k = 2L * nsingle + ((i - 2L * nsingle) * stride) % (total - 2L * nsingle);
+      long k = VARIANTS * (long)nsingle + ((i - VARIANTS * (long)nsingle) * stride) % (total - VARIANTS * (long)nsingle);
       snprintf(id, sizeof id, "e%ld", k);
     } else {
       snprintf(id, sizeof id, "r%ld", i - total);
