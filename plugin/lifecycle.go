@@ -351,7 +351,10 @@ func (lc *liveComm) watch() {
 			break
 		}
 		if !lc.closing.Load() {
-			C.mpib_comm_tcp_notice(lc.comm, C.int(b[1]), C.uint64_t(binary.LittleEndian.Uint64(b[2:])))
+			word := C.uint64_t(binary.LittleEndian.Uint64(b[2:]))
+			C.mpib_comm_tcp_notice(lc.comm, C.int(b[1]), word)
+			// A receiver NCCL is not calling (no receive open) still answers a FAIL.
+			C.mpib_comm_answer_notice(lc.comm, C.int(b[1]), word)
 		}
 	}
 	if lc.closing.Load() {

@@ -370,6 +370,10 @@ struct mpib_comm {
   uint16_t sq_used[MPIB_MAX_QPS], sq_batch[MPIB_MAX_QPS];
   uint16_t sq_depth; /* what each data QP was created with (MPIB_SEND_WR_SENDER or _RECEIVER) */
   int recvs_open;                /* receiver: irecvs not yet completed */
+  /* Receiver: fifo_head + 1 while no receive is open, 0 while one is: written by the data path
+   * with atomic stores, read by the control plane's thread, which answers a FAIL notice for a
+   * receiver NCCL is not calling (mpib_comm_answer_notice). */
+  uint64_t recv_idle_seq1;
   /* Keepalive (mpib_p2p.c keepalive_tick): a comm NCCL keeps polling that has made no progress
    * for a second writes zero bytes on each rail, so a dead path errors even with nothing else
    * in flight (the control socket may share the dead network). */
@@ -533,6 +537,10 @@ void mpib_comm_tcp_confirm(struct mpib_comm *c, int rail, const void *rec);
  * plane's thread with the confirm of what this side's acknowledgements show delivered (the
  * data path answers too, when NCCL calls it; a receiver applies either). */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec);
+/* Receiver: a notice that arrived over the control socket. A FAIL while no receive is open is
+ * answered from the control plane's thread with a fence record that says so (nothing of the
+ * rail can be missing), so a sender waiting for it is not held until NCCL posts a receive. */
+void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word);
 /* The peer said over the control socket that its side failed: waiting requests fail now. */
 void mpib_comm_peer_failed(struct mpib_comm *c);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */

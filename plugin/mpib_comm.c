@@ -265,6 +265,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   c->cts_rail = mpib_cts_rail(p->mode, p->path_class, p->nqps[MPIB_RAIL_SUP]);
   c->ctrl_fd = -1;
   c->sq_depth = p->is_send ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
+  c->recv_idle_seq1 = 1; /* no receive open, the first at seq 0 */
   pthread_mutex_init(&c->ctrl_mu, NULL);
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;

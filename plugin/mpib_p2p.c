@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -683,6 +684,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
   c->recvs_open++;
+  __atomic_store_n(&c->recv_idle_seq1, 0, __ATOMIC_RELEASE);
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
   ncclResult_t res = rc ? rail_fail(c, rail, "completion-error", "posting the CTS failed") : ncclSuccess;
   if (res == ncclSuccess) res = srq_refill_all(c);
@@ -753,6 +755,21 @@ static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
     (void)ctrl_flush_locked(c);
   }
   pthread_mutex_unlock(&c->ctrl_mu);
+}
+
+/* The control plane's thread (its answers, below): queues msg and sends until the socket took
+ * everything queued, for up to about 2 s. It may wait; the data path's thread never does, and
+ * holds the lock only for one non-blocking send, so neither waits long for the other. */
+static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
+  ctrl_send(c, msg, len);
+  for (int i = 0; i < 200; i++) {
+    pthread_mutex_lock(&c->ctrl_mu);
+    int left = ctrl_flush_locked(c) != 0;
+    pthread_mutex_unlock(&c->ctrl_mu);
+    if (!left) return;
+    struct pollfd p = {.fd = c->ctrl_fd, .events = POLLOUT};
+    (void)poll(&p, 1, 10);
+  }
 }
 
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
@@ -1126,7 +1143,26 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
   return n;
 }
 
-static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len);
+/* The control plane's answer to a FAIL for an idle receiver (mpib.h): a fence record with no
+ * receive open and next_seq where the next one will be. A receive NCCL posts meanwhile is one
+ * "posted after the report" (mpib_replay_ranges): whatever the failed rail carried of it is
+ * replayed. The data path fences its end and answers too when it next runs; the sender takes
+ * the first answer of the generation. */
+void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word) {
+  uint32_t gen, cmd;
+  if (c->is_send || rail < 0 || rail >= MPIB_NRAILS || mpib_notice_decode(word, &gen, &cmd) != 0 || cmd != MPIB_NOTICE_FAIL)
+    return;
+  uint64_t idle = __atomic_load_n(&c->recv_idle_seq1, __ATOMIC_ACQUIRE);
+  if (idle == 0) return;
+  struct mpib_fence_rec rec;
+  memset(&rec, 0, sizeof rec);
+  rec.fence_gen = gen;
+  rec.next_seq = idle - 1;
+  rec.check = mpib_fence_check(&rec);
+  uint8_t msg[2 + sizeof rec] = {'R', (uint8_t)rail};
+  memcpy(msg + 2, &rec, sizeof rec);
+  ctrl_send_wait(c, msg, sizeof msg);
+}
 
 /* The control plane's answer to a fence record (mpib.h): the confirm, over the control socket. */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_bytes) {
@@ -1137,7 +1173,7 @@ void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_byte
   if (rec.fence_gen == 0 || rec.check != mpib_fence_check(&rec) || confirm_build(c, rail, &rec, &st) == 0) return;
   uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
   memcpy(msg + 2, &st, sizeof st);
-  ctrl_send(c, msg, sizeof msg);
+  ctrl_send_wait(c, msg, sizeof msg);
 }
 
 /* Sender: the receiver's record of rail r says which byte ranges of its open slots it already
@@ -1321,7 +1357,9 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
  * what it has to the sender. */
 static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
-  if (now - rc->since_ns < MPIB_FENCE_SETTLE_NS) return ncclSuccess;
+  /* With no receive open nothing in flight can matter: answer now, from the call that completed
+   * the last one (NCCL may not call this comm again for a while). */
+  if (now - rc->since_ns < MPIB_FENCE_SETTLE_NS && c->recvs_open > 0) return ncclSuccess;
   ncclResult_t res = drain_rail(c, r);
   if (res != ncclSuccess) return res;
   struct mpib_fence_rec *st = fence_rec(c, r);
@@ -1578,7 +1616,7 @@ static ncclResult_t recv_finish(struct mpib_comm *c, int rail, uint32_t slot, st
   c->flush_due |= req->wrote_rails;
   req->done = 1;
   c->slot_reqs[slot][0] = NULL;
-  c->recvs_open--;
+  if (--c->recvs_open == 0) __atomic_store_n(&c->recv_idle_seq1, c->fifo_head + 1, __ATOMIC_RELEASE);
   c->progress_count++;
   return ncclSuccess;
 }

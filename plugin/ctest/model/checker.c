@@ -8,7 +8,8 @@
  * The connection: a send comm and a recv comm, SOUT with one QP, SUP with two lanes (striping:
  * two NIC ports, one QP each), the receiver's loopback flush QP per lane, the CTS FIFO of 32
  * slots wrapping many times, messages of mixed sizes, one in three a grouped receive of two,
- * every completed receive flushed before its bytes are read. One step is 1 ms of the fake clock.
+ * every other completed receive flushed before its bytes are read (a GPU buffer; the others
+ * are host memory, which NCCL does not flush). One step is 1 ms of the fake clock.
  *
  * What the fake fabric models of real verbs (rdma-core providers, RC transport):
  *   - a send queue of the QP's real depth: ibv_post_send returns ENOMEM when it is full;
@@ -367,7 +368,8 @@ ssize_t send(int fd, const void *buf, size_t len, int flags) {
     return -1;
   }
   size_t room = CTRL_CAP - (size_t)ctrl_n[side];
-  if (ctrl_slow[side]) room = room < 5 ? room : (size_t)((fake_now / 1000000ull + ctrl_n[side]) % 3 == 0 ? 0 : 5);
+  static unsigned calls;
+  if (ctrl_slow[side]) room = room < 5 ? room : (size_t)(++calls % 3 == 0 ? 0 : 5);
   if (room == 0) {
     errno = EAGAIN;
     return -1;
@@ -396,6 +398,7 @@ static void ctrl_pump(int s) {
       uint64_t word = 0;
       for (int b = 0; b < 8; b++) word |= (uint64_t)m[2 + b] << (8 * b);
       if (m[1] < MPIB_NRAILS) __atomic_store_n(&c->tcp_notice[m[1]], word, __ATOMIC_RELEASE);
+      if (m[1] < MPIB_NRAILS) mpib_comm_answer_notice(c, m[1], word); /* lifecycle.go's watcher does */
       k += 10;
     } else if (m[0] == 'R' && left >= 2 + (int)sizeof(struct mpib_fence_rec)) {
       if (m[1] < MPIB_NRAILS) memcpy(&c->tcp_rec[m[1]], m + 2, sizeof(struct mpib_fence_rec));
@@ -448,6 +451,7 @@ static struct mpib_comm *make_comm(int side, int small_sq) {
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->ctrl_fd = 100 + side;
   c->sq_depth = (uint16_t)(small_sq ? SMALL_SQ : side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER);
+  c->recv_idle_seq1 = 1;
   pthread_mutex_init(&c->ctrl_mu, NULL);
   c->nqps[MPIB_RAIL_SOUT] = 1;
   c->nqps[MPIB_RAIL_SUP] = 2;
@@ -512,6 +516,8 @@ struct schedule {
   struct fault f[MAXF];
   int recv_every; /* the receiver is called every this many steps: acknowledgements outrun its polls */
   int small_sq;   /* data QPs' send queues hold SMALL_SQ work requests: back-pressure happens */
+  int at_end;     /* NCCL posts nothing after the first fault starts: the end of a collective,
+                   * with every send completed and nothing of the sender's left to test */
 };
 
 /* Targets of each kind: how many, and the fault for index i. */
@@ -541,7 +547,7 @@ static struct fault make_fault(int kind, int i, int at, int len) {
 }
 
 static void describe(const struct schedule *s, char *out, size_t n) {
-  int k = snprintf(out, n, "recv_every=%d small_sq=%d", s->recv_every, s->small_sq);
+  int k = snprintf(out, n, "recv_every=%d small_sq=%d at_end=%d", s->recv_every, s->small_sq, s->at_end);
   for (int i = 0; i < s->nf && k < (int)n; i++) {
     const struct fault *f = &s->f[i];
     k += snprintf(out + k, n - (size_t)k, " %s(side=%d target=%d dirs=%d at=%d len=%d)", kind_names[f->kind], f->side,
@@ -688,8 +694,8 @@ static int recv_side(struct mpib_comm *c, int posting) {
       void *data[NGROUP], *mhs[NGROUP] = {&mh, &mh};
       int sizes[NGROUP];
       for (int i = 0; i < n; i++) data[i] = rbuf[b][i], sizes[i] = e->sizes[b][i];
-      e->flush[b] = NULL;
-      if (mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
+      e->flush[b] = NULL; /* GPU buffers are flushed, host ones not (NCCL flushes only for GDR) */
+      if (m % 2 == 0 && mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
     }
     if (e->flush[b]) {
       fin = 0;
@@ -819,11 +825,12 @@ static struct outcome run(const struct schedule *s) {
     int end = s->f[i].at + (is_fatal_once(s->f[i].kind) ? 0 : s->f[i].len);
     if (end + SETTLE > horizon) horizon = end + SETTLE;
   }
+  int stop_posting = s->at_end && s->nf ? s->f[0].at : horizon;
   struct outcome o = {0};
   long wrong0 = wrong_bytes, unordered0 = unordered;
   int step;
   for (step = 0; step < horizon + HANG_BOUND; step++) {
-    int posting = step < horizon;
+    int posting = step < horizon && step < stop_posting;
     apply_faults(s, step);
     struct end *re = &ends[RECV], *se = &ends[SEND];
     if (!stopped[RECV] && step % s->recv_every == 0 && recv_side(rc, posting) != 0) {
@@ -867,7 +874,7 @@ static struct outcome run(const struct schedule *s) {
   if (!o.error && !stopped[SEND] && !stopped[RECV]) {
     o.undelivered = ends[SEND].done - ends[RECV].done;
     if (o.undelivered < 0) o.undelivered = 0;
-    for (int i = 0; i < s->nf; i++) {
+    for (int i = 0; i < s->nf && !s->at_end; i++) { /* an idle connection's rails move only when it is called */
       if (s->f[i].kind != K_FATAL) continue;
       int r = mpib_lane_rail(s->f[i].target);
       o.not_dead += sc->rail[r].state != MPIB_RAIL_DEAD;
@@ -913,10 +920,10 @@ static int nsingle, nlater;
 /* Schedule `id` of the exhaustive enumeration: ids [0, VARIANTS * nsingle) have one fault, then
  * every pair (a first fault, and a second one starting gaps[g] after it). Each in VARIANTS
  * forms: the receiver runs every step or every third, with the real send queues or small ones. */
-enum { VARIANTS = 4 };
+enum { VARIANTS = 8 };
 static long enum_count(void) { return VARIANTS * (long)nsingle + VARIANTS * (long)nsingle * nlater * NGAP; }
 static struct schedule enum_schedule(long id) {
-  struct schedule s = {.recv_every = id % 2 ? 3 : 1, .small_sq = (id / 2) % 2};
+  struct schedule s = {.recv_every = id % 2 ? 3 : 1, .small_sq = (id / 2) % 2, .at_end = (id / 4) % 2};
   id /= VARIANTS;
   if (id < nsingle) {
     s.nf = 1;
@@ -941,6 +948,7 @@ static struct schedule random_schedule(uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   struct schedule s = {.recv_every = 1 + (int)(rng_next(&x) % 3), .nf = 1 + (int)(rng_next(&x) % MAXF)};
   s.small_sq = (int)(rng_next(&x) % 2);
+  s.at_end = (int)(rng_next(&x) % 4 == 0);
   for (int i = 0; i < s.nf; i++) {
     int kind = (int)(rng_next(&x) % NKINDS);
     s.f[i] = make_fault(kind, (int)(rng_next(&x) % (uint64_t)ntargets(kind)), 5 + (int)(rng_next(&x) % 500),
@@ -1009,7 +1017,10 @@ int main(int argc, char **argv) {
   for (int k = 0, n = 0; k < NKINDS; k++)
     for (int t = 0; t < ntargets(k); t++)
       for (int l = 0; l < NLEN; l++) later_tab[n++] = make_fault(k, t, 0, lens[l]);
-  /* usage: checker [replay ID] | [explore SECONDS MIN_SCHEDULES] | [first-failure SECONDS] */
+  /* usage: checker replay ID | explore SECONDS [MIN_SCHEDULES [SHARD NSHARDS]] | first-failure SECONDS
+   * explore: every enumerated schedule (singles first), then random ones, until SECONDS have
+   * passed and MIN_SCHEDULES were run; a shard runs the schedules i with i % NSHARDS == SHARD.
+   * first-failure: stops at the first failing schedule (the mutants' search). */
   const char *mode = argc > 1 ? argv[1] : "explore";
   struct totals t = {0};
   double t0 = seconds();
@@ -1021,26 +1032,29 @@ int main(int argc, char **argv) {
   }
   double budget = argc > 2 ? atof(argv[2]) : 60;
   long min_schedules = argc > 3 ? atol(argv[3]) : 0;
+  long shard = argc > 5 ? atol(argv[4]) : 0, nshards = argc > 5 ? atol(argv[5]) : 1;
   int first_failure = strcmp(mode, "first-failure") == 0;
   long total = enum_count(), failures = 0;
   /* Singles and pairs in enumeration order (singles first: the shortest schedules), then, past
    * the enumeration or once the budget says so, seeded random schedules of up to three faults.
    * The pairs are visited in a stride that spreads a partial run over every kind. */
-  long stride = 7919, done = 0;
+  long stride = 7919, done = 0, enumerated = 0;
   char id[64];
-  for (long i = 0; ; i++) {
+  for (long i = shard; ; i += nshards) {
     struct schedule s;
-    if (i < VARIANTS * (long)nsingle) {
+    /* Every fourth schedule past the singles is a random one of up to three faults. */
+    long singles_n = VARIANTS * (long)nsingle, j = i < singles_n ? i : singles_n + (i - singles_n) - (i - singles_n) / 4;
+    if (i < singles_n) {
       snprintf(id, sizeof id, "e%ld", i);
-    } else if (i < total) {
-      long k = VARIANTS * (long)nsingle + ((i - VARIANTS * (long)nsingle) * stride) % (total - VARIANTS * (long)nsingle);
-      snprintf(id, sizeof id, "e%ld", k);
+    } else if ((i - singles_n) % 4 == 3 || j >= total) {
+      snprintf(id, sizeof id, "r%ld", i);
     } else {
-      snprintf(id, sizeof id, "r%ld", i - total);
+      snprintf(id, sizeof id, "e%ld", singles_n + ((j - singles_n) * stride) % (total - singles_n));
     }
     s = schedule_of(id);
     int steps = check_one(&s, id, &t, failures < (getenv("MODEL_REPORT") ? 100000 : 5));
     done++;
+    enumerated += id[0] == 'e';
     if (steps) {
       failures++;
       if (first_failure) {
@@ -1049,7 +1063,7 @@ int main(int argc, char **argv) {
       }
     }
     double el = seconds() - t0;
-    if ((done >= min_schedules && el > budget) || (min_schedules == 0 && i + 1 >= total && el > budget)) break;
+    if (done >= min_schedules && el > budget) break;
     if (first_failure && el > budget) break;
   }
   char kinds[256] = "";
@@ -1057,8 +1071,8 @@ int main(int argc, char **argv) {
   printf("model: schedules=%ld max_faults=%d fault_kinds=%s lanes=2 wrong_bytes=%ld undelivered_sends=%ld hangs=%ld "
          "errors=%ld leaks=%ld seconds=%.0f unordered_flushes=%ld unexpected_errors=%ld not_dead=%ld enumerated=%ld/%ld "
          "completed_sends=%ld completed_recvs=%ld\n",
-         t.schedules, t.schedules > total ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
-         seconds() - t0, t.unordered, t.bad_errors, t.not_dead, done < total ? done : total, total, completed_sends,
+         t.schedules, done > enumerated ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
+         seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends,
          completed_recvs);
   if (first_failure) {
     printf("model-first-failure: none schedules=%ld\n", done);
