@@ -3,20 +3,40 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/internal/lab"
 )
 
 // Hostile inputs on real soft-RoCE (docs/security.md): what a stray or hostile party on the
 // network, or a hostile peer rank, can send must not stop a job or corrupt its data.
 
-// hostileLib is the plugin's test build, with test-only misbehaviour that MPIB_TEST_HOSTILE
-// turns on (plugin/hostile_on.go, plugin/mpib_hostile.c); the plugin under test is always
-// the ordinary build (pluginLib).
-const hostileLib = NodeBuildDir + "/libnccl-net-mpib-hostile.so"
+// hostileLib is the plugin's hostile test build, with test-only misbehaviour that
+// MPIB_TEST_HOSTILE turns on (plugin/hostile_on.go, plugin/mpib_hostile.c); the plugin under
+// test is always the ordinary build (pluginLib). `go run mage.go test:integration` (and
+// `test`) build it into build/test-only/, never `build`, so that it cannot be copied beside the
+// product (magefile.go, hostileTestPlugin).
+const hostileLib = NodeBuildDir + "/" + hostileLibRel
+
+const hostileLibRel = "test-only/libnccl-net-mpib-hostile-test-only.so"
+
+// needHostileLib fails the test when the hostile test build is missing on the host.
+func needHostileLib(t *testing.T) {
+	t.Helper()
+	root, err := lab.FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "build", hostileLibRel)); err != nil {
+		t.Fatalf("%v: the hostile test build is missing: go run mage.go test:integration builds it", err)
+	}
+}
 
 // runHostilePair runs a nettest pair (the client sends) where one side may load the test build.
 func runHostilePair(t *testing.T, p nettestPair) pairResult {
@@ -33,6 +53,7 @@ func runHostilePair(t *testing.T, p nettestPair) pairResult {
 func runAttackingSender(t *testing.T, attack string) pairResult {
 	t.Helper()
 	lab := labOrSkip(t)
+	needHostileLib(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	return runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
 		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE="+attack), clientLib: hostileLib,
@@ -159,6 +180,7 @@ func TestHostileRemoteRead(t *testing.T) {
 // verdict and exits by itself, not by a crash).
 func TestHostileGoPanic(t *testing.T) {
 	lab := labOrSkip(t)
+	needHostileLib(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1, "MPIB_TEST_HOSTILE=go-panic"),
 		clientEnv: pluginEnv(a2), serverLib: hostileLib, args: []string{"--count", "4"}})
