@@ -100,7 +100,7 @@ const cTestPackage = "/plugin/ctest"
 // package, and holds all of it until the end otherwise (the lab lines of a 25-minute suite).
 // The lab's helper packages (integration/benchstat) run with the unit tests.
 func (Test) Integration() error {
-	mg.Deps(Build)
+	mg.Deps(Build, buildHostileTestPlugin)
 	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "80m", labPackage)
 }
 
@@ -172,15 +172,36 @@ func buildPlugin() error {
 		return err
 	}
 	ldflags := "-w -extldflags=-Wl,--version-script=" + script
-	if err := sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
-		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin"); err != nil {
+	// A build before the hostile test build moved to testOnlyDir left it beside the product.
+	os.Remove(filepath.Join(buildDir, "libnccl-net-mpib-hostile.so"))
+	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", ldflags,
+		"-o", filepath.Join(buildDir, "libnccl-net-mpib.so"), "./plugin")
+}
+
+// testOnlyDir holds what only the lab suite loads, never copied to a host that runs NCCL. It
+// sits under buildDir because the lab shares buildDir (alone) into its nodes.
+var testOnlyDir = filepath.Join(buildDir, "test-only")
+
+// hostileTestPlugin is the hostile test build's file name: the plugin with test-only
+// misbehaviour (a forced Go panic, a sender that attacks its receiver) that MPIB_TEST_HOSTILE
+// turns on (plugin/hostile_on.go, plugin/mpib_hostile.c). integration/hostile_test.go names
+// the same path.
+const hostileTestPlugin = "libnccl-net-mpib-hostile-test-only.so"
+
+// buildHostileTestPlugin builds the hostile test build for the lab's hostile-input tests
+// (test:integration and test, never build).
+func buildHostileTestPlugin() error {
+	mg.Deps(Build)
+	script, err := filepath.Abs("plugin/exports.map")
+	if err != nil {
 		return err
 	}
-	// The hostile test build: the same plugin with test-only misbehaviour (a forced Go panic, a
-	// sender that attacks its receiver) that MPIB_TEST_HOSTILE turns on; only the lab's
-	// hostile-input tests load it (plugin/hostile_on.go, plugin/mpib_hostile.c).
+	if err := os.MkdirAll(testOnlyDir, 0o755); err != nil {
+		return err
+	}
+	ldflags := "-w -extldflags=-Wl,--version-script=" + script
 	return sh.RunV("go", "build", "-buildmode=c-shared", "-trimpath", "-tags", "mpibhostile", "-ldflags", ldflags,
-		"-o", filepath.Join(buildDir, "libnccl-net-mpib-hostile.so"), "./plugin")
+		"-o", filepath.Join(testOnlyDir, hostileTestPlugin), "./plugin")
 }
 
 // ensureBuildDeps installs the verbs headers when missing (as root), or names what is missing.

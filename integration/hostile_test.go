@@ -3,20 +3,40 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/internal/lab"
 )
 
 // Hostile inputs on real soft-RoCE (docs/security.md): what a stray or hostile party on the
 // network, or a hostile peer rank, can send must not stop a job or corrupt its data.
 
-// hostileLib is the plugin's test build, with test-only misbehaviour that MPIB_TEST_HOSTILE
-// turns on (plugin/hostile_on.go, plugin/mpib_hostile.c); the plugin under test is always
-// the ordinary build (pluginLib).
-const hostileLib = NodeBuildDir + "/libnccl-net-mpib-hostile.so"
+// hostileLib is the plugin's hostile test build, with test-only misbehaviour that
+// MPIB_TEST_HOSTILE turns on (plugin/hostile_on.go, plugin/mpib_hostile.c); the plugin under
+// test is always the ordinary build (pluginLib). `go run mage.go test:integration` (and
+// `test`) build it into build/test-only/, never `build`, so that it cannot be copied beside the
+// product (magefile.go, hostileTestPlugin).
+const hostileLib = NodeBuildDir + "/" + hostileLibRel
+
+const hostileLibRel = "test-only/libnccl-net-mpib-hostile-test-only.so"
+
+// needHostileLib fails the test when the hostile test build is missing on the host.
+func needHostileLib(t *testing.T) {
+	t.Helper()
+	root, err := lab.FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "build", hostileLibRel)); err != nil {
+		t.Fatalf("%v: the hostile test build is missing: go run mage.go test:integration builds it", err)
+	}
+}
 
 // runHostilePair runs a nettest pair (the client sends) where one side may load the test build.
 func runHostilePair(t *testing.T, p nettestPair) pairResult {
@@ -33,6 +53,7 @@ func runHostilePair(t *testing.T, p nettestPair) pairResult {
 func runAttackingSender(t *testing.T, attack string) pairResult {
 	t.Helper()
 	lab := labOrSkip(t)
+	needHostileLib(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	return runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1),
 		clientEnv: pluginEnv(a2, "MPIB_TEST_HOSTILE="+attack), clientLib: hostileLib,
@@ -159,6 +180,7 @@ func TestHostileRemoteRead(t *testing.T) {
 // verdict and exits by itself, not by a crash).
 func TestHostileGoPanic(t *testing.T) {
 	lab := labOrSkip(t)
+	needHostileLib(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	res := runHostilePair(t, nettestPair{server: a1, client: a2, serverEnv: pluginEnv(a1, "MPIB_TEST_HOSTILE=go-panic"),
 		clientEnv: pluginEnv(a2), serverLib: hostileLib, args: []string{"--count", "4"}})
@@ -172,5 +194,83 @@ func TestHostileGoPanic(t *testing.T) {
 		handshakeErr, alive, res.serverCode, res.clientCode)
 	if !handshakeErr || !alive {
 		t.Errorf("a Go panic in the handshake must fail it with ncclInternalError and a message, the process alive:\n%s", res)
+	}
+}
+
+// silentHoldSeconds is how long TestHostileSilentHold's attacker holds its clients:
+// MPIB_HOSTILE_HOLD_S, else 15 s. The issue's case holds 60 s; the default run keeps 15 s
+// because the whole CI suite must stay under 40 minutes (it takes about 37). The hold's
+// length changes how often dropped clients are reopened, not the gate's decisions, which
+// every real connect meets within the first seconds; run it with MPIB_HOSTILE_HOLD_S=60 for
+// the full case.
+func silentHoldSeconds() int {
+	if s := os.Getenv("MPIB_HOSTILE_HOLD_S"); s != "" {
+		if n := atoiOr(s, 0); n > 0 && n <= 600 {
+			return n
+		}
+	}
+	return 15
+}
+
+// TestHostileSilentHold: the server listens 8 times; an attacker on the client's node holds
+// 32 silent TCP clients (connected, never a byte) on each listener and reopens every one the
+// server drops, while the client connects for real to each listener in turn, spread over the
+// hold. Before the gate (plugin/gate.go) the process's 256 unproven clients refused every new
+// client at once, the real peer included. Every real connection must succeed, each within 5 s.
+func TestHostileSilentHold(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	hold := silentHoldSeconds()
+	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2),
+		lcArgs("--mode", "silent-hold", "--seconds", strconv.Itoa(hold))...)
+	const sp, cp = "nettest-hostile: case=silent-hold role=server", "nettest-hostile: case=silent-hold role=client"
+	listeners := atoiOr(lcField(res.clientOut, cp, "listeners"), 0)
+	connected := atoiOr(lcField(res.clientOut, cp, "connected"), -1)
+	accepted := atoiOr(lcField(res.serverOut, sp, "accepted"), -1)
+	reopened := atoiOr(lcField(res.clientOut, cp, "reopened"), 0)
+	heldS, _ := strconv.ParseFloat(lcField(res.clientOut, cp, "hold_s"), 64)
+	connectMS := atoiOr(lcField(res.clientOut, cp, "connect_ms_max"), -1)
+	realOK := listeners == 8 && connected == listeners && accepted == listeners && res.serverCode == 0 && res.clientCode == 0
+	perS := 0.0
+	if heldS > 0 {
+		perS = float64(reopened) / heldS
+	}
+	fmt.Printf("hostile: case=silent-hold listeners=%d silent_clients=%s reconnects_per_s=%.1f hold_s=%d real_peer_connected=%v connect_ms=%d held_at_start=%s held_at_end=%s accepted=%d\n",
+		listeners, lcField(res.clientOut, cp, "silent_clients"), perS, hold, realOK, connectMS,
+		lcField(res.clientOut, cp, "held_at_start"), lcField(res.clientOut, cp, "held_at_end"), accepted)
+	if !realOK {
+		t.Fatalf("a real connection failed while silent clients held the listeners (connected %d, accepted %d of %d):\n%s",
+			connected, accepted, listeners, res)
+	}
+	if connectMS < 0 || connectMS > 5000 {
+		t.Errorf("the slowest real connection took %d ms, want within 5000:\n%s", connectMS, res)
+	}
+	if held := atoiOr(lcField(res.clientOut, cp, "held_at_start"), 0); held < 8*32*3/4 {
+		t.Errorf("the attacker held only %d silent clients before the first real connect, want about %d: the case tested less than it says", held, 8*32)
+	}
+}
+
+// TestHostileEvictRace: 50 rounds, each on a fresh listener: a burst of 320 silent clients
+// (above the listener's, the source's and the process's bounds) races the real peer's connect
+// and hello, which starts 0..7 ms into the burst. Eviction may close only silent clients, never
+// a client whose hello was read or waits in its socket, and the connector dials once more when
+// closed before any metadata: every round's real connection must succeed.
+func TestHostileEvictRace(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	const rounds = 50
+	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2),
+		lcArgs("--mode", "evict-race", "--rounds", strconv.Itoa(rounds))...)
+	const sp, cp = "nettest-hostile: case=evict-race role=server", "nettest-hostile: case=evict-race role=client"
+	done := atoiOr(lcField(res.clientOut, cp, "rounds"), 0)
+	connected := atoiOr(lcField(res.clientOut, cp, "connected"), -1)
+	accepted := atoiOr(lcField(res.serverOut, sp, "accepted"), -1)
+	realOK := done == rounds && connected == rounds && accepted == rounds && res.serverCode == 0 && res.clientCode == 0
+	redials := strings.Count(res.clientErr, "dialing it once more")
+	fmt.Printf("hostile: case=evict-race rounds=%d burst=%s failed=%d redials=%d connect_ms_max=%s real_peer_connected=%v\n",
+		done, lcField(res.clientOut, cp, "burst"), rounds-max(connected, 0), redials, lcField(res.clientOut, cp, "connect_ms_max"), realOK)
+	if !realOK {
+		t.Fatalf("a real connection lost the race against a burst of silent clients (connected %d, accepted %d of %d rounds):\n%s",
+			connected, accepted, rounds, res)
 	}
 }

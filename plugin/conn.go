@@ -374,11 +374,12 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 	if err != nil {
 		return nil, err
 	}
+	deadline := time.Now().Add(handshakeTimeout())
 	plan, supAt, err := connectPlan(dev, h, path)
 	if err != nil {
 		// A relay mismatch: the hello still goes (naming no pair), so that the listener fails
 		// with the same message instead of waiting for a peer that never comes.
-		if c, derr := dialHello(ctx, h, plan); derr == nil {
+		if c, derr := dialHello(ctx, h, plan, deadline); derr == nil {
 			c.Close()
 		}
 		return nil, fmt.Errorf("peer %v: %w", h.Addr, err)
@@ -391,9 +392,22 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supAt)
 	}()
 	dialStart := time.Now()
-	c, err := dialHello(ctx, h, plan)
+	redialed := false
+	redial := func(why error) (net.Conn, error) {
+		if redialed {
+			return nil, why
+		}
+		redialed = true
+		infof("connect to %v: the listener closed our control connection before any metadata (%v): dialing it once more", h.Addr, why)
+		return dialHello(ctx, h, plan, deadline)
+	}
+	c, err := dialHello(ctx, h, plan, deadline)
+	if errors.Is(err, errClosedEarly) {
+		c, err = redial(err)
+	}
 	helloSent := time.Now()
 	p := <-ready
+	p.redial = redial
 	if err != nil {
 		destroyInGoroutine(p.comm)
 		return nil, err
@@ -406,22 +420,38 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 }
 
 // dialHello opens the control connection and names the listener it expects, our
-// MPIB_SUP_RELAY and the SUP pair we chose.
-func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan) (net.Conn, error) {
+// MPIB_SUP_RELAY and the SUP pair we chose; deadline is the whole handshake's.
+func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan, deadline time.Time) (net.Conn, error) {
 	hello, err := wire.EncodeHello(plan.Hello(h.Nonce, plugin.cfg.SupRelay))
 	if err != nil {
 		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
-	c, err := dialControl(ctx, h.Addr)
+	c, err := dialControl(ctx, h.Addr, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
 	}
-	c.SetDeadline(time.Now().Add(handshakeTimeout()))
+	c.SetDeadline(deadline)
 	if _, err := c.Write(hello); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
+		return nil, fmt.Errorf("hello to %v: %w", h.Addr, closedEarly(err))
 	}
 	return c, nil
+}
+
+// errClosedEarly marks a control connection the listener closed before sending any metadata.
+// The listener does so when it refuses our hello, but also when it evicted us to make room
+// for newer clients before our hello arrived (a connector descheduled between connect and its
+// hello write, on a listener flooded with silent clients: gate.go): the connector then dials
+// once more within its handshake's deadline. A refused hello is refused again (the listener
+// logs the second one, a served listener as "used already").
+var errClosedEarly = errors.New("closed before any metadata")
+
+// closedEarly wraps err in errClosedEarly when it says the peer closed or reset the socket.
+func closedEarly(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("%w: %w", errClosedEarly, err)
+	}
+	return err
 }
 
 // dialControl opens the control connection. A process briefly out of descriptors (EMFILE,
@@ -429,8 +459,7 @@ func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan) (net.Conn,
 // a second) dials again with a backoff of up to 200 ms until the handshake's deadline, as the
 // accept loop does, instead of failing the connection at once: a CI run's flood test failed
 // the real peer's own connect so ("socket: too many open files").
-func dialControl(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
-	deadline := time.Now().Add(handshakeTimeout())
+func dialControl(ctx context.Context, addr netip.AddrPort, deadline time.Time) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Deadline: deadline}
 	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 200*time.Millisecond) {
 		c, err := d.DialContext(ctx, "tcp4", addr.String())
@@ -448,10 +477,13 @@ func dialControl(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
 // the peer and brings every QP to RTS. Both sides compute the path class from the two ends
 // of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
-// c: closed on failure, kept on success as the comm's liveness signal (adoptComm).
+// c: closed on failure, kept on success as the comm's liveness signal (adoptComm). The
+// connector's c may be replaced once by a new dial (prepared.redial).
 func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	comm, err := guardedSteps(ctx, c, p)
+	cc := &ctrlConn{c: c}
+	stop := context.AfterFunc(ctx, cc.close)
+	comm, err := guardedSteps(ctx, cc, p)
+	c = cc.get()
 	if !stop() || err != nil {
 		c.Close()
 		destroyInGoroutine(comm)
@@ -466,7 +498,7 @@ func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm
 
 // guardedSteps runs handshakeSteps and turns a panic in them into their error, with the comm
 // they were given, so that handshake frees it and the socket (guard.go).
-func guardedSteps(ctx context.Context, c net.Conn, p prepared) (comm *C.struct_mpib_comm, err error) {
+func guardedSteps(ctx context.Context, c *ctrlConn, p prepared) (comm *C.struct_mpib_comm, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			warnf("handshake with %v: Go panic: %v\n%s", p.peer, r, debug.Stack())
@@ -491,6 +523,43 @@ type prepared struct {
 	st     setupTimes
 	err    error
 	gen    [2]uint32 // its device's GID change counts its GIDs were chosen under (a listener's spare)
+	// redial (connector only) dials the listener again, once: see errClosedEarly.
+	redial func(why error) (net.Conn, error)
+}
+
+// ctrlConn is a handshake's control connection, which the connector may replace once while
+// a context's end may close it from another goroutine.
+type ctrlConn struct {
+	mu     sync.Mutex
+	c      net.Conn
+	closed bool
+}
+
+func (h *ctrlConn) get() net.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.c
+}
+
+func (h *ctrlConn) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	h.c.Close()
+}
+
+// swap closes the old connection and makes c the handshake's; false (c closed) when the
+// context ended meanwhile.
+func (h *ctrlConn) swap(c net.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.c.Close()
+	if h.closed {
+		c.Close()
+		return false
+	}
+	h.c = c
+	return true
 }
 
 // gidGens is a device's GID change counts: SOUT's, and the sum of its SUP ports'.
@@ -571,7 +640,7 @@ func prepare(ctx context.Context, dev int, local, peer netip.Addr, path topo.Pat
 }
 
 // handshakeSteps returns the comm even with an error once it exists, for handshake to free.
-func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
+func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mpib_comm, error) {
 	if p.err != nil {
 		return p.comm, p.err
 	}
@@ -580,7 +649,18 @@ func handshakeSteps(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)
 	mine := metadataFromC(&info, cfg.Mode, p.path, p.prefix)
+	c := cc.get()
 	theirs, err := exchangeMetadata(c, mine, peer)
+	if errors.Is(err, errClosedEarly) && p.redial != nil {
+		if c2, derr := p.redial(err); derr != nil {
+			err = fmt.Errorf("%w (dialing again: %w)", err, derr)
+		} else if !cc.swap(c2) {
+			err = context.Cause(ctx)
+		} else {
+			c = c2
+			theirs, err = exchangeMetadata(c, mine, peer)
+		}
+	}
 	if err != nil {
 		return comm, err
 	}
@@ -793,13 +873,16 @@ func forgetGIDTables() {
 
 func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Metadata, error) {
 	if _, err := c.Write(wire.EncodeMetadata(mine)); err != nil {
-		return wire.Metadata{}, fmt.Errorf("metadata to %v: %w", peer, err)
+		return wire.Metadata{}, fmt.Errorf("metadata to %v: %w", peer, closedEarly(err))
 	}
 	buf := make([]byte, wire.MetadataSize)
 	if n, err := io.ReadFull(c, buf); err != nil {
-		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-			// The listener closes a connection whose hello it refused, or read too late.
-			err = fmt.Errorf("%w (closed before any metadata: the peer refused our hello, see its log, or its process ended)", err)
+		if n == 0 {
+			// The listener closes a connection whose hello it refused, or that it evicted
+			// before reading it (errClosedEarly), or its process ended.
+			if err = closedEarly(err); errors.Is(err, errClosedEarly) {
+				err = fmt.Errorf("%w (the peer refused our hello, see its log, or evicted us before reading it, or its process ended)", err)
+			}
 		}
 		return wire.Metadata{}, fmt.Errorf("metadata from %v: %w", peer, err)
 	}

@@ -2,8 +2,8 @@
 
 package main
 
-// The hostile test build (build/libnccl-net-mpib-hostile.so, `go run mage.go build`): only the
-// lab's hostile-input tests load it (integration/hostile_test.go). MPIB_TEST_HOSTILE names
+// The hostile test build (build/test-only/libnccl-net-mpib-hostile-test-only.so, built by
+// `go run mage.go test:integration`, never by `build`): only the lab's hostile-input tests load it (integration/hostile_test.go). MPIB_TEST_HOSTILE names
 // what it does wrong on purpose: go-panic (a Go panic in the handshake, which the plugin must
 // turn into an error), size-overwrite and remote-read (a sender that attacks its receiver over
 // RDMA: mpib_hostile.c). The plugin users load has none of this: hostile_off.go, and the C

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mpib/mpib/plugin/internal/admit"
 	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
@@ -33,6 +33,7 @@ import (
 // bounds what it accepts instead.
 
 type listener struct {
+	id    uint64 // its registry id: the gate counts its unproven clients by it
 	owner *netCtx
 	dev   int // the fused device NCCL listened on: its connections' comms live there
 	ln    net.Listener
@@ -52,36 +53,21 @@ type listener struct {
 	// second one is a copied handle (refused with a message, never a second comm).
 	served atomic.Bool
 
-	umu      sync.Mutex
-	unproven []net.Conn // accepted, hello not read yet; oldest first
-	drops    dropLog
+	drops dropLog
 
 	mu     sync.Mutex
 	closed bool
 }
 
-const (
-	// maxUnprovenPerListener: a new client beyond it evicts the oldest unproven one. A real
-	// peer writes its hello right after connecting, so it is read long before 32 newer
-	// clients arrive, however many idle ones wait.
-	maxUnprovenPerListener = 32
-	// maxUnprovenPerProcess bounds the descriptors all listeners together spend on unproven
-	// clients; beyond it a new client is closed at once.
-	maxUnprovenPerProcess = 256
-	// acceptBackoffMax: the longest pause after a failed accept (out of descriptors or memory).
-	acceptBackoffMax = time.Second
-)
+// acceptBackoffMax: the longest pause after a failed accept (out of descriptors or memory).
+const acceptBackoffMax = time.Second
 
-var unprovenTotal atomic.Int64
-
-// helloTimeout bounds how long an accepted TCP client may take to prove it is an MPIB peer.
-// A real peer writes its hello right after its connect returns, but the listener's kernel
-// completes the TCP handshake without the peer's process: a peer descheduled between the two
-// is late. It was 3 s, and a CI run lost a real connection to it (a loaded 2-core host: the
-// connector's dial took up to 4.8 s, its listener dropped it as a stray and its connect
-// failed). net_ib's accept waits for NCCL's socket magic with no deadline of its own; ours
-// only frees the descriptors of silent clients, whose number the caps above bound, so it is
-// long enough for any scheduler and still ends an idle client's hold.
+// helloTimeout bounds how long an accepted TCP client that has sent part of its hello may take
+// to send the rest (one that sent nothing has zeroByteGrace, gate.go). A real peer writes its
+// hello in one write right after its connect returns, so a partial hello is a real peer on a
+// loaded host or a slow network far more often than an attacker: net_ib's accept waits for
+// NCCL's socket magic with no deadline of its own; ours only frees the descriptors of slow
+// clients, whose number the gate's limits bound.
 const helloTimeoutMax = 30 * time.Second
 
 // slowHello: a hello later than this is reported (INFO), to show how close peers come.
@@ -124,6 +110,7 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	}
 	registry.mu.Lock()
 	id := newID()
+	l.id = id
 	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
 	if l.lc == nil {
 		registry.mu.Unlock()
@@ -149,8 +136,9 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 }
 
 // acceptLoop ends only when the listener closes. A failed accept (EMFILE, ENFILE, ENOBUFS,
-// ENOMEM: the process or host is out of something) evicts the oldest unproven client, which
-// frees a descriptor, or else pauses, doubling up to a second; it is logged once per episode.
+// ENOMEM: the process or host is out of something) evicts the process's oldest unproven client
+// that has sent nothing, which frees a descriptor, or else pauses, doubling up to a second; it
+// is logged once per episode.
 func (l *listener) acceptLoop() {
 	defer l.owner.wg.Done()
 	defer recoverGoroutine("listener: accept loop")
@@ -168,11 +156,12 @@ func (l *listener) acceptLoop() {
 			infof("listener %v: accepting again after a resource shortage", l.ln.Addr())
 			backoff = 0
 		}
-		if !l.admit(c) {
+		p := gateAdmit(l, c)
+		if p == nil {
 			continue
 		}
 		l.owner.wg.Add(1)
-		go l.serve(c)
+		go l.serve(p)
 	}
 }
 
@@ -188,7 +177,7 @@ func (l *listener) acceptFailed(err error, backoff time.Duration) time.Duration 
 		warnf("listener %v: accept: %v: backing off; the listener stays up (a flood of TCP clients, or the process is out of %s)",
 			l.ln.Addr(), err, map[bool]string{true: "file descriptors", false: "resources"}[isFDShortage(err)])
 	}
-	if l.evictOldest("evicted while the process was out of descriptors") {
+	if gateEvictOldestSilent("evicted while the process was out of descriptors: it had sent nothing") {
 		return max(backoff, time.Millisecond) // a descriptor came free: try again at once
 	}
 	backoff = min(max(2*backoff, 5*time.Millisecond), acceptBackoffMax)
@@ -200,58 +189,10 @@ func isFDShortage(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
-// admit counts a new client as unproven; false when it was closed at once (the process holds
-// its maximum of unproven clients). At this listener's maximum the oldest is evicted.
-func (l *listener) admit(c net.Conn) bool {
-	if unprovenTotal.Add(1) > maxUnprovenPerProcess {
-		unprovenTotal.Add(-1)
-		c.Close()
-		l.drops.note(l.ln.Addr(), "closed at once: the process holds its maximum of unproven TCP clients")
-		return false
-	}
-	l.umu.Lock()
-	full := len(l.unproven) >= maxUnprovenPerListener
-	l.unproven = append(l.unproven, c)
-	l.umu.Unlock()
-	if full {
-		l.evictOldest("evicted by a newer client")
-	}
-	return true
-}
-
-// evictOldest closes the oldest unproven client (its serve goroutine then ends); false when
-// there is none.
-func (l *listener) evictOldest(why string) bool {
-	l.umu.Lock()
-	if len(l.unproven) == 0 {
-		l.umu.Unlock()
-		return false
-	}
-	c := l.unproven[0]
-	l.unproven = l.unproven[1:]
-	l.umu.Unlock()
-	c.Close()
-	l.drops.note(l.ln.Addr(), why)
-	return true
-}
-
-// proven ends a client's unproven time (its hello was read, or reading it failed).
-func (l *listener) proven(c net.Conn) {
-	l.umu.Lock()
-	for i, u := range l.unproven {
-		if u == c {
-			l.unproven = append(l.unproven[:i], l.unproven[i+1:]...)
-			break
-		}
-	}
-	l.umu.Unlock()
-	unprovenTotal.Add(-1)
-}
-
 // serve runs one incoming control connection and hands its comm to NCCL's next accept.
-func (l *listener) serve(c net.Conn) {
+func (l *listener) serve(p *pendingClient) {
 	defer l.owner.wg.Done()
-	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.owner.ctx, c, l) })
+	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.owner.ctx, p, l) })
 	if errors.Is(err, errNotAPeer) {
 		l.drops.note(l.ln.Addr(), err.Error())
 		return
@@ -294,8 +235,7 @@ func (l *listener) close(inGoroutine bool) {
 		}
 	}
 	l.mu.Unlock()
-	for l.evictOldest("the listener closed") {
-	}
+	gateEvictListener(l, "the listener closed")
 	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
 		if p := <-l.spare; p.comm != nil {
 			if inGoroutine {
@@ -332,8 +272,9 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
 // acceptHandshake is the receiving side of one incoming control connection. Until the
 // client's hello names this listener, failures are errNotAPeer. The hello's SUP pair is then
 // checked against what this listener advertised and its SUP ports now.
-func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mpib_comm, error) {
-	hello, err := l.readHello(ctx, c)
+func acceptHandshake(ctx context.Context, p *pendingClient, l *listener) (*C.struct_mpib_comm, error) {
+	c := p.c
+	hello, err := l.readHello(ctx, p)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -355,23 +296,24 @@ func acceptHandshake(ctx context.Context, c net.Conn, l *listener) (*C.struct_mp
 	return handshake(ctx, c, l.receiver(ctx, local, peer, path, plan, supAt, start))
 }
 
-// readHello reads and checks a client's hello within helloTimeout; the client stops being
-// unproven either way. A valid hello is taken once per listener.
-func (l *listener) readHello(ctx context.Context, c net.Conn) (wire.Hello, error) {
-	defer l.proven(c)
-	start := time.Now()
-	c.SetDeadline(start.Add(helloTimeout()))
+// readHello reads and checks a client's hello (gate.go: its deadlines, and how it stops being
+// unproven before anything else may serve it). A valid hello is taken once per listener.
+func (l *listener) readHello(ctx context.Context, p *pendingClient) (wire.Hello, error) {
+	c := p.c
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	b := make([]byte, wire.HelloSize)
-	_, err := io.ReadFull(c, b)
+	err := p.readHello(b, helloTimeout())
+	if err != nil {
+		p.release()
+	}
 	var hello wire.Hello
 	if err == nil {
 		hello, err = wire.DecodeHello(b)
 	}
-	if wait := time.Since(start); err == nil && wait > slowHello {
-		infof("listener %v: the hello of %v came %d ms after its TCP connection (a loaded peer; it may take up to %v)",
-			l.ln.Addr(), c.RemoteAddr(), wait.Milliseconds(), helloTimeout())
+	if wait := time.Since(p.at); err == nil && wait > slowHello {
+		infof("listener %v: the hello of %v came %d ms after its TCP connection (a loaded peer; a client silent for %v is dropped)",
+			l.ln.Addr(), c.RemoteAddr(), wait.Milliseconds(), admit.Deadline(0, zeroByteGrace, helloTimeout()))
 	}
 	if err == nil && hello.Nonce != l.nonce {
 		err = errors.New("its hello names another listener (a stale or misrouted handle)")

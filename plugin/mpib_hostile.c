@@ -1,7 +1,7 @@
 /* A sender that attacks its receiver, for the lab's hostile-input tests only: compiled into
- * the test build (-DMPIB_HOSTILE_TEST through `go build -tags mpibhostile`,
- * build/libnccl-net-mpib-hostile.so) and empty in the plugin users load. MPIB_TEST_HOSTILE
- * names the attack, made once, on the first slot a comm posts:
+ * the test build (-DMPIB_HOSTILE_TEST through `go build -tags mpibhostile`, built for the lab
+ * suite only as build/test-only/libnccl-net-mpib-hostile-test-only.so) and empty in the plugin
+ * users load. MPIB_TEST_HOSTILE names the attack, made once, on the first slot a comm posts:
  *   size-overwrite: RDMA-writes a CTS element with a larger size into the receiver's own CTS
  *     copy (where the receiver once took its bound from), then reports more bytes than the
  *     receiver posted in every size record. The receiver must refuse the size.

@@ -165,6 +165,26 @@ _Static_assert(offsetof(struct shm_slot, active_ns) == 320, "active time at +320
 #define SHM_MAX_MAPS 64   /* segments one handle may attach in its life */
 #define SHM_MAX_GUARDS 256
 
+/* What one search for free slots may spend (spec 5.4 lets the start be any spreading value).
+ * An agent can make every free-looking slot refuse its lease (one lock over the whole slot
+ * area, owner words left 0) and can fill every owner word, so without a bound each search
+ * costs nslots loads and as many fcntl calls, for every connection waiting. A search that
+ * runs out of its budget leaves the connection waiting, as a full segment does, and the next
+ * one goes on where it stopped (the map's cursor), so that successive searches cover every
+ * slot. */
+#define SHM_PASS_PROBES 8192u       /* owner words looked at per search */
+#define SHM_PASS_LOCKS_POLL 256u    /* lease attempts per poll, for every waiting connection */
+#define SHM_PASS_LOCKS_REGISTER 32u /* lease attempts per registration */
+#define SHM_WAIT_BATCH 32u          /* waiting connections picked per round of a poll */
+
+/* Peer-table scans caused by the agent (a new peers_epoch, a cached entry that no longer
+ * matches) are rate-limited per segment: up to SHM_PEER_RESCAN_BURST at once, then one per
+ * SHM_PEER_RESCAN_NS. An agent that changes peers_epoch on every read then costs a few scans
+ * per interval, not one of npeers entries per read; a table that stops changing applies
+ * within one interval. A slot's first scan for a registration (a new gen) is never limited. */
+#define SHM_PEER_RESCAN_NS 100000000ull
+#define SHM_PEER_RESCAN_BURST 8u
+
 /* Per-slot cache of the matching peer entry, keyed by (peers_epoch, slot gen). */
 struct peer_cache {
   _Atomic uint64_t tag;
@@ -185,6 +205,9 @@ struct shm_map {
   ino_t ino;
   int guard;     /* its entry in the SIGBUS guard's table (g_guard), -1 for none */
   int retired;   /* pages replaced by zeros, fd closed */
+  uint32_t cursor; /* the slot the next search looks at first (under claim_mu) */
+  _Atomic uint32_t epoch_seen; /* the peers_epoch the per-slot caches are keyed on */
+  _Atomic uint64_t rescan_due; /* the peer-rescan limiter's theoretical arrival time (ns) */
 };
 
 struct shm_conn {
@@ -192,7 +215,14 @@ struct shm_conn {
   int used;
 };
 
+/* Locks. mu guards the connection table and the bindings; it is held only for table updates
+ * and O(1) work per connection (at most one fcntl on a lease of our own), never across a
+ * search for free slots, so that mpib_shm_release (NCCL's close path) never waits for
+ * fcntl calls on leases other processes hold. claim_mu serialises the searches (they run
+ * under it, without mu) with one another and with retiring a map (which closes the fd they
+ * lock through); it is taken before mu, by registration and the poll, never by release. */
 struct mpib_shm {
+  pthread_mutex_t claim_mu;
   pthread_mutex_t mu; /* registration, release, poll; never taken by the data path */
   char path[4096];
   _Atomic(struct shm_map *) maps[SHM_MAX_MAPS];
@@ -201,7 +231,9 @@ struct mpib_shm {
   struct shm_conn *conns;   /* [MPIB_SHM_MAX_CONNS], under mu */
   _Atomic uint64_t *bind;   /* [MPIB_SHM_MAX_CONNS]: (map index + 1) << 32 | slot, 0 = unbound */
   uint32_t conn_hi; /* ids at or above it were never used: loops stop there */
-  uint32_t unbound; /* used connections without a slot */
+  uint32_t unbound; /* used connections without a slot of the current map (shm_waiting) */
+  uint32_t wait_cursor; /* the id the poll's next pass over waiting connections starts at
+                         * (under claim_mu) */
   /* The last file the poll refused, so that an unchanged bad file is neither re-read nor
    * reported again. */
   dev_t bad_dev;
@@ -534,6 +566,10 @@ static struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint
     atomic_init(&cache[i].idx, SHM_NO_PEER);
   }
   m->guard = -1;
+  m->cursor = (uint32_t)(((uint64_t)getpid() * 31u) % nslots); /* spreads processes */
+  atomic_init(&m->epoch_seen,
+              atomic_load_explicit(&m->hdr->peers_epoch, memory_order_relaxed));
+  atomic_init(&m->rescan_due, 0);
   return m;
 }
 
@@ -653,6 +689,7 @@ int mpib_shm_handle_new(const char *path, mpib_shm **out) {
     free(shm);
     return -ENOMEM;
   }
+  pthread_mutex_init(&shm->claim_mu, NULL);
   pthread_mutex_init(&shm->mu, NULL);
   if (path != NULL) {
     strcpy(shm->path, path);
@@ -921,16 +958,47 @@ static uint32_t shm_peer_scan(struct shm_map *m, uint32_t ip) {
   return best;
 }
 
-static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip) {
+/* 1 when the agent may cost a peer-table scan now (SHM_PEER_RESCAN_*), a generic cell rate
+ * limiter: lock-free, one CAS per granted scan, nothing while peers_epoch is unchanged. A
+ * clock earlier than any grant could have produced (callers of mpib_shm_resolve pass their
+ * own) starts the limiter again. */
+static int shm_rescan_granted(struct shm_map *m, uint64_t now) {
+  const uint64_t span = (uint64_t)SHM_PEER_RESCAN_BURST * SHM_PEER_RESCAN_NS;
+  uint64_t due = atomic_load_explicit(&m->rescan_due, memory_order_relaxed);
+  uint64_t base = due > now && due - now <= span ? due : now;
+  if (base - now > span - SHM_PEER_RESCAN_NS) {
+    return 0;
+  }
+  return atomic_compare_exchange_strong_explicit(&m->rescan_due, &due, base + SHM_PEER_RESCAN_NS,
+                                                 memory_order_relaxed, memory_order_relaxed);
+}
+
+/* The peers_epoch the caches follow: the segment's, adopted when the limiter grants it. */
+static uint32_t shm_peers_epoch(struct shm_map *m, uint64_t now) {
   uint32_t epoch = atomic_load_explicit(&m->hdr->peers_epoch, memory_order_acquire);
-  uint64_t tag = ((uint64_t)epoch << 32) | gen;
+  uint32_t seen = atomic_load_explicit(&m->epoch_seen, memory_order_relaxed);
+  if (epoch == seen || !shm_rescan_granted(m, now)) {
+    return seen;
+  }
+  atomic_store_explicit(&m->epoch_seen, epoch, memory_order_relaxed);
+  return epoch;
+}
+
+static void shm_peer_cache_put(struct peer_cache *c, uint64_t tag, uint32_t idx) {
+  atomic_store_explicit(&c->idx, idx, memory_order_relaxed);
+  atomic_store_explicit(&c->tag, tag, memory_order_release);
+}
+
+static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip,
+                                uint64_t now, uint64_t *tag_out) {
+  uint64_t tag = ((uint64_t)shm_peers_epoch(m, now) << 32) | gen;
   struct peer_cache *c = &m->cache[slot];
+  *tag_out = tag;
   if (atomic_load_explicit(&c->tag, memory_order_acquire) == tag) {
     return atomic_load_explicit(&c->idx, memory_order_relaxed);
   }
   uint32_t idx = shm_peer_scan(m, ip);
-  atomic_store_explicit(&c->idx, idx, memory_order_relaxed);
-  atomic_store_explicit(&c->tag, tag, memory_order_release);
+  shm_peer_cache_put(c, tag, idx);
   return idx;
 }
 
@@ -949,10 +1017,20 @@ static int shm_none(mpib_shm_hint *out, uint8_t reason) {
 }
 
 /* Peer level: 1 applied, 0 nothing, -1 busy. */
-static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, mpib_shm_hint *out) {
+static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, uint64_t now,
+                            mpib_shm_hint *out) {
   uint32_t ip = atomic_load_explicit(&m->slots[slot].peer_sout_ip, memory_order_relaxed);
+  uint64_t tag = 0;
   for (int pass = 0; pass < 2; pass++) {
-    uint32_t j = pass == 0 ? shm_peer_lookup(m, slot, gen, ip) : shm_peer_scan(m, ip);
+    uint32_t j;
+    if (pass == 0) {
+      j = shm_peer_lookup(m, slot, gen, ip, now, &tag);
+    } else if (shm_rescan_granted(m, now)) {
+      j = shm_peer_scan(m, ip);
+      shm_peer_cache_put(&m->cache[slot], tag, j); /* the next reads use what it found */
+    } else {
+      return 0; /* no peer hint until the limiter grants a scan */
+    }
     if (j >= m->npeers) {
       return 0;
     }
@@ -963,7 +1041,7 @@ static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, mpib
     if ((r.flags & SHM_FLAG_VALID) && shm_prefix_match(ip, r.peer_ip, r.prefix_len)) {
       return shm_apply(out, r.sup_bw, MPIB_SHM_SRC_PEER);
     }
-    /* The cached entry changed without an epoch bump: scan once more, uncached. */
+    /* The cached entry changed under an epoch the cache still follows: scan once more. */
   }
   return 0;
 }
@@ -989,7 +1067,7 @@ static int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns, ui
   if ((r.flags & SHM_FLAG_VALID) && r.gen == gen) {
     return shm_apply(out, r.sup_bw, MPIB_SHM_SRC_SLOT);
   }
-  int p = shm_resolve_peer(m, slot, gen, out);
+  int p = shm_resolve_peer(m, slot, gen, now_ns, out);
   if (p != 0) {
     return p > 0 ? 1 : shm_none(out, MPIB_SHM_SRC_BUSY);
   }
@@ -1163,37 +1241,11 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   }
 }
 
-/* Claims a free slot of m for d: lease first (an OFD lock on the slot's first byte), then
- * the owner CAS, so that a claimed slot always has a live lease (spec 5.4). */
-static int shm_claim(struct shm_map *m, const mpib_conn_desc *d, uint32_t *slot_out) {
-  if (m->retired || shm_map_faulted(m)) {
-    return -ENOSPC;
-  }
-  uint32_t pid = d->pid;
-  uint32_t start = (uint32_t)((pid * 31ull + d->conn_id) % m->nslots);
-  for (uint32_t k = 0; k < m->nslots; k++) {
-    uint32_t i = (start + k) % m->nslots;
-    struct shm_slot *s = &m->slots[i];
-    if (atomic_load_explicit(&s->owner, memory_order_relaxed) != 0) {
-      continue;
-    }
-    if (shm_lock_byte(m->fd, shm_slot_lock_off(i), F_WRLCK) != 0) {
-      continue; /* leased by another process (releasing it right now) */
-    }
-    uint64_t expect = 0;
-    if (!atomic_compare_exchange_strong_explicit(&s->owner, &expect,
-                                                 SHM_STATE_CLAIMING | (uint64_t)pid << 32,
-                                                 memory_order_acq_rel, memory_order_relaxed)) {
-      shm_lock_byte(m->fd, shm_slot_lock_off(i), F_UNLCK);
-      continue;
-    }
-    shm_slot_fill(s, d, pid);
-    atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)pid << 32, memory_order_release);
-    *slot_out = i;
-    return 0;
-  }
-  return -ENOSPC;
-}
+/* What one search for free slots may still spend (SHM_PASS_*). */
+struct shm_budget {
+  uint32_t probes; /* owner words to look at */
+  uint32_t locks;  /* lease attempts (fcntl) */
+};
 
 /* Frees our slot: owner back to 0 (only if still ours), then the lease. */
 static void shm_unclaim(struct shm_map *m, uint32_t slot, uint32_t pid) {
@@ -1206,15 +1258,14 @@ static void shm_unclaim(struct shm_map *m, uint32_t slot, uint32_t pid) {
   shm_lock_byte(m->fd, shm_slot_lock_off(slot), F_UNLCK);
 }
 
-/* Binds connection id to a slot of map index mi (under mu). 0 or -ENOSPC. */
-static int shm_bind(mpib_shm *shm, uint32_t id, int mi) {
-  struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
-  uint32_t slot;
-  int rc = shm_claim(m, &shm->conns[id].d, &slot);
-  if (rc == 0) {
-    atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | slot, memory_order_release);
+/* Whether connection id waits for a slot of the current map: used, and bound to no map or to
+ * the one an attach is replacing (under mu). shm->unbound counts them. */
+static int shm_waiting(mpib_shm *shm, uint32_t id) {
+  if (!shm->conns[id].used) {
+    return 0;
   }
-  return rc;
+  uint64_t b = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
+  return b == 0 || (int)(b >> 32) != atomic_load_explicit(&shm->cur, memory_order_relaxed);
 }
 
 /* Drops connection id's binding and frees its slot (under mu). */
@@ -1228,10 +1279,86 @@ static void shm_unbind(mpib_shm *shm, uint32_t id) {
   shm_unclaim(m, (uint32_t)b, shm->conns[id].d.pid);
 }
 
+/* Claims slot i of map index mi for the waiting connection id and binds it there, freeing
+ * the slot it leaves (under mu). The search took slot i's lease without mu; it is taken again
+ * here, because a release of ours may have freed slot i and dropped its lease in between (the
+ * OFD locks of one open file description never conflict, so the search could not tell) and
+ * another process may hold it now. Then the owner CAS, so that a claimed slot always has a
+ * live lease (spec 5.4). 0 bound; -EBUSY not ours to take (the search goes on); -ENOENT the
+ * connection was released meanwhile. */
+static int shm_take(mpib_shm *shm, int mi, uint32_t i, uint32_t id) {
+  struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
+  off_t off = shm_slot_lock_off(i);
+  if (!shm->conns[id].used) {
+    shm_lock_byte(m->fd, off, F_UNLCK);
+    return -ENOENT;
+  }
+  if (shm_lock_byte(m->fd, off, F_WRLCK) != 0) {
+    return -EBUSY;
+  }
+  const mpib_conn_desc *d = &shm->conns[id].d;
+  struct shm_slot *s = &m->slots[i];
+  uint64_t expect = 0;
+  if (!atomic_compare_exchange_strong_explicit(&s->owner, &expect,
+                                               SHM_STATE_CLAIMING | (uint64_t)d->pid << 32,
+                                               memory_order_acq_rel, memory_order_relaxed)) {
+    shm_lock_byte(m->fd, off, F_UNLCK);
+    return -EBUSY;
+  }
+  shm_slot_fill(s, d, d->pid);
+  atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)d->pid << 32, memory_order_release);
+  int waited = shm_waiting(shm, id);
+  uint64_t old = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
+  atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | i, memory_order_release);
+  if (old != 0) {
+    struct shm_map *om = atomic_load_explicit(&shm->maps[(old >> 32) - 1], memory_order_relaxed);
+    shm_unclaim(om, (uint32_t)old, d->pid);
+  }
+  if (waited) {
+    shm->unbound--;
+  }
+  return 0;
+}
+
+/* Searches map index mi (the current one) for a free slot for connection id and binds it
+ * there, spending b (under claim_mu, without mu: the lease attempts on slots other processes
+ * hold happen here, and only a slot whose lease was won takes mu, for O(1) work). Looks at
+ * slots from the map's cursor on. 0 bound; -ENOENT released meanwhile; -EAGAIN b is spent;
+ * -ENOSPC every slot was looked at and none could be claimed. */
+static int shm_search(mpib_shm *shm, int mi, uint32_t id, struct shm_budget *b) {
+  struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
+  if (m->retired || shm_map_faulted(m)) {
+    return -ENOSPC;
+  }
+  for (uint32_t k = 0; k < m->nslots; k++) {
+    if (b->probes == 0 || b->locks == 0) {
+      return -EAGAIN;
+    }
+    b->probes--;
+    uint32_t i = m->cursor;
+    m->cursor = i + 1 < m->nslots ? i + 1 : 0;
+    if (atomic_load_explicit(&m->slots[i].owner, memory_order_relaxed) != 0) {
+      continue;
+    }
+    b->locks--;
+    if (shm_lock_byte(m->fd, shm_slot_lock_off(i), F_WRLCK) != 0) {
+      continue; /* leased by another process (releasing it right now, or an agent's lock) */
+    }
+    pthread_mutex_lock(&shm->mu);
+    int rc = shm_take(shm, mi, i, id);
+    pthread_mutex_unlock(&shm->mu);
+    if (rc != -EBUSY) {
+      return rc;
+    }
+  }
+  return -ENOSPC;
+}
+
 int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out) {
   if (shm == NULL || d == NULL || id_out == NULL) {
     return -EINVAL;
   }
+  pthread_mutex_lock(&shm->claim_mu);
   pthread_mutex_lock(&shm->mu);
   uint32_t id = shm->conn_hi;
   for (uint32_t i = 0; i < shm->conn_hi; i++) {
@@ -1242,6 +1369,7 @@ int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out) 
   }
   if (id >= MPIB_SHM_MAX_CONNS) {
     pthread_mutex_unlock(&shm->mu);
+    pthread_mutex_unlock(&shm->claim_mu);
     return -ENOSPC;
   }
   if (id == shm->conn_hi) {
@@ -1252,22 +1380,27 @@ int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out) 
     shm->conns[id].d.pid = (uint32_t)getpid();
   }
   shm->conns[id].used = 1;
+  shm->unbound++; /* waiting until the search below binds it */
   int cur = atomic_load_explicit(&shm->cur, memory_order_relaxed);
-  if (cur == 0 || shm_bind(shm, id, cur) != 0) {
-    shm->unbound++;
-  }
   pthread_mutex_unlock(&shm->mu);
+  if (cur != 0) {
+    struct shm_budget b = {SHM_PASS_PROBES, SHM_PASS_LOCKS_REGISTER};
+    (void)shm_search(shm, cur, id, &b); /* not bound: the poll goes on searching */
+  }
+  pthread_mutex_unlock(&shm->claim_mu);
   *id_out = id;
   return 0;
 }
 
+/* O(1) under mu, and mu is never held across a search (shm_search): the close path waits for
+ * no fcntl call on a lease another process holds. */
 void mpib_shm_release(mpib_shm *shm, uint32_t id) {
   if (shm == NULL || id >= MPIB_SHM_MAX_CONNS) {
     return;
   }
   pthread_mutex_lock(&shm->mu);
   if (shm->conns[id].used) {
-    if (atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0) {
+    if (shm_waiting(shm, id)) {
       shm->unbound--;
     }
     shm_unbind(shm, id);
@@ -1302,32 +1435,6 @@ __attribute__((format(printf, 4, 5))) static void shm_say(mpib_shm *shm, char *m
   if (msg != NULL && len > 0) {
     snprintf(msg, len, "%s", shm->last_msg);
   }
-}
-
-/* Moves every connection to map index mi (under mu); returns how many got a slot. */
-static uint32_t shm_rebind_all(mpib_shm *shm, int mi) {
-  uint32_t bound = 0;
-  shm->unbound = 0;
-  for (uint32_t id = 0; id < shm->conn_hi; id++) {
-    if (!shm->conns[id].used) {
-      continue;
-    }
-    uint64_t old = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
-    struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
-    uint32_t slot;
-    if (shm_claim(m, &shm->conns[id].d, &slot) == 0) {
-      atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | slot, memory_order_release);
-      bound++;
-    } else {
-      atomic_store_explicit(&shm->bind[id], 0, memory_order_release);
-      shm->unbound++;
-    }
-    if (old != 0) {
-      struct shm_map *om = atomic_load_explicit(&shm->maps[(old >> 32) - 1], memory_order_relaxed);
-      shm_unclaim(om, (uint32_t)old, shm->conns[id].d.pid);
-    }
-  }
-  return bound;
 }
 
 static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
@@ -1376,35 +1483,89 @@ static void shm_detach(mpib_shm *shm, struct shm_map *cur, char *msg, size_t msg
           "appears", shm->path);
 }
 
-/* Attaches m, a new segment mapped outside the lock, in place of the current one, moving every
- * connection to it (under mu). 0; 1 when that file is attached already (another poll did it
- * meanwhile); or -errno with the file st refused until it changes. */
+/* Gives slots of map index mi (the current one) to waiting connections within one budget,
+ * taking the connections in turns from where the previous pass stopped (under claim_mu,
+ * without mu). */
+static void shm_bind_waiting(mpib_shm *shm, int mi, struct shm_budget *b) {
+  uint32_t visited = 0;
+  for (;;) {
+    uint32_t ids[SHM_WAIT_BATCH], n = 0;
+    pthread_mutex_lock(&shm->mu);
+    uint32_t hi = shm->conn_hi;
+    while (n < SHM_WAIT_BATCH && visited < hi && shm->unbound > 0) {
+      uint32_t id = shm->wait_cursor < hi ? shm->wait_cursor : 0;
+      shm->wait_cursor = id + 1;
+      visited++;
+      if (shm_waiting(shm, id)) {
+        ids[n++] = id;
+      }
+    }
+    pthread_mutex_unlock(&shm->mu);
+    if (n == 0) {
+      return;
+    }
+    for (uint32_t j = 0; j < n; j++) {
+      int rc = shm_search(shm, mi, ids[j], b);
+      if (rc == -EAGAIN || rc == -ENOSPC) {
+        shm->wait_cursor = ids[j]; /* the next pass starts with the first one not served */
+        return;
+      }
+    }
+  }
+}
+
+/* Attaches m, a new segment mapped outside the locks, in place of the current one (under
+ * claim_mu): every connection waits for a slot of m, one budgeted pass gives slots to them
+ * (each leaves its old slot as it takes a new one), the rest leave their old slots and wait
+ * for the next polls, and the old segment is retired. 0; 1 when that file is attached
+ * already (another poll did it meanwhile); or -errno with the file st refused until it
+ * changes. */
 static int shm_attach(mpib_shm *shm, struct shm_map *m, const struct stat *st, char *msg,
                       size_t msglen) {
+  pthread_mutex_lock(&shm->mu);
   struct shm_map *cur = shm_cur(shm);
   if (cur != NULL && cur->dev == m->dev && cur->ino == m->ino) {
+    pthread_mutex_unlock(&shm->mu);
     shm_map_free(m);
     return 1;
   }
   if (shm->nmaps >= SHM_MAX_MAPS) {
-    shm_map_free(m);
     shm_refuse(shm, ENOSPC, st);
     shm_say(shm, msg, msglen,
             "mpib shm %.300s: io: attached %d segments already, no more in this process (the "
             "limit of docs/shm-format.md 5.8): vanilla policy until it restarts",
             shm->path, SHM_MAX_MAPS);
+    pthread_mutex_unlock(&shm->mu);
+    shm_map_free(m);
     return -ENOSPC;
   }
   int mi = shm_add_map(shm, m);
-  uint32_t bound = shm_rebind_all(shm, mi);
   atomic_store_explicit(&shm->cur, mi, memory_order_release);
+  shm->unbound = 0;
+  for (uint32_t id = 0; id < shm->conn_hi; id++) {
+    shm->unbound += shm->conns[id].used != 0;
+  }
+  pthread_mutex_unlock(&shm->mu);
+  struct shm_budget b = {SHM_PASS_PROBES, SHM_PASS_LOCKS_POLL};
+  shm_bind_waiting(shm, mi, &b);
+  pthread_mutex_lock(&shm->mu);
+  uint32_t used = 0;
+  for (uint32_t id = 0; id < shm->conn_hi; id++) {
+    if (shm->conns[id].used) {
+      used++;
+      if (shm_waiting(shm, id)) {
+        shm_unbind(shm, id); /* its slot in the old segment; it stays waiting */
+      }
+    }
+  }
   if (cur != NULL) {
     shm_map_retire(cur);
   }
   shm->bad_errno = 0;
   shm_say(shm, msg, msglen, "agent segment %s %s: %u connection(s) registered%s", shm->path,
-          cur != NULL ? "replaced: re-attached" : "attached", (unsigned)bound,
+          cur != NULL ? "replaced: re-attached" : "attached", (unsigned)(used - shm->unbound),
           shm->unbound ? " (some wait for a free slot)" : "");
+  pthread_mutex_unlock(&shm->mu);
   return 0;
 }
 
@@ -1428,18 +1589,9 @@ static int shm_open_failed(mpib_shm *shm, int rc, const struct stat *st, const c
   return 1;
 }
 
-/* Gives a slot of map index mi to connections that found the segment full (under mu). */
-static void shm_bind_waiting(mpib_shm *shm, int mi) {
-  for (uint32_t id = 0; id < shm->conn_hi && shm->unbound > 0; id++) {
-    if (shm->conns[id].used && atomic_load_explicit(&shm->bind[id], memory_order_relaxed) == 0 &&
-        shm_bind(shm, id, mi) == 0) {
-      shm->unbound--;
-    }
-  }
-}
-
-/* Step 1 and 2 of the poll (under mu): detaches a truncated segment, then looks at the path.
- * 1 when the file there (st) must be opened and attached, else 0; *ret says what happened. */
+/* Step 1 and 2 of the poll (under claim_mu and mu): detaches a truncated segment, then looks
+ * at the path. 1 when the file there (st) must be opened and attached, else 0; *ret says what
+ * happened. */
 static int shm_poll_look(mpib_shm *shm, struct stat *st, int *ret, char *msg, size_t msglen) {
   int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
   struct shm_map *cur = ci > 0 ? atomic_load_explicit(&shm->maps[ci - 1], memory_order_relaxed) : NULL;
@@ -1458,15 +1610,8 @@ static int shm_poll_look(mpib_shm *shm, struct stat *st, int *ret, char *msg, si
     shm_say(shm, msg, msglen, "mpib shm %s: io: %s", shm->path, strerror(errno));
     *ret = MPIB_SHM_POLL_FAILED;
   }
-  if (have && (cur == NULL || st->st_dev != cur->dev || st->st_ino != cur->ino) &&
-      !shm_same_bad(shm, st)) {
-    return 1;
-  }
-  if (cur != NULL && shm->unbound > 0) {
-    /* 3. Connections that found the segment full: try again. */
-    shm_bind_waiting(shm, ci);
-  }
-  return 0;
+  return have && (cur == NULL || st->st_dev != cur->dev || st->st_ino != cur->ino) &&
+         !shm_same_bad(shm, st);
 }
 
 int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
@@ -1478,9 +1623,18 @@ int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   }
   int ret = MPIB_SHM_POLL_NONE;
   struct stat st;
+  pthread_mutex_lock(&shm->claim_mu);
   pthread_mutex_lock(&shm->mu);
   int attach = shm_poll_look(shm, &st, &ret, msg, msglen);
+  int ci = atomic_load_explicit(&shm->cur, memory_order_relaxed);
+  int waiting = !attach && ci != 0 && shm->unbound > 0;
   pthread_mutex_unlock(&shm->mu);
+  if (waiting) {
+    /* 3. Connections that found the segment full, or whose search ran out of its budget. */
+    struct shm_budget b = {SHM_PASS_PROBES, SHM_PASS_LOCKS_POLL};
+    shm_bind_waiting(shm, ci, &b);
+  }
+  pthread_mutex_unlock(&shm->claim_mu);
   if (!attach) {
     return ret;
   }
@@ -1489,14 +1643,16 @@ int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {
   char err[384] = "";
   struct shm_map *m = NULL;
   int rc = shm_map_file(shm->path, &m, NULL, err, sizeof(err));
-  pthread_mutex_lock(&shm->mu);
+  pthread_mutex_lock(&shm->claim_mu);
   int said = 1;
   if (rc == 0) {
     rc = shm_attach(shm, m, &st, msg, msglen);
   } else {
+    pthread_mutex_lock(&shm->mu);
     said = shm_open_failed(shm, rc, &st, err, msg, msglen);
+    pthread_mutex_unlock(&shm->mu);
   }
-  pthread_mutex_unlock(&shm->mu);
+  pthread_mutex_unlock(&shm->claim_mu);
   if (rc >= 0) {
     return rc == 0 ? MPIB_SHM_POLL_ATTACHED : ret;
   }
@@ -1507,6 +1663,7 @@ void mpib_shm_close(mpib_shm *shm) {
   if (shm == NULL) {
     return;
   }
+  pthread_mutex_lock(&shm->claim_mu);
   pthread_mutex_lock(&shm->mu);
   for (uint32_t id = 0; id < shm->conn_hi; id++) {
     if (shm->conns[id].used) {
@@ -1514,6 +1671,7 @@ void mpib_shm_close(mpib_shm *shm) {
     }
   }
   pthread_mutex_unlock(&shm->mu);
+  pthread_mutex_unlock(&shm->claim_mu);
   for (int i = 0; i < shm->nmaps; i++) {
     struct shm_map *m = atomic_load_explicit(&shm->maps[i], memory_order_relaxed);
     if (m != NULL) {
@@ -1521,6 +1679,7 @@ void mpib_shm_close(mpib_shm *shm) {
     }
   }
   pthread_mutex_destroy(&shm->mu);
+  pthread_mutex_destroy(&shm->claim_mu);
   free(shm->conns);
   free((void *)shm->bind);
   free(shm);

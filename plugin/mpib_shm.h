@@ -171,9 +171,10 @@ MPIB_SHM_HIDDEN int mpib_shm_attached(const mpib_shm *shm);
 /* nslots of the attached segment (0 when none). */
 MPIB_SHM_HIDDEN uint32_t mpib_shm_nslots(const mpib_shm *shm);
 
-/* Connections. register: 0 and an id (bound to a slot now when a segment with a free slot is
- * attached, else later by the poll), -ENOSPC when the handle has MPIB_SHM_MAX_CONNS
- * connections. Not for the data path. */
+/* Connections. register: 0 and an id (bound to a slot now when a segment is attached and a
+ * bounded search finds a free slot, else later by the poll), -ENOSPC when the handle has
+ * MPIB_SHM_MAX_CONNS connections. Not for the data path. release is O(1): it never waits for
+ * a search among slots other processes lease (spec 5.4). */
 MPIB_SHM_HIDDEN int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out);
 MPIB_SHM_HIDDEN void mpib_shm_release(mpib_shm *shm, uint32_t id);
 /* The segment slot and gen a connection is bound to: 0, or -ENOENT when it is not bound. */

@@ -45,7 +45,7 @@ static int nt_count_fds(void) {
   return n - 1; /* the directory's own descriptor */
 }
 
-static void nt_handle_addr(const uint8_t *handle, struct sockaddr_in *sa) {
+void nt_handle_addr(const uint8_t *handle, struct sockaddr_in *sa) {
   memset(sa, 0, sizeof(*sa));
   sa->sin_family = AF_INET;
   memcpy(&sa->sin_addr.s_addr, handle + 8, 4);
@@ -82,7 +82,7 @@ struct nt_flood {
 };
 
 /* One flood client: a non-blocking connect given 200 ms (the server's backlog may be full). */
-static int nt_flood_connect(const struct sockaddr_in *sa) {
+int nt_flood_connect(const struct sockaddr_in *sa) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0 && errno != EINPROGRESS) {

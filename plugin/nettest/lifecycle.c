@@ -48,6 +48,8 @@ static const struct {
     {"stray-client", NT_STRAY},
     {"listener-flood", NT_FLOOD},
     {"forged-handle", NT_FORGED},
+    {"silent-hold", NT_SILENT_HOLD},
+    {"evict-race", NT_EVICT_RACE},
 };
 
 int nt_lifecycle_parse_mode(const char *name, enum nt_mode *m) {
@@ -70,7 +72,8 @@ const char *nt_lifecycle_mode_name(enum nt_mode m) {
 }
 
 int nt_mode_is_lifecycle(enum nt_mode m) {
-  return m == NT_FINALIZE_HS || m == NT_ABORT || m == NT_STRAY || m == NT_FLOOD || m == NT_FORGED;
+  return m == NT_FINALIZE_HS || m == NT_ABORT || m == NT_STRAY || m == NT_FLOOD || m == NT_FORGED ||
+         m == NT_SILENT_HOLD || m == NT_EVICT_RACE;
 }
 
 /* ---- shared: connect/accept like main's loop, optionally counting accept errors ---- */
@@ -503,6 +506,8 @@ int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, s
   case NT_ABORT: return nt_mode_abort(o, n, oob, c);
   case NT_FLOOD: return nt_mode_flood(o, n, oob, c);
   case NT_FORGED: return nt_mode_forged(o, n, oob, c);
+  case NT_SILENT_HOLD: return nt_mode_silent_hold(o, n, oob, c);
+  case NT_EVICT_RACE: return nt_mode_evict_race(o, n, oob, c);
   default: return nt_mode_stray(o, n, oob, c);
   }
 }

@@ -257,6 +257,7 @@ static void nt_usage(FILE *f) {
           "  --idle-us N           verify, bw: sleep N us after a data-loop turn that moved nothing\n"
           "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
           "hostile modes (MPIB's handle layout): listener-flood, forged-handle (hostile.c);\n"
+          "  silent-hold [--seconds S], evict-race [--rounds R] (silent.c);\n"
           "scale modes: connect, resources (--comms N);\n"
           "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
           "  --help\n"
@@ -694,8 +695,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (o->profiler && o->abi < 10) {
     NT_BAD("--profiler needs --abi 10 or newer (older ABIs pass no profiler)");
   }
-  if (o->mode != NT_BW && o->seconds > 0) {
-    NT_BAD("--seconds applies to bw only");
+  if (o->mode != NT_BW && o->mode != NT_SILENT_HOLD && o->seconds > 0) {
+    NT_BAD("--seconds applies to bw and silent-hold only");
   }
   if (o->comms == 0) {
     o->comms = 8;
@@ -704,8 +705,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   }
   if (o->rounds == 0) {
     o->rounds = 1;
-  } else if (!nt_mode_is_scale(o->mode)) {
-    NT_BAD("--rounds applies to the connect and resources modes only");
+  } else if (!nt_mode_is_scale(o->mode) && o->mode != NT_EVICT_RACE) {
+    NT_BAD("--rounds applies to the connect, resources and evict-race modes only");
   }
   if (nt_watch.enabled && o->mode != NT_VERIFY) {
     NT_BAD("--gap-ms, --stop-file and --ignore-peer-abort apply to verify only");

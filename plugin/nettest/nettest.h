@@ -32,6 +32,7 @@ enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
 enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
                NT_FINALIZE_HS, NT_ABORT, NT_STRAY, /* lifecycle.c: finalize-during-handshake, ... */
                NT_FLOOD, NT_FORGED,                /* hostile.c: listener-flood, forged-handle */
+               NT_SILENT_HOLD, NT_EVICT_RACE,      /* silent.c: silent-hold, evict-race */
                NT_CONNECT, NT_RESOURCES };         /* scale.c */
 
 struct nt_counter {
@@ -298,6 +299,14 @@ int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, s
 int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, int *accept_errors);
 int nt_mode_flood(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 int nt_mode_forged(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+/* hostile.c: a handle's listener address; one TCP client of it (-1 when it did not connect in
+ * 200 ms). */
+struct sockaddr_in;
+void nt_handle_addr(const uint8_t *handle, struct sockaddr_in *sa);
+int nt_flood_connect(const struct sockaddr_in *sa);
+/* silent.c: silent-hold, evict-race */
+int nt_mode_silent_hold(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
+int nt_mode_evict_race(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 void nt_forker_start(const struct nt_opts *o);
 void nt_forker_stop(const struct nt_opts *o);
 

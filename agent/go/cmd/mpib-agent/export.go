@@ -31,13 +31,15 @@ const (
 
 func cmdExport(args []string, out io.Writer) error {
 	fs, path := newFlags("export")
-	listen := fs.String("listen", "", "address to serve /metrics on: HOST:PORT (:9877 every interface, 127.0.0.1:0 a free port)")
+	listen := fs.String("listen", defaultListen, "where to serve /metrics: HOST:PORT on loopback (127.0.0.1:0 a free port), or unix:PATH; another address needs --allow-remote")
+	allowRemote := fs.Bool("allow-remote", false, "serve on an address other hosts can reach (the scrape is unauthenticated: docs/metrics.md)")
 	maxPeersS := fs.String("max-peers", strconv.Itoa(defaultMaxPeers), "(dev, peer) pairs with series of their own; later ones are summed under peer=\"other\"")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *listen == "" {
-		return usagef("give --listen HOST:PORT (for example :9877)")
+	network, address, err := listenTarget(*listen, *allowRemote)
+	if err != nil {
+		return err
 	}
 	maxPeers, err := parseInt("max-peers", *maxPeersS)
 	if err != nil {
@@ -46,7 +48,7 @@ func cmdExport(args []string, out io.Writer) error {
 	if maxPeers < 1 || maxPeers > 4096 {
 		return usagef("--max-peers %d: want 1..4096", maxPeers)
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := listenExport(network, address)
 	if err != nil {
 		return err
 	}
@@ -54,7 +56,11 @@ func cmdExport(args []string, out io.Writer) error {
 	srv := &http.Server{Handler: e.handler(), ReadHeaderTimeout: readHeaderTimeout,
 		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: 16 << 10}
 	// The address line comes first, so that a caller that asked for port 0 learns the port.
-	fmt.Fprintf(out, "export: serving http://%s/metrics from %s\n", ln.Addr(), *path)
+	if network == "unix" {
+		fmt.Fprintf(out, "export: serving /metrics on %s%s from %s\n", unixPrefix, address, *path)
+	} else {
+		fmt.Fprintf(out, "export: serving http://%s/metrics from %s\n", ln.Addr(), *path)
+	}
 	return serveUntilSignal(srv, ln)
 }
 

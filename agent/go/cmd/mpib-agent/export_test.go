@@ -393,9 +393,10 @@ func TestExportHTTP(t *testing.T) {
 	}
 }
 
-// TestExportUsage: export needs --listen and a sane --max-peers.
+// TestExportUsage: export needs a sane --max-peers and refuses a reachable --listen.
 func TestExportUsage(t *testing.T) {
-	for _, args := range [][]string{{}, {"--listen", ":0", "--max-peers", "0"}, {"--listen", ":0", "--max-peers", "x"}} {
+	for _, args := range [][]string{{"--listen", "127.0.0.1:0", "--max-peers", "0"}, {"--listen", "127.0.0.1:0", "--max-peers", "x"},
+		{"--listen", ":0"}, {"--listen", "0.0.0.0:0"}, {"--listen", "nohostport"}} {
 		if code := errCode(cmdExport(args, &bytes.Buffer{})); code != "usage" {
 			t.Errorf("export %v: code %q, want usage", args, code)
 		}

@@ -36,7 +36,7 @@ commands:
   run        policy loop with heartbeat              --policy static --file W.json | --policy proportional [--capacity sout=X,sup=Y]
                                                      | --policy closed-loop [--step N] [--interval D]
   gc         reclaim slots of dead processes
-  export     Prometheus metrics of the segment       --listen HOST:PORT [--max-peers N] (docs/metrics.md)
+  export     Prometheus metrics of the segment       [--listen 127.0.0.1:9877|unix:PATH] [--allow-remote] [--max-peers N] (docs/metrics.md)
 
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
 durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
