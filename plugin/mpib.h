@@ -520,12 +520,6 @@ void mpib_comm_peer_gone(struct mpib_comm *c);
 /* Publishes the agent segment to the data path (NULL withdraws it). */
 void mpib_set_shm(void *shm);
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
-/* Rail rebuild (mpib_rebuild.c): force a rail's QPs to the error state; reset them and
- * reconnect them to the peer's same QPs, starting at psn. Return 0 or -errno. */
-int mpib_rail_to_error(struct mpib_comm *c, int rail);
-int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn);
-int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err);
 void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
 /* A notice word about a rail that arrived on the control socket (lifecycle.go). */
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);

@@ -9,6 +9,7 @@
 
 #include "mpib.h"
 #include "mpib_qp.h"
+#include "mpib_rebuild.h"
 #include "mpib_verbs.h"
 
 static const char *rail_name(int rail) { return mpib_rail_name(rail); }

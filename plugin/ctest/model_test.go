@@ -21,7 +21,7 @@ import (
 )
 
 // modelSources are the product files the checker links (everything else it fakes).
-var modelSources = []string{"mpib_p2p.c", "mpib_flush.c", "mpib_shm.c", "mpib_profiler.c"}
+var modelSources = []string{"mpib_p2p.c", "mpib_failover.c", "mpib_slots.c", "mpib_flush.c", "mpib_shm.c", "mpib_profiler.c"}
 
 // buildChecker compiles model/checker.c against the plugin sources in dir (the plugin itself,
 // or a mutated copy) with extra flags, into a binary in a temporary directory.
@@ -156,24 +156,24 @@ type mutant struct {
 var mutants = []mutant{
 	// Defect 1: no confirm of acknowledged ranges a fence record lacks (a receiver's NIC dies
 	// with a completion it has not polled: the receive never completes).
-	{"receiver-nic-dies-unpolled", "mpib_p2p.c", "    if (!ranges) continue;\n    st->seq1[slot] = seq1;", "    if (1) continue;\n    st->seq1[slot] = seq1;"},
+	{"receiver-nic-dies-unpolled", "mpib_failover.c", "    if (!ranges) continue;\n    st->seq1[slot] = seq1;", "    if (1) continue;\n    st->seq1[slot] = seq1;"},
 	// Defect 2: the flush QP reset grants the data QPs' access (its reads then fail), and a
 	// failed read counts as done.
 	{"flush-reset-wrong-access", "mpib_flush.c", "mpib_qp_reset_to_init(c, qp, lane, MPIB_FLUSH_QP_ACCESS)", "mpib_qp_reset_to_init(c, qp, lane, MPIB_DATA_QP_ACCESS)"},
 	{"flush-failed-read-done", "mpib_flush.c", "    if (wc.status == IBV_WC_SUCCESS) continue;\n", "    continue;\n"},
 	// Defect 3: a RECOVER on a dead device is ignored (the sender retries forever).
-	{"recover-dead-device-unanswered", "mpib_p2p.c", `if (rail_fatal(c, r)) return recv_refuse(c, r, gen, 1, "its device died");`, "if (rail_fatal(c, r)) return ncclSuccess;"},
+	{"recover-dead-device-unanswered", "mpib_failover.c", `if (mpib_rail_fatal(c, r)) return recv_refuse(c, r, gen, 1, "its device died");`, "if (mpib_rail_fatal(c, r)) return ncclSuccess;"},
 	// H2: a full send queue fails the connection instead of waiting.
-	{"full-send-queue-fails", "mpib_p2p.c", "  if (rc == ENOMEM) {\n    c->ctrl_rdma_due |= due;",
+	{"full-send-queue-fails", "mpib_failover.c", "  if (rc == ENOMEM) {\n    c->ctrl_rdma_due |= due;",
 		"  if (rc == ENOMEM) {\n    return comm_failed(c, \"posting a failover message failed: \", strerror(rc));\n    c->ctrl_rdma_due |= due;"},
-	{"send-queue-unaccounted", "mpib_p2p.c", "  if (c->sq_used[qi] + nwr > c->sq_depth) return ENOMEM;", "  if (0) return ENOMEM;"},
+	{"send-queue-unaccounted", "mpib_slots.c", "  if (c->sq_used[qi] + nwr > c->sq_depth) return ENOMEM;", "  if (0) return ENOMEM;"},
 	// H3: a short write on the control socket is ignored (its framing breaks).
-	{"control-short-write", "mpib_p2p.c", "    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);\n    c->ctrl_out_n += (uint32_t)len;\n    (void)ctrl_flush_locked(c);",
+	{"control-short-write", "mpib_failover.c", "    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);\n    c->ctrl_out_n += (uint32_t)len;\n    (void)ctrl_flush_locked(c);",
 		"    (void)send(c->ctrl_fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);"},
 	// A slot posted on a rail out of service (flushed after its fence was settled).
 	{"post-on-fenced-rail", "mpib_p2p.c", "  int in_service = c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;", "  int in_service = 1;"},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
-	{"idle-sender-no-answer", "mpib_p2p.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
+	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }
 
 var firstFailure = regexp.MustCompile(`model-first-failure: schedule=(\S+) steps=(\d+) schedules=(\d+)`)

@@ -1,0 +1,325 @@
+/*
+ * A slot's work requests and bookkeeping: see mpib_slots.h. Pure C, no Go calls.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "mpib_profiler.h"
+#include "mpib_shm.h"
+#include "mpib_slots.h"
+#include "mpib_srq.h"
+
+static uint64_t mpib_wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
+ * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
+ * MPIB_TELEMETRY_BYTES bytes were posted, or as many completed, since the last batch,
+ * whichever comes first, and when a comm NCCL keeps polling has gone idle (mpib_failover_keepalive_tick).
+ * Small messages then write the segment's shared cache lines 16 times less often; large ones
+ * still report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new
+ * hint takes effect within 16 messages or 1 MiB. */
+#define MPIB_HINT_REFRESH 16
+#define MPIB_TELEMETRY_BYTES (1u << 20)
+
+/* A rail that still has parts in flight at a flush publishes its active time so far: the
+ * bottleneck rail may never go idle, and its rate is what the agent needs most. */
+static void tele_active_until_now(struct mpib_comm *c) {
+  uint64_t now = 0;
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    uint64_t since = c->rail_active_since[rail];
+    if (!c->rail_parts[rail] || !since) continue;
+    if (!now) now = mpib_now_ns();
+    if (now > since) c->tele.rail[rail].active_ns += now - since;
+    c->rail_active_since[rail] = now;
+  }
+}
+
+/* Publishes the batch (send comms: a recv comm's telemetry is its rail states only) with the
+ * wall clock, one CLOCK_REALTIME read per batch, so that agents correlate nodes. */
+void mpib_telemetry_flush(struct mpib_comm *c) {
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (shm && c->shm_slot >= 0 && c->is_send) {
+    c->tele.wall_ns = mpib_wall_ns();
+    tele_active_until_now(c);
+    mpib_shm_flush_telemetry(shm, (uint32_t)c->shm_slot, &c->tele);
+  }
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) /* the in-flight gauge carries over */
+    c->tele.rail[rail] = (mpib_shm_rail_batch){.inflight_bytes = c->tele.rail[rail].inflight_bytes};
+  c->tele_slots = 0;
+  c->tele_done = 0;
+  c->hint_due = 1;
+}
+
+int mpib_telemetry_due(const struct mpib_comm *c) {
+  const mpib_shm_rail_batch *t = c->tele.rail;
+  return c->tele_slots >= MPIB_HINT_REFRESH || c->tele_done >= MPIB_HINT_REFRESH ||
+         t[0].posted_bytes + t[1].posted_bytes >= MPIB_TELEMETRY_BYTES ||
+         t[0].completed_bytes + t[1].completed_bytes >= MPIB_TELEMETRY_BYTES;
+}
+
+/* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per range (the
+ * rail that first carried them) and its post time; the bytes of range `range` count as posted
+ * on `carrier` (the same rail, or another one for a replay) and in flight there until
+ * mpib_tele_complete. */
+void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  t->posted_bytes += c->slot_rail_bytes[slot][range];
+  t->posted_requests += c->slot_rail_reqs[slot][range];
+  t->inflight_bytes += c->slot_rail_bytes[slot][range];
+  if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now; /* the rail's work begins */
+}
+
+/* A part leaves `rail` at `now` (completed, or lost to a failover): its bytes leave the
+ * in-flight gauge, and the rail's active time ends when it was the last part there. */
+void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
+  mpib_shm_rail_batch *t = &c->tele.rail[rail];
+  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
+  if (c->rail_parts[rail] == 0 || --c->rail_parts[rail] > 0) return;
+  uint64_t since = c->rail_active_since[rail];
+  if (since && now > since) t->active_ns += now - since;
+  c->rail_active_since[rail] = 0;
+}
+
+/* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
+ * part (shared by the completions it handles), and none without an agent segment. */
+uint64_t mpib_completion_now(struct mpib_comm *c) {
+  if (c->shm_slot < 0) return 0;
+  if (c->tele_now_ns == 0) c->tele_now_ns = mpib_now_ns();
+  return c->tele_now_ns;
+}
+
+/* The slot's range `range` completed on `carrier`: its requests spent now - post time there. */
+void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range) {
+  uint64_t now = mpib_completion_now(c), posted = c->slot_post_ns[slot];
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  t->completed_bytes += c->slot_rail_bytes[slot][range];
+  t->completed_requests += c->slot_rail_reqs[slot][range];
+  if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][range] * (now - posted);
+  mpib_tele_leave(c, carrier, c->slot_rail_bytes[slot][range], now);
+}
+
+/* Posts the work requests `first` (nwr of them, only the last possibly signalled) on QP qi when
+ * its send queue has room for all of them, else none (ENOMEM): a full queue is back-pressure,
+ * and a chain the provider took in part could land after its range was replayed elsewhere.
+ * The signalled one carries the batch it retires (MPIB_WRID_*). 0 or an errno; a provider
+ * that still refuses part of the list returns MPIB_POST_PARTIAL (below). */
+int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr) {
+  if (c->sq_used[qi] + nwr > c->sq_depth) return ENOMEM;
+  struct ibv_send_wr *last = first;
+  while (last->next) last = last->next;
+  int signalled = (last->send_flags & IBV_SEND_SIGNALED) != 0;
+  if (signalled) {
+    uint64_t batch = (uint64_t)(c->sq_batch[qi] + nwr);
+    last->wr_id |= (last->wr_id & MPIB_WRID_SPECIAL)
+                       ? batch << MPIB_WRID_SPECIAL_BATCH_SHIFT | (uint64_t)qi << MPIB_WRID_SPECIAL_QP_SHIFT
+                       : batch << MPIB_WRID_BATCH_SHIFT;
+  }
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(c->qps[qi].qp, first, &bad);
+  if (rc && bad == first) return rc;
+  c->sq_used[qi] = (uint16_t)(c->sq_used[qi] + nwr);
+  c->sq_batch[qi] = signalled ? 0 : (uint16_t)(c->sq_batch[qi] + nwr);
+  return rc ? MPIB_POST_PARTIAL : 0;
+}
+
+/* A signalled send completed (or was flushed) on rail `rail` in the current generation: the
+ * places its batch held in its QP's send queue are free again. */
+void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id) {
+  int special = (id & MPIB_WRID_SPECIAL) != 0;
+  int qi = special ? (int)((id >> MPIB_WRID_SPECIAL_QP_SHIFT) & 0xFFu)
+                   : mpib_qp_index(rail, id & MPIB_WRID_SEQ_MASK, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  uint16_t batch = (uint16_t)((id >> (special ? MPIB_WRID_SPECIAL_BATCH_SHIFT : MPIB_WRID_BATCH_SHIFT)) & 0xFFu);
+  if (qi < 0 || qi >= MPIB_MAX_QPS) return;
+  c->sq_used[qi] = c->sq_used[qi] > batch ? (uint16_t)(c->sq_used[qi] - batch) : 0;
+}
+
+/* A rail's QPs were reset (rebuilt): their send queues are empty. */
+void mpib_sq_reset_rail(struct mpib_comm *c, int r) {
+  int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  for (uint32_t i = 0; i < c->nqps[r]; i++) c->sq_used[base + i] = c->sq_batch[base + i] = 0;
+}
+
+/* Where a request's byte ranges lie: range SOUT is its first sout bytes, range SUP the rest;
+ * both together are the whole request. */
+static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, size_t *len) {
+  *off = (ranges & (1u << MPIB_RAIL_SOUT)) ? 0 : sout;
+  size_t end = (ranges & (1u << MPIB_RAIL_SUP)) ? size : sout;
+  *len = end > *off ? end - *off : 0;
+}
+
+
+/* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
+ * the last one (or a final write carrying the size records) with the immediate and
+ * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
+ * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
+ * MPIB_POST_PARTIAL. */
+int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges, int replay) {
+  int nreqs = c->slot_matched[slot];
+  struct mpib_request **reqs = c->slot_reqs[slot];
+  const struct mpib_cts *cts = c->cts_snap[slot];
+  int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
+  int lane = c->qps[qi].lane; /* its NIC: the registrations and the peer's rkeys of that port */
+  struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
+  struct ibv_sge sges[MPIB_MAX_RECVS + 1];
+  int nwr = 0;
+  for (int r = 0; r < nreqs; r++) {
+    size_t off, len;
+    range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
+    if (len == 0) continue;
+    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
+                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
+    wrs[nwr] = (struct ibv_send_wr){.wr_id = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED), .sg_list = &sges[nwr],
+                                    .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+    wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
+    wrs[nwr].wr.rdma.rkey = mpib_cts_rkey(&cts[r], lane);
+    nwr++;
+  }
+  struct ibv_send_wr *last;
+  if (p->size_in_imm && nwr == 1) {
+    last = &wrs[0]; /* the data write itself carries the immediate */
+  } else {
+    last = &wrs[nwr];
+    *last = (struct ibv_send_wr){0};
+    last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
+    last->wr.rdma.rkey = c->rem_rkey[lane];
+    if (rail == p->leader && !p->size_in_imm) {
+      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                   .lkey = c->stage_mr[lane]->lkey};
+      last->sg_list = &sges[nwr];
+      last->num_sge = 1;
+    }
+    nwr++;
+  }
+  last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  last->send_flags |= IBV_SEND_SIGNALED;
+  last->imm_data = p->imm;
+  last->wr_id = mpib_wrid_data(c, rail, reqs[0]->seq, replay);
+  for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
+  if (!replay && mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
+  int rc = mpib_qp_post(c, qi, &wrs[0], nwr);
+  if (rc > 0) return rc; /* nothing of it went out */
+  if (!replay) c->slot_rails[slot] |= 1u << rail;
+  else c->slot_replay_on[slot][rail] |= (uint8_t)ranges;
+  if (rc) return MPIB_POST_PARTIAL;
+  c->pending[rail]++;
+  return 0;
+}
+
+/* A range of the slot that could not go out on its rail waits for a replay (post_replays), on
+ * whichever rail can carry it first. */
+void mpib_slot_defer_range(struct mpib_comm *c, int slot, int rail) {
+  if (c->slot_replay_wait[slot] == 0) c->replays_waiting++;
+  c->slot_replay_wait[slot] |= (uint8_t)(1u << rail);
+}
+
+/* RDMA-writes a slot's CTS elements into the sender's FIFO on `rail`. Writing them again
+ * (after the CTS rail failed) is harmless: the same bytes land in the same place. */
+int mpib_post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled) {
+  int qi = mpib_qp_index(rail, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  int lane = c->qps[qi].lane;
+  struct mpib_cts *cts = c->cts[slot];
+  struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[lane]->lkey};
+  struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
+                           .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+  if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
+  if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
+  wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
+  wr.wr.rdma.rkey = c->rem_rkey[lane];
+  int rc = mpib_qp_post(c, qi, &wr, 1);
+  if (rc == 0 && signalled) c->pending[rail]++;
+  return rc;
+}
+
+/* Every lane's SRQ of rail r refilled: 0 or the first -errno. */
+int mpib_srq_refill_rail(struct mpib_comm *c, int r) {
+  for (int i = 0; i < mpib_lane_count(c, r); i++) {
+    int rc = mpib_srq_refill(c, mpib_lane(r, i));
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* ---- Failover: a rail leaves service, the connection goes on (docs/failover.md) ---- */
+
+uint64_t mpib_wall_ms(void) { return mpib_wall_ns() / 1000000u; }
+
+/* Publishes a rail's state to the agent's telemetry (docs/shm-format.md 4.3). */
+void mpib_publish_rail_state(struct mpib_comm *c, int r) {
+  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
+  if (shm == NULL || c->shm_slot < 0) return;
+  int st = c->rail[r].state;
+  int pub = st == MPIB_RAIL_UP ? MPIB_SHM_RAIL_UP : st == MPIB_RAIL_DEAD ? MPIB_SHM_RAIL_FAILED : MPIB_SHM_RAIL_DOWN;
+  mpib_shm_set_rail_state(shm, (uint32_t)c->shm_slot, r, pub, mpib_wall_ms() * 1000000ull);
+}
+
+/* A sender's slot completes once every byte range is confirmed: no original chain, replay
+ * chain or replay waiting to be posted is left. */
+static int slot_unconfirmed(const struct mpib_comm *c, int slot) {
+  uint32_t live = c->slot_rails[slot] | c->slot_replay_wait[slot];
+  for (int r = 0; r < MPIB_NRAILS; r++) live |= c->slot_replay_on[slot][r];
+  return live != 0;
+}
+
+void mpib_slot_try_complete(struct mpib_comm *c, int slot) {
+  if (slot_unconfirmed(c, slot)) return;
+  c->progress_count++;
+  c->tele_done++;
+  for (int r = 0; r < c->slot_matched[slot]; r++) {
+    c->slot_reqs[slot][r]->done = 1;
+    c->slot_reqs[slot][r] = NULL;
+  }
+  c->slot_matched[slot] = 0;
+  c->slot_posted_seq1[slot] = 0;
+}
+
+/* The slot's ranges `ranges` were acknowledged on `rail` (their carrier completed). */
+void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
+  uint64_t w = c->slot_ack[slot][rail];
+  __atomic_store_n(&c->slot_ack[slot][rail], w | (uint64_t)(ranges & 3u) << 18, __ATOMIC_RELEASE);
+}
+
+/* A receive's sizes, from the immediate or the size records, checked against its buffers. */
+ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size) {
+  if (imm_size != MPIB_IMM_NO_SIZE && req->nreqs != 1) {
+    MPIB_WARN("%s rail: size in the immediate for a grouped receive of %d", mpib_rail_name(rail), req->nreqs);
+    return ncclRemoteError;
+  }
+  volatile int32_t *rec = c->sizes[slot];
+  for (int r = 0; r < req->nreqs; r++) {
+    int32_t got = imm_size != MPIB_IMM_NO_SIZE ? (int32_t)imm_size : rec[r];
+    if (got < 0 || (uint64_t)got > req->posted[r]) {
+      MPIB_WARN("peer reported %d bytes for a %zu-byte receive", got, req->posted[r]);
+      return ncclRemoteError;
+    }
+    req->sizes[r] = got;
+  }
+  c->flush_due |= req->wrote_rails;
+  req->done = 1;
+  c->slot_reqs[slot][0] = NULL;
+  if (--c->recvs_open == 0) __atomic_store_n(&c->recv_idle_seq1, c->fifo_head + 1, __ATOMIC_RELEASE);
+  c->progress_count++;
+  return ncclSuccess;
+}
+
+/* Everything lane `lane` of rail r (out of service) holds in its CQ, thrown away before its QPs
+ * are reset: a receive completion gives its SRQ place back, a send of the current generation
+ * its send-queue places; what they carried was settled by the fence. A dead device's CQ is
+ * not touched. */
+void mpib_lane_discard(struct mpib_comm *c, int r, int lane) {
+  struct ibv_wc wcs[16];
+  int n;
+  if (!c->cq[lane] || __atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) return;
+  while ((n = ibv_poll_cq(c->cq[lane], 16, wcs)) > 0) {
+    for (int i = 0; i < n; i++) {
+      if (wcs[i].wr_id == MPIB_WRID_RECV) c->srq_posted[lane]--;
+      else if (mpib_wrid_current(c, r, wcs[i].wr_id)) mpib_sq_retire(c, r, wcs[i].wr_id);
+    }
+  }
+}

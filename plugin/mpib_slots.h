@@ -1,0 +1,100 @@
+/* A slot's work requests and bookkeeping (mpib_slots.c): posting chains, CTS and control
+ * writes within each QP's send-queue depth, a slot's and a receive's completion, and the
+ * agent telemetry of both. Called by the message path (mpib_p2p.c) and by failover
+ * (mpib_failover.c); calls only verbs and the agent segment. */
+#ifndef MPIB_SLOTS_H
+#define MPIB_SLOTS_H
+
+#include "mpib.h"
+
+/* Advanced mode reads the agent's hint and posts telemetry in batches: once this many slots
+ * or bytes were posted or completed since the last batch (mpib_p2p.c cached_hint). */
+#define MPIB_HINT_REFRESH 16
+#define MPIB_TELEMETRY_BYTES (1u << 20)
+
+/* How a slot's requests are spread over the rails. */
+struct mpib_slot_plan {
+  size_t sout[MPIB_MAX_RECVS]; /* bytes of each request on SOUT; SUP carries the rest */
+  uint32_t mask;               /* rails carrying something (at least one) */
+  int leader;                  /* the rail whose final write carries the size records */
+  int size_in_imm;
+  uint32_t imm;
+};
+
+/* Work request ids: see MPIB_WRID_* in mpib.h. */
+static inline uint64_t mpib_wrid_data(const struct mpib_comm *c, int rail, uint64_t seq, int replay) {
+  return (replay ? MPIB_WRID_REPLAY : 0) | (uint64_t)(c->rail[rail].gen & 0x3Fu) << MPIB_WRID_GEN_SHIFT |
+         (seq & MPIB_WRID_SEQ_MASK);
+}
+static inline uint64_t mpib_wrid_special(const struct mpib_comm *c, int rail, int kind) {
+  return MPIB_WRID_SPECIAL | (uint64_t)(c->rail[rail].gen & 0xFFFFFFu) << 8 | (uint64_t)kind;
+}
+static inline int mpib_wrid_current(const struct mpib_comm *c, int rail, uint64_t id) {
+  if (id & MPIB_WRID_SPECIAL) return ((id >> 8) & 0xFFFFFFu) == (c->rail[rail].gen & 0xFFFFFFu);
+  return ((id >> MPIB_WRID_GEN_SHIFT) & 0x3Fu) == (c->rail[rail].gen & 0x3Fu);
+}
+static inline int mpib_wrid_kind(uint64_t id) { return (id & MPIB_WRID_SPECIAL) ? (int)(id & 0xFFu) : 0; }
+
+/* A chain the provider took in part (its first writes, then an error): those writes may still
+ * land, so the chain counts as carried by the rail, and only the rail's fence (both ends' QPs
+ * in the error state, then the receiver's record) may hand its ranges to a replay. */
+#define MPIB_POST_PARTIAL (-1)
+
+/* Whether a rail can carry this connection's traffic right now. */
+static inline int mpib_rail_usable(const struct mpib_comm *c, int r) {
+  return c->nqps[r] && c->rail[r].state == MPIB_RAIL_UP && !mpib_rail_fatal(c, r) && !mpib_rail_port_down(c, r);
+}
+
+/* The receiver's fence record of a rail: the sender's copy (written by the receiver) or the
+ * receiver's staging, after the CTS FIFO. The sender's notice word follows the size records. */
+static inline struct mpib_fence_rec *mpib_fence_area(struct mpib_comm *c, int r) {
+  return (struct mpib_fence_rec *)((char *)c->cts + MPIB_CTS_BYTES) + r;
+}
+static inline uint64_t *mpib_notice_area(struct mpib_comm *c, int r) { return (uint64_t *)((char *)c->sizes + MPIB_SIZES_BYTES) + r; }
+
+/* Sender -> receiver: its confirm record of rail r (mpib_policy.h), like the notices: RDMA on
+ * the other rail and the control socket ('C'). */
+static inline struct mpib_confirm_rec *mpib_confirm_area(struct mpib_comm *c, int r) {
+  return (struct mpib_confirm_rec *)((char *)c->sizes + MPIB_CONFIRM_OFFSET) + r;
+}
+
+/* Whether the telemetry batch is due (MPIB_HINT_REFRESH, MPIB_TELEMETRY_BYTES). */
+int mpib_telemetry_due(const struct mpib_comm *c);
+/* Range `range` of the slot posted on rail `carrier` at `now`. */
+void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now);
+/* Bytes leave rail `rail` (completed or lost) at `now`. */
+void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now);
+/* The completion clock of this progress call (0 without an agent segment). */
+uint64_t mpib_completion_now(struct mpib_comm *c);
+/* Range `range` of the slot completed on rail `carrier`. */
+void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range);
+/* Posts nwr work requests on QP qi within its send-queue depth: 0, ENOMEM (none posted: the
+ * queue is full), another errno (none posted) or MPIB_POST_PARTIAL. */
+int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr);
+/* A signalled send of rail `rail`'s current generation completed: its batch is free again. */
+void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id);
+/* Rail r's QPs were reset: their send queues are empty. */
+void mpib_sq_reset_rail(struct mpib_comm *c, int r);
+/* One rail's chain of a slot carrying byte ranges `ranges` (an original or a replay): 0, the
+ * errno of a post none of which went out, or MPIB_POST_PARTIAL. */
+int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges, int replay);
+/* A slot's range that could not go out on its rail waits for a replay. */
+void mpib_slot_defer_range(struct mpib_comm *c, int slot, int rail);
+/* The receiver's CTS elements of a slot on `rail`: 0 or an errno (ENOMEM: none posted). */
+int mpib_post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled);
+/* Every lane's SRQ of rail r refilled: 0 or the first -errno. */
+int mpib_srq_refill_rail(struct mpib_comm *c, int r);
+/* Publishes a rail's state to the agent's telemetry. */
+void mpib_publish_rail_state(struct mpib_comm *c, int r);
+/* Sender: completes the slot's requests once every byte range is confirmed. */
+void mpib_slot_try_complete(struct mpib_comm *c, int slot);
+/* Sender: the slot's ranges `ranges` were acknowledged on `rail` (mpib_ack_word). */
+void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges);
+/* Receiver: the receive in `slot` has every range: its sizes checked, it completes. */
+/* CLOCK_REALTIME in ms (log lines that agents correlate across nodes). */
+uint64_t mpib_wall_ms(void);
+/* Rail r's lane `lane` (out of service): its CQ emptied before its QPs are reset. */
+void mpib_lane_discard(struct mpib_comm *c, int r, int lane);
+ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size);
+
+#endif
