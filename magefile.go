@@ -227,11 +227,18 @@ func aptInstall(pkgs ...string) error {
 	return cmd.Run()
 }
 
-// Bench runs the plugin against perftest on the same soft-RoCE rails (P1..P5) and on the SUP
-// mesh (mesh-bw), prints one line per figure and writes docs/benchmarks.md's table and
-// docs/benchmarks.png.
+// Bench runs the failover model checker over a million schedules (plugin/ctest/model_test.go,
+// two processes: about 10 minutes), then the plugin against perftest on the same soft-RoCE
+// rails (P1..P5) and on the SUP mesh (mesh-bw); it prints one line per figure and writes
+// docs/benchmarks.md's table and docs/benchmarks.png. MPIB_BENCH_MODEL=0 skips the checker.
 func Bench() error {
 	mg.Deps(Build)
+	if os.Getenv("MPIB_BENCH_MODEL") != "0" {
+		env := map[string]string{"MPIB_MODEL_SCHEDULES": "1000000", "MPIB_MODEL_SHARDS": "2", "MPIB_MODEL_SECONDS": "1"}
+		if err := sh.RunWithV(env, "go", "test", "-count=1", "-v", "-timeout", "60m", "-run", "^TestFailoverModel$", "."+cTestPackage); err != nil {
+			return err
+		}
+	}
 	out, err := filepath.Abs(filepath.Join(buildDir, "bench"))
 	if err != nil {
 		return err

@@ -1,0 +1,68 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// receiverDeviceDeadlineMS bounds the answer when both ends error instead of completing: the
+// sender's MPIB_FAILOVER_TIMEOUT_MS (the lab's default, 5000) plus 2 s.
+const receiverDeviceDeadlineMS = 5000 + 2000
+
+// TestFaultReceiverDeviceDeleted deletes the receiver's SUP device under a verified a1 -> a2
+// transfer (TestFaultFailover deletes the sender's), in both modes. The receiver's NIC dies
+// with whatever completions it had queued and not polled, while the sender may already hold
+// their acknowledgements: the sender's confirm settles them (docs/failover.md, delivery
+// authority). Both ends must complete every request with verified bytes, or both must error
+// with a message within the failover timeout plus 2 s; neither may hang.
+func TestFaultReceiverDeviceDeleted(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	t.Cleanup(func() { restoreLab(t, a1, a2) })
+	for _, mode := range []string{"vanilla", "advanced"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Cleanup(func() { restoreLab(t, a1, a2) })
+			runReceiverDeviceDeleted(t, a1, a2, mode)
+		})
+	}
+}
+
+func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	fc, err := newFaultCtl(ctx, a1, a2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := startFaultTransfer(ctx, t, a1, a2, mode, "--max-size", "64K", "--window", "8")
+	defer fp.killUnlessStopped()
+	time.Sleep(time.Second)
+	rcFile := fp.base + ".delrc"
+	dev := a2.Dev(SUP)
+	x, err := fc.run(ctx, fmt.Sprintf("nsenter -t %d -n bash -c '%s'", fc.pid[a2.Name()], deleteScript(dev, rcFile)))
+	if err != nil {
+		s, c := fp.stop(ctx, time.Now())
+		t.Fatalf("deleting %s: %v\nserver %s\nclient %s", dev, err, s, c)
+	}
+	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
+	time.Sleep(4 * time.Second) // the transfer goes on over SOUT
+	s, c := fp.stop(ctx, time.Now().Add(90*time.Second))
+	t.Logf("rdma link delete %s: %q", dev, fc.waitFile(ctx, rcFile, 90*time.Second))
+	m := resultRe.FindStringSubmatch(s.out)
+	hang := s.hung || c.hung
+	verified := !hang && s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
+	senderMS, receiverMS := firstErrorMS(c.out, x.ms), firstErrorMS(s.out, x.ms)
+	errorMS := max(senderMS, receiverMS)
+	fmt.Printf("fault: case=receiver-device-deleted rail=SUP mode=%s hang=%v verified=%v error_ms=%d sender_error_ms=%d receiver_error_ms=%d nccl_errors=%d\n",
+		mode, hang, verified, errorMS, senderMS, receiverMS, ncclErrors(s.out, c.out))
+	switch {
+	case hang:
+		t.Errorf("a driver did not exit within 90 s of the stop request after the receiver's %s was deleted\nserver %s\nclient %s", dev, s, c)
+	case verified:
+	case senderMS < 0 || receiverMS < 0 || errorMS > receiverDeviceDeadlineMS:
+		t.Errorf("the transfer neither completed verified nor failed on both ends within %d ms of the deletion (sender %d, receiver %d)\nserver %s\nclient %s",
+			receiverDeviceDeadlineMS, senderMS, receiverMS, s, c)
+	}
+}
