@@ -48,6 +48,7 @@ func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
 	}
 	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
 	time.Sleep(4 * time.Second) // the transfer goes on over SOUT
+	evs := fp.events(ctx)
 	s, c := fp.stop(ctx, time.Now().Add(90*time.Second))
 	t.Logf("rdma link delete %s: %q", dev, fc.waitFile(ctx, rcFile, 90*time.Second))
 	m := resultRe.FindStringSubmatch(s.out)
@@ -55,8 +56,17 @@ func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
 	verified := !hang && s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
 	senderMS, receiverMS := firstErrorMS(c.out, x.ms), firstErrorMS(s.out, x.ms)
 	errorMS := max(senderMS, receiverMS)
-	fmt.Printf("fault: case=receiver-device-deleted rail=SUP mode=%s hang=%v verified=%v error_ms=%d sender_error_ms=%d receiver_error_ms=%d nccl_errors=%d\n",
-		mode, hang, verified, errorMS, senderMS, receiverMS, ncclErrors(s.out, c.out))
+	reason := "none" // the receiver's own failover of SUP on its data comm: the deletion reached it
+	for _, e := range evs {
+		if e.kind == "failover" && e.rail == SUP && fp.dataPath(e) && e.node == a2.Name() && reason == "none" {
+			reason = e.reason
+		}
+	}
+	fmt.Printf("fault: case=receiver-device-deleted rail=SUP mode=%s hang=%v verified=%v error_ms=%d sender_error_ms=%d receiver_error_ms=%d nccl_errors=%d receiver_reason=%s\n",
+		mode, hang, verified, errorMS, senderMS, receiverMS, ncclErrors(s.out, c.out), reason)
+	if reason == "none" {
+		t.Errorf("the receiver never failed SUP over after its %s was deleted: the case shows nothing\nserver %s\nclient %s", dev, s, c)
+	}
 	switch {
 	case hang:
 		t.Errorf("a driver did not exit within 90 s of the stop request after the receiver's %s was deleted\nserver %s\nclient %s", dev, s, c)
