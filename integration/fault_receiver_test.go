@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 )
@@ -74,5 +75,48 @@ func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
 	case senderMS < 0 || receiverMS < 0 || errorMS > receiverDeviceDeadlineMS:
 		t.Errorf("the transfer neither completed verified nor failed on both ends within %d ms of the deletion (sender %d, receiver %d)\nserver %s\nclient %s",
 			receiverDeviceDeadlineMS, senderMS, receiverMS, s, c)
+	}
+}
+
+var flushesRe = regexp.MustCompile(`flushes=(\d+)`)
+
+// TestFaultFlushAfterFlap flaps the receiver's SUP link under a verified a1 -> a2 transfer whose
+// receiver flushes every receive (MPIB_FORCE_FLUSH=1, as on a GPUDirect node): a flush read
+// that fails in the flap must be posted again on its loopback QP, reset with its own access,
+// never counted as done (plugin/mpib_flush.c; the failover checker proves it schedule by
+// schedule), so every flush after the flap orders again and the transfer ends verified with no
+// error. failed_reads and reposts count the plugin's own lines: rxe may or may not fail a
+// loopback read while its link is down.
+func TestFaultFlushAfterFlap(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	t.Cleanup(func() { restoreLab(t, a1, a2) })
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla", "MPIB_FORCE_FLUSH=1"), faultEnv(a1, "vanilla", "MPIB_FORCE_FLUSH=1"),
+		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "64K", "--window", "8")
+	defer fp.killUnlessStopped()
+	if err := waitRailTraffic(ctx, a1, SUP, 1<<20, fp.srv, fp.cli); err != nil {
+		s, c := fp.stop(ctx, time.Now())
+		t.Fatalf("no SUP traffic before the flap: %v\nserver %s\nclient %s", err, s, c)
+	}
+	if _, err := nodeStamp(ctx, a2, linkDownCmd(a2, SUP)+"; sleep 1.5; ip link set dev "+a2.Netdev(SUP)+" up"+routeBack(a2, SUP)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // the rail recovers; flushes go on through both NICs
+	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
+	m := resultRe.FindStringSubmatch(s.out)
+	verified := !s.hung && !c.hung && s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
+	nerr := ncclErrors(s.out, c.out)
+	flushes := "0"
+	if f := flushesRe.FindStringSubmatch(hasLine(s.out, "nettest-result:")); f != nil {
+		flushes = f[1]
+	}
+	failed := len(linesContaining(s.err, "a flush read failed"))
+	ordered := verified && nerr == 0 && flushes != "0"
+	fmt.Printf("fault: case=flush-after-flap rail=SUP flushes=%s failed_reads=%d ordered=%v verified=%v nccl_errors=%d\n",
+		flushes, failed, ordered, verified, nerr)
+	if !ordered {
+		t.Errorf("flushes after a flap must keep ordering: verified=%v errors=%d flushes=%s\nserver %s\nclient %s", verified, nerr, flushes, s, c)
 	}
 }

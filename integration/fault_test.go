@@ -105,7 +105,7 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 	t.Helper()
 	fp := &faultPair{server: server, client: client, base: fmt.Sprintf("/tmp/fault-%d-%d", os.Getpid(), faultSeq.Add(1))}
 	fp.stopFile = fp.base + ".stop"
-	port := strconv.Itoa(int(oobPort.Add(1)))
+	port := strconv.Itoa(oobPorts(args))
 	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile,
 		"--idle-us", strconv.Itoa(faultIdleUS)}, args...)
 	wrap := func(role string) []string {
@@ -122,6 +122,18 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 		t.Fatal(err)
 	}
 	return fp
+}
+
+// oobPorts reserves the side-channel ports of a driver with these arguments (--parallel N
+// takes N consecutive ones) and returns the first.
+func oobPorts(args []string) int {
+	n := 1
+	for i, a := range args {
+		if a == "--parallel" && i+1 < len(args) {
+			n, _ = strconv.Atoi(args[i+1])
+		}
+	}
+	return int(oobPort.Add(int32(n))) - n + 1
 }
 
 // pid is the process's PID in its node (the harness's PID file; sh execs nettest in place).

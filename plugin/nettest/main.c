@@ -28,7 +28,7 @@ static FILE *nt_stats;
  * Heartbeats and phases live in slots: slot 0 is the main thread's (and the only one without
  * --devs); with --devs, device run i beats in slot 1 + i while it runs, and the main thread's
  * slot rests while it waits for the runs. Every active slot must beat. */
-#define NT_WD_SLOTS (1 + NT_MAX_DEVS)
+#define NT_WD_SLOTS (1 + NT_MAX_RUNS)
 static struct {
   uint64_t beat_ms;
   const char *phase;
@@ -217,6 +217,8 @@ static void nt_usage(FILE *f) {
           "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
           "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
           "  --dev N               plugin device (default 0)\n"
+          "  --parallel N          N connection pairs of --dev at once, one thread each, side channels\n"
+          "                        at port .. port+N-1, seeds seed .. seed+N-1 (1..64; verify, bw, lat)\n"
           "  --devs LIST           run on several devices at once, one thread each, e.g. 0,1 (not with\n"
           "                        --dev): device at list position i uses the side-channel port + i\n"
           "                        (give both sides the same LIST); lines end with dev=N; exit is\n"
@@ -384,7 +386,8 @@ enum {
   OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
   OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, OPT_IDLEUS, /* fault watch (xfer.c) */
   OPT_REPORTEVERY, OPT_RDMARES, OPT_ROUNDGATE, /* scale.c leak checks, address changes */
-  OPT_DEVS                                     /* several devices in one process */
+  OPT_DEVS,                                    /* several devices in one process */
+  OPT_PARALLEL                                 /* several connections of one device */
 };
 
 static const struct option nt_long_opts[] = {
@@ -409,7 +412,7 @@ static const struct option nt_long_opts[] = {
     {"round-gate", required_argument, 0, OPT_ROUNDGATE},
     {"idle-us", required_argument, 0, OPT_IDLEUS},
     {"rdma-res", no_argument, 0, OPT_RDMARES},
-    {"devs", required_argument, 0, OPT_DEVS},
+    {"devs", required_argument, 0, OPT_DEVS}, {"parallel", required_argument, 0, OPT_PARALLEL},
     {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
@@ -596,6 +599,11 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       o->abort_sender = strcmp(a, "sender") == 0;
       break;
+    case OPT_PARALLEL:
+      if (nt_parse_int(a, 1, NT_MAX_RUNS, &o->parallel) != 0) {
+        NT_BAD("--parallel must be 1..%d, not '%s'", NT_MAX_RUNS, a);
+      }
+      break;
     case OPT_COMMS:
       if (nt_parse_int(a, 1, NT_MAX_COMMS, &o->comms) != 0) {
         NT_BAD("--comms must be 1..%d, not '%s'", NT_MAX_COMMS, a);
@@ -725,6 +733,14 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (o->mode == NT_LAT && o->multi != 1) {
     NT_BAD("--multi applies to verify and bw only");
   }
+  if (o->parallel > 0) { /* N runs of --dev, each its own connection pair and side channel */
+    if (o->ndevs > 0) {
+      NT_BAD("--parallel runs --dev N times: not with --devs");
+    }
+    for (int i = 0; i < o->parallel; i++) o->devs[i] = o->dev;
+    o->ndevs = o->parallel;
+    dev_set = 0;
+  }
   if (o->ndevs > 0) {
     if (dev_set) {
       NT_BAD("--dev and --devs are mutually exclusive (--devs 0,1 runs devices 0 and 1 in one process)");
@@ -798,6 +814,23 @@ static void nt_counters(struct nt_opts *o, int after) {
   }
 }
 
+/* After giving up: what our own handshakes end with within half a second, as NCCL's next calls
+ * would see it (the peer's give-up may race our connect's or accept's own failure). */
+static void nt_setup_collect(const struct nt_opts *o, struct nt_net *n, struct nt_conn *c) {
+  int cdone = c->scomm != NULL, adone = c->rcomm != NULL;
+  for (double end = nt_now() + 0.5; (!cdone || !adone) && nt_now() < end; usleep(1000)) {
+    ncclResult_t rc;
+    if (!cdone && ((rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm)) != ncclSuccess || c->scomm != NULL)) {
+      cdone = 1;
+      if (rc != ncclSuccess) nt_err("connect to the peer's handle failed: rc=%d", rc);
+    }
+    if (!adone && ((rc = nt_net_accept(n, c->lcomm, &c->rcomm)) != ncclSuccess || c->rcomm != NULL)) {
+      adone = 1;
+      if (rc != ncclSuccess) nt_err("accept failed: rc=%d", rc);
+    }
+  }
+}
+
 /* NCCL's proxy calls connect and accept repeatedly until both return a comm. */
 static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   double start = nt_now(), deadline = start + o->timeout_s;
@@ -821,9 +854,10 @@ static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
       break;
     }
     if (nt_setup_give_up(o, oob, c, deadline, &spins)) {
+      nt_setup_collect(o, n, c);
       return -1;
     }
-    usleep(50);
+    usleep(o->ndevs > 1 ? 2000 : 50); /* many runs at once (--devs, --parallel): each polls less often, as one proxy thread would */
   }
   nt_err("connected in %.3f s (send comm and recv comm)", nt_now() - start);
   return 0;
@@ -1003,7 +1037,7 @@ static int nt_run_devs(const struct nt_opts *o, struct nt_net *n) {
   }
   nt_wd_watch(1);
   int worst = NT_EXIT_OK;
-  char devs[NT_MAX_DEVS * 6 + 1] = "", codes[NT_MAX_DEVS * 4 + 1] = "";
+  char devs[NT_MAX_RUNS * 6 + 1] = "", codes[NT_MAX_RUNS * 4 + 1] = "";
   size_t dl = 0, cl = 0;
   for (int i = 0; i < o->ndevs; i++) {
     worst = runs[i].ret > worst ? runs[i].ret : worst;
@@ -1054,7 +1088,7 @@ int main(int argc, char **argv) {
   /* The devices the run uses: --dev's, or --devs' in list order. */
   int nrun = o.ndevs > 0 ? o.ndevs : 1;
   const int *run_devs = o.ndevs > 0 ? o.devs : &o.dev;
-  struct nt_props props[NT_MAX_DEVS];
+  struct nt_props props[NT_MAX_RUNS];
   memset(props, 0, sizeof(props));
   int bad_dev = -1; /* a device the plugin does not have */
   if (rc == ncclSuccess) {
@@ -1087,6 +1121,7 @@ int main(int argc, char **argv) {
   }
   char line[1024];
   for (int i = 0; i < nrun; i++) {
+    if (i > 0 && run_devs[i] == run_devs[i - 1]) continue; /* --parallel: one line for the device */
     nt_props_format(&props[i], line, sizeof(line));
     nt_out("nettest-props: dev=%d %s", run_devs[i], line);
   }

@@ -27,6 +27,7 @@
 #define NT_MAX_COUNTERS 8
 #define NT_MAX_MSG_SIZE ((size_t)1 << 30) /* test() reports sizes as int */
 #define NT_MAX_DEVS 16     /* --devs: devices driven at once by one process */
+#define NT_MAX_RUNS 64     /* runs in threads at once: --devs, or --parallel on one device */
 
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
 enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
@@ -49,8 +50,10 @@ struct nt_opts {
   /* --devs: run the per-connection flow on each listed device at once, one thread each (main.c).
    * ndevs == 0: one device (--dev). In a device's run, dev is its device and dev_pos its
    * position in the list (its side channel is the given port + dev_pos). */
-  int devs[NT_MAX_DEVS];
+  int devs[NT_MAX_RUNS];
   int ndevs;
+  int parallel; /* --parallel N: N runs of --dev at once (ndevs = N, every entry dev), as NCCL's
+                 * channels drive many connections of one device through one plugin instance */
   int dev_pos;
   enum nt_role role;
   enum nt_mode mode;
