@@ -228,7 +228,7 @@ func aptInstall(pkgs ...string) error {
 }
 
 // Bench runs the failover model checker over a million schedules (plugin/ctest/model_test.go,
-// two processes: about 10 minutes), then the plugin against perftest on the same soft-RoCE
+// two processes: about 5 minutes), then the plugin against perftest on the same soft-RoCE
 // rails (P1..P5) and on the SUP mesh (mesh-bw); it prints one line per figure and writes
 // docs/benchmarks.md's table and docs/benchmarks.png. MPIB_BENCH_MODEL=0 skips the checker.
 func Bench() error {
