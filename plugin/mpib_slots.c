@@ -17,16 +17,6 @@ static uint64_t mpib_wall_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
- * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
- * MPIB_TELEMETRY_BYTES bytes were posted, or as many completed, since the last batch,
- * whichever comes first, and when a comm NCCL keeps polling has gone idle (mpib_failover_keepalive_tick).
- * Small messages then write the segment's shared cache lines 16 times less often; large ones
- * still report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new
- * hint takes effect within 16 messages or 1 MiB. */
-#define MPIB_HINT_REFRESH 16
-#define MPIB_TELEMETRY_BYTES (1u << 20)
-
 /* A rail that still has parts in flight at a flush publishes its active time so far: the
  * bottleneck rail may never go idle, and its rate is what the agent needs most. */
 static void tele_active_until_now(struct mpib_comm *c) {

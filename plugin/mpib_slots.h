@@ -7,8 +7,13 @@
 
 #include "mpib.h"
 
-/* Advanced mode reads the agent's hint and posts telemetry in batches: once this many slots
- * or bytes were posted or completed since the last batch (mpib_p2p.c cached_hint). */
+/* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
+ * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
+ * MPIB_TELEMETRY_BYTES bytes were posted, or as many completed, since the last batch,
+ * whichever comes first, and when a comm NCCL keeps polling has gone idle
+ * (mpib_failover_keepalive_tick). Small messages then write the segment's shared cache lines 16 times less often; large ones
+ * still report every megabyte, so an agent sampling every 0.5 s sees current rates, and a new
+ * hint takes effect within 16 messages or 1 MiB. */
 #define MPIB_HINT_REFRESH 16
 #define MPIB_TELEMETRY_BYTES (1u << 20)
 

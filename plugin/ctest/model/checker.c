@@ -210,9 +210,6 @@ void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_
 
 static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
   struct fqp *f = fqp_of(q);
-  if (getenv("MODEL_TRACE_QP") && atoi(getenv("MODEL_TRACE_QP")) == (int)(f - fq))
-    fprintf(stderr, "[%llu] post qp %d err=%d n=%d wr_id=%llx\n", (unsigned long long)(fake_now / 1000000ull), (int)(f - fq), f->err, f->n,
-            (unsigned long long)wr->wr_id);
   for (; wr != NULL; wr = wr->next) {
     if (f->n == f->depth) {
       *bad = wr;
