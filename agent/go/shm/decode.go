@@ -3,6 +3,8 @@ package shm
 import (
 	"bytes"
 	"fmt"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 // Validate runs checks 5..9 of the spec's validation table on a segment image and returns
@@ -20,15 +22,15 @@ func validate(b []byte, size int64, path string) (Header, error) {
 	if size < HeaderSize || len(b) < HeaderSize {
 		return fail(ErrTooSmall, "%d bytes, a header needs %d", size, HeaderSize)
 	}
-	if !bytes.Equal(b[offMagic:offMagic+8], []byte(Magic)) {
+	if !bytes.Equal(b[wire.OffMagic:wire.OffMagic+8], []byte(Magic)) {
 		return fail(ErrBadMagic, "not an MPIB hint segment")
 	}
-	v := view{b: b}
-	if ver := v.u32(offVersion); ver != Version {
+	v := wire.View{B: b}
+	if ver := v.U32(wire.OffVersion); ver != Version {
 		return fail(ErrBadVersion, "format version %d, this reader implements %d%s", ver, Version, versionAdvice(ver))
 	}
 	h := decodeHeader(v)
-	hs, ss, ps := v.u32(offHeaderSize), v.u32(offSlotSize), v.u32(offPeerSize)
+	hs, ss, ps := v.U32(wire.OffHeaderSize), v.U32(wire.OffSlotSize), v.U32(wire.OffPeerSize)
 	if hs != HeaderSize || ss != SlotSize || ps != PeerSize || h.NSlots < 1 ||
 		h.NSlots > MaxSlots || h.NPeers > MaxPeers || h.TotalSize != TotalSize(h.NSlots, h.NPeers) {
 		return fail(ErrBadGeometry, "header_size=%d slot_size=%d peer_size=%d nslots=%d npeers=%d total_size=%d",
@@ -48,17 +50,17 @@ func versionAdvice(ver uint32) string {
 	return " (a segment made by a newer agent: upgrade the plugin and agents)"
 }
 
-func decodeHeader(v view) Header {
+func decodeHeader(v wire.View) Header {
 	return Header{
-		Version:     v.u32(offVersion),
-		TotalSize:   v.u64(offTotalSize),
-		NSlots:      v.u32(offNSlots),
-		NPeers:      v.u32(offNPeers),
-		Flags:       v.u32(offFlags),
-		HeartbeatNs: v.u64(offHeartbeat),
-		AgentPID:    v.u32(offAgentPID),
-		PeersEpoch:  v.u32(offPeersEpoch),
-		CreatedNs:   v.u64(offCreated),
+		Version:     v.U32(wire.OffVersion),
+		TotalSize:   v.U64(wire.OffTotalSize),
+		NSlots:      v.U32(wire.OffNSlots),
+		NPeers:      v.U32(wire.OffNPeers),
+		Flags:       v.U32(wire.OffFlags),
+		HeartbeatNs: v.U64(wire.OffHeartbeat),
+		AgentPID:    v.U32(wire.OffAgentPID),
+		PeersEpoch:  v.U32(wire.OffPeersEpoch),
+		CreatedNs:   v.U64(wire.OffCreated),
 	}
 }
 
@@ -69,90 +71,90 @@ func Decode(b []byte) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := view{b: b[:h.TotalSize]}
+	v := wire.View{B: b[:h.TotalSize]}
 	return decodeSnapshot(v, h), nil
 }
 
-func decodeSnapshot(v view, h Header) *Snapshot {
+func decodeSnapshot(v wire.View, h Header) *Snapshot {
 	s := &Snapshot{Header: h, Peers: []Peer{}, Slots: []Slot{}}
-	s.Class[0] = v.rawRecord(classOff(0))
-	s.Class[1] = v.rawRecord(classOff(1))
+	s.Class[0] = rawRecord(v, wire.ClassOff(0))
+	s.Class[1] = rawRecord(v, wire.ClassOff(1))
 	for j := uint32(0); j < h.NPeers; j++ {
-		off := peerOff(h.NSlots, j)
-		if !allZero(v.b[off : off+PeerSize]) {
-			s.Peers = append(s.Peers, Peer{Index: j, Record: v.rawRecord(off)})
+		off := wire.PeerOff(h.NSlots, j)
+		if !allZero(v.B[off : off+PeerSize]) {
+			s.Peers = append(s.Peers, Peer{Index: j, Record: rawRecord(v, off)})
 		}
 	}
 	for i := uint32(0); i < h.NSlots; i++ {
-		off := slotOff(i)
-		if !allZero(v.b[off : off+SlotSize]) {
-			s.Slots = append(s.Slots, decodeSlot(v, i, v.rawRecord(off+slHint)))
+		off := wire.SlotOff(i)
+		if !allZero(v.B[off : off+SlotSize]) {
+			s.Slots = append(s.Slots, decodeSlot(v, i, rawRecord(v, off+wire.SlHint)))
 		}
 	}
 	return s
 }
 
-func decodeSlot(v view, i uint32, hint Record) Slot {
-	off := slotOff(i)
-	owner := v.u64(off + slOwner)
+func decodeSlot(v wire.View, i uint32, hint Record) Slot {
+	off := wire.SlotOff(i)
+	owner := v.U64(off + wire.SlOwner)
 	return Slot{
 		Index:        i,
 		State:        SlotState(uint32(owner)),
 		OwnerPID:     uint32(owner >> 32),
-		Gen:          v.u32(off + slGen),
-		ConnID:       v.u64(off + slConnID),
-		LocalSoutIP:  IPv4(v.u32(off + slLocalIP)),
-		PeerSoutIP:   IPv4(v.u32(off + slPeerIP)),
-		PeerIsland:   IPv4(v.u32(off + slPeerIsland)),
-		PathClass:    PathClass(v.u8(off + slPathClass)),
-		IsSend:       v.u8(off + slIsSend),
-		NQPsSout:     v.u16(off + slNQPsSout),
-		NQPsSup:      v.u16(off + slNQPsSup),
-		PID:          v.u32(off + slPID),
-		RegisteredNs: v.u64(off + slRegistered),
-		Dev:          v.u16(off + slDev),
-		SoutPort:     v.u8(off + slSoutPort),
-		SupPort:      v.u8(off + slSupPort),
-		SupPath:      SupPath(v.u8(off + slSupPath)),
-		SoutNIC:      NICName(v.bytes(off+slSoutNIC, NICNameSize)),
-		SupNIC:       NICName(v.bytes(off+slSupNIC, NICNameSize)),
+		Gen:          v.U32(off + wire.SlGen),
+		ConnID:       v.U64(off + wire.SlConnID),
+		LocalSoutIP:  IPv4(v.U32(off + wire.SlLocalIP)),
+		PeerSoutIP:   IPv4(v.U32(off + wire.SlPeerIP)),
+		PeerIsland:   IPv4(v.U32(off + wire.SlPeerIsland)),
+		PathClass:    PathClass(v.U8(off + wire.SlPathClass)),
+		IsSend:       v.U8(off + wire.SlIsSend),
+		NQPsSout:     v.U16(off + wire.SlNQPsSout),
+		NQPsSup:      v.U16(off + wire.SlNQPsSup),
+		PID:          v.U32(off + wire.SlPID),
+		RegisteredNs: v.U64(off + wire.SlRegistered),
+		Dev:          v.U16(off + wire.SlDev),
+		SoutPort:     v.U8(off + wire.SlSoutPort),
+		SupPort:      v.U8(off + wire.SlSupPort),
+		SupPath:      SupPath(v.U8(off + wire.SlSupPath)),
+		SoutNIC:      NICName(v.Bytes(off+wire.SlSoutNIC, NICNameSize)),
+		SupNIC:       NICName(v.Bytes(off+wire.SlSupNIC, NICNameSize)),
 		Hint:         hint,
 		Telemetry:    decodeTelemetry(v, off),
 	}
 }
 
-func decodeTelemetry(v view, off int) Telemetry {
+func decodeTelemetry(v wire.View, off int) Telemetry {
 	return Telemetry{
-		SoutBytes:     v.u64(off + slSoutBytes),
-		SoutRequests:  v.u64(off + slSoutRequests),
-		SupBytes:      v.u64(off + slSupBytes),
-		SupRequests:   v.u64(off + slSupRequests),
-		ReadsApplied:  v.u64(off + slReadsApplied),
-		ReadsFallback: v.u64(off + slReadsFallback),
-		ReadsStale:    v.u64(off + slReadsStale),
-		Clamped:       v.u64(off + slClamped),
-		LastSupBw:     v.u32(off + slLastSupBw),
-		LastSource:    v.u32(off + slLastSource),
-		LastReadNs:    v.u64(off + slLastReadNs),
-		SoutState:     RailState(v.u8(off + slSoutState)),
-		SupState:      RailState(v.u8(off + slSupState)),
-		Failovers:     v.u32(off + slFailovers),
-		Recoveries:    v.u32(off + slRecoveries),
-		SoutStateNs:   v.u64(off + slSoutStateNs),
-		SupStateNs:    v.u64(off + slSupStateNs),
-		AppliedSupBw:  v.u32(off + slAppliedSupBw),
-		FlushWallNs:   v.u64(off + slFlushWallNs),
+		SoutBytes:     v.U64(off + wire.SlSoutBytes),
+		SoutRequests:  v.U64(off + wire.SlSoutRequests),
+		SupBytes:      v.U64(off + wire.SlSupBytes),
+		SupRequests:   v.U64(off + wire.SlSupRequests),
+		ReadsApplied:  v.U64(off + wire.SlReadsApplied),
+		ReadsFallback: v.U64(off + wire.SlReadsFallback),
+		ReadsStale:    v.U64(off + wire.SlReadsStale),
+		Clamped:       v.U64(off + wire.SlClamped),
+		LastSupBw:     v.U32(off + wire.SlLastSupBw),
+		LastSource:    v.U32(off + wire.SlLastSource),
+		LastReadNs:    v.U64(off + wire.SlLastReadNs),
+		SoutState:     RailState(v.U8(off + wire.SlSoutState)),
+		SupState:      RailState(v.U8(off + wire.SlSupState)),
+		Failovers:     v.U32(off + wire.SlFailovers),
+		Recoveries:    v.U32(off + wire.SlRecoveries),
+		SoutStateNs:   v.U64(off + wire.SlSoutStateNs),
+		SupStateNs:    v.U64(off + wire.SlSupStateNs),
+		AppliedSupBw:  v.U32(off + wire.SlAppliedSupBw),
+		FlushWallNs:   v.U64(off + wire.SlFlushWallNs),
 
-		SoutCompletedBytes:    v.u64(off + slRailDone + rdBytes),
-		SoutCompletedRequests: v.u64(off + slRailDone + rdRequests),
-		SoutInflightBytes:     v.u64(off + slRailDone + rdInflight),
-		SoutBusyNs:            v.u64(off + slRailDone + rdBusyNs),
-		SupCompletedBytes:     v.u64(off + slRailDone + rdSize + rdBytes),
-		SupCompletedRequests:  v.u64(off + slRailDone + rdSize + rdRequests),
-		SupInflightBytes:      v.u64(off + slRailDone + rdSize + rdInflight),
-		SupBusyNs:             v.u64(off + slRailDone + rdSize + rdBusyNs),
-		SoutActiveNs:          v.u64(off + slActiveNs),
-		SupActiveNs:           v.u64(off + slActiveNs + 8),
+		SoutCompletedBytes:    v.U64(off + wire.SlRailDone + wire.RdBytes),
+		SoutCompletedRequests: v.U64(off + wire.SlRailDone + wire.RdRequests),
+		SoutInflightBytes:     v.U64(off + wire.SlRailDone + wire.RdInflight),
+		SoutBusyNs:            v.U64(off + wire.SlRailDone + wire.RdBusyNs),
+		SupCompletedBytes:     v.U64(off + wire.SlRailDone + wire.RdSize + wire.RdBytes),
+		SupCompletedRequests:  v.U64(off + wire.SlRailDone + wire.RdSize + wire.RdRequests),
+		SupInflightBytes:      v.U64(off + wire.SlRailDone + wire.RdSize + wire.RdInflight),
+		SupBusyNs:             v.U64(off + wire.SlRailDone + wire.RdSize + wire.RdBusyNs),
+		SoutActiveNs:          v.U64(off + wire.SlActiveNs),
+		SupActiveNs:           v.U64(off + wire.SlActiveNs + 8),
 	}
 }
 
@@ -173,28 +175,28 @@ func Encode(s *Snapshot) ([]byte, error) {
 		return nil, fmt.Errorf("encode: %w: nslots=%d npeers=%d", ErrBadGeometry, h.NSlots, h.NPeers)
 	}
 	size := TotalSize(h.NSlots, h.NPeers)
-	v := view{b: make([]byte, size)}
-	copy(v.b, Magic)
-	v.put32(offVersion, h.Version)
-	v.put32(offHeaderSize, HeaderSize)
-	v.put64(offTotalSize, h.TotalSize)
-	v.put32(offNSlots, h.NSlots)
-	v.put32(offSlotSize, SlotSize)
-	v.put32(offNPeers, h.NPeers)
-	v.put32(offPeerSize, PeerSize)
-	v.put32(offFlags, h.Flags)
-	v.put64(offHeartbeat, h.HeartbeatNs)
-	v.put32(offAgentPID, h.AgentPID)
-	v.put32(offPeersEpoch, h.PeersEpoch)
-	v.put64(offCreated, h.CreatedNs)
+	v := wire.View{B: make([]byte, size)}
+	copy(v.B, Magic)
+	v.Put32(wire.OffVersion, h.Version)
+	v.Put32(wire.OffHeaderSize, HeaderSize)
+	v.Put64(wire.OffTotalSize, h.TotalSize)
+	v.Put32(wire.OffNSlots, h.NSlots)
+	v.Put32(wire.OffSlotSize, SlotSize)
+	v.Put32(wire.OffNPeers, h.NPeers)
+	v.Put32(wire.OffPeerSize, PeerSize)
+	v.Put32(wire.OffFlags, h.Flags)
+	v.Put64(wire.OffHeartbeat, h.HeartbeatNs)
+	v.Put32(wire.OffAgentPID, h.AgentPID)
+	v.Put32(wire.OffPeersEpoch, h.PeersEpoch)
+	v.Put64(wire.OffCreated, h.CreatedNs)
 	for c := range s.Class {
-		putRecord(v, classOff(uint8(c)), s.Class[c])
+		putRecord(v, wire.ClassOff(uint8(c)), s.Class[c])
 	}
 	for _, p := range s.Peers {
 		if p.Index >= h.NPeers {
 			return nil, fmt.Errorf("encode: peer index %d: %w", p.Index, ErrSlotRange)
 		}
-		putRecord(v, peerOff(h.NSlots, p.Index), p.Record)
+		putRecord(v, wire.PeerOff(h.NSlots, p.Index), p.Record)
 	}
 	for _, sl := range s.Slots {
 		if sl.Index >= h.NSlots {
@@ -202,69 +204,69 @@ func Encode(s *Snapshot) ([]byte, error) {
 		}
 		encodeSlot(v, sl)
 	}
-	return v.b, nil
+	return v.B, nil
 }
 
-func putRecord(v view, off int, r Record) {
-	v.put32(off+recSeq, r.Seq)
-	v.writeRecordFields(off, r)
+func putRecord(v wire.View, off int, r Record) {
+	v.Put32(off+wire.RecSeq, r.Seq)
+	writeRecordFields(v, off, r)
 }
 
-func encodeSlot(v view, s Slot) {
-	off := slotOff(s.Index)
-	v.put64(off+slOwner, uint64(s.State)|uint64(s.OwnerPID)<<32)
-	v.put32(off+slGen, s.Gen)
-	v.put64(off+slConnID, s.ConnID)
-	v.put32(off+slLocalIP, uint32(s.LocalSoutIP))
-	v.put32(off+slPeerIP, uint32(s.PeerSoutIP))
-	v.put32(off+slPeerIsland, uint32(s.PeerIsland))
-	v.put8(off+slPathClass, uint8(s.PathClass))
-	v.put8(off+slIsSend, s.IsSend)
-	v.put16(off+slNQPsSout, s.NQPsSout)
-	v.put16(off+slNQPsSup, s.NQPsSup)
-	v.put32(off+slPID, s.PID)
-	v.put64(off+slRegistered, s.RegisteredNs)
-	v.put16(off+slDev, s.Dev)
-	v.put8(off+slSoutPort, s.SoutPort)
-	v.put8(off+slSupPort, s.SupPort)
-	v.put8(off+slSupPath, uint8(s.SupPath))
-	putNICName(v, off+slSoutNIC, s.SoutNIC)
-	putNICName(v, off+slSupNIC, s.SupNIC)
-	putRecord(v, off+slHint, s.Hint)
+func encodeSlot(v wire.View, s Slot) {
+	off := wire.SlotOff(s.Index)
+	v.Put64(off+wire.SlOwner, uint64(s.State)|uint64(s.OwnerPID)<<32)
+	v.Put32(off+wire.SlGen, s.Gen)
+	v.Put64(off+wire.SlConnID, s.ConnID)
+	v.Put32(off+wire.SlLocalIP, uint32(s.LocalSoutIP))
+	v.Put32(off+wire.SlPeerIP, uint32(s.PeerSoutIP))
+	v.Put32(off+wire.SlPeerIsland, uint32(s.PeerIsland))
+	v.Put8(off+wire.SlPathClass, uint8(s.PathClass))
+	v.Put8(off+wire.SlIsSend, s.IsSend)
+	v.Put16(off+wire.SlNQPsSout, s.NQPsSout)
+	v.Put16(off+wire.SlNQPsSup, s.NQPsSup)
+	v.Put32(off+wire.SlPID, s.PID)
+	v.Put64(off+wire.SlRegistered, s.RegisteredNs)
+	v.Put16(off+wire.SlDev, s.Dev)
+	v.Put8(off+wire.SlSoutPort, s.SoutPort)
+	v.Put8(off+wire.SlSupPort, s.SupPort)
+	v.Put8(off+wire.SlSupPath, uint8(s.SupPath))
+	v.PutNICName(off+wire.SlSoutNIC, s.SoutNIC)
+	v.PutNICName(off+wire.SlSupNIC, s.SupNIC)
+	putRecord(v, off+wire.SlHint, s.Hint)
 	putTelemetry(v, off, s.Telemetry)
 }
 
-func putTelemetry(v view, off int, t Telemetry) {
-	v.put64(off+slSoutBytes, t.SoutBytes)
-	v.put64(off+slSoutRequests, t.SoutRequests)
-	v.put64(off+slSupBytes, t.SupBytes)
-	v.put64(off+slSupRequests, t.SupRequests)
-	v.put64(off+slReadsApplied, t.ReadsApplied)
-	v.put64(off+slReadsFallback, t.ReadsFallback)
-	v.put64(off+slReadsStale, t.ReadsStale)
-	v.put64(off+slClamped, t.Clamped)
-	v.put32(off+slLastSupBw, t.LastSupBw)
-	v.put32(off+slLastSource, t.LastSource)
-	v.put64(off+slLastReadNs, t.LastReadNs)
-	v.put8(off+slSoutState, uint8(t.SoutState))
-	v.put8(off+slSupState, uint8(t.SupState))
-	v.put32(off+slFailovers, t.Failovers)
-	v.put32(off+slRecoveries, t.Recoveries)
-	v.put64(off+slSoutStateNs, t.SoutStateNs)
-	v.put64(off+slSupStateNs, t.SupStateNs)
-	v.put32(off+slAppliedSupBw, t.AppliedSupBw)
-	v.put64(off+slFlushWallNs, t.FlushWallNs)
+func putTelemetry(v wire.View, off int, t Telemetry) {
+	v.Put64(off+wire.SlSoutBytes, t.SoutBytes)
+	v.Put64(off+wire.SlSoutRequests, t.SoutRequests)
+	v.Put64(off+wire.SlSupBytes, t.SupBytes)
+	v.Put64(off+wire.SlSupRequests, t.SupRequests)
+	v.Put64(off+wire.SlReadsApplied, t.ReadsApplied)
+	v.Put64(off+wire.SlReadsFallback, t.ReadsFallback)
+	v.Put64(off+wire.SlReadsStale, t.ReadsStale)
+	v.Put64(off+wire.SlClamped, t.Clamped)
+	v.Put32(off+wire.SlLastSupBw, t.LastSupBw)
+	v.Put32(off+wire.SlLastSource, t.LastSource)
+	v.Put64(off+wire.SlLastReadNs, t.LastReadNs)
+	v.Put8(off+wire.SlSoutState, uint8(t.SoutState))
+	v.Put8(off+wire.SlSupState, uint8(t.SupState))
+	v.Put32(off+wire.SlFailovers, t.Failovers)
+	v.Put32(off+wire.SlRecoveries, t.Recoveries)
+	v.Put64(off+wire.SlSoutStateNs, t.SoutStateNs)
+	v.Put64(off+wire.SlSupStateNs, t.SupStateNs)
+	v.Put32(off+wire.SlAppliedSupBw, t.AppliedSupBw)
+	v.Put64(off+wire.SlFlushWallNs, t.FlushWallNs)
 	done := [2][4]uint64{
 		{t.SoutCompletedBytes, t.SoutCompletedRequests, t.SoutInflightBytes, t.SoutBusyNs},
 		{t.SupCompletedBytes, t.SupCompletedRequests, t.SupInflightBytes, t.SupBusyNs},
 	}
-	for r, fs := range done { // in the block's order: rdBytes, rdRequests, rdInflight, rdBusyNs
+	for r, fs := range done { // in the block's order: wire.RdBytes, wire.RdRequests, wire.RdInflight, wire.RdBusyNs
 		for k, x := range fs {
-			v.put64(off+slRailDone+r*rdSize+k*8, x)
+			v.Put64(off+wire.SlRailDone+r*wire.RdSize+k*8, x)
 		}
 	}
-	v.put64(off+slActiveNs, t.SoutActiveNs)
-	v.put64(off+slActiveNs+8, t.SupActiveNs)
+	v.Put64(off+wire.SlActiveNs, t.SoutActiveNs)
+	v.Put64(off+wire.SlActiveNs+8, t.SupActiveNs)
 }
 
 // NICName is how a slot's NIC name field shows (spec 4.3): the bytes before the first NUL (all
@@ -282,15 +284,4 @@ func NICName(b []byte) string {
 		out = append(out, c)
 	}
 	return string(out)
-}
-
-// putNICName writes name into a NIC name field: cut to NICNameSize-1 bytes, NUL-padded.
-func putNICName(v view, off int, name string) {
-	for i := range NICNameSize {
-		var c byte
-		if i < len(name) && i < NICNameSize-1 {
-			c = name[i]
-		}
-		v.put8(off+i, c)
-	}
 }

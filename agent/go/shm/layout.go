@@ -4,15 +4,17 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 // Format constants (docs/shm-format.md, section 4).
 const (
 	Magic       = "MPIBHINT"
 	Version     = 6
-	HeaderSize  = 256
-	SlotSize    = 384
-	PeerSize    = 64
+	HeaderSize  = wire.HeaderSize
+	SlotSize    = wire.SlotSize
+	PeerSize    = wire.PeerSize
 	MaxSlots    = 65536
 	MaxPeers    = 4096
 	SupBwMax    = 1024 // sup_bw is in parts per 1024: 0 all SOUT, 1024 all SUP
@@ -26,12 +28,8 @@ const (
 	DefaultStaleMs = 500
 	// MaxStaleMs bounds MPIB_AGENT_STALE_MS (as the plugin does).
 	MaxStaleMs = 3600000
-)
-
-// Lock bytes (spec 5.7): file offsets used as OFD lock keys, never as data.
-const (
-	lockAttach = 0 // shared: a plugin process has the segment attached
-	lockAgent  = 1 // exclusive: the one agent that beats the heartbeat
+	// NICNameSize is the size of a slot's NIC name field.
+	NICNameSize = wire.NICNameSize
 )
 
 // SlotState is the low half of a slot's owner word.
@@ -148,100 +146,7 @@ func (c PathClass) String() string {
 	return "invalid"
 }
 
-// Header field offsets.
-const (
-	offMagic       = 0
-	offVersion     = 8
-	offHeaderSize  = 12
-	offTotalSize   = 16
-	offNSlots      = 24
-	offSlotSize    = 28
-	offNPeers      = 32
-	offPeerSize    = 36
-	offFlags       = 40
-	offHeartbeat   = 64
-	offAgentPID    = 72
-	offPeersEpoch  = 76
-	offCreated     = 80
-	offClassRecord = 128 // two hint records, 64 bytes each
-)
-
-// Hint record field offsets (relative).
-const (
-	recSeq       = 0
-	recSupBw     = 4
-	recFlags     = 8
-	recGen       = 12
-	recSetNs     = 16
-	recPeerIP    = 24
-	recPrefixLen = 28
-	recSize      = 64
-)
-
-// Slot field offsets (relative).
-const (
-	slOwner         = 0
-	slGen           = 8
-	slConnID        = 16
-	slLocalIP       = 24
-	slPeerIP        = 28
-	slPeerIsland    = 32
-	slPathClass     = 36
-	slIsSend        = 37
-	slNQPsSout      = 38
-	slNQPsSup       = 40
-	slDev           = 42 // version 4: the fused device
-	slPID           = 44
-	slRegistered    = 48
-	slSoutPort      = 56 // version 4: the NICs' ports, u8 each
-	slSupPort       = 57
-	slSupPath       = 58 // version 6: how SUP reaches the peer (SupPath)
-	slHint          = 64
-	slSoutBytes     = 128
-	slSoutRequests  = 136
-	slSupBytes      = 144
-	slSupRequests   = 152
-	slReadsApplied  = 160
-	slReadsFallback = 168
-	slReadsStale    = 176
-	slClamped       = 184
-	slLastSupBw     = 192
-	slLastSource    = 196
-	slLastReadNs    = 200
-	slSoutState     = 208
-	slSupState      = 209
-	slFailovers     = 212
-	slSoutStateNs   = 216
-	slSupStateNs    = 224
-	slAppliedSupBw  = 232
-	slRecoveries    = 236 // version 5: times a rail came back into service
-	slFlushWallNs   = 240
-	// Per-rail completion telemetry (version 3): one 32-byte block per rail, SOUT then SUP.
-	slRailDone = 256
-	rdBytes    = 0  // completed_bytes
-	rdRequests = 8  // completed_requests
-	rdInflight = 16 // inflight_bytes (a gauge)
-	rdBusyNs   = 24 // busy_ns: sum of completion - post time over completed requests
-	rdSize     = 32
-	// Per-rail active time (version 3, +320): u64 SOUT, then u64 SUP.
-	slActiveNs = 320
-	// The NICs' names (version 4, +336): char[NICNameSize] SOUT, then SUP.
-	slSoutNIC   = 336
-	slSupNIC    = 360
-	NICNameSize = 24
-	slTelemetry = 128 // telemetry spans [128, SlotSize)
-)
-
 // TotalSize is the size of a segment with nslots slots and npeers peer entries.
 func TotalSize(nslots, npeers uint32) uint64 {
 	return HeaderSize + uint64(nslots)*SlotSize + uint64(npeers)*PeerSize
 }
-
-func slotOff(i uint32) int { return HeaderSize + int(i)*SlotSize }
-
-func peerOff(nslots, j uint32) int { return HeaderSize + int(nslots)*SlotSize + int(j)*PeerSize }
-
-func classOff(c uint8) int { return offClassRecord + int(c)*recSize }
-
-// slotLockOff is the lock byte of slot i's lease: the slot's first byte.
-func slotLockOff(i uint32) int64 { return int64(slotOff(i)) }

@@ -1,6 +1,10 @@
 package shm
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
+)
 
 // Source says where a resolved hint came from, or why none applies (spec 5.3).
 type Source uint8
@@ -75,28 +79,28 @@ func applied(v uint32, src Source) Resolution {
 }
 
 // resolve is spec 5.3 over a validated view with header h (no caching: agents are not hot).
-func resolve(v view, h Header, slot uint32, now, staleNs uint64) Resolution {
+func resolve(v wire.View, h Header, slot uint32, now, staleNs uint64) Resolution {
 	if slot >= h.NSlots {
 		return Resolution{Source: SourceBadSlot}
 	}
-	if !HeartbeatFresh(v.u64(offHeartbeat), now, staleNs) {
+	if !HeartbeatFresh(v.U64(wire.OffHeartbeat), now, staleNs) {
 		return Resolution{Source: SourceStale}
 	}
-	off := slotOff(slot)
-	if SlotState(uint32(v.u64(off+slOwner))) != StateActive {
+	off := wire.SlotOff(slot)
+	if SlotState(uint32(v.U64(off+wire.SlOwner))) != StateActive {
 		return Resolution{Source: SourceInactive}
 	}
-	gen := v.u32(off + slGen)
-	r, err := v.readRecord(off + slHint)
+	gen := v.U32(off + wire.SlGen)
+	r, err := readRecord(v, off+wire.SlHint)
 	if err != nil {
 		return Resolution{Source: SourceBusy}
 	}
 	if r.Valid() && r.Gen == gen {
 		return applied(r.SupBw, SourceSlot)
 	}
-	ip := IPv4(v.u32(off + slPeerIP))
+	ip := IPv4(v.U32(off + wire.SlPeerIP))
 	if j, ok := peerScan(v, h, ip); ok {
-		r, err := v.readRecord(peerOff(h.NSlots, j))
+		r, err := readRecord(v, wire.PeerOff(h.NSlots, j))
 		if err != nil {
 			return Resolution{Source: SourceBusy}
 		}
@@ -104,8 +108,8 @@ func resolve(v view, h Header, slot uint32, now, staleNs uint64) Resolution {
 			return applied(r.SupBw, SourcePeer)
 		}
 	}
-	if c := v.u8(off + slPathClass); c <= 1 {
-		r, err := v.readRecord(classOff(c))
+	if c := v.U8(off + wire.SlPathClass); c <= 1 {
+		r, err := readRecord(v, wire.ClassOff(c))
 		if err != nil {
 			return Resolution{Source: SourceBusy}
 		}
@@ -118,10 +122,10 @@ func resolve(v view, h Header, slot uint32, now, staleNs uint64) Resolution {
 
 // peerScan finds the valid entry with the longest prefix matching ip (ties: lowest index).
 // Entries caught mid-write are skipped.
-func peerScan(v view, h Header, ip IPv4) (uint32, bool) {
+func peerScan(v wire.View, h Header, ip IPv4) (uint32, bool) {
 	best, bestLen := uint32(0), -1
 	for j := uint32(0); j < h.NPeers; j++ {
-		r, err := v.readRecord(peerOff(h.NSlots, j))
+		r, err := readRecord(v, wire.PeerOff(h.NSlots, j))
 		if err != nil || !r.Valid() {
 			continue
 		}
@@ -138,5 +142,5 @@ func Resolve(b []byte, slot uint32, now, staleNs uint64) (Resolution, error) {
 	if err != nil {
 		return Resolution{}, err
 	}
-	return resolve(view{b: b[:h.TotalSize]}, h, slot, now, staleNs), nil
+	return resolve(wire.View{B: b[:h.TotalSize]}, h, slot, now, staleNs), nil
 }

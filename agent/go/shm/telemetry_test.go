@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 func TestRates(t *testing.T) {
@@ -179,7 +181,7 @@ func TestCompletionRates(t *testing.T) {
 func TestVersionMessage(t *testing.T) {
 	for ver, want := range map[uint32]string{2: "older agent", Version - 1: "older agent", Version + 1: "newer agent"} {
 		b, _ := Encode(base())
-		view{b: b}.put32(offVersion, ver)
+		wire.View{B: b}.Put32(wire.OffVersion, ver)
 		_, err := Decode(b)
 		if Code(err) != "bad_version" || !strings.Contains(err.Error(), want) ||
 			!strings.Contains(err.Error(), fmt.Sprintf("implements %d", Version)) {
@@ -210,7 +212,7 @@ func TestNICName(t *testing.T) {
 	}
 	b := make([]byte, NICNameSize+2)
 	b[NICNameSize] = 0x55
-	putNICName(view{b: b}, 0, "a_name_longer_than_the_24_byte_field")
+	wire.View{B: b}.PutNICName(0, "a_name_longer_than_the_24_byte_field")
 	if got := NICName(b[:NICNameSize]); got != "a_name_longer_than_the_" || b[NICNameSize-1] != 0 || b[NICNameSize] != 0x55 {
 		t.Errorf("a long name is cut to %d bytes and NUL-ended inside its field: %q % x", NICNameSize-1, got, b)
 	}

@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/shm vectors")
@@ -266,29 +268,29 @@ func vectorDefs() []vectorDef {
 		{name: "bad_magic", desc: "the basic segment with magic MPIBHINX", snap: basic,
 			mutate: func(b []byte) []byte { b[7] = 'X'; return b }},
 		{name: "bad_version", desc: "the basic segment with format version 5 (made by an older agent: the same layout without sup_path): refused", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, Version-1); return b }},
+			mutate: func(b []byte) []byte { wire.View{B: b}.Put32(wire.OffVersion, Version-1); return b }},
 		{name: "bad_version_newer", desc: "the basic segment with format version 7 (made by a newer agent): refused", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offVersion, Version+1); return b }},
+			mutate: func(b []byte) []byte { wire.View{B: b}.Put32(wire.OffVersion, Version+1); return b }},
 		{name: "too_small_header", desc: "100 bytes: shorter than a header", snap: basic,
 			mutate: func(b []byte) []byte { return b[:100] }},
 		{name: "too_small_truncated", desc: "the basic segment truncated to 1000 of its 2048 bytes", snap: basic,
 			mutate: func(b []byte) []byte { return b[:1000] }},
 		{name: "index_out_of_bounds", desc: "header declares 100000 slots (max 65536) with a matching total_size", snap: basic,
 			mutate: func(b []byte) []byte {
-				v := view{b: b}
-				v.put32(offNSlots, 100000)
-				v.put64(offTotalSize, TotalSize(100000, 4))
+				v := wire.View{B: b}
+				v.Put32(wire.OffNSlots, 100000)
+				v.Put64(wire.OffTotalSize, TotalSize(100000, 4))
 				return b
 			}},
 		{name: "bad_geometry_total", desc: "header declares 64 slots but total_size of 4 (indices would run past the file)", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offNSlots, 64); return b }},
+			mutate: func(b []byte) []byte { wire.View{B: b}.Put32(wire.OffNSlots, 64); return b }},
 		{name: "bad_geometry_slot_size", desc: "slot_size 256 (version 2's) instead of 384", snap: basic,
-			mutate: func(b []byte) []byte { view{b: b}.put32(offSlotSize, 256); return b }},
+			mutate: func(b []byte) []byte { wire.View{B: b}.Put32(wire.OffSlotSize, 256); return b }},
 		{name: "bad_geometry_zero_slots", desc: "nslots 0 with a matching total_size", snap: basic,
 			mutate: func(b []byte) []byte {
-				v := view{b: b}
-				v.put32(offNSlots, 0)
-				v.put64(offTotalSize, TotalSize(0, 4))
+				v := wire.View{B: b}
+				v.Put32(wire.OffNSlots, 0)
+				v.Put64(wire.OffTotalSize, TotalSize(0, 4))
 				return b
 			}},
 	}

@@ -55,6 +55,7 @@ func runClosedLoop(t *testing.T, sc sim.Scenario, seed int64) (*sim.Sim, []point
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	var pts []point
 	record := func() {
 		pt := point{at: s.Elapsed()}
@@ -133,6 +134,7 @@ func TestClosedLoopFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	p := &policy.ClosedLoop{}
 	tick := func(now uint64) error {
 		conns, err := seg.Connections()
@@ -226,6 +228,7 @@ func TestSimSegment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	got, _ := seg.Connections()
 	if len(got) != 2 || got[0].PID == got[1].PID {
 		t.Fatalf("registered: %+v", got)

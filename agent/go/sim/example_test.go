@@ -29,6 +29,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
+	defer s.Close()
 	p := &policy.ClosedLoop{}
 	err = s.Run(time.Minute, 500*time.Millisecond, func(now uint64) error {
 		conns, err := seg.Connections()

@@ -1,14 +1,15 @@
 //go:build linux
 
 // Package sim is a fake MPIB plugin with a model of the two rails, for testing and trying
-// policies without a cluster. It writes a real hint segment (docs/shm-format.md): it registers
-// its connections the way the plugin does (spec 5.4), resolves the agent's hints per
-// connection the way the plugin does (spec 5.3, with the read telemetry), records rail state
-// changes, and publishes the telemetry of format version 3 at the modelled rates: per rail the
-// bytes and requests posted and completed, busy time, bytes in flight, the split applied and
-// the wall clock (send connections; receive connections only their posted bytes). Its clock
-// is virtual and advances only when asked (Advance, Run), so a minute of traffic simulates in
-// milliseconds; the segment's timestamps (heartbeat, hint reads) use that clock.
+// policies without a cluster. It writes a real hint segment (docs/shm-format.md) through
+// shm/emulate, the plugin's side of the segment in Go: it registers its connections the way
+// the plugin does (spec 5.4), resolves the agent's hints per connection the way the plugin
+// does (spec 5.3, with the read telemetry), records rail state changes, and publishes the
+// slot telemetry at the modelled rates: per rail the bytes and requests posted and completed,
+// busy time, bytes in flight, the split applied and the wall clock (send connections;
+// receive connections only their posted bytes). Its clock is virtual and advances only when
+// asked (Advance, Run), so a minute of traffic simulates in milliseconds; the segment's
+// timestamps (heartbeat, hint reads) use that clock.
 //
 // Rail model, per connection: a message of MsgBytes is split by w = sup_bw (parts per 1024);
 // each rail that carries part of it takes latency + bytes*8/capacity, and the message takes
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 )
 
 // Rail is one rail of a connection.
@@ -69,7 +71,8 @@ type Config struct {
 
 // Sim is one simulated plugin (several connections, any pids) on one segment.
 type Sim struct {
-	seg    *shm.Segment
+	seg    *shm.Segment    // the agent's side: heartbeat and hint resolution
+	plug   *emulate.Plugin // the plugin's side: slots, telemetry, hint reads
 	cfg    Config
 	rng    *rand.Rand
 	start  uint64 // virtual CLOCK_MONOTONIC at New
@@ -97,8 +100,9 @@ type conn struct {
 // realtimeBase is the CLOCK_REALTIME the virtual clock starts at (rail-state change times).
 const realtimeBase = 1_763_856_000_000_000_000
 
-// New registers conns (those with StartAfter 0) on seg and returns the simulator at virtual
-// time 0. seg's heartbeat is the agent's: beat it with Now() (Run does).
+// New attaches an emulated plugin to seg, registers conns (those with StartAfter 0) and
+// returns the simulator at virtual time 0; Close detaches it. seg's heartbeat is the agent's:
+// beat it with Now() (Run does).
 func New(seg *shm.Segment, cfg Config, conns []Conn, events []Event) (*Sim, error) {
 	if cfg.Noise == 0 {
 		cfg.Noise = 0.03
@@ -112,7 +116,16 @@ func New(seg *shm.Segment, cfg Config, conns []Conn, events []Event) (*Sim, erro
 	if cfg.StaleMs == 0 {
 		cfg.StaleMs = shm.DefaultStaleMs
 	}
-	s := &Sim{seg: seg, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), start: 1_000_000_000_000}
+	for _, e := range events {
+		if e.Conn < -1 || e.Conn >= len(conns) || e.Rail < 0 || e.Rail > 1 {
+			return nil, fmt.Errorf("sim: event %+v: no such connection or rail", e)
+		}
+	}
+	plug, err := emulate.Attach(seg.Path())
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s := &Sim{seg: seg, plug: plug, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), start: 1_000_000_000_000}
 	s.now = s.start
 	for i, c := range conns {
 		if c.PID == 0 {
@@ -129,18 +142,17 @@ func New(seg *shm.Segment, cfg Config, conns []Conn, events []Event) (*Sim, erro
 		}
 		s.conns = append(s.conns, &conn{spec: c, rails: c.Rails})
 	}
-	for _, e := range events {
-		if e.Conn < -1 || e.Conn >= len(conns) || e.Rail < 0 || e.Rail > 1 {
-			return nil, fmt.Errorf("sim: event %+v: no such connection or rail", e)
-		}
-	}
 	s.events = append([]Event(nil), events...)
 	sort.SliceStable(s.events, func(a, b int) bool { return s.events[a].At < s.events[b].At })
 	if err := s.apply(); err != nil {
+		plug.Close()
 		return nil, err
 	}
 	return s, nil
 }
+
+// Close detaches the emulated plugin: its slots' leases drop, as when a plugin process exits.
+func (s *Sim) Close() error { return s.plug.Close() }
 
 // Now is the virtual CLOCK_MONOTONIC in nanoseconds.
 func (s *Sim) Now() uint64 { return s.now }
@@ -182,7 +194,7 @@ func (s *Sim) apply() error {
 			return fmt.Errorf("sim: %w", err)
 		}
 		local, _ := shm.ParseIPv4("10.0.1.1")
-		slot, err := s.seg.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
+		slot, err := s.plug.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
 			PathClass: c.spec.PathClass, IsSend: !c.spec.Recv, NQPsSout: 1, NQPsSup: 1, PID: c.spec.PID, ConnID: c.spec.ConnID})
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
@@ -190,7 +202,7 @@ func (s *Sim) apply() error {
 		c.slot, c.registered = slot, true
 		for r := 0; r < 2; r++ {
 			if c.state[r] != shm.RailUp {
-				_ = s.seg.SetRailState(slot, r, c.state[r], realtimeBase+s.now-s.start)
+				_ = s.plug.SetRailState(slot, r, c.state[r], realtimeBase+s.now-s.start)
 			}
 		}
 	}
@@ -205,7 +217,7 @@ func (s *Sim) apply() error {
 			if c.state[e.Rail] != e.State {
 				c.state[e.Rail] = e.State
 				if c.registered {
-					if err := s.seg.SetRailState(c.slot, e.Rail, e.State, realtimeBase+s.now-s.start); err != nil {
+					if err := s.plug.SetRailState(c.slot, e.Rail, e.State, realtimeBase+s.now-s.start); err != nil {
 						return fmt.Errorf("sim: %w", err)
 					}
 				}
@@ -288,7 +300,7 @@ func (s *Sim) step(dtNs uint64) error {
 		}
 		if !c.spec.Recv {
 			res := s.seg.Resolve(c.slot, s.now, stale)
-			if err := s.seg.RecordRead(c.slot, res, s.now); err != nil {
+			if err := s.plug.RecordRead(c.slot, res, s.now); err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
 			c.lastRes = res
@@ -335,7 +347,7 @@ func (s *Sim) step(dtNs uint64) error {
 // carries traffic: messages follow each other), the split applied and the wall clock. A
 // recv connection, like the plugin's, publishes only its posted bytes and requests.
 func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64, w uint32) error {
-	var b shm.TelemetryBatch
+	var b emulate.TelemetryBatch
 	for r := 0; r < 2; r++ {
 		f := &c.tele[r]
 		inflight := 0.0
@@ -368,13 +380,13 @@ func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64,
 		rb.InflightBytes = uint64(inflight)
 	}
 	if c.spec.Recv {
-		b = shm.TelemetryBatch{Rails: [2]shm.RailBatch{
+		b = emulate.TelemetryBatch{Rails: [2]emulate.RailBatch{
 			{PostedBytes: b.Rails[0].PostedBytes, PostedRequests: b.Rails[0].PostedRequests},
 			{PostedBytes: b.Rails[1].PostedBytes, PostedRequests: b.Rails[1].PostedRequests}}}
 	} else {
 		b.AppliedSupBw, b.WallNs = w, realtimeBase+s.now-s.start
 	}
-	if err := s.seg.FlushTelemetry(c.slot, b); err != nil {
+	if err := s.plug.FlushTelemetry(c.slot, b); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
 	return nil

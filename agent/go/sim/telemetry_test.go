@@ -30,6 +30,7 @@ func TestCompletionTelemetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	seg.SetClassHint(shm.InterIsland, 512, true)
 	a := shm.NewSample(s.Now(), mustConns(t, seg))
 	if err := s.Run(time.Second, time.Second, func(uint64) error { return nil }); err != nil {

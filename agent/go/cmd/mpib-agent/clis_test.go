@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 )
 
 // cli is one agent's command line.
@@ -94,7 +95,8 @@ func normalize(s string, paths ...string) string {
 type fixture struct {
 	path string
 	seg  *shm.Segment
-	a, b uint32 // a: inter-island send, registered twice (gen 2); b: intra-island send
+	plug *emulate.Plugin // the connections' side
+	a, b uint32          // a: inter-island send, registered twice (gen 2); b: intra-island send
 }
 
 const cliEnvStale = "MPIB_AGENT_STALE_MS=600000"
@@ -107,11 +109,11 @@ func newFixture(t *testing.T, dir, name string) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { seg.Close() })
-	f.seg = seg
+	f.seg, f.plug = seg, attachPlugin(t, f.path)
 	reg := func(conn uint64, peer string, class shm.PathClass, send bool) uint32 {
 		ip, _ := shm.ParseIPv4(peer)
 		local, _ := shm.ParseIPv4("10.0.1.1")
-		s, err := seg.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
+		s, err := f.plug.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
 			PathClass: class, IsSend: send, NQPsSout: 1, NQPsSup: 2, PID: 4242, ConnID: conn})
 		if err != nil {
 			t.Fatal(err)
@@ -119,7 +121,7 @@ func newFixture(t *testing.T, dir, name string) *fixture {
 		return s
 	}
 	f.a = reg(1, "10.0.2.7", shm.InterIsland, true)
-	seg.Release(f.a)
+	f.plug.Release(f.a)
 	f.a = reg(1, "10.0.2.7", shm.InterIsland, true) // gen 2
 	f.b = reg(2, "10.0.1.5", shm.IntraIsland, true)
 	reg(3, "10.0.2.8", shm.InterIsland, false)
@@ -173,12 +175,12 @@ func TestCLIsAgree(t *testing.T) {
 	// list --json: one segment, the same bytes.
 	f := newFixture(t, dir, "listed")
 	f.seg.SetClassHint(shm.InterIsland, 300, true)
-	f.seg.AddTelemetry(f.a, 1, 12345)
-	f.seg.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789) // SUP failed over
-	f.seg.SetRailState(f.b, 0, shm.RailFailed, 1_763_856_001_000_000_000)
-	f.seg.SetRailState(f.b, 1, shm.RailState(9), 7) // a state this agent does not know
-	f.seg.FlushTelemetry(f.a, shm.TelemetryBatch{AppliedSupBw: 300, WallNs: 1_763_856_000_999_999_999,
-		Rails: [2]shm.RailBatch{{CompletedBytes: 1 << 40, CompletedRequests: 9, BusyNs: 1<<63 + 1, InflightBytes: 77},
+	f.plug.AddTelemetry(f.a, 1, 12345)
+	f.plug.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789) // SUP failed over
+	f.plug.SetRailState(f.b, 0, shm.RailFailed, 1_763_856_001_000_000_000)
+	f.plug.SetRailState(f.b, 1, shm.RailState(9), 7) // a state this agent does not know
+	f.plug.FlushTelemetry(f.a, emulate.TelemetryBatch{AppliedSupBw: 300, WallNs: 1_763_856_000_999_999_999,
+		Rails: [2]emulate.RailBatch{{CompletedBytes: 1 << 40, CompletedRequests: 9, BusyNs: 1<<63 + 1, InflightBytes: 77},
 			{CompletedBytes: 5, CompletedRequests: 1, BusyNs: 6, InflightBytes: 0xFFFFFFFFFFFFFFFF}}})
 	gOut, gErr, gCode := goCLI.run(t, env, "list", "--json", "--path", f.path)
 	pOut, pErr, pCode := pyCLI.run(t, env, "list", "--json", "--path", f.path)
@@ -324,7 +326,7 @@ func TestCLIsAgree(t *testing.T) {
 				},
 				func(t *testing.T, fx *fixture, w string) { // 4242:9 connects now
 					ip, _ := shm.ParseIPv4("10.0.2.9")
-					fx.seg.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 4242, ConnID: 9})
+					fx.plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 4242, ConnID: 9})
 				},
 			}},
 		{name: "gc", args: []string{"gc"}},
@@ -354,7 +356,7 @@ func TestCLIsAgree(t *testing.T) {
 				fx := newFixture(t, dir, fmt.Sprintf("case%d-%s", i, c.name))
 				paths = append(paths, fx.path)
 				if tc.name == "gc" { // a connection whose process died
-					dead, _ := shm.Open(fx.path)
+					dead, _ := emulate.Attach(fx.path)
 					dead.Register(shm.ConnDesc{PID: 999999, ConnID: 77})
 					dead.Close()
 				}
@@ -575,8 +577,8 @@ func TestCLIsAgreeSamples(t *testing.T) {
 	dir := t.TempDir()
 	env := []string{cliEnvStale}
 	f := newFixture(t, dir, "sampled")
-	f.seg.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789)
-	f.seg.RecordRead(f.a, shm.Resolution{Applies: true, SupBw: 700, Source: shm.SourceSlot}, shm.Now())
+	f.plug.SetRailState(f.a, 1, shm.RailDown, 1_763_856_000_123_456_789)
+	f.plug.RecordRead(f.a, shm.Resolution{Applies: true, SupBw: 700, Source: shm.SourceSlot}, shm.Now())
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -587,9 +589,9 @@ func TestCLIsAgreeSamples(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
-				f.seg.AddTelemetryN(f.a, 0, 1<<20, 1)
-				f.seg.FlushTelemetry(f.b, shm.TelemetryBatch{AppliedSupBw: 512, WallNs: 1_763_856_000_000_000_007,
-					Rails: [2]shm.RailBatch{
+				f.plug.AddTelemetryN(f.a, 0, 1<<20, 1)
+				f.plug.FlushTelemetry(f.b, emulate.TelemetryBatch{AppliedSupBw: 512, WallNs: 1_763_856_000_000_000_007,
+					Rails: [2]emulate.RailBatch{
 						{PostedBytes: 1 << 19, PostedRequests: 1, CompletedBytes: 1 << 19, CompletedRequests: 1, BusyNs: 90_000, InflightBytes: 1 << 19},
 						{PostedBytes: 1 << 19, PostedRequests: 1, CompletedBytes: 1 << 19, CompletedRequests: 1, BusyNs: 70_000, InflightBytes: 3}}})
 			}

@@ -19,15 +19,11 @@ func TestDevFilter(t *testing.T) {
 	if err := cmdCreate([]string{"--path", path, "--slots", "8", "--peers", "2"}, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
-	seg, err := shm.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Close()
+	plug := attachPlugin(t, path)
 	ip, _ := shm.ParseIPv4("10.0.1.2")
 	for i, dev := range []uint16{0, 1, 1, 7} {
 		nics := [2]string{"mlx5_" + string(rune('0'+dev)), "mlx5_sup"}
-		if _, err := seg.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: true, PID: 99, ConnID: uint64(i + 1), Dev: dev,
+		if _, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: true, PID: 99, ConnID: uint64(i + 1), Dev: dev,
 			Ports: [2]uint8{1, 2}, NICs: nics}); err != nil {
 			t.Fatal(err)
 		}

@@ -16,10 +16,10 @@ import (
 // connections, an agent and a rail down, and those of a missing segment.
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
-	s := testSegment(t, 8)
-	slot := register(t, s, 1, 0, "10.0.2.2", true)
-	flush(t, s, slot, 100, 100, 512)
-	s.SetRailState(slot, 1, shm.RailDown, 1)
+	s, p := testSegment(t, 8)
+	slot := register(t, p, 1, 0, "10.0.2.2", true)
+	flush(t, p, slot, 100, 100, 512)
+	p.SetRailState(slot, 1, shm.RailDown, 1)
 	s.Beat(shm.Now())
 	names := map[string]bool{}
 	for _, e := range []*exporter{newExporter(s.Path(), 4), newExporter(filepath.Join(t.TempDir(), "none"), 4)} {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 )
 
 // scrapeText runs one scrape of e and returns the exposition text.
@@ -89,24 +90,36 @@ next:
 	return 0, false
 }
 
-// testSegment creates a segment of nslots slots in a temporary directory.
-func testSegment(t *testing.T, nslots uint32) *shm.Segment {
+// testSegment creates a segment of nslots slots in a temporary directory and attaches an
+// emulated plugin to it (the connections' side).
+func testSegment(t *testing.T, nslots uint32) (*shm.Segment, *emulate.Plugin) {
 	t.Helper()
 	s, err := shm.Create(filepath.Join(t.TempDir(), "hints"), nslots, 4, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s
+	return s, attachPlugin(t, s.Path())
 }
 
-func register(t *testing.T, s *shm.Segment, connID uint64, dev uint16, peer string, send bool) uint32 {
+// attachPlugin attaches an emulated plugin to the segment at path until the test ends.
+func attachPlugin(t *testing.T, path string) *emulate.Plugin {
+	t.Helper()
+	p, err := emulate.Attach(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func register(t *testing.T, p *emulate.Plugin, connID uint64, dev uint16, peer string, send bool) uint32 {
 	t.Helper()
 	ip, err := shm.ParseIPv4(peer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot, err := s.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: send, NQPsSout: 1, NQPsSup: 1, PID: 4242,
+	slot, err := p.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: send, NQPsSout: 1, NQPsSup: 1, PID: 4242,
 		ConnID: connID, Dev: dev, Ports: [2]uint8{1, 1}, NICs: [2]string{"mlx5_0", "mlx5_1"}})
 	if err != nil {
 		t.Fatal(err)
@@ -115,13 +128,13 @@ func register(t *testing.T, s *shm.Segment, connID uint64, dev uint16, peer stri
 }
 
 // flush publishes a batch: soutB and supB bytes posted (and completed), one request each.
-func flush(t *testing.T, s *shm.Segment, slot uint32, soutB, supB uint64, applied uint32) {
+func flush(t *testing.T, p *emulate.Plugin, slot uint32, soutB, supB uint64, applied uint32) {
 	t.Helper()
-	b := shm.TelemetryBatch{AppliedSupBw: applied, WallNs: 1}
+	b := emulate.TelemetryBatch{AppliedSupBw: applied, WallNs: 1}
 	for r, n := range []uint64{soutB, supB} {
-		b.Rails[r] = shm.RailBatch{PostedBytes: n, PostedRequests: 1, CompletedBytes: n, CompletedRequests: 1, BusyNs: 2e6}
+		b.Rails[r] = emulate.RailBatch{PostedBytes: n, PostedRequests: 1, CompletedBytes: n, CompletedRequests: 1, BusyNs: 2e6}
 	}
-	if err := s.FlushTelemetry(slot, b); err != nil {
+	if err := p.FlushTelemetry(slot, b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -130,21 +143,21 @@ func flush(t *testing.T, s *shm.Segment, slot uint32, soutB, supB uint64, applie
 // an agent beating and a rail down gives metrics that parse and pass promlint, with the
 // values the segment holds.
 func TestExportLint(t *testing.T) {
-	s := testSegment(t, 64)
-	a := register(t, s, 1, 0, "10.0.2.2", true)
-	b := register(t, s, 2, 0, "10.0.2.2", true)
-	register(t, s, 3, 1, "10.0.3.2", false)
-	flush(t, s, a, 1000, 3000, 768)
-	flush(t, s, b, 500, 0, 256)
+	s, p := testSegment(t, 64)
+	a := register(t, p, 1, 0, "10.0.2.2", true)
+	b := register(t, p, 2, 0, "10.0.2.2", true)
+	register(t, p, 3, 1, "10.0.3.2", false)
+	flush(t, p, a, 1000, 3000, 768)
+	flush(t, p, b, 500, 0, 256)
 	for _, st := range []shm.RailState{shm.RailDown, shm.RailUp, shm.RailDown} { // a failover, a recovery, a failover
-		if err := s.SetRailState(b, 1, st, 1); err != nil {
+		if err := p.SetRailState(b, 1, st, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := s.Beat(shm.Now()); err != nil {
 		t.Fatal(err)
 	}
-	s.RecordRead(a, shm.Resolution{Applies: true, SupBw: 768, Source: shm.SourceSlot}, shm.Now())
+	p.RecordRead(a, shm.Resolution{Applies: true, SupBw: 768, Source: shm.SourceSlot}, shm.Now())
 	e := newExporter(s.Path(), defaultMaxPeers)
 	fams := lint(t, scrapeText(t, e))
 
@@ -191,38 +204,38 @@ func TestExportLint(t *testing.T) {
 // their slot is claimed again (the new registration's counters start at 0), nor when the
 // segment is replaced; the bytes a connection moved after a scrape and before it closed count.
 func TestExportCountersMonotonic(t *testing.T) {
-	s := testSegment(t, 1) // one slot: every registration reuses it
+	s, p := testSegment(t, 1) // one slot: every registration reuses it
 	e := newExporter(s.Path(), defaultMaxPeers)
 	posted := func() float64 {
 		t.Helper()
 		return value(t, lint(t, scrapeText(t, e)), "mpib_rail_posted_bytes_total",
 			"peer", "10.0.2.2", "dir", "send", "rail", "sout")
 	}
-	a := register(t, s, 1, 0, "10.0.2.2", true)
-	flush(t, s, a, 1000, 0, 0)
+	a := register(t, p, 1, 0, "10.0.2.2", true)
+	flush(t, p, a, 1000, 0, 0)
 	if got := posted(); got != 1000 {
 		t.Fatalf("first connection: %v bytes, want 1000", got)
 	}
-	flush(t, s, a, 500, 0, 0) // its last batch, then it closes before the next scrape
-	if err := s.Release(a); err != nil {
+	flush(t, p, a, 500, 0, 0) // its last batch, then it closes before the next scrape
+	if err := p.Release(a); err != nil {
 		t.Fatal(err)
 	}
 	if got := posted(); got != 1500 {
 		t.Fatalf("closed connection: %v bytes, want its final 1500", got)
 	}
-	b := register(t, s, 2, 0, "10.0.2.2", true)
+	b := register(t, p, 2, 0, "10.0.2.2", true)
 	if b != a {
 		t.Fatalf("second registration in slot %d, want the reused slot %d", b, a)
 	}
-	flush(t, s, b, 2000, 0, 0) // more than the first connection's total: no fall for rate() to see
+	flush(t, p, b, 2000, 0, 0) // more than the first connection's total: no fall for rate() to see
 	if got := posted(); got != 3500 {
 		t.Fatalf("slot re-registered: %v bytes, want 1500 + 2000", got)
 	}
-	if err := s.Release(b); err != nil {
+	if err := p.Release(b); err != nil {
 		t.Fatal(err)
 	}
-	c := register(t, s, 3, 0, "10.0.9.9", true) // another peer in the same slot
-	flush(t, s, c, 7, 0, 0)
+	c := register(t, p, 3, 0, "10.0.9.9", true) // another peer in the same slot
+	flush(t, p, c, 7, 0, 0)
 	if got := posted(); got != 3500 {
 		t.Fatalf("peer's counter after its slot went to another peer: %v, want 3500", got)
 	}
@@ -231,8 +244,9 @@ func TestExportCountersMonotonic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	d := register(t, s2, 4, 0, "10.0.2.2", true)
-	flush(t, s2, d, 10, 0, 0)
+	p2 := attachPlugin(t, s2.Path())
+	d := register(t, p2, 4, 0, "10.0.2.2", true)
+	flush(t, p2, d, 10, 0, 0)
 	if got := posted(); got != 3510 {
 		t.Fatalf("segment replaced: %v bytes, want 3500 + 10", got)
 	}
@@ -241,10 +255,10 @@ func TestExportCountersMonotonic(t *testing.T) {
 // TestExportMaxPeers: past --max-peers, new (dev, peer) pairs are summed under peer="other"
 // and the pairs already tracked keep their series.
 func TestExportMaxPeers(t *testing.T) {
-	s := testSegment(t, 64)
+	s, p := testSegment(t, 64)
 	for i, peer := range []string{"10.0.2.2", "10.0.2.3", "10.0.2.4", "10.0.2.5"} {
-		slot := register(t, s, uint64(i+1), 0, peer, true)
-		flush(t, s, slot, uint64(100*(i+1)), 0, 0)
+		slot := register(t, p, uint64(i+1), 0, peer, true)
+		flush(t, p, slot, uint64(100*(i+1)), 0, 0)
 	}
 	e := newExporter(s.Path(), 2)
 	fams := lint(t, scrapeText(t, e))
@@ -275,7 +289,7 @@ func TestExportMaxPeers(t *testing.T) {
 // TestExportIdlePairs: a pair without active connections for pairIdle leaves the output and
 // frees its place under --max-peers for a new peer; a connection keeps its series meanwhile.
 func TestExportIdlePairs(t *testing.T) {
-	s := testSegment(t, 64)
+	s, p := testSegment(t, 64)
 	e := newExporter(s.Path(), 1)
 	clock := uint64(1e12)
 	e.now = func() uint64 { return clock }
@@ -293,19 +307,19 @@ func TestExportIdlePairs(t *testing.T) {
 		}
 		return out
 	}
-	a := register(t, s, 1, 0, "10.0.2.2", true)
-	flush(t, s, a, 100, 0, 0)
+	a := register(t, p, 1, 0, "10.0.2.2", true)
+	flush(t, p, a, 100, 0, 0)
 	peers()
-	s.Release(a)
-	b := register(t, s, 2, 0, "10.0.2.3", true)
-	flush(t, s, b, 20, 0, 0)
+	p.Release(a)
+	b := register(t, p, 2, 0, "10.0.2.3", true)
+	flush(t, p, b, 20, 0, 0)
 	clock += uint64(time.Minute)
 	if got := peers(); len(got) != 2 || got["10.0.2.2"] != 100 || got[otherLabel] != 20 {
 		t.Fatalf("one pair allowed: %v, want 10.0.2.2's 100 bytes and 20 under other", got)
 	}
 	clock += uint64(pairIdle)
-	c := register(t, s, 3, 0, "10.0.2.4", true)
-	flush(t, s, c, 3, 0, 0)
+	c := register(t, p, 3, 0, "10.0.2.4", true)
+	flush(t, p, c, 3, 0, 0)
 	if got := peers(); len(got) != 2 || got["10.0.2.4"] != 3 || got[otherLabel] != 20 { // 10.0.2.2 dropped first
 		t.Fatalf("after 10.0.2.2 was idle for %v: %v, want 10.0.2.4's 3 bytes and 20 under other", pairIdle, got)
 	}
@@ -313,7 +327,7 @@ func TestExportIdlePairs(t *testing.T) {
 	if got := peers(); got["10.0.2.4"] != 3 {
 		t.Fatalf("active 10.0.2.4 after a scrape gap: %v, want its series kept", got)
 	}
-	s.Release(c)
+	p.Release(c)
 	clock += uint64(pairIdle) - 1
 	if got := peers(); got["10.0.2.4"] != 3 {
 		t.Fatalf("10.0.2.4 closed %v ago: %v, want its series kept", pairIdle-1, got)
@@ -366,7 +380,7 @@ func TestExportBadSegment(t *testing.T) {
 
 // TestExportHTTP: /metrics in the text format, an index page, nothing else.
 func TestExportHTTP(t *testing.T) {
-	s := testSegment(t, 8)
+	s, _ := testSegment(t, 8)
 	srv := httptest.NewServer(newExporter(s.Path(), defaultMaxPeers).handler())
 	defer srv.Close()
 	for _, c := range []struct {

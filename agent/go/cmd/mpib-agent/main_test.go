@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 )
 
 func run(t *testing.T, f func([]string, *bytes.Buffer) error, args ...string) string {
@@ -41,8 +42,9 @@ func TestCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer seg.Close()
+	plug := attachPlugin(t, path)
 	ip, _ := shm.ParseIPv4("10.0.2.7")
-	slot, err := seg.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: 9})
+	slot, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +88,7 @@ func TestCommands(t *testing.T) {
 	if got := run(t, list, "--path", path, "--json"); !strings.Contains(got, `"source": "peer"`) {
 		t.Fatalf("list --json: %q", got)
 	}
-	seg.AddTelemetry(slot, 1, 1<<20)
+	plug.AddTelemetry(slot, 1, 1<<20)
 	if got := run(t, top, "--path", path, "--count", "1", "--interval", "50ms", "--plain"); !strings.Contains(got, "SUP Gb/s") {
 		t.Fatalf("top: %q", got)
 	}
@@ -222,12 +224,13 @@ func TestTopJSONAndRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer seg.Close()
+	plug := attachPlugin(t, path)
 	ip, _ := shm.ParseIPv4("10.0.2.7")
-	slot, err := seg.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 77, ConnID: 5})
+	slot, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 77, ConnID: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seg.SetRailState(slot, 1, shm.RailDown, 1)
+	plug.SetRailState(slot, 1, shm.RailDown, 1)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -238,8 +241,8 @@ func TestTopJSONAndRecord(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(5 * time.Millisecond):
-				seg.FlushTelemetry(slot, shm.TelemetryBatch{AppliedSupBw: 0, WallNs: 1_763_856_000_000_000_001,
-					Rails: [2]shm.RailBatch{{PostedBytes: 1 << 20, PostedRequests: 4, CompletedBytes: 1 << 20,
+				plug.FlushTelemetry(slot, emulate.TelemetryBatch{AppliedSupBw: 0, WallNs: 1_763_856_000_000_000_001,
+					Rails: [2]emulate.RailBatch{{PostedBytes: 1 << 20, PostedRequests: 4, CompletedBytes: 1 << 20,
 						CompletedRequests: 4, BusyNs: 4 * 250_000, InflightBytes: 1 << 18}}})
 			}
 		}
