@@ -9,8 +9,10 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import mpib_agent
-from mpib_agent._format import STATE_ACTIVE, Slot, encode_slot
+from mpib_agent._codec import encode_slot
+from mpib_agent._layout import STATE_ACTIVE
 from mpib_agent._segment import _lock_byte, slot_lock_off
+from mpib_agent._types import Slot
 
 VECTORS = Path(__file__).resolve().parents[3] / "testdata" / "shm"
 
@@ -52,17 +54,29 @@ def seg(tmp_path: Path) -> Iterator[mpib_agent.Segment]:
     s.close()
 
 
-def fake_register(seg: mpib_agent.Segment, index: int, peer: str, path_class: int, gen: int = 1,
-                  pid: int = 0, lease: bool = True) -> Slot:
+def fake_register(
+    seg: mpib_agent.Segment, index: int, peer: str, path_class: int, gen: int = 1, pid: int = 0, lease: bool = True
+) -> Slot:
     """Writes an ACTIVE slot the way a plugin would (tests only): with ``lease``, a lock on the
     slot's byte held through another open file description, as a live plugin process does."""
     if lease and (seg.path, index) not in _LEASES:
         fd = os.open(seg.path, os.O_RDWR | os.O_CLOEXEC)
         assert _lock_byte(fd, slot_lock_off(index), fcntl.F_WRLCK)
         _LEASES[(seg.path, index)] = fd
-    s = Slot(index=index, state=STATE_ACTIVE, owner_pid=pid or os.getpid(), gen=gen, conn_id=index,
-             local_sout_ip="10.0.1.1", peer_sout_ip=peer, path_class=path_class, is_send=1,
-             nqps_sout=2, nqps_sup=4, pid=pid or os.getpid())
+    s = Slot(
+        index=index,
+        state=STATE_ACTIVE,
+        owner_pid=pid or os.getpid(),
+        gen=gen,
+        conn_id=index,
+        local_sout_ip="10.0.1.1",
+        peer_sout_ip=peer,
+        path_class=path_class,
+        is_send=1,
+        nqps_sout=2,
+        nqps_sup=4,
+        pid=pid or os.getpid(),
+    )
     encode_slot(seg._v, s)
     return s
 
@@ -74,5 +88,5 @@ def fake_die(seg: mpib_agent.Segment, index: int) -> None:
 
 def fake_release(seg: mpib_agent.Segment, index: int) -> None:
     """The plugin closes the connection: owner word to 0, then the lease."""
-    seg._v.put64(mpib_agent._format.slot_off(index), 0)
+    seg._v.put64(mpib_agent._layout.slot_off(index), 0)
     fake_die(seg, index)

@@ -43,14 +43,24 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         out = capsys.readouterr().out
         assert "10.0.2.7" in out and " up/up " in out and "RAILS FAILOVERS" in out
         fd = os.open(p, os.O_RDWR)  # the plugin: SUP failed over, SOUT in a state unknown here
-        os.pwrite(fd, bytes([7, 1, 0, 0]) + (1).to_bytes(4, "little") + (5).to_bytes(8, "little")
-                  + (1_763_856_000_123_456_789).to_bytes(8, "little"), mpib_agent._format.slot_off(1) + 208)
+        os.pwrite(
+            fd,
+            bytes([7, 1, 0, 0])
+            + (1).to_bytes(4, "little")
+            + (5).to_bytes(8, "little")
+            + (1_763_856_000_123_456_789).to_bytes(8, "little"),
+            mpib_agent._layout.slot_off(1) + 208,
+        )
         os.close(fd)
         assert main(["list", "--path", p, "--json"]) == 0
         tel = json.loads(capsys.readouterr().out)[0]["telemetry"]
         assert {k: tel[k] for k in ("sout_state", "sup_state", "failovers", "sout_state_ns", "sup_state_ns")} == {
-            "sout_state": "unknown(7)", "sup_state": "down", "failovers": 1, "sout_state_ns": 5,
-            "sup_state_ns": 1_763_856_000_123_456_789}
+            "sout_state": "unknown(7)",
+            "sup_state": "down",
+            "failovers": 1,
+            "sout_state_ns": 5,
+            "sup_state_ns": 1_763_856_000_123_456_789,
+        }
         assert main(["list", "--path", p]) == 0
         assert " unknown(7)/down         1" in capsys.readouterr().out
         assert main(["top", "--path", p, "--count", "1", "--interval", "50ms", "--plain"]) == 0
@@ -70,8 +80,9 @@ def test_kill_goes_stale(tmp_path: Path) -> None:
     mpib_agent.create(p, 4, 0).close()
     with mpib_agent.open_segment(p) as seg:
         for sig in (signal.SIGKILL, signal.SIGTERM):
-            proc = subprocess.Popen([sys.executable, "-m", "mpib_agent", "heartbeat", "--path", p], env=ENV,
-                                    stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mpib_agent", "heartbeat", "--path", p], env=ENV, stdout=subprocess.DEVNULL
+            )
             deadline = time.monotonic() + 10
             while not seg.agent_alive(500_000_000) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -107,9 +118,26 @@ def test_run_static_weights(tmp_path: Path) -> None:
     write('{"class": {"inter": 100}, "peers": {"10.0.2.0/24": 300}}', 1)
     with mpib_agent.open_segment(p) as seg:
         fake_register(seg, 1, "10.0.2.7", 1)
-        proc = subprocess.Popen([sys.executable, "-m", "mpib_agent", "run", "--policy", "static", "--file", str(w),
-                                 "--path", p, "--interval", "50ms"], env=ENV, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mpib_agent",
+                "run",
+                "--policy",
+                "static",
+                "--file",
+                str(w),
+                "--path",
+                p,
+                "--interval",
+                "50ms",
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             _wait(lambda: seg.resolve(1) == mpib_agent.Resolution(True, 300, "peer"), "the peer default")
             write('{"class": {"inter": 100}, "peers": {"10.0.2.0/24": 3', 2)  # half saved

@@ -10,7 +10,7 @@ import pytest
 
 import mpib_agent
 from mpib_agent import _closedloop, sim
-from mpib_agent._format import Slot, Telemetry
+from mpib_agent._types import Slot, Telemetry
 
 INTERVAL = 0.5
 GOAL = 0.95
@@ -53,40 +53,77 @@ def test_scenarios_reach_optimum(name: str, tmp_path: Path) -> None:
                 for start in (a + REACH_S, b - (b - a) / 3):  # from 10 s in, and the last third
                     tail = [x for t, x in iv if t > start + 1e-9]
                     avg = sum(x[0] for x in tail) / sum(x[1] for x in tail)
-                    assert avg >= GOAL, \
+                    assert avg >= GOAL, (
                         f"{name} seed {seed} conn {k} phase {a:g}-{b:g} s from {start:g} s: {avg:.3f} of the optimum"
+                    )
                 reach: Optional[float] = None
                 for j in range(len(iv) - WINDOW + 1):
-                    w = iv[j:j + WINDOW]
+                    w = iv[j : j + WINDOW]
                     if sum(x[0] for _, x in w) / sum(x[1] for _, x in w) >= GOAL:
                         reach = w[-1][0] - a
                         break
-                assert reach is not None and reach <= REACH_S + 1e-6, \
+                assert reach is not None and reach <= REACH_S + 1e-6, (
                     f"{name} seed {seed} conn {k} phase {a:g}-{b:g} s: back at {GOAL} after {reach} s"
+                )
 
 
-def _rate(index: int, gen: int, done: Tuple[int, int], active_ms: Tuple[float, float], sout: str = "up", sup: str = "up",
-          send: int = 1) -> mpib_agent.ConnRate:
+def _rate(
+    index: int,
+    gen: int,
+    done: Tuple[int, int],
+    active_ms: Tuple[float, float],
+    sout: str = "up",
+    sup: str = "up",
+    send: int = 1,
+) -> mpib_agent.ConnRate:
     """A connection whose rails have completed done bytes in active_ms ms so far."""
-    t = Telemetry(sout_state=sout, sup_state=sup, sout_completed_bytes=done[0], sup_completed_bytes=done[1],
-                  sout_active_ns=int(active_ms[0] * 1e6), sup_active_ns=int(active_ms[1] * 1e6))
+    t = Telemetry(
+        sout_state=sout,
+        sup_state=sup,
+        sout_completed_bytes=done[0],
+        sup_completed_bytes=done[1],
+        sout_active_ns=int(active_ms[0] * 1e6),
+        sup_active_ns=int(active_ms[1] * 1e6),
+    )
     return mpib_agent.ConnRate(Slot(index=index, gen=gen, is_send=send, telemetry=t), 0.0, 0.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("sout,sup,want", [
-    (1.0, 1.0, 512), (1.0, 2.0, 683), (2.0, 1.0, 341), (100e9, 25e9, 205),
-    (1.0, 1e6, 1016), (1e6, 1.0, 8),  # both rails stay measured
-    (1.0, 0.0, None), (0.0, 1.0, None), (0.0, 0.0, None), (-1.0, 1.0, None), (float("nan"), 1.0, None),
-    (1.0, float("inf"), None)])
+@pytest.mark.parametrize(
+    "sout,sup,want",
+    [
+        (1.0, 1.0, 512),
+        (1.0, 2.0, 683),
+        (2.0, 1.0, 341),
+        (100e9, 25e9, 205),
+        (1.0, 1e6, 1016),
+        (1e6, 1.0, 8),  # both rails stay measured
+        (1.0, 0.0, None),
+        (0.0, 1.0, None),
+        (0.0, 0.0, None),
+        (-1.0, 1.0, None),
+        (float("nan"), 1.0, None),
+        (1.0, float("inf"), None),
+    ],
+)
 def test_target(sout: float, sup: float, want: Optional[int]) -> None:
     """The same table as Go's TestClosedLoopTarget."""
     assert _closedloop.target(sout, sup) == want
 
 
-@pytest.mark.parametrize("w,to,gain,step,want", [
-    (512, 683, 0.5, 64, 576), (512, 683, 0.5, 256, 598), (600, 610, 0.5, 64, 605), (600, 601, 0.5, 64, 601),
-    (600, 599, 0.5, 64, 599), (600, 600, 0.5, 64, 600), (683, 341, 0.5, 64, 619), (683, 341, 1, 1024, 341),
-    (10, 8, 1, 64, 8)])
+@pytest.mark.parametrize(
+    "w,to,gain,step,want",
+    [
+        (512, 683, 0.5, 64, 576),
+        (512, 683, 0.5, 256, 598),
+        (600, 610, 0.5, 64, 605),
+        (600, 601, 0.5, 64, 601),
+        (600, 599, 0.5, 64, 599),
+        (600, 600, 0.5, 64, 600),
+        (683, 341, 0.5, 64, 619),
+        (683, 341, 1, 1024, 341),
+        (10, 8, 1, 64, 8),
+    ],
+)
 def test_move(w: int, to: int, gain: float, step: int, want: int) -> None:
     """The same table as Go's TestClosedLoopMove."""
     assert _closedloop.move(w, to, gain, step) == want
@@ -150,8 +187,13 @@ def test_capacity_rise(tmp_path: Path) -> None:
     """SUP rises fourfold at 30 s (100+25 -> 100+100 Gb/s). At the balance point the rise does
     not change the connection's throughput (SOUT binds), so a loop steering on throughput
     cannot see it; SUP's active rate shows it at once (as Go's TestClosedLoopCapacityRise)."""
-    sc = sim.Scenario("rise", "", (sim.Conn(sim.Rail(100_000.0), sim.Rail(25_000.0)),),
-                      (sim.Event(30, "sup", mbps=100_000.0),), duration=75)
+    sc = sim.Scenario(
+        "rise",
+        "",
+        (sim.Conn(sim.Rail(100_000.0), sim.Rail(25_000.0)),),
+        (sim.Event(30, "sup", mbps=100_000.0),),
+        duration=75,
+    )
     with sim.Simulator(sc, str(tmp_path / "h"), seed=1, nslots=4, npeers=0) as sm:
         marks = {}
 

@@ -13,8 +13,9 @@ import pytest
 
 import mpib_agent
 from mpib_agent._cli import main
-from mpib_agent._format import NIC_NAME, nic_name, nic_name_bytes, slot_off
+from mpib_agent._layout import NIC_NAME, slot_off
 from mpib_agent._plugin import ConnDesc, PluginProcess
+from mpib_agent._types import nic_name, nic_name_bytes
 from mpib_agent._watch import CONN_FIELDS
 
 NUL = b"\0"
@@ -46,34 +47,51 @@ def test_nic_name_bytes() -> None:
 
 
 def _snap(*slots: mpib_agent.Slot) -> mpib_agent.Snapshot:
-    return mpib_agent.Snapshot(header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0),
-                               slots=list(slots))
+    return mpib_agent.Snapshot(
+        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0), slots=list(slots)
+    )
 
 
 def test_device_fields_round_trip() -> None:
     """encode writes the fields at the spec's offsets, decode reads them back, the dict form
     (list --json, the vectors) has them right after registered_ns."""
-    s1 = mpib_agent.Slot(index=1, state=2, gen=3, conn_id=7, dev=1, sout_port=1, sup_port=2,
-                         sout_nic="mlx5_1", sup_nic="mlx5_8", registered_ns=5)
-    s3 = mpib_agent.Slot(index=3, gen=1, dev=15, sout_port=255, sup_port=1,
-                         sout_nic="rocep65s0f0_long_name_x", sup_nic="ibp12s0")  # a free slot keeps its names
+    s1 = mpib_agent.Slot(
+        index=1,
+        state=2,
+        gen=3,
+        conn_id=7,
+        dev=1,
+        sout_port=1,
+        sup_port=2,
+        sout_nic="mlx5_1",
+        sup_nic="mlx5_8",
+        registered_ns=5,
+    )
+    s3 = mpib_agent.Slot(
+        index=3, gen=1, dev=15, sout_port=255, sup_port=1, sout_nic="rocep65s0f0_long_name_x", sup_nic="ibp12s0"
+    )  # a free slot keeps its names
     img = mpib_agent.encode(_snap(s1, s3))
     o1, o3 = slot_off(1), slot_off(3)
-    assert img[o1 + 42: o1 + 44] == (1).to_bytes(2, "little") and img[o1 + 56: o1 + 58] == bytes([1, 2])
-    assert img[o1 + 336: o1 + 360] == b"mlx5_1" + bytes(18)
-    assert img[o1 + 360: o1 + 384] == b"mlx5_8" + bytes(18)
-    assert img[o3 + 42: o3 + 44] == (15).to_bytes(2, "little") and img[o3 + 56: o3 + 58] == bytes([255, 1])
-    assert img[o3 + 336: o3 + 360] == b"rocep65s0f0_long_name_x" + NUL
-    assert img[o1 + 44: o1 + 48] == bytes(4) and img[o1 + 58: o1 + 64] == bytes(6)  # pid 0, sup_path 0, reserved
+    assert img[o1 + 42 : o1 + 44] == (1).to_bytes(2, "little") and img[o1 + 56 : o1 + 58] == bytes([1, 2])
+    assert img[o1 + 336 : o1 + 360] == b"mlx5_1" + bytes(18)
+    assert img[o1 + 360 : o1 + 384] == b"mlx5_8" + bytes(18)
+    assert img[o3 + 42 : o3 + 44] == (15).to_bytes(2, "little") and img[o3 + 56 : o3 + 58] == bytes([255, 1])
+    assert img[o3 + 336 : o3 + 360] == b"rocep65s0f0_long_name_x" + NUL
+    assert img[o1 + 44 : o1 + 48] == bytes(4) and img[o1 + 58 : o1 + 64] == bytes(6)  # pid 0, sup_path 0, reserved
     snap = mpib_agent.decode(img)
     assert snap.slots == [s1, s3]
     d = snap.to_dict()
     keys = list(d["slots"][0])
     i = keys.index("registered_ns")
-    assert keys[i + 1: i + 8] == ["dev", "sout_port", "sup_port", "sup_path", "sout_nic", "sup_nic", "hint"]
-    assert {k: d["slots"][1][k] for k in keys[i + 1: i + 7]} == {
-        "dev": 15, "sout_port": 255, "sup_port": 1, "sup_path": 0, "sout_nic": "rocep65s0f0_long_name_x",
-        "sup_nic": "ibp12s0"}
+    assert keys[i + 1 : i + 8] == ["dev", "sout_port", "sup_port", "sup_path", "sout_nic", "sup_nic", "hint"]
+    assert {k: d["slots"][1][k] for k in keys[i + 1 : i + 7]} == {
+        "dev": 15,
+        "sout_port": 255,
+        "sup_port": 1,
+        "sup_path": 0,
+        "sout_nic": "rocep65s0f0_long_name_x",
+        "sup_nic": "ibp12s0",
+    }
     assert mpib_agent.encode(mpib_agent.Snapshot.from_dict(json.loads(json.dumps(d)))) == img
 
 
@@ -82,13 +100,13 @@ def test_device_fields_garbage() -> None:
     bytes. Readers show them safely; re-encoding writes what they show, cut to 23 bytes."""
     img = bytearray(mpib_agent.encode(_snap(mpib_agent.Slot(index=2, state=2, gen=1))))
     off = slot_off(2)
-    img[off + 42: off + 44] = (0xFFFF).to_bytes(2, "little")
-    img[off + 336: off + 360] = b"abcdefghijklmnopqrstuvwx"
-    img[off + 360: off + 384] = b"\n\"}\xff ok\0hidden".ljust(24, b"Z")
+    img[off + 42 : off + 44] = (0xFFFF).to_bytes(2, "little")
+    img[off + 336 : off + 360] = b"abcdefghijklmnopqrstuvwx"
+    img[off + 360 : off + 384] = b'\n"}\xff ok\0hidden'.ljust(24, b"Z")
     s = mpib_agent.decode(bytes(img)).slots[0]
-    assert (s.dev, s.sout_nic, s.sup_nic) == (0xFFFF, "abcdefghijklmnopqrstuvwx", "?\"}??ok")
+    assert (s.dev, s.sout_nic, s.sup_nic) == (0xFFFF, "abcdefghijklmnopqrstuvwx", '?"}??ok')
     again = mpib_agent.decode(mpib_agent.encode(_snap(s))).slots[0]
-    assert (again.sout_nic, again.sup_nic) == ("abcdefghijklmnopqrstuvw", "?\"}??ok")
+    assert (again.sout_nic, again.sup_nic) == ("abcdefghijklmnopqrstuvw", '?"}??ok')
 
 
 def test_plugin_registers_device(tmp_path: Path) -> None:
@@ -97,11 +115,18 @@ def test_plugin_registers_device(tmp_path: Path) -> None:
     p = str(tmp_path / "hints")
     mpib_agent.create(p, 4, 0).close()
     with mpib_agent.open_segment(p) as agent, PluginProcess(p, pid=77) as plug:
-        i = plug.register(ConnDesc(conn_id=1, dev=3, sout_port=1, sup_port=2, sout_nic="mlx5_3",
-                                   sup_nic="a_very_long_nic_name_over_23_bytes"))
+        i = plug.register(
+            ConnDesc(
+                conn_id=1,
+                dev=3,
+                sout_port=1,
+                sup_port=2,
+                sout_nic="mlx5_3",
+                sup_nic="a_very_long_nic_name_over_23_bytes",
+            )
+        )
         s = agent.slot(i)
-        assert (s.dev, s.sout_port, s.sup_port, s.sout_nic, s.sup_nic) == (
-            3, 1, 2, "mlx5_3", "a_very_long_nic_name_ov")
+        assert (s.dev, s.sout_port, s.sup_port, s.sout_nic, s.sup_nic) == (3, 1, 2, "mlx5_3", "a_very_long_nic_name_ov")
         plug.put_counters(i, {"sup_active_ns": 9})
         plug.release(i)
         j = plug.register(ConnDesc(conn_id=1))
@@ -118,8 +143,16 @@ def _two_devices(tmp_path: Path) -> str:
     assert main(["create", "--path", p, "--slots", "8", "--peers", "2"]) == 0
     plug = PluginProcess(p, pid=4242)
     for conn, dev in ((1, 0), (2, 0), (3, 1)):
-        plug.register(ConnDesc(conn_id=conn, peer_sout_ip=f"10.0.2.{conn}", dev=dev,
-                               sout_nic=f"mlx5_{dev}", sup_nic=f"mlx5_{dev + 8}", sup_port=dev + 1))
+        plug.register(
+            ConnDesc(
+                conn_id=conn,
+                peer_sout_ip=f"10.0.2.{conn}",
+                dev=dev,
+                sout_nic=f"mlx5_{dev}",
+                sup_nic=f"mlx5_{dev + 8}",
+                sup_port=dev + 1,
+            )
+        )
     _PLUGS.append(plug)
     return p
 
@@ -139,8 +172,9 @@ def test_cli_list_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     capsys.readouterr()
     assert main(["list", "--path", p, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert sorted((c["conn_id"], c["dev"], c["sout_nic"], c["sup_nic"], c["sout_port"], c["sup_port"]) for c in out) == [
-        (1, 0, "mlx5_0", "mlx5_8", 1, 1), (2, 0, "mlx5_0", "mlx5_8", 1, 1), (3, 1, "mlx5_1", "mlx5_9", 1, 2)]
+    assert sorted(
+        (c["conn_id"], c["dev"], c["sout_nic"], c["sup_nic"], c["sout_port"], c["sup_port"]) for c in out
+    ) == [(1, 0, "mlx5_0", "mlx5_8", 1, 1), (2, 0, "mlx5_0", "mlx5_8", 1, 1), (3, 1, "mlx5_1", "mlx5_9", 1, 2)]
     assert main(["list", "--path", p, "--json", "--dev", "1"]) == 0
     assert [c["conn_id"] for c in json.loads(capsys.readouterr().out)] == [3]
     assert main(["list", "--path", p, "--json", "--dev", "0"]) == 0
@@ -173,8 +207,26 @@ def test_cli_top_record_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert [ln.split()[:2] for ln in lines if ln.startswith("  dev")] == [["dev", "0"], ["dev", "1"]]
     assert lines[-1].split()[0] == "total"
     out = tmp_path / "r.csv"
-    assert main(["record", "--path", p, "--out", str(out), "--format", "csv", "--count", "1", "--interval", "20ms",
-                 "--dev", "0"]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--path",
+                p,
+                "--out",
+                str(out),
+                "--format",
+                "csv",
+                "--count",
+                "1",
+                "--interval",
+                "20ms",
+                "--dev",
+                "0",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.reader(out.open()))
     assert rows[0][-3:] == ["dev", "sout_nic", "sup_nic"] and rows[0][:3] == ["t", "slot", "gen"]
     assert tuple(rows[0][1:]) == CONN_FIELDS
@@ -190,8 +242,7 @@ def test_cli_bad_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: st
     p = _two_devices(tmp_path)
     capsys.readouterr()
     out = tmp_path / "r.csv"
-    for args in (["list"], ["list", "--json"], ["top", "--count", "1"],
-                 ["record", "--out", str(out), "--count", "1"]):
+    for args in (["list"], ["list", "--json"], ["top", "--count", "1"], ["record", "--out", str(out), "--count", "1"]):
         assert main([*args, "--path", p, "--dev", bad]) == 2, args
         err = capsys.readouterr().err
         assert f"{args[0]}: usage: --dev {bad!r}: want device indexes 0..65535" in err, err
@@ -205,12 +256,12 @@ def test_cli_bad_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: st
 def test_sup_path_field() -> None:
     """Version 6's sup_path (+58): written at its offset, read back, named for people; a value
     the spec does not define is kept and shown as unknown(N)."""
-    from mpib_agent._format import sup_path_name
+    from mpib_agent._types import sup_path_name
 
     s0 = mpib_agent.Slot(index=0, state=2, gen=1, conn_id=1, sup_path=2, sup_nic="b1_sup_b2")
     s2 = mpib_agent.Slot(index=2, gen=4, sup_path=9)
     img = mpib_agent.encode(_snap(s0, s2))
     assert img[slot_off(0) + 58] == 2 and img[slot_off(2) + 58] == 9
-    assert img[slot_off(0) + 59: slot_off(0) + 64] == bytes(5)
+    assert img[slot_off(0) + 59 : slot_off(0) + 64] == bytes(5)
     assert mpib_agent.decode(img).slots == [s0, s2]
     assert [sup_path_name(p) for p in (0, 1, 2, 3, 9)] == ["none", "direct", "routed", "island", "unknown(9)"]

@@ -43,8 +43,13 @@ def test_quick_start_runs(tmp_path: Path) -> None:
     guard = str(tmp_path / "must-not-exist")
     real = f"/dev/shm/mpib-hints-{os.geteuid()}"
     before = _state(real)
-    r = subprocess.run([sys.executable, "-c", snippet("## Quick start (Python, from a notebook)")],
-                       env=dict(ENV, MPIB_SHM_PATH=guard), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", snippet("## Quick start (Python, from a notebook)")],
+        env=dict(ENV, MPIB_SHM_PATH=guard),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "of the optimum" in r.stdout and "10.0.2.2" in r.stdout, r.stdout
     assert not os.path.exists(guard)
@@ -54,8 +59,13 @@ def test_quick_start_runs(tmp_path: Path) -> None:
 def test_bandit_example() -> None:
     if importlib.util.find_spec("gymnasium") is None or importlib.util.find_spec("numpy") is None:
         pytest.skip("gymnasium or numpy not installed (pip install mpib-agent[gym])")
-    r = subprocess.run([sys.executable, "-c", snippet("### A bandit against the registered env")], env=ENV,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", snippet("### A bandit against the registered env")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     m = re.search(r"bandit: best split ([0-9.]+) \(optimum ([0-9.]+)\), oracle_ratio ([0-9.]+)", r.stdout)
     assert m is not None, r.stdout

@@ -246,7 +246,9 @@ def test_active_rate_policy_2to1() -> None:
     finally:
         env.close()
     mean = sum(pcts) / len(pcts)
-    report(f"gym: env=mpib/SplitPerConn-v0 scenario=2to1 policy=active-rate seeds=5 mean_pct={mean:.1f} "
-           f"min_pct={min(pcts):.1f}")
+    report(
+        f"gym: env=mpib/SplitPerConn-v0 scenario=2to1 policy=active-rate seeds=5 mean_pct={mean:.1f} "
+        f"min_pct={min(pcts):.1f}"
+    )
     assert mean >= 95.0 and min(pcts) <= mean
     assert one[0] < 90.0  # a fixed half split is far off on 2to1: the score can fail

@@ -19,7 +19,7 @@ import pytest
 
 import mpib_agent
 from conftest import fake_register, report
-from mpib_agent._format import OFF_NPEERS, OFF_NSLOTS, OFF_SLOT_SIZE, OFF_TOTAL, OFF_VERSION, VERSION, total_size
+from mpib_agent._layout import OFF_NPEERS, OFF_NSLOTS, OFF_SLOT_SIZE, OFF_TOTAL, OFF_VERSION, VERSION, total_size
 
 GEOMETRY: List[Tuple[str, List[Tuple[int, int, int]]]] = [
     ("nslots", [(OFF_NSLOTS, 65536, 4)]),
@@ -114,8 +114,13 @@ def test_cli_geometry_changed(tmp_path: Path) -> None:
     seg = mpib_agent.create(str(tmp_path / "hints"), nslots=4, npeers=2)
     fake_register(seg, 1, "10.0.2.7", 1)
     src = Path(mpib_agent.__file__).resolve().parents[1]
-    p = subprocess.run([sys.executable, "-c", _CLI_WITH_CHANGE, "list", "--path", seg.path], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(src)}, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _CLI_WITH_CHANGE, "list", "--path", seg.path],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        timeout=60,
+    )
     assert p.returncode == 1 and "bad_geometry" in p.stderr and "changed since open" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
     seg.close()

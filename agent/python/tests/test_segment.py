@@ -342,9 +342,10 @@ def _put_rail_bytes(buf: bytearray, off: int, sout: int, sup: int, failovers: in
 def test_rail_state_decode() -> None:
     """sout_state/sup_state (u8 at +208/+209), failovers (u32 at +212) and their change times
     (u64 at +216/+224): names for the states the spec defines, unknown(N) for others."""
-    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
-        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    s1, s2, s3 = (mpib_agent._format.slot_off(i) for i in (1, 2, 3))
+    img = bytearray(
+        mpib_agent.encode(mpib_agent.Snapshot(header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0)))
+    )
+    s1, s2, s3 = (mpib_agent._layout.slot_off(i) for i in (1, 2, 3))
     _put_rail_bytes(img, s1, 1, 2, 5, 1_763_856_000_000_000_001, 0xFFFFFFFFFFFFFFFE)
     _put_rail_bytes(img, s2, 3, 255, 0xFFFFFFFF, 0, 0)
     _put_rail_bytes(img, s3, 0, 0, 2, 10, 20)  # both rails left service and rejoined
@@ -352,8 +353,13 @@ def test_rail_state_decode() -> None:
     got = {s.index: s.telemetry for s in snap.slots}
     T = mpib_agent.Telemetry
     assert got == {
-        1: T(sout_state="down", sup_state="failed", failovers=5, sout_state_ns=1_763_856_000_000_000_001,
-             sup_state_ns=0xFFFFFFFFFFFFFFFE),
+        1: T(
+            sout_state="down",
+            sup_state="failed",
+            failovers=5,
+            sout_state_ns=1_763_856_000_000_000_001,
+            sup_state_ns=0xFFFFFFFFFFFFFFFE,
+        ),
         2: T(sout_state="unknown(3)", sup_state="unknown(255)", failovers=0xFFFFFFFF),
         3: T(sout_state="up", sup_state="up", failovers=2, sout_state_ns=10, sup_state_ns=20),
     }
@@ -361,8 +367,12 @@ def test_rail_state_decode() -> None:
     assert mpib_agent.encode(mpib_agent.Snapshot.from_dict(snap.to_dict())) == bytes(img)
     tel = snap.to_dict()["slots"][1]["telemetry"]
     assert {k: tel[k] for k in ("sout_state", "sup_state", "failovers", "sout_state_ns", "sup_state_ns")} == {
-        "sout_state": "unknown(3)", "sup_state": "unknown(255)", "failovers": 4294967295,
-        "sout_state_ns": 0, "sup_state_ns": 0}
+        "sout_state": "unknown(3)",
+        "sup_state": "unknown(255)",
+        "failovers": 4294967295,
+        "sout_state_ns": 0,
+        "sup_state_ns": 0,
+    }
 
 
 def test_recoveries(tmp_path: Path) -> None:
@@ -377,7 +387,7 @@ def test_recoveries(tmp_path: Path) -> None:
             plugin.set_rail_state(i, rail, state, 7)
         t = seg.slot(i).telemetry
         assert (t.failovers, t.recoveries, t.sout_state, t.sup_state) == (2, 2, "up", "up")
-        assert os.pread(seg._fd, 4, mpib_agent._format.slot_off(i) + 236) == (2).to_bytes(4, "little")
+        assert os.pread(seg._fd, 4, mpib_agent._layout.slot_off(i) + 236) == (2).to_bytes(4, "little")
         assert seg.snapshot().to_dict()["slots"][0]["telemetry"]["recoveries"] == 2
         plugin.release(i)
         assert plugin.register(ConnDesc(conn_id=1)) == i and seg.slot(i).telemetry.recoveries == 0
@@ -385,7 +395,7 @@ def test_recoveries(tmp_path: Path) -> None:
 
 
 def test_rail_state_names() -> None:
-    from mpib_agent._format import rail_state_name, rail_state_value
+    from mpib_agent._types import rail_state_name, rail_state_value
 
     for v in range(256):
         assert rail_state_value(rail_state_name(v)) == v
@@ -399,7 +409,7 @@ def test_rail_state_live(seg: mpib_agent.Segment) -> None:
     """A plugin's rail-state stores are seen by connections(), slot() and snapshot(); a new
     claim (fake_register writes zero telemetry, as the plugin does) resets them."""
     fake_register(seg, 2, "10.0.2.7", 1)
-    off = mpib_agent._format.slot_off(2)
+    off = mpib_agent._layout.slot_off(2)
     fd = os.open(seg.path, os.O_RDWR)
     try:
         os.pwrite(fd, bytes([2, 1]), off + 208)
@@ -419,9 +429,16 @@ def test_version_message() -> None:
     """A segment of another format version is refused saying which side is older: a version 5
     segment (no sup_path), 4 (no recoveries), 3 (no device fields) or 2 (256-byte slots)
     predates this reader, version 7 comes from a newer agent."""
-    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
-        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    for ver, want in ((2, "older agent"), (3, "older agent"), (4, "older agent"), (5, "older agent"), (7, "newer agent")):
+    img = bytearray(
+        mpib_agent.encode(mpib_agent.Snapshot(header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0)))
+    )
+    for ver, want in (
+        (2, "older agent"),
+        (3, "older agent"),
+        (4, "older agent"),
+        (5, "older agent"),
+        (7, "newer agent"),
+    ):
         img[8:12] = ver.to_bytes(4, "little")
         with pytest.raises(mpib_agent.SegmentError) as ei:
             mpib_agent.decode(bytes(img))
@@ -432,20 +449,37 @@ def test_completion_decode() -> None:
     """Version 3 telemetry at the spec's offsets (4.3): applied_sup_bw u32 at +232,
     flush_wall_ns u64 at +240, then per rail (SOUT at +256, SUP at +288) completed_bytes,
     completed_requests, inflight_bytes, busy_ns, u64 each."""
-    img = bytearray(mpib_agent.encode(mpib_agent.Snapshot(
-        header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0))))
-    off = mpib_agent._format.slot_off(2)
-    img[off + 232: off + 236] = (700).to_bytes(4, "little")
-    img[off + 240: off + 248] = (1_763_856_000_000_000_003).to_bytes(8, "little")
+    img = bytearray(
+        mpib_agent.encode(mpib_agent.Snapshot(header=mpib_agent.Header(total_size=256 + 4 * 384, nslots=4, npeers=0)))
+    )
+    off = mpib_agent._layout.slot_off(2)
+    img[off + 232 : off + 236] = (700).to_bytes(4, "little")
+    img[off + 240 : off + 248] = (1_763_856_000_000_000_003).to_bytes(8, "little")
     for k, v in enumerate((11, 12, 13, 14, 21, 22, 23, 0xFFFFFFFFFFFFFFFF)):
-        img[off + 256 + 8 * k: off + 264 + 8 * k] = v.to_bytes(8, "little")
+        img[off + 256 + 8 * k : off + 264 + 8 * k] = v.to_bytes(8, "little")
     snap = mpib_agent.decode(bytes(img))
     assert [s.index for s in snap.slots] == [2]
     assert snap.slots[0].telemetry == mpib_agent.Telemetry(
-        applied_sup_bw=700, flush_wall_ns=1_763_856_000_000_000_003, sout_completed_bytes=11,
-        sout_completed_requests=12, sout_inflight_bytes=13, sout_busy_ns=14, sup_completed_bytes=21,
-        sup_completed_requests=22, sup_inflight_bytes=23, sup_busy_ns=0xFFFFFFFFFFFFFFFF)
+        applied_sup_bw=700,
+        flush_wall_ns=1_763_856_000_000_000_003,
+        sout_completed_bytes=11,
+        sout_completed_requests=12,
+        sout_inflight_bytes=13,
+        sout_busy_ns=14,
+        sup_completed_bytes=21,
+        sup_completed_requests=22,
+        sup_inflight_bytes=23,
+        sup_busy_ns=0xFFFFFFFFFFFFFFFF,
+    )
     assert mpib_agent.encode(snap) == bytes(img)
-    r = mpib_agent.rates({2: snap.slots[0]}, {2: mpib_agent.Slot(index=2, telemetry=mpib_agent.Telemetry(
-        sup_completed_bytes=8021, sup_completed_requests=26, sup_busy_ns=0))}, 2.0)
+    r = mpib_agent.rates(
+        {2: snap.slots[0]},
+        {
+            2: mpib_agent.Slot(
+                index=2,
+                telemetry=mpib_agent.Telemetry(sup_completed_bytes=8021, sup_completed_requests=26, sup_busy_ns=0),
+            )
+        },
+        2.0,
+    )
     assert r[0].sup_completed_bps == 4000 and r[0].sup_latency_ns == 0  # busy went backwards: no latency

@@ -1,5 +1,6 @@
 """Signal handling of the agent loops: SIGTERM/SIGINT must stop a loop whatever the main
 thread is doing when the signal comes."""
+
 from __future__ import annotations
 
 import signal

@@ -29,8 +29,15 @@ def test_plugin_registration(tmp_path: Path) -> None:
         assert mpib_agent.liveness(p).locked  # the attach lock
         i = plug.register(ConnDesc(conn_id=5, peer_sout_ip="10.0.2.9"))
         s = agent.slot(i)
-        assert (s.state, s.gen, s.pid, s.conn_id, s.peer_sout_ip, s.peer_island, s.is_send) == \
-            (2, 1, 77, 5, "10.0.2.9", "10.0.2.0", 1)
+        assert (s.state, s.gen, s.pid, s.conn_id, s.peer_sout_ip, s.peer_island, s.is_send) == (
+            2,
+            1,
+            77,
+            5,
+            "10.0.2.9",
+            "10.0.2.0",
+            1,
+        )
         assert agent.lease_held(i) and agent.gc() == []  # a live lease is never reclaimed
         plug.set_rail_state(i, "sup", 1, 123)
         plug.set_rail_state(i, "sup", 2, 124)  # down -> failed is not another failover
@@ -67,7 +74,7 @@ def test_hints_and_telemetry(tmp_path: Path) -> None:
         agent.set_class_hint("intra", 300)
         sm.advance(1.0)
         t = agent.slot(c.slot).telemetry
-        assert (t.last_sup_bw, mpib_agent._format.SOURCES[t.last_source], t.reads_applied > 0) == (300, "class", True)
+        assert (t.last_sup_bw, mpib_agent._layout.SOURCES[t.last_source], t.reads_applied > 0) == (300, "class", True)
         agent.set_slot_hint(c.slot, 683, gen=c.gen)
         before = agent.slot(c.slot).telemetry
         sm.advance(1.0)
@@ -108,14 +115,16 @@ def test_multi_processes(tmp_path: Path) -> None:
 
 def test_sim_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = str(tmp_path / "hints")
-    for args, msg in ((["--scenario", "nope"], "want one of equal, 2to1, 4to1, fail, shift"),
-                      ([], "give --scenario"),
-                      (["--scenario", "equal", "--speed", "0"], "--speed '0'"),
-                      (["--scenario", "equal", "--speed", "-2"], "--speed '-2'"),
-                      (["--scenario", "equal", "--speed", "x"], "--speed 'x'"),
-                      (["--scenario", "equal", "--duration", "-1"], "--duration '-1'"),
-                      (["--scenario", "equal", "--duration", "1 s"], "--duration '1 s'"),
-                      (["--scenario", "equal", "--seed", "1.5"], "--seed '1.5'")):
+    for args, msg in (
+        (["--scenario", "nope"], "want one of equal, 2to1, 4to1, fail, shift"),
+        ([], "give --scenario"),
+        (["--scenario", "equal", "--speed", "0"], "--speed '0'"),
+        (["--scenario", "equal", "--speed", "-2"], "--speed '-2'"),
+        (["--scenario", "equal", "--speed", "x"], "--speed 'x'"),
+        (["--scenario", "equal", "--duration", "-1"], "--duration '-1'"),
+        (["--scenario", "equal", "--duration", "1 s"], "--duration '1 s'"),
+        (["--scenario", "equal", "--seed", "1.5"], "--seed '1.5'"),
+    ):
         assert main(["sim", "--path", p] + args) == 2, args
         err = capsys.readouterr().err
         assert "mpib-agent-py sim: usage:" in err and msg in err, (args, err)
@@ -133,11 +142,13 @@ def test_sim_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_run_closed_loop_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = str(tmp_path / "hints")
     mpib_agent.create(p, 4, 0).close()
-    for args, msg in ((["--step", "0"], "--step '0': want an integer 1..256"),
-                      (["--step", "257"], "--step '257'"),
-                      (["--step", "8.5"], "--step '8.5'"),
-                      (["--interval", "0"], "--interval '0'"),
-                      (["--policy", "nope"], "want static, proportional or closed-loop")):
+    for args, msg in (
+        (["--step", "0"], "--step '0': want an integer 1..256"),
+        (["--step", "257"], "--step '257'"),
+        (["--step", "8.5"], "--step '8.5'"),
+        (["--interval", "0"], "--interval '0'"),
+        (["--policy", "nope"], "want static, proportional or closed-loop"),
+    ):
         a = ["run", "--path", p, "--policy", "closed-loop"] + args
         assert main(a) == 2, a
         assert msg in capsys.readouterr().err
@@ -148,21 +159,57 @@ def test_run_closed_loop_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_sim_cli_with_agent(tmp_path: Path) -> None:
     """The real-time simulator and `run --policy closed-loop`, two processes."""
     p = str(tmp_path / "hints")
-    simp = subprocess.Popen([sys.executable, "-m", "mpib_agent", "sim", "--path", p, "--scenario", "fail",
-                             "--duration", "0", "--speed", "4", "--seed", "1"], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    simp = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpib_agent",
+            "sim",
+            "--path",
+            p,
+            "--scenario",
+            "fail",
+            "--duration",
+            "0",
+            "--speed",
+            "4",
+            "--seed",
+            "1",
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     agent = None
     try:
         deadline = time.monotonic() + 10
         while not os.path.exists(p) and time.monotonic() < deadline:
             time.sleep(0.02)
-        agent = subprocess.Popen([sys.executable, "-m", "mpib_agent", "run", "--policy", "closed-loop", "--path", p,
-                                  "--interval", "0.1", "--step", "64"], env=ENV, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mpib_agent",
+                "run",
+                "--policy",
+                "closed-loop",
+                "--path",
+                p,
+                "--interval",
+                "0.1",
+                "--step",
+                "64",
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(2.0)
         with mpib_agent.open_segment(p) as seg:
             c = seg.connections()[0]
-            assert mpib_agent._format.SOURCES[c.telemetry.last_source] == "slot" and c.telemetry.reads_applied > 0
+            assert mpib_agent._layout.SOURCES[c.telemetry.last_source] == "slot" and c.telemetry.reads_applied > 0
     finally:
         for proc in (agent, simp):
             if proc is not None:
@@ -214,9 +261,16 @@ def test_completion_telemetry(tmp_path: Path) -> None:
     split applied, the wall clock of the flush; nothing more on a rail once it is down."""
     p = str(tmp_path / "hints")
     msg = 4 << 20
-    sc = sim.Scenario("t", "test", (sim.Conn(sim.Rail(10_000.0, 20.0), sim.Rail(30_000.0, 50.0), path_class=1, msg_bytes=msg),
-                                    sim.Conn(sim.Rail(10_000.0), sim.Rail(10_000.0), is_send=False)),
-                      (sim.Event(2.0, "sup", state="down"),), noise=0.0)
+    sc = sim.Scenario(
+        "t",
+        "test",
+        (
+            sim.Conn(sim.Rail(10_000.0, 20.0), sim.Rail(30_000.0, 50.0), path_class=1, msg_bytes=msg),
+            sim.Conn(sim.Rail(10_000.0), sim.Rail(10_000.0), is_send=False),
+        ),
+        (sim.Event(2.0, "sup", state="down"),),
+        noise=0.0,
+    )
     with sim.Simulator(sc, p, nslots=8, npeers=0) as sm, mpib_agent.open_segment(p) as agent:
         sm.agent = agent
         agent.set_class_hint("inter", 512)

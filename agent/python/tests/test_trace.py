@@ -17,10 +17,10 @@ import pytest
 import mpib_agent
 from mpib_agent import evaluate, sim, trace
 from mpib_agent._cli import main
-from mpib_agent._format import SegmentError, Telemetry
 from mpib_agent._hintcache import CachedResolver
 from mpib_agent._plugin import ConnDesc, PluginProcess
 from mpib_agent._scenariofile import load_scenario, scenario_from_dict
+from mpib_agent._types import SegmentError, Telemetry
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "testdata" / "scenarios" / "example.json"
@@ -80,22 +80,25 @@ def test_example_scenario_file(capsys: pytest.CaptureFixture[str]) -> None:
 BASE: Dict[str, Any] = {"duration": 10, "conns": [{"sout": {"gbps": 100}, "sup": {"gbps": 50}}]}
 
 
-@pytest.mark.parametrize("patch, msg", [
-    ({"conns": []}, "conns: want a non-empty list"),
-    ({"durration": 3}, "unknown key 'durration'"),
-    ({"duration": 0}, "duration: want a number > 0"),
-    ({"conns": [{"sout": {"gbps": 100}}]}, "conns[0]: want the sup rail"),
-    ({"conns": [{"sout": {"gbps": "fast"}, "sup": {"gbps": 1}}]}, "conns[0].sout.gbps: want a number >= 0"),
-    ({"conns": [{"sout": {"gbps": 1, "mbps": 1}, "sup": {"gbps": 1}}]}, "conns[0].sout: give mbps or gbps"),
-    ({"conns": [{"sout": {}, "sup": {"gbps": 1}}]}, "conns[0].sout: want the rail's capacity"),
-    ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "path_class": "far"}]}, "path_class: want one of intra"),
-    ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "msg_bytes": 0}]}, "msg_bytes: want an integer > 0"),
-    ({"events": [{"t": 20, "rail": "sup", "gbps": 1}]}, "events[0].t: 20 is after the scenario's end"),
-    ({"events": [{"t": 2, "rail": "sup"}]}, "events[0]: an event changes mbps"),
-    ({"events": [{"t": 2, "rail": "rail3", "gbps": 1}]}, "events[0].rail: want one of sout, sup"),
-    ({"events": [{"t": 2, "rail": "sup", "state": "gone"}]}, "events[0].state: want one of up, down, failed"),
-    ({"events": [{"t": 2, "rail": "sup", "gbps": 1, "conn": 1}]}, "events[0].conn: connection 1"),
-])
+@pytest.mark.parametrize(
+    "patch, msg",
+    [
+        ({"conns": []}, "conns: want a non-empty list"),
+        ({"durration": 3}, "unknown key 'durration'"),
+        ({"duration": 0}, "duration: want a number > 0"),
+        ({"conns": [{"sout": {"gbps": 100}}]}, "conns[0]: want the sup rail"),
+        ({"conns": [{"sout": {"gbps": "fast"}, "sup": {"gbps": 1}}]}, "conns[0].sout.gbps: want a number >= 0"),
+        ({"conns": [{"sout": {"gbps": 1, "mbps": 1}, "sup": {"gbps": 1}}]}, "conns[0].sout: give mbps or gbps"),
+        ({"conns": [{"sout": {}, "sup": {"gbps": 1}}]}, "conns[0].sout: want the rail's capacity"),
+        ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "path_class": "far"}]}, "path_class: want one of intra"),
+        ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "msg_bytes": 0}]}, "msg_bytes: want an integer > 0"),
+        ({"events": [{"t": 20, "rail": "sup", "gbps": 1}]}, "events[0].t: 20 is after the scenario's end"),
+        ({"events": [{"t": 2, "rail": "sup"}]}, "events[0]: an event changes mbps"),
+        ({"events": [{"t": 2, "rail": "rail3", "gbps": 1}]}, "events[0].rail: want one of sout, sup"),
+        ({"events": [{"t": 2, "rail": "sup", "state": "gone"}]}, "events[0].state: want one of up, down, failed"),
+        ({"events": [{"t": 2, "rail": "sup", "gbps": 1, "conn": 1}]}, "events[0].conn: connection 1"),
+    ],
+)
 def test_scenario_file_errors(patch: Dict[str, Any], msg: str) -> None:
     with pytest.raises(SegmentError) as e:
         scenario_from_dict(dict(BASE, **patch), "s.json")
@@ -124,17 +127,20 @@ def test_lab_trace_scenario() -> None:
     assert 0 < sc.events[0].t < sc.events[1].t < tr.duration
 
 
-@pytest.mark.parametrize("lines, msg", [
-    (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1}', '{"t": -1, "sup_mbps": 2}'], ":2: t -1 goes back"),
-    (['{"t": 0, "sout_mbps": "x", "sup_mbps": 1}'], ":1: sout_mbps: want Mbit/s"),
-    (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1, "sup_state": "off"}'], ":1: sup_state: want one of up"),
-    (['{"comment": "x", "speed": 2}'], ":1: a header line (no t) takes"),
-    (['[1, 2]'], ":1: want a JSON object"),
-    (['{"t": 0}', '{"t": 5}'], "no capacities"),
-    (['{"t": 0, "sout_mbps": 1}', '{"t": 5}'], "must give sout_mbps and sup_mbps"),
-    (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1}'], "lasts 0 s"),
-    (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1, "sup_gbps": 1}'], ":1: a capacity point takes t, sout_mbps"),
-])
+@pytest.mark.parametrize(
+    "lines, msg",
+    [
+        (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1}', '{"t": -1, "sup_mbps": 2}'], ":2: t -1 goes back"),
+        (['{"t": 0, "sout_mbps": "x", "sup_mbps": 1}'], ":1: sout_mbps: want Mbit/s"),
+        (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1, "sup_state": "off"}'], ":1: sup_state: want one of up"),
+        (['{"comment": "x", "speed": 2}'], ":1: a header line (no t) takes"),
+        (["[1, 2]"], ":1: want a JSON object"),
+        (['{"t": 0}', '{"t": 5}'], "no capacities"),
+        (['{"t": 0, "sout_mbps": 1}', '{"t": 5}'], "must give sout_mbps and sup_mbps"),
+        (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1}'], "lasts 0 s"),
+        (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1, "sup_gbps": 1}'], ":1: a capacity point takes t, sout_mbps"),
+    ],
+)
 def test_trace_errors(tmp_path: Path, lines: List[str], msg: str) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text("\n".join(lines) + "\n")
@@ -164,9 +170,26 @@ def test_recorded_trace_replays(tmp_path: Path) -> None:
 def test_record_raw_with_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """record --raw beside a real-time `sim`: every counter and the simulator's truth."""
     p = str(tmp_path / "hints")
-    simp = subprocess.Popen([sys.executable, "-m", "mpib_agent", "sim", "--path", p, "--scenario", "2to1",
-                             "--duration", "0", "--speed", "2"], env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    simp = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpib_agent",
+            "sim",
+            "--path",
+            p,
+            "--scenario",
+            "2to1",
+            "--duration",
+            "0",
+            "--speed",
+            "2",
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 10
         while not os.path.exists(sim.truth_path(p)) and time.monotonic() < deadline:
@@ -202,9 +225,11 @@ def test_plot_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plot_without_matplotlib(tmp_path: Path) -> None:
-    code = ("import sys\nsys.modules['matplotlib'] = None  # as if not installed\n"
-            "from mpib_agent._cli import main\n"
-            f"sys.exit(main(['plot', {str(LAB_TRACE)!r}, '-o', {str(tmp_path / 'x.png')!r}]))")
+    code = (
+        "import sys\nsys.modules['matplotlib'] = None  # as if not installed\n"
+        "from mpib_agent._cli import main\n"
+        f"sys.exit(main(['plot', {str(LAB_TRACE)!r}, '-o', {str(tmp_path / 'x.png')!r}]))"
+    )
     r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "pip install mpib-agent[plot]" in r.stderr, r.stderr
     assert not (tmp_path / "x.png").exists()

@@ -35,11 +35,14 @@ def test_vector(path: Path) -> None:
     for r in want["reads"]:
         got = mpib_agent.resolve(data, r["slot"], r["now_ns"], r["stale_ns"])
         assert (got.applies, got.sup_bw, got.source, got.clamped) == (
-            r["applies"], r["sup_bw"], r["source"], r["clamped"]), r
+            r["applies"],
+            r["sup_bw"],
+            r["source"],
+            r["clamped"],
+        ), r
 
 
-@pytest.mark.parametrize("path", [p for p in CASES if not json.loads(p.read_text())["error"]],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in CASES if not json.loads(p.read_text())["error"]], ids=lambda p: p.stem)
 def test_vector_opens_as_file(path: Path, tmp_path: Path) -> None:
     f = tmp_path / "seg"
     f.write_bytes(path.with_suffix(".bin").read_bytes())

@@ -16,9 +16,30 @@ from mpib_agent import sim
 from mpib_agent._cli import main
 from mpib_agent._watch import CONN_FIELDS
 
-FIELDS = {"slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps", "last_sup_bw",
-          "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
-          "sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns", "dev", "sout_nic", "sup_nic"}
+FIELDS = {
+    "slot",
+    "gen",
+    "pid",
+    "conn_id",
+    "is_send",
+    "path_class",
+    "sout_mbps",
+    "sup_mbps",
+    "last_sup_bw",
+    "sout_state",
+    "sup_state",
+    "sout_completed_mbps",
+    "sup_completed_mbps",
+    "sout_latency_us",
+    "sup_latency_us",
+    "sout_inflight_bytes",
+    "sup_inflight_bytes",
+    "applied_sup_bw",
+    "flush_wall_ns",
+    "dev",
+    "sout_nic",
+    "sup_nic",
+}
 
 
 @pytest.fixture
@@ -83,13 +104,18 @@ def test_record(running: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     lines = out.read_text().splitlines()
     assert len(lines) == 3 and len(_check(json.loads(lines[2]))) == 3
     out = tmp_path / "s.csv"
-    assert main(["record", "--path", running, "--out", str(out), "--format", "csv", "--count", "2",
-                 "--interval", "0.1"]) == 0
+    assert (
+        main(["record", "--path", running, "--out", str(out), "--format", "csv", "--count", "2", "--interval", "0.1"])
+        == 0
+    )
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert out.read_text().splitlines()[0] == "t," + ",".join(CONN_FIELDS)
     assert len(rows) >= 3 and {r["sout_state"] for r in rows} == {"up"}
-    for args, msg in ((["--format", "xml"], "--format 'xml'"), (["--count", "-1"], "--count -1"),
-                      (["--interval", "0"], "--interval '0'")):
+    for args, msg in (
+        (["--format", "xml"], "--format 'xml'"),
+        (["--count", "-1"], "--count -1"),
+        (["--interval", "0"], "--interval '0'"),
+    ):
         assert main(["record", "--path", running, "--out", str(tmp_path / "x")] + args) == 2
         assert msg in capsys.readouterr().err
     assert main(["record", "--path", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]) == 1

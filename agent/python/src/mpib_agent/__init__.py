@@ -1,24 +1,8 @@
 """Agent side of MPIB's shared-memory hint segment (docs/shm-format.md, version 6)."""
 
-from ._format import (
-    DEFAULT_PATH_PREFIX,
-    SUP_BW_MAX,
-    VERSION,
-    GenerationChanged,
-    Header,
-    HintClampedWarning,
-    Peer,
-    Record,
-    Resolution,
-    SegmentError,
-    Slot,
-    Snapshot,
-    Telemetry,
-    decode,
-    encode,
-    resolve,
-)
 from ._closedloop import ClosedLoopPolicy
+from ._codec import decode, encode
+from ._layout import DEFAULT_PATH_PREFIX, SUP_BW_MAX, VERSION
 from ._policy import (
     ConnRate,
     Proportional,
@@ -29,6 +13,7 @@ from ._policy import (
     rates,
     run_policy,
 )
+from ._resolve import resolve
 from ._segment import (
     Liveness,
     Segment,
@@ -39,6 +24,18 @@ from ._segment import (
     now_ns,
     open_segment,
     stale_ns_from_env,
+)
+from ._types import (
+    GenerationChanged,
+    Header,
+    HintClampedWarning,
+    Peer,
+    Record,
+    Resolution,
+    SegmentError,
+    Slot,
+    Snapshot,
+    Telemetry,
 )
 from ._watch import watch
 

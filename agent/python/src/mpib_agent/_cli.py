@@ -21,13 +21,36 @@ import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
-from ._format import (MAX_PEERS, MAX_SLOTS, SegmentError, Slot, Snapshot, class_name, clamp, heartbeat_fresh,
-                      sup_path_name, total_size)
-from ._policy import (ConnRate, Proportional, StaticWeights, agent_loop, gone, parse_conn, parse_peer, rate_sampler, rates,
-                      signal_setter)
+from ._layout import MAX_PEERS, MAX_SLOTS, total_size
+from ._policy import (
+    ConnRate,
+    Proportional,
+    StaticWeights,
+    agent_loop,
+    gone,
+    parse_conn,
+    parse_peer,
+    rate_sampler,
+    rates,
+    signal_setter,
+)
+from ._resolve import clamp, heartbeat_fresh
 from ._segment import (
     Segment,
     beat_period_s,
@@ -39,6 +62,7 @@ from ._segment import (
     parse_class,
     stale_ns_from_env,
 )
+from ._types import SegmentError, Slot, Snapshot, class_name, sup_path_name
 from ._watch import CSVWriter, sample, watch, write_jsonl
 
 if TYPE_CHECKING:
@@ -131,8 +155,10 @@ def _devs(values: Optional[List[str]]) -> Optional[FrozenSet[int]]:
     for v in values:
         for d in v.split(","):
             if _UINT_RE.match(d) is None or not d.isascii() or int(d) > MAX_DEV:
-                raise UsageError(f"--dev {v!r}: want device indexes 0..{MAX_DEV}, comma-separated (--dev 0,1) "
-                                 "or repeated (--dev 0 --dev 1)")
+                raise UsageError(
+                    f"--dev {v!r}: want device indexes 0..{MAX_DEV}, comma-separated (--dev 0,1) "
+                    "or repeated (--dev 0 --dev 1)"
+                )
             out.add(int(d))
     return frozenset(out)
 
@@ -155,8 +181,7 @@ def _only_sample(devs: Optional[FrozenSet[int]], smp: Dict[str, Any]) -> Dict[st
 def _cmd_create(a: argparse.Namespace) -> int:
     slots, peers = _int("slots", a.slots), _int("peers", a.peers)
     if not 1 <= slots <= MAX_SLOTS or not 0 <= peers <= MAX_PEERS:
-        raise SegmentError("bad_geometry", f"--slots {slots} (1..{MAX_SLOTS}) --peers {peers} (0..{MAX_PEERS})",
-                           a.path)
+        raise SegmentError("bad_geometry", f"--slots {slots} (1..{MAX_SLOTS}) --peers {peers} (0..{MAX_PEERS})", a.path)
     with create(a.path, slots, peers, force=a.force):
         print(f"created {a.path}: {slots} slots, {peers} peers, {total_size(slots, peers)} bytes, mode 0600")
     return 0
@@ -168,8 +193,10 @@ _LIST_FMT = "{:>5} {:>3} {:>21} {:>15} {:>15} {:>7} {:>4} {:>5} {:>5} {:>8} {:>1
 def _nic_pair(c: Slot) -> str:
     """A connection's NICs as ``list`` shows them: SOUT/SUP, ``-`` for a name not given, the
     port when it is not 1 (the Go CLI's nicPair)."""
+
     def one(name: str, port: int) -> str:
         return (name or "-") + (f":{port}" if port > 1 else "")
+
     return one(c.sout_nic, c.sout_port) + "/" + one(c.sup_nic, c.sup_port)
 
 
@@ -183,15 +210,47 @@ def _cmd_list(a: argparse.Namespace) -> int:
             print(json.dumps([dict(asdict(c), effective=asdict(r)) for c, r in rows], indent=2))
             return 0
         print(_status(seg))
-        print(_LIST_FMT.format("SLOT", "DEV", "PID:CONN", "LOCAL", "PEER", "CLASS", "DIR", "QPS", "HINT", "SOURCE",
-                               "SOUT_BYTES", "SUP_BYTES", "RAILS", "FAILOVERS", "SUP_PATH", "NICS"))
+        print(
+            _LIST_FMT.format(
+                "SLOT",
+                "DEV",
+                "PID:CONN",
+                "LOCAL",
+                "PEER",
+                "CLASS",
+                "DIR",
+                "QPS",
+                "HINT",
+                "SOURCE",
+                "SOUT_BYTES",
+                "SUP_BYTES",
+                "RAILS",
+                "FAILOVERS",
+                "SUP_PATH",
+                "NICS",
+            )
+        )
         for c, r in rows:
-            print(_LIST_FMT.format(
-                c.index, c.dev, f"{c.pid}:{c.conn_id}", c.local_sout_ip, c.peer_sout_ip, class_name(c.path_class),
-                "send" if c.is_send == 1 else "recv", f"{c.nqps_sout}+{c.nqps_sup}",
-                r.sup_bw if r.applies else "-", r.source, c.telemetry.sout_bytes, c.telemetry.sup_bytes,
-                f"{c.telemetry.sout_state}/{c.telemetry.sup_state}", c.telemetry.failovers, sup_path_name(c.sup_path),
-                _nic_pair(c)))
+            print(
+                _LIST_FMT.format(
+                    c.index,
+                    c.dev,
+                    f"{c.pid}:{c.conn_id}",
+                    c.local_sout_ip,
+                    c.peer_sout_ip,
+                    class_name(c.path_class),
+                    "send" if c.is_send == 1 else "recv",
+                    f"{c.nqps_sout}+{c.nqps_sup}",
+                    r.sup_bw if r.applies else "-",
+                    r.source,
+                    c.telemetry.sout_bytes,
+                    c.telemetry.sup_bytes,
+                    f"{c.telemetry.sout_state}/{c.telemetry.sup_state}",
+                    c.telemetry.failovers,
+                    sup_path_name(c.sup_path),
+                    _nic_pair(c),
+                )
+            )
         print(_hint_tables(seg.snapshot()))
     return 0
 
@@ -256,9 +315,19 @@ def _frame(seg: Segment, rs: List[ConnRate], now: int, clear: bool) -> None:
         ts, tp = ts + r.sout_bps, tp + r.sup_bps
         d = per_dev.get(r.slot.dev, (0.0, 0.0))
         per_dev[r.slot.dev] = (d[0] + r.sout_bps, d[1] + r.sup_bps)
-        print(_TOP_FMT.format(r.slot.index, r.slot.dev, r.slot.peer_sout_ip, class_name(r.slot.path_class),
-                              res.sup_bw if res.applies else "-", res.source, f"{r.sout_bps * 8e-9:.2f}",
-                              f"{r.sup_bps * 8e-9:.2f}", f"{r.sup_share:.3f}"))
+        print(
+            _TOP_FMT.format(
+                r.slot.index,
+                r.slot.dev,
+                r.slot.peer_sout_ip,
+                class_name(r.slot.path_class),
+                res.sup_bw if res.applies else "-",
+                res.source,
+                f"{r.sout_bps * 8e-9:.2f}",
+                f"{r.sup_bps * 8e-9:.2f}",
+                f"{r.sup_share:.3f}",
+            )
+        )
     if len(per_dev) > 1:  # per device and rail
         for dev in sorted(per_dev):
             so, su = per_dev[dev]
@@ -380,9 +449,12 @@ def _cmd_sim(a: argparse.Namespace) -> int:
         until = "until stopped" if duration == 0 else f"{duration:g} s simulated ({duration / speed:g} s)"
         print(f"sim: {made} {a.path}; speed {speed:g}x; {until}", flush=True)
         for c in sm.conns:
-            print(f"sim: conn {c.index}: slot {c.slot} gen {c.gen} pid:conn_id {c.pid}:{c.conn_id} "
-                  f"{'send' if c.spec.is_send else 'recv'} SOUT {c.sout.mbps / 1000:g} Gb/s, "
-                  f"SUP {c.sup.mbps / 1000:g} Gb/s; best split {c.optimum()[0]}", flush=True)
+            print(
+                f"sim: conn {c.index}: slot {c.slot} gen {c.gen} pid:conn_id {c.pid}:{c.conn_id} "
+                f"{'send' if c.spec.is_send else 'recv'} SOUT {c.sout.mbps / 1000:g} Gb/s, "
+                f"SUP {c.sup.mbps / 1000:g} Gb/s; best split {c.optimum()[0]}",
+                flush=True,
+            )
         sm.run(duration, speed=speed, stop=stop)
         for line in sm.summary():
             print(f"sim: {line}", flush=True)
@@ -466,8 +538,11 @@ def _loop(seg: Segment, tick: Callable[[], None], interval: float) -> None:
 def _cmd_heartbeat(a: argparse.Namespace) -> int:
     with open_segment(a.path) as seg:
         seg.acquire_agent()
-        print(f"heartbeat: pid {os.getpid()} beating {a.path} every {_fmt_ms(beat_period_s())} "
-              "(stop with SIGINT/SIGTERM)", flush=True)
+        print(
+            f"heartbeat: pid {os.getpid()} beating {a.path} every {_fmt_ms(beat_period_s())} "
+            "(stop with SIGINT/SIGTERM)",
+            flush=True,
+        )
 
         def tick() -> None:
             seg.gc()
@@ -549,8 +624,9 @@ def _cmd_run(a: argparse.Namespace) -> int:
     if a.step is not None and a.policy != "closed-loop":
         raise UsageError("--step goes with --policy closed-loop")
     step = _step(a.step) if a.step is not None else 64
-    interval = _duration_s("interval", a.interval if a.interval is not None else
-                           ("0.5" if a.policy == "closed-loop" else "1"))
+    interval = _duration_s(
+        "interval", a.interval if a.interval is not None else ("0.5" if a.policy == "closed-loop" else "1")
+    )
     with open_segment(a.path) as seg:
         seg.acquire_agent()
         if a.policy == "static":
@@ -559,8 +635,11 @@ def _cmd_run(a: argparse.Namespace) -> int:
             tick = _closed_loop_tick(seg, ClosedLoopPolicy(step, note=lambda s: print(s, flush=True)))
         else:
             tick = _proportional_tick(seg, Proportional(cap_sout=caps[0], cap_sup=caps[1]))
-        print(f"run: pid {os.getpid()}, policy {a.policy}, interval {_fmt_ms(interval)}, segment {a.path}, "
-              f"beat every {_fmt_ms(beat_period_s())}", flush=True)
+        print(
+            f"run: pid {os.getpid()}, policy {a.policy}, interval {_fmt_ms(interval)}, segment {a.path}, "
+            f"beat every {_fmt_ms(beat_period_s())}",
+            flush=True,
+        )
         n = [0]
 
         def with_gc() -> None:
@@ -598,9 +677,13 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
         return p
 
     def dev_flag(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dev", action="append", metavar="N[,N...]",
-                       help="only the connections of these fused devices (the plugin's device index, "
-                            "0..65535): a comma list, or the flag repeated; default all")
+        p.add_argument(
+            "--dev",
+            action="append",
+            metavar="N[,N...]",
+            help="only the connections of these fused devices (the plugin's device index, "
+            "0..65535): a comma list, or the flag repeated; default all",
+        )
 
     p = cmd("create", "create the segment (mode 0600)")
     p.add_argument("--slots", default="1024")
@@ -631,9 +714,12 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--format", default="jsonl", help="jsonl | csv")
     p.add_argument("--interval", default="1")
     p.add_argument("--count", default="0", help="samples (0: until stopped)")
-    p.add_argument("--raw", action="store_true",
-                   help="jsonl only (Python only): each connection also carries every telemetry counter (raw) and, "
-                        "when `sim` drives the segment, its ground truth (truth)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="jsonl only (Python only): each connection also carries every telemetry counter (raw) and, "
+        "when `sim` drives the segment, its ground truth (truth)",
+    )
     dev_flag(p)
     p.set_defaults(fn=_cmd_record)
     p = cmd("sim", "simulated plugin with a rail model (for trying policies)")
@@ -649,7 +735,9 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     p.add_argument("--policy", default="static", help="static | proportional | closed-loop")
     p.add_argument("--file", help="static: weights JSON (re-read when it changes)")
     p.add_argument("--capacity", default="", help="proportional: sout=X,sup=Y")
-    p.add_argument("--step", help="closed-loop: largest move of the split per interval, parts per 1024 (1..256, default 64)")
+    p.add_argument(
+        "--step", help="closed-loop: largest move of the split per interval, parts per 1024 (1..256, default 64)"
+    )
     p.add_argument("--interval", help="default 1 (closed-loop: 0.5)")
     p.set_defaults(fn=_cmd_run)
     cmd("gc", "reclaim slots of dead processes").set_defaults(fn=_cmd_gc)
@@ -660,8 +748,9 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
 def _offline_commands(sub: Any, subs: Dict[str, argparse.ArgumentParser]) -> None:
     """replay, evaluate, plot: Python only, on the simulator's virtual clock or a file (no
     segment, hence no --path)."""
-    p = sub.add_parser("replay", help="drive the simulator from a capacity trace, print the percent of the optimum",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "replay", help="drive the simulator from a capacity trace, print the percent of the optimum", allow_abbrev=False
+    )
     p.add_argument("trace", help="trace file (JSON Lines; docs/agent.md, Traces)")
     p.add_argument("--policy", default="closed-loop", help="vanilla | proportional | closed-loop | module:function")
     p.add_argument("--seed", help="noise seed (default 1)")
@@ -669,18 +758,23 @@ def _offline_commands(sub: Any, subs: Dict[str, argparse.ArgumentParser]) -> Non
     p.add_argument("--record", metavar="FILE", help="also write the replayed run as a trace (for plot)")
     p.set_defaults(fn=_cmd_replay)
     subs["replay"] = p
-    p = sub.add_parser("evaluate", help="percent of the optimum per policy and scenario, over seeds",
-                       allow_abbrev=False)
-    p.add_argument("--policy", default="all", help="all | NAME[,NAME] | module:function (built-in: vanilla, "
-                                                   "proportional, closed-loop)")
+    p = sub.add_parser(
+        "evaluate", help="percent of the optimum per policy and scenario, over seeds", allow_abbrev=False
+    )
+    p.add_argument(
+        "--policy",
+        default="all",
+        help="all | NAME[,NAME] | module:function (built-in: vanilla, proportional, closed-loop)",
+    )
     p.add_argument("--scenarios", default="all", help="all | NAME[,NAME] | FILE.json (comma list)")
     p.add_argument("--seeds", default="5", help="seeds 1..N per scenario (default 5)")
     p.add_argument("--interval", default="0.5", help="policy interval, simulated (default 0.5)")
     p.add_argument("--jobs", help="processes (default: the CPU count)")
     p.set_defaults(fn=_cmd_evaluate)
     subs["evaluate"] = p
-    p = sub.add_parser("plot", help="draw rates, split and rail states of a trace (needs mpib-agent[plot])",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "plot", help="draw rates, split and rail states of a trace (needs mpib-agent[plot])", allow_abbrev=False
+    )
     p.add_argument("trace", help="trace file (record --raw, replay --record, or hand-written)")
     p.add_argument("-o", "--out", required=True, help="output PNG")
     p.set_defaults(fn=_cmd_plot)

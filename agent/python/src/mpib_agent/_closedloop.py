@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ._format import SUP_BW_MAX, Telemetry
+from ._layout import SUP_BW_MAX
 from ._policy import ConnRate
+from ._types import Telemetry
 
 STEP = 64  # default largest move of the split per interval, parts per 1024
 MAX_STEP = 256  # largest step
@@ -136,8 +137,9 @@ class ClosedLoopPolicy:
     a failover starts or ends.
     """
 
-    def __init__(self, step: int = STEP, *, gain: float = GAIN, start: int = START,
-                 note: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self, step: int = STEP, *, gain: float = GAIN, start: int = START, note: Optional[Callable[[str], None]] = None
+    ) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
             raise ValueError(f"step {step!r}: want an integer 1..{MAX_STEP}")
         if not 0 < gain <= 1:
@@ -184,8 +186,10 @@ class ClosedLoopPolicy:
             live = SUP_BW_MAX if sup_up else 0
             if c.saved_w is None:
                 c.saved_w = c.w
-                self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): rails {t.sout_state}/{t.sup_state}: "
-                          f"sup_bw={live} until both are up")
+                self._say(
+                    f"closed-loop: slot {c.slot} (gen {c.gen}): rails {t.sout_state}/{t.sup_state}: "
+                    f"sup_bw={live} until both are up"
+                )
             c.w = live
             return
         if c.saved_w is not None:  # both rails up again: resume where it was, measure afresh
@@ -199,8 +203,10 @@ class ClosedLoopPolicy:
             return
         nxt = move(c.w, to, self.gain, self.step)
         if abs(nxt - c.w) >= NOTE_MOVE:
-            self._say(f"closed-loop: slot {c.slot} (gen {c.gen}): sup_bw {c.w} -> {nxt} (target {to}: "
-                      f"SOUT {c.rate[0] * 8 / 1e6:.1f}, SUP {c.rate[1] * 8 / 1e6:.1f} Mbit/s while active)")
+            self._say(
+                f"closed-loop: slot {c.slot} (gen {c.gen}): sup_bw {c.w} -> {nxt} (target {to}: "
+                f"SOUT {c.rate[0] * 8 / 1e6:.1f}, SUP {c.rate[1] * 8 / 1e6:.1f} Mbit/s while active)"
+            )
         c.w = nxt
 
 

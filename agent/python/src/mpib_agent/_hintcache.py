@@ -18,20 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from ._format import (
-    OFF_PEERS_EPOCH,
-    R_SEQ,
-    Record,
-    Resolution,
-    _applied,
-    _none,
-    ip_int,
-    peer_off,
-    peer_scan,
-    prefix_match,
-    resolve_view,
-)
+from ._layout import OFF_PEERS_EPOCH, R_SEQ, peer_off
+from ._resolve import _applied, _none, peer_scan, prefix_match, resolve_view
 from ._segment import Segment
+from ._types import Record, Resolution, ip_int
 
 
 class CachedResolver:
@@ -61,8 +51,9 @@ class CachedResolver:
         seg = self.seg
         with seg._io:
             v = seg._v
-            return resolve_view(v, seg._h, slot, now, stale_ns,
-                                read=lambda off: self._record(v, off), peer=self._resolve_peer)
+            return resolve_view(
+                v, seg._h, slot, now, stale_ns, read=lambda off: self._record(v, off), peer=self._resolve_peer
+            )
 
     def _resolve_peer(self, slot: int, gen: int, ip: int) -> Optional[Resolution]:
         """Step 5: the peer entry's hint, ``busy``, or None (no entry applies)."""

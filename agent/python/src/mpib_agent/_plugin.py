@@ -26,7 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from ._format import (
+from ._codec import put_device
+from ._layout import (
     LOCK_ATTACH,
     RAIL_STATE_FIELDS,
     S_CLASS,
@@ -41,20 +42,17 @@ from ._format import (
     S_QSUP,
     S_REG,
     S_SEND,
-    S_TELEMETRY,
     S_SUP_PATH,
+    S_TELEMETRY,
     S_TELEMETRY_END,
     SOURCES,
     STATE_ACTIVE,
     STATE_CLAIMING,
     TELEMETRY,
-    Resolution,
-    SegmentError,
-    ip_int,
-    put_device,
     slot_off,
 )
 from ._segment import Segment, _lock_byte, now_ns, open_segment, slot_lock_off, stale_ns_from_env
+from ._types import Resolution, SegmentError, ip_int
 
 _TEL = {name: (o, size) for name, o, size in TELEMETRY}
 _RAIL_OFF = dict(RAIL_STATE_FIELDS)

@@ -17,8 +17,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ._format import SUP_BW_MAX, SegmentError, Slot, clamp, ip_int
+from ._layout import SUP_BW_MAX
+from ._resolve import clamp
 from ._segment import Segment, beat_period_s, now_ns, parse_class
+from ._types import SegmentError, Slot, ip_int
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,9 @@ class _Beater(threading.Thread):
             except (SegmentError, OSError) as e:
                 if str(e) != last_warn:
                     last_warn = str(e)
-                    warnings.warn(f"segment {self.seg.path} replaced or truncated, the new one is unusable: {e}",
-                                  stacklevel=1)
+                    warnings.warn(
+                        f"segment {self.seg.path} replaced or truncated, the new one is unusable: {e}", stacklevel=1
+                    )
 
 
 def agent_loop(
@@ -285,8 +288,9 @@ def run_policy(
                     raise
                 warnings.warn(SlotSkippedWarning(str(e)), stacklevel=2)
 
-    agent_loop(seg, tick, interval, duration=duration, stop=stop, beat_every=beat_every, immediate=False,
-               note=lambda s: None)
+    agent_loop(
+        seg, tick, interval, duration=duration, stop=stop, beat_every=beat_every, immediate=False, note=lambda s: None
+    )
 
 
 def signal_setter(stop: threading.Event) -> Callable[[int, object], None]:
@@ -341,7 +345,8 @@ class ConnSelector:
     def find(self, conns: List[Slot]) -> Optional[Slot]:
         for c in conns:
             if (self.pid is None and c.index == self.slot) or (
-                    self.pid is not None and c.pid == self.pid and c.conn_id == self.conn_id):
+                self.pid is not None and c.pid == self.pid and c.conn_id == self.conn_id
+            ):
                 return c
         return None
 
@@ -494,8 +499,10 @@ class StaticWeights:
                 ip, plen = parse_peer(k)
                 seg.set_peer_hint(ip, nw.peers[k], prefix_len=plen)
             self.w, self.written, self.missing = nw, {}, {}
-            notes.append(f"policy: static weights loaded: {len(nw.cls)} class, {len(nw.peers)} peer, "
-                         f"{len(nw.conns)} conn entries")
+            notes.append(
+                f"policy: static weights loaded: {len(nw.cls)} class, {len(nw.peers)} peer, "
+                f"{len(nw.conns)} conn entries"
+            )
         assert self.w is not None
         for k in sorted(self.w.conns):
             c = parse_conn(k).find(conns)

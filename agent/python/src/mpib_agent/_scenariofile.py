@@ -12,7 +12,8 @@ import json
 import math
 from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
-from ._format import RAIL_STATES, SegmentError
+from ._layout import RAIL_STATES
+from ._types import SegmentError
 from .sim import GBIT, Conn, Event, Rail, Scenario
 
 _CLASSES = {"intra": 0, "inter": 1}
@@ -38,8 +39,13 @@ class _Fields:
         if key not in self.obj:
             return default
         v = self.obj[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
-                positive and v == 0):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or v < 0
+            or (positive and v == 0)
+        ):
             self.fail(f"want a number {'> 0' if positive else '>= 0'}, got {json.dumps(v)}", key)
         return float(v)
 
@@ -85,18 +91,23 @@ def _rail(path: str, where: str, obj: Any) -> Rail:
 
 
 def _conn(path: str, where: str, obj: Any) -> Conn:
-    f = _Fields(path, where, obj, ("sout", "sup", "process", "is_send", "path_class", "peer", "msg_bytes",
-                                   "conn_id"))
+    f = _Fields(path, where, obj, ("sout", "sup", "process", "is_send", "path_class", "peer", "msg_bytes", "conn_id"))
     for rail in ("sout", "sup"):
         if rail not in f.obj:
-            f.fail(f"want the {rail} rail: {{\"gbps\": 100}}")
+            f.fail(f'want the {rail} rail: {{"gbps": 100}}')
     msg = f.integer("msg_bytes", 4 << 20)
     if msg == 0:
         f.fail("want an integer > 0, got 0", "msg_bytes")
-    return Conn(sout=_rail(path, f"{where}.sout", f.obj["sout"]), sup=_rail(path, f"{where}.sup", f.obj["sup"]),
-                process=f.integer("process", 0) or 0, is_send=f.flag("is_send", True),
-                path_class=_CLASSES[f.text("path_class", "intra", tuple(_CLASSES))], peer=f.text("peer", ""),
-                msg_bytes=msg or 0, conn_id=f.integer("conn_id", None))
+    return Conn(
+        sout=_rail(path, f"{where}.sout", f.obj["sout"]),
+        sup=_rail(path, f"{where}.sup", f.obj["sup"]),
+        process=f.integer("process", 0) or 0,
+        is_send=f.flag("is_send", True),
+        path_class=_CLASSES[f.text("path_class", "intra", tuple(_CLASSES))],
+        peer=f.text("peer", ""),
+        msg_bytes=msg or 0,
+        conn_id=f.integer("conn_id", None),
+    )
 
 
 def _event(path: str, where: str, obj: Any, nconns: int, duration: float) -> Event:
@@ -131,8 +142,14 @@ def scenario_from_dict(obj: Any, path: str = "<scenario>") -> Scenario:
         f.fail("want a list of events", "events")
     events = tuple(_event(path, f"events[{i}]", e, len(conns), duration) for i, e in enumerate(events_raw))
     default = path.rsplit("/", 1)[-1].removesuffix(".json")
-    return Scenario(name=f.text("name", default), description=f.text("description", f"from {path}"),
-                    conns=conns, events=events, duration=duration, noise=noise)
+    return Scenario(
+        name=f.text("name", default),
+        description=f.text("description", f"from {path}"),
+        conns=conns,
+        events=events,
+        duration=duration,
+        noise=noise,
+    )
 
 
 def load_scenario(path: str) -> Scenario:

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple, Union
 
-from ._format import (
+from ._codec import View, decode_header, decode_slot, decode_view, record_fields, record_from, validate_header
+from ._layout import (
     DEFAULT_PATH_PREFIX,
     DEFAULT_STALE_MS,
     FLAG_VALID,
@@ -55,6 +56,13 @@ from ._format import (
     SLOT_SIZE,
     STATE_ACTIVE,
     VERSION,
+    class_off,
+    peer_off,
+    slot_off,
+    total_size,
+)
+from ._resolve import clamp, heartbeat_fresh, resolve_view
+from ._types import (
     GenerationChanged,
     Header,
     HintClampedWarning,
@@ -63,22 +71,8 @@ from ._format import (
     SegmentError,
     Slot,
     Snapshot,
-    View,
-    class_off,
-    clamp,
-    decode_header,
-    decode_slot,
-    decode_view,
-    heartbeat_fresh,
     ip_int,
     ip_str,
-    peer_off,
-    record_fields,
-    record_from,
-    resolve_view,
-    slot_off,
-    total_size,
-    validate_header,
 )
 
 
@@ -157,8 +151,11 @@ class FileView:
 
     def _gone(self) -> SegmentError:
         self.gone = True
-        return SegmentError("segment_gone", "the segment was truncated under this process "
-                            "(re-create it; reattach() follows a new one)", self.path)
+        return SegmentError(
+            "segment_gone",
+            "the segment was truncated under this process (re-create it; reattach() follows a new one)",
+            self.path,
+        )
 
     def read(self, off: int, n: int) -> bytes:
         if self.gone:
@@ -359,8 +356,9 @@ class Segment:
                 return
             if not _lock_byte(self._fd, LOCK_AGENT, fcntl.F_WRLCK):
                 pid = struct.unpack("<I", os.pread(self._fd, 4, OFF_AGENT_PID).ljust(4, b"\0"))[0]
-                raise SegmentError("agent_running", f"pid {pid} runs a heartbeat or policy loop on it; stop it first",
-                                   self.path)
+                raise SegmentError(
+                    "agent_running", f"pid {pid} runs a heartbeat or policy loop on it; stop it first", self.path
+                )
             self._agent = True
 
     def release_agent(self) -> None:
@@ -403,12 +401,19 @@ class Segment:
         does that. Readers keep using the validated geometry either way."""
         h, v = decode_header(head), self._h
         sizes = (head.u32(OFF_HEADER_SIZE), head.u32(OFF_SLOT_SIZE), head.u32(OFF_PEER_SIZE))
-        if (head.read(0, len(MAGIC)) == MAGIC and sizes == (HEADER_SIZE, SLOT_SIZE, PEER_SIZE)
-                and (h.version, h.nslots, h.npeers, h.total_size) == (v.version, v.nslots, v.npeers, v.total_size)):
+        if (
+            head.read(0, len(MAGIC)) == MAGIC
+            and sizes == (HEADER_SIZE, SLOT_SIZE, PEER_SIZE)
+            and (h.version, h.nslots, h.npeers, h.total_size) == (v.version, v.nslots, v.npeers, v.total_size)
+        ):
             return
-        raise SegmentError("bad_geometry", f"segment geometry changed since open (nslots {v.nslots} -> {h.nslots}, "
-                           f"npeers {v.npeers} -> {h.npeers}, total_size {v.total_size} -> {h.total_size}, "
-                           f"version {v.version} -> {h.version}): reopen", self.path)
+        raise SegmentError(
+            "bad_geometry",
+            f"segment geometry changed since open (nslots {v.nslots} -> {h.nslots}, "
+            f"npeers {v.npeers} -> {h.npeers}, total_size {v.total_size} -> {h.total_size}, "
+            f"version {v.version} -> {h.version}): reopen",
+            self.path,
+        )
 
     def connections(self) -> List[Slot]:
         """Active slots, hints read under their seqlock; SegmentError("bad_geometry") when the
@@ -439,8 +444,12 @@ class Segment:
             img = View(self._v.read(0, self._h.total_size))
             self._check_geometry(img)
             h = decode_header(img)
-            h.version, h.total_size, h.nslots, h.npeers = (self._h.version, self._h.total_size,
-                                                           self._h.nslots, self._h.npeers)
+            h.version, h.total_size, h.nslots, h.npeers = (
+                self._h.version,
+                self._h.total_size,
+                self._h.nslots,
+                self._h.npeers,
+            )
             snap = decode_view(img, h)
             for p in snap.peers:
                 p.record, _ = self._v.read_record(peer_off(self._h.nslots, p.index))
@@ -616,8 +625,9 @@ def _check_stat(st: os.stat_result, p: str) -> None:
     if st.st_uid != os.geteuid():
         raise SegmentError("bad_owner", f"owned by uid {st.st_uid}, this process runs as {os.geteuid()}", p)
     if st.st_mode & 0o077:  # readable by others shows peers and rates; writable lets them steer
-        raise SegmentError("bad_mode", f"mode {st.st_mode & 0o7777:04o} grants group/other access "
-                           "(want 0600: chmod 600)", p)
+        raise SegmentError(
+            "bad_mode", f"mode {st.st_mode & 0o7777:04o} grants group/other access (want 0600: chmod 600)", p
+        )
 
 
 def _open_nonblocking(p: str) -> int:
@@ -631,7 +641,9 @@ def _open_nonblocking(p: str) -> int:
         if e.errno == errno.ELOOP:
             raise SegmentError("not_regular", "a symbolic link (refused: O_NOFOLLOW)", p) from None
         if e.errno == errno.EWOULDBLOCK:
-            raise OSError(e.errno, f"another process holds a lease on the file (EWOULDBLOCK): try again later: {p}") from None
+            raise OSError(
+                e.errno, f"another process holds a lease on the file (EWOULDBLOCK): try again later: {p}"
+            ) from None
         raise
 
 
@@ -665,12 +677,18 @@ def create(path: Optional[str] = None, nslots: int = 1024, npeers: int = 256, *,
         st = None
     if st is not None:
         if st.st_uid != os.geteuid():
-            raise SegmentError("bad_owner", f"exists and belongs to uid {st.st_uid} (this process runs as "
-                               f"{os.geteuid()}): remove it or choose another MPIB_SHM_PATH", p)
+            raise SegmentError(
+                "bad_owner",
+                f"exists and belongs to uid {st.st_uid} (this process runs as "
+                f"{os.geteuid()}): remove it or choose another MPIB_SHM_PATH",
+                p,
+            )
         if not force:
             lv = liveness(p)
             if lv.live:
-                raise SegmentError("segment_live", f"{lv} (use --force to replace it; plugins move to the new segment)", p)
+                raise SegmentError(
+                    "segment_live", f"{lv} (use --force to replace it; plugins move to the new segment)", p
+                )
     size = total_size(nslots, npeers)
     head = bytearray(HEADER_SIZE)
     v = View(head)
@@ -699,5 +717,14 @@ def create(path: Optional[str] = None, nslots: int = 1024, npeers: int = 256, *,
     return open_segment(p)
 
 
-__all__ = ["Segment", "Liveness", "create", "open_segment", "liveness", "now_ns", "default_path",
-           "stale_ns_from_env", "beat_period_s"]
+__all__ = [
+    "Segment",
+    "Liveness",
+    "create",
+    "open_segment",
+    "liveness",
+    "now_ns",
+    "default_path",
+    "stale_ns_from_env",
+    "beat_period_s",
+]

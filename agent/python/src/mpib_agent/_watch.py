@@ -10,14 +10,34 @@ import time
 from dataclasses import asdict
 from typing import IO, Any, Dict, Generator, List, Optional, Tuple
 
-from ._format import SegmentError, Slot
 from ._policy import rates
 from ._segment import Segment, now_ns, open_segment
+from ._types import SegmentError, Slot
 
-CONN_FIELDS = ("slot", "gen", "pid", "conn_id", "is_send", "path_class", "sout_mbps", "sup_mbps", "last_sup_bw",
-               "sout_state", "sup_state", "sout_completed_mbps", "sup_completed_mbps", "sout_latency_us", "sup_latency_us",
-               "sout_inflight_bytes", "sup_inflight_bytes", "applied_sup_bw", "flush_wall_ns",
-               "dev", "sout_nic", "sup_nic")  # version 4: the connection's fused device and its NICs
+CONN_FIELDS = (
+    "slot",
+    "gen",
+    "pid",
+    "conn_id",
+    "is_send",
+    "path_class",
+    "sout_mbps",
+    "sup_mbps",
+    "last_sup_bw",
+    "sout_state",
+    "sup_state",
+    "sout_completed_mbps",
+    "sup_completed_mbps",
+    "sout_latency_us",
+    "sup_latency_us",
+    "sout_inflight_bytes",
+    "sup_inflight_bytes",
+    "applied_sup_bw",
+    "flush_wall_ns",
+    "dev",
+    "sout_nic",
+    "sup_nic",
+)  # version 4: the connection's fused device and its NICs
 CSV_FIELDS = ("t",) + CONN_FIELDS
 
 
@@ -34,16 +54,32 @@ def sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float, t: Optional
     conns: List[Dict[str, Any]] = []
     for r in rates(prev, cur, dt_s):
         s, tel = r.slot, r.slot.telemetry
-        conns.append({
-            "slot": s.index, "gen": s.gen, "pid": s.pid, "conn_id": s.conn_id, "is_send": s.is_send,
-            "path_class": s.path_class, "sout_mbps": _num(r.sout_bps * 8e-6), "sup_mbps": _num(r.sup_bps * 8e-6),
-            "last_sup_bw": tel.last_sup_bw, "sout_state": tel.sout_state, "sup_state": tel.sup_state,
-            "sout_completed_mbps": _num(r.sout_completed_bps * 8e-6), "sup_completed_mbps": _num(r.sup_completed_bps * 8e-6),
-            "sout_latency_us": _num(round(r.sout_latency_ns) / 1e3), "sup_latency_us": _num(round(r.sup_latency_ns) / 1e3),
-            "sout_inflight_bytes": tel.sout_inflight_bytes, "sup_inflight_bytes": tel.sup_inflight_bytes,
-            "applied_sup_bw": tel.applied_sup_bw, "flush_wall_ns": tel.flush_wall_ns,
-            "dev": s.dev, "sout_nic": s.sout_nic, "sup_nic": s.sup_nic,
-        })
+        conns.append(
+            {
+                "slot": s.index,
+                "gen": s.gen,
+                "pid": s.pid,
+                "conn_id": s.conn_id,
+                "is_send": s.is_send,
+                "path_class": s.path_class,
+                "sout_mbps": _num(r.sout_bps * 8e-6),
+                "sup_mbps": _num(r.sup_bps * 8e-6),
+                "last_sup_bw": tel.last_sup_bw,
+                "sout_state": tel.sout_state,
+                "sup_state": tel.sup_state,
+                "sout_completed_mbps": _num(r.sout_completed_bps * 8e-6),
+                "sup_completed_mbps": _num(r.sup_completed_bps * 8e-6),
+                "sout_latency_us": _num(round(r.sout_latency_ns) / 1e3),
+                "sup_latency_us": _num(round(r.sup_latency_ns) / 1e3),
+                "sout_inflight_bytes": tel.sout_inflight_bytes,
+                "sup_inflight_bytes": tel.sup_inflight_bytes,
+                "applied_sup_bw": tel.applied_sup_bw,
+                "flush_wall_ns": tel.flush_wall_ns,
+                "dev": s.dev,
+                "sout_nic": s.sout_nic,
+                "sup_nic": s.sup_nic,
+            }
+        )
     return {"t": time.time_ns() // 1000 / 1e6 if t is None else t, "conns": conns}
 
 
@@ -51,9 +87,13 @@ def _snap(seg: Segment) -> Dict[int, Slot]:
     return {s.index: s for s in seg.connections()}
 
 
-def raw_sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float,
-               truth: Optional[Dict[Tuple[int, int], Dict[str, Any]]] = None,
-               t: Optional[float] = None) -> Dict[str, Any]:
+def raw_sample(
+    prev: Dict[int, Slot],
+    cur: Dict[int, Slot],
+    dt_s: float,
+    truth: Optional[Dict[Tuple[int, int], Dict[str, Any]]] = None,
+    t: Optional[float] = None,
+) -> Dict[str, Any]:
     """A :func:`sample` whose connections also carry ``raw``, every telemetry field of the
     segment (as ``list --json`` prints them under ``telemetry``), and, when ``truth`` (by
     slot and gen, as :func:`mpib_agent.sim.read_truth` returns it) has the connection,
@@ -67,8 +107,14 @@ def raw_sample(prev: Dict[int, Slot], cur: Dict[int, Slot], dt_s: float,
     return s
 
 
-def watch(path: Optional[str] = None, interval: float = 1.0, *, count: Optional[int] = None,
-          stop: Optional[threading.Event] = None, raw: bool = False) -> Generator[Dict[str, Any], None, None]:
+def watch(
+    path: Optional[str] = None,
+    interval: float = 1.0,
+    *,
+    count: Optional[int] = None,
+    stop: Optional[threading.Event] = None,
+    raw: bool = False,
+) -> Generator[Dict[str, Any], None, None]:
     """Yields a sample (see :func:`sample`) every ``interval`` seconds: per connection its
     slot, gen, pid, conn_id, is_send, path_class, per-rail posted rates (``sout_mbps``,
     ``sup_mbps``, Mbit/s), ``last_sup_bw`` and rail states, and the completion telemetry:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._closedloop import ClosedLoopPolicy
-from ._format import SUP_BW_MAX, SegmentError
+from ._layout import SUP_BW_MAX
 from ._policy import ConnRate, Policy, Proportional
+from ._types import SegmentError
 from .sim import SCENARIOS, Scenario, scenario
 from .trace import simulate
 
@@ -106,8 +107,10 @@ class Result:
 
     def line(self) -> str:
         """The fixed-form line CI greps for."""
-        return (f"evaluate: policy={self.policy} scenario={self.scenario} seeds={len(self.pcts)} "
-                f"mean_pct={self.mean:.1f} min_pct={self.min:.1f}")
+        return (
+            f"evaluate: policy={self.policy} scenario={self.scenario} seeds={len(self.pcts)} "
+            f"mean_pct={self.mean:.1f} min_pct={self.min:.1f}"
+        )
 
 
 def _run(job: Tuple[str, Scenario, int, float]) -> float:
@@ -115,8 +118,14 @@ def _run(job: Tuple[str, Scenario, int, float]) -> float:
     return simulate(sc, policy_factory(spec)[1](), seed, interval)
 
 
-def evaluate(policies: Sequence[str], scenarios: Sequence[Scenario], seeds: int = 5, *, interval: float = 0.5,
-             jobs: Optional[int] = None) -> List[Result]:
+def evaluate(
+    policies: Sequence[str],
+    scenarios: Sequence[Scenario],
+    seeds: int = 5,
+    *,
+    interval: float = 0.5,
+    jobs: Optional[int] = None,
+) -> List[Result]:
     """Scores each policy (a spec for :func:`policy_factory`) on each scenario with seeds
     1..``seeds``, in ``jobs`` processes (default: the CPU count; 1 runs them here)."""
     if seeds < 1:
@@ -132,7 +141,7 @@ def evaluate(policies: Sequence[str], scenarios: Sequence[Scenario], seeds: int 
     out, k = [], 0
     for name in names:
         for sc in scenarios:
-            out.append(Result(name, sc.name, tuple(pcts[k:k + seeds])))
+            out.append(Result(name, sc.name, tuple(pcts[k : k + seeds])))
             k += seeds
     return out
 
@@ -149,5 +158,15 @@ def table(results: Sequence[Result]) -> List[str]:
     return lines
 
 
-__all__ = ["ALIASES", "BUILTIN", "ProportionalPolicy", "Result", "evaluate", "policy_factory", "policy_specs",
-           "scenario_specs", "table", "vanilla"]
+__all__ = [
+    "ALIASES",
+    "BUILTIN",
+    "ProportionalPolicy",
+    "Result",
+    "evaluate",
+    "policy_factory",
+    "policy_specs",
+    "scenario_specs",
+    "table",
+    "vanilla",
+]

@@ -73,7 +73,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(f"mpib_agent.gym needs gymnasium and numpy ({e}): pip install mpib-agent[gym]") from e
 
-from ._format import RAIL_STATES, SUP_BW_MAX
+from ._layout import RAIL_STATES, SUP_BW_MAX
 from ._policy import ConnRate, rates
 from ._segment import Segment, open_segment
 from .sim import Scenario, SimConn, Simulator
@@ -151,9 +151,15 @@ class _SimEnv(gymnasium.Env[Obs, "np.ndarray[Any, Any]"]):
 
     metadata: Dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 2}
 
-    def __init__(self, scenario: Union[str, Scenario] = "2to1", interval: float = 0.5,
-                 max_steps: Optional[int] = None, tick: float = 0.01, peak_half_life: float = 5.0,
-                 render_mode: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        scenario: Union[str, Scenario] = "2to1",
+        interval: float = 0.5,
+        max_steps: Optional[int] = None,
+        tick: float = 0.01,
+        peak_half_life: float = 5.0,
+        render_mode: Optional[str] = None,
+    ) -> None:
         if not interval > 0:
             raise ValueError(f"interval {interval!r}: want simulated seconds above 0")
         if max_steps is not None and max_steps < 1:
@@ -174,14 +180,16 @@ class _SimEnv(gymnasium.Env[Obs, "np.ndarray[Any, Any]"]):
         self.render_mode = render_mode
         n = self.n_conns
         rate = spaces.Box(0.0, MAX_GBPS, shape=(n, 2), dtype=np.float32)
-        self.observation_space = spaces.Dict({
-            "completed_gbps": rate,
-            "active_gbps": rate,
-            "latency_us": spaces.Box(0.0, MAX_LATENCY_US, shape=(n, 2), dtype=np.float32),
-            "inflight_bytes": spaces.Box(0.0, MAX_INFLIGHT, shape=(n, 2), dtype=np.float32),
-            "rail_state": spaces.Box(0, STATE_UNKNOWN, shape=(n, 2), dtype=np.int64),
-            "split": spaces.Box(0.0, 1.0, shape=(n,), dtype=np.float32),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "completed_gbps": rate,
+                "active_gbps": rate,
+                "latency_us": spaces.Box(0.0, MAX_LATENCY_US, shape=(n, 2), dtype=np.float32),
+                "inflight_bytes": spaces.Box(0.0, MAX_INFLIGHT, shape=(n, 2), dtype=np.float32),
+                "rail_state": spaces.Box(0, STATE_UNKNOWN, shape=(n, 2), dtype=np.int64),
+                "split": spaces.Box(0.0, 1.0, shape=(n,), dtype=np.float32),
+            }
+        )
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self.steps = 0
@@ -210,8 +218,9 @@ class _SimEnv(gymnasium.Env[Obs, "np.ndarray[Any, Any]"]):
 
     # -- the Gymnasium API ----------------------------------------------------------------
 
-    def reset(self, *, seed: Optional[int] = None,
-              options: Optional[Dict[str, Any]] = None) -> Tuple[Obs, Dict[str, Any]]:
+    def reset(
+        self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None
+    ) -> Tuple[Obs, Dict[str, Any]]:
         """A fresh simulation on a new segment, its noise seeded from ``self.np_random``
         (``seed`` re-seeds that generator for this and the following resets; without it the
         generator goes on, so each reset differs). Runs one interval with every send
@@ -229,7 +238,9 @@ class _SimEnv(gymnasium.Env[Obs, "np.ndarray[Any, Any]"]):
             os.unlink(path)
         conns = len(self.scenario.conns)
         sim_seed = int(self.np_random.integers(0, 2**63 - 1))
-        self._res.sim = Simulator(self.scenario, path, seed=sim_seed, tick=self.tick, nslots=max(64, 4 * conns), npeers=0)
+        self._res.sim = Simulator(
+            self.scenario, path, seed=sim_seed, tick=self.tick, nslots=max(64, 4 * conns), npeers=0
+        )
         self._res.seg = open_segment(path)
         self._res.seg.acquire_agent()
         self._res.sim.agent = self._res.seg
@@ -282,15 +293,19 @@ class _SimEnv(gymnasium.Env[Obs, "np.ndarray[Any, Any]"]):
         if self._last is None:
             return f"{name} ({self.scenario.name}): call reset()\n"
         obs, reward, info = self._last
-        lines = [f"{name} ({self.scenario.name}) t={info['t']:.2f}s step {self.steps}/{self.max_steps} "
-                 f"reward {reward:.3f} oracle {info['oracle_ratio']:.3f}"]
+        lines = [
+            f"{name} ({self.scenario.name}) t={info['t']:.2f}s step {self.steps}/{self.max_steps} "
+            f"reward {reward:.3f} oracle {info['oracle_ratio']:.3f}"
+        ]
         sim = self._res.sim
         for k, i in enumerate(self.sends):
             slot = sim.conns[i].slot if sim is not None else -1
             rails = []
             for r, rail in enumerate(("SOUT", "SUP")):
-                rails.append(f"{rail} {RAIL_STATES[int(obs['rail_state'][k, r])]:<6} "
-                             f"{obs['completed_gbps'][k, r]:7.1f}/{obs['active_gbps'][k, r]:7.1f} Gb/s")
+                rails.append(
+                    f"{rail} {RAIL_STATES[int(obs['rail_state'][k, r])]:<6} "
+                    f"{obs['completed_gbps'][k, r]:7.1f}/{obs['active_gbps'][k, r]:7.1f} Gb/s"
+                )
             lines.append(f"  conn {i} (slot {slot}): split {obs['split'][k]:.3f}  " + "  ".join(rails))
         return "\n".join(lines) + "\n"
 
@@ -369,9 +384,15 @@ class SplitEnv(_SimEnv):
     ``action_space = Box(0, 1, shape=(1,))``; a float or a one-number list works too. See the
     module's docstring for the observation, reward and arguments."""
 
-    def __init__(self, scenario: Union[str, Scenario] = "2to1", interval: float = 0.5,
-                 max_steps: Optional[int] = None, tick: float = 0.01, peak_half_life: float = 5.0,
-                 render_mode: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        scenario: Union[str, Scenario] = "2to1",
+        interval: float = 0.5,
+        max_steps: Optional[int] = None,
+        tick: float = 0.01,
+        peak_half_life: float = 5.0,
+        render_mode: Optional[str] = None,
+    ) -> None:
         super().__init__(scenario, interval, max_steps, tick, peak_half_life, render_mode)
         self.action_space = spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32)
 
@@ -384,9 +405,15 @@ class SplitPerConnEnv(_SimEnv):
     ``action_space = Box(0, 1, shape=(n,))``; a single number applies to all. See the module's
     docstring for the observation, reward and arguments."""
 
-    def __init__(self, scenario: Union[str, Scenario] = "2to1", interval: float = 0.5,
-                 max_steps: Optional[int] = None, tick: float = 0.01, peak_half_life: float = 5.0,
-                 render_mode: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        scenario: Union[str, Scenario] = "2to1",
+        interval: float = 0.5,
+        max_steps: Optional[int] = None,
+        tick: float = 0.01,
+        peak_half_life: float = 5.0,
+        render_mode: Optional[str] = None,
+    ) -> None:
         super().__init__(scenario, interval, max_steps, tick, peak_half_life, render_mode)
         self.action_space = spaces.Box(0.0, 1.0, shape=(self.n_conns,), dtype=np.float32)
 

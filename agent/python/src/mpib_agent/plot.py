@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from ._format import RAIL_STATES, SUP_BW_MAX
+from ._layout import RAIL_STATES, SUP_BW_MAX
 from .sim import Rail, optimum
 from .trace import DEFAULT_MSG_BYTES, Trace, read_trace
 
@@ -39,9 +39,12 @@ def send_series(tr: Trace) -> Dict[Tuple[int, int], Series]:
             truth = c.get("truth") or {}
             vals = {
                 "t": rec["t"],
-                "sout_mbps": c.get("sout_completed_mbps", 0.0), "sup_mbps": c.get("sup_completed_mbps", 0.0),
-                "split": c.get("applied_sup_bw", 0) / SUP_BW_MAX, "hint": c.get("last_sup_bw", 0) / SUP_BW_MAX,
-                "sout_state": _state(c.get("sout_state")), "sup_state": _state(c.get("sup_state")),
+                "sout_mbps": c.get("sout_completed_mbps", 0.0),
+                "sup_mbps": c.get("sup_completed_mbps", 0.0),
+                "split": c.get("applied_sup_bw", 0) / SUP_BW_MAX,
+                "hint": c.get("last_sup_bw", 0) / SUP_BW_MAX,
+                "sout_state": _state(c.get("sout_state")),
+                "sup_state": _state(c.get("sup_state")),
                 "opt_split": truth["opt_sup_bw"] / SUP_BW_MAX if "opt_sup_bw" in truth else float("nan"),
             }
             for k, v in vals.items():
@@ -78,20 +81,28 @@ def plot(trace_path: str, out_png: str, title: str = "") -> None:
     plt = _pyplot()
     tr = read_trace(trace_path)
     caps, conns = capacity_steps(tr), send_series(tr)
-    fig, (ax_rate, ax_split, ax_state) = plt.subplots(3, 1, sharex=True, figsize=(9, 7),
-                                                      gridspec_kw={"height_ratios": [3, 2, 1]})
+    fig, (ax_rate, ax_split, ax_state) = plt.subplots(
+        3, 1, sharex=True, figsize=(9, 7), gridspec_kw={"height_ratios": [3, 2, 1]}
+    )
     for rail, color in (("sout", "tab:blue"), ("sup", "tab:orange")):
         if caps["t"]:
-            ax_rate.step(caps["t"], caps[f"{rail}_mbps"], where="post", color=color, ls="--", lw=1,
-                         label=f"{rail.upper()} capacity")
-        for (slot, gen), s in conns.items():
+            ax_rate.step(
+                caps["t"],
+                caps[f"{rail}_mbps"],
+                where="post",
+                color=color,
+                ls="--",
+                lw=1,
+                label=f"{rail.upper()} capacity",
+            )
+        for (slot, _gen), s in conns.items():
             ax_rate.plot(s["t"], s[f"{rail}_mbps"], color=color, label=f"{rail.upper()} completed (slot {slot})")
             ax_state.step(s["t"], s[f"{rail}_state"], where="post", color=color, label=rail.upper())
         if not conns and caps["t"]:
             ax_state.step(caps["t"], caps[f"{rail}_state"], where="post", color=color, label=rail.upper())
     if caps["t"]:
         ax_split.step(caps["t"], caps["opt_split"], where="post", color="k", ls="--", lw=1, label="optimum")
-    for (slot, gen), s in conns.items():
+    for (slot, _gen), s in conns.items():
         ax_split.plot(s["t"], s["split"], label=f"applied (slot {slot})")
         ax_split.plot(s["t"], s["hint"], ls=":", label=f"hint read (slot {slot})")
     ax_rate.set_ylabel("Mbit/s")

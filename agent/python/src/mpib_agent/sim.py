@@ -49,11 +49,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from ._format import RAIL_STATES, SUP_BW_MAX, SegmentError
 from ._hintcache import CachedResolver
+from ._layout import RAIL_STATES, SUP_BW_MAX
 from ._plugin import ConnDesc, PluginProcess
 from ._policy import Policy, rates
 from ._segment import Segment, beat_period_s, create, now_ns, open_segment, stale_ns_from_env
+from ._types import SegmentError
 
 PID_BASE = 4242  # simulated process k has pid PID_BASE + k
 GBIT = 1000.0  # Mbit/s
@@ -119,25 +120,42 @@ US = 1.0  # latency unit: microseconds
 
 # The same table as the Go simulator's sim.Scenarios() (agent/go/sim/scenarios.go), whose names
 # are "equal", "2:1", "4:1", "rail fails and returns", "capacity changes".
-SCENARIOS: Dict[str, Scenario] = {s.name: s for s in (
-    Scenario("equal", "SOUT and SUP 100 Gb/s: best split 512",
-             (Conn(_g(100), _g(100)),)),
-    Scenario("2to1", "2 processes: SUP twice SOUT (100+200 Gb/s, best ~683), SOUT twice SUP (200+100 Gb/s, "
-             "best ~341), and a receive connection",
-             (Conn(_g(100), _g(200)),
-              Conn(_g(200), _g(100), process=1, conn_id=7),
-              Conn(_g(100), _g(100), process=1, conn_id=8, is_send=False))),
-    Scenario("4to1", "SOUT four times SUP (200 Gb/s, 20 us + 50 Gb/s, 5 us), 1 MiB messages: best ~278 "
-             "(the latency counts)",
-             (Conn(Rail(200 * GBIT, 20 * US), _g(50), msg_bytes=1 << 20),)),
-    Scenario("fail", "SOUT 100 Gb/s, SUP 200 Gb/s; SUP goes down at 30 s (all on SOUT) and comes back at 45 s",
-             (Conn(_g(100), _g(200)),),
-             (Event(30, "sup", mbps=0, state="down"), Event(45, "sup", mbps=200 * GBIT, state="up")), duration=75),
-    Scenario("shift", "SOUT and SUP 100 Gb/s; SUP drops to 25 Gb/s at 30 s (best ~204), SOUT drops to 50 Gb/s "
-             "at 60 s (best ~341)",
-             (Conn(_g(100), _g(100)),),
-             (Event(30, "sup", mbps=25 * GBIT), Event(60, "sout", mbps=50 * GBIT)), duration=90),
-)}
+SCENARIOS: Dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("equal", "SOUT and SUP 100 Gb/s: best split 512", (Conn(_g(100), _g(100)),)),
+        Scenario(
+            "2to1",
+            "2 processes: SUP twice SOUT (100+200 Gb/s, best ~683), SOUT twice SUP (200+100 Gb/s, "
+            "best ~341), and a receive connection",
+            (
+                Conn(_g(100), _g(200)),
+                Conn(_g(200), _g(100), process=1, conn_id=7),
+                Conn(_g(100), _g(100), process=1, conn_id=8, is_send=False),
+            ),
+        ),
+        Scenario(
+            "4to1",
+            "SOUT four times SUP (200 Gb/s, 20 us + 50 Gb/s, 5 us), 1 MiB messages: best ~278 (the latency counts)",
+            (Conn(Rail(200 * GBIT, 20 * US), _g(50), msg_bytes=1 << 20),),
+        ),
+        Scenario(
+            "fail",
+            "SOUT 100 Gb/s, SUP 200 Gb/s; SUP goes down at 30 s (all on SOUT) and comes back at 45 s",
+            (Conn(_g(100), _g(200)),),
+            (Event(30, "sup", mbps=0, state="down"), Event(45, "sup", mbps=200 * GBIT, state="up")),
+            duration=75,
+        ),
+        Scenario(
+            "shift",
+            "SOUT and SUP 100 Gb/s; SUP drops to 25 Gb/s at 30 s (best ~204), SOUT drops to 50 Gb/s "
+            "at 60 s (best ~341)",
+            (Conn(_g(100), _g(100)),),
+            (Event(30, "sup", mbps=25 * GBIT), Event(60, "sout", mbps=50 * GBIT)),
+            duration=90,
+        ),
+    )
+}
 
 
 def scenario(name: Union[str, Scenario]) -> Scenario:
@@ -153,8 +171,9 @@ def scenario(name: Union[str, Scenario]) -> Scenario:
 
         if looks_like_file(name):
             return load_scenario(name)
-        raise SegmentError("bad_value", f"scenario {name!r}: want one of {', '.join(SCENARIOS)} "
-                                        "or a scenario file (NAME.json)")
+        raise SegmentError(
+            "bad_value", f"scenario {name!r}: want one of {', '.join(SCENARIOS)} or a scenario file (NAME.json)"
+        )
     return s
 
 
@@ -183,8 +202,16 @@ def optimum(sout: Rail, sup: Rail, up: Tuple[bool, bool], msg_bytes: float) -> T
 
 
 _TEL_NAMES = ("sout_bytes", "sout_requests", "sup_bytes", "sup_requests")
-_DONE_NAMES = ("sout_completed_bytes", "sout_completed_requests", "sout_busy_ns", "sout_active_ns",
-               "sup_completed_bytes", "sup_completed_requests", "sup_busy_ns", "sup_active_ns")
+_DONE_NAMES = (
+    "sout_completed_bytes",
+    "sout_completed_requests",
+    "sout_busy_ns",
+    "sout_active_ns",
+    "sup_completed_bytes",
+    "sup_completed_requests",
+    "sup_busy_ns",
+    "sup_active_ns",
+)
 
 
 @dataclass
@@ -241,7 +268,7 @@ class SimConn:
         for r, (part, rail) in enumerate(zip(parts, (self.sout, self.sup))):
             inflight = part if part > 0 else 0.0
             grow = inflight - self.inflight[r]
-            done = self.done[4 * r: 4 * r + 4]
+            done = self.done[4 * r : 4 * r + 4]
             if part > 0:
                 done[0] += msgs * part
                 done[1] += msgs
@@ -254,7 +281,7 @@ class SimConn:
                 self.posted[2 * r] += grow
             elif up[r]:
                 done[0] -= grow
-            self.done[4 * r: 4 * r + 4] = done
+            self.done[4 * r : 4 * r + 4] = done
             self.inflight[r] = inflight
 
 
@@ -264,14 +291,26 @@ class Simulator:
     file is at ``path`` it creates a segment there (``nslots``, ``npeers``). ``seed`` seeds the
     noise. Close it (or use it as a context manager) to release its slots."""
 
-    def __init__(self, scenario_: Union[str, Scenario], path: str, *, seed: Optional[int] = None,
-                 tick: float = 0.01, nslots: int = 1024, npeers: int = 256, realtime: bool = False) -> None:
+    def __init__(
+        self,
+        scenario_: Union[str, Scenario],
+        path: str,
+        *,
+        seed: Optional[int] = None,
+        tick: float = 0.01,
+        nslots: int = 1024,
+        npeers: int = 256,
+        realtime: bool = False,
+    ) -> None:
         self.scenario = scenario(scenario_)
         if not tick > 0:
             raise ValueError(f"tick {tick!r}: want seconds above 0")
         for e in self.scenario.events:
-            if e.rail not in ("sout", "sup") or (e.state is not None and e.state not in RAIL_STATES) or (
-                    e.conn is not None and not 0 <= e.conn < len(self.scenario.conns)):
+            if (
+                e.rail not in ("sout", "sup")
+                or (e.state is not None and e.state not in RAIL_STATES)
+                or (e.conn is not None and not 0 <= e.conn < len(self.scenario.conns))
+            ):
                 raise ValueError(f"scenario {self.scenario.name}: bad event {e}")
         self.path = path
         self.tick = tick
@@ -309,8 +348,14 @@ class Simulator:
                 if p is None:
                     p = procs[c.spec.process] = PluginProcess(self.path, PID_BASE + c.spec.process)
                 cid = c.index if c.spec.conn_id is None else c.spec.conn_id
-                c.slot = p.register(ConnDesc(conn_id=cid, peer_sout_ip=c.spec.peer or f"10.0.2.{c.index + 2}",
-                                             path_class=c.spec.path_class, is_send=c.spec.is_send))
+                c.slot = p.register(
+                    ConnDesc(
+                        conn_id=cid,
+                        peer_sout_ip=c.spec.peer or f"10.0.2.{c.index + 2}",
+                        path_class=c.spec.path_class,
+                        is_send=c.spec.is_send,
+                    )
+                )
                 c.gen = p.slots[c.slot]
                 c.posted = [0.0] * 4
                 c.done = [0.0] * len(_DONE_NAMES)
@@ -448,8 +493,15 @@ class Simulator:
 
     # -- real time ----------------------------------------------------------------------------
 
-    def run(self, duration: Optional[float] = None, *, speed: float = 1.0, stop: Optional[threading.Event] = None,
-            note: Callable[[str], None] = lambda s: print(s, flush=True), real_tick: float = 0.005) -> None:
+    def run(
+        self,
+        duration: Optional[float] = None,
+        *,
+        speed: float = 1.0,
+        stop: Optional[threading.Event] = None,
+        note: Callable[[str], None] = lambda s: print(s, flush=True),
+        real_tick: float = 0.005,
+    ) -> None:
         """Real-time mode: simulated time follows the wall clock ``speed`` times faster, for
         ``duration`` simulated seconds (None: the scenario's duration; 0: until ``stop``),
         writing telemetry every ``real_tick`` wall-clock seconds (short, so that an agent's
@@ -508,8 +560,10 @@ class Simulator:
             q.close()
         self._attach()
         self._truth_changed = True
-        note(f"sim: segment {self.path} replaced: connections registered again "
-             f"(slots {', '.join(str(c.slot) for c in self.conns)})")
+        note(
+            f"sim: segment {self.path} replaced: connections registered again "
+            f"(slots {', '.join(str(c.slot) for c in self.conns)})"
+        )
 
     # -- reading the model --------------------------------------------------------------------
 
@@ -521,10 +575,19 @@ class Simulator:
         out = []
         for c in self.conns:
             w, best = c.optimum()
-            out.append({"slot": c.slot, "gen": c.gen, "is_send": c.spec.is_send,
-                        "sout_mbps": c.sout.mbps * speed, "sup_mbps": c.sup.mbps * speed,
-                        "sout_state": RAIL_STATES[c.state[0]], "sup_state": RAIL_STATES[c.state[1]],
-                        "opt_sup_bw": w, "opt_mbps": best * 8e-6 * speed})
+            out.append(
+                {
+                    "slot": c.slot,
+                    "gen": c.gen,
+                    "is_send": c.spec.is_send,
+                    "sout_mbps": c.sout.mbps * speed,
+                    "sup_mbps": c.sup.mbps * speed,
+                    "sout_state": RAIL_STATES[c.state[0]],
+                    "sup_state": RAIL_STATES[c.state[1]],
+                    "opt_sup_bw": w,
+                    "opt_mbps": best * 8e-6 * speed,
+                }
+            )
         return out
 
     def publish_truth(self, speed: float = 1.0) -> None:
@@ -532,8 +595,13 @@ class Simulator:
         that ``record --raw`` in another process puts it on each record. Real-time mode does
         it at start and after each change."""
         dest = truth_path(self.path)
-        doc = {"pid": os.getpid(), "scenario": self.scenario.name, "speed": speed, "t": self.t,
-               "conns": self.truth(speed)}
+        doc = {
+            "pid": os.getpid(),
+            "scenario": self.scenario.name,
+            "speed": speed,
+            "t": self.t,
+            "conns": self.truth(speed),
+        }
         tmp = f"{dest}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -547,14 +615,21 @@ class Simulator:
         for c in self.conns:
             ratio = c.delivered / c.optimal if c.optimal > 0 else 0.0
             kind = "send" if c.spec.is_send else "recv (vanilla)"
-            out.append(f"conn {c.index} (slot {c.slot}, {c.pid}:{c.conn_id}, {kind}): "
-                       f"{c.delivered * 8 / max(self.t, 1e-9) / 1e9:.1f} Gb/s on average, "
-                       f"{100 * ratio:.1f}% of the optimum")
+            out.append(
+                f"conn {c.index} (slot {c.slot}, {c.pid}:{c.conn_id}, {kind}): "
+                f"{c.delivered * 8 / max(self.t, 1e-9) / 1e9:.1f} Gb/s on average, "
+                f"{100 * ratio:.1f}% of the optimum"
+            )
         return out
 
 
-def drive(sim: Simulator, policy: Policy, interval: float, duration: float,
-          on_interval: Optional[Callable[[Simulator], None]] = None) -> None:
+def drive(
+    sim: Simulator,
+    policy: Policy,
+    interval: float,
+    duration: float,
+    on_interval: Optional[Callable[[Simulator], None]] = None,
+) -> None:
     """Runs ``policy`` (a :func:`mpib_agent.run_policy` callback, e.g.
     :class:`~mpib_agent.ClosedLoopPolicy`) against ``sim`` on the virtual clock: an agent
     Segment of its own that beats at every tick, the policy called with each interval's rates
@@ -607,5 +682,20 @@ def describe() -> List[str]:
     return [f"{s.name:<6} {s.duration:>3g} s  {s.description}" for s in SCENARIOS.values()]
 
 
-__all__ = ["Conn", "Event", "Rail", "Scenario", "SCENARIOS", "SimConn", "Simulator", "describe", "drive", "msg_time",
-           "optimum", "read_truth", "scenario", "truth_path", "PID_BASE"]
+__all__ = [
+    "Conn",
+    "Event",
+    "Rail",
+    "Scenario",
+    "SCENARIOS",
+    "SimConn",
+    "Simulator",
+    "describe",
+    "drive",
+    "msg_time",
+    "optimum",
+    "read_truth",
+    "scenario",
+    "truth_path",
+    "PID_BASE",
+]

@@ -26,9 +26,10 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ._format import RAIL_STATES, SegmentError, Slot
+from ._layout import RAIL_STATES
 from ._policy import Policy
 from ._segment import create
+from ._types import SegmentError, Slot
 from ._watch import raw_sample
 from .sim import Conn, Event, Rail, Scenario, Simulator, drive
 
@@ -168,8 +169,11 @@ def trace_scenario(tr: Trace) -> Scenario:
     """The scenario that replays ``tr``: one send connection (intra-island) whose rails take
     the trace's capacities and states at their times, for the trace's duration."""
     if not tr.points:
-        raise SegmentError("bad_trace", f"{tr.path}: no capacities: want capacity points "
-                                        "({\"t\": 0, \"sout_mbps\": 12.5, \"sup_mbps\": 25}) or records with truth")
+        raise SegmentError(
+            "bad_trace",
+            f"{tr.path}: no capacities: want capacity points "
+            '({"t": 0, "sout_mbps": 12.5, "sup_mbps": 25}) or records with truth',
+        )
     first = tr.points[0]
     if first.sout_mbps is None or first.sup_mbps is None:
         raise SegmentError("bad_trace", f"{tr.path}: the first capacity point must give sout_mbps and sup_mbps")
@@ -178,8 +182,10 @@ def trace_scenario(tr: Trace) -> Scenario:
     msg = int(_header_num(tr, "msg_bytes", DEFAULT_MSG_BYTES))
     if msg <= 0:
         raise SegmentError("bad_trace", f"{tr.path}: header msg_bytes: want bytes > 0")
-    rails = (Rail(first.sout_mbps, _header_num(tr, "sout_latency_us", 5.0)),
-             Rail(first.sup_mbps, _header_num(tr, "sup_latency_us", 5.0)))
+    rails = (
+        Rail(first.sout_mbps, _header_num(tr, "sout_latency_us", 5.0)),
+        Rail(first.sup_mbps, _header_num(tr, "sup_latency_us", 5.0)),
+    )
     events: List[Event] = []
     states = (first.sout_state or "up", first.sup_state or "up")
     for r, st in zip(("sout", "sup"), states):
@@ -187,8 +193,10 @@ def trace_scenario(tr: Trace) -> Scenario:
             events.append(Event(0.0, r, state=st))
     rates: Tuple[float, float] = (first.sout_mbps, first.sup_mbps)
     for p in tr.points[1:]:
-        new_rates = (p.sout_mbps if p.sout_mbps is not None else rates[0],
-                     p.sup_mbps if p.sup_mbps is not None else rates[1])
+        new_rates = (
+            p.sout_mbps if p.sout_mbps is not None else rates[0],
+            p.sup_mbps if p.sup_mbps is not None else rates[1],
+        )
         new_states = (p.sout_state or states[0], p.sup_state or states[1])
         for k, r in enumerate(("sout", "sup")):
             mbps = new_rates[k] if new_rates[k] != rates[k] else None
@@ -198,8 +206,14 @@ def trace_scenario(tr: Trace) -> Scenario:
         rates, states = new_rates, new_states
     name = os.path.basename(tr.path)
     desc = str(tr.header.get("comment", f"replay of {tr.path}"))
-    return Scenario(name, desc, (Conn(rails[0], rails[1], msg_bytes=msg),), tuple(events), duration=tr.duration,
-                    noise=_header_num(tr, "noise", 0.03))
+    return Scenario(
+        name,
+        desc,
+        (Conn(rails[0], rails[1], msg_bytes=msg),),
+        tuple(events),
+        duration=tr.duration,
+        noise=_header_num(tr, "noise", 0.03),
+    )
 
 
 def percent_of_optimum(sim: Simulator) -> float:
@@ -210,8 +224,9 @@ def percent_of_optimum(sim: Simulator) -> float:
     return 100.0 * sum(c.delivered for c in sends) / best if best > 0 else 0.0
 
 
-def simulate(scenario: Scenario, policy: Policy, seed: int, interval: float = 0.5,
-             record: Optional[IO[str]] = None) -> float:
+def simulate(
+    scenario: Scenario, policy: Policy, seed: int, interval: float = 0.5, record: Optional[IO[str]] = None
+) -> float:
     """Runs ``policy`` over the whole of ``scenario`` on the virtual clock, on a segment of
     its own (removed after), and returns the percent of the optimum; with ``record``, writes
     the run's trace there (a :class:`Recorder`)."""
@@ -228,5 +243,4 @@ def simulate(scenario: Scenario, policy: Policy, seed: int, interval: float = 0.
         shutil.rmtree(d, ignore_errors=True)
 
 
-__all__ = ["Point", "Recorder", "Trace", "percent_of_optimum", "raw_sample", "read_trace", "simulate",
-           "trace_scenario"]
+__all__ = ["Point", "Recorder", "Trace", "percent_of_optimum", "raw_sample", "read_trace", "simulate", "trace_scenario"]
