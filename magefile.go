@@ -10,9 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/magefile/mage/mg"
 	"github.com/magefile/mage/sh"
+	"github.com/mpib/mpib/internal/dist"
 	"github.com/mpib/mpib/internal/lab"
 )
 
@@ -71,25 +73,51 @@ func (Test) Unit() error {
 	return nil
 }
 
-// unitGoAndC runs the Go packages' tests outside integration/, then the C tests alone and
-// verbose: their programs print evidence lines (replay-model:, flush:, ...) that go test shows
-// only for a package it tests alone with -v.
+// unitGoAndC runs the Go packages' tests outside integration/, then the release check and the
+// C tests alone and verbose: they print evidence lines (dist:, replay-model:, flush:, ...)
+// that go test shows only for a package it tests alone with -v. The release is built first
+// (Dist) so that the check reads it.
 func unitGoAndC() error {
-	mg.Deps(Build)
+	mg.SerialDeps(Build, Dist)
 	pkgs, err := unitPackages()
 	if err != nil {
 		return err
 	}
 	var goPkgs []string
 	for _, p := range pkgs {
-		if !strings.HasSuffix(p, cTestPackage) {
+		if !strings.HasSuffix(p, cTestPackage) && !strings.HasSuffix(p, distPackage) {
 			goPkgs = append(goPkgs, p)
 		}
 	}
 	if err := sh.RunV("go", append([]string{"test", "-count=1"}, goPkgs...)...); err != nil {
 		return err
 	}
+	if err := sh.RunV("go", "test", "-count=1", "-v", "."+distPackage); err != nil {
+		return err
+	}
 	return sh.RunV("go", "test", "-count=1", "-v", "."+cTestPackage)
+}
+
+// distPackage is the release's package (its path's tail): its tests check build/dist.
+const distPackage = "/internal/dist"
+
+// Dist builds the release for glibc 2.28 (RHEL 8) and newer: build/dist/mpib-VERSION-linux-x86_64.tar.gz
+// (the plugin, mpib-agent, mpib-nettest, the Python agent's wheel and sdist, the docs, the
+// plugin's .deb, SHA256SUMS), the .deb beside it, and a SHA256SUMS of both. The C toolchain
+// is Zig's, from PyPI, in build/venv-dist (docs/deploying.md, "Installing a release").
+func Dist() error {
+	if err := ensureBuildDeps(); err != nil {
+		return err
+	}
+	start := time.Now()
+	rel, err := dist.Make(dist.Config{Root: ".", Out: filepath.Join(buildDir, "dist"),
+		Tools: filepath.Join(buildDir, "venv-dist"), Python: "python3", Log: os.Stdout})
+	if err != nil {
+		return fmt.Errorf("dist: %w", err)
+	}
+	fmt.Printf("dist-build: version=%s commit=%s tarball=%s deb=%s seconds=%.0f\n",
+		rel.Version, rel.Commit, rel.Tarball, rel.Deb, time.Since(start).Seconds())
+	return nil
 }
 
 // cTestPackage is the C tests' runner package (its path's tail).

@@ -95,6 +95,7 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) (rc C.int) {
 // initPlugin reads the configuration and opens every fused device's NICs (the first init of the
 // process, or the first after the devices were closed). plugin.mu is held.
 func initPlugin() C.int {
+	infof("%s", versionLine())
 	cfg, err := config.Parse(os.Getenv)
 	if err != nil {
 		warnf("%v", err)

@@ -63,6 +63,10 @@ func main() {
 		fmt.Print(usage)
 		return
 	}
+	if name == "--version" || name == "version" {
+		fmt.Println(versionLine())
+		return
+	}
 	cmd, ok := cmds[name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "%s: unknown command %q\n\n%s", prog, name, usage)

@@ -1,0 +1,41 @@
+package dist
+
+import "testing"
+
+func TestReleaseVersion(t *testing.T) {
+	cases := []struct{ describe, want, deb string }{
+		{"v1.2.3", "1.2.3", "1.2.3"},
+		{"1.2.3\n", "1.2.3", "1.2.3"},
+		{"v1.2.3-dirty", "1.2.3+dirty", "1.2.3+dirty"},
+		{"v1.2.3-4-g0123456789ab", "1.2.3+4.g0123456789ab", "1.2.3+4.g0123456789ab"},
+		{"v1.2.3-4-g0123456789ab-dirty", "1.2.3+4.g0123456789ab.dirty", "1.2.3+4.g0123456789ab.dirty"},
+		{"v1.2.3-rc1", "1.2.3-rc1", "1.2.3~rc1"},
+		{"v1.2.3-rc1-2-gabcdef", "1.2.3-rc1+2.gabcdef", "1.2.3~rc1+2.gabcdef"},
+		{"214eb05a4eff", "0.0.0-dev+g214eb05a4eff", "0.0.0~dev+g214eb05a4eff"},
+		{"214eb05a4eff-dirty", "0.0.0-dev+g214eb05a4eff.dirty", "0.0.0~dev+g214eb05a4eff.dirty"},
+	}
+	for _, c := range cases {
+		got, err := ReleaseVersion(c.describe)
+		if err != nil || got != c.want {
+			t.Errorf("ReleaseVersion(%q) = %q, %v; want %q", c.describe, got, err, c.want)
+			continue
+		}
+		deb, err := DebVersion(got)
+		if err != nil || deb != c.deb {
+			t.Errorf("DebVersion(%q) = %q, %v; want %q", got, deb, err, c.deb)
+		}
+	}
+	for _, bad := range []string{"", "-dirty", "release-1", "v1.2", "v1.2.3-4-gXYZ", "fatal: no names found", "v1.2.3 extra"} {
+		if v, err := ReleaseVersion(bad); err == nil {
+			t.Errorf("ReleaseVersion(%q) = %q, want an error", bad, v)
+		}
+	}
+}
+
+func TestDebVersionRefuses(t *testing.T) {
+	for _, bad := range []string{"", "v1.2.3", "1.2.3_4", "1.2 3"} {
+		if d, err := DebVersion(bad); err == nil {
+			t.Errorf("DebVersion(%q) = %q, want an error", bad, d)
+		}
+	}
+}
