@@ -1,7 +1,10 @@
 /*
- * Reader (and minimal writer) of the MPIB shared-memory hint segment, format version 6.
+ * The plugin's side of the MPIB shared-memory hint segment, format version 6: the one header
+ * its callers include (agent.go, plugin.go, conn.go, mpib.h, mpib_p2p.c, mpib_slots.c).
  * The format is specified in docs/shm-format.md; testdata/shm/ pins it.
  * Pure C11 + POSIX: no verbs, no Go, no NCCL. All symbols are hidden (never exported).
+ * The path and the stale limit come from the caller (plugin/internal/config parses
+ * MPIB_SHM_PATH and MPIB_AGENT_STALE_MS); this code reads no environment.
  *
  * Contract for the plugin:
  *   one handle per process (mpib_shm_handle_new), polled from a non-hot thread at most every
@@ -17,6 +20,16 @@
  * of every slot it owns, so agents in any PID namespace see a slot's owner die with it.
  * Safety: a SIGBUS guard turns a truncated mapping into zero pages (no hint), never a crash.
  * Every function tolerates garbage in the segment: indices are bounds-checked, nothing spins.
+ *
+ * Files (each internal header declares its file's entry points for the others):
+ *   mpib_shm_layout.h  the segment's structs and their pinned offsets
+ *   mpib_shm_guard.c   OFD lock bytes and the SIGBUS guard (mpib_shm_guard.h)
+ *   mpib_shm_map.c     validation, open and mapping of a segment file (mpib_shm_map.h)
+ *   mpib_shm_hint.c    the data path: seqlock read, hint resolution, telemetry (mpib_shm_hint.h)
+ *   mpib_shm_conn.c    the handle, slot claims, registration and release (mpib_shm_conn.h)
+ *   mpib_shm_watch.c   the poll: attach, re-attach, detach, waiting connections
+ * Test-only decoders and the agent-side writers are C test code (plugin/ctest/shm_decode.c,
+ * plugin/ctest/shm_agent.c), never linked into the plugin.
  */
 #ifndef MPIB_SHM_H
 #define MPIB_SHM_H
@@ -28,8 +41,6 @@
 
 #define MPIB_SHM_VERSION 6u
 #define MPIB_SHM_NIC_NAME 24 /* bytes of a NIC name field, its NUL included (spec 4.3) */
-#define MPIB_SHM_DEFAULT_PREFIX "/dev/shm/mpib-hints-" /* + the effective uid */
-#define MPIB_SHM_DEFAULT_STALE_MS 500u
 #define MPIB_SHM_SUP_BW_MAX 1024u
 #define MPIB_SHM_MAX_CONNS 65536u /* connection ids per handle */
 #define MPIB_SHM_POLL_MS 250u     /* how often the plugin polls for a replaced segment */
@@ -78,54 +89,6 @@ enum {
   MPIB_SHM_POLL_FAILED = 3,   /* the file at the path is unusable (message says why; said once) */
 };
 
-typedef struct {
-  uint32_t sup_bw; /* 0..1024, valid when source is SLOT, PEER or CLASS */
-  uint8_t source;  /* MPIB_SHM_SRC_* */
-  uint8_t clamped; /* 1 when the stored value was above 1024 */
-} mpib_shm_hint;
-
-/* One hint record (read under its seqlock, or raw). */
-typedef struct {
-  uint32_t seq, sup_bw, flags, gen;
-  uint64_t set_ns;
-  uint32_t peer_ip;
-  uint8_t prefix_len;
-} mpib_shm_record;
-
-/* Decoded header (spec 4.1). */
-typedef struct {
-  uint32_t version, nslots, npeers, flags, agent_pid, peers_epoch;
-  uint64_t total_size, heartbeat_ns, created_ns;
-} mpib_shm_header_info;
-
-/* Decoded slot (spec 4.3); the hint is copied raw (an odd seq stays visible). */
-typedef struct {
-  uint32_t state, owner_pid, gen;
-  uint64_t conn_id;
-  uint32_t local_sout_ip, peer_sout_ip, peer_island;
-  uint8_t path_class, is_send;
-  uint16_t nqps_sout, nqps_sup;
-  uint32_t pid;
-  uint64_t registered_ns;
-  uint16_t dev; /* version 4 */
-  uint8_t sup_path; /* version 6 */
-  uint8_t port[2];
-  char nic[2][MPIB_SHM_NIC_NAME]; /* raw bytes: NUL-padded when the writer follows the spec */
-  mpib_shm_record hint;
-  uint64_t sout_bytes, sout_requests, sup_bytes, sup_requests;
-  uint64_t reads_applied, reads_fallback, reads_stale, clamped;
-  uint32_t last_sup_bw, last_source;
-  uint64_t last_read_ns;
-  uint8_t rail_state[2]; /* per rail: 0 SOUT, 1 SUP */
-  uint32_t failovers;
-  uint32_t recoveries; /* version 5 */
-  uint64_t rail_state_ns[2];
-  uint32_t applied_sup_bw; /* version 3 */
-  uint64_t flush_wall_ns;
-  uint64_t completed_bytes[2], completed_requests[2], inflight_bytes[2], busy_ns[2];
-  uint64_t active_ns[2];
-} mpib_shm_slot_info;
-
 /* What the plugin publishes for one connection at a telemetry flush (spec 4.3). Counters are
  * deltas since the previous flush; inflight_bytes, applied_sup_bw and wall_ns replace the
  * stored values. */
@@ -142,35 +105,14 @@ typedef struct {
   uint64_t wall_ns;            /* CLOCK_REALTIME ns of the flush */
 } mpib_shm_tele_batch;
 
-enum { MPIB_SHM_REC_CLASS = 0, MPIB_SHM_REC_PEER = 1 };
-
-/* $MPIB_SHM_PATH, or /dev/shm/mpib-hints-<euid>. */
-MPIB_SHM_HIDDEN const char *mpib_shm_default_path(void);
-/* $MPIB_AGENT_STALE_MS (default 500, must be 1..3600000) in nanoseconds. */
-MPIB_SHM_HIDDEN uint64_t mpib_shm_stale_ns_from_env(void);
+/* ---- mpib_shm_conn.c ---- */
 
 /* A handle for path with nothing attached yet (mpib_shm_poll attaches). 0 or -errno. */
 MPIB_SHM_HIDDEN int mpib_shm_handle_new(const char *path, mpib_shm **out);
-/* A handle with the segment at path attached now. Validates (O_NOFOLLOW, regular file, owner
- * == geteuid(), no group/other access (mode & 077 == 0), size, magic, version, geometry). 0 or -errno; err
- * gets "mpib shm PATH: CODE: detail" (CODE as in the spec's validation table: not_regular,
- * bad_owner, bad_mode, too_small, bad_magic, bad_version, bad_geometry, io). */
-MPIB_SHM_HIDDEN int mpib_shm_open(const char *path, mpib_shm **out, char *err, size_t errlen);
-/* A handle over a caller-owned segment image (validated like a file, checks 5..9; no file,
- * no locks, no guard). The buffer must outlive the handle. Tests, tools and fuzzing. */
-MPIB_SHM_HIDDEN int mpib_shm_attach_image(void *buf, size_t len, mpib_shm **out, char *err,
-                                          size_t errlen);
 /* Releases every slot the handle owns and unmaps. The data path must be quiet. */
 MPIB_SHM_HIDDEN void mpib_shm_close(mpib_shm *shm);
-/* Validates a segment image in memory (the file checks are skipped). Same codes. */
-MPIB_SHM_HIDDEN int mpib_shm_validate(const void *buf, size_t len, char *err, size_t errlen);
-/* The watcher (never on the data path). Returns MPIB_SHM_POLL_*; msg says what happened. */
-MPIB_SHM_HIDDEN int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen);
 /* 1 when a segment is attached. */
 MPIB_SHM_HIDDEN int mpib_shm_attached(const mpib_shm *shm);
-/* nslots of the attached segment (0 when none). */
-MPIB_SHM_HIDDEN uint32_t mpib_shm_nslots(const mpib_shm *shm);
-
 /* Connections. register: 0 and an id (bound to a slot now when a segment is attached and a
  * bounded search finds a free slot, else later by the poll), -ENOSPC when the handle has
  * MPIB_SHM_MAX_CONNS connections. Not for the data path. release is O(1): it never waits for
@@ -180,15 +122,19 @@ MPIB_SHM_HIDDEN void mpib_shm_release(mpib_shm *shm, uint32_t id);
 /* The segment slot and gen a connection is bound to: 0, or -ENOENT when it is not bound. */
 MPIB_SHM_HIDDEN int mpib_shm_conn_slot(mpib_shm *shm, uint32_t id, uint32_t *slot, uint32_t *gen);
 
+/* ---- mpib_shm_watch.c ---- */
+
+/* The watcher (never on the data path). Returns MPIB_SHM_POLL_*; msg says what happened. */
+MPIB_SHM_HIDDEN int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen);
+
+/* ---- mpib_shm_hint.c ---- */
+
 /* Hot path: resolves connection id's slot hint, else per-peer default, else path-class
  * default. Returns 1 and *sup_bw (clamped 0..1024) when a hint applies and the agent
  * heartbeat is fresh; 0 when no hint applies, the agent is stale/absent or the connection is
  * not bound to a slot (caller falls back to vanilla). No system call. */
 MPIB_SHM_HIDDEN int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stale_ns,
                                        uint32_t *sup_bw);
-/* Relaxed atomics: adds bytes and one request to the rail (0 SOUT, 1 SUP) of connection id
- * (tests and tools; the plugin publishes with mpib_shm_flush_telemetry). */
-MPIB_SHM_HIDDEN void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes);
 /* Relaxed atomics: publishes a batch to connection id's slot (adds the counters, stores the
  * gauges, the applied split and the wall clock). Not per message: the data path batches. */
 MPIB_SHM_HIDDEN void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_batch *b);
@@ -197,35 +143,7 @@ MPIB_SHM_HIDDEN void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const 
 enum { MPIB_SHM_RAIL_UP = 0, MPIB_SHM_RAIL_DOWN = 1, MPIB_SHM_RAIL_FAILED = 2 };
 MPIB_SHM_HIDDEN void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns);
 
-/* By segment slot index, on the attached segment (tests and tools). */
-/* Pure resolution at an explicit time (no telemetry written). 1 when a hint applies, else 0;
- * *out is always filled. */
-MPIB_SHM_HIDDEN int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns,
-                                     uint64_t stale_ns, mpib_shm_hint *out);
-/* Reads a slot's hint record under the seqlock: 0, -EBUSY (8 attempts failed), -ERANGE. */
-MPIB_SHM_HIDDEN int mpib_shm_read_slot_record(mpib_shm *shm, uint32_t slot, mpib_shm_record *r);
-/* Field decoders: 0, or -ERANGE / -ENOENT (nothing attached). */
-MPIB_SHM_HIDDEN int mpib_shm_decode_header(mpib_shm *shm, mpib_shm_header_info *h);
-MPIB_SHM_HIDDEN int mpib_shm_decode_slot(mpib_shm *shm, uint32_t slot, mpib_shm_slot_info *s);
-/* Raw (no seqlock) class default (kind CLASS, idx 0..1) or peer entry (kind PEER). */
-MPIB_SHM_HIDDEN int mpib_shm_raw_record(mpib_shm *shm, int kind, uint32_t idx, mpib_shm_record *r);
-
-/* Agent-side helpers for C tests and tools. Writers must be serialised by the caller
- * (agents hold flock(LOCK_EX) on the file; see the spec, section 5.5). */
-MPIB_SHM_HIDDEN int mpib_shm_create(const char *path, uint32_t nslots, uint32_t npeers,
-                                    char *err, size_t errlen);
-MPIB_SHM_HIDDEN void mpib_shm_heartbeat(mpib_shm *shm, uint64_t now_ns);
-MPIB_SHM_HIDDEN int mpib_shm_write_slot_record(mpib_shm *shm, uint32_t slot,
-                                               const mpib_shm_record *r);
-/* valid = 0 clears. Values above 1024 are stored clamped; returns 1 when clamped, else 0,
- * or -errno (-ENOENT: slot not ACTIVE; -ESTALE: the slot's gen is not expect_gen;
- * -ERANGE: bad index; -ENOSPC: peer table full). */
-MPIB_SHM_HIDDEN int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen,
-                                           int valid, uint32_t sup_bw);
-MPIB_SHM_HIDDEN int mpib_shm_set_class_hint(mpib_shm *shm, int path_class, int valid,
-                                            uint32_t sup_bw);
-MPIB_SHM_HIDDEN int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len,
-                                           int valid, uint32_t sup_bw);
+/* CLOCK_MONOTONIC in ns (the clock of heartbeat_ns and the resolution's now). */
 MPIB_SHM_HIDDEN uint64_t mpib_shm_now_ns(void);
 
 #endif

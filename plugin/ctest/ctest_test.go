@@ -5,7 +5,8 @@ package ctest
 // Convention: every plugin/ctest/*_test.c is one test program. Its header lines are
 //
 //	//go:build ignore            (required: keeps the go tool from treating it as cgo source)
-//	// link: ../a.c ../b.c       (optional: pure C files to compile with it, relative to here)
+//	// link: ../a.c ../b_*.c     (optional: pure C files to compile with it, relative to here;
+//	                             a pattern names every file it matches, in order)
 //	// cflags: -DFOO             (optional: extra compiler flags)
 //
 // It is built with gcc -std=gnu11 -O1 -g -Wall -Wextra -Werror -pthread -I.. (plus
@@ -47,12 +48,27 @@ func parseHeader(t *testing.T, src string) cprog {
 		}
 		body := strings.TrimSpace(strings.TrimPrefix(line, "//"))
 		if v, ok := strings.CutPrefix(body, "link:"); ok {
-			p.links = append(p.links, strings.Fields(v)...)
+			for _, f := range strings.Fields(v) {
+				p.links = append(p.links, expandLink(t, src, f)...)
+			}
 		} else if v, ok := strings.CutPrefix(body, "cflags:"); ok {
 			p.cflags = append(p.cflags, strings.Fields(v)...)
 		}
 	}
 	return p
+}
+
+// expandLink expands a link: entry that is a file pattern (an option such as -ldl, or a plain
+// path, stays as it is); a pattern that matches nothing fails the test.
+func expandLink(t *testing.T, src, f string) []string {
+	if strings.HasPrefix(f, "-") || !strings.ContainsAny(f, "*?[") {
+		return []string{f}
+	}
+	files, err := filepath.Glob(f)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("%s: link: %s matches no file (%v)", src, f, err)
+	}
+	return files
 }
 
 var sanOnce sync.Once
@@ -107,15 +123,22 @@ func TestC(t *testing.T) {
 	}
 }
 
-// TestShmPureC11 compiles the segment reader as strict ISO C11: it must not need GNU C or cgo.
+// TestShmPureC11 compiles the segment reader (every plugin/mpib_shm_*.c) and the C tests'
+// agent-side writers and decoders as strict ISO C11: they must not need GNU C or cgo.
 func TestShmPureC11(t *testing.T) {
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skip("gcc not found")
 	}
-	out, err := exec.Command(gcc, "-std=c11", "-pedantic-errors", "-Wall", "-Wextra", "-Werror",
-		"-fsyntax-only", "../mpib_shm.c").CombinedOutput()
-	if err != nil {
-		t.Fatalf("mpib_shm.c is not clean C11: %v\n%s", err, out)
+	srcs, _ := filepath.Glob("../mpib_shm_*.c")
+	if len(srcs) == 0 {
+		t.Fatal("no ../mpib_shm_*.c")
+	}
+	for _, src := range append(srcs, shmSupportSources...) {
+		out, err := exec.Command(gcc, "-std=c11", "-pedantic-errors", "-Wall", "-Wextra", "-Werror",
+			"-fsyntax-only", src).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s is not clean C11: %v\n%s", src, err, out)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 //go:build ignore
 
-// link: ../mpib_shm.c
+// link: ../mpib_shm_*.c shm_agent.c shm_decode.c
 /*
  * A local agent (same user, docs/shm-format.md 5.4, 5.7) that stalls the plugin's control
  * plane. It holds one exclusive OFD lock over the whole slot area and leaves every owner word
@@ -13,7 +13,7 @@
  * And an agent whose peers_epoch changes before every read must cost a bounded number of
  * peer-table scans at one instant, while the latest table applies once time has passed.
  *
- * fcntl is interposed here (this program's definition binds the calls of mpib_shm.c, linked
+ * fcntl is interposed here (this program's definition binds the calls of mpib_shm_*.c, linked
  * into it) to count the lease attempts and to stop the poll inside one.
  * Prints "shm-contention: ..." lines.
  */
@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #include "../mpib_shm.h"
+#include "shm_agent.h"
+#include "shm_decode.h"
 
 #include "check.h"
 

@@ -1,6 +1,6 @@
 //go:build ignore
 
-// link: ../mpib_shm.c
+// link: ../mpib_shm_*.c shm_agent.c shm_decode.c
 /*
  * The plugin's handle against an agent that misbehaves (docs/shm-format.md, 5.8 and 5.9):
  *   - the segment truncated (`: > file`) while data-path threads read hints and add
@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include "../mpib_shm.h"
+#include "shm_agent.h"
+#include "shm_decode.h"
 
 #define SLOT 384 /* slot size (spec 4.3): a slot's lease is the lock on its first byte */
 

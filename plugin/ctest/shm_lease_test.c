@@ -1,13 +1,13 @@
 //go:build ignore
 
-// link: ../mpib_shm.c
+// link: ../mpib_shm_*.c shm_agent.c shm_decode.c
 /*
- * Hostile segment files at the path (docs/shm-format.md 2, 5.8 and 6; issue 22 item 4):
- *   - a file another process holds a write lease on (fcntl F_SETLEASE): the plugin's open used
- *     to wait for the lease break (45 s by default) holding the handle's lock, so every
- *     registration and close waited too. The poll must come back at once (open with
- *     O_NONBLOCK: EWOULDBLOCK) with no segment attached (vanilla policy, no hint), say why
- *     once, and attach the file at a later poll once the lease is gone;
+ * Hostile segment files at the path (docs/shm-format.md 2, 5.8 and 6):
+ *   - a file another process holds a write lease on (fcntl F_SETLEASE): a blocking open would
+ *     wait for the lease break (45 s by default), and every registration and close waiting
+ *     for the handle with it. The poll must come back at once (open with O_NONBLOCK:
+ *     EWOULDBLOCK) with no segment attached (vanilla policy, no hint), say why once, and
+ *     attach the file at a later poll once the lease is gone;
  *   - a segment that grants its group or others any access (0644) is refused: bad_mode.
  * Prints "segment-lease: open_ms=N ..." for integration/hostile_segment_test.go.
  */
@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "../mpib_shm.h"
+#include "shm_agent.h"
+#include "shm_decode.h"
 
 #include "check.h"
 

@@ -1,6 +1,6 @@
 //go:build ignore
 
-// link: ../mpib_shm.c
+// link: ../mpib_shm_*.c shm_agent.c shm_decode.c
 /*
  * Seqlock under contention: one writer thread rewrites a slot's hint record with fields tied
  * together (sup_bw, set_ns, gen, peer_ip, prefix_len all derive from one counter) while reader
@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "../mpib_shm.h"
+#include "shm_agent.h"
+#include "shm_decode.h"
 
 #define WRITES 2000000u
 #define READERS 3

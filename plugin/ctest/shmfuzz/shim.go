@@ -5,7 +5,14 @@ package shmfuzz
 #cgo LDFLAGS: -lpthread
 #include <stdlib.h>
 #include <string.h>
-#include "../../mpib_shm.c"
+// The plugin's segment reader (every plugin/mpib_shm_*.c) and the C tests' decoders, as one
+// translation unit: their file-local names are distinct.
+#include "../../mpib_shm_guard.c"
+#include "../../mpib_shm_map.c"
+#include "../../mpib_shm_hint.c"
+#include "../../mpib_shm_conn.c"
+#include "../../mpib_shm_watch.c"
+#include "../shm_decode.c"
 */
 import "C"
 
