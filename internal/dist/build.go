@@ -44,15 +44,14 @@ func buildNettest(c Config, tc Toolchain, out string) error {
 	return run(c.Log, c.Root, nil, tc.CC, append(args, "-ldl", "-lpthread", "-lm")...)
 }
 
-// buildPython builds agent/python's wheel and sdist into dst through flit_core's PEP 517
-// hooks (the tools venv has flit_core: no isolated build env, nothing more to download).
+// buildPython builds agent/python's wheel and sdist into dst with PyPA's build, which installs
+// whatever backend the pyproject names into an isolated environment (from PyPI).
 func buildPython(c Config, tc Toolchain, env []string, dst string) error {
 	abs, err := filepath.Abs(dst)
 	if err != nil {
 		return err
 	}
-	const hooks = "import sys, flit_core.buildapi as b; b.build_wheel(sys.argv[1]); b.build_sdist(sys.argv[1])"
-	return run(c.Log, filepath.Join(c.Root, "agent", "python"), env, tc.Python, "-c", hooks, abs)
+	return run(c.Log, c.Root, env, tc.Python, "-m", "build", "--sdist", "--wheel", "--outdir", abs, filepath.Join("agent", "python"))
 }
 
 // releaseDocs are copied into the release's docs/ (every file of docs/ besides).

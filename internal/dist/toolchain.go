@@ -13,14 +13,14 @@ import (
 // against glibc 2.28's symbol versions whatever glibc the build host runs, so the binaries
 // load on RHEL 8 and newer.
 const (
-	zigPackage  = "ziglang==0.15.2"
-	flitPackage = "flit_core>=3.4,<4" // agent/python's build backend, as its pyproject pins it
-	zigTarget   = "x86_64-linux-gnu.2.28"
+	zigPackage   = "ziglang==0.15.2"
+	buildPackage = "build>=1.0" // PyPA's PEP 517 front end, for the Python agent's wheel and sdist
+	zigTarget    = "x86_64-linux-gnu.2.28"
 )
 
 // Toolchain is what the release build compiles with.
 type Toolchain struct {
-	Python                 string // the tools venv's interpreter (ziglang, flit_core)
+	Python                 string // the tools venv's interpreter (ziglang, build)
 	CC                     string // a wrapper script: Zig's cc for zigTarget (cgo and the Go runtime use it)
 	VerbsInclude, VerbsLib string // rdma-core's headers and libibverbs alone, for -I and -L
 }
@@ -46,8 +46,8 @@ func SetupToolchain(dir, python string, log io.Writer) (Toolchain, error) {
 			return tc, fmt.Errorf("creating the tools venv %s (apt-get install python3-venv): %w", abs, err)
 		}
 	}
-	if err := run(log, "", nil, tc.Python, "-m", "pip", "install", "-q", "--disable-pip-version-check", zigPackage, flitPackage); err != nil {
-		return tc, fmt.Errorf("installing %s and %s from PyPI: %w", zigPackage, flitPackage, err)
+	if err := run(log, "", nil, tc.Python, "-m", "pip", "install", "-q", "--disable-pip-version-check", zigPackage, buildPackage); err != nil {
+		return tc, fmt.Errorf("installing %s and %s from PyPI: %w", zigPackage, buildPackage, err)
 	}
 	// The wrapper drops -Wl,-S (Go's -w asks the external linker to strip debug info): Zig's
 	// linker strips the static symbol table with it, which gdb and perf need to name the data
