@@ -61,7 +61,7 @@ const (
 	InterIsland PathClass = 1
 )
 
-// SupPath is how a connection's SUP QPs reach the peer (slot sup_path, version 6). It is a
+// SupPath is how a connection's SUP QPs reach the peer (slot sup_path). It is a
 // number in JSON, as path_class is; String names it for people.
 type SupPath uint8
 

@@ -15,7 +15,7 @@ import (
 	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
-// Defect 5: create refuses a live segment (an agent beats it or a process holds it open)
+// TestCreateRefusesLive: create refuses a live segment (an agent beats it or a process holds it open)
 // unless forced; paths are per user and symbolic links are refused.
 func TestCreateRefusesLive(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "hints")
@@ -72,8 +72,8 @@ func TestCreateRefusesLive(t *testing.T) {
 	}
 }
 
-// Defect 6: one beating agent at a time; a stop clears only its own heartbeat; the beat
-// period follows MPIB_AGENT_STALE_MS.
+// TestAgentLockAndOwnHeartbeat: one beating agent at a time; a stop clears only its own
+// heartbeat; the beat period follows MPIB_AGENT_STALE_MS.
 func TestAgentLockAndOwnHeartbeat(t *testing.T) {
 	a := newSeg(t, 2, 0)
 	b, err := Open(a.Path())

@@ -158,9 +158,9 @@ func TestGenBindsHint(t *testing.T) {
 	}
 }
 
-// Defect 1: liveness was kill(pid, 0) on the plugin's pid. A plugin in a container (its own
-// PID namespace) registers with a pid that does not exist here: the old shm.GC reclaimed its live
-// slot. shm.Now a slot lives as long as its owner's lease (an OFD lock) is held.
+// TestGCLeaseNotPID: a slot lives as long as its owner's lease (an OFD lock) is held, whatever
+// pid it registered with: a plugin in a container (its own PID namespace) registers with a
+// pid that does not exist here, and GC must keep its slot until the plugin goes.
 func TestGCLeaseNotPID(t *testing.T) {
 	s, p := newSeg(t, 4, 0)
 	plugin, err := emulate.Attach(s.Path()) // another process: its own open file description
@@ -204,8 +204,8 @@ func TestGCLeaseNotPID(t *testing.T) {
 	}
 }
 
-// Defect 3: a hint carries the generation the writer read; a slot registered again in
-// between refuses it.
+// TestSetSlotHintGenChanged: a hint carries the generation the writer read; a slot registered
+// again in between refuses it.
 func TestSetSlotHintGenChanged(t *testing.T) {
 	s, p := newSeg(t, 1, 0)
 	s.Beat(shm.Now())
@@ -232,8 +232,9 @@ func TestSetSlotHintGenChanged(t *testing.T) {
 	}
 }
 
-// Defect 4: truncating the segment under a reader (same user, `: > file`) must not crash the
-// agent: every access returns shm.ErrSegmentGone, and shm.Reattach follows a re-created segment.
+// TestTruncateUnderReaders: truncating the segment under a reader (same user, `: > file`)
+// must not crash the agent: every access returns ErrSegmentGone, and Reattach follows a
+// re-created segment.
 func TestTruncateUnderReaders(t *testing.T) {
 	s, p := newSeg(t, 64, 16)
 	slot, _ := p.Register(desc(1, "10.0.2.7", shm.InterIsland))
@@ -293,10 +294,10 @@ func TestTruncateUnderReaders(t *testing.T) {
 }
 
 // TestGeometryChangedSinceOpen: a process writing garbage into the header of an open segment
-// (nslots, npeers, total_size, the sizes, the version) makes shm.Snapshot and shm.Connections return a
-// bad_geometry error saying so, never panic (a changed nslots used to slice the mapping out of
-// bounds); the validated geometry stays in use and the segment works again once the header is
-// restored.
+// (nslots, npeers, total_size, the sizes, the version) makes Snapshot and Connections return a
+// bad_geometry error saying so, never panic (the mapping is never sliced by the header's
+// nslots); the validated geometry stays in use and the segment works again once the header
+// is restored.
 func TestGeometryChangedSinceOpen(t *testing.T) {
 	type field struct {
 		off  int

@@ -24,7 +24,7 @@ type ConnRate struct {
 	SupBps        float64 // bytes per second on SUP
 	SoutReqPerSec float64
 	SupReqPerSec  float64
-	// From the completion telemetry (format version 3): bytes per second whose completion the
+	// From the completion telemetry: bytes per second whose completion the
 	// sender saw, and the mean completion latency of the requests completed in the interval
 	// (0 when none completed).
 	SoutCompletedBps float64

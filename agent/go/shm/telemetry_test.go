@@ -116,7 +116,7 @@ func TestRailStateNames(t *testing.T) {
 	}
 }
 
-// TestCompletionDecode writes the version 3 telemetry at the spec's offsets (4.3: +232
+// TestCompletionDecode writes the completion telemetry at the spec's offsets (4.3: +232
 // applied_sup_bw u32, +240 flush_wall_ns u64, +256.. SOUT then +288.. SUP: completed_bytes,
 // completed_requests, inflight_bytes, busy_ns, u64 each) by hand and checks the decoding, the
 // JSON names and the re-encoding.

@@ -83,7 +83,7 @@ type Telemetry struct {
 	Recoveries  uint32    `json:"recoveries"`    // times a rail came back into service (format 5)
 	SoutStateNs uint64    `json:"sout_state_ns"` // CLOCK_REALTIME ns of the last SoutState change, 0 never
 	SupStateNs  uint64    `json:"sup_state_ns"`  // same for SupState
-	// Version 3 (spec 4.3): what the plugin applied, when it last published, and per rail what
+	// Completion telemetry (spec 4.3): what the plugin applied, when it last published, and per rail what
 	// completed. Throughput is the difference of *CompletedBytes between two samples over
 	// their interval; mean completion latency is the difference of *BusyNs over that of
 	// *CompletedRequests.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -87,23 +88,33 @@ type vectorDef struct {
 	reads      []Read
 }
 
+// vectorDefs are the shared test vectors, in the order the generator writes them.
 func vectorDefs() []vectorDef {
-	basic := func() *Snapshot {
-		s := base()
-		s.Header.PeersEpoch = 1
-		s.Class[1] = hint(2, 128, FlagValid, 0)
-		s.Peers = []Peer{{Index: 0, Record: peer(2, 256, FlagValid, "10.0.2.7", 32)}}
-		s0 := active(0, 1001, 1, 7, "10.0.1.2", "10.0.1.0", IntraIsland)
-		s0.Hint = hint(2, 512, FlagValid, 1)
-		s0.Telemetry = Telemetry{SoutBytes: 1 << 20, SoutRequests: 16, SupBytes: 3 << 20, SupRequests: 48,
-			ReadsApplied: 60, ReadsFallback: 4, ReadsStale: 3, LastSupBw: 512, LastSource: 1, LastReadNs: hb + 100}
-		s1 := active(1, 1001, 3, 8, "10.0.2.7", "10.0.2.0", InterIsland)
-		s2 := active(2, 1002, 1, 1, "10.0.2.9", "10.0.2.0", InterIsland)
-		s2.IsSend = 0
-		s3 := Slot{Index: 3, Gen: 2, Telemetry: Telemetry{SoutBytes: 4096, SoutRequests: 1}}
-		s.Slots = []Slot{s0, s1, s2, s3}
-		return s
-	}
+	return slices.Concat(hintVectors(), telemetryVectors(), refusedVectors())
+}
+
+// basicSnap is the basic segment: a slot hint, a per-peer default, a class default and a
+// free slot with old telemetry.
+func basicSnap() *Snapshot {
+	s := base()
+	s.Header.PeersEpoch = 1
+	s.Class[1] = hint(2, 128, FlagValid, 0)
+	s.Peers = []Peer{{Index: 0, Record: peer(2, 256, FlagValid, "10.0.2.7", 32)}}
+	s0 := active(0, 1001, 1, 7, "10.0.1.2", "10.0.1.0", IntraIsland)
+	s0.Hint = hint(2, 512, FlagValid, 1)
+	s0.Telemetry = Telemetry{SoutBytes: 1 << 20, SoutRequests: 16, SupBytes: 3 << 20, SupRequests: 48,
+		ReadsApplied: 60, ReadsFallback: 4, ReadsStale: 3, LastSupBw: 512, LastSource: 1, LastReadNs: hb + 100}
+	s1 := active(1, 1001, 3, 8, "10.0.2.7", "10.0.2.0", InterIsland)
+	s2 := active(2, 1002, 1, 1, "10.0.2.9", "10.0.2.0", InterIsland)
+	s2.IsSend = 0
+	s3 := Slot{Index: 3, Gen: 2, Telemetry: Telemetry{SoutBytes: 4096, SoutRequests: 1}}
+	s.Slots = []Slot{s0, s1, s2, s3}
+	return s
+}
+
+// hintVectors are valid segments that exercise hint resolution.
+func hintVectors() []vectorDef {
+	basic := basicSnap
 	return []vectorDef{
 		{name: "empty", desc: "freshly created segment (4 slots, 4 peers); the agent never beat",
 			snap:  func() *Snapshot { s := base(); s.Header.HeartbeatNs, s.Header.AgentPID = 0, 0; return s },
@@ -185,6 +196,12 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb)}},
+	}
+}
+
+// telemetryVectors are valid segments that exercise the slot telemetry and descriptor fields.
+func telemetryVectors() []vectorDef {
+	return []vectorDef{
 		{name: "rail_states", desc: "rail states, their change times, failover counts (+208..+231) and recovery counts (+236, version 5) in the slot telemetry: down, failed, rejoined, unknown values 7 and 255; hints unaffected",
 			snap: func() *Snapshot {
 				s := base()
@@ -265,6 +282,13 @@ func vectorDefs() []vectorDef {
 				return s
 			},
 			reads: []Read{rd(0, hb), rd(1, hb), rd(2, hb), rd(3, hb), rd(4, hb)}},
+	}
+}
+
+// refusedVectors are images that validation refuses.
+func refusedVectors() []vectorDef {
+	basic := basicSnap
+	return []vectorDef{
 		{name: "bad_magic", desc: "the basic segment with magic MPIBHINX", snap: basic,
 			mutate: func(b []byte) []byte { b[7] = 'X'; return b }},
 		{name: "bad_version", desc: "the basic segment with format version 5 (made by an older agent: the same layout without sup_path): refused", snap: basic,

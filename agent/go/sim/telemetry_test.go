@@ -12,7 +12,7 @@ import (
 	"github.com/mpib/mpib/agent/go/sim"
 )
 
-// TestCompletionTelemetry: the simulator publishes the plugin's version 3 telemetry from its
+// TestCompletionTelemetry: the simulator publishes the plugin's completion telemetry from its
 // rail model, so an agent reads the same fields against it as against a live plugin: per
 // rail completed bytes at the modelled rate, the per-rail completion latency, one message's
 // part in flight, the applied split; and a rail that fails carries nothing more.

@@ -105,7 +105,7 @@ def _wait(cond, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-un
 
 
 def test_run_static_weights(tmp_path: Path) -> None:
-    """Defects 2 and 7: a half-saved weights file keeps the last good weights (warning, the
+    """A half-saved weights file keeps the last good weights (warning, the
     loop goes on); a key deleted from the file clears its hint; a conns entry reaches a
     connection that appears later."""
     p, w = str(tmp_path / "hints"), tmp_path / "w.json"

@@ -1,4 +1,4 @@
-"""Format version 4's device fields (spec 4.3): dev (u16 at +42), the NICs' ports (u8 at +56,
+"""The device fields (spec 4.3): dev (u16 at +42), the NICs' ports (u8 at +56,
 +57) and names (char[24] at +336, +360), their decoding, encoding and registration, and the
 CLI's DEV column and --dev filter."""
 
@@ -254,7 +254,7 @@ def test_cli_bad_dev(tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: st
 
 
 def test_sup_path_field() -> None:
-    """Version 6's sup_path (+58): written at its offset, read back, named for people; a value
+    """The sup_path field (+58): written at its offset, read back, named for people; a value
     the spec does not define is kept and shown as unknown(N)."""
     from mpib_agent._types import sup_path_name
 

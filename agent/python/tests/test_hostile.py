@@ -1,4 +1,4 @@
-"""Hostile segment files (issue 22 items 4 and 5): a file someone holds a lease on, and a header
+"""Hostile segment files: a file someone holds a lease on, and a header
 whose geometry changes under an open segment. The agent must answer with an error at once,
 never block, crash or raise anything but SegmentError/OSError."""
 

@@ -140,7 +140,7 @@ def test_rates_and_policy(seg: mpib_agent.Segment) -> None:
 
 
 def test_gc_lease_not_pid(seg: mpib_agent.Segment) -> None:
-    """Defect 1: a plugin in another PID namespace registers with a pid that does not exist
+    """A plugin in another PID namespace registers with a pid that does not exist
     here; its slot lives as long as its lease (an OFD lock), whatever kill(pid, 0) says."""
     fake_register(seg, 0, "10.0.1.2", 0, pid=4000001)  # live, in a container
     fake_register(seg, 1, "10.0.1.2", 0, pid=4000002, lease=False)  # its process died
@@ -153,7 +153,7 @@ def test_gc_lease_not_pid(seg: mpib_agent.Segment) -> None:
 
 
 def test_set_slot_hint_gen_changed(seg: mpib_agent.Segment) -> None:
-    """Defect 3: a hint carries the generation the writer read; a slot registered again in
+    """A hint carries the generation the writer read; a slot registered again in
     between refuses it with GenerationChanged (a SegmentError, code gen_changed)."""
     seg.beat()
     s = fake_register(seg, 0, "10.0.1.2", 0, gen=4)
@@ -168,7 +168,7 @@ def test_set_slot_hint_gen_changed(seg: mpib_agent.Segment) -> None:
 
 
 def test_truncate_under_reader(seg: mpib_agent.Segment) -> None:
-    """Defect 4: truncating the segment (same user, `: > file`) under a reader never crashes
+    """Truncating the segment (same user, `: > file`) under a reader never crashes
     it: reads give SegmentError("segment_gone"); reattach() follows a re-created segment."""
     fake_register(seg, 3, "10.0.2.7", 1)
     errors: list = []
@@ -211,7 +211,7 @@ def test_truncate_under_reader(seg: mpib_agent.Segment) -> None:
 
 
 def test_create_refuses_live(tmp_path: Path) -> None:
-    """Defect 5: create refuses a live segment unless forced; symlinks are refused; the
+    """Create refuses a live segment unless forced; symlinks are refused; the
     default path is per user."""
     p = str(tmp_path / "hints")
     mpib_agent.create(p, 4, 0).close()
@@ -250,7 +250,7 @@ def test_create_refuses_live(tmp_path: Path) -> None:
 
 
 def test_agent_lock_and_own_heartbeat(seg: mpib_agent.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Defect 6: one beating agent at a time; a stop clears only its own heartbeat; the beat
+    """One beating agent at a time; a stop clears only its own heartbeat; the beat
     period follows MPIB_AGENT_STALE_MS."""
     other = mpib_agent.open_segment(seg.path)
     seg.acquire_agent()
@@ -286,11 +286,12 @@ def test_run_policy(seg: mpib_agent.Segment) -> None:
 
 
 def test_run_policy_slow_callback_and_vanished_slot(seg: mpib_agent.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Defect 2: the heartbeat has its own thread (it keeps beating through a 0.7 s callback that
+    """The heartbeat has its own thread (it keeps beating through a 0.7 s callback that
     holds the GIL) and a connection that closes during the callback is skipped, not fatal.
     The proof is that the heartbeat value changes while the callback runs, not an age bound:
-    how soon the beat thread gets the GIL back is the host's business (a loaded CI host once
-    delayed one beat by 490 ms), whereas a loop that beats between ticks never changes it."""
+    how soon the beat thread gets the GIL back is the host's business (a loaded host can delay
+    one beat by hundreds of milliseconds), whereas a loop that beats between ticks never
+    changes it."""
     monkeypatch.setenv("MPIB_AGENT_STALE_MS", "500")
     fake_register(seg, 1, "10.0.1.2", 0)
     fake_register(seg, 2, "10.0.1.3", 0)
@@ -376,7 +377,7 @@ def test_rail_state_decode() -> None:
 
 
 def test_recoveries(tmp_path: Path) -> None:
-    """A rail coming back into service counts a recovery (u32 at +236, version 5), leaving it a
+    """A rail coming back into service counts a recovery (u32 at +236), leaving it a
     failover; a state set again counts nothing; a new claim zeroes both."""
     from mpib_agent._plugin import ConnDesc, PluginProcess
 
@@ -446,7 +447,7 @@ def test_version_message() -> None:
 
 
 def test_completion_decode() -> None:
-    """Version 3 telemetry at the spec's offsets (4.3): applied_sup_bw u32 at +232,
+    """The completion telemetry at the spec's offsets (4.3): applied_sup_bw u32 at +232,
     flush_wall_ns u64 at +240, then per rail (SOUT at +256, SUP at +288) completed_bytes,
     completed_requests, inflight_bytes, busy_ns, u64 each."""
     img = bytearray(

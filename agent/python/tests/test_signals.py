@@ -12,9 +12,8 @@ from mpib_agent._policy import signal_setter
 def test_signal_setter_does_not_block_while_the_event_lock_is_held() -> None:
     # Inside stop.wait() the main thread holds the event's internal lock (CPython's
     # Event._cond, a Condition over a plain Lock) for a moment; a handler that called
-    # stop.set() there would wait for that lock forever (a Go test found a Python loop hung
-    # so after its SIGTERM). The handler must return at once, and the event must be set once
-    # the lock is released.
+    # stop.set() there would wait for that lock forever. The handler must return at once, and
+    # the event must be set once the lock is released.
     stop = threading.Event()
     handler = signal_setter(stop)
     returned = threading.Event()

@@ -255,7 +255,7 @@ def test_follows_replaced_segment(tmp_path: Path) -> None:
 
 
 def test_completion_telemetry(tmp_path: Path) -> None:
-    """The simulator publishes the plugin's format version 3 telemetry from its rail model, so
+    """The simulator publishes the plugin's completion telemetry from its rail model, so
     an agent reads the same fields against it as against a live plugin: per rail completed
     bytes at the modelled rate, the completion latency, one message's part in flight, the
     split applied, the wall clock of the flush; nothing more on a rail once it is down."""

@@ -140,3 +140,62 @@ func mustConns(t *testing.T, s *shm.Segment) []shm.Slot {
 	}
 	return c
 }
+
+// TestRecordRead counts reads as the plugin does: an applied read sets last_sup_bw, a stale
+// fallback counts as fallback and stale, a clamped read counts as clamped, and a slot that is
+// not active is left alone.
+func TestRecordRead(t *testing.T) {
+	s, p := newSeg(t, 2, 0)
+	slot, _ := p.Register(desc(1))
+	p.RecordRead(slot, shm.Resolution{Applies: true, SupBw: 700, Source: shm.SourceSlot}, 10)
+	p.RecordRead(slot, shm.Resolution{Applies: true, SupBw: 1024, Source: shm.SourceClass, Clamped: true}, 20)
+	p.RecordRead(slot, shm.Resolution{Source: shm.SourceStale}, 30)
+	if err := p.RecordRead(2, shm.Resolution{}, 1); !errors.Is(err, shm.ErrSlotRange) {
+		t.Fatalf("slot 2: %v", err)
+	}
+	sl, _ := s.Slot(slot)
+	want := shm.Telemetry{ReadsApplied: 2, ReadsFallback: 1, ReadsStale: 1, Clamped: 1, LastSupBw: 1024,
+		LastSource: uint32(shm.SourceStale), LastReadNs: 30}
+	if sl.Telemetry != want {
+		t.Fatalf("expected %+v but got %+v", want, sl.Telemetry)
+	}
+	p.Release(slot)
+	p.RecordRead(slot, shm.Resolution{Applies: true, SupBw: 1, Source: shm.SourceSlot}, 40)
+	if sl, _ := s.Slot(slot); sl.Telemetry != want {
+		t.Fatalf("a released slot's telemetry changed: %+v", sl.Telemetry)
+	}
+}
+
+// TestCloseDropsLeases: the leases live as long as the Plugin, as a plugin process's do; a
+// closed Plugin refuses further calls.
+func TestCloseDropsLeases(t *testing.T) {
+	s, p := newSeg(t, 2, 0)
+	slot, _ := p.Register(desc(1))
+	if held, err := s.LeaseHeld(slot); err != nil || !held {
+		t.Fatalf("lease of a registered slot: held=%v %v", held, err)
+	}
+	p.Close()
+	if held, _ := s.LeaseHeld(slot); held {
+		t.Fatal("a closed Plugin still holds its lease")
+	}
+	if freed, err := s.GC(); err != nil || len(freed) != 1 || freed[0] != slot {
+		t.Fatalf("GC after Close: expected [%d] but got %v (%v)", slot, freed, err)
+	}
+	if _, err := p.Register(desc(2)); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Register after Close: %v", err)
+	}
+}
+
+// TestAttachRefuses: a file that is not a valid segment is refused.
+func TestAttachRefuses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "junk")
+	if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := emulate.Attach(path); !errors.Is(err, shm.ErrBadMagic) {
+		t.Fatalf("a zeroed file: expected bad_magic but got %v (%v)", err, p)
+	}
+	if _, err := emulate.Attach(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a missing file: %v", err)
+	}
+}

@@ -108,7 +108,7 @@ class ClosedLoopPolicy:
 
     Per connection and interval it measures each rail's *active rate*: the bytes the rail
     completed over the time it had at least one of the connection's requests in flight
-    (``Δ*_completed_bytes / Δ*_active_ns``, format version 3). That rate does not depend on the
+    (``Δ*_completed_bytes / Δ*_active_ns``). That rate does not depend on the
     split: a rail that is the bottleneck never idles, so its active rate is its capacity; a
     rail that is not finishes each part at its capacity plus its latency. The best split gives
     each rail a share proportional to its active rate, so that both parts of a message finish

@@ -331,7 +331,7 @@ def encode_slot(v: Any, s: Slot) -> None:
 
 
 def put_device(v: Any, off: int, dev: int, sout_port: int, sup_port: int, sout_nic: str, sup_nic: str) -> None:
-    """The version 4 descriptor fields of the slot at ``off``: device, ports, NIC names."""
+    """The device descriptor fields of the slot at ``off``: device, ports, NIC names."""
     v.put16(off + S_DEV, dev)
     v.put8(off + S_SOUT_PORT, sout_port)
     v.put8(off + S_SUP_PORT, sup_port)

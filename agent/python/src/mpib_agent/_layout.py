@@ -37,9 +37,9 @@ R_SEQ, R_SUP_BW, R_FLAGS, R_GEN, R_SET_NS, R_PEER_IP, R_PREFIX = 0, 4, 8, 12, 16
 # slot (relative)
 S_OWNER, S_GEN, S_CONN, S_LOCAL, S_PEER, S_ISLAND = 0, 8, 16, 24, 28, 32
 S_CLASS, S_SEND, S_QSOUT, S_QSUP, S_PID, S_REG, S_HINT = 36, 37, 38, 40, 44, 48, 64
-# version 4: the connection's fused device (u16), its NICs' ports (u8 each) and names
+# the connection's fused device (u16), its NICs' ports (u8 each) and names
 S_DEV, S_SOUT_PORT, S_SUP_PORT = 42, 56, 57
-S_SUP_PATH = 58  # version 6: how SUP reaches the peer (SUP_PATHS)
+S_SUP_PATH = 58  # how SUP reaches the peer (SUP_PATHS)
 S_SOUT_NIC, S_SUP_NIC = 336, 360  # char[NIC_NAME] each, NUL-padded, NUL-terminated
 NIC_NAME = 24
 TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
@@ -57,9 +57,9 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("failovers", 212, 4),
     ("sout_state_ns", 216, 8),
     ("sup_state_ns", 224, 8),
-    # version 3: the split applied, the last flush (CLOCK_REALTIME), per rail what completed
+    # the split applied, the last flush (CLOCK_REALTIME), per rail what completed
     ("applied_sup_bw", 232, 4),
-    ("recoveries", 236, 4),  # version 5: times a rail came back into service
+    ("recoveries", 236, 4),  # times a rail came back into service
     ("flush_wall_ns", 240, 8),
     ("sout_completed_bytes", 256, 8),
     ("sout_completed_requests", 264, 8),
@@ -73,7 +73,7 @@ TELEMETRY: Tuple[Tuple[str, int, int], ...] = (
     ("sup_active_ns", 328, 8),
 )
 S_TELEMETRY = 128  # telemetry spans [S_TELEMETRY, S_TELEMETRY_END): zeroed at each claim
-S_TELEMETRY_END = S_SOUT_NIC  # the NIC names after it are descriptor fields (version 4)
+S_TELEMETRY_END = S_SOUT_NIC  # the NIC names after it are descriptor fields
 # rail states (u8 each): field name, offset; JSON and the dataclass hold rail_state_name()
 RAIL_STATE_FIELDS: Tuple[Tuple[str, int], ...] = (("sout_state", 208), ("sup_state", 209))
 RAIL_STATES = ("up", "down", "failed")  # 0 in service, 1 out after a failover, 2 device gone

@@ -71,12 +71,12 @@ class ConnDesc:
     is_send: bool = True
     nqps_sout: int = 1
     nqps_sup: int = 1
-    dev: int = 0  # the plugin's fused device (NCCL's device index), version 4
+    dev: int = 0  # the plugin's fused device (NCCL's device index)
     sout_port: int = 1  # the SOUT NIC's port (1-based)
     sup_port: int = 1
     sout_nic: str = ""  # the SOUT NIC's verbs device name ("mlx5_0"); cut to 23 bytes when stored
     sup_nic: str = ""
-    sup_path: int = 0  # version 6: 0 none, 1 direct, 2 routed, 3 island
+    sup_path: int = 0  # how SUP reaches the peer: 0 none, 1 direct, 2 routed, 3 island
 
 
 class PluginProcess:

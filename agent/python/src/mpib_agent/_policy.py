@@ -32,7 +32,7 @@ class ConnRate:
     sup_bps: float
     sout_req_per_s: float
     sup_req_per_s: float
-    # from the completion telemetry (format version 3): bytes per second whose completion the
+    # from the completion telemetry: bytes per second whose completion the
     # sender saw, and the mean completion latency of the requests completed in the interval
     # (0 when none completed)
     sout_completed_bps: float = 0.0
@@ -298,8 +298,8 @@ def signal_setter(stop: threading.Event) -> Callable[[int, object], None]:
 
     A handler runs in the main thread between two bytecodes, possibly while that thread is inside
     ``stop.wait()`` holding the event's internal lock (a plain, non-reentrant Lock): calling
-    ``stop.set()`` there waits for that lock forever. A Go test that SIGTERMs ``run`` found a
-    Python agent hung so, both threads in futex waits. ``_thread.start_new_thread`` takes no
+    ``stop.set()`` there waits for that lock forever (both threads then sit in futex waits).
+    ``_thread.start_new_thread`` takes no
     Python-level lock, and its thread sets the event once the main thread lets go of it."""
 
     def handler(signum: int, frame: object) -> None:

@@ -145,10 +145,10 @@ class Telemetry:
     sout_state: str = "up"  # up, down, failed, unknown(N)
     sup_state: str = "up"
     failovers: int = 0  # times a rail of this connection left service
-    recoveries: int = 0  # times a rail came back into service (version 5)
+    recoveries: int = 0  # times a rail came back into service
     sout_state_ns: int = 0  # CLOCK_REALTIME ns of the last sout_state change, 0 never
     sup_state_ns: int = 0
-    # version 3 (spec 4.3): throughput = d(*_completed_bytes)/dt, mean completion latency =
+    # completion telemetry (spec 4.3): throughput = d(*_completed_bytes)/dt, mean completion latency =
     # d(*_busy_ns)/d(*_completed_requests) between two samples of the same gen
     applied_sup_bw: int = 0  # split of the last posted message, after the guard and failover
     flush_wall_ns: int = 0  # CLOCK_REALTIME ns of the plugin's last telemetry flush, 0 never
@@ -185,11 +185,11 @@ class Slot:
     nqps_sup: int = 0
     pid: int = 0
     registered_ns: int = 0
-    # version 4: the plugin's fused device (NCCL's device index) and its NICs (spec 4.3)
+    # the plugin's fused device (NCCL's device index) and its NICs (spec 4.3)
     dev: int = 0
     sout_port: int = 0  # 1-based
     sup_port: int = 0
-    sup_path: int = 0  # version 6: 0 none, 1 direct, 2 routed, 3 island (sup_path_name)
+    sup_path: int = 0  # how SUP reaches the peer: 0 none, 1 direct, 2 routed, 3 island (sup_path_name)
     sout_nic: str = ""  # verbs device name, as nic_name() shows it
     sup_nic: str = ""
     hint: Record = field(default_factory=Record)

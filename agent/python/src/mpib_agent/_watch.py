@@ -37,7 +37,7 @@ CONN_FIELDS = (
     "dev",
     "sout_nic",
     "sup_nic",
-)  # version 4: the connection's fused device and its NICs
+)  # ends with the connection's fused device and its NICs
 CSV_FIELDS = ("t",) + CONN_FIELDS
 
 

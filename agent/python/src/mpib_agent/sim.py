@@ -8,9 +8,9 @@ the agent's hints for every send connection exactly as the plugin does (spec 5.3
 package's resolver; vanilla when no hint applies: intra-island all SUP, inter-island all
 SOUT), and writes the telemetry of spec 4.3: posted bytes and requests per rail, the read
 counters, ``last_sup_bw``/``last_source``/``last_read_ns``, rail states with their change
-times and the failover count, and (send connections) the completion telemetry of format
-version 3: per rail completed bytes and requests, bytes in flight and busy time, the split
-applied and the wall clock of each flush. It never beats: the heartbeat is the agent's.
+times and the failover count, and (send connections) the completion telemetry: per rail
+completed bytes and requests, bytes in flight and busy time, the split applied and the wall
+clock of each flush. It never beats: the heartbeat is the agent's.
 
 Rail model, per connection: messages of ``msg_bytes`` S, one after the other, split by
 w = sup_bw (parts per 1024). A rail that carries b bytes of a message takes
