@@ -7,6 +7,16 @@
 //   - Segment is a live read-write mapping (Create, Open): list connections, read telemetry,
 //     set hints per connection, peer or path class, beat the heartbeat, reclaim dead slots.
 //
+// The plugin's side of the segment (claiming slots, publishing telemetry, recording hint
+// reads) is not here: package shm/emulate plays it for simulators and tests.
+//
+// Files: layout.go (format constants and value types' names), types.go (decoded values),
+// decode.go (validation, Decode, Encode), record.go (the hint record seqlock), resolve.go
+// (spec 5.3), telemetry.go (rates between samples), errors.go; on Linux segment_linux.go
+// (creating, opening, mapping, reattaching), lease_linux.go (liveness, agent lock, leases,
+// GC), read_linux.go and write_linux.go (the Segment's readers and writers). The byte offsets
+// live in internal/wire, shared with shm/emulate.
+//
 // The library never logs or prints; every failure is an error wrapping one of the sentinels
 // in errors.go.
 package shm

@@ -8,8 +8,9 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 // Liveness says whether a segment file is in use (spec 5.8).

@@ -14,8 +14,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpib/mpib/agent/go/shm/internal/wire"
 )
 
 // Segment is a live read-write mapping of a hint segment. Methods are safe for concurrent use

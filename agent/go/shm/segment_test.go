@@ -19,11 +19,6 @@ func newSeg(t *testing.T, nslots, npeers uint32) *Segment {
 	return s
 }
 
-func desc(conn uint64, peer string, class PathClass) ConnDesc {
-	return ConnDesc{LocalSoutIP: ip("10.0.1.1"), PeerSoutIP: ip(peer), PathClass: class, IsSend: true,
-		NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: conn}
-}
-
 func gen(t *testing.T, s *Segment, slot uint32) uint32 {
 	t.Helper()
 	sl, err := s.Slot(slot)

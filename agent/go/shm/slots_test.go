@@ -49,8 +49,8 @@ func ip(s string) shm.IPv4 {
 	return v
 }
 
-func desc(conn uint64, peer string, class shm.PathClass) shm.ConnDesc {
-	return shm.ConnDesc{LocalSoutIP: ip("10.0.1.1"), PeerSoutIP: ip(peer), PathClass: class, IsSend: true,
+func desc(conn uint64, peer string, class shm.PathClass) emulate.ConnDesc {
+	return emulate.ConnDesc{LocalSoutIP: ip("10.0.1.1"), PeerSoutIP: ip(peer), PathClass: class, IsSend: true,
 		NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: conn}
 }
 

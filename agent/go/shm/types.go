@@ -145,17 +145,3 @@ type Snapshot struct {
 	Peers  []Peer    `json:"peers"`
 	Slots  []Slot    `json:"slots"`
 }
-
-// ConnDesc describes a connection as the plugin registers it (mpib_conn_desc in C).
-type ConnDesc struct {
-	LocalSoutIP, PeerSoutIP, PeerIsland IPv4
-	PathClass                           PathClass
-	IsSend                              bool
-	NQPsSout, NQPsSup                   uint16
-	PID                                 uint32
-	ConnID                              uint64
-	Dev                                 uint16   // the fused device
-	Ports                               [2]uint8 // SOUT's, SUP's
-	NICs                                [2]string
-	SupPath                             SupPath // how SUP reaches the peer
-}

@@ -39,7 +39,7 @@ type Rail struct {
 
 // Conn describes one simulated connection. Zero values get defaults: PID 4242, ConnID its
 // index, peer 10.0.2.(index+2), path class 0 (intra-island: vanilla is all SUP), 4 MiB
-// messages, send. (registered_ns is the host's clock, as Segment.Register writes it.)
+// messages, send. (registered_ns is the host's clock, as emulate.Plugin.Register writes it.)
 type Conn struct {
 	PID        uint32
 	ConnID     uint64
@@ -194,7 +194,7 @@ func (s *Sim) apply() error {
 			return fmt.Errorf("sim: %w", err)
 		}
 		local, _ := shm.ParseIPv4("10.0.1.1")
-		slot, err := s.plug.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
+		slot, err := s.plug.Register(emulate.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
 			PathClass: c.spec.PathClass, IsSend: !c.spec.Recv, NQPsSout: 1, NQPsSup: 1, PID: c.spec.PID, ConnID: c.spec.ConnID})
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)

@@ -113,7 +113,7 @@ func newFixture(t *testing.T, dir, name string) *fixture {
 	reg := func(conn uint64, peer string, class shm.PathClass, send bool) uint32 {
 		ip, _ := shm.ParseIPv4(peer)
 		local, _ := shm.ParseIPv4("10.0.1.1")
-		s, err := f.plug.Register(shm.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
+		s, err := f.plug.Register(emulate.ConnDesc{LocalSoutIP: local, PeerSoutIP: ip, PeerIsland: ip & 0xFFFFFF00,
 			PathClass: class, IsSend: send, NQPsSout: 1, NQPsSup: 2, PID: 4242, ConnID: conn})
 		if err != nil {
 			t.Fatal(err)
@@ -326,7 +326,7 @@ func TestCLIsAgree(t *testing.T) {
 				},
 				func(t *testing.T, fx *fixture, w string) { // 4242:9 connects now
 					ip, _ := shm.ParseIPv4("10.0.2.9")
-					fx.plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 4242, ConnID: 9})
+					fx.plug.Register(emulate.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 4242, ConnID: 9})
 				},
 			}},
 		{name: "gc", args: []string{"gc"}},
@@ -357,7 +357,7 @@ func TestCLIsAgree(t *testing.T) {
 				paths = append(paths, fx.path)
 				if tc.name == "gc" { // a connection whose process died
 					dead, _ := emulate.Attach(fx.path)
-					dead.Register(shm.ConnDesc{PID: 999999, ConnID: 77})
+					dead.Register(emulate.ConnDesc{PID: 999999, ConnID: 77})
 					dead.Close()
 				}
 				args := make([]string, 0, len(tc.args)+2)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 )
 
 // TestDevFilter: connections of three fused devices; list, top and record show each one's
@@ -23,7 +24,7 @@ func TestDevFilter(t *testing.T) {
 	ip, _ := shm.ParseIPv4("10.0.1.2")
 	for i, dev := range []uint16{0, 1, 1, 7} {
 		nics := [2]string{"mlx5_" + string(rune('0'+dev)), "mlx5_sup"}
-		if _, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: true, PID: 99, ConnID: uint64(i + 1), Dev: dev,
+		if _, err := plug.Register(emulate.ConnDesc{PeerSoutIP: ip, IsSend: true, PID: 99, ConnID: uint64(i + 1), Dev: dev,
 			Ports: [2]uint8{1, 2}, NICs: nics}); err != nil {
 			t.Fatal(err)
 		}

@@ -119,7 +119,7 @@ func register(t *testing.T, p *emulate.Plugin, connID uint64, dev uint16, peer s
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot, err := p.Register(shm.ConnDesc{PeerSoutIP: ip, IsSend: send, NQPsSout: 1, NQPsSup: 1, PID: 4242,
+	slot, err := p.Register(emulate.ConnDesc{PeerSoutIP: ip, IsSend: send, NQPsSout: 1, NQPsSup: 1, PID: 4242,
 		ConnID: connID, Dev: dev, Ports: [2]uint8{1, 1}, NICs: [2]string{"mlx5_0", "mlx5_1"}})
 	if err != nil {
 		t.Fatal(err)

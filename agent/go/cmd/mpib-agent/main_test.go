@@ -44,7 +44,7 @@ func TestCommands(t *testing.T) {
 	defer seg.Close()
 	plug := attachPlugin(t, path)
 	ip, _ := shm.ParseIPv4("10.0.2.7")
-	slot, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: 9})
+	slot, err := plug.Register(emulate.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestTopJSONAndRecord(t *testing.T) {
 	defer seg.Close()
 	plug := attachPlugin(t, path)
 	ip, _ := shm.ParseIPv4("10.0.2.7")
-	slot, err := plug.Register(shm.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 77, ConnID: 5})
+	slot, err := plug.Register(emulate.ConnDesc{PeerSoutIP: ip, PathClass: shm.InterIsland, IsSend: true, PID: 77, ConnID: 5})
 	if err != nil {
 		t.Fatal(err)
 	}

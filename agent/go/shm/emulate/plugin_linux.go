@@ -110,7 +110,7 @@ func ofdLock(f *os.File, off int64, typ int16) error {
 // Register claims a slot as the plugin does (spec 5.4): take the slot's lease, CAS the owner
 // word free -> claiming, fill the slot, zero its telemetry, then publish it active. A zero
 // d.PID is this process's pid.
-func (p *Plugin) Register(d shm.ConnDesc) (uint32, error) {
+func (p *Plugin) Register(d ConnDesc) (uint32, error) {
 	pid := d.PID
 	if pid == 0 {
 		pid = uint32(os.Getpid())
@@ -141,7 +141,7 @@ func (p *Plugin) Register(d shm.ConnDesc) (uint32, error) {
 
 // fillSlot writes a claimed slot's registration (generation + 1, never 0) and zeroes its
 // telemetry.
-func fillSlot(v wire.View, off int, d shm.ConnDesc, pid uint32) {
+func fillSlot(v wire.View, off int, d ConnDesc, pid uint32) {
 	gen := v.U32(off+wire.SlGen) + 1
 	if gen == 0 {
 		gen = 1

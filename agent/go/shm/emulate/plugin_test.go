@@ -30,8 +30,8 @@ func newSeg(t *testing.T, nslots, npeers uint32) (*shm.Segment, *emulate.Plugin)
 	return s, p
 }
 
-func desc(conn uint64) shm.ConnDesc {
-	return shm.ConnDesc{LocalSoutIP: 0x0A000101, PeerSoutIP: 0x0A000102, PathClass: shm.IntraIsland, IsSend: true,
+func desc(conn uint64) emulate.ConnDesc {
+	return emulate.ConnDesc{LocalSoutIP: 0x0A000101, PeerSoutIP: 0x0A000102, PathClass: shm.IntraIsland, IsSend: true,
 		NQPsSout: 2, NQPsSup: 4, PID: uint32(os.Getpid()), ConnID: conn}
 }
 
