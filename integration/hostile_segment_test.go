@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/agent/go/shm/emulate"
 	"github.com/mpib/mpib/internal/lab"
 )
 
@@ -40,7 +41,7 @@ func TestHostileSegment(t *testing.T) {
 
 // hostileLease builds and runs plugin/ctest/shm_lease_test.c: the plugin's poll of a segment
 // another process holds a write lease on must come back within 100 ms with no segment
-// attached (it used to wait 45 s, the lease break time, holding the handle's lock).
+// attached, not after the lease break time (45 s) with the handle's lock held.
 func hostileLease(t *testing.T, root string) {
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
@@ -48,8 +49,13 @@ func hostileLease(t *testing.T, root string) {
 	}
 	bin := filepath.Join(t.TempDir(), "shm_lease")
 	ctest := filepath.Join(root, "plugin", "ctest")
-	build := exec.Command(gcc, "-std=gnu11", "-O2", "-Wall", "-Werror", "-pthread", "-I"+filepath.Join(root, "plugin"),
-		"-o", bin, filepath.Join(ctest, "shm_lease_test.c"), filepath.Join(root, "plugin", "mpib_shm.c"))
+	srcs, err := filepath.Glob(filepath.Join(root, "plugin", "mpib_shm_*.c"))
+	if err != nil || len(srcs) == 0 {
+		t.Fatalf("the plugin's segment sources (plugin/mpib_shm_*.c): %v", err)
+	}
+	args := []string{"-std=gnu11", "-O2", "-Wall", "-Werror", "-pthread", "-I" + filepath.Join(root, "plugin"), "-o", bin,
+		filepath.Join(ctest, "shm_lease_test.c"), filepath.Join(ctest, "shm_agent.c"), filepath.Join(ctest, "shm_decode.c")}
+	build := exec.Command(gcc, append(args, srcs...)...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
@@ -79,7 +85,12 @@ func geometrySegment(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if _, err := s.Register(shm.ConnDesc{PeerSoutIP: 0x0A000207, IsSend: true, NQPsSout: 1, ConnID: 1}); err != nil {
+	plug, err := emulate.Attach(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plug.Close() })
+	if _, err := plug.Register(emulate.ConnDesc{PeerSoutIP: 0x0A000207, IsSend: true, NQPsSout: 1, ConnID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
