@@ -64,7 +64,8 @@ func (Test) All(ctx context.Context) error {
 	return Test{}.Integration()
 }
 
-// Unit runs the fast tests: Go packages outside integration/, the C tests and the Python agent tests.
+// Unit runs the fast tests: Go packages outside integration/, the release check (after Dist),
+// the C tests and the Python agent tests.
 func (Test) Unit() error {
 	if err := unitGoAndC(); err != nil {
 		return err

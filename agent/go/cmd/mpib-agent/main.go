@@ -38,6 +38,7 @@ commands:
   gc         reclaim slots of dead processes
   export     Prometheus metrics of the segment       [--listen 127.0.0.1:9877|unix:PATH] [--allow-remote] [--max-peers N] (docs/metrics.md)
 
+--version prints the release's version and commit (the plugin's init INFO line names its own);
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
 durations are seconds (0.5) or a number with a unit (500ms, 2s, 1m); run --interval: 1 s, closed-loop 0.5 s;
 closed-loop --step: largest move of the split per interval in parts per 1024, integer 1..256 (default 64);
