@@ -92,3 +92,36 @@ func TestReadNeedsRefusesNonELF(t *testing.T) {
 		t.Fatal("a shell script read as ELF")
 	}
 }
+
+// A dynamic binary of the host (/bin/sh) needs libc with its version nodes, and the check
+// reports it exactly when one is past the baseline.
+func TestReadNeedsRealBinaries(t *testing.T) {
+	data, err := os.ReadFile("/bin/sh")
+	if err != nil {
+		t.Skipf("no /bin/sh: %v", err)
+	}
+	needs, err := ReadNeeds("sh", bytes.NewReader(data))
+	if err != nil || len(needs) == 0 {
+		t.Skipf("/bin/sh is not a dynamic x86-64 ELF here (%v)", err)
+	}
+	top := MaxNode(needs, "GLIBC_")
+	if top == "" {
+		t.Fatalf("/bin/sh needs no GLIBC_ node: %v", needs)
+	}
+	bad, err := Violations(needs, Baseline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := compareVersions(mustParse(t, top), mustParse(t, Baseline.Glibc)) > 0
+	if newer != (len(bad) > 0) {
+		t.Fatalf("/bin/sh needs up to %s; violations %q", top, bad)
+	}
+}
+
+func mustParse(t *testing.T, node string) []int {
+	v, err := parseNode(node, "GLIBC_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
