@@ -4,7 +4,7 @@ matching peer entry that the spec allows (keyed by ``(peers_epoch, gen)``).
 Without the cache every read with a fresh heartbeat and no slot hint scans the whole peer
 table (256 entries by default, each a seqlock read in Python): a beating agent that writes no
 slot hints made the simulator about 50 times slower than no agent at all. The C plugin
-(plugin/mpib_shm.c, shm_peer_lookup) caches the same way. It lives here, not in
+(plugin/mpib_shm_hint.c, shm_peer_lookup) caches the same way. It lives here, not in
 ``_plugin.PluginProcess.resolve`` (the uncached reader the tests compare with), so that the
 simulator alone changes.
 

@@ -1,8 +1,9 @@
 """The plugin's side of the segment, in Python: FOR THE SIMULATOR AND TESTS ONLY.
 
-The real plugin (plugin/mpib_shm.c) registers its connections, resolves hints and writes
-telemetry from C. :class:`PluginProcess` does the same through ``pread``/``pwrite`` so that a
-simulated plugin (``mpib_agent.sim``) or a test can stand in for one on a real segment file:
+The real plugin registers its connections (plugin/mpib_shm_conn.c), resolves hints and writes
+telemetry (plugin/mpib_shm_hint.c) from C. :class:`PluginProcess` does the same through
+``pread``/``pwrite`` so that a simulated plugin (``mpib_agent.sim``) or a test can stand in for
+one on a real segment file:
 
 - it holds the attach lock (spec 5.7: a shared OFD lock on byte 0) while it is open;
 - :meth:`register` claims a slot as spec 5.4 says: the slot's lease (an exclusive OFD lock on
