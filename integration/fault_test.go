@@ -67,9 +67,9 @@ const faultIdleUS = 200
 
 var faultSeq atomic.Int32
 
-// faultEnv is the plugin configuration of the fault cases: the plugin's own RC defaults
-// (NCCL_IB_TIMEOUT=15, NCCL_IB_RETRY_CNT=5: pluginEnv's MPIB_IB_TIMEOUT=14 is left out),
-// failover on, the mode's settings and extras.
+// faultEnv is the plugin configuration of the fault cases: the plugin's own detection defaults
+// (the no-progress watch, MPIB_DETECT_MS, and the RC budget behind it), failover on, the
+// mode's settings and extras.
 func faultEnv(n *Node, mode string, extra ...string) []string {
 	env := []string{
 		"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + n.Dev(SUP), "MPIB_OOB_IF=" + n.Netdev(SOUT),
@@ -106,8 +106,11 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 	fp := &faultPair{server: server, client: client, base: fmt.Sprintf("/tmp/fault-%d-%d", os.Getpid(), faultSeq.Add(1))}
 	fp.stopFile = fp.base + ".stop"
 	port := strconv.Itoa(oobPorts(args))
-	common := append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile,
-		"--idle-us", strconv.Itoa(faultIdleUS)}, args...)
+	common := append([]string{"--plugin", pluginLib}, args...)
+	if !slices.Contains(args, "connect") { // the scale modes pace and stop themselves
+		common = append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile,
+			"--idle-us", strconv.Itoa(faultIdleUS)}, args...)
+	}
 	wrap := func(role string) []string {
 		return []string{"sh", "-c", `exec "$@" >"$0.out" 2>"$0.err"`, fp.base + "-" + role, nettestBin, "--role", role}
 	}

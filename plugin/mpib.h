@@ -140,6 +140,7 @@ struct mpib_global {
   uint64_t recovery_backoff_ms, recovery_backoff_max_ms;
   uint64_t failover_timeout_ms; /* how long a sender waits for the receiver's fence record */
   uint64_t stall_timeout_ms;    /* MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once) */
+  uint64_t detect_ms;           /* MPIB_DETECT_MS: no acknowledgement on a busy rail's path for this long fails the rail (0: the RC budget alone) */
   uint64_t agent_stale_ns;
   void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
 };
@@ -208,6 +209,11 @@ struct mpib_rail_ctl {
   int keepalive_out;     /* keepalive writes outstanding on the rail (one per lane) */
   uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
   uint64_t notice_seen;  /* receiver: the last notice word handled */
+  /* No-progress watch (mpib_failover_watch_tick): acknowledgements of our signalled writes
+   * polled, the count the watch last saw, when the rail last made progress (or was idle), and
+   * the longest recent wait for an acknowledgement (decaying), which widens the watch on a slow
+   * path. */
+  uint64_t acks, acks_seen, progress_ns, slow_ns;
   struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
 };
 
@@ -363,6 +369,7 @@ struct mpib_comm {
   uint64_t cts_snap_seq[MPIB_MAX_REQUESTS];
 
   uint32_t pending[MPIB_NRAILS]; /* signalled sends not yet completed, per rail */
+  uint64_t *path_ack_ns[MPIB_NRAILS]; /* the rail's path's shared progress word (mpib_progress.h), or NULL */
   /* Send-queue accounting per QP (mpib_p2p.c qp_post): work requests posted and not yet
    * retired by a signalled completion, and those posted since the last signalled one. A post
    * that does not fit the depth is refused whole (ENOMEM) before the provider sees it, so a

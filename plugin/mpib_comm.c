@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include "mpib.h"
+#include "mpib_progress.h"
 #include "mpib_qp.h"
 #include "mpib_srq.h"
 #include "mpib_verbs.h"
@@ -358,6 +359,7 @@ static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_
     remote_lane(c, r, i, remote);
     if (c->nic[l]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(c->rem_rail[l].gid);
   }
+  c->path_ack_ns[r] = mpib_path_progress(c->nic[mpib_lane(r, 0)], c->rem_rail[mpib_lane(r, 0)].gid);
   if (mpib_rail_fatal(c, r)) return -ENODEV;
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     const struct mpib_qp *q = &c->qps[base + i];

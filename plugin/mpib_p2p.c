@@ -421,9 +421,11 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
     else if ((req->seq & 0xFF) != seq8) snprintf(open, sizeof open, "the slot's receive is seq %u", (unsigned)(req->seq & 0xFF));
     else snprintf(open, sizeof open, "its receive expects ranges %u and has %u%s", req->expected_mask, req->have_mask,
                   !replay && (req->have_mask & ranges) ? " (the transport delivered a write twice?)" : "");
-    MPIB_WARN("%s rail (generation %u, %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no posted receive: %s",
-              mpib_rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state), slot, seq8, mask,
-              replay ? ", replay" : "", wc->qp_num, open);
+    MPIB_WARN("%s rail (generation %u, %s; other rail %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no "
+              "posted receive: %s (next receive seq %llu)",
+              mpib_rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state),
+              rail_state_name(c->rail[1 - rail].state), slot, seq8, mask, replay ? ", replay" : "", wc->qp_num, open,
+              (unsigned long long)c->fifo_head);
     return ncclRemoteError;
   }
   req->wrote_rails |= 1u << rail;
@@ -456,6 +458,7 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, c
   if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess;
   if (wc->status != IBV_WC_SUCCESS) return mpib_failover_completion_error(c, rail, wc);
   if (c->pending[rail]) c->pending[rail]--;
+  c->rail[rail].acks++;
   int kind = mpib_wrid_kind(id);
   if (kind == MPIB_WR_PROBE) return mpib_failover_probe_done(c, rail);
   if (kind == MPIB_WR_KEEPALIVE && c->rail[rail].keepalive_out > 0) c->rail[rail].keepalive_out--;
@@ -499,8 +502,10 @@ static ncclResult_t progress(struct mpib_comm *c) {
     ncclResult_t res = srq_refill_or_fail(c, rail); /* after all its lanes' receives were consumed */
     if (res != ncclSuccess) return res;
   }
-  if ((++c->idle_polls & 255) == 0) {
-    ncclResult_t res = mpib_failover_keepalive_tick(c);
+  uint32_t polls = ++c->idle_polls;
+  if ((polls & 15) == 0) {
+    ncclResult_t res = (polls & 255) == 0 ? mpib_failover_keepalive_tick(c) : ncclSuccess;
+    if (res == ncclSuccess) res = mpib_failover_watch_tick(c);
     if (res != ncclSuccess) return res;
   }
   return mpib_failover_tick(c);

@@ -199,6 +199,7 @@ func applyConfig(cfg config.Config) {
 	g.recovery_backoff_max_ms = C.uint64_t(max(cfg.RecoveryBackoffMax, cfg.RecoveryBackoffMS))
 	g.failover_timeout_ms = C.uint64_t(cfg.FailoverTimeoutMS)
 	g.stall_timeout_ms = C.uint64_t(cfg.StallTimeoutMS)
+	g.detect_ms = C.uint64_t(cfg.DetectMS)
 	g.agent_stale_ns = C.uint64_t(cfg.AgentStaleMS) * 1000000
 }
 

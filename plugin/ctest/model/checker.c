@@ -994,6 +994,7 @@ int main(int argc, char **argv) {
   mpib_g.recovery_backoff_max_ms = 160;
   mpib_g.failover_timeout_ms = 300;
   mpib_g.stall_timeout_ms = 3000;
+  mpib_g.detect_ms = 12; /* the no-progress watch, shorter than RC_BUDGET: it finds the holes first */
   for (size_t i = 0; i < sizeof pattern_table; i++) {
     uint8_t b = (uint8_t)(i * 7);
     pattern_table[i] = b == 0xEE ? 0x11 : b;

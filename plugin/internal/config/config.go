@@ -36,8 +36,9 @@ var Knobs = []Knob{
 	{"MPIB_FORCE_SUP_BW", "(unset)", "test override of the policy: SUP share in parts per 1024 (0..1024) for every request"},
 	{"MPIB_SHM_PATH", "/dev/shm/mpib-hints-EUID", "agent hint segment (advanced mode), one per user (EUID: the effective uid); see docs/shm-format.md"},
 	{"MPIB_AGENT_STALE_MS", "500", "agent heartbeat age after which advanced mode falls back to vanilla"},
-	{"MPIB_IB_TIMEOUT", "15", "RC local ACK timeout exponent (4.096 us * 2^N); wins over NCCL_IB_TIMEOUT. With the retry count it bounds how long a silent path loss takes to detect: 4.096 us * 2^15 * (4 + 1) = 0.67 s by default (about 0.8-1 s on a software RDMA device, whose go-back-N retransmissions take time) (net_ib: 20 and 7, 34 s); see docs/failover.md"},
-	{"MPIB_IB_RETRY_CNT", "4", "RC retry count; wins over NCCL_IB_RETRY_CNT (7 means retry forever on rxe)"},
+	{"MPIB_IB_TIMEOUT", "20", "RC local ACK timeout exponent (4.096 us * 2^N, 4.3 s by default, as net_ib); wins over NCCL_IB_TIMEOUT. Long on purpose: a try shorter than a congested queue retransmits into it; a dead path is found by MPIB_DETECT_MS, the RC budget is the backstop (docs/failover.md)"},
+	{"MPIB_IB_RETRY_CNT", "6", "RC retry count; wins over NCCL_IB_RETRY_CNT: 4.3 s * (6 + 1) = 30 s by default, the ride-through budget (7 means retry forever on rxe)"},
+	{"MPIB_DETECT_MS", "600", "a rail with signalled writes outstanding whose path (local NIC, peer) has returned no acknowledgement to any comm of the process for this long fails over; widened on a path whose acknowledgements come slowly; 0 = only the RC budget detects (docs/failover.md, no-progress watch)"},
 	{"MPIB_FAILOVER", "1", "1 = a failed rail's traffic moves to the other rail and the rail is retried in the background; 0 = any rail error fails the connection (net_ib without NCCL_IB_RESILIENCY_PORT_FAILOVER)"},
 	{"MPIB_RECOVERY_BACKOFF_MS", "250", "first retry of a failed rail after this long, doubling per failed attempt (a port that comes back up is retried at once)"},
 	{"MPIB_RECOVERY_BACKOFF_MAX_MS", "2000", "the longest wait between retries of a failed rail; retries never stop"},
@@ -49,8 +50,8 @@ var Knobs = []Knob{
 	{"MPIB_FORCE_FLUSH", "0", "1 = build the loopback flush QPs and flush even without GPUDirect (testing)"},
 	{"MPIB_HANDSHAKE_TIMEOUT_MS", "120000", "deadline for one connection's TCP handshake"},
 	{"MPIB_WHOLE_MSG_MAX", "65536", "a receive slot of at most this many bytes goes whole to one rail (a deficit counter keeps the byte share at the weight); larger ones are cut by the weight; 0 = always cut"},
-	{"NCCL_IB_TIMEOUT", "15", "as in net_ib, when MPIB_IB_TIMEOUT is unset (net_ib's default is 20; MPIB's is shorter so that failover starts within a second)"},
-	{"NCCL_IB_RETRY_CNT", "4", "as in net_ib, when MPIB_IB_RETRY_CNT is unset (net_ib's default is 7)"},
+	{"NCCL_IB_TIMEOUT", "20", "as in net_ib, when MPIB_IB_TIMEOUT is unset"},
+	{"NCCL_IB_RETRY_CNT", "6", "as in net_ib, when MPIB_IB_RETRY_CNT is unset (net_ib's default is 7)"},
 	{"NCCL_IB_TC", "(unset)", "as in net_ib: traffic class when MPIB_IB_TC is unset; wins over the per-communicator class; else 0"},
 	{"NCCL_IB_SL", "(unset)", "as in net_ib: service level when MPIB_IB_SL is unset; else 0"},
 	{"NCCL_IB_FIFO_TC", "(unset)", "as in net_ib: traffic class of the receiver's CTS writes (RoCE); unset = the connection's"},
@@ -126,6 +127,7 @@ type Config struct {
 	RecoveryBackoffMax int
 	FailoverTimeoutMS  int
 	StallTimeoutMS     int // MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once)
+	DetectMS           int // MPIB_DETECT_MS: the no-progress watch's limit (0: off)
 	GDRFlushDisable    bool
 }
 
@@ -151,8 +153,9 @@ func Parse(getenv func(string) string) (Config, error) {
 		ForceSupBW:         p.int("MPIB_FORCE_SUP_BW", -1, 0, 1024),
 		ShmPath:            p.str("MPIB_SHM_PATH", DefaultShmPath()),
 		AgentStaleMS:       p.int("MPIB_AGENT_STALE_MS", 500, 1, 3600000),
-		IBTimeout:          p.first(15, 1, 31, "MPIB_IB_TIMEOUT", "NCCL_IB_TIMEOUT"),
-		IBRetryCnt:         p.first(4, 0, 7, "MPIB_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"),
+		IBTimeout:          p.first(20, 1, 31, "MPIB_IB_TIMEOUT", "NCCL_IB_TIMEOUT"),
+		IBRetryCnt:         p.first(6, 0, 7, "MPIB_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"),
+		DetectMS:           p.int("MPIB_DETECT_MS", 600, 0, 3600000),
 		Failover:           p.int("MPIB_FAILOVER", 1, 0, 1) == 1,
 		RecoveryBackoffMS:  p.int("MPIB_RECOVERY_BACKOFF_MS", 250, 1, 3600000),
 		RecoveryBackoffMax: p.int("MPIB_RECOVERY_BACKOFF_MAX_MS", 2000, 1, 3600000),

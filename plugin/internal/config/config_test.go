@@ -28,7 +28,7 @@ func TestParseDefaults(t *testing.T) {
 		Devices:         []Device{{Sout: Rail{"mlx5_0", 1, -1}, Sup: Rail{"mlx5_1", 2, -1}, SupPorts: []Rail{{"mlx5_1", 2, -1}}, RailID: 0, PlaneID: NoID}},
 		OOBInterface:    "eth0",
 		IslandPrefixLen: 24, SoutQPs: 1, SupQPs: 1, ForceSupBW: -1, ShmPath: DefaultShmPath(),
-		AgentStaleMS: 500, IBTimeout: 15, IBRetryCnt: 4, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
+		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 6, DetectMS: 600, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
 		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000, StallTimeoutMS: 30000,
 	}
