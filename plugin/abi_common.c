@@ -50,7 +50,8 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->ptr_support = f->prop_ptr_support;
   p->force_flush = f->prop_force_flush;
   /* what the slowest kind of connection of this mode gets (mpib_props.h) */
-  p->speed = mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_mbps(f));
+  p->speed =
+      mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_mbps(f));
   p->port = sout->port;
   p->max_comms = f->prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;
@@ -78,8 +79,8 @@ ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle
   struct mpib_comm *comm = NULL;
   int result = ncclSuccess;
   switch (mpib_pending_poll(handle, &comm, &result)) { /* no call into Go: see mpib.h */
-  case 1: /* the handshake is still running */
-    *sendComm = NULL;
+  case 1:
+    *sendComm = NULL; /* the handshake is still running */
     return ncclSuccess;
   case 2: /* it ended: its comm, or the error the control plane logged when it failed */
     *sendComm = comm;

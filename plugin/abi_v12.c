@@ -37,14 +37,23 @@ ncclResult_t mpib_v12_get_properties(int dev, ncclNetProperties_v12_t *props) {
   struct mpib_props p;
   ncclResult_t res = mpib_get_properties(dev, &p);
   if (res != ncclSuccess) return res;
-  *props = (ncclNetProperties_v12_t){.name = p.name, .pciPath = p.pci_path, .guid = p.guid,
-                                     .ptrSupport = p.ptr_support, .regIsGlobal = 1, .forceFlush = p.force_flush,
-                                     .speed = p.speed, .port = p.port, .latency = 0,
-                                     .maxComms = p.max_comms, .maxRecvs = p.max_recvs,
+  *props = (ncclNetProperties_v12_t){.name = p.name,
+                                     .pciPath = p.pci_path,
+                                     .guid = p.guid,
+                                     .ptrSupport = p.ptr_support,
+                                     .regIsGlobal = 1,
+                                     .forceFlush = p.force_flush,
+                                     .speed = p.speed,
+                                     .port = p.port,
+                                     .latency = 0,
+                                     .maxComms = p.max_comms,
+                                     .maxRecvs = p.max_recvs,
                                      .netDeviceType = NCCL_NET_DEVICE_HOST,
-                                     .maxP2pBytes = INT32_MAX, .maxCollBytes = INT32_MAX,
+                                     .maxP2pBytes = INT32_MAX,
+                                     .maxCollBytes = INT32_MAX,
                                      .maxMultiRequestSize = MPIB_MAX_RECVS,
-                                     .railId = (int16_t)p.rail_id, .planeId = (int16_t)p.plane_id};
+                                     .railId = (int16_t)p.rail_id,
+                                     .planeId = (int16_t)p.plane_id};
   props->vProps.ndevs = p.ndevs;
   for (int i = 0; i < p.ndevs; i++) props->vProps.devs[i] = p.devs[i];
   return ncclSuccess;
@@ -55,8 +64,7 @@ ncclResult_t mpib_v12_listen(void *ctx, int dev, void *handle, void **listenComm
 }
 
 /* The traffic class is the context's (init's config): v12 connect has no config. */
-ncclResult_t mpib_v12_connect(void *ctx, int dev, void *handle, void **sendComm,
-                              ncclNetDeviceHandle_t **sendDevComm) {
+ncclResult_t mpib_v12_connect(void *ctx, int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
   return mpib_connect(((struct mpib_ctx *)ctx)->id, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
 }
 

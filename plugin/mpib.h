@@ -27,7 +27,7 @@
  * one signalled write (sender) or one receive (receiver) per rail, plus one signalled CTS
  * per FIFO lap. */
 #define MPIB_SRQ_DEPTH (2 * MPIB_MAX_REQUESTS) /* receives posted per rail per recv comm */
-#define MPIB_SRQ_REFILL 16                      /* refill once this many were consumed */
+#define MPIB_SRQ_REFILL 16                     /* refill once this many were consumed */
 #define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 16)
 /* Send queue: per slot up to MPIB_MAX_RECVS writes plus the final write-with-imm (sender);
  * one CTS write per slot (receiver). */
@@ -95,8 +95,8 @@ struct mpib_nic {
   uint16_t pkey_index;
   int max_qp, max_cq; /* device limits (ibv_query_device) */
   /* Set by the device's async-event thread (mpib_events.c), read by the data path. */
-  int fatal;      /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
-  int port_down;  /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
+  int fatal;     /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
+  int port_down; /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
   uint64_t port_change_ns;
   uint32_t gid_gen; /* counts IBV_EVENT_GID_CHANGE: the control plane's GID cache is stale when it moved */
   pthread_t event_thread;
@@ -127,22 +127,24 @@ struct mpib_global {
   int nfdevs; /* fused devices ready (0 until init opened every NIC) */
   int mode;
   int sup_relay;
-  uint32_t force_sup_bw;    /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
-  int flush_enabled;        /* loopback RDMA_READ flush QPs are built for recv comms */
+  uint32_t force_sup_bw; /* MPIB_FORCE_SUP_BW test override, or MPIB_NO_OVERRIDE */
+  int flush_enabled;     /* loopback RDMA_READ flush QPs are built for recv comms */
   int relaxed_ordering;
   uint8_t ib_timeout, ib_retry_cnt, ib_sl;
-  int ib_tc;                /* connection traffic class when NCCL's comm config sets none */
-  int fifo_tc;              /* NCCL_IB_FIFO_TC: class of the receiver's CTS writes, -1 = the connection's */
-  int use_inline;           /* NCCL_IB_USE_INLINE: CTS and size records sent inline */
-  int ece_enable;           /* NCCL_IB_ECE_ENABLE */
-  uint64_t whole_msg_max;   /* MPIB_WHOLE_MSG_MAX */
-  int failover;             /* MPIB_FAILOVER: a failed rail's traffic moves to the other rail */
+  int ib_tc;              /* connection traffic class when NCCL's comm config sets none */
+  int fifo_tc;            /* NCCL_IB_FIFO_TC: class of the receiver's CTS writes, -1 = the connection's */
+  int use_inline;         /* NCCL_IB_USE_INLINE: CTS and size records sent inline */
+  int ece_enable;         /* NCCL_IB_ECE_ENABLE */
+  uint64_t whole_msg_max; /* MPIB_WHOLE_MSG_MAX */
+  int failover;           /* MPIB_FAILOVER: a failed rail's traffic moves to the other rail */
   uint64_t recovery_backoff_ms, recovery_backoff_max_ms;
   uint64_t failover_timeout_ms; /* how long a sender waits for the receiver's fence record */
-  uint64_t stall_timeout_ms;    /* MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once) */
-  uint64_t detect_ms;           /* MPIB_DETECT_MS: no acknowledgement on a busy rail's path for this long fails the rail (0: the RC budget alone) */
+  /* MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once) */
+  uint64_t stall_timeout_ms;
+  /* MPIB_DETECT_MS: no acknowledgement on a busy rail's path for this long fails the rail (0: the RC budget alone) */
+  uint64_t detect_ms;
   uint64_t agent_stale_ns;
-  void *shm;                /* struct mpib_shm *, or NULL when no agent segment is open */
+  void *shm; /* struct mpib_shm *, or NULL when no agent segment is open */
 };
 extern struct mpib_global mpib_g;
 
@@ -163,7 +165,7 @@ struct mpib_request {
   struct mpib_comm *comm;
   int type;
   int done;
-  uint64_t seq;       /* FIFO sequence number of the slot it belongs to */
+  uint64_t seq; /* FIFO sequence number of the slot it belongs to */
   int nreqs;
   /* send */
   void *data;
@@ -178,9 +180,9 @@ struct mpib_request {
   size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
                                   * kept where no peer can write (not the CTS copy: registered) */
   /* flush (mpib_flush.c) */
-  uint32_t flush_lanes; /* lanes with a flush read outstanding */
-  uint32_t flush_redo;  /* lanes whose read failed or was lost with a QP reset: posted again */
-  void *flush_addr;     /* the buffer the reads go to (with mh) */
+  uint32_t flush_lanes;     /* lanes with a flush read outstanding */
+  uint32_t flush_redo;      /* lanes whose read failed or was lost with a QP reset: posted again */
+  void *flush_addr;         /* the buffer the reads go to (with mh) */
   uint64_t flush_failed_ns; /* when its first read failed (0: none did): the retries' deadline */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
@@ -191,24 +193,24 @@ struct mpib_rebuild {
   struct mpib_comm *comm;
   int rail;
   uint32_t psn;
-  int running;      /* a thread was started and is not joined yet (read by the comm's caller only) */
-  int done;         /* the thread finished: set with release, read with acquire */
-  int err;          /* its result: 0 or -errno, valid once done */
+  int running; /* a thread was started and is not joined yet (read by the comm's caller only) */
+  int done;    /* the thread finished: set with release, read with acquire */
+  int err;     /* its result: 0 or -errno, valid once done */
   pthread_t thread;
 };
 
 /* One rail's failover state in one comm (mpib_p2p.c). */
 struct mpib_rail_ctl {
-  int state;             /* MPIB_RAIL_* */
-  uint32_t gen;          /* generation of the rail's QPs, from 1; a rebuild adds one */
-  uint64_t since_ns;     /* when the state was entered */
-  uint64_t retry_at_ns;  /* DOWN: the next recovery attempt */
-  uint32_t attempts;     /* recoveries that failed in a row (back-off) */
-  uint32_t probes;       /* PROBING: probe writes not yet completed */
-  int slow_reported;     /* FENCING: the wait for the receiver's record was logged */
-  int keepalive_out;     /* keepalive writes outstanding on the rail (one per lane) */
+  int state;              /* MPIB_RAIL_* */
+  uint32_t gen;           /* generation of the rail's QPs, from 1; a rebuild adds one */
+  uint64_t since_ns;      /* when the state was entered */
+  uint64_t retry_at_ns;   /* DOWN: the next recovery attempt */
+  uint32_t attempts;      /* recoveries that failed in a row (back-off) */
+  uint32_t probes;        /* PROBING: probe writes not yet completed */
+  int slow_reported;      /* FENCING: the wait for the receiver's record was logged */
+  int keepalive_out;      /* keepalive writes outstanding on the rail (one per lane) */
   uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
-  uint64_t notice_seen;  /* receiver: the last notice word handled */
+  uint64_t notice_seen;   /* receiver: the last notice word handled */
   /* No-progress watch (mpib_failover_watch_tick): acknowledgements of our signalled writes
    * polled, the count the watch last saw, when the rail last made progress (or was idle), and
    * the longest recent wait for an acknowledgement (decaying), which widens the watch on a slow
@@ -226,7 +228,7 @@ struct mpib_qp {
 /* Local and remote connection facts exchanged over the TCP control socket. */
 struct mpib_rail_info {
   uint8_t gid[16];
-  uint32_t mtu; /* enum ibv_mtu */
+  uint32_t mtu;  /* enum ibv_mtu */
   uint32_t rkey; /* rkey of the advertised buffer on this rail */
   uint16_t lid;
   uint8_t link_layer;
@@ -237,7 +239,7 @@ struct mpib_rail_info {
 /* A striped SUP lane's facts (lanes 2..; the rail's QP numbers stay in its mpib_rail_info). */
 struct mpib_lane_info {
   uint8_t gid[16];
-  uint32_t mtu; /* enum ibv_mtu */
+  uint32_t mtu;  /* enum ibv_mtu */
   uint32_t rkey; /* the lane's registration of the advertised buffer */
   uint16_t lid;
   uint8_t link_layer;
@@ -246,7 +248,7 @@ struct mpib_conn_info {
   uint8_t tc, sl; /* the sending side's: both ends use them */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_rail_info rail[MPIB_NRAILS];
-  uint64_t buf_addr; /* sender: its CTS FIFO; receiver: its size records */
+  uint64_t buf_addr;  /* sender: its CTS FIFO; receiver: its size records */
   uint32_t sup_lanes; /* 0 without SUP QPs, else 1 + the striped lanes */
   struct mpib_lane_info lane[MPIB_MAX_STRIPE - 1];
 };
@@ -276,7 +278,7 @@ struct mpib_comm {
    * page with CPU-written fields: after fork() without copy-on-fork for pinned pages (kernels
    * < 5.13) the NIC and the parent would otherwise see different copies of the page. */
   /* CTS FIFO (sender: written by the peer) or CTS staging (receiver: written locally). */
-  mpib_cts_row *cts;     /* [MPIB_MAX_REQUESTS] */
+  mpib_cts_row *cts; /* [MPIB_MAX_REQUESTS] */
   /* Size records (receiver: written by the peer; sender: staging). */
   mpib_sizes_row *sizes; /* [MPIB_MAX_REQUESTS] */
   /* The MPIB_NIC_AREA allocation at cts, registered in two parts per rail: what this side
@@ -292,8 +294,8 @@ struct mpib_comm {
   int fdev;                          /* the fused device it belongs to */
   struct mpib_nic *nic[MPIB_NLANES]; /* that device's NICs, per lane: SUP's first is port sup_port's */
   int sup_port;
-  int sup_lanes;                      /* SUP lanes (1 + ports striped over; 1 without striping) */
-  int lane_port[MPIB_NLANES];         /* a SUP lane's port of the fused device */
+  int sup_lanes;              /* SUP lanes (1 + ports striped over; 1 without striping) */
+  int lane_port[MPIB_NLANES]; /* a SUP lane's port of the fused device */
   int mode, path_class, sup_relay, cts_rail;
   int gid_index[MPIB_NLANES];
   union ibv_gid gid[MPIB_NLANES];
@@ -320,13 +322,13 @@ struct mpib_comm {
   /* Sender, per slot: where each byte range (mpib_policy.h, imm layout) stands until it is
    * confirmed. A range is confirmed by its carrier's successful completion or by the
    * receiver's fence record; it has at most one live carrier at a time. */
-  uint32_t slot_rails[MPIB_MAX_REQUESTS]; /* original chains pending: bit r = range r on rail r */
+  uint32_t slot_rails[MPIB_MAX_REQUESTS];                 /* original chains pending: bit r = range r on rail r */
   uint8_t slot_replay_on[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* ranges on a pending replay chain on each rail */
   uint8_t slot_replay_wait[MPIB_MAX_REQUESTS];            /* ranges lost, waiting for a replay to be posted */
   uint8_t slot_full[MPIB_MAX_REQUESTS];                   /* the slot's full range mask */
-  uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS]; /* sender: seq + 1 of the posted slot, 0 = none */
-  uint32_t slot_sout[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS]; /* sender: each request's SOUT bytes */
-  uint64_t tcp_notice[MPIB_NRAILS]; /* receiver: the last notice per rail that came over TCP */
+  uint64_t slot_posted_seq1[MPIB_MAX_REQUESTS];           /* sender: seq + 1 of the posted slot, 0 = none */
+  uint32_t slot_sout[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];  /* sender: each request's SOUT bytes */
+  uint64_t tcp_notice[MPIB_NRAILS];                       /* receiver: the last notice per rail that came over TCP */
   /* Sender: the receiver's records that came over the control socket (sent there when no
    * rail can carry them; the checksum rejects a copy torn by the control plane's write). */
   struct mpib_fence_rec tcp_rec[MPIB_NRAILS];
@@ -349,14 +351,14 @@ struct mpib_comm {
   uint8_t ctrl_out[2048];
   uint64_t stall_since_ns; /* no rail of the connection works since (0: one does); see ride_through */
   int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
-  int replays_waiting;                          /* sender: slots with slot_replay_wait != 0 */
+  int replays_waiting;     /* sender: slots with slot_replay_wait != 0 */
 
   /* Receiver flush: a loopback QP per lane reading 1 byte back through its NIC. */
   struct ibv_qp *flush_qp[MPIB_NLANES];
   struct ibv_cq *flush_cq[MPIB_NLANES];
   struct ibv_mr *flush_mr[MPIB_NLANES];
-  uint8_t *flush_buf; /* one page, NIC-read */
-  uint32_t flush_due;  /* rails that wrote bytes of receives completed since the last flush */
+  uint8_t *flush_buf;                /* one page, NIC-read */
+  uint32_t flush_due;                /* rails that wrote bytes of receives completed since the last flush */
   uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the lane's flush QP: reset before its next use */
 
   uint64_t peer_gone_ns; /* set by the control plane when the peer's control socket closed */
@@ -368,7 +370,7 @@ struct mpib_comm {
   struct mpib_cts cts_snap[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS];
   uint64_t cts_snap_seq[MPIB_MAX_REQUESTS];
 
-  uint32_t pending[MPIB_NRAILS]; /* signalled sends not yet completed, per rail */
+  uint32_t pending[MPIB_NRAILS];      /* signalled sends not yet completed, per rail */
   uint64_t *path_ack_ns[MPIB_NRAILS]; /* the rail's path's shared progress word (mpib_progress.h), or NULL */
   /* Send-queue accounting per QP (mpib_p2p.c qp_post): work requests posted and not yet
    * retired by a signalled completion, and those posted since the last signalled one. A post
@@ -376,7 +378,7 @@ struct mpib_comm {
    * chain is never taken in part. */
   uint16_t sq_used[MPIB_MAX_QPS], sq_batch[MPIB_MAX_QPS];
   uint16_t sq_depth; /* what each data QP was created with (MPIB_SEND_WR_SENDER or _RECEIVER) */
-  int recvs_open;                /* receiver: irecvs not yet completed */
+  int recvs_open;    /* receiver: irecvs not yet completed */
   /* Receiver: fifo_head + 1 while no receive is open, 0 while one is: written by the data path
    * with atomic stores, read by the control plane's thread, which answers a FAIL notice for a
    * receiver NCCL is not calling (mpib_comm_answer_notice). */
@@ -386,21 +388,21 @@ struct mpib_comm {
    * in flight (the control socket may share the dead network). */
   uint32_t idle_polls;
   uint64_t progress_count, progress_seen, idle_since_ns;
-  uint64_t whole_msg_max;        /* slots of at most this many bytes go whole to one rail */
-  int64_t sup_owed;              /* whole-message deficit counter (mpib_whole_message_rail) */
-  uint32_t hint_uses, hint_bw;   /* advanced mode: the cached agent hint */
-  int hint_due;                  /* read the hint again (a telemetry batch was posted) */
+  uint64_t whole_msg_max;      /* slots of at most this many bytes go whole to one rail */
+  int64_t sup_owed;            /* whole-message deficit counter (mpib_whole_message_rail) */
+  uint32_t hint_uses, hint_bw; /* advanced mode: the cached agent hint */
+  int hint_due;                /* read the hint again (a telemetry batch was posted) */
   /* Sender's agent telemetry (docs/shm-format.md 4.3), kept here and published to the segment
    * in batches (mpib_telemetry_flush), never per message: counters since the last flush, and
    * the bytes in flight per rail (a running gauge, not reset by a flush). */
   mpib_shm_tele_batch tele;
-  uint32_t tele_slots;           /* slots posted since the last flush */
-  uint32_t tele_done;            /* slots completed since the last flush */
-  uint64_t tele_now_ns;          /* the completion clock of this progress call, 0 = not read yet */
-  uint64_t slot_post_ns[MPIB_MAX_REQUESTS];               /* sender: when each slot was posted */
+  uint32_t tele_slots;                      /* slots posted since the last flush */
+  uint32_t tele_done;                       /* slots completed since the last flush */
+  uint64_t tele_now_ns;                     /* the completion clock of this progress call, 0 = not read yet */
+  uint64_t slot_post_ns[MPIB_MAX_REQUESTS]; /* sender: when each slot was posted */
   uint64_t slot_rail_bytes[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* sender: each slot's bytes per rail */
   uint8_t slot_rail_reqs[MPIB_MAX_REQUESTS][MPIB_NRAILS];   /* sender: its requests with bytes there */
-  uint32_t rail_parts[MPIB_NRAILS];        /* sender: slot parts in flight per rail (active time) */
+  uint32_t rail_parts[MPIB_NRAILS];                         /* sender: slot parts in flight per rail (active time) */
   uint64_t rail_active_since[MPIB_NRAILS]; /* when the active time not yet in the batch began, 0 unknown */
 
   int shm_slot; /* agent segment slot, -1 when none */
@@ -460,9 +462,9 @@ enum { MPIB_PENDING_RUNNING = 0, MPIB_PENDING_DONE = 1, MPIB_PENDING_FREE = 2 };
  * peer rank) still names another listener and is refused. */
 #define MPIB_HANDLE_KEY_WORDS 3
 struct mpib_pending {
-  uint64_t word;          /* generation << 32 | MPIB_PENDING_* */
-  struct mpib_comm *comm; /* the result, valid once DONE */
-  int result;             /* ncclResult_t */
+  uint64_t word;                       /* generation << 32 | MPIB_PENDING_* */
+  struct mpib_comm *comm;              /* the result, valid once DONE */
+  int result;                          /* ncclResult_t */
   uint64_t key[MPIB_HANDLE_KEY_WORDS]; /* the attempt's handle bytes [0, 24), set before RUNNING is published */
 };
 /* A free entry armed for a new attempt to the listener `handle` names: its index + 1 (0 when
@@ -486,7 +488,7 @@ int mpib_pending_collected(uint32_t idx1, uint32_t gen);
 struct mpib_connect_req {
   uint64_t ctx;
   int dev, traffic_class;
-  uint32_t idx1, gen; /* its pending entry */
+  uint32_t idx1, gen;  /* its pending entry */
   uint8_t handle[128]; /* NCCL_NET_HANDLE_MAXSIZE: the peer's listen handle, copied */
   struct mpib_connect_req *next;
 };
@@ -563,10 +565,9 @@ int mpib_dereg_mr(struct mpib_mr *mh);
 
 /* Data path (mpib_p2p.c). */
 /* phandle(s): NCCL's profiler handles (v10+), NULL from older ABIs. */
-ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle, void **request);
+ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
                         void **request);
-ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **phandles, void **request);
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
 ncclResult_t mpib_test(void *request, int *done, int *sizes);
 ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
@@ -591,7 +592,9 @@ static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type)
 /* Lanes (MPIB_NLANES, mpib_policy.h): each NIC port a comm's rails use has its own CQ, SRQ and
  * registrations (a verbs object belongs to one device context); failover, replay and the split
  * stay per rail. How many lanes a rail has, the i-th of a rail, and a lane's rail. */
-static inline int mpib_lane_count(const struct mpib_comm *c, int rail) { return rail == MPIB_RAIL_SOUT ? 1 : c->sup_lanes; }
+static inline int mpib_lane_count(const struct mpib_comm *c, int rail) {
+  return rail == MPIB_RAIL_SOUT ? 1 : c->sup_lanes;
+}
 static inline int mpib_lane(int rail, int i) { return i == 0 ? rail : MPIB_NRAILS + i - 1; }
 static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP; }
 
@@ -617,7 +620,8 @@ static inline int mpib_rail_port_down(const struct mpib_comm *c, int rail) {
 static inline const char *mpib_rail_fault_nic(const struct mpib_comm *c, int rail) {
   for (int i = 0; i < mpib_lane_count(c, rail); i++) {
     const struct mpib_nic *n = c->nic[mpib_lane(rail, i)];
-    if (__atomic_load_n(&n->fatal, __ATOMIC_ACQUIRE) || __atomic_load_n(&n->port_down, __ATOMIC_RELAXED)) return n->name;
+    if (__atomic_load_n(&n->fatal, __ATOMIC_ACQUIRE) || __atomic_load_n(&n->port_down, __ATOMIC_RELAXED))
+      return n->name;
   }
   return c->nic[rail]->name;
 }

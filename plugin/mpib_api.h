@@ -41,8 +41,7 @@ ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle
                           ncclNetDeviceHandle_t **sendDevComm);
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm);
 ncclResult_t mpib_reg_mr_v8(void *comm, void *data, size_t size, int type, void **mhandle);
-ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
-                                void **mhandle);
+ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd, void **mhandle);
 ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle);
 ncclResult_t mpib_close_send(void *sendComm);
 ncclResult_t mpib_close_recv(void *recvComm);
@@ -71,23 +70,23 @@ ncclResult_t mpib_v9_connect(int dev, void *handle, void **sendComm, ncclNetDevi
 
 /* The fields every properties version from v8 on shares by name (a macro because each
  * version is its own struct type). */
-#define MPIB_COPY_PROPS_V8(dst, src)                                                      \
-  do {                                                                                    \
-    (dst)->name = (src)->name, (dst)->pciPath = (src)->pciPath, (dst)->guid = (src)->guid; \
-    (dst)->ptrSupport = (src)->ptrSupport, (dst)->regIsGlobal = (src)->regIsGlobal;       \
+#define MPIB_COPY_PROPS_V8(dst, src)                                                         \
+  do {                                                                                       \
+    (dst)->name = (src)->name, (dst)->pciPath = (src)->pciPath, (dst)->guid = (src)->guid;   \
+    (dst)->ptrSupport = (src)->ptrSupport, (dst)->regIsGlobal = (src)->regIsGlobal;          \
     (dst)->speed = (src)->speed, (dst)->port = (src)->port, (dst)->latency = (src)->latency; \
-    (dst)->maxComms = (src)->maxComms, (dst)->maxRecvs = (src)->maxRecvs;                 \
-    (dst)->netDeviceType = (src)->netDeviceType;                                          \
-    (dst)->netDeviceVersion = (src)->netDeviceVersion;                                    \
+    (dst)->maxComms = (src)->maxComms, (dst)->maxRecvs = (src)->maxRecvs;                    \
+    (dst)->netDeviceType = (src)->netDeviceType;                                             \
+    (dst)->netDeviceVersion = (src)->netDeviceVersion;                                       \
   } while (0)
 
 /* v9..v11 add forceFlush, a 4-entry vProps and the size limits. */
-#define MPIB_COPY_PROPS_V9(dst, src)                                                        \
-  do {                                                                                      \
-    MPIB_COPY_PROPS_V8(dst, src);                                                           \
-    (dst)->forceFlush = (src)->forceFlush;                                                  \
-    mpib_copy_vprops(&(dst)->vProps, &(src)->vProps);                                       \
-    (dst)->maxP2pBytes = (src)->maxP2pBytes, (dst)->maxCollBytes = (src)->maxCollBytes;     \
+#define MPIB_COPY_PROPS_V9(dst, src)                                                    \
+  do {                                                                                  \
+    MPIB_COPY_PROPS_V8(dst, src);                                                       \
+    (dst)->forceFlush = (src)->forceFlush;                                              \
+    mpib_copy_vprops(&(dst)->vProps, &(src)->vProps);                                   \
+    (dst)->maxP2pBytes = (src)->maxP2pBytes, (dst)->maxCollBytes = (src)->maxCollBytes; \
   } while (0)
 
 /* MPIB lists at most 2 devices, so the v12 list always fits the older 4 entries. */

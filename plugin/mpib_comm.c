@@ -19,7 +19,6 @@
 
 static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
-
 /* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
  * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
  * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
@@ -30,7 +29,8 @@ static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* max_inline (NULL: none) asks for that much inline room and returns what the device gave: the
  * provider writes the QP's real capabilities back into the attributes. */
-static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct ibv_cq *cq, struct ibv_srq *srq, int send_wr, uint32_t *max_inline, int access) {
+static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct ibv_cq *cq, struct ibv_srq *srq,
+                                   int send_wr, uint32_t *max_inline, int access) {
   struct ibv_qp_init_attr ia = {0};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -58,16 +58,17 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct i
 
 /* INIT -> RTR -> RTS against a remote QP; tc is this QP's traffic class. */
 int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
-                      const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
+                    const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
   struct mpib_nic *d = c->nic[lane];
   int rail = mpib_lane_rail(lane);
   if (rem->ece_valid && mpib_g.ece_enable) {
     struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
-    if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP) MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
+    if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP)
+      MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
   }
   struct ibv_qp_attr a = {0};
-  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[lane],
-                    c->gid[lane].raw, rem->gid, rem->lid, tc, c->sl) != 0) {
+  if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[lane], c->gid[lane].raw,
+                    rem->gid, rem->lid, tc, c->sl) != 0) {
     MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", rail_name(rail), d->link_layer,
               rem->link_layer, rem->lid);
     return -EPROTO;
@@ -79,8 +80,9 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = 12;
   uint64_t t0 = mpib_now_ns();
-  int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  int rc = ibv_modify_qp(qp, &a,
+                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   uint64_t took_ms = (mpib_now_ns() - t0) / 1000000ull;
   if (took_ms >= 100) /* RoCE: the kernel resolves the peer's MAC inside this call */
     MPIB_INFO("%s rail: QP %u to RTR took %llu ms", rail_name(rail), qp->qp_num, (unsigned long long)took_ms);
@@ -92,8 +94,9 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
   a.rnr_retry = 7;
   a.sq_psn = psn;
   a.max_rd_atomic = 1;
-  rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  rc = ibv_modify_qp(qp, &a,
+                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                         IBV_QP_MAX_QP_RD_ATOMIC);
   return -rc;
 }
 
@@ -121,7 +124,8 @@ static int flush_setup(struct mpib_comm *c, int lane) {
   if (!c->flush_mr[lane]) return -ENOMEM;
   struct mpib_rail_info self;
   mpib_local_rail_info(c, lane, &self);
-  return mpib_qp_connect(c, c->flush_qp[lane], lane, c->flush_qp[lane]->qp_num, &self, c->nic[lane]->active_mtu, c->tc, 0);
+  return mpib_qp_connect(c, c->flush_qp[lane], lane, c->flush_qp[lane]->qp_num, &self, c->nic[lane]->active_mtu, c->tc,
+                         0);
 }
 
 /* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */
@@ -220,14 +224,16 @@ static int use_sup_ports(struct mpib_comm *c, const struct mpib_conn_params *p) 
   const struct mpib_fdev *f = &mpib_g.fdev[c->fdev];
   int nlanes = p->sup_lanes > 1 ? p->sup_lanes : 1;
   if (nlanes > MPIB_MAX_STRIPE || (p->nqps[MPIB_RAIL_SUP] && p->nqps[MPIB_RAIL_SUP] < (uint32_t)nlanes)) {
-    MPIB_WARN("SUP rail: %d lanes with %u QPs (at most %d lanes, a QP each)", nlanes, p->nqps[MPIB_RAIL_SUP], MPIB_MAX_STRIPE);
+    MPIB_WARN("SUP rail: %d lanes with %u QPs (at most %d lanes, a QP each)", nlanes, p->nqps[MPIB_RAIL_SUP],
+              MPIB_MAX_STRIPE);
     return -EINVAL;
   }
   uint32_t used = 0;
   for (int i = 0; i < nlanes; i++) {
     int port = i == 0 ? p->sup_port : p->lane_port[i - 1];
     if (port < 0 || port >= f->nsup || (used & (1u << port))) {
-      MPIB_WARN("SUP rail: port %d of fused device %d for lane %d: it has %d, each used once", port, c->fdev, i + 1, f->nsup);
+      MPIB_WARN("SUP rail: port %d of fused device %d for lane %d: it has %d, each used once", port, c->fdev, i + 1,
+                f->nsup);
       return -EINVAL;
     }
     used |= 1u << port;
@@ -409,7 +415,8 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   rc->retry_at_ns = rc->since_ns + mpib_g.recovery_backoff_ms * 1000000ull;
   if (c->cts_rail == down) c->cts_rail = 1 - down;
   MPIB_INFO("%s comm: connection started degraded: the %s rail could not come up (%s); everything rides %s until it "
-            "joins", c->is_send ? "send" : "recv", rail_name(down), strerror(-err), rail_name(1 - down));
+            "joins",
+            c->is_send ? "send" : "recv", rail_name(down), strerror(-err), rail_name(1 - down));
   return 0;
 }
 

@@ -25,7 +25,8 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   switch (pa->active_speed) {
   case 1: lane = 2500; break;
   case 2: lane = 5000; break;
-  case 4: case 8: lane = 10000; break;
+  case 4:
+  case 8: lane = 10000; break;
   case 16: lane = 14000; break;
   case 32: lane = 25000; break;
   case 64: lane = 50000; break;
@@ -102,8 +103,8 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   }
   d->gid_tbl_len = pa.gid_tbl_len;
   if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
-    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name,
-              port, pkey_index, pa.pkey_tbl_len);
+    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name, port,
+              pkey_index, pa.pkey_tbl_len);
     rc = -ENOENT;
     goto fail;
   }
@@ -119,8 +120,8 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
     goto fail;
   }
   MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", rail_name(rail), name, port,
-            d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu),
-            d->speed_mbps, pkey_index);
+            d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu), d->speed_mbps,
+            pkey_index);
   if (nic >= mpib_g.nnics) mpib_g.nnics = nic + 1;
   goto out;
 fail:
@@ -176,8 +177,9 @@ int mpib_data_direct(int nic) {
   char path[256];
   int dd = probe != NULL && probe(ctx, path, sizeof path) == 0;
   dlclose(lib);
-  if (dd) MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed",
-                    rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
+  if (dd)
+    MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed",
+              rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
   return dd;
 }
 
@@ -195,7 +197,9 @@ int mpib_gid_table_len(int nic) { return mpib_g.nic[nic].gid_tbl_len; }
 
 uint32_t mpib_gid_gen(int nic) { return __atomic_load_n(&mpib_g.nic[nic].gid_gen, __ATOMIC_ACQUIRE); }
 
-int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) { return mpib_nic_gid_entry(&mpib_g.nic[nic], index, gid, type); }
+int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) {
+  return mpib_nic_gid_entry(&mpib_g.nic[nic], index, gid, type);
+}
 
 int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type) {
   struct ibv_gid_entry e;

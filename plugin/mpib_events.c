@@ -42,7 +42,8 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   case IBV_EVENT_DEVICE_FATAL:
     __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
     MPIB_WARN("%s rail: device %s reported a fatal error (removed or reset): its connections move to the other rail "
-              "where they can, and fail where they cannot", rail_name(rail), d->name);
+              "where they can, and fail where they cannot",
+              rail_name(rail), d->name);
     return;
   case IBV_EVENT_PORT_ERR:
   case IBV_EVENT_PORT_ACTIVE:
@@ -60,9 +61,8 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
     return;
   case IBV_EVENT_COMM_EST:
   case IBV_EVENT_SQ_DRAINED:
-  case IBV_EVENT_QP_LAST_WQE_REACHED: /* an SRQ QP forced to the error state by a failover */
-  case IBV_EVENT_SRQ_LIMIT_REACHED:
-    return; /* expected in normal operation */
+  case IBV_EVENT_QP_LAST_WQE_REACHED:       /* an SRQ QP forced to the error state by a failover */
+  case IBV_EVENT_SRQ_LIMIT_REACHED: return; /* expected in normal operation */
   default:
     if (first_time(nic, t))
       MPIB_WARN("%s rail: device %s async event: %s (logged once per kind)", rail_name(rail), d->name,

@@ -64,11 +64,13 @@ ncclResult_t mpib_failover_health_check(struct mpib_comm *c) {
   uint64_t gone = __atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE);
   /* With no rail working nothing is on its way: a peer gone then fails the requests at once. */
   if (gone && (c->stall_since_ns || mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS))
-    return comm_failed(c, "the peer closed the connection with requests still waiting", " (its process exited or aborted)");
+    return comm_failed(c, "the peer closed the connection with requests still waiting",
+                       " (its process exited or aborted)");
   if (c->stall_since_ns && mpib_now_ns() - c->stall_since_ns > mpib_g.stall_timeout_ms * 1000000ull) {
     if (!c->failure_reported)
-      MPIB_WARN("ride-through: side=%s no rail of this connection came back within MPIB_STALL_TIMEOUT_MS=%llu: failing it",
-                c->is_send ? "send" : "recv", (unsigned long long)mpib_g.stall_timeout_ms);
+      MPIB_WARN(
+          "ride-through: side=%s no rail of this connection came back within MPIB_STALL_TIMEOUT_MS=%llu: failing it",
+          c->is_send ? "send" : "recv", (unsigned long long)mpib_g.stall_timeout_ms);
     c->failure_reported = 1;
     notify_peer_failed(c);
     return ncclRemoteError;
@@ -102,8 +104,8 @@ static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_fd < 0) return;
   pthread_mutex_lock(&c->ctrl_mu);
   if (c->ctrl_out_n + len > sizeof c->ctrl_out) {
-    MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped", c->is_send ? "send" : "recv",
-              c->ctrl_out_n, len);
+    MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped",
+              c->is_send ? "send" : "recv", c->ctrl_out_n, len);
   } else {
     memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
     c->ctrl_out_n += (uint32_t)len;
@@ -138,8 +140,11 @@ static void notify_peer_failed(struct mpib_comm *c) { ctrl_send(c, "F", 1); }
 static ncclResult_t post_control(struct mpib_comm *c, int via, void *local, struct ibv_mr *mr, uint32_t len,
                                  uint64_t off, uint32_t due) {
   struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, via, MPIB_WR_CTRL), .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+  struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, via, MPIB_WR_CTRL),
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_SIGNALED};
   if (len <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE;
   int qi = mpib_qp_index(via, 0, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* on the rail's first lane: mr's */
   wr.wr.rdma.remote_addr = c->rem_addr + off;
@@ -280,8 +285,8 @@ static ncclResult_t ride_through(struct mpib_comm *c, int r, const char *reason,
   if (!retrying || rc->attempts <= 3)
     MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): no rail works; "
               "requests stall up to MPIB_STALL_TIMEOUT_MS=%llu for one to come back",
-              mpib_rail_name(r), c->is_send ? "send" : "recv", (unsigned long long)mpib_wall_ms(), reason, rc->gen, detail,
-              (unsigned long long)mpib_g.stall_timeout_ms);
+              mpib_rail_name(r), c->is_send ? "send" : "recv", (unsigned long long)mpib_wall_ms(), reason, rc->gen,
+              detail, (unsigned long long)mpib_g.stall_timeout_ms);
   return fence_rail(c, r, reason);
 }
 
@@ -312,8 +317,8 @@ ncclResult_t mpib_failover_rail_fail(struct mpib_comm *c, int r, const char *rea
   int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
   if (retrying) rc->attempts++;
   if (!retrying || rc->attempts <= 3)
-    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", mpib_rail_name(r), side,
-              (unsigned long long)mpib_wall_ms(), reason, mpib_rail_name(s), rc->gen, detail);
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=%s gen=%u (%s)", mpib_rail_name(r),
+              side, (unsigned long long)mpib_wall_ms(), reason, mpib_rail_name(s), rc->gen, detail);
   return fence_rail(c, r, reason);
 }
 
@@ -383,7 +388,7 @@ static ncclResult_t post_replays(struct mpib_comm *c) {
     p.imm = mpib_imm_encode_replay((uint32_t)slot, ranges, c->slot_full[slot], reqs[0]->seq);
     int rc = mpib_post_chain(c, slot, s, &p, ranges, 1);
     if (rc == ENOMEM) return ncclSuccess; /* the send queue is full: the rest on a later call */
-    if (rc == MPIB_POST_PARTIAL) { /* carried by s now, in part: s's fence settles it */
+    if (rc == MPIB_POST_PARTIAL) {        /* carried by s now, in part: s's fence settles it */
       c->slot_replay_wait[slot] = 0;
       c->replays_waiting--;
       return mpib_failover_rail_fail(c, s, "completion-error", "its send queue took part of a replay");
@@ -411,7 +416,8 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
   uint32_t need = mpib_replay_ranges(rec->open_seq1[slot], rec->have[slot], rec->next_seq, seq, lost);
   for (int range = 0; range < MPIB_NRAILS; range++) {
     if (!(lost & (1u << range))) continue;
-    if (need & (1u << range)) mpib_tele_leave(c, r, c->slot_rail_bytes[slot][range], mpib_completion_now(c)); /* lost on r */
+    /* lost on r */
+    if (need & (1u << range)) mpib_tele_leave(c, r, c->slot_rail_bytes[slot][range], mpib_completion_now(c));
     else mpib_tele_complete(c, slot, r, range); /* the receiver has them: delivered by r */
   }
   if (need) {
@@ -433,7 +439,8 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
   st->gen = rec->fence_gen;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     uint64_t w = __atomic_load_n(&c->slot_ack[slot][r], __ATOMIC_ACQUIRE), seq1 = mpib_ack_seq1(w);
-    uint32_t ranges = seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, mpib_ack_ranges(w)) : 0;
+    uint32_t ranges =
+        seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, mpib_ack_ranges(w)) : 0;
     if (!ranges) continue;
     st->seq1[slot] = seq1;
     st->ranges[slot] = (uint8_t)ranges;
@@ -452,7 +459,8 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
  * the first answer of the generation. */
 void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word) {
   uint32_t gen, cmd;
-  if (c->is_send || rail < 0 || rail >= MPIB_NRAILS || mpib_notice_decode(word, &gen, &cmd) != 0 || cmd != MPIB_NOTICE_FAIL)
+  if (c->is_send || rail < 0 || rail >= MPIB_NRAILS || mpib_notice_decode(word, &gen, &cmd) != 0 ||
+      cmd != MPIB_NOTICE_FAIL)
     return;
   uint64_t idle = __atomic_load_n(&c->recv_idle_seq1, __ATOMIC_ACQUIRE);
   if (idle == 0) return;
@@ -546,8 +554,8 @@ static ncclResult_t rail_dead(struct mpib_comm *c, int r, const char *why) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   rc->state = MPIB_RAIL_DEAD;
   mpib_publish_rail_state(c, r);
-  MPIB_WARN("failover: rail=%s side=%s gen=%u is dead for this connection: %s; no more recovery attempts", mpib_rail_name(r),
-            c->is_send ? "send" : "recv", rc->gen, why);
+  MPIB_WARN("failover: rail=%s side=%s gen=%u is dead for this connection: %s; no more recovery attempts",
+            mpib_rail_name(r), c->is_send ? "send" : "recv", rc->gen, why);
   return ncclSuccess;
 }
 
@@ -580,7 +588,9 @@ static ncclResult_t post_probes(struct mpib_comm *c, int r, uint64_t now) {
   rc->since_ns = now;
   rc->probes = 0;
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
-    struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, r, MPIB_WR_PROBE), .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE,
+    struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, r, MPIB_WR_PROBE),
+                             .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = IBV_SEND_SIGNALED};
     int qi = mpib_qp_index(r, i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]); /* every QP of the rail once */
     wr.wr.rdma.remote_addr = c->rem_addr;
@@ -622,7 +632,8 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     if (now - rc->since_ns > timeout && !rc->slow_reported) {
       rc->slow_reported = 1;
       MPIB_WARN("%s rail: the receiver has not answered its failover for %llu ms (it has no receive open?); "
-                "requests it carried wait for the answer", mpib_rail_name(r), (unsigned long long)((now - rc->since_ns) / 1000000ull));
+                "requests it carried wait for the answer",
+                mpib_rail_name(r), (unsigned long long)((now - rc->since_ns) / 1000000ull));
     }
     return ncclSuccess;
   case MPIB_RAIL_DOWN: {
@@ -635,7 +646,8 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     }
     int due = now >= rc->retry_at_ns || port_back > rc->since_ns;
     /* Without a working other rail only when the control socket can carry the handshake. */
-    if (due && !mpib_rail_port_down(c, r) && !mpib_rail_fatal(c, r) && (mpib_rail_usable(c, 1 - r) || c->ctrl_fd >= 0)) return send_recover(c, r, now);
+    if (due && !mpib_rail_port_down(c, r) && !mpib_rail_fatal(c, r) && (mpib_rail_usable(c, 1 - r) || c->ctrl_fd >= 0))
+      return send_recover(c, r, now);
     return ncclSuccess;
   }
   case MPIB_RAIL_RECOVERING:
@@ -647,10 +659,10 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
     if (now - rc->since_ns > timeout) return attempt_failed(c, r, now, "the receiver did not answer its RECOVER", "");
     return ncclSuccess;
   case MPIB_RAIL_PROBING:
-    if (now - rc->since_ns > timeout) return mpib_failover_rail_fail(c, r, "probe-failed", "the probes never completed");
+    if (now - rc->since_ns > timeout)
+      return mpib_failover_rail_fail(c, r, "probe-failed", "the probes never completed");
     return ncclSuccess;
-  default:
-    return ncclSuccess;
+  default: return ncclSuccess;
   }
 }
 
@@ -710,13 +722,13 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (mpib_rail_fatal(c, r)) return recv_refuse(c, r, gen, 1, "its device died");
   if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
-    rc->state = MPIB_RAIL_DOWN;   /* never came up at connect): what is queued on it dies with the reset */
+    rc->state = MPIB_RAIL_DOWN;    /* never came up at connect): what is queued on it dies with the reset */
     ncclResult_t res = recv_leave_cts_rail(c, r);
     if (res != ncclSuccess) return res;
   }
   rc->state = MPIB_RAIL_DOWN; /* completions of the old generation are thrown away */
   discard_rail(c, r);
-  c->pending[r] = 0; /* the reset discards what is still queued: counted, it would keep the rail */
+  c->pending[r] = 0;     /* the reset discards what is still queued: counted, it would keep the rail */
   rc->keepalive_out = 0; /* busy and its idle keepalives off for good (as fence_rail clears them) */
   mpib_sq_reset_rail(c, r);
   rc->gen = gen;
@@ -728,7 +740,8 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
   struct mpib_rail_ctl *rc = &c->rail[r];
   uint32_t gen, cmd;
   if (mpib_notice_decode(word, &gen, &cmd) != 0) {
-    MPIB_WARN("%s rail: ignoring a malformed failover notice 0x%llx from the peer", mpib_rail_name(r), (unsigned long long)word);
+    MPIB_WARN("%s rail: ignoring a malformed failover notice 0x%llx from the peer", mpib_rail_name(r),
+              (unsigned long long)word);
     return ncclSuccess;
   }
   int live = rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_RECOVERING;
@@ -736,7 +749,8 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
    * read (notices keep only the newest), so this side never rebuilt for it. The sender waits
    * for a record naming that generation: adopt it and answer. */
   if (cmd == MPIB_NOTICE_FAIL && gen > rc->gen) rc->gen = gen;
-  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && live) return mpib_failover_rail_fail(c, r, "peer-notice", "the sender failed it");
+  if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && live)
+    return mpib_failover_rail_fail(c, r, "peer-notice", "the sender failed it");
   if (cmd == MPIB_NOTICE_FAIL && gen == rc->gen && (rc->state == MPIB_RAIL_DOWN || rc->state == MPIB_RAIL_DEAD)) {
     /* Out of service here already (never brought up at connect, a rebuild it refused, or its
      * device died) while the sender's was in service: the sender waits for a record. Nothing
@@ -794,13 +808,14 @@ static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
     if (!rec.seq1[slot] || req == NULL || req->seq + 1 != rec.seq1[slot]) continue;
     int complete = mpib_recv_ranges_arrived(&req->expected_mask, &req->have_mask, rec.full[slot], rec.ranges[slot], 1);
     if (complete < 0) {
-      MPIB_WARN("%s rail: the sender confirmed ranges %u of slot %d (full %u) that its receive cannot have (expects %u)",
-                mpib_rail_name(r), rec.ranges[slot], slot, rec.full[slot], req->expected_mask);
+      MPIB_WARN(
+          "%s rail: the sender confirmed ranges %u of slot %d (full %u) that its receive cannot have (expects %u)",
+          mpib_rail_name(r), rec.ranges[slot], slot, rec.full[slot], req->expected_mask);
       return ncclRemoteError;
     }
     req->wrote_rails |= 1u << r;
-    MPIB_INFO("%s rail: slot %d: ranges %u confirmed by the sender (their completion was lost with the rail)", mpib_rail_name(r),
-              slot, rec.ranges[slot]);
+    MPIB_INFO("%s rail: slot %d: ranges %u confirmed by the sender (their completion was lost with the rail)",
+              mpib_rail_name(r), slot, rec.ranges[slot]);
     if (complete) {
       ncclResult_t res = mpib_recv_finish(c, r, (uint32_t)slot, req, rec.imm_size[slot]);
       if (res != ncclSuccess) return res;
@@ -825,21 +840,24 @@ ncclResult_t mpib_failover_tick(struct mpib_comm *c) {
       uint64_t word = __atomic_load_n(mpib_notice_area(c, r), __ATOMIC_ACQUIRE);
       uint64_t tcp = __atomic_load_n(&c->tcp_notice[r], __ATOMIC_ACQUIRE);
       if (mpib_notice_order(tcp) > mpib_notice_order(word)) word = tcp;
-      if (res == ncclSuccess && word != rc->notice_seen && mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
+      if (res == ncclSuccess && word != rc->notice_seen &&
+          mpib_notice_order(word) > mpib_notice_order(rc->notice_seen)) {
         rc->notice_seen = word;
         res = recv_notice(c, r, word, mpib_now_ns());
       }
     } else if (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) {
       struct mpib_fence_rec rec;
-      if (read_record(c, r, REC_FENCE, &rec) && (res = mpib_failover_rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
+      if (read_record(c, r, REC_FENCE, &rec) &&
+          (res = mpib_failover_rail_fail(c, r, "peer-fence", "the receiver fenced it")) == ncclSuccess)
         res = send_resolve(c, r, &rec);
     }
     if (res == ncclSuccess && rc->state == MPIB_RAIL_UP && mpib_rail_port_down(c, r))
       res = mpib_failover_rail_fail(c, r, "port-down", mpib_rail_fault_nic(c, r));
     if (res == ncclSuccess && rc->state != MPIB_RAIL_UP && rc->state != MPIB_RAIL_DEAD) {
       uint64_t now = mpib_now_ns();
-      res = c->is_send ? send_rail_tick(c, r, now)
-                       : rc->state == MPIB_RAIL_FENCING ? recv_fence_settle(c, r, now) : ncclSuccess;
+      res = c->is_send                       ? send_rail_tick(c, r, now)
+            : rc->state == MPIB_RAIL_FENCING ? recv_fence_settle(c, r, now)
+                                             : ncclSuccess;
     }
     if (res != ncclSuccess) return res;
   }
@@ -858,7 +876,8 @@ ncclResult_t mpib_failover_tick(struct mpib_comm *c) {
 
 ncclResult_t mpib_failover_completion_error(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
   int st = c->rail[rail].state;
-  if (st == MPIB_RAIL_FENCING || st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess; /* the rest of its queue */
+  /* the rest of its queue */
+  if (st == MPIB_RAIL_FENCING || st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return ncclSuccess;
   char detail[160];
   snprintf(detail, sizeof detail, "%s, status %d, vendor error %u, QP %u", ibv_wc_status_str(wc->status), wc->status,
            wc->vendor_err, wc->qp_num);
@@ -883,8 +902,10 @@ ncclResult_t mpib_failover_completion_error(struct mpib_comm *c, int rail, const
  * lanes), so that a striped rail's idle cable is checked too. */
 static ncclResult_t post_keepalive(struct mpib_comm *c, int r) {
   for (int i = 0; i < mpib_lane_count(c, r); i++) {
-    struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, r, MPIB_WR_KEEPALIVE), .num_sge = 0,
-                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+    struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, r, MPIB_WR_KEEPALIVE),
+                             .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED};
     int qi = mpib_qp_index(r, (uint64_t)i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
     wr.wr.rdma.remote_addr = c->rem_addr;
     wr.wr.rdma.rkey = c->rem_rkey[c->qps[qi].lane];
@@ -960,7 +981,8 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     struct mpib_rail_ctl *rc = &c->rail[r];
     if (!c->nqps[r]) continue;
-    int busy = (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) && c->pending[r] > 0 && !mpib_rail_fatal(c, r);
+    int busy =
+        (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) && c->pending[r] > 0 && !mpib_rail_fatal(c, r);
     if (rc->acks != rc->acks_seen) {
       watch_progress(rc, c->path_ack_ns[r], busy, now);
       continue;
@@ -979,7 +1001,8 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
     snprintf(detail, sizeof detail, "no acknowledgement on its path for %llu ms with %u signalled writes outstanding",
              (unsigned long long)((now - last) / 1000000ull), c->pending[r]);
     rc->progress_ns = now;
-    ncclResult_t res = mpib_failover_rail_fail(c, r, rc->state == MPIB_RAIL_PROBING ? "probe-failed" : "no-progress", detail);
+    ncclResult_t res =
+        mpib_failover_rail_fail(c, r, rc->state == MPIB_RAIL_PROBING ? "probe-failed" : "no-progress", detail);
     if (res != ncclSuccess) return res;
   }
   return ncclSuccess;

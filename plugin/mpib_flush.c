@@ -30,7 +30,8 @@ static const char *lane_rail_name(int lane) { return mpib_rail_name(mpib_lane_ra
  * device's completion shows up). */
 static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
   MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
-            "ordered before the GPU reads them", mpib_rail_name(rail), mpib_rail_fault_nic(c, rail));
+            "ordered before the GPU reads them",
+            mpib_rail_name(rail), mpib_rail_fault_nic(c, rail));
   c->failure_reported = 1;
   return ncclSystemError;
 }
@@ -85,8 +86,11 @@ static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *r
     if (e) return e;
   }
   struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr[lane]->lkey};
-  struct ibv_send_wr wr = {.wr_id = (uintptr_t)req, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+  struct ibv_send_wr wr = {.wr_id = (uintptr_t)req,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_READ,
+                           .send_flags = IBV_SEND_SIGNALED};
   wr.wr.rdma.remote_addr = (uintptr_t)req->flush_addr;
   wr.wr.rdma.rkey = mpib_comm_mr(c, req->mh, lane)->rkey;
   struct ibv_send_wr *bad = NULL;
@@ -108,9 +112,10 @@ static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req) {
     if (e == 0) continue;
     if (!req->flush_failed_ns) req->flush_failed_ns = mpib_now_ns();
     if (mpib_now_ns() - req->flush_failed_ns <= mpib_g.stall_timeout_ms * 1000000ull) continue; /* next test() */
-    MPIB_WARN("recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
-              "cannot be ordered before the GPU reads them", lane_rail_name(lane), c->nic[lane]->name,
-              (unsigned long long)mpib_g.stall_timeout_ms, strerror(-e));
+    MPIB_WARN(
+        "recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
+        "cannot be ordered before the GPU reads them",
+        lane_rail_name(lane), c->nic[lane]->name, (unsigned long long)mpib_g.stall_timeout_ms, strerror(-e));
     c->failure_reported = 1;
     return ncclSystemError;
   }

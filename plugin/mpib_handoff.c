@@ -49,10 +49,8 @@ static int pending_key_matches(const struct mpib_pending *p, const void *handle)
 uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen) {
   uint32_t idx1 = 0;
   pthread_mutex_lock(&pending_mu);
-  if (pending_nfree > 0)
-    idx1 = pending_free[--pending_nfree];
-  else if (pending_used < MPIB_PENDING_MAX)
-    idx1 = ++pending_used;
+  if (pending_nfree > 0) idx1 = pending_free[--pending_nfree];
+  else if (pending_used < MPIB_PENDING_MAX) idx1 = ++pending_used;
   pthread_mutex_unlock(&pending_mu);
   if (idx1 == 0) return 0;
   struct mpib_pending *p = &pending_tab[idx1 - 1];
@@ -136,10 +134,8 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
   memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, &idx1, 4); /* the next connect() polls the entry */
   memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, &gen, 4);
   pthread_mutex_lock(&creq_mu);
-  if (creq_tail)
-    creq_tail->next = q;
-  else
-    creq_head = q;
+  if (creq_tail) creq_tail->next = q;
+  else creq_head = q;
   creq_tail = q;
   uint64_t one = 1;
   ssize_t n = write(creq_fd, &one, sizeof one); /* wakes the dispatcher; EAGAIN: it is awake already */
@@ -184,10 +180,8 @@ int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int re
   if (!r) return -ENOMEM;
   *r = (struct mpib_ready){.comm = comm, .result = result};
   pthread_mutex_lock(&lc->mu);
-  if (lc->tail)
-    lc->tail->next = r;
-  else
-    lc->head = r;
+  if (lc->tail) lc->tail->next = r;
+  else lc->head = r;
   lc->tail = r;
   __atomic_add_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&lc->mu);

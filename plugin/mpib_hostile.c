@@ -87,10 +87,8 @@ void mpib_hostile_before_post(struct mpib_comm *c, int slot, int nreqs, int size
   int read = strcmp(mode, "remote-read") == 0, overwrite = strcmp(mode, "size-overwrite") == 0;
   if (!(read || (overwrite && !size_in_imm)) || __atomic_exchange_n(&hostile_done, 1, __ATOMIC_RELAXED)) return;
   int rail = c->nqps[MPIB_RAIL_SOUT] ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
-  if (read)
-    hostile_remote_read(c, slot, rail);
-  else
-    hostile_size_overwrite(c, slot, rail, nreqs);
+  if (read) hostile_remote_read(c, slot, rail);
+  else hostile_size_overwrite(c, slot, rail, nreqs);
 }
 #else
 typedef int mpib_hostile_unused; /* ISO C: a translation unit is not empty */

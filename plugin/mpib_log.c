@@ -21,6 +21,4 @@ void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *f
   }
 }
 
-void mpib_log_str(int level, const char *msg) {
-  mpib_log((ncclDebugLogLevel)level, "plugin.go", 0, "%s", msg);
-}
+void mpib_log_str(int level, const char *msg) { mpib_log((ncclDebugLogLevel)level, "plugin.go", 0, "%s", msg); }

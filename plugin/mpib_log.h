@@ -15,7 +15,7 @@ void mpib_log_str(int level, const char *msg);
 #ifdef MPIB_TRACE_ENABLED
 #define MPIB_TRACE(...) mpib_log(NCCL_LOG_TRACE, __FILE__, __LINE__, __VA_ARGS__)
 #else
-#define MPIB_TRACE(...) do { } while (0)
+#define MPIB_TRACE(...) ((void)0)
 #endif
 
 #endif

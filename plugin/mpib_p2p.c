@@ -36,8 +36,8 @@ static const char *rail_state_name(int st) {
 /* Runs on every call that finds nothing to do: with both devices alive and the peer there it
  * costs three loads, in line. */
 static inline ncclResult_t comm_health(struct mpib_comm *c) {
-  if (!mpib_rail_fatal(c, MPIB_RAIL_SOUT) && !mpib_rail_fatal(c, MPIB_RAIL_SUP) && !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) &&
-      !c->stall_since_ns)
+  if (!mpib_rail_fatal(c, MPIB_RAIL_SOUT) && !mpib_rail_fatal(c, MPIB_RAIL_SUP) &&
+      !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) && !c->stall_since_ns)
     return ncclSuccess;
   return mpib_failover_health_check(c);
 }
@@ -79,8 +79,11 @@ uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   } else {
     bw = mpib_vanilla_sup_bw(c->path_class);
   }
-  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SUP) || mpib_rail_fatal(c, MPIB_RAIL_SUP)) return 0;
-  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SOUT) || mpib_rail_fatal(c, MPIB_RAIL_SOUT)) &&
+  if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SUP) ||
+      mpib_rail_fatal(c, MPIB_RAIL_SUP))
+    return 0;
+  if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SOUT) ||
+       mpib_rail_fatal(c, MPIB_RAIL_SOUT)) &&
       c->nqps[MPIB_RAIL_SUP])
     return MPIB_SUP_BW_MAX;
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
@@ -113,7 +116,8 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
     rreqs[MPIB_RAIL_SUP] += size > p->sout[r];
   }
   c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
-  if (p->mask == 0) p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
+  if (p->mask == 0)
+    p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
   c->slot_full[slot] = (uint8_t)p->mask;
   p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
@@ -144,7 +148,8 @@ static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const str
     MPIB_WARN("%s rail: ibv_post_send failed: %s", mpib_rail_name(rail), strerror(rc));
     return ncclSystemError;
   }
-  if (rc == MPIB_POST_PARTIAL) return mpib_failover_rail_fail(c, rail, "completion-error", "its send queue took part of a chain");
+  if (rc == MPIB_POST_PARTIAL)
+    return mpib_failover_rail_fail(c, rail, "completion-error", "its send queue took part of a chain");
   mpib_slot_defer_range(c, slot, rail);
   if (rc == EAGAIN || rc == ENOMEM) return ncclSuccess;
   return mpib_failover_rail_fail(c, rail, "completion-error", "posting to it failed");
@@ -159,8 +164,8 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   mpib_hostile_before_post(c, slot, c->slot_matched[slot], plan.size_in_imm); /* the test build only */
 #endif
   c->slot_posted_seq1[slot] = c->slot_reqs[slot][0]->seq + 1;
-  uint64_t ack = mpib_ack_word(c->slot_posted_seq1[slot], plan.mask,
-                               0, plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE);
+  uint64_t ack = mpib_ack_word(c->slot_posted_seq1[slot], plan.mask, 0,
+                               plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE);
   for (int r = 0; r < MPIB_NRAILS; r++) __atomic_store_n(&c->slot_ack[slot][r], ack, __ATOMIC_RELEASE);
   /* The post time for the completion latency: the path reads no clock per message otherwise,
    * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
@@ -295,8 +300,8 @@ static ncclResult_t srq_refill_all(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
-ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **phandles, void **request) {
+ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
+                        void **request) {
   struct mpib_comm *c = recvComm;
   *request = NULL;
   ncclResult_t health = comm_health(c);
@@ -418,14 +423,17 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
   if (complete < 0) { /* never guessed at: a stray write may have landed in a buffer NCCL owns again */
     char open[112];
     if (req == NULL) snprintf(open, sizeof open, "the slot holds no receive");
-    else if ((req->seq & 0xFF) != seq8) snprintf(open, sizeof open, "the slot's receive is seq %u", (unsigned)(req->seq & 0xFF));
-    else snprintf(open, sizeof open, "its receive expects ranges %u and has %u%s", req->expected_mask, req->have_mask,
-                  !replay && (req->have_mask & ranges) ? " (the transport delivered a write twice?)" : "");
-    MPIB_WARN("%s rail (generation %u, %s; other rail %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no "
-              "posted receive: %s (next receive seq %llu)",
-              mpib_rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state),
-              rail_state_name(c->rail[1 - rail].state), slot, seq8, mask, replay ? ", replay" : "", wc->qp_num, open,
-              (unsigned long long)c->fifo_head);
+    else if ((req->seq & 0xFF) != seq8)
+      snprintf(open, sizeof open, "the slot's receive is seq %u", (unsigned)(req->seq & 0xFF));
+    else
+      snprintf(open, sizeof open, "its receive expects ranges %u and has %u%s", req->expected_mask, req->have_mask,
+               !replay && (req->have_mask & ranges) ? " (the transport delivered a write twice?)" : "");
+    MPIB_WARN(
+        "%s rail (generation %u, %s; other rail %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no "
+        "posted receive: %s (next receive seq %llu)",
+        mpib_rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state),
+        rail_state_name(c->rail[1 - rail].state), slot, seq8, mask, replay ? ", replay" : "", wc->qp_num, open,
+        (unsigned long long)c->fifo_head);
     return ncclRemoteError;
   }
   req->wrote_rails |= 1u << rail;

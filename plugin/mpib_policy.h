@@ -43,8 +43,8 @@ enum { MPIB_MODE_VANILLA = 0, MPIB_MODE_ADVANCED = 1 };
 
 /* size: the request size to carry in the immediate, or MPIB_IMM_NO_SIZE. */
 static inline uint32_t mpib_imm_encode(uint32_t slot, uint32_t mask, uint64_t seq, uint32_t size) {
-  uint32_t imm = (slot & 0x1Fu) | ((mask & 0x3u) << MPIB_IMM_MASK_SHIFT) |
-                 ((uint32_t)(seq & 0xFFu) << MPIB_IMM_SEQ_SHIFT);
+  uint32_t imm =
+      (slot & 0x1Fu) | ((mask & 0x3u) << MPIB_IMM_MASK_SHIFT) | ((uint32_t)(seq & 0xFFu) << MPIB_IMM_SEQ_SHIFT);
   if (size <= MPIB_IMM_MAX_SIZE) imm |= MPIB_IMM_SIZE_FLAG | (size << MPIB_IMM_SIZE_SHIFT);
   return imm;
 }
@@ -161,7 +161,7 @@ static inline int mpib_sup_qps_wanted(int mode, int path_class, int sup_relay) {
  * on SOUT, whatever the path. */
 static inline int mpib_cts_rail(int mode, int path_class, uint32_t sup_qps) {
   return (mode == MPIB_MODE_VANILLA && path_class == MPIB_PATH_INTRA_ISLAND && sup_qps > 0) ? MPIB_RAIL_SUP
-                                                                                           : MPIB_RAIL_SOUT;
+                                                                                            : MPIB_RAIL_SOUT;
 }
 
 /* Vanilla policy: all intra-island traffic on SUP, all inter-island traffic on SOUT. */
@@ -171,8 +171,7 @@ static inline uint32_t mpib_vanilla_sup_bw(int path_class) {
 
 /* The guard between a hint and the fabric: SUP cannot reach another island unless the
  * operator declared a relay (MPIB_SUP_RELAY=1), and rails without QPs carry nothing. */
-static inline uint32_t mpib_guard_sup_bw(uint32_t sup_bw, int path_class, int sup_relay,
-                                         uint32_t nqps_sup) {
+static inline uint32_t mpib_guard_sup_bw(uint32_t sup_bw, int path_class, int sup_relay, uint32_t nqps_sup) {
   if (nqps_sup == 0) return 0;
   if (path_class == MPIB_PATH_INTER_ISLAND && !sup_relay) return 0;
   return mpib_clamp_sup_bw(sup_bw);
@@ -192,8 +191,8 @@ struct mpib_cts {
   uint32_t rkey[MPIB_NRAILS];
   int32_t tag;
   uint32_t nreqs;
-  uint64_t seq;   /* request sequence number + 1; 0 = never written */
-  uint64_t check; /* mpib_cts_check of the fields above */
+  uint64_t seq;                              /* request sequence number + 1; 0 = never written */
+  uint64_t check;                            /* mpib_cts_check of the fields above */
   uint32_t stripe_rkey[MPIB_MAX_STRIPE - 1]; /* the buffer's rkeys on lanes 2..: 0 without striping */
   uint8_t pad[4];
 } __attribute__((aligned(64)));
@@ -270,9 +269,9 @@ static inline uint16_t mpib_gid_flid(const uint8_t gid[16]) { return (uint16_t)(
  * net_ib compares it) is addressed by its LID with no GRH; one behind an IB router needs the
  * GRH and its FLID as DLID (the LID when the FLID is 0, as net_ib 2.28). Returns 0, or -1 when
  * the link layers differ or an IB peer has no LID to address. */
-static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, int remote_link_layer,
-                                uint8_t port, uint8_t sgid_index, const uint8_t local_gid[16],
-                                const uint8_t remote_gid[16], uint16_t remote_lid, uint8_t tc, uint8_t sl) {
+static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, int remote_link_layer, uint8_t port,
+                                uint8_t sgid_index, const uint8_t local_gid[16], const uint8_t remote_gid[16],
+                                uint16_t remote_lid, uint8_t tc, uint8_t sl) {
   memset(ah, 0, sizeof *ah);
   if (local_link_layer != remote_link_layer) return -1;
   ah->port_num = port;
@@ -400,7 +399,8 @@ static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r)
     h *= 0x94D049BB133111EBull;
     h ^= h >> 29;
   }
-  if (r->refused_gen) h = (h ^ r->refused_gen) * 0xBF58476D1CE4E5B9ull; /* only when set: older records check as before */
+  /* only when set: older records check as before */
+  if (r->refused_gen) h = (h ^ r->refused_gen) * 0xBF58476D1CE4E5B9ull;
   if (r->refused_dead) h = (h ^ r->refused_dead) * 0x94D049BB133111EBull;
   return h;
 }
@@ -413,11 +413,11 @@ static inline uint64_t mpib_fence_check(const volatile struct mpib_fence_rec *r)
  * confirmed here, and the receiver counts those ranges as arrived. RDMA-written into the
  * receiver's memory after the notice words and sent over the control socket ('C'). */
 struct mpib_confirm_rec {
-  uint64_t gen;                         /* the fenced rail's generation it answers */
-  uint64_t seq1[MPIB_FENCE_SLOTS];      /* the confirmed receive's seq + 1, 0 = nothing for the slot */
-  uint8_t ranges[MPIB_FENCE_SLOTS];     /* its ranges confirmed */
-  uint8_t full[MPIB_FENCE_SLOTS];       /* the slot's full range mask */
-  uint32_t imm_size[MPIB_FENCE_SLOTS];  /* the size its immediate carried, or MPIB_IMM_NO_SIZE */
+  uint64_t gen;                        /* the fenced rail's generation it answers */
+  uint64_t seq1[MPIB_FENCE_SLOTS];     /* the confirmed receive's seq + 1, 0 = nothing for the slot */
+  uint8_t ranges[MPIB_FENCE_SLOTS];    /* its ranges confirmed */
+  uint8_t full[MPIB_FENCE_SLOTS];      /* the slot's full range mask */
+  uint32_t imm_size[MPIB_FENCE_SLOTS]; /* the size its immediate carried, or MPIB_IMM_NO_SIZE */
   uint64_t check;
 } __attribute__((aligned(64)));
 _Static_assert(sizeof(struct mpib_confirm_rec) == 512, "confirm record layout");

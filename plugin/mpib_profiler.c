@@ -62,8 +62,9 @@ void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void *
     for (int r = 0; r < req->nreqs; r++) {
       /* wr_id: the rail's SRQ receives carry the rail; length: the posted size, the most the
        * rail can carry (the split is the sender's). */
-      if (phandles[r]) prof_start(&c->prof_event[req->seq % MPIB_MAX_REQUESTS][r][rail], phandles[r], rail, (uint64_t)rail,
-                                  IBV_WC_RECV_RDMA_WITH_IMM, qp, sizes[r]);
+      if (phandles[r])
+        prof_start(&c->prof_event[req->seq % MPIB_MAX_REQUESTS][r][rail], phandles[r], rail, (uint64_t)rail,
+                   IBV_WC_RECV_RDMA_WITH_IMM, qp, sizes[r]);
     }
   }
 }

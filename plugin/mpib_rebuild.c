@@ -33,7 +33,8 @@ int mpib_rail_to_error(struct mpib_comm *c, int r) {
 static int refresh_gid_index(struct mpib_comm *c, int l) {
   uint8_t gid[16];
   int type, want_type;
-  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &want_type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0) return 0;
+  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &want_type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0)
+    return 0;
   /* The original type is what the entry had at connect time; without it, take RoCE v2. */
   want_type = IBV_GID_TYPE_ROCE_V2;
   int n = c->nic[l]->gid_tbl_len;

@@ -55,10 +55,10 @@ typedef struct {
   uint16_t nqps_sout, nqps_sup;
   uint32_t pid; /* 0 = getpid() */
   uint64_t conn_id;
-  uint16_t dev;                         /* the fused device (version 4) */
-  uint8_t port[2];                      /* SOUT's, SUP's port */
-  char nic[2][MPIB_SHM_NIC_NAME];       /* SOUT's, SUP's NIC name; a longer one is cut */
-  uint8_t sup_path;                     /* MPIB_SHM_SUP_PATH_* (version 6) */
+  uint16_t dev;                   /* the fused device (version 4) */
+  uint8_t port[2];                /* SOUT's, SUP's port */
+  char nic[2][MPIB_SHM_NIC_NAME]; /* SOUT's, SUP's NIC name; a longer one is cut */
+  uint8_t sup_path;               /* MPIB_SHM_SUP_PATH_* (version 6) */
 } mpib_conn_desc;
 
 /* How the connection's SUP QPs reach the peer (the slot's sup_path, spec 4.3, version 6). */
@@ -133,8 +133,7 @@ MPIB_SHM_HIDDEN int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen);
  * default. Returns 1 and *sup_bw (clamped 0..1024) when a hint applies and the agent
  * heartbeat is fresh; 0 when no hint applies, the agent is stale/absent or the connection is
  * not bound to a slot (caller falls back to vanilla). No system call. */
-MPIB_SHM_HIDDEN int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stale_ns,
-                                       uint32_t *sup_bw);
+MPIB_SHM_HIDDEN int mpib_shm_read_hint(mpib_shm *shm, uint32_t id, uint64_t stale_ns, uint32_t *sup_bw);
 /* Relaxed atomics: publishes a batch to connection id's slot (adds the counters, stores the
  * gauges, the applied split and the wall clock). Not per message: the data path batches. */
 MPIB_SHM_HIDDEN void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_batch *b);

@@ -89,10 +89,8 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
       atomic_store_explicit(&s->nic[r][i], end ? 0 : (uint8_t)d->nic[r][i], memory_order_relaxed);
     }
   }
-  _Atomic uint64_t *tel[] = {&s->sout_bytes,    &s->sout_requests,  &s->sup_bytes,
-                             &s->sup_requests,  &s->reads_applied,  &s->reads_fallback,
-                             &s->reads_stale,   &s->clamped,        &s->last_read_ns,
-                             &s->flush_wall_ns};
+  _Atomic uint64_t *tel[] = {&s->sout_bytes,     &s->sout_requests, &s->sup_bytes, &s->sup_requests, &s->reads_applied,
+                             &s->reads_fallback, &s->reads_stale,   &s->clamped,   &s->last_read_ns, &s->flush_wall_ns};
   for (size_t i = 0; i < sizeof(tel) / sizeof(tel[0]); i++) {
     atomic_store_explicit(tel[i], 0, memory_order_relaxed);
   }
@@ -118,8 +116,7 @@ static void shm_unclaim(struct shm_map *m, uint32_t slot, uint32_t pid) {
     return;
   }
   uint64_t mine = SHM_STATE_ACTIVE | (uint64_t)pid << 32;
-  atomic_compare_exchange_strong_explicit(&m->slots[slot].owner, &mine, 0, memory_order_acq_rel,
-                                          memory_order_relaxed);
+  atomic_compare_exchange_strong_explicit(&m->slots[slot].owner, &mine, 0, memory_order_acq_rel, memory_order_relaxed);
   shm_lock_byte(m->fd, shm_slot_lock_off(slot), F_UNLCK);
 }
 
@@ -164,8 +161,7 @@ static int shm_take(mpib_shm *shm, int mi, uint32_t i, uint32_t id) {
   const mpib_conn_desc *d = &shm->conns[id].d;
   struct shm_slot *s = &m->slots[i];
   uint64_t expect = 0;
-  if (!atomic_compare_exchange_strong_explicit(&s->owner, &expect,
-                                               SHM_STATE_CLAIMING | (uint64_t)d->pid << 32,
+  if (!atomic_compare_exchange_strong_explicit(&s->owner, &expect, SHM_STATE_CLAIMING | (uint64_t)d->pid << 32,
                                                memory_order_acq_rel, memory_order_relaxed)) {
     shm_lock_byte(m->fd, off, F_UNLCK);
     return -EBUSY;
@@ -310,4 +306,3 @@ void mpib_shm_close(mpib_shm *shm) {
   free((void *)shm->bind);
   free(shm);
 }
-

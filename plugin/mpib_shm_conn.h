@@ -44,12 +44,12 @@ struct mpib_shm {
   char path[4096];
   _Atomic(struct shm_map *) maps[SHM_MAX_MAPS];
   int nmaps;
-  _Atomic int cur; /* index + 1 of the attached map, 0 = none */
-  struct shm_conn *conns;   /* [MPIB_SHM_MAX_CONNS], under mu */
-  _Atomic uint64_t *bind;   /* [MPIB_SHM_MAX_CONNS]: (map index + 1) << 32 | slot, 0 = unbound */
-  uint32_t conn_hi; /* ids at or above it were never used: loops stop there */
-  uint32_t unbound; /* used connections without a slot of the current map (shm_waiting) */
-  uint32_t wait_cursor; /* the id the poll's next pass over waiting connections starts at
+  _Atomic int cur;        /* index + 1 of the attached map, 0 = none */
+  struct shm_conn *conns; /* [MPIB_SHM_MAX_CONNS], under mu */
+  _Atomic uint64_t *bind; /* [MPIB_SHM_MAX_CONNS]: (map index + 1) << 32 | slot, 0 = unbound */
+  uint32_t conn_hi;       /* ids at or above it were never used: loops stop there */
+  uint32_t unbound;       /* used connections without a slot of the current map (shm_waiting) */
+  uint32_t wait_cursor;   /* the id the poll's next pass over waiting connections starts at
                          * (under claim_mu) */
   /* The last file the poll refused, so that an unchanged bad file is neither re-read nor
    * reported again. */
@@ -71,8 +71,7 @@ struct shm_budget {
 /* The attached map, or NULL. */
 static inline struct shm_map *shm_cur(const mpib_shm *shm) {
   int c = atomic_load_explicit(&((mpib_shm *)shm)->cur, memory_order_acquire);
-  return c > 0 ? atomic_load_explicit(&((mpib_shm *)shm)->maps[c - 1], memory_order_relaxed)
-               : NULL;
+  return c > 0 ? atomic_load_explicit(&((mpib_shm *)shm)->maps[c - 1], memory_order_relaxed) : NULL;
 }
 
 /* Adds m to the handle's maps (under mu, or before the handle is shared): its index + 1, or

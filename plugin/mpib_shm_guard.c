@@ -95,8 +95,8 @@ static void shm_sigbus(int sig, siginfo_t *si, void *uctx) {
       if (base == 0 || a - base >= size) {
         continue;
       }
-      if (mmap((void *)base, size, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+      if (mmap((void *)base, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+          MAP_FAILED) {
         atomic_store_explicit(&g->faulted, 1, memory_order_release);
         handled = 1;
       }

@@ -15,9 +15,7 @@
 MPIB_SHM_HIDDEN int shm_lock_byte(int fd, off_t off, short type);
 
 /* The lock byte of a slot: its first byte in the file (spec 5.7). */
-static inline off_t shm_slot_lock_off(uint32_t slot) {
-  return (off_t)SHM_HEADER_SIZE + (off_t)slot * SHM_SLOT_SIZE;
-}
+static inline off_t shm_slot_lock_off(uint32_t slot) { return (off_t)SHM_HEADER_SIZE + (off_t)slot * SHM_SLOT_SIZE; }
 
 /* Guards [base, base + size), a MAP_SHARED mapping of a segment file (spec 5.9): a SIGBUS
  * inside it (the file was truncated) replaces the whole range with anonymous zero pages and

@@ -101,8 +101,8 @@ static int shm_rescan_granted(struct shm_map *m, uint64_t now) {
   if (base - now > span - SHM_PEER_RESCAN_NS) {
     return 0;
   }
-  return atomic_compare_exchange_strong_explicit(&m->rescan_due, &due, base + SHM_PEER_RESCAN_NS,
-                                                 memory_order_relaxed, memory_order_relaxed);
+  return atomic_compare_exchange_strong_explicit(&m->rescan_due, &due, base + SHM_PEER_RESCAN_NS, memory_order_relaxed,
+                                                 memory_order_relaxed);
 }
 
 /* The peers_epoch the caches follow: the segment's, adopted when the limiter grants it. */
@@ -121,8 +121,8 @@ static void shm_peer_cache_put(struct peer_cache *c, uint64_t tag, uint32_t idx)
   atomic_store_explicit(&c->tag, tag, memory_order_release);
 }
 
-static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip,
-                                uint64_t now, uint64_t *tag_out) {
+static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip, uint64_t now,
+                                uint64_t *tag_out) {
   uint64_t tag = ((uint64_t)shm_peers_epoch(m, now) << 32) | gen;
   struct peer_cache *c = &m->cache[slot];
   *tag_out = tag;
@@ -149,8 +149,7 @@ static int shm_none(mpib_shm_hint *out, uint8_t reason) {
 }
 
 /* Peer level: 1 applied, 0 nothing, -1 busy. */
-static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, uint64_t now,
-                            mpib_shm_hint *out) {
+static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, uint64_t now, mpib_shm_hint *out) {
   uint32_t ip = atomic_load_explicit(&m->slots[slot].peer_sout_ip, memory_order_relaxed);
   uint64_t tag = 0;
   for (int pass = 0; pass < 2; pass++) {
@@ -178,8 +177,7 @@ static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, uint
   return 0;
 }
 
-int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
-                    mpib_shm_hint *out) {
+int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns, uint64_t stale_ns, mpib_shm_hint *out) {
   if (m == NULL || slot >= m->nslots) {
     return shm_none(out, MPIB_SHM_SRC_BAD_SLOT);
   }

@@ -32,8 +32,8 @@ MPIB_SHM_HIDDEN int shm_rec_read(struct shm_rec *r, mpib_shm_record *o);
 /* Resolves slot's hint on map m at now_ns (spec 5.3): slot hint, else the longest matching
  * peer entry, else the path-class default. 1 when a hint applies, else 0; *out is always
  * filled (MPIB_SHM_SRC_*). m NULL or slot out of range: BAD_SLOT. No telemetry written. */
-MPIB_SHM_HIDDEN int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns,
-                                    uint64_t stale_ns, mpib_shm_hint *out);
+MPIB_SHM_HIDDEN int shm_resolve_map(struct shm_map *m, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
+                                    mpib_shm_hint *out);
 /* The map and slot connection id is bound to, or NULL (lock-free). */
 MPIB_SHM_HIDDEN struct shm_map *shm_bound(mpib_shm *shm, uint32_t id, uint32_t *slot);
 

@@ -88,7 +88,7 @@ struct shm_slot {
   _Atomic uint16_t dev; /* version 4: the fused device */
   _Atomic uint32_t pid;
   _Atomic uint64_t registered_ns;
-  _Atomic uint8_t port[2]; /* version 4: SOUT's, SUP's */
+  _Atomic uint8_t port[2];  /* version 4: SOUT's, SUP's */
   _Atomic uint8_t sup_path; /* version 6: MPIB_SHM_SUP_PATH_* */
   uint8_t reserved2[5];
   struct shm_rec hint;
@@ -109,7 +109,7 @@ struct shm_slot {
   _Atomic uint64_t rail_state_ns[2]; /* CLOCK_REALTIME ns of the last change, 0 = never */
   /* Version 3: what the plugin applied and when it last flushed, then per rail what completed. */
   _Atomic uint32_t applied_sup_bw;
-  _Atomic uint32_t recoveries; /* version 5: times a rail came back into service */
+  _Atomic uint32_t recoveries;    /* version 5: times a rail came back into service */
   _Atomic uint64_t flush_wall_ns; /* CLOCK_REALTIME ns */
   uint64_t reserved5;
   struct shm_rail_done {
@@ -117,7 +117,7 @@ struct shm_slot {
     _Atomic uint64_t inflight_bytes; /* a gauge */
     _Atomic uint64_t busy_ns;        /* sum of completion - post time over the requests */
   } done[2];
-  _Atomic uint64_t active_ns[2]; /* time with a request in flight on the rail */
+  _Atomic uint64_t active_ns[2];             /* time with a request in flight on the rail */
   _Atomic uint8_t nic[2][MPIB_SHM_NIC_NAME]; /* version 4: SOUT's, SUP's name, NUL-padded */
 };
 _Static_assert(sizeof(struct shm_slot) == SHM_SLOT_SIZE, "slot is 384 bytes");

@@ -33,8 +33,7 @@ void shm_err(char *err, size_t errlen, const char *fmt, ...) {
 
 int shm_check_image(const void *buf, size_t len, const char *what, char *err, size_t errlen) {
   if (len < SHM_HEADER_SIZE) {
-    shm_err(err, errlen, "mpib shm %s: too_small: %zu bytes, a header needs %u", what, len,
-            SHM_HEADER_SIZE);
+    shm_err(err, errlen, "mpib shm %s: too_small: %zu bytes, a header needs %u", what, len, SHM_HEADER_SIZE);
     return -EINVAL;
   }
   struct shm_header h;
@@ -44,27 +43,24 @@ int shm_check_image(const void *buf, size_t len, const char *what, char *err, si
     return -EPROTO;
   }
   if (h.version != MPIB_SHM_VERSION) {
-    shm_err(err, errlen,
-            "mpib shm %s: bad_version: format version %u, this reader implements %u%s", what,
-            h.version, MPIB_SHM_VERSION,
-            h.version < MPIB_SHM_VERSION
-                ? " (a segment made by an older agent: re-create it with the current agent)"
-                : " (a segment made by a newer agent: upgrade the plugin and agents)");
+    shm_err(err, errlen, "mpib shm %s: bad_version: format version %u, this reader implements %u%s", what, h.version,
+            MPIB_SHM_VERSION,
+            h.version < MPIB_SHM_VERSION ? " (a segment made by an older agent: re-create it with the current agent)"
+                                         : " (a segment made by a newer agent: upgrade the plugin and agents)");
     return -EPROTONOSUPPORT;
   }
-  if (h.header_size != SHM_HEADER_SIZE || h.slot_size != SHM_SLOT_SIZE ||
-      h.peer_size != SHM_PEER_SIZE || h.nslots < 1 || h.nslots > SHM_MAX_SLOTS ||
-      h.npeers > SHM_MAX_PEERS || h.total_size != shm_expected_size(h.nslots, h.npeers)) {
+  if (h.header_size != SHM_HEADER_SIZE || h.slot_size != SHM_SLOT_SIZE || h.peer_size != SHM_PEER_SIZE ||
+      h.nslots < 1 || h.nslots > SHM_MAX_SLOTS || h.npeers > SHM_MAX_PEERS ||
+      h.total_size != shm_expected_size(h.nslots, h.npeers)) {
     shm_err(err, errlen,
             "mpib shm %s: bad_geometry: header_size=%u slot_size=%u peer_size=%u nslots=%u "
             "npeers=%u total_size=%llu",
-            what, h.header_size, h.slot_size, h.peer_size, h.nslots, h.npeers,
-            (unsigned long long)h.total_size);
+            what, h.header_size, h.slot_size, h.peer_size, h.nslots, h.npeers, (unsigned long long)h.total_size);
     return -EINVAL;
   }
   if (len < h.total_size) {
-    shm_err(err, errlen, "mpib shm %s: too_small: %zu bytes, the header declares %llu", what,
-            len, (unsigned long long)h.total_size);
+    shm_err(err, errlen, "mpib shm %s: too_small: %zu bytes, the header declares %llu", what, len,
+            (unsigned long long)h.total_size);
     return -EINVAL;
   }
   return 0;
@@ -77,16 +73,15 @@ static int shm_check_stat(const struct stat *st, const char *path, char *err, si
     return -EINVAL;
   }
   if (st->st_uid != geteuid()) {
-    shm_err(err, errlen, "mpib shm %s: bad_owner: owned by uid %u, this process runs as %u",
-            path, (unsigned)st->st_uid, (unsigned)geteuid());
+    shm_err(err, errlen, "mpib shm %s: bad_owner: owned by uid %u, this process runs as %u", path, (unsigned)st->st_uid,
+            (unsigned)geteuid());
     return -EPERM;
   }
   /* Group or other access of any kind is refused: a readable segment shows every peer's
    * address and rates to other users, a writable one lets them steer the traffic. */
   if ((st->st_mode & 0077) != 0) {
-    shm_err(err, errlen,
-            "mpib shm %s: bad_mode: mode %04o grants group/other access (want 0600: chmod 600)",
-            path, (unsigned)(st->st_mode & 07777));
+    shm_err(err, errlen, "mpib shm %s: bad_mode: mode %04o grants group/other access (want 0600: chmod 600)", path,
+            (unsigned)(st->st_mode & 07777));
     return -EPERM;
   }
   return 0;
@@ -131,7 +126,8 @@ static int shm_open_file(const char *path, char *err, size_t errlen) {
     } else if (e == EWOULDBLOCK) {
       shm_err(err, errlen,
               "mpib shm %s: io: open: another process holds a lease on the file (EWOULDBLOCK): "
-              "not used (vanilla policy), tried again at every poll", path);
+              "not used (vanilla policy), tried again at every poll",
+              path);
     } else {
       shm_err(err, errlen, "mpib shm %s: io: open: %s", path, strerror(e));
     }
@@ -162,14 +158,12 @@ struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t np
   }
   m->guard = -1;
   m->cursor = (uint32_t)(((uint64_t)getpid() * 31u) % nslots); /* spreads processes */
-  atomic_init(&m->epoch_seen,
-              atomic_load_explicit(&m->hdr->peers_epoch, memory_order_relaxed));
+  atomic_init(&m->epoch_seen, atomic_load_explicit(&m->hdr->peers_epoch, memory_order_relaxed));
   atomic_init(&m->rescan_due, 0);
   return m;
 }
 
-int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, char *err,
-                 size_t errlen) {
+int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, char *err, size_t errlen) {
   int fd = shm_open_file(path, err, errlen);
   if (fd < 0) {
     return fd;
@@ -240,8 +234,7 @@ void shm_map_retire(struct shm_map *m) {
   if (m->retired || m->fd < 0) {
     return;
   }
-  mmap(m->hdr, m->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-       0);
+  mmap(m->hdr, m->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   close(m->fd); /* drops the attach lock and every slot lease of this handle */
   m->fd = -1;
   m->retired = 1;

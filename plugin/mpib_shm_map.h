@@ -29,32 +29,28 @@ struct shm_map {
   uint32_t nslots; /* copies validated at open: the header is never trusted again */
   uint32_t npeers;
   struct peer_cache *cache;
-  int fd;        /* the segment file (its OFD holds our locks); -1 for an image */
+  int fd; /* the segment file (its OFD holds our locks); -1 for an image */
   dev_t dev;
   ino_t ino;
-  int guard;     /* its entry in the SIGBUS guard's table (shm_guard_add), -1 for none */
-  int retired;   /* pages replaced by zeros, fd closed */
-  uint32_t cursor; /* the slot the next search looks at first (under claim_mu) */
+  int guard;                   /* its entry in the SIGBUS guard's table (shm_guard_add), -1 for none */
+  int retired;                 /* pages replaced by zeros, fd closed */
+  uint32_t cursor;             /* the slot the next search looks at first (under claim_mu) */
   _Atomic uint32_t epoch_seen; /* the peers_epoch the per-slot caches are keyed on */
   _Atomic uint64_t rescan_due; /* the peer-rescan limiter's theoretical arrival time (ns) */
 };
 
 /* snprintf into err when err is not NULL and errlen > 0. */
-__attribute__((format(printf, 3, 4))) MPIB_SHM_HIDDEN void shm_err(char *err, size_t errlen,
-                                                                   const char *fmt, ...);
+__attribute__((format(printf, 3, 4))) MPIB_SHM_HIDDEN void shm_err(char *err, size_t errlen, const char *fmt, ...);
 /* Checks 5..9 of the validation table on an image of len bytes (the file's size); what names
  * it in err. */
-MPIB_SHM_HIDDEN int shm_check_image(const void *buf, size_t len, const char *what, char *err,
-                                    size_t errlen);
+MPIB_SHM_HIDDEN int shm_check_image(const void *buf, size_t len, const char *what, char *err, size_t errlen);
 /* A map over mem (size bytes, nslots and npeers already validated): no file (fd -1), no
  * guard, peer caches empty. NULL when out of memory. */
-MPIB_SHM_HIDDEN struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots,
-                                            uint32_t npeers);
+MPIB_SHM_HIDDEN struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t npeers);
 /* Opens (never waiting for a lease), checks (checks 1..9), maps the file at path read-write
  * and shared, takes the attach lock and guards the mapping. st_out (may be NULL) gets the
  * file's status as checked. */
-MPIB_SHM_HIDDEN int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out,
-                                 char *err, size_t errlen);
+MPIB_SHM_HIDDEN int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, char *err, size_t errlen);
 /* Unguards, unmaps, closes and frees a map no binding references any more. */
 MPIB_SHM_HIDDEN void shm_map_free(struct shm_map *m);
 /* Replaces the map's pages with anonymous zero pages and closes its file (dropping every lock

@@ -21,8 +21,7 @@
 #include "mpib_shm_conn.h"
 #include "mpib_shm_map.h"
 
-__attribute__((format(printf, 4, 5))) static void shm_say(mpib_shm *shm, char *msg, size_t len,
-                                                          const char *fmt, ...) {
+__attribute__((format(printf, 4, 5))) static void shm_say(mpib_shm *shm, char *msg, size_t len, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(shm->last_msg, sizeof(shm->last_msg), fmt, ap);
@@ -43,8 +42,7 @@ static int shm_same_bad(const mpib_shm *shm, const struct stat *st) {
 static int shm_map_truncated(struct shm_map *m) {
   struct stat st;
   return m != NULL && m->fd >= 0 &&
-         (shm_map_faulted(m) ||
-          (fstat(m->fd, &st) == 0 && (uint64_t)st.st_size < m->map_size));
+         (shm_map_faulted(m) || (fstat(m->fd, &st) == 0 && (uint64_t)st.st_size < m->map_size));
 }
 
 /* Remembers the file st as refused (with err) until it changes (shm_same_bad). */
@@ -75,7 +73,8 @@ static void shm_detach(mpib_shm *shm, struct shm_map *cur, char *msg, size_t msg
   shm_map_retire(cur);
   shm_say(shm, msg, msglen,
           "agent segment %s was truncated: detached, vanilla policy until a valid segment "
-          "appears", shm->path);
+          "appears",
+          shm->path);
 }
 
 /* Gives slots of map index mi (the current one) to waiting connections within one budget,
@@ -115,8 +114,7 @@ static void shm_bind_waiting(mpib_shm *shm, int mi, struct shm_budget *b) {
  * for the next polls, and the old segment is retired. 0; 1 when that file is attached
  * already (another poll did it meanwhile); or -errno with the file st refused until it
  * changes. */
-static int shm_attach(mpib_shm *shm, struct shm_map *m, const struct stat *st, char *msg,
-                      size_t msglen) {
+static int shm_attach(mpib_shm *shm, struct shm_map *m, const struct stat *st, char *msg, size_t msglen) {
   pthread_mutex_lock(&shm->mu);
   struct shm_map *cur = shm_cur(shm);
   if (cur != NULL && cur->dev == m->dev && cur->ino == m->ino) {
@@ -167,11 +165,10 @@ static int shm_attach(mpib_shm *shm, struct shm_map *m, const struct stat *st, c
 /* Records a file at the path that could not be opened or mapped (under mu). A file another
  * process holds a lease on is tried again at every poll (the lease may go without the file
  * changing), and said once; any other refusal holds until the file changes. 1 when said. */
-static int shm_open_failed(mpib_shm *shm, int rc, const struct stat *st, const char *err,
-                           char *msg, size_t msglen) {
+static int shm_open_failed(mpib_shm *shm, int rc, const struct stat *st, const char *err, char *msg, size_t msglen) {
   if (rc == -EWOULDBLOCK) {
-    int said = shm->bad_retry && shm->bad_errno == EWOULDBLOCK && shm->bad_dev == st->st_dev &&
-               shm->bad_ino == st->st_ino;
+    int said =
+        shm->bad_retry && shm->bad_errno == EWOULDBLOCK && shm->bad_dev == st->st_dev && shm->bad_ino == st->st_ino;
     shm_refuse(shm, EWOULDBLOCK, st);
     shm->bad_retry = 1;
     if (said) {
@@ -205,8 +202,7 @@ static int shm_poll_look(mpib_shm *shm, struct stat *st, int *ret, char *msg, si
     shm_say(shm, msg, msglen, "mpib shm %s: io: %s", shm->path, strerror(errno));
     *ret = MPIB_SHM_POLL_FAILED;
   }
-  return have && (cur == NULL || st->st_dev != cur->dev || st->st_ino != cur->ino) &&
-         !shm_same_bad(shm, st);
+  return have && (cur == NULL || st->st_dev != cur->dev || st->st_ino != cur->ino) && !shm_same_bad(shm, st);
 }
 
 int mpib_shm_poll(mpib_shm *shm, char *msg, size_t msglen) {

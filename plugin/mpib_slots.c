@@ -143,13 +143,13 @@ static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, s
   *len = end > *off ? end - *off : 0;
 }
 
-
 /* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
  * the last one (or a final write carrying the size records) with the immediate and
  * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
  * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
  * MPIB_POST_PARTIAL. */
-int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges, int replay) {
+int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
+                    int replay) {
   int nreqs = c->slot_matched[slot];
   struct mpib_request **reqs = c->slot_reqs[slot];
   const struct mpib_cts *cts = c->cts_snap[slot];
@@ -163,10 +163,13 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     size_t off, len;
     range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
     if (len == 0) continue;
-    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len,
+    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
+                                 .length = (uint32_t)len,
                                  .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
-    wrs[nwr] = (struct ibv_send_wr){.wr_id = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED), .sg_list = &sges[nwr],
-                                    .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+    wrs[nwr] = (struct ibv_send_wr){.wr_id = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED),
+                                    .sg_list = &sges[nwr],
+                                    .num_sge = 1,
+                                    .opcode = IBV_WR_RDMA_WRITE};
     wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
     wrs[nwr].wr.rdma.rkey = mpib_cts_rkey(&cts[r], lane);
     nwr++;
@@ -180,7 +183,8 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
     last->wr.rdma.rkey = c->rem_rkey[lane];
     if (rail == p->leader && !p->size_in_imm) {
-      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot], .length = (uint32_t)(nreqs * sizeof(int32_t)),
+      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
+                                   .length = (uint32_t)(nreqs * sizeof(int32_t)),
                                    .lkey = c->stage_mr[lane]->lkey};
       last->sg_list = &sges[nwr];
       last->num_sge = 1;
@@ -217,7 +221,9 @@ int mpib_post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled)
   struct mpib_cts *cts = c->cts[slot];
   struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[lane]->lkey};
   struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
-                           .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE};
   if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
   if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
   wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
@@ -276,7 +282,8 @@ void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
 }
 
 /* A receive's sizes, from the immediate or the size records, checked against its buffers. */
-ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size) {
+ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req,
+                              uint32_t imm_size) {
   if (imm_size != MPIB_IMM_NO_SIZE && req->nreqs != 1) {
     MPIB_WARN("%s rail: size in the immediate for a grouped receive of %d", mpib_rail_name(rail), req->nreqs);
     return ncclRemoteError;

@@ -55,7 +55,9 @@ static inline int mpib_rail_usable(const struct mpib_comm *c, int r) {
 static inline struct mpib_fence_rec *mpib_fence_area(struct mpib_comm *c, int r) {
   return (struct mpib_fence_rec *)((char *)c->cts + MPIB_CTS_BYTES) + r;
 }
-static inline uint64_t *mpib_notice_area(struct mpib_comm *c, int r) { return (uint64_t *)((char *)c->sizes + MPIB_SIZES_BYTES) + r; }
+static inline uint64_t *mpib_notice_area(struct mpib_comm *c, int r) {
+  return (uint64_t *)((char *)c->sizes + MPIB_SIZES_BYTES) + r;
+}
 
 /* Sender -> receiver: its confirm record of rail r (mpib_policy.h), like the notices: RDMA on
  * the other rail and the control socket ('C'). */
@@ -82,7 +84,8 @@ void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id);
 void mpib_sq_reset_rail(struct mpib_comm *c, int r);
 /* One rail's chain of a slot carrying byte ranges `ranges` (an original or a replay): 0, the
  * errno of a post none of which went out, or MPIB_POST_PARTIAL. */
-int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges, int replay);
+int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
+                    int replay);
 /* A slot's range that could not go out on its rail waits for a replay. */
 void mpib_slot_defer_range(struct mpib_comm *c, int slot, int rail);
 /* The receiver's CTS elements of a slot on `rail`: 0 or an errno (ENOMEM: none posted). */
@@ -100,6 +103,7 @@ void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges);
 uint64_t mpib_wall_ms(void);
 /* Rail r's lane `lane` (out of service): its CQ emptied before its QPs are reset. */
 void mpib_lane_discard(struct mpib_comm *c, int r, int lane);
-ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req, uint32_t imm_size);
+ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req,
+                              uint32_t imm_size);
 
 #endif

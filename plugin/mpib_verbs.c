@@ -20,7 +20,15 @@ struct optional_verb {
   void *addr;
 };
 
-enum { VERB_REG_MR_IOVA2, VERB_REG_DMABUF_MR, VERB_QUERY_GID_EX, VERB_QUERY_GID_TABLE, VERB_QUERY_ECE, VERB_SET_ECE, NVERBS };
+enum {
+  VERB_REG_MR_IOVA2,
+  VERB_REG_DMABUF_MR,
+  VERB_QUERY_GID_EX,
+  VERB_QUERY_GID_TABLE,
+  VERB_QUERY_ECE,
+  VERB_SET_ECE,
+  NVERBS
+};
 
 static struct optional_verb verbs[NVERBS] = {
     [VERB_REG_MR_IOVA2] = {"ibv_reg_mr_iova2", "IBVERBS_1.8", "relaxed ordering", NULL},
@@ -38,8 +46,7 @@ static char missing[512];
 
 typedef struct ibv_mr *(*reg_mr_iova2_fn)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);
 typedef struct ibv_mr *(*reg_dmabuf_mr_fn)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
-typedef int (*query_gid_ex_fn)(struct ibv_context *, uint32_t, uint32_t, struct ibv_gid_entry *,
-                               uint32_t, size_t);
+typedef int (*query_gid_ex_fn)(struct ibv_context *, uint32_t, uint32_t, struct ibv_gid_entry *, uint32_t, size_t);
 typedef ssize_t (*query_gid_table_fn)(struct ibv_context *, struct ibv_gid_entry *, size_t, uint32_t, size_t);
 typedef int (*ece_fn)(struct ibv_qp *, struct ibv_ece *);
 
@@ -62,8 +69,8 @@ static void describe_missing(void) {
   missing[0] = '\0';
   for (int i = 0; i < NVERBS && len < sizeof missing; i++) {
     if (verbs[i].addr) continue;
-    int n = snprintf(missing + len, sizeof missing - len, "%s%s@%s (%s)", len ? ", " : "",
-                     verbs[i].name, verbs[i].node, verbs[i].feature);
+    int n = snprintf(missing + len, sizeof missing - len, "%s%s@%s (%s)", len ? ", " : "", verbs[i].name, verbs[i].node,
+                     verbs[i].feature);
     if (n < 0) break;
     len += (size_t)n;
   }
@@ -94,14 +101,13 @@ static void *verb(int i) {
   return verbs[i].addr;
 }
 
-struct ibv_mr *mpib_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                     unsigned int access) {
+struct ibv_mr *mpib_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access) {
   reg_mr_iova2_fn f = (reg_mr_iova2_fn)verb(VERB_REG_MR_IOVA2);
   return f ? f(pd, addr, length, iova, access) : NULL;
 }
 
-struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
-                                      uint64_t iova, int fd, int access) {
+struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                      int access) {
   reg_dmabuf_mr_fn f = (reg_dmabuf_mr_fn)verb(VERB_REG_DMABUF_MR);
   return f ? f(pd, offset, length, iova, fd, access) : NULL;
 }
@@ -175,8 +181,8 @@ int mpib_gid_type_sysfs_at(const char *root, const char *devname, int port, int 
   int n = snprintf(path, sizeof path, "%s/%s/ports/%d/gid_attrs/types/%d", root, devname, port, index);
   if (n < 0 || (size_t)n >= sizeof path || read_attr(path, type, sizeof type) != 0) return -1;
   n = snprintf(path, sizeof path, "%s/%s/ports/%d/link_layer", root, devname, port);
-  int ethernet = n > 0 && (size_t)n < sizeof path && read_attr(path, link, sizeof link) == 0 &&
-                 attr_is(link, "Ethernet");
+  int ethernet =
+      n > 0 && (size_t)n < sizeof path && read_attr(path, link, sizeof link) == 0 && attr_is(link, "Ethernet");
   return mpib_gid_type_parse(type, ethernet);
 }
 
@@ -204,7 +210,7 @@ int mpib_gid_peer_addr(const uint8_t gid[16], struct sockaddr_storage *out) {
   }
   if (memcmp(gid, zero, 16) == 0) return 0;
   if (gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80) return 0; /* link-local: the MAC is in the GID */
-  if (gid[0] == 0xff) return 0;                              /* multicast */
+  if (gid[0] == 0xff) return 0;                            /* multicast */
   struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)out;
   in6->sin6_family = AF_INET6;
   in6->sin6_port = htons(9);

@@ -37,10 +37,9 @@ void mpib_verbs_load(void);
 const char *mpib_verbs_missing(void);
 
 /* The verbs' own signatures. When the verb is absent: NULL or EOPNOTSUPP, errno = EOPNOTSUPP. */
-struct ibv_mr *mpib_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                     unsigned int access);
-struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
-                                      uint64_t iova, int fd, int access);
+struct ibv_mr *mpib_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access);
+struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                      int access);
 int mpib_ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
                           struct ibv_gid_entry *entry, uint32_t flags);
 /* Every valid GID entry of every port in one call (-errno on failure, -EOPNOTSUPP when absent). */

@@ -36,8 +36,8 @@ typedef enum {
 #define NCCL_INIT 0x1
 #define NCCL_NET 0x10
 
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags,
-                                  const char *file, int line, const char *fmt, ...);
+typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+                                  const char *fmt, ...);
 
 /* ---- Profiler callback (v10+ init): how a net plugin reports its own events to NCCL ----
  * NCCL passes pHandle (isend's phandle / irecv's phandles[i]) and pluginId through to the
@@ -60,9 +60,9 @@ typedef struct {
   uint8_t type;
   union {
     struct {
-      int device;     /* the plugin's device index (MPIB: the rail) */
+      int device; /* the plugin's device index (MPIB: the rail) */
       uint64_t wr_id;
-      int opcode;     /* ibv opcode */
+      int opcode; /* ibv opcode */
       int qpNum;
       size_t length;
     } qp;
@@ -104,7 +104,7 @@ typedef struct {
 } ncclNetVDeviceProps_v12_t;
 
 typedef struct {
-  int trafficClass; /* NCCL_NET_TRAFFIC_CLASS_UNDEF: the plugin's default */
+  int trafficClass;    /* NCCL_NET_TRAFFIC_CLASS_UNDEF: the plugin's default */
 } ncclNetCommConfig_t; /* identical in v10, v11 and v12 (ncclNetCommConfig_v12_t) */
 
 typedef struct {
@@ -258,8 +258,8 @@ typedef struct {
   ncclResult_t (*regMrDmaBuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd, void **mhandle);
   ncclResult_t (*deregMr)(void *comm, void *mhandle);
   ncclResult_t (*isend)(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle, void **request);
-  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **phandles, void **request);
+  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
+                        void **request);
   ncclResult_t (*iflush)(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
   ncclResult_t (*test)(void *request, int *done, int *sizes);
   ncclResult_t (*closeSend)(void *sendComm);
@@ -272,8 +272,8 @@ typedef struct {
 
 typedef struct {
   const char *name;
-  ncclResult_t (*init)(void **ctx, uint64_t commId, ncclNetCommConfig_t *config,
-                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*init)(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logFunction,
+                       ncclProfilerCallback_t profFunction);
   ncclResult_t (*devices)(int *ndev);
   ncclResult_t (*getProperties)(int dev, ncclNetProperties_v11_t *props);
   ncclResult_t (*listen)(void *ctx, int dev, void *handle, void **listenComm);
@@ -283,8 +283,8 @@ typedef struct {
   ncclResult_t (*regMrDmaBuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd, void **mhandle);
   ncclResult_t (*deregMr)(void *comm, void *mhandle);
   ncclResult_t (*isend)(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle, void **request);
-  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **phandles, void **request);
+  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
+                        void **request);
   ncclResult_t (*iflush)(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
   ncclResult_t (*test)(void *request, int *done, int *sizes);
   ncclResult_t (*closeSend)(void *sendComm);
@@ -300,8 +300,8 @@ typedef struct {
 /* v12: the v11 members and signatures; only the properties and vDevice types differ. */
 typedef struct {
   const char *name;
-  ncclResult_t (*init)(void **ctx, uint64_t commId, ncclNetCommConfig_t *config,
-                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*init)(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logFunction,
+                       ncclProfilerCallback_t profFunction);
   ncclResult_t (*devices)(int *ndev);
   ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t *props);
   ncclResult_t (*listen)(void *ctx, int dev, void *handle, void **listenComm);
@@ -311,8 +311,8 @@ typedef struct {
   ncclResult_t (*regMrDmaBuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd, void **mhandle);
   ncclResult_t (*deregMr)(void *comm, void *mhandle);
   ncclResult_t (*isend)(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle, void **request);
-  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
-                        void **phandles, void **request);
+  ncclResult_t (*irecv)(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
+                        void **request);
   ncclResult_t (*iflush)(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
   ncclResult_t (*test)(void *request, int *done, int *sizes);
   ncclResult_t (*closeSend)(void *sendComm);

@@ -35,7 +35,9 @@ const char *ibv_wc_status_str(enum ibv_wc_status status) { return status == IBV_
 void mpib_comm_destroy(struct mpib_comm *c) { (void)c; } /* mpib_comm_close's last step (comm setup) */
 int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
 static int resets[MPIB_NRAILS], reset_access[MPIB_NRAILS], reset_fails;
 static uint64_t now_ns = 1000000000ull;
@@ -45,8 +47,8 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
   reset_access[lane] = access;
   return reset_fails ? -EIO : 0;
 }
-int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn, const struct mpib_rail_info *rem,
-                    enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
+                    const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
   return (void)c, (void)qp, (void)lane, (void)rem_qpn, (void)rem, (void)mtu, (void)tc, (void)psn, 0;
 }
 void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri) {
@@ -85,7 +87,7 @@ static void complete_reads(int r, enum ibv_wc_status status) {
 static struct mpib_comm *recv_comm(void) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
-  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
+  c->sup_lanes = 1;                                                 /* one lane per rail: lane r is rail r's */
   c->nreqs_pool = MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->flush_buf = calloc(1, MPIB_PAGE);
@@ -143,8 +145,10 @@ int main(void) {
   mpib_g.nic[MPIB_RAIL_SUP].fatal = 1; /* the device dies with the read outstanding */
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < 1000000 && res == ncclSuccess && !done; i++) res = mpib_test(req, &done, NULL);
-  CHECK(res != ncclSuccess && !done, "fatal during flush on the rail that wrote: want an error, got res=%d done=%d", res, done);
-  printf("flush: fatal-during-flush rail=SUP wrote=SUP outcome=%s hang=false\n", res != ncclSuccess ? "error" : "completed");
+  CHECK(res != ncclSuccess && !done, "fatal during flush on the rail that wrote: want an error, got res=%d done=%d",
+        res, done);
+  printf("flush: fatal-during-flush rail=SUP wrote=SUP outcome=%s hang=false\n",
+         res != ncclSuccess ? "error" : "completed");
   ((struct mpib_request *)req)->type = MPIB_REQ_FREE; /* NCCL aborts the comm after an error */
 
   reset();
@@ -160,21 +164,25 @@ int main(void) {
   reset();
   mpib_g.nic[MPIB_RAIL_SUP].fatal = 1;
   req = NULL;
-  CHECK(flush(c, O | U, &req) != ncclSuccess && req == NULL, "SUP dead before iflush with its bytes to order: an error");
+  CHECK(flush(c, O | U, &req) != ncclSuccess && req == NULL,
+        "SUP dead before iflush with its bytes to order: an error");
 
   reset();
   CHECK(flush(c, O | U, &req) == ncclSuccess && nreads[0] == 1 && nreads[1] == 1, "both rails wrote: a read on each");
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
   void *other = NULL;
   CHECK(flush(c, U, &other) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 2, "a second flush's read queued behind it");
-  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR); /* the first read fails on a live device, the second is flushed */
+  /* the first read fails on a live device, the second is flushed */
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
   done = 0;
   CHECK(mpib_test(req, &done, NULL) == ncclSuccess && !done, "a failed read never completes the flush");
   CHECK(resets[MPIB_RAIL_SUP] == 1 && reset_access[MPIB_RAIL_SUP] == IBV_ACCESS_REMOTE_READ,
         "the flush QP is reset once, granting REMOTE_READ (resets %d, access %#x)", resets[MPIB_RAIL_SUP],
         reset_access[MPIB_RAIL_SUP]);
-  CHECK(nreads[MPIB_RAIL_SUP] == 1, "the failed read is posted again on the reset QP (%d reads)", nreads[MPIB_RAIL_SUP]);
-  CHECK(c->rail[MPIB_RAIL_SUP].state == MPIB_RAIL_UP, "a flush error never fails the rail (state %d)", c->rail[MPIB_RAIL_SUP].state);
+  CHECK(nreads[MPIB_RAIL_SUP] == 1, "the failed read is posted again on the reset QP (%d reads)",
+        nreads[MPIB_RAIL_SUP]);
+  CHECK(c->rail[MPIB_RAIL_SUP].state == MPIB_RAIL_UP, "a flush error never fails the rail (state %d)",
+        c->rail[MPIB_RAIL_SUP].state);
   done = 0;
   CHECK(mpib_test(other, &done, NULL) == ncclSuccess && !done && nreads[MPIB_RAIL_SUP] == 2,
         "the other flush's read, lost with the QP's error, is posted again too (%d reads)", nreads[MPIB_RAIL_SUP]);
@@ -193,8 +201,10 @@ int main(void) {
   reset_fails = 1; /* the port is down: the QP cannot come back */
   done = 0;
   res = ncclSuccess;
-  for (int i = 0; i < 100 && res == ncclSuccess && !done; i++, now_ns += 100000000ull) res = mpib_test(req, &done, NULL);
-  CHECK(res == ncclSystemError && !done, "a lane that cannot read for the stall timeout fails the flush (res %d done %d)", res, done);
+  for (int i = 0; i < 100 && res == ncclSuccess && !done; i++, now_ns += 100000000ull)
+    res = mpib_test(req, &done, NULL);
+  CHECK(res == ncclSystemError && !done,
+        "a lane that cannot read for the stall timeout fails the flush (res %d done %d)", res, done);
   ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
   reset_fails = 0;
   c->failure_reported = 0;

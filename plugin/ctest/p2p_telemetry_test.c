@@ -46,10 +46,15 @@ void mpib_comm_destroy(struct mpib_comm *c) { (void)c; } /* mpib_comm_close's la
 int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
 #include "../mpib_flush.h"
-ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) { return (void)c, (void)req, ncclInternalError; } /* no flushes here */
+/* no flushes here */
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
+  return (void)c, (void)req, ncclInternalError;
+}
 /* No rebuild thread here: a recovery would take its in-line path (these tests keep recovery
  * off with a long back-off; the lab's fault tests run the thread). */
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
 const char *ibv_wc_status_str(enum ibv_wc_status status) { return (void)status, "fake"; }
 void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
@@ -82,7 +87,8 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
 static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
   int rail = (int)(c - cq), k = 0;
   for (; k < n && k < done_n[rail]; k++)
-    wc[k] = (struct ibv_wc){.wr_id = done_q[rail][k], .opcode = IBV_WC_RDMA_WRITE,
+    wc[k] = (struct ibv_wc){.wr_id = done_q[rail][k],
+                            .opcode = IBV_WC_RDMA_WRITE,
                             .status = rail == broken_rail ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS};
   memmove(done_q[rail], done_q[rail] + k, (size_t)(done_n[rail] - k) * sizeof done_q[0][0]);
   done_n[rail] -= k;
@@ -94,7 +100,7 @@ static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
 static struct mpib_comm *send_comm(uint32_t shm_id) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
-  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
+  c->sup_lanes = 1;                                                 /* one lane per rail: lane r is rail r's */
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
   c->is_send = 1;
@@ -160,14 +166,30 @@ static uint64_t seg_u64(mpib_shm *shm, uint32_t id, int field) {
   uint32_t slot, gen;
   mpib_shm_slot_info s;
   if (mpib_shm_conn_slot(shm, id, &slot, &gen) != 0 || mpib_shm_decode_slot(shm, slot, &s) != 0) return UINT64_MAX;
-  uint64_t v[] = {s.sout_bytes, s.sout_requests, s.sup_bytes, s.sup_requests,
-                  s.completed_bytes[0], s.completed_requests[0], s.busy_ns[0], s.inflight_bytes[0],
-                  s.completed_bytes[1], s.completed_requests[1], s.busy_ns[1], s.inflight_bytes[1],
-                  s.applied_sup_bw, s.active_ns[0], s.active_ns[1], s.flush_wall_ns};
+  uint64_t v[] = {s.sout_bytes,         s.sout_requests,         s.sup_bytes,    s.sup_requests,
+                  s.completed_bytes[0], s.completed_requests[0], s.busy_ns[0],   s.inflight_bytes[0],
+                  s.completed_bytes[1], s.completed_requests[1], s.busy_ns[1],   s.inflight_bytes[1],
+                  s.applied_sup_bw,     s.active_ns[0],          s.active_ns[1], s.flush_wall_ns};
   return v[field];
 }
-enum { SOUT_B, SOUT_Q, SUP_B, SUP_Q, SOUT_DONE, SOUT_DONE_Q, SOUT_BUSY, SOUT_FLY, SUP_DONE, SUP_DONE_Q, SUP_BUSY,
-       SUP_FLY, APPLIED, SOUT_ACTIVE, SUP_ACTIVE, WALL };
+enum {
+  SOUT_B,
+  SOUT_Q,
+  SUP_B,
+  SUP_Q,
+  SOUT_DONE,
+  SOUT_DONE_Q,
+  SOUT_BUSY,
+  SOUT_FLY,
+  SUP_DONE,
+  SUP_DONE_Q,
+  SUP_BUSY,
+  SUP_FLY,
+  APPLIED,
+  SOUT_ACTIVE,
+  SUP_ACTIVE,
+  WALL
+};
 
 /* Four 64 KiB messages: nothing published until the batch closes; then posted = completed,
  * busy = 4 x 7 us per rail while each rail was active 7 us (the four overlap), nothing in
@@ -189,13 +211,15 @@ static void test_batch(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct m
   CHECK(wall > 0 && wall / 1000000000ull + 5 >= (uint64_t)ts.tv_sec, "flush_wall_ns %llu", (unsigned long long)wall);
   CHECK(seg_u64(shm, id, SOUT_B) == 4 * sout && seg_u64(shm, id, SOUT_Q) == 4 && seg_u64(shm, id, SUP_B) == 4 * sup &&
             seg_u64(shm, id, SUP_Q) == 4,
-        "posted: %llu/%llu", (unsigned long long)seg_u64(shm, id, SOUT_B), (unsigned long long)seg_u64(shm, id, SOUT_Q));
+        "posted: %llu/%llu", (unsigned long long)seg_u64(shm, id, SOUT_B),
+        (unsigned long long)seg_u64(shm, id, SOUT_Q));
   CHECK(seg_u64(shm, id, SOUT_DONE) == 4 * sout && seg_u64(shm, id, SOUT_DONE_Q) == 4 &&
             seg_u64(shm, id, SOUT_BUSY) == 4 * 7000 && seg_u64(shm, id, SOUT_FLY) == 0,
         "sout completed %llu, busy %llu", (unsigned long long)seg_u64(shm, id, SOUT_DONE),
         (unsigned long long)seg_u64(shm, id, SOUT_BUSY));
   CHECK(seg_u64(shm, id, SUP_DONE) == 4 * sup && seg_u64(shm, id, SUP_DONE_Q) == 4 &&
-            seg_u64(shm, id, SUP_BUSY) == 4 * 7000 && seg_u64(shm, id, SUP_FLY) == 0 && seg_u64(shm, id, APPLIED) == 512,
+            seg_u64(shm, id, SUP_BUSY) == 4 * 7000 && seg_u64(shm, id, SUP_FLY) == 0 &&
+            seg_u64(shm, id, APPLIED) == 512,
         "sup completion telemetry or applied split");
   CHECK(seg_u64(shm, id, SOUT_ACTIVE) == 7000 && seg_u64(shm, id, SUP_ACTIVE) == 7000, "active: %llu/%llu, want 7000",
         (unsigned long long)seg_u64(shm, id, SOUT_ACTIVE), (unsigned long long)seg_u64(shm, id, SUP_ACTIVE));
@@ -266,9 +290,17 @@ static void test_failover(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struc
   fake_now += 1000;
   wait_all(&b, 1);
   mpib_telemetry_flush(c);
-  uint64_t want[][2] = {{SOUT_B, 2 * sout + sup}, {SOUT_Q, 3}, {SUP_B, 2 * sup}, {SUP_Q, 2},
-                        {SOUT_DONE, 2 * sout + sup}, {SOUT_DONE_Q, 3}, {SOUT_BUSY, 5000 + 5000 + 8000},
-                        {SUP_DONE, sup}, {SUP_DONE_Q, 1}, {SUP_BUSY, 7000}, {SOUT_ACTIVE, 6000},
+  uint64_t want[][2] = {{SOUT_B, 2 * sout + sup},
+                        {SOUT_Q, 3},
+                        {SUP_B, 2 * sup},
+                        {SUP_Q, 2},
+                        {SOUT_DONE, 2 * sout + sup},
+                        {SOUT_DONE_Q, 3},
+                        {SOUT_BUSY, 5000 + 5000 + 8000},
+                        {SUP_DONE, sup},
+                        {SUP_DONE_Q, 1},
+                        {SUP_BUSY, 7000},
+                        {SOUT_ACTIVE, 6000},
                         {SUP_ACTIVE, 7000}};
   for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
     uint64_t got = seg_u64(shm, id, (int)want[k][0]) - base[want[k][0]];
@@ -303,7 +335,8 @@ static void test_recovery_refused(struct mpib_comm *c, struct mpib_mr *mh, void 
   rec->check = mpib_fence_check(rec);
   CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_DOWN && rc->attempts == 1 &&
             rc->retry_at_ns == fake_now + 500000000ull,
-        "refused: state %d attempts %u retry in %lld ns", rc->state, rc->attempts, (long long)(rc->retry_at_ns - fake_now));
+        "refused: state %d attempts %u retry in %lld ns", rc->state, rc->attempts,
+        (long long)(rc->retry_at_ns - fake_now));
   fake_now = rc->retry_at_ns;
   CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING && rc->gen == gen + 2,
         "retried after the back-off: state %d gen %u", rc->state, rc->gen);
@@ -320,7 +353,8 @@ int main(void) {
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
   snprintf(path, sizeof path, "%s/hints", dir);
   mpib_shm *shm = NULL;
-  CHECK(mpib_shm_create(path, 4, 0, err, sizeof err) == 0 && mpib_shm_open(path, &shm, err, sizeof err) == 0, "%s", err);
+  CHECK(mpib_shm_create(path, 4, 0, err, sizeof err) == 0 && mpib_shm_open(path, &shm, err, sizeof err) == 0, "%s",
+        err);
   uint32_t id = 0;
   mpib_conn_desc d = {.peer_sout_ip = 0x0A000207, .is_send = 1, .nqps_sout = 1, .nqps_sup = 1, .conn_id = 1};
   CHECK(shm != NULL && mpib_shm_register(shm, &d, &id) == 0, "register");

@@ -8,28 +8,32 @@
 
 static int failures;
 
-#define EXPECT_EQ(what, got, want)                                                              \
-  do {                                                                                          \
-    unsigned long long g_ = (unsigned long long)(got), w_ = (unsigned long long)(want);         \
-    if (g_ != w_) {                                                                             \
-      fprintf(stderr, "FAIL %s: expected %llu but got %llu\n", what, w_, g_);                   \
-      failures++;                                                                               \
-    }                                                                                           \
+#define EXPECT_EQ(what, got, want)                                                      \
+  do {                                                                                  \
+    unsigned long long g_ = (unsigned long long)(got), w_ = (unsigned long long)(want); \
+    if (g_ != w_) {                                                                     \
+      fprintf(stderr, "FAIL %s: expected %llu but got %llu\n", what, w_, g_);           \
+      failures++;                                                                       \
+    }                                                                                   \
   } while (0)
 
 static void test_split(void) {
-  static const struct { size_t size; uint32_t sup_bw; size_t sout; } cases[] = {
-      {0, 512, 0},                     /* empty: boundary 0 */
-      {1 << 20, 0, 1 << 20},           /* all SOUT */
-      {1 << 20, 1024, 0},              /* all SUP */
-      {1 << 20, 2000, 0},              /* above 1024 acts as all SUP */
-      {1 << 20, 512, 1 << 19},         /* half */
-      {1 << 20, 256, 786432},          /* SOUT 3/4 */
-      {1000, 512, 512},                /* 500 rounds to the nearest 128 */
-      {1000, 640, 384},                /* 375 rounds down to 384 */
-      {100, 512, 0},                   /* 50 rounds to 0: SUP carries it all */
-      {100, 256, 100},                 /* 75 rounds to 128, capped at the size: all SOUT */
-      {64u << 20, 300, 47448064},      /* 64 MiB * 724/1024, 128-aligned */
+  static const struct {
+    size_t size;
+    uint32_t sup_bw;
+    size_t sout;
+  } cases[] = {
+      {0, 512, 0},                       /* empty: boundary 0 */
+      {1 << 20, 0, 1 << 20},             /* all SOUT */
+      {1 << 20, 1024, 0},                /* all SUP */
+      {1 << 20, 2000, 0},                /* above 1024 acts as all SUP */
+      {1 << 20, 512, 1 << 19},           /* half */
+      {1 << 20, 256, 786432},            /* SOUT 3/4 */
+      {1000, 512, 512},                  /* 500 rounds to the nearest 128 */
+      {1000, 640, 384},                  /* 375 rounds down to 384 */
+      {100, 512, 0},                     /* 50 rounds to 0: SUP carries it all */
+      {100, 256, 100},                   /* 75 rounds to 128, capped at the size: all SOUT */
+      {64u << 20, 300, 47448064},        /* 64 MiB * 724/1024, 128-aligned */
       {(size_t)3 << 30, 1, 3218079744u}, /* > 2^32 intermediate products do not overflow */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -45,9 +49,13 @@ static void test_split(void) {
 }
 
 static void test_imm(void) {
-  static const struct { uint32_t slot, mask; uint64_t seq; uint32_t size; } cases[] = {
+  static const struct {
+    uint32_t slot, mask;
+    uint64_t seq;
+    uint32_t size;
+  } cases[] = {
       {0, 1, 0, MPIB_IMM_NO_SIZE}, {31, 3, 255, MPIB_IMM_NO_SIZE}, {17, 2, 256 + 9, 8},
-      {5, 3, 0xFFFFFFFFFFull, 0}, {9, 1, 3, MPIB_IMM_MAX_SIZE},
+      {5, 3, 0xFFFFFFFFFFull, 0},  {9, 1, 3, MPIB_IMM_MAX_SIZE},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint32_t imm = mpib_imm_encode(cases[i].slot, cases[i].mask, cases[i].seq, cases[i].size);
@@ -74,7 +82,8 @@ static void test_imm(void) {
   EXPECT_EQ("replay seq", q, 0x34);
   EXPECT_EQ("replay carries no size", z, MPIB_IMM_NO_SIZE);
   EXPECT_EQ("replay is a replay", mpib_imm_is_replay(rep), 1);
-  EXPECT_EQ("replay of both ranges", mpib_imm_decode(mpib_imm_encode_replay(1, 3, 3, 9), &s, &m, &q, &z) == 0 && m == 3, 1);
+  EXPECT_EQ("replay of both ranges", mpib_imm_decode(mpib_imm_encode_replay(1, 3, 3, 9), &s, &m, &q, &z) == 0 && m == 3,
+            1);
   EXPECT_EQ("replay ranges outside the full mask rejected",
             mpib_imm_decode(mpib_imm_encode_replay(1, 2, 1, 9), &s, &m, &q, &z), -1);
   EXPECT_EQ("replay without a full mask rejected",
@@ -92,7 +101,10 @@ static void test_recv_ranges(void) {
   static const struct {
     const char *why;
     int n;
-    struct { uint32_t full, ranges; int replay, want; } a[4];
+    struct {
+      uint32_t full, ranges;
+      int replay, want;
+    } a[4];
   } cases[] = {
       {"one rail, original", 1, {{O, O, 0, 1}}},
       {"split: both originals", 2, {{B, O, 0, 0}, {B, U, 0, 1}}},
@@ -101,7 +113,9 @@ static void test_recv_ranges(void) {
       {"double fault: both ranges replayed in one chain", 1, {{B, B, 1, 1}}},
       {"double fault: SUP's replay, then SOUT's", 2, {{B, U, 1, 0}, {B, O, 1, 1}}},
       {"a replay of a confirmed range is harmless", 3, {{B, U, 0, 0}, {B, U, 1, 0}, {B, O, 1, 1}}},
-      {"an original range twice (a corrupt peer, or soft-RoCE executing one write twice) is refused", 2, {{B, O, 0, 0}, {B, O, 0, -1}}},
+      {"an original range twice (a corrupt peer, or soft-RoCE executing one write twice) is refused",
+       2,
+       {{B, O, 0, 0}, {B, O, 0, -1}}},
       {"another full mask is a corrupt peer", 2, {{B, O, 0, 0}, {U, U, 0, -1}}},
       {"a range outside the full mask is a corrupt peer", 1, {{O, U, 1, -1}}},
       {"no range", 1, {{B, 0, 1, -1}}},
@@ -109,15 +123,23 @@ static void test_recv_ranges(void) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint32_t expected = 0, have = 0;
     for (int k = 0; k < cases[i].n; k++)
-      EXPECT_EQ(cases[i].why, mpib_recv_ranges_arrived(&expected, &have, cases[i].a[k].full, cases[i].a[k].ranges,
-                                                       cases[i].a[k].replay),
-                cases[i].a[k].want);
+      EXPECT_EQ(
+          cases[i].why,
+          mpib_recv_ranges_arrived(&expected, &have, cases[i].a[k].full, cases[i].a[k].ranges, cases[i].a[k].replay),
+          cases[i].a[k].want);
   }
 }
 
 static void test_failover(void) {
   enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP, B = 3 };
-  static const struct { uint64_t open_seq1; uint32_t have; uint64_t next; uint64_t seq; uint32_t lost, want; const char *why; } cases[] = {
+  static const struct {
+    uint64_t open_seq1;
+    uint32_t have;
+    uint64_t next;
+    uint64_t seq;
+    uint32_t lost, want;
+    const char *why;
+  } cases[] = {
       {101, 0, 110, 100, U, U, "open, nothing confirmed: SUP's range can only come by a replay"},
       {101, O, 110, 100, U, U, "open, only the surviving rail's range confirmed"},
       {101, U, 110, 100, U, 0, "open, the failed rail's range confirmed: only its ACK was lost"},
@@ -136,7 +158,10 @@ static void test_failover(void) {
     EXPECT_EQ(cases[i].why,
               mpib_replay_ranges(cases[i].open_seq1, cases[i].have, cases[i].next, cases[i].seq, cases[i].lost),
               cases[i].want);
-  static const struct { uint32_t attempts; uint64_t want; } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};
+  static const struct {
+    uint32_t attempts;
+    uint64_t want;
+  } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};
   for (size_t i = 0; i < sizeof backoff / sizeof backoff[0]; i++)
     EXPECT_EQ("backoff doubles to the cap", mpib_recovery_backoff_ms(backoff[i].attempts, 250, 2000), backoff[i].want);
   EXPECT_EQ("backoff cap below the start", mpib_recovery_backoff_ms(0, 3000, 2000), 2000);
@@ -148,9 +173,9 @@ static void test_failover(void) {
   EXPECT_EQ("unknown command rejected", mpib_notice_decode(mpib_notice_encode(7, 9), &g, &cmd), -1);
   EXPECT_EQ("high garbage rejected", mpib_notice_decode(0xFFFFull << 48 | 0x701, &g, &cmd), -1);
   /* Notices of one rail in the order the sender sends them: each must order after the last. */
-  const uint64_t seq[] = {mpib_notice_encode(1, MPIB_NOTICE_FAIL), mpib_notice_encode(2, MPIB_NOTICE_RECOVER),
-                          mpib_notice_encode(2, MPIB_NOTICE_FAIL), mpib_notice_encode(3, MPIB_NOTICE_RECOVER),
-                          mpib_notice_encode(3, MPIB_NOTICE_UP), mpib_notice_encode(3, MPIB_NOTICE_FAIL),
+  const uint64_t seq[] = {mpib_notice_encode(1, MPIB_NOTICE_FAIL),     mpib_notice_encode(2, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(2, MPIB_NOTICE_FAIL),     mpib_notice_encode(3, MPIB_NOTICE_RECOVER),
+                          mpib_notice_encode(3, MPIB_NOTICE_UP),       mpib_notice_encode(3, MPIB_NOTICE_FAIL),
                           mpib_notice_encode(300, MPIB_NOTICE_RECOVER)};
   uint64_t prev = 0;
   for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
@@ -180,7 +205,13 @@ static void test_failover(void) {
 
 static void test_idle_probe(void) {
   const uint64_t ms = 1000000, period = 100 * ms;
-  static const struct { int idle; uint64_t now_ms; int want; uint64_t since_ms_after; const char *why; } steps[] = {
+  static const struct {
+    int idle;
+    uint64_t now_ms;
+    int want;
+    uint64_t since_ms_after;
+    const char *why;
+  } steps[] = {
       {1, 1000, 0, 1000, "first idle check starts the count"},
       {1, 1050, 0, 1000, "idle 50 ms: not yet"},
       {1, 1099, 0, 1000, "idle 99 ms: not yet"},
@@ -213,7 +244,8 @@ static void test_policy(void) {
   EXPECT_EQ("vanilla intra", mpib_vanilla_sup_bw(MPIB_PATH_INTRA_ISLAND), 1024);
   EXPECT_EQ("vanilla inter", mpib_vanilla_sup_bw(MPIB_PATH_INTER_ISLAND), 0);
   EXPECT_EQ("cts vanilla intra", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 1), MPIB_RAIL_SUP);
-  EXPECT_EQ("cts vanilla intra, no SUP pair", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 0), MPIB_RAIL_SOUT);
+  EXPECT_EQ("cts vanilla intra, no SUP pair", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTRA_ISLAND, 0),
+            MPIB_RAIL_SOUT);
   EXPECT_EQ("cts vanilla inter", mpib_cts_rail(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND, 1), MPIB_RAIL_SOUT);
   EXPECT_EQ("cts advanced intra", mpib_cts_rail(MPIB_MODE_ADVANCED, MPIB_PATH_INTRA_ISLAND, 1), MPIB_RAIL_SOUT);
   EXPECT_EQ("sup qps vanilla inter", mpib_sup_qps_wanted(MPIB_MODE_VANILLA, MPIB_PATH_INTER_ISLAND, 1), 0);
@@ -227,8 +259,8 @@ static void test_policy(void) {
 }
 
 static struct mpib_cts cts_element(uint64_t seq, uint32_t nreqs) {
-  struct mpib_cts e = {.addr = 0x7f0000001000ull, .size = 1 << 20, .rkey = {0x1234, 0x5678},
-                       .tag = 42, .nreqs = nreqs, .seq = seq};
+  struct mpib_cts e = {
+      .addr = 0x7f0000001000ull, .size = 1 << 20, .rkey = {0x1234, 0x5678}, .tag = 42, .nreqs = nreqs, .seq = seq};
   e.check = mpib_cts_check(&e);
   return e;
 }
@@ -262,13 +294,15 @@ static void test_cts_landed(void) {
 
 /* When receives are flushed: the lab has no GPU, so this table is the proof (docs). */
 static void test_flush_needed(void) {
-  static const struct { int peermem, dmabuf, disable, force, want; } cases[] = {
+  static const struct {
+    int peermem, dmabuf, disable, force, want;
+  } cases[] = {
       {0, 0, 0, 0, 0}, /* host memory only: nothing to order */
       {1, 0, 0, 0, 1}, /* nvidia_peermem */
       {0, 1, 0, 0, 1}, /* DMA-BUF alone (A100, open driver, no peermem): the case the old code missed */
-      {1, 1, 0, 0, 1},
+      {1, 1, 0, 0, 1}, /* nvidia_peermem and DMA-BUF */
       {1, 1, 1, 0, 0}, /* NCCL_GDR_FLUSH_DISABLE=1 */
-      {0, 1, 1, 0, 0},
+      {0, 1, 1, 0, 0}, /* NCCL_GDR_FLUSH_DISABLE=1, DMA-BUF alone */
       {0, 0, 0, 1, 1}, /* MPIB_FORCE_FLUSH / mlx5 Data Direct */
       {1, 1, 1, 1, 1}, /* Data Direct wins over the disable knob */
   };
@@ -321,7 +355,9 @@ static void test_build_ah(void) {
     EXPECT_EQ(what, ah.sl * 1000 + ah.port_num, 5001);
     if (ah.is_global) {
       snprintf(what, sizeof what, "build_ah(%s) grh", cases[i].name);
-      EXPECT_EQ(what, memcmp(ah.grh.dgid.raw, cases[i].rgid, 16) == 0 && ah.grh.sgid_index == 3 && ah.grh.hop_limit == 255, 1);
+      EXPECT_EQ(what,
+                memcmp(ah.grh.dgid.raw, cases[i].rgid, 16) == 0 && ah.grh.sgid_index == 3 && ah.grh.hop_limit == 255,
+                1);
       snprintf(what, sizeof what, "build_ah(%s) traffic class", cases[i].name);
       EXPECT_EQ(what, ah.grh.traffic_class, cases[i].tc);
     }

@@ -68,17 +68,25 @@ void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *f
   if (verbose) fprintf(stderr, "[%llu ms] %s\n", (unsigned long long)(fake_now / 1000000ull), msg);
 }
 const char *ibv_wc_status_str(enum ibv_wc_status status) { return status == IBV_WC_SUCCESS ? "ok" : "error"; }
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
 #include "../mpib_flush.h"
-ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) { return (void)c, (void)req, ncclInternalError; } /* no flushes here */
+/* no flushes here */
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
+  return (void)c, (void)req, ncclInternalError;
+}
 
 /* ---- a profiler (mpib_profiler.c, real): every event of a completed request must be stopped,
  * replays and failovers included ---- */
 
 enum { MAX_EVENTS = 16384 };
 static char prof_handle[2][1024]; /* NCCL's per-request handle: &prof_handle[side][message] */
-static struct { const char *phandle; int stopped; } prof_ev[MAX_EVENTS];
+static struct {
+  const char *phandle;
+  int stopped;
+} prof_ev[MAX_EVENTS];
 static int prof_n, prof_overflow;
 
 static ncclResult_t prof_cb(void **ev, int type, void *phandle, int64_t plugin_id, void *data) {
@@ -151,8 +159,8 @@ static void qp_error(int i, enum ibv_wc_status head_status) {
   struct fqp *f = &fq[i];
   for (int k = 0; k < f->n; k++) {
     struct wqe *w = &f->q[(f->head + k) % QDEPTH];
-    push_cqe(i, (struct ibv_wc){.wr_id = w->wr_id, .status = k == 0 ? head_status : IBV_WC_WR_FLUSH_ERR,
-                                .qp_num = (uint32_t)i});
+    push_cqe(i, (struct ibv_wc){
+                    .wr_id = w->wr_id, .status = k == 0 ? head_status : IBV_WC_WR_FLUSH_ERR, .qp_num = (uint32_t)i});
     wqe_free(w);
   }
   f->n = 0;
@@ -190,8 +198,11 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
     }
     struct wqe *w = &f->q[(f->head + f->n++) % QDEPTH];
     uint32_t len = wr->num_sge ? wr->sg_list[0].length : 0;
-    *w = (struct wqe){.wr_id = wr->wr_id, .has_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM, .imm = wr->imm_data,
-                      .len = len, .dst = (uint8_t *)(uintptr_t)wr->wr.rdma.remote_addr};
+    *w = (struct wqe){.wr_id = wr->wr_id,
+                      .has_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM,
+                      .imm = wr->imm_data,
+                      .len = len,
+                      .dst = (uint8_t *)(uintptr_t)wr->wr.rdma.remote_addr};
     w->signalled = (wr->send_flags & IBV_SEND_SIGNALED) != 0; /* unsignalled: no success completion */
     if (len) {
       w->data = malloc(len);
@@ -274,10 +285,12 @@ static void check_landing(const uint8_t *dst, const uint8_t *data, uint32_t len)
  * that goes unacknowledged for RC_BUDGET steps fails the QP. */
 static void land(int i, struct wqe *w) {
   int rail = i % 2, side = i / 2, peer = (1 - side) * 2 + rail;
-  if (verbose && side == RECV && w->len >= sizeof(struct mpib_cts) && w->dst < (uint8_t *)comm_of[SEND]->cts + MPIB_CTS_BYTES) {
+  if (verbose && side == RECV && w->len >= sizeof(struct mpib_cts) &&
+      w->dst < (uint8_t *)comm_of[SEND]->cts + MPIB_CTS_BYTES) {
     const struct mpib_cts *e = (const void *)w->data;
-    fprintf(stderr, "[%llu ms] CTS lands on rail %d: slot %d seq1 %llu (was %llu)\n", (unsigned long long)(fake_now / 1000000ull),
-            rail, (int)((w->dst - (uint8_t *)comm_of[SEND]->cts) / sizeof(mpib_cts_row)), (unsigned long long)e->seq,
+    fprintf(stderr, "[%llu ms] CTS lands on rail %d: slot %d seq1 %llu (was %llu)\n",
+            (unsigned long long)(fake_now / 1000000ull), rail,
+            (int)((w->dst - (uint8_t *)comm_of[SEND]->cts) / sizeof(mpib_cts_row)), (unsigned long long)e->seq,
             (unsigned long long)((const struct mpib_cts *)w->dst)->seq);
   }
   if (w->len) {
@@ -286,9 +299,12 @@ static void land(int i, struct wqe *w) {
   }
   if (w->has_imm) {
     srq_avail[rail]--;
-    push_cqe(peer, (struct ibv_wc){.wr_id = MPIB_WRID_SPECIAL | MPIB_WR_RECV, .status = IBV_WC_SUCCESS,
-                                   .opcode = IBV_WC_RECV_RDMA_WITH_IMM, .wc_flags = IBV_WC_WITH_IMM,
-                                   .imm_data = w->imm, .qp_num = (uint32_t)peer});
+    push_cqe(peer, (struct ibv_wc){.wr_id = MPIB_WRID_SPECIAL | MPIB_WR_RECV,
+                                   .status = IBV_WC_SUCCESS,
+                                   .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
+                                   .wc_flags = IBV_WC_WITH_IMM,
+                                   .imm_data = w->imm,
+                                   .qp_num = (uint32_t)peer});
   }
   w->landed = 1;
 }
@@ -309,8 +325,9 @@ static void fabric_step(void) {
     struct wqe *w = &f->q[f->head];
     if (w->landed && !(blocked[rail] & back) && peer_ok) {
       if (w->signalled)
-        push_cqe(i, (struct ibv_wc){.wr_id = w->wr_id, .status = IBV_WC_SUCCESS, .opcode = IBV_WC_RDMA_WRITE,
-                                    .qp_num = (uint32_t)i});
+        push_cqe(i,
+                 (struct ibv_wc){
+                     .wr_id = w->wr_id, .status = IBV_WC_SUCCESS, .opcode = IBV_WC_RDMA_WRITE, .qp_num = (uint32_t)i});
       wqe_free(w);
       f->head = (f->head + 1) % QDEPTH;
       f->n--;
@@ -357,7 +374,7 @@ static void ctrl_pump(void) {
 static struct mpib_comm *make_comm(int side) {
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
-  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
+  c->sup_lanes = 1;                                                 /* one lane per rail: lane r is rail r's */
   size_t area = (MPIB_NIC_AREA + MPIB_PAGE - 1) / MPIB_PAGE * MPIB_PAGE;
   c->cts = aligned_alloc(MPIB_PAGE, area);
   memset(c->cts, 0, area);
@@ -484,11 +501,13 @@ static int send_side(struct mpib_comm *c, struct mpib_mr *mh, struct mpib_reques
 enum { MAX_STEPS = 30000 };
 
 static void dump(struct mpib_comm *s, struct mpib_comm *r, long sp, long sd, long rp, long rd) {
-  fprintf(stderr, "hang: send posted=%ld done=%ld fifo_head=%llu replays_waiting=%d; recv posted=%ld done=%ld fifo_head=%llu\n",
+  fprintf(stderr,
+          "hang: send posted=%ld done=%ld fifo_head=%llu replays_waiting=%d; recv posted=%ld done=%ld fifo_head=%llu\n",
           sp, sd, (unsigned long long)s->fifo_head, s->replays_waiting, rp, rd, (unsigned long long)r->fifo_head);
   for (int k = 0; k < MPIB_NRAILS; k++)
     fprintf(stderr, "  rail %d: send state=%d gen=%u pending=%u  recv state=%d gen=%u pending=%u  cts_rail=%d\n", k,
-            s->rail[k].state, s->rail[k].gen, s->pending[k], r->rail[k].state, r->rail[k].gen, r->pending[k], r->cts_rail);
+            s->rail[k].state, s->rail[k].gen, s->pending[k], r->rail[k].state, r->rail[k].gen, r->pending[k],
+            r->cts_rail);
   for (int i = 0; i < NQP; i++)
     fprintf(stderr, "  qp %d: err=%d psn=%u queued=%d cqes=%d\n", i, fq[i].err, fq[i].psn, fq[i].n, cqe_n[i]);
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
@@ -497,7 +516,9 @@ static void dump(struct mpib_comm *s, struct mpib_comm *r, long sp, long sd, lon
               (unsigned long long)s->slot_posted_seq1[slot], s->slot_matched[slot], s->slot_rails[slot],
               s->slot_replay_on[slot][0], s->slot_replay_on[slot][1], s->slot_replay_wait[slot]);
     struct mpib_request *q = r->slot_reqs[slot][0];
-    if (q) fprintf(stderr, "  recv slot %d: seq=%llu expected=%u have=%u\n", slot, (unsigned long long)q->seq, q->expected_mask, q->have_mask);
+    if (q)
+      fprintf(stderr, "  recv slot %d: seq=%llu expected=%u have=%u\n", slot, (unsigned long long)q->seq,
+              q->expected_mask, q->have_mask);
   }
 }
 
@@ -586,7 +607,8 @@ int main(void) {
           for (size_t g = 0; g < sizeof gaps / sizeof gaps[0]; g++)
             for (int l1 = 0; l1 < 2; l1++)
               for (int l2 = 0; l2 < 2; l2++) {
-                struct fault f[2] = {{a, kinds[k1], 20, lens[l1]}, {same ? a : 1 - a, kinds[k2], 20 + gaps[g], lens[l2]}};
+                struct fault f[2] = {{a, kinds[k1], 20, lens[l1]},
+                                     {same ? a : 1 - a, kinds[k2], 20 + gaps[g], lens[l2]}};
                 if (same && gaps[g] < lens[l1]) continue; /* the same rail again only once it healed */
                 long wrong0 = wrong_bytes, stray0 = stray_bytes;
                 if (only >= 0 && sequences != only) {
@@ -598,17 +620,19 @@ int main(void) {
                 sequences++;
                 /* Every outage heals well within the stall timeout: whatever the order, the
                  * connection rides through and the transfer completes. */
-                int failed = wrong_bytes != wrong0 || stray_bytes != stray0 || o.hang || !o.completed || o.prof_unbalanced;
+                int failed =
+                    wrong_bytes != wrong0 || stray_bytes != stray0 || o.hang || !o.completed || o.prof_unbalanced;
                 prof_bad += o.prof_unbalanced != 0;
                 errors += !o.completed && !o.hang;
                 hangs += o.hang;
                 if (failed && bad++ < 12)
-                  fprintf(stderr,
-                          "FAIL sequence %d: %s %s at 20 for %d, then %s %s at %d for %d: completed=%d received=%ld "
-                          "send_error_step=%d recv_error_step=%d hang=%d wrong_bytes=%ld stray_bytes=%ld prof_unbalanced=%d\n",
-                          sequences - 1, a ? "SUP" : "SOUT", dirs_name(f[0].dirs), f[0].len, f[1].rail ? "SUP" : "SOUT",
-                          dirs_name(f[1].dirs), f[1].at, f[1].len, o.completed, o.received, o.send_error, o.recv_error,
-                          o.hang, wrong_bytes - wrong0, stray_bytes - stray0, o.prof_unbalanced);
+                  fprintf(
+                      stderr,
+                      "FAIL sequence %d: %s %s at 20 for %d, then %s %s at %d for %d: completed=%d received=%ld "
+                      "send_error_step=%d recv_error_step=%d hang=%d wrong_bytes=%ld stray_bytes=%ld prof_unbalanced=%d\n",
+                      sequences - 1, a ? "SUP" : "SOUT", dirs_name(f[0].dirs), f[0].len, f[1].rail ? "SUP" : "SOUT",
+                      dirs_name(f[1].dirs), f[1].at, f[1].len, o.completed, o.received, o.send_error, o.recv_error,
+                      o.hang, wrong_bytes - wrong0, stray_bytes - stray0, o.prof_unbalanced);
               }
   printf("replay-model: sequences=%d completions_checked=%ld wrong_bytes=%ld stray_bytes=%ld errors=%d hangs=%d "
          "failed_sequences=%d profiler_unbalanced_sequences=%d refused_rebuilds=%ld answer_timeouts=%ld\n",
@@ -624,15 +648,17 @@ int main(void) {
   int permanent = 0, permanent_bad = 0;
   for (int k = 0; k < 3; k++)
     for (int g = 0; g < 3; g++) {
-      struct fault f[2] = {{MPIB_RAIL_SOUT, kinds[k], 20, MAX_STEPS}, {MPIB_RAIL_SUP, kinds[(k + g) % 3], 20 + 40 * g, MAX_STEPS}};
+      struct fault f[2] = {{MPIB_RAIL_SOUT, kinds[k], 20, MAX_STEPS},
+                           {MPIB_RAIL_SUP, kinds[(k + g) % 3], 20 + 40 * g, MAX_STEPS}};
       long wrong0 = wrong_bytes, stray0 = stray_bytes;
       struct outcome o = run(f, 2);
       permanent++;
       int ok = !o.hang && o.send_error && o.recv_error && wrong_bytes == wrong0 && stray_bytes == stray0 &&
                o.send_error < 20 + 40 * g + 2000 && o.recv_error < 20 + 40 * g + 2000;
       if (!ok && permanent_bad++ < 4)
-        fprintf(stderr, "FAIL permanent outage %d/%d: send_error_step=%d recv_error_step=%d hang=%d wrong=%ld stray=%ld\n", k, g,
-                o.send_error, o.recv_error, o.hang, wrong_bytes - wrong0, stray_bytes - stray0);
+        fprintf(stderr,
+                "FAIL permanent outage %d/%d: send_error_step=%d recv_error_step=%d hang=%d wrong=%ld stray=%ld\n", k,
+                g, o.send_error, o.recv_error, o.hang, wrong_bytes - wrong0, stray_bytes - stray0);
     }
   printf("replay-model: permanent_outages=%d both_ends_failed=%d hangs=0\n", permanent, permanent - permanent_bad);
   /* Degraded starts: one end's rail never came up at connect (its port was down), the other
@@ -647,12 +673,14 @@ int main(void) {
         struct outcome o = run(&f, k);
         degraded++;
         if ((!o.completed || wrong_bytes != wrong0 || stray_bytes != stray0) && degraded_bad++ < 4)
-          fprintf(stderr, "FAIL degraded start: side %d rail %d fault %d: completed=%d hang=%d send_error=%d recv_error=%d\n",
+          fprintf(stderr,
+                  "FAIL degraded start: side %d rail %d fault %d: completed=%d hang=%d send_error=%d recv_error=%d\n",
                   degraded_side, degraded_rail, k, o.completed, o.hang, o.send_error, o.recv_error);
       }
   degraded_side = -1;
   printf("replay-model: degraded_starts=%d completed=%d\n", degraded, degraded - degraded_bad);
   CHECK(degraded_bad == 0, "%d of %d degraded starts did not complete", degraded_bad, degraded);
-  CHECK(permanent_bad == 0, "%d of %d permanent outages did not fail both ends within the stall timeout", permanent_bad, permanent);
+  CHECK(permanent_bad == 0, "%d of %d permanent outages did not fail both ends within the stall timeout", permanent_bad,
+        permanent);
   return failures ? 1 : 0;
 }

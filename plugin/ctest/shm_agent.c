@@ -60,8 +60,7 @@ static uint32_t shm_clamp(uint32_t v, int *clamped) {
   return *clamped ? MPIB_SHM_SUP_BW_MAX : v;
 }
 
-int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen, int valid,
-                           uint32_t sup_bw) {
+int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen, int valid, uint32_t sup_bw) {
   struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
   if (m == NULL || slot >= m->nslots) {
     return -ERANGE;
@@ -89,15 +88,13 @@ int mpib_shm_set_class_hint(mpib_shm *shm, int path_class, int valid, uint32_t s
     return -ERANGE;
   }
   int clamped;
-  mpib_shm_record r = {.sup_bw = shm_clamp(sup_bw, &clamped),
-                       .flags = valid ? SHM_FLAG_VALID : 0,
-                       .set_ns = mpib_shm_now_ns()};
+  mpib_shm_record r = {
+      .sup_bw = shm_clamp(sup_bw, &clamped), .flags = valid ? SHM_FLAG_VALID : 0, .set_ns = mpib_shm_now_ns()};
   shm_rec_write(&m->hdr->cls[path_class], &r);
   return clamped;
 }
 
-int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, int valid,
-                           uint32_t sup_bw) {
+int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, int valid, uint32_t sup_bw) {
   struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
   if (m == NULL || prefix_len > 32) {
     return -ERANGE;
@@ -134,8 +131,7 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
   return clamped;
 }
 
-int mpib_shm_create(const char *path, uint32_t nslots, uint32_t npeers, char *err,
-                    size_t errlen) {
+int mpib_shm_create(const char *path, uint32_t nslots, uint32_t npeers, char *err, size_t errlen) {
   if (path == NULL || nslots < 1 || nslots > SHM_MAX_SLOTS || npeers > SHM_MAX_PEERS) {
     shm_err(err, errlen, "mpib shm: bad_geometry: nslots=%u npeers=%u", nslots, npeers);
     return -EINVAL;

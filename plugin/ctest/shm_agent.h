@@ -20,10 +20,8 @@ int mpib_shm_write_slot_record(mpib_shm *shm, uint32_t slot, const mpib_shm_reco
 /* valid = 0 clears. Values above 1024 are stored clamped; returns 1 when clamped, else 0,
  * or -errno (-ENOENT: slot not ACTIVE; -ESTALE: the slot's gen is not expect_gen;
  * -ERANGE: bad index; -ENOSPC: peer table full). */
-int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen, int valid,
-                           uint32_t sup_bw);
+int mpib_shm_set_slot_hint(mpib_shm *shm, uint32_t slot, uint32_t expect_gen, int valid, uint32_t sup_bw);
 int mpib_shm_set_class_hint(mpib_shm *shm, int path_class, int valid, uint32_t sup_bw);
-int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, int valid,
-                           uint32_t sup_bw);
+int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, int valid, uint32_t sup_bw);
 
 #endif

@@ -68,8 +68,8 @@ int fcntl(int fd, int cmd, ...) {
     int e = errno;
     atomic_fetch_add(&g_setlk, 1);
     const struct flock *lk = arg;
-    if (rc != 0 && (e == EAGAIN || e == EACCES) && lk->l_type == F_WRLCK &&
-        atomic_load(&g_gate_armed) && pthread_equal(pthread_self(), g_gate_thread)) {
+    if (rc != 0 && (e == EAGAIN || e == EACCES) && lk->l_type == F_WRLCK && atomic_load(&g_gate_armed) &&
+        pthread_equal(pthread_self(), g_gate_thread)) {
       atomic_store(&g_gate_armed, 0);
       atomic_store(&g_in_gate, 1);
       while (!atomic_load(&g_gate_open)) {
@@ -92,8 +92,7 @@ static void make_dir(char *dir, size_t len) {
 }
 
 static mpib_conn_desc desc(uint64_t conn_id) {
-  return (mpib_conn_desc){.peer_sout_ip = 0x0A000207, .is_send = 1, .nqps_sout = 1, .nqps_sup = 1,
-                          .conn_id = conn_id};
+  return (mpib_conn_desc){.peer_sout_ip = 0x0A000207, .is_send = 1, .nqps_sout = 1, .nqps_sup = 1, .conn_id = conn_id};
 }
 
 /* ---- leases ---- */
@@ -135,8 +134,7 @@ static void test_leases(const char *path) {
   CHECK(mpib_shm_create(path, NSLOTS, 16, err, sizeof(err)) == 0, "create: %s", err);
   /* The agent: its own open file description, one write lock over every slot's lease byte. */
   int afd = open(path, O_RDWR | O_CLOEXEC);
-  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = HDR,
-                     .l_len = (off_t)NSLOTS * SLOT};
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = HDR, .l_len = (off_t)NSLOTS * SLOT};
   CHECK(afd >= 0 && fcntl(afd, F_OFD_SETLK, &lk) == 0, "the agent's lock: %s", strerror(errno));
 
   mpib_shm *shm = NULL;
@@ -155,16 +153,16 @@ static void test_leases(const char *path) {
     CHECK(mpib_shm_conn_slot(shm, ids[i], NULL, NULL) == -ENOENT, "bound through the agent's lock");
   }
   double reg_ms = now_ms() - t0;
-  CHECK(reg_max <= REGISTER_BOUND, "one registration made %lu lease attempts (bound %d, slots %u)",
-        reg_max, REGISTER_BOUND, NSLOTS);
+  CHECK(reg_max <= REGISTER_BOUND, "one registration made %lu lease attempts (bound %d, slots %u)", reg_max,
+        REGISTER_BOUND, NSLOTS);
 
   unsigned long before = atomic_load(&g_setlk);
   t0 = now_ms();
   mpib_shm_poll(shm, NULL, 0);
   double poll_ms = now_ms() - t0;
   unsigned long poll_n = atomic_load(&g_setlk) - before;
-  CHECK(poll_n <= POLL_BOUND, "one poll made %lu lease attempts for %u waiting connections (bound %d)",
-        poll_n, NCONN, POLL_BOUND);
+  CHECK(poll_n <= POLL_BOUND, "one poll made %lu lease attempts for %u waiting connections (bound %d)", poll_n, NCONN,
+        POLL_BOUND);
 
   /* The close path while the poll is stopped inside a refused lease attempt. */
   struct poll_arg pa = {shm, -1};
@@ -180,8 +178,10 @@ static void test_leases(const char *path) {
   pthread_create(&rt, NULL, release_thread, &ra);
   int released = wait_flag(&ra.done, RELEASE_WAIT_MS);
   double release_ms = now_ms() - t0;
-  CHECK(!stopped || released, "mpib_shm_release waited %.0f ms for the poll's search among foreign "
-        "leases (it must not wait for it at all)", release_ms);
+  CHECK(!stopped || released,
+        "mpib_shm_release waited %.0f ms for the poll's search among foreign "
+        "leases (it must not wait for it at all)",
+        release_ms);
   atomic_store(&g_gate_armed, 0);
   atomic_store(&g_gate_open, 1);
   pthread_join(g_gate_thread, NULL);
@@ -198,8 +198,7 @@ static void test_leases(const char *path) {
       bound += mpib_shm_conn_slot(shm, ids[i], NULL, NULL) == 0;
     }
   }
-  CHECK(bound == (int)NCONN - 1 && polls <= 2, "%d of %u connections bound after %d polls", bound,
-        NCONN - 1, polls);
+  CHECK(bound == (int)NCONN - 1 && polls <= 2, "%d of %u connections bound after %d polls", bound, NCONN - 1, polls);
   uint32_t extra;
   mpib_conn_desc d = desc(1000);
   CHECK(mpib_shm_register(shm, &d, &extra) == 0 && mpib_shm_conn_slot(shm, extra, NULL, NULL) == 0,
@@ -207,15 +206,13 @@ static void test_leases(const char *path) {
   printf("shm-contention: case=whole-area-lock slots=%u conns=%u register_fcntl_max=%lu "
          "register_ms=%.1f poll_fcntl=%lu poll_ms=%.1f release_during_scan=%s release_ms=%.1f "
          "polls_to_bind=%d\n",
-         NSLOTS, NCONN, reg_max, reg_ms, poll_n, poll_ms, released ? "true" : "false", release_ms,
-         polls);
+         NSLOTS, NCONN, reg_max, reg_ms, poll_n, poll_ms, released ? "true" : "false", release_ms, polls);
   mpib_shm_close(shm);
 }
 
 /* ---- peers_epoch ---- */
 
-static void put_peer(uint8_t *seg, uint32_t nslots, uint32_t j, uint32_t ip, uint8_t len,
-                     uint32_t bw) {
+static void put_peer(uint8_t *seg, uint32_t nslots, uint32_t j, uint32_t ip, uint8_t len, uint32_t bw) {
   uint8_t *r = seg + HDR + (size_t)nslots * SLOT + (size_t)j * PEER;
   _Atomic uint32_t *seq = (_Atomic uint32_t *)r;
   uint32_t w = atomic_load(seq) | 1u;
@@ -262,16 +259,14 @@ static void test_peers_epoch(const char *path) {
   }
   mpib_conn_desc d = desc(1);
   uint32_t id, slot;
-  CHECK(mpib_shm_register(shm, &d, &id) == 0 && mpib_shm_conn_slot(shm, id, &slot, NULL) == 0,
-        "register");
+  CHECK(mpib_shm_register(shm, &d, &id) == 0 && mpib_shm_conn_slot(shm, id, &slot, NULL) == 0, "register");
   uint64_t t = mpib_shm_now_ns();
   mpib_shm_heartbeat(shm, t);
   const uint64_t stale = 1000000000000ull;
   put_peer(seg, nslots, NPEERS - 1, 0x0A000207, 32, 1010);
   bump_epoch(seg);
   mpib_shm_hint h;
-  CHECK(mpib_shm_resolve(shm, slot, t, stale, &h) == 1 && h.sup_bw == 1010 &&
-            h.source == MPIB_SHM_SRC_PEER,
+  CHECK(mpib_shm_resolve(shm, slot, t, stale, &h) == 1 && h.sup_bw == 1010 && h.source == MPIB_SHM_SRC_PEER,
         "peer hint: %u source %u", h.sup_bw, h.source);
   /* Each change adds an equally long match at a lower index (it wins: ties go to the lowest
    * index) and keeps the one before valid, so only a scan of the table finds the new value:
@@ -282,16 +277,17 @@ static void test_peers_epoch(const char *path) {
     bump_epoch(seg);
     fresh += mpib_shm_resolve(shm, slot, t, stale, &h) == 1 && h.sup_bw == k;
   }
-  CHECK(fresh <= STORM_BOUND, "the peer table was scanned for %u of %u reads at one instant (bound %d)",
-        fresh, STORM_READS, STORM_BOUND);
+  CHECK(fresh <= STORM_BOUND, "the peer table was scanned for %u of %u reads at one instant (bound %d)", fresh,
+        STORM_READS, STORM_BOUND);
   int later = mpib_shm_resolve(shm, slot, t + 1000000000ull, stale, &h) == 1 && h.sup_bw == STORM_READS;
-  CHECK(later, "one second later the latest peer entry must apply: got %u source %u", h.sup_bw,
-        h.source);
+  CHECK(later, "one second later the latest peer entry must apply: got %u source %u", h.sup_bw, h.source);
   /* The same storm on the data path, timed: an epoch bumped before every read against none. */
   mpib_shm_heartbeat(shm, mpib_shm_now_ns());
   double quiet = reads_ns(shm, id, seg, 0), storm = reads_ns(shm, id, seg, 1);
-  CHECK(storm < 10.0 * quiet + 5000.0, "a read costs %.0f ns while peers_epoch changes per read, "
-        "%.0f ns otherwise (a full scan of %u peers each time)", storm, quiet, NPEERS);
+  CHECK(storm < 10.0 * quiet + 5000.0,
+        "a read costs %.0f ns while peers_epoch changes per read, "
+        "%.0f ns otherwise (a full scan of %u peers each time)",
+        storm, quiet, NPEERS);
   printf("shm-contention: case=peers-epoch-storm npeers=%u reads=%u scans_at_one_instant=%u "
          "latest_applies_later=%s read_ns_quiet=%.0f read_ns_storm=%.0f\n",
          NPEERS, STORM_READS, fresh, later ? "true" : "false", quiet, storm);

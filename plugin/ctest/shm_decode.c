@@ -83,14 +83,11 @@ void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes
     return;
   }
   struct shm_slot *s = &m->slots[slot];
-  atomic_fetch_add_explicit(rail == 0 ? &s->sout_bytes : &s->sup_bytes, bytes,
-                            memory_order_relaxed);
-  atomic_fetch_add_explicit(rail == 0 ? &s->sout_requests : &s->sup_requests, 1,
-                            memory_order_relaxed);
+  atomic_fetch_add_explicit(rail == 0 ? &s->sout_bytes : &s->sup_bytes, bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(rail == 0 ? &s->sout_requests : &s->sup_requests, 1, memory_order_relaxed);
 }
 
-int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
-                     mpib_shm_hint *out) {
+int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns, mpib_shm_hint *out) {
   return shm_resolve_map(shm == NULL ? NULL : shm_cur(shm), slot, now_ns, stale_ns, out);
 }
 

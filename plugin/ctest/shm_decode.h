@@ -26,7 +26,7 @@ typedef struct {
   uint16_t nqps_sout, nqps_sup;
   uint32_t pid;
   uint64_t registered_ns;
-  uint16_t dev; /* version 4 */
+  uint16_t dev;     /* version 4 */
   uint8_t sup_path; /* version 6 */
   uint8_t port[2];
   char nic[2][MPIB_SHM_NIC_NAME]; /* raw bytes: NUL-padded when the writer follows the spec */
@@ -66,8 +66,7 @@ void mpib_shm_add_telemetry(mpib_shm *shm, uint32_t id, int rail, uint64_t bytes
 /* By segment slot index, on the attached segment. */
 /* Pure resolution at an explicit time (no telemetry written). 1 when a hint applies, else 0;
  * *out is always filled. */
-int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns,
-                     mpib_shm_hint *out);
+int mpib_shm_resolve(mpib_shm *shm, uint32_t slot, uint64_t now_ns, uint64_t stale_ns, mpib_shm_hint *out);
 /* Reads a slot's hint record under the seqlock: 0, -EBUSY (8 attempts failed), -ERANGE. */
 int mpib_shm_read_slot_record(mpib_shm *shm, uint32_t slot, mpib_shm_record *r);
 /* Field decoders: 0, or -ERANGE / -ENOENT (nothing attached). */

@@ -84,8 +84,8 @@ static mpib_shm *agent_on(const char *path, uint32_t class_bw) {
 static int poll_says(const char *want_text, int want) {
   char msg[512];
   int rc = mpib_shm_poll(plug, msg, sizeof(msg));
-  CHECK(rc == want && strstr(msg, want_text) != NULL, "poll: expected %d \"%s\" but got %d \"%s\"",
-        want, want_text, rc, msg);
+  CHECK(rc == want && strstr(msg, want_text) != NULL, "poll: expected %d \"%s\" but got %d \"%s\"", want, want_text, rc,
+        msg);
   return rc;
 }
 
@@ -209,8 +209,8 @@ int main(void) {
   CHECK(!lock_held(old, 256 + (off_t)old_slot * SLOT) && !lock_held(old, 0),
         "the plugin still holds locks on the old segment");
   uint32_t new_slot;
-  CHECK(mpib_shm_conn_slot(plug, conns[0], &new_slot, NULL) == 0 &&
-            lock_held(path, 256 + (off_t)new_slot * SLOT) && lock_held(path, 0),
+  CHECK(mpib_shm_conn_slot(plug, conns[0], &new_slot, NULL) == 0 && lock_held(path, 256 + (off_t)new_slot * SLOT) &&
+            lock_held(path, 0),
         "no lease in the new segment");
 
   /* Garbage or a symbolic link at the path: refused once, the attachment stays. */

@@ -112,10 +112,10 @@ static void test_lease(const char *path) {
   CHECK(rc == -EWOULDBLOCK && direct == NULL && strstr(err, ": io: open:") != NULL,
         "mpib_shm_open of a leased file: %d %s", rc, err);
   CHECK(poll_ms < LIMIT_MS && again_ms < LIMIT_MS && open_ms < LIMIT_MS,
-        "a leased segment blocked: poll %.1f ms, register and poll %.1f ms, open %.1f ms (limit %.0f)",
-        poll_ms, again_ms, open_ms, LIMIT_MS);
-  printf("segment-lease: open_ms=%.3f advanced_fallback=%s poll_again_ms=%.3f direct_open_ms=%.3f\n",
-         poll_ms, fallback ? "true" : "false", again_ms, open_ms);
+        "a leased segment blocked: poll %.1f ms, register and poll %.1f ms, open %.1f ms (limit %.0f)", poll_ms,
+        again_ms, open_ms, LIMIT_MS);
+  printf("segment-lease: open_ms=%.3f advanced_fallback=%s poll_again_ms=%.3f direct_open_ms=%.3f\n", poll_ms,
+         fallback ? "true" : "false", again_ms, open_ms);
   /* The lease goes with its holder; the same file is attached at the next poll. */
   kill(holder, SIGKILL);
   waitpid(holder, NULL, 0);

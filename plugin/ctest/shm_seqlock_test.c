@@ -31,8 +31,12 @@ static atomic_int done;
 static atomic_ulong torn, ok_reads, busy_reads, bad_values;
 
 static mpib_shm_record make(uint64_t k) {
-  mpib_shm_record r = {.sup_bw = (uint32_t)(k % 1025), .flags = 1, .gen = (uint32_t)(k * 7),
-                       .set_ns = k, .peer_ip = ~(uint32_t)k, .prefix_len = (uint8_t)(k % 33)};
+  mpib_shm_record r = {.sup_bw = (uint32_t)(k % 1025),
+                       .flags = 1,
+                       .gen = (uint32_t)(k * 7),
+                       .set_ns = k,
+                       .peer_ip = ~(uint32_t)k,
+                       .prefix_len = (uint8_t)(k % 33)};
   return r;
 }
 
@@ -59,8 +63,8 @@ static void *reader(void *arg) {
       continue; /* before the first write */
     }
     mpib_shm_record w = make(r.set_ns);
-    if (rc != 0 || (r.seq & 1u) || r.sup_bw != w.sup_bw || r.gen != w.gen ||
-        r.peer_ip != w.peer_ip || r.prefix_len != w.prefix_len) {
+    if (rc != 0 || (r.seq & 1u) || r.sup_bw != w.sup_bw || r.gen != w.gen || r.peer_ip != w.peer_ip ||
+        r.prefix_len != w.prefix_len) {
       atomic_fetch_add(&torn, 1);
     } else {
       atomic_fetch_add(&ok_reads, 1);
@@ -117,8 +121,7 @@ int main(void) {
     return 1;
   }
   snprintf(path, sizeof(path), "%s/hints", dir);
-  if (mpib_shm_create(path, 8, 4, err, sizeof(err)) != 0 ||
-      mpib_shm_open(path, &shm, err, sizeof(err)) != 0) {
+  if (mpib_shm_create(path, 8, 4, err, sizeof(err)) != 0 || mpib_shm_open(path, &shm, err, sizeof(err)) != 0) {
     fprintf(stderr, "setup: %s\n", err);
     return 1;
   }
@@ -128,14 +131,13 @@ int main(void) {
     return 1;
   }
   run(writer, reader);
-  printf("seqlock: %lu consistent reads, %lu busy, %lu torn\n", atomic_load(&ok_reads),
-         atomic_load(&busy_reads), atomic_load(&torn));
+  printf("seqlock: %lu consistent reads, %lu busy, %lu torn\n", atomic_load(&ok_reads), atomic_load(&busy_reads),
+         atomic_load(&torn));
   int fail = atomic_load(&torn) != 0 || atomic_load(&ok_reads) == 0;
 
   atomic_store(&ok_reads, 0);
   run(flipper, hot_reader);
-  printf("read_hint: %lu applied reads, %lu bad values\n", atomic_load(&ok_reads),
-         atomic_load(&bad_values));
+  printf("read_hint: %lu applied reads, %lu bad values\n", atomic_load(&ok_reads), atomic_load(&bad_values));
   fail |= atomic_load(&bad_values) != 0 || atomic_load(&ok_reads) == 0;
 
   mpib_shm_close(shm);

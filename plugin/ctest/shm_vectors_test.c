@@ -33,8 +33,7 @@
 
 #include "check.h"
 
-static const char *source_names[] = {"no_hint", "slot",     "peer", "class",
-                                     "stale",   "inactive", "busy", "bad_slot"};
+static const char *source_names[] = {"no_hint", "slot", "peer", "class", "stale", "inactive", "busy", "bad_slot"};
 
 static char *read_all(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -223,8 +222,7 @@ static const char *js(const jv *o, const char *key) {
 /* "10.0.2.7" -> 0x0A000207 (host order value, as the segment stores it). */
 static uint32_t jip(const jv *o, const char *key) {
   unsigned a, b, c, d;
-  if (sscanf(js(o, key), "%u.%u.%u.%u", &a, &b, &c, &d) != 4 || a > 255 || b > 255 || c > 255 ||
-      d > 255) {
+  if (sscanf(js(o, key), "%u.%u.%u.%u", &a, &b, &c, &d) != 4 || a > 255 || b > 255 || c > 255 || d > 255) {
     jmissing++;
     return 0;
   }
@@ -309,8 +307,7 @@ static uint8_t *encode(const jv *seg, size_t *len) {
   }
   const jv *peers = jget(seg, "peers");
   for (size_t i = 0; peers != NULL && i < peers->n; i++) {
-    enc_record(img, 256 + (size_t)nslots * SLOT + ju(&peers->v[i], "index") * 64,
-               jget(&peers->v[i], "record"));
+    enc_record(img, 256 + (size_t)nslots * SLOT + ju(&peers->v[i], "index") * 64, jget(&peers->v[i], "record"));
   }
   const jv *slots = jget(seg, "slots");
   for (size_t i = 0; slots != NULL && i < slots->n; i++) {
@@ -338,17 +335,33 @@ static uint8_t *encode(const jv *seg, size_t *len) {
     static const struct {
       const char *name;
       unsigned off, size;
-    } tel[] = {{"sout_bytes", 128, 8},    {"sout_requests", 136, 8}, {"sup_bytes", 144, 8},
-               {"sup_requests", 152, 8},  {"reads_applied", 160, 8}, {"reads_fallback", 168, 8},
-               {"reads_stale", 176, 8},   {"clamped", 184, 8},       {"last_sup_bw", 192, 4},
-               {"last_source", 196, 4},   {"last_read_ns", 200, 8},  {"failovers", 212, 4},
-               {"sout_state_ns", 216, 8}, {"sup_state_ns", 224, 8},
-               {"applied_sup_bw", 232, 4}, {"recoveries", 236, 4}, {"flush_wall_ns", 240, 8},
-               {"sout_completed_bytes", 256, 8}, {"sout_completed_requests", 264, 8},
-               {"sout_inflight_bytes", 272, 8}, {"sout_busy_ns", 280, 8},
-               {"sup_completed_bytes", 288, 8}, {"sup_completed_requests", 296, 8},
-               {"sup_inflight_bytes", 304, 8}, {"sup_busy_ns", 312, 8},
-               {"sout_active_ns", 320, 8}, {"sup_active_ns", 328, 8}};
+    } tel[] = {{"sout_bytes", 128, 8},
+               {"sout_requests", 136, 8},
+               {"sup_bytes", 144, 8},
+               {"sup_requests", 152, 8},
+               {"reads_applied", 160, 8},
+               {"reads_fallback", 168, 8},
+               {"reads_stale", 176, 8},
+               {"clamped", 184, 8},
+               {"last_sup_bw", 192, 4},
+               {"last_source", 196, 4},
+               {"last_read_ns", 200, 8},
+               {"failovers", 212, 4},
+               {"sout_state_ns", 216, 8},
+               {"sup_state_ns", 224, 8},
+               {"applied_sup_bw", 232, 4},
+               {"recoveries", 236, 4},
+               {"flush_wall_ns", 240, 8},
+               {"sout_completed_bytes", 256, 8},
+               {"sout_completed_requests", 264, 8},
+               {"sout_inflight_bytes", 272, 8},
+               {"sout_busy_ns", 280, 8},
+               {"sup_completed_bytes", 288, 8},
+               {"sup_completed_requests", 296, 8},
+               {"sup_inflight_bytes", 304, 8},
+               {"sup_busy_ns", 312, 8},
+               {"sout_active_ns", 320, 8},
+               {"sup_active_ns", 328, 8}};
     for (size_t k = 0; k < sizeof(tel) / sizeof(tel[0]); k++) {
       put(img, off + tel[k].off, ju(t, tel[k].name), (int)tel[k].size);
     }
@@ -361,11 +374,9 @@ static uint8_t *encode(const jv *seg, size_t *len) {
 
 /* ---- decoded fields against the JSON ---- */
 
-static void check_record(const mpib_shm_record *r, const jv *want, const char *what,
-                         const char *name) {
-  CHECK(r->seq == ju(want, "seq") && r->sup_bw == ju(want, "sup_bw") &&
-            r->flags == ju(want, "flags") && r->gen == ju(want, "gen") &&
-            r->set_ns == ju(want, "set_ns") && r->peer_ip == jip(want, "peer_ip") &&
+static void check_record(const mpib_shm_record *r, const jv *want, const char *what, const char *name) {
+  CHECK(r->seq == ju(want, "seq") && r->sup_bw == ju(want, "sup_bw") && r->flags == ju(want, "flags") &&
+            r->gen == ju(want, "gen") && r->set_ns == ju(want, "set_ns") && r->peer_ip == jip(want, "peer_ip") &&
             r->prefix_len == ju(want, "prefix_len"),
         "%s %s: decoded seq=%u sup_bw=%u flags=%#x gen=%u set_ns=%" PRIu64
         " peer_ip=%#x prefix_len=%u differ from the vector",
@@ -389,15 +400,13 @@ static void check_rails(const mpib_shm_slot_info *s, const jv *t, const char *na
 #define TEL(field) (snprintf(k, sizeof k, "%s_" field, rail[r]), ju(t, k))
     CHECK(s->completed_bytes[r] == TEL("completed_bytes") && s->completed_requests[r] == TEL("completed_requests") &&
               s->inflight_bytes[r] == TEL("inflight_bytes") && s->busy_ns[r] == TEL("busy_ns") &&
-              s->active_ns[r] == TEL("active_ns") &&
-              s->rail_state_ns[r] == TEL("state_ns"),
+              s->active_ns[r] == TEL("active_ns") && s->rail_state_ns[r] == TEL("state_ns"),
           "%s: slot %u %s completion telemetry differs from the vector", name, i, rail[r]);
 #undef TEL
   }
   CHECK(s->rail_state[0] == jrail(t, "sout_state") && s->rail_state[1] == jrail(t, "sup_state") &&
             s->failovers == ju(t, "failovers") && s->recoveries == ju(t, "recoveries") &&
-            s->applied_sup_bw == ju(t, "applied_sup_bw") &&
-            s->flush_wall_ns == ju(t, "flush_wall_ns"),
+            s->applied_sup_bw == ju(t, "applied_sup_bw") && s->flush_wall_ns == ju(t, "flush_wall_ns"),
         "%s: slot %u rail states, applied split or flush time differ from the vector", name, i);
 }
 
@@ -405,9 +414,8 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
   mpib_shm_header_info h;
   const jv *wh = jget(seg, "header");
   CHECK(mpib_shm_decode_header(shm, &h) == 0, "%s: decode header", name);
-  CHECK(h.version == ju(wh, "version") && h.total_size == ju(wh, "total_size") &&
-            h.nslots == ju(wh, "nslots") && h.npeers == ju(wh, "npeers") &&
-            h.flags == ju(wh, "flags") && h.heartbeat_ns == ju(wh, "heartbeat_ns") &&
+  CHECK(h.version == ju(wh, "version") && h.total_size == ju(wh, "total_size") && h.nslots == ju(wh, "nslots") &&
+            h.npeers == ju(wh, "npeers") && h.flags == ju(wh, "flags") && h.heartbeat_ns == ju(wh, "heartbeat_ns") &&
             h.agent_pid == ju(wh, "agent_pid") && h.peers_epoch == ju(wh, "peers_epoch") &&
             h.created_ns == ju(wh, "created_ns"),
         "%s: header fields differ from the vector", name);
@@ -453,8 +461,7 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
       }
     }
     if (w == NULL) {
-      CHECK(all_zero(img + 256 + (size_t)i * SLOT, SLOT), "%s: slot %u is not listed but not zero",
-            name, i);
+      CHECK(all_zero(img + 256 + (size_t)i * SLOT, SLOT), "%s: slot %u is not listed but not zero", name, i);
       continue;
     }
     listed++;
@@ -465,18 +472,17 @@ static void check_fields(mpib_shm *shm, const uint8_t *img, const jv *seg, const
               s.conn_id == ju(w, "conn_id") && s.local_sout_ip == jip(w, "local_sout_ip") &&
               s.peer_sout_ip == jip(w, "peer_sout_ip") && s.peer_island == jip(w, "peer_island") &&
               s.path_class == ju(w, "path_class") && s.is_send == ju(w, "is_send") &&
-              s.nqps_sout == ju(w, "nqps_sout") && s.nqps_sup == ju(w, "nqps_sup") &&
-              s.pid == ju(w, "pid") && s.registered_ns == ju(w, "registered_ns") &&
-              s.dev == ju(w, "dev") && s.port[0] == ju(w, "sout_port") && s.port[1] == ju(w, "sup_port") &&
-              s.sup_path == ju(w, "sup_path") && nic_name_is(s.nic[0], js(w, "sout_nic")) && nic_name_is(s.nic[1], js(w, "sup_nic")),
+              s.nqps_sout == ju(w, "nqps_sout") && s.nqps_sup == ju(w, "nqps_sup") && s.pid == ju(w, "pid") &&
+              s.registered_ns == ju(w, "registered_ns") && s.dev == ju(w, "dev") && s.port[0] == ju(w, "sout_port") &&
+              s.port[1] == ju(w, "sup_port") && s.sup_path == ju(w, "sup_path") &&
+              nic_name_is(s.nic[0], js(w, "sout_nic")) && nic_name_is(s.nic[1], js(w, "sup_nic")),
           "%s: slot %u descriptor differs from the vector", name, i);
     char what[32];
     snprintf(what, sizeof(what), "slot[%u].hint", i);
     check_record(&s.hint, jget(w, "hint"), what, name);
     CHECK(s.sout_bytes == ju(t, "sout_bytes") && s.sout_requests == ju(t, "sout_requests") &&
               s.sup_bytes == ju(t, "sup_bytes") && s.sup_requests == ju(t, "sup_requests") &&
-              s.reads_applied == ju(t, "reads_applied") &&
-              s.reads_fallback == ju(t, "reads_fallback") &&
+              s.reads_applied == ju(t, "reads_applied") && s.reads_fallback == ju(t, "reads_fallback") &&
               s.reads_stale == ju(t, "reads_stale") && s.clamped == ju(t, "clamped") &&
               s.last_sup_bw == ju(t, "last_sup_bw") && s.last_source == ju(t, "last_source") &&
               s.last_read_ns == ju(t, "last_read_ns"),
@@ -500,8 +506,7 @@ static void check_reads(mpib_shm *shm, const jv *reads, const char *name, const 
               h.clamped == ju(r, "clamped"),
           "%s (%s) read %zu (slot %" PRIu64 " now %" PRIu64 "): expected applies=%d sup_bw=%" PRIu64
           " source=%s but got applies=%d sup_bw=%u source=%s clamped=%d",
-          name, how, n, slot, now, (int)ju(r, "applies"), ju(r, "sup_bw"), src, got, h.sup_bw, gs,
-          h.clamped);
+          name, how, n, slot, now, (int)ju(r, "applies"), ju(r, "sup_bw"), src, got, h.sup_bw, gs, h.clamped);
   }
 }
 
@@ -550,15 +555,15 @@ static void check_vector(const char *dir, const char *json_name) {
   memcpy(buf, img, blen);
   int irc = mpib_shm_attach_image(buf, blen, &ishm, err, sizeof(err));
   if (want[0] == '\0') {
-    CHECK(vrc == 0 && rc == 0 && irc == 0, "%s: expected a valid segment but got %d/%d/%d: %s",
-          name, vrc, rc, irc, err);
+    CHECK(vrc == 0 && rc == 0 && irc == 0, "%s: expected a valid segment but got %d/%d/%d: %s", name, vrc, rc, irc,
+          err);
   } else {
     char code[80];
     snprintf(code, sizeof(code), ": %s:", want);
-    CHECK(vrc < 0 && rc < 0 && irc < 0 && strstr(err, code) != NULL,
-          "%s: expected error %s but got %d/%d/%d: %s", name, want, vrc, rc, irc, err);
-    CHECK(jget(&vec, "segment") == NULL || jget(&vec, "segment")->t == J_NULL,
-          "%s: an invalid vector has no segment", name);
+    CHECK(vrc < 0 && rc < 0 && irc < 0 && strstr(err, code) != NULL, "%s: expected error %s but got %d/%d/%d: %s", name,
+          want, vrc, rc, irc, err);
+    CHECK(jget(&vec, "segment") == NULL || jget(&vec, "segment")->t == J_NULL, "%s: an invalid vector has no segment",
+          name);
     /* A segment of another version says which side is older. */
     uint32_t ver = (uint32_t)(uint8_t)img[8] | (uint32_t)(uint8_t)img[9] << 8;
     char implements[32];
@@ -614,8 +619,8 @@ static void expect_open_error(const char *path, int want_rc, const char *code) {
   mpib_shm *shm = NULL;
   char err[512] = "";
   int rc = mpib_shm_open(path, &shm, err, sizeof(err));
-  CHECK(rc == want_rc && shm == NULL && strstr(err, code) != NULL,
-        "open %s: expected %d (%s) but got %d: %s", path, want_rc, code, rc, err);
+  CHECK(rc == want_rc && shm == NULL && strstr(err, code) != NULL, "open %s: expected %d (%s) but got %d: %s", path,
+        want_rc, code, rc, err);
   if (shm != NULL) {
     mpib_shm_close(shm);
   }
@@ -697,10 +702,15 @@ static uint32_t slot_of(mpib_shm *shm, uint32_t id, uint32_t *gen) {
 /* A telemetry batch lands at the spec's offsets: counters add up, gauges are replaced. */
 static void test_flush(mpib_shm *shm, uint32_t id, const char *path, uint32_t s) {
   mpib_shm_tele_batch b = {.applied_sup_bw = 700, .wall_ns = 1763856000000000001ull};
-  b.rail[0] = (mpib_shm_rail_batch){.posted_bytes = 10, .posted_requests = 2, .completed_bytes = 6,
-                                    .completed_requests = 1, .busy_ns = 900, .inflight_bytes = 4,
+  b.rail[0] = (mpib_shm_rail_batch){.posted_bytes = 10,
+                                    .posted_requests = 2,
+                                    .completed_bytes = 6,
+                                    .completed_requests = 1,
+                                    .busy_ns = 900,
+                                    .inflight_bytes = 4,
                                     .active_ns = 700};
-  b.rail[1] = (mpib_shm_rail_batch){.completed_bytes = 30, .completed_requests = 3, .busy_ns = 5000, .inflight_bytes = 8, .active_ns = 3};
+  b.rail[1] = (mpib_shm_rail_batch){
+      .completed_bytes = 30, .completed_requests = 3, .busy_ns = 5000, .inflight_bytes = 8, .active_ns = 3};
   mpib_shm_flush_telemetry(shm, id, &b);
   b.rail[0].inflight_bytes = 0;
   b.applied_sup_bw = 512;
@@ -738,8 +748,7 @@ static void test_rail_states(mpib_shm *shm, uint32_t id, const char *path, uint3
   mpib_shm_set_rail_state(shm, id, 1, MPIB_SHM_RAIL_DOWN, 17);
   mpib_shm_slot_info si;
   CHECK(mpib_shm_decode_slot(shm, s, &si) == 0 && si.failovers == 3 && si.recoveries == 2 &&
-            si.rail_state[0] == MPIB_SHM_RAIL_UP && si.rail_state[1] == MPIB_SHM_RAIL_DOWN &&
-            si.rail_state_ns[1] == 17,
+            si.rail_state[0] == MPIB_SHM_RAIL_UP && si.rail_state[1] == MPIB_SHM_RAIL_DOWN && si.rail_state_ns[1] == 17,
         "rail states: failovers %u recoveries %u", si.failovers, si.recoveries);
   CHECK((uint32_t)(slot_u64(path, s, 232) >> 32) == 2, "recoveries at +236"); /* little-endian */
 }
@@ -758,9 +767,16 @@ static void test_api(void) {
     return;
   }
   CHECK(lock_held(path, 0), "an attached plugin holds the attach lock (byte 0)");
-  mpib_conn_desc d = {.local_sout_ip = 0x0A000101, .peer_sout_ip = 0x0A000207,
-                      .peer_island = 0x0A000200, .path_class = 1, .is_send = 1,
-                      .nqps_sout = 2, .nqps_sup = 4, .conn_id = 1, .dev = 3, .port = {1, 2},
+  mpib_conn_desc d = {.local_sout_ip = 0x0A000101,
+                      .peer_sout_ip = 0x0A000207,
+                      .peer_island = 0x0A000200,
+                      .path_class = 1,
+                      .is_send = 1,
+                      .nqps_sout = 2,
+                      .nqps_sup = 4,
+                      .conn_id = 1,
+                      .dev = 3,
+                      .port = {1, 2},
                       .nic = {"mlx5_3", "a_sup_nic_name_23_bytes"}, /* 23 + NUL: the longest */
                       .sup_path = MPIB_SHM_SUP_PATH_ROUTED};
   uint32_t ids[4], extra, slots[4];
@@ -771,9 +787,9 @@ static void test_api(void) {
     CHECK(lock_held(path, 256 + (off_t)slots[i] * SLOT), "slot %u: no lease", slots[i]);
   }
   mpib_shm_slot_info info;
-  CHECK(mpib_shm_decode_slot(shm, slots[0], &info) == 0 && info.dev == 3 && info.port[0] == 1 &&
-            info.port[1] == 2 && nic_name_is(info.nic[0], "mlx5_3") &&
-            nic_name_is(info.nic[1], "a_sup_nic_name_23_bytes") && info.sup_path == MPIB_SHM_SUP_PATH_ROUTED,
+  CHECK(mpib_shm_decode_slot(shm, slots[0], &info) == 0 && info.dev == 3 && info.port[0] == 1 && info.port[1] == 2 &&
+            nic_name_is(info.nic[0], "mlx5_3") && nic_name_is(info.nic[1], "a_sup_nic_name_23_bytes") &&
+            info.sup_path == MPIB_SHM_SUP_PATH_ROUTED,
         "registration writes the device, its ports, NIC names and SUP path");
   mpib_conn_desc longer = d; /* a name filling the descriptor's field: cut, NUL-ended */
   memset(longer.nic[0], 'x', sizeof(longer.nic[0]));
@@ -834,8 +850,8 @@ static void test_api(void) {
   mpib_shm_add_telemetry(shm, ids[0], 0, 1000);
   mpib_shm_add_telemetry(shm, ids[0], 1, 3000);
   mpib_shm_add_telemetry(shm, ids[0], 1, 5000);
-  mpib_shm_add_telemetry(shm, ids[0], 2, 1);  /* bad rail: ignored */
-  mpib_shm_add_telemetry(shm, 99, 0, 1); /* unused id: ignored */
+  mpib_shm_add_telemetry(shm, ids[0], 2, 1); /* bad rail: ignored */
+  mpib_shm_add_telemetry(shm, 99, 0, 1);     /* unused id: ignored */
   CHECK(slot_u64(path, s, 128) == 1000 && slot_u64(path, s, 136) == 1, "sout telemetry");
   CHECK(slot_u64(path, s, 144) == 8000 && slot_u64(path, s, 152) == 2, "sup telemetry");
   CHECK(slot_u64(path, s, 160) == 1, "reads_applied %" PRIu64, slot_u64(path, s, 160));
@@ -848,8 +864,7 @@ static void test_api(void) {
 
   /* The process dies (its handle closes): every lease and the attach lock go. */
   mpib_shm_close(shm);
-  CHECK(!lock_held(path, 0) && !lock_held(path, 256 + (off_t)slots[1] * SLOT),
-        "locks survive the handle");
+  CHECK(!lock_held(path, 0) && !lock_held(path, 256 + (off_t)slots[1] * SLOT), "locks survive the handle");
   unlink(path);
   rmdir(dir);
 }

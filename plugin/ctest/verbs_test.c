@@ -21,21 +21,20 @@
 
 static int failures;
 
-#define EXPECT(cond, ...)                                                                       \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                      \
-      fprintf(stderr, __VA_ARGS__);                                                             \
-      fputc('\n', stderr);                                                                      \
-      failures++;                                                                               \
-    }                                                                                           \
+#define EXPECT(cond, ...)                                  \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fputc('\n', stderr);                                 \
+      failures++;                                          \
+    }                                                      \
   } while (0)
 
 /* The nodes the loader must ask for: the contract with old rdma-core (see mpib_verbs.h). */
 static const char *const wanted[][2] = {
-    {"ibv_reg_mr_iova2", "IBVERBS_1.8"}, {"ibv_reg_dmabuf_mr", "IBVERBS_1.12"},
-    {"_ibv_query_gid_ex", "IBVERBS_1.11"}, {"ibv_query_ece", "IBVERBS_1.10"},
-    {"ibv_set_ece", "IBVERBS_1.10"},
+    {"ibv_reg_mr_iova2", "IBVERBS_1.8"}, {"ibv_reg_dmabuf_mr", "IBVERBS_1.12"}, {"_ibv_query_gid_ex", "IBVERBS_1.11"},
+    {"ibv_query_ece", "IBVERBS_1.10"},   {"ibv_set_ece", "IBVERBS_1.10"},
 };
 #define NWANTED (sizeof wanted / sizeof wanted[0])
 
@@ -51,8 +50,7 @@ static void test_real_lookup(void) {
   for (size_t i = 0; h && i < NWANTED; i++) {
     int here = dlvsym(h, wanted[i][0], wanted[i][1]) != NULL;
     int reported = missing && strstr(missing, wanted[i][0]) != NULL;
-    EXPECT(here != reported, "%s@%s: in library %d, reported missing %d", wanted[i][0],
-           wanted[i][1], here, reported);
+    EXPECT(here != reported, "%s@%s: in library %d, reported missing %d", wanted[i][0], wanted[i][1], here, reported);
   }
   if (h) dlclose(h);
 }
@@ -167,7 +165,9 @@ static void test_gid_peer_addr(void) {
     uint8_t addr[16];
   } cases[] = {
       {"RoCE v2 IPv4", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 11}, AF_INET, {10, 0, 2, 11}},
-      {"RoCE v2 IPv6 global", {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7}, AF_INET6,
+      {"RoCE v2 IPv6 global",
+       {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7},
+       AF_INET6,
        {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7}},
       {"RoCE v1 link-local", {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55}, 0, {0}},
       {"zero", {0}, 0, {0}},

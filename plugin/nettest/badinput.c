@@ -15,7 +15,7 @@
 
 #include "nettest.h"
 
-#define NT_MAGIC_BYTES 8   /* handle bytes [0, 8): the plugin's magic */
+#define NT_MAGIC_BYTES 8 /* handle bytes [0, 8): the plugin's magic */
 #define NT_GARBAGE_BYTES 4096
 
 /* The side that is not under test waits for the verdict of the side that is, while polling

@@ -29,10 +29,10 @@
 
 #include "nettest.h"
 
-#define NT_FLOOD_HEADROOM 24   /* server: descriptors allowed above those open at the start */
-#define NT_FLOOD_KEEP 1500     /* client: flood connections held open at once */
-#define NT_FLOOD_BEFORE 2000   /* client: flood connections opened before the real connect */
-#define NT_FLOOD_BEFORE_S 8.0  /* ... or this long, whichever comes first */
+#define NT_FLOOD_HEADROOM 24  /* server: descriptors allowed above those open at the start */
+#define NT_FLOOD_KEEP 1500    /* client: flood connections held open at once */
+#define NT_FLOOD_BEFORE 2000  /* client: flood connections opened before the real connect */
+#define NT_FLOOD_BEFORE_S 8.0 /* ... or this long, whichever comes first */
 #define NT_FORGED_GUESSES 64
 
 static int nt_count_fds(void) {
@@ -293,8 +293,8 @@ static int nt_forged_client(struct nt_opts *o, struct nt_net *n, struct nt_conn 
     }
   }
   nt_net_close_listen(n, forger_lcomm);
-  nt_out("nettest-hostile: case=forged-handle role=client guessed=%d collected_other=%d refused=%d",
-         NT_FORGED_GUESSES, collected, refused);
+  nt_out("nettest-hostile: case=forged-handle role=client guessed=%d collected_other=%d refused=%d", NT_FORGED_GUESSES,
+         collected, refused);
   return collected == 0 ? 0 : -1;
 }
 

@@ -31,10 +31,10 @@
 #include "nettest.h"
 
 #define NT_FHS_CONNS 16
-#define NT_FHS_LINGER_S 3.0  /* server: stay alive after finalize for the late handshakes */
-#define NT_FHS_CLIENT_S 4.0  /* client: connect/accept at least this long after the finalize */
+#define NT_FHS_LINGER_S 3.0 /* server: stay alive after finalize for the late handshakes */
+#define NT_FHS_CLIENT_S 4.0 /* client: connect/accept at least this long after the finalize */
 #define NT_ABORT_LINGER_S 2.0
-#define NT_ABORT_BEFORE 32   /* messages completed before the abort (unless --count) */
+#define NT_ABORT_BEFORE 32 /* messages completed before the abort (unless --count) */
 #define NT_STRAYS 4
 
 int nt_finalized;
@@ -93,8 +93,7 @@ int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, str
         return -1;
       }
       (*accept_errors)++;
-      nt_err("accept returned an error (rc=%d, #%d): NCCL would abort here; calling accept again", rc,
-             *accept_errors);
+      nt_err("accept returned an error (rc=%d, #%d): NCCL would abort here; calling accept again", rc, *accept_errors);
       if (*accept_errors > 64) {
         return -1;
       }
@@ -126,8 +125,7 @@ struct nt_fhs {
 };
 
 /* 16 listeners (the first is main's) and the handles of both sides' 16. */
-static int nt_fhs_listen(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
-                         struct nt_fhs *f) {
+static int nt_fhs_listen(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, struct nt_fhs *f) {
   f->lcomm[0] = c->lcomm;
   memcpy(f->mine[0], c->local_handle, NCCL_NET_HANDLE_MAXSIZE);
   for (int i = 1; i < NT_FHS_CONNS; i++) {
@@ -150,8 +148,7 @@ static int nt_fhs_listen(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   return 0;
 }
 
-static int nt_fhs_server(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
-                         struct nt_fhs *f) {
+static int nt_fhs_server(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, struct nt_fhs *f) {
   int connected = 0, errors = 0;
   for (int i = 0; i < NT_FHS_CONNS; i++) {
     ncclResult_t rc = nt_net_connect(n, o->dev, f->peer[i], &f->scomm[i]);
@@ -248,8 +245,7 @@ static int nt_mode_fhs(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, 
 
 static double nt_abort_exit_mono;
 static void nt_abort_atexit(void) {
-  printf("nettest-lifecycle-exit: mono=%.6f since_error_ms=%.0f\n", nt_now(),
-         (nt_now() - nt_abort_exit_mono) * 1000);
+  printf("nettest-lifecycle-exit: mono=%.6f since_error_ms=%.0f\n", nt_now(), (nt_now() - nt_abort_exit_mono) * 1000);
   fflush(stdout);
 }
 
@@ -350,10 +346,8 @@ static int nt_abort_peer(struct nt_net *n, struct nt_abort *a, int sender) {
   for (char *p = a->st.first_err; *p; p++) {
     *p = *p == ' ' ? '_' : *p; /* one token */
   }
-  nt_out("nettest-lifecycle: case=abort-mid-transfer role=peer side=%s messages=%" PRIu64
-         " error_mono=%.6f error=%s",
-         sender ? "sender" : "receiver", a->st.msgs, nt_abort_exit_mono,
-         a->st.first_err[0] ? a->st.first_err : "none");
+  nt_out("nettest-lifecycle: case=abort-mid-transfer role=peer side=%s messages=%" PRIu64 " error_mono=%.6f error=%s",
+         sender ? "sender" : "receiver", a->st.msgs, nt_abort_exit_mono, a->st.first_err[0] ? a->st.first_err : "none");
   nt_phase("abort-peer-teardown");
   nt_net_deregmr(n, a->x.comm, a->x.mh);
   nt_free_region(a->x.region, a->len);
@@ -371,8 +365,13 @@ static int nt_mode_abort(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   int sender = o->role == NT_CLIENT, aborter = o->abort_sender ? sender : !sender;
   static struct nt_abort a;
   memset(&a, 0, sizeof(a));
-  a.x = (struct nt_xfer){.net = n, .oob = oob, .k = o->multi, .vlevel = NT_V_SAMPLED, .seed = o->seed,
-                         .timeout_s = o->timeout_s, .window = o->window};
+  a.x = (struct nt_xfer){.net = n,
+                         .oob = oob,
+                         .k = o->multi,
+                         .vlevel = NT_V_SAMPLED,
+                         .seed = o->seed,
+                         .timeout_s = o->timeout_s,
+                         .window = o->window};
   a.x.slot_size = o->max_size ? o->max_size : 64;
   a.x.stride = (a.x.slot_size + 4095) / 4096 * 4096;
   a.x.comm = sender ? c->scomm : c->rcomm;
@@ -538,8 +537,7 @@ static void *nt_forker(void *arg) {
     if (pid < 0) {
       nt_fk.failed++;
     } else {
-      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
+      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         nt_fk.failed++;
       } else if (exec) {

@@ -181,8 +181,8 @@ void nt_err(const char *fmt, ...) {
 int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline,
                      int *spins) {
   if (nt_now() > deadline) {
-    nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s,
-           c->scomm ? "done" : "pending", c->rcomm ? "done" : "pending");
+    nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s, c->scomm ? "done" : "pending",
+           c->rcomm ? "done" : "pending");
     return 1;
   }
   if (++*spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
@@ -206,67 +206,66 @@ const char *nt_mode_name(enum nt_mode m) {
 }
 
 static void nt_usage(FILE *f) {
-  fprintf(f,
-          "usage: mpib-nettest --role server --oob-listen IP:PORT [options]\n"
-          "       mpib-nettest --role client --oob-connect HOST:PORT [options]\n"
-          "\n"
-          "Loads an NCCL net plugin with dlopen as NCCL's proxy does and drives it between two\n"
-          "processes. The client sends, the server receives (lat: ping-pong).\n"
-          "\n"
-          "  --plugin PATH         plugin to dlopen (default libnccl-net-mpib.so)\n"
-          "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
-          "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
-          "  --dev N               plugin device (default 0)\n"
-          "  --parallel N          N connection pairs of --dev at once, one thread each, side channels\n"
-          "                        at port .. port+N-1, seeds seed .. seed+N-1 (1..64; verify, bw, lat)\n"
-          "  --devs LIST           run on several devices at once, one thread each, e.g. 0,1 (not with\n"
-          "                        --dev): device at list position i uses the side-channel port + i\n"
-          "                        (give both sides the same LIST); lines end with dev=N; exit is\n"
-          "                        the worst of the runs; position i uses --seed + i; modes verify,\n"
-          "                        bw, lat, badhandle, garbage-peer\n"
-          "  --mode M              verify (default), bw, lat, badhandle, garbage-peer\n"
-          "  --timeout-s N         connection setup and no-progress limit (default 60)\n"
-          "  --seed N              schedule and payload seed (default 1)\n"
-          "  --count N             verify: messages (default 200 unless --bytes)\n"
-          "  --bytes SIZE          verify: send messages until this many payload bytes\n"
-          "  --max-size SIZE       verify: largest random size, posted receive size (default 64M);\n"
-          "                        bw: top of the power-of-two sweep (default 64M)\n"
-          "  --min-size SIZE       bw: bottom of the power-of-two sweep (default 64K)\n"
-          "  --sizes A,B,...       bw/lat: explicit sizes (lat default 8)\n"
-          "  --window N            outstanding requests per connection, 1..8 (default 8)\n"
-          "  --multi K             messages per irecv (multi-recv), 1..8 (default 1)\n"
-          "  --iters N             bw: iterations per size (default 20); lat: (default 1000)\n"
-          "  --seconds S           bw: run each size for S seconds instead of --iters\n"
-          "  --warmup N            bw: (default 4), lat: (default 100) untimed iterations\n"
-          "  --verify on|off       bw/lat: sampled payload checks (default on)\n"
-          "  --full-canary         verify: check the whole buffer tail after every message\n"
-          "  --mem-limit SIZE      buffer memory per side; lowers the window (default 1G)\n"
-          "  --stats-file PATH     also write the result lines to PATH\n"
-          "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
-          "  --traffic-class N     per-communicator traffic class passed to the plugin (0..255)\n"
-          "  --fork-every-ms N     fork children (_exit / execv /bin/true) every N ms after connect\n"
-          "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
-          "  --comms N             connect, resources: connections per direction (default 8)\n"
-          "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
-          "  --report-every K      connect, resources: print the per-round lines every K rounds\n"
-          "  --rdma-res            connect, resources: count this process's QPs/MRs (rdma res) per report\n"
-          "  --round-gate F        connect, resources: before each round after the first, create F.ready\n"
-          "                        and wait until F exists (a test changes the node meanwhile)\n"
-          "  --prepost             lat: keep --window receives posted, the next before each send\n"
-          "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
-          "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
-          "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
-          "  --idle-us N           verify, bw: sleep N us after a data-loop turn that moved nothing\n"
-          "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
-          "hostile modes (MPIB's handle layout): listener-flood, forged-handle (hostile.c);\n"
-          "  silent-hold [--seconds S], evict-race [--rounds R] (silent.c);\n"
-          "scale modes: connect, resources (--comms N);\n"
-          "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
-          "  --help\n"
-          "\n"
-          "SIZE accepts K, M, G suffixes (powers of 1024). NCCL_DEBUG=WARN|INFO|TRACE sets the\n"
-          "plugin log level (default WARN). Exit: 0 pass, 1 test failure, 2 usage or setup\n"
-          "error, 3 plugin init failure (nettest-init line).\n");
+  fprintf(f, "usage: mpib-nettest --role server --oob-listen IP:PORT [options]\n"
+             "       mpib-nettest --role client --oob-connect HOST:PORT [options]\n"
+             "\n"
+             "Loads an NCCL net plugin with dlopen as NCCL's proxy does and drives it between two\n"
+             "processes. The client sends, the server receives (lat: ping-pong).\n"
+             "\n"
+             "  --plugin PATH         plugin to dlopen (default libnccl-net-mpib.so)\n"
+             "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
+             "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
+             "  --dev N               plugin device (default 0)\n"
+             "  --parallel N          N connection pairs of --dev at once, one thread each, side channels\n"
+             "                        at port .. port+N-1, seeds seed .. seed+N-1 (1..64; verify, bw, lat)\n"
+             "  --devs LIST           run on several devices at once, one thread each, e.g. 0,1 (not with\n"
+             "                        --dev): device at list position i uses the side-channel port + i\n"
+             "                        (give both sides the same LIST); lines end with dev=N; exit is\n"
+             "                        the worst of the runs; position i uses --seed + i; modes verify,\n"
+             "                        bw, lat, badhandle, garbage-peer\n"
+             "  --mode M              verify (default), bw, lat, badhandle, garbage-peer\n"
+             "  --timeout-s N         connection setup and no-progress limit (default 60)\n"
+             "  --seed N              schedule and payload seed (default 1)\n"
+             "  --count N             verify: messages (default 200 unless --bytes)\n"
+             "  --bytes SIZE          verify: send messages until this many payload bytes\n"
+             "  --max-size SIZE       verify: largest random size, posted receive size (default 64M);\n"
+             "                        bw: top of the power-of-two sweep (default 64M)\n"
+             "  --min-size SIZE       bw: bottom of the power-of-two sweep (default 64K)\n"
+             "  --sizes A,B,...       bw/lat: explicit sizes (lat default 8)\n"
+             "  --window N            outstanding requests per connection, 1..8 (default 8)\n"
+             "  --multi K             messages per irecv (multi-recv), 1..8 (default 1)\n"
+             "  --iters N             bw: iterations per size (default 20); lat: (default 1000)\n"
+             "  --seconds S           bw: run each size for S seconds instead of --iters\n"
+             "  --warmup N            bw: (default 4), lat: (default 100) untimed iterations\n"
+             "  --verify on|off       bw/lat: sampled payload checks (default on)\n"
+             "  --full-canary         verify: check the whole buffer tail after every message\n"
+             "  --mem-limit SIZE      buffer memory per side; lowers the window (default 1G)\n"
+             "  --stats-file PATH     also write the result lines to PATH\n"
+             "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
+             "  --traffic-class N     per-communicator traffic class passed to the plugin (0..255)\n"
+             "  --fork-every-ms N     fork children (_exit / execv /bin/true) every N ms after connect\n"
+             "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
+             "  --comms N             connect, resources: connections per direction (default 8)\n"
+             "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
+             "  --report-every K      connect, resources: print the per-round lines every K rounds\n"
+             "  --rdma-res            connect, resources: count this process's QPs/MRs (rdma res) per report\n"
+             "  --round-gate F        connect, resources: before each round after the first, create F.ready\n"
+             "                        and wait until F exists (a test changes the node meanwhile)\n"
+             "  --prepost             lat: keep --window receives posted, the next before each send\n"
+             "  --gap-ms N            verify: print each gap of N ms or more between completions\n"
+             "  --stop-file PATH      verify: the receiver stops posting once PATH exists\n"
+             "  --ignore-peer-abort   verify: only the plugin or the stall limit ends the data loop\n"
+             "  --idle-us N           verify, bw: sleep N us after a data-loop turn that moved nothing\n"
+             "lifecycle modes: finalize-during-handshake, abort-mid-transfer, stray-client;\n"
+             "hostile modes (MPIB's handle layout): listener-flood, forged-handle (hostile.c);\n"
+             "  silent-hold [--seconds S], evict-race [--rounds R] (silent.c);\n"
+             "scale modes: connect, resources (--comms N);\n"
+             "  --mode sniff --iface IF [--seconds S] [--max-packets N]: RoCE v2 TOS histogram\n"
+             "  --help\n"
+             "\n"
+             "SIZE accepts K, M, G suffixes (powers of 1024). NCCL_DEBUG=WARN|INFO|TRACE sets the\n"
+             "plugin log level (default WARN). Exit: 0 pass, 1 test failure, 2 usage or setup\n"
+             "error, 3 plugin init failure (nettest-init line).\n");
 }
 
 static int nt_parse_u64(const char *s, uint64_t *v) {
@@ -295,9 +294,21 @@ static int nt_parse_size(const char *s, uint64_t *v) {
   }
   unsigned shift = 0;
   switch (*end) {
-  case 'k': case 'K': shift = 10; end++; break;
-  case 'm': case 'M': shift = 20; end++; break;
-  case 'g': case 'G': shift = 30; end++; break;
+  case 'k':
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    shift = 30;
+    end++;
+    break;
   default: break;
   }
   if (shift && (strcasecmp(end, "iB") == 0 || strcasecmp(end, "B") == 0)) {
@@ -371,49 +382,99 @@ static int nt_parse_sizes(const char *s, struct nt_opts *o) {
   return o->nsizes > 0 ? 0 : -1;
 }
 
-#define NT_BAD(...)                                                                                \
-  do {                                                                                             \
-    nt_err(__VA_ARGS__);                                                                           \
-    fprintf(stderr, "run 'mpib-nettest --help' for usage\n");                                      \
-    return -1;                                                                                     \
+#define NT_BAD(...)                                           \
+  do {                                                        \
+    nt_err(__VA_ARGS__);                                      \
+    fprintf(stderr, "run 'mpib-nettest --help' for usage\n"); \
+    return -1;                                                \
   } while (0)
 
 enum {
-  OPT_ROLE = 256, OPT_LISTEN, OPT_CONNECT, OPT_PLUGIN, OPT_ABI, OPT_DEV, OPT_MODE, OPT_TIMEOUT, OPT_SEED,
-  OPT_COUNT, OPT_BYTES, OPT_MAX, OPT_MIN, OPT_SIZES, OPT_WINDOW, OPT_MULTI, OPT_ITERS, OPT_SECONDS, OPT_WARMUP,
-  OPT_VERIFY, OPT_FULLCAN, OPT_MEM, OPT_STATS, OPT_COUNTER, OPT_HELP, OPT_PROFILER,
-  OPT_TCLASS, OPT_FORKMS, OPT_ABORTSIDE, /* lifecycle.c */
-  OPT_COMMS, OPT_PREPOST, OPT_ROUNDS,   /* scale.c, lat */
-  OPT_GAPMS, OPT_STOPFILE, OPT_IGNPEER, OPT_IDLEUS, /* fault watch (xfer.c) */
-  OPT_REPORTEVERY, OPT_RDMARES, OPT_ROUNDGATE, /* scale.c leak checks, address changes */
-  OPT_DEVS,                                    /* several devices in one process */
-  OPT_PARALLEL                                 /* several connections of one device */
+  OPT_ROLE = 256,
+  OPT_LISTEN,
+  OPT_CONNECT,
+  OPT_PLUGIN,
+  OPT_ABI,
+  OPT_DEV,
+  OPT_MODE,
+  OPT_TIMEOUT,
+  OPT_SEED,
+  OPT_COUNT,
+  OPT_BYTES,
+  OPT_MAX,
+  OPT_MIN,
+  OPT_SIZES,
+  OPT_WINDOW,
+  OPT_MULTI,
+  OPT_ITERS,
+  OPT_SECONDS,
+  OPT_WARMUP,
+  OPT_VERIFY,
+  OPT_FULLCAN,
+  OPT_MEM,
+  OPT_STATS,
+  OPT_COUNTER,
+  OPT_HELP,
+  OPT_PROFILER,
+  OPT_TCLASS,
+  OPT_FORKMS,
+  OPT_ABORTSIDE, /* lifecycle.c */
+  OPT_COMMS,
+  OPT_PREPOST,
+  OPT_ROUNDS, /* scale.c, lat */
+  OPT_GAPMS,
+  OPT_STOPFILE,
+  OPT_IGNPEER,
+  OPT_IDLEUS, /* fault watch (xfer.c) */
+  OPT_REPORTEVERY,
+  OPT_RDMARES,
+  OPT_ROUNDGATE, /* scale.c leak checks, address changes */
+  OPT_DEVS,      /* several devices in one process */
+  OPT_PARALLEL   /* several connections of one device */
 };
 
-static const struct option nt_long_opts[] = {
-    {"role", required_argument, 0, OPT_ROLE},       {"oob-listen", required_argument, 0, OPT_LISTEN},
-    {"oob-connect", required_argument, 0, OPT_CONNECT}, {"plugin", required_argument, 0, OPT_PLUGIN},
-    {"abi", required_argument, 0, OPT_ABI},         {"dev", required_argument, 0, OPT_DEV},
-    {"mode", required_argument, 0, OPT_MODE},       {"timeout-s", required_argument, 0, OPT_TIMEOUT},
-    {"seed", required_argument, 0, OPT_SEED},       {"count", required_argument, 0, OPT_COUNT},
-    {"bytes", required_argument, 0, OPT_BYTES},     {"max-size", required_argument, 0, OPT_MAX},
-    {"min-size", required_argument, 0, OPT_MIN},    {"sizes", required_argument, 0, OPT_SIZES},
-    {"window", required_argument, 0, OPT_WINDOW},   {"multi", required_argument, 0, OPT_MULTI},
-    {"iters", required_argument, 0, OPT_ITERS},     {"seconds", required_argument, 0, OPT_SECONDS},
-    {"warmup", required_argument, 0, OPT_WARMUP},   {"verify", required_argument, 0, OPT_VERIFY},
-    {"full-canary", no_argument, 0, OPT_FULLCAN},   {"mem-limit", required_argument, 0, OPT_MEM},
-    {"stats-file", required_argument, 0, OPT_STATS}, {"counter", required_argument, 0, OPT_COUNTER},
-    {"help", no_argument, 0, OPT_HELP},             {"profiler", no_argument, 0, OPT_PROFILER},
-    {"traffic-class", required_argument, 0, OPT_TCLASS}, {"fork-every-ms", required_argument, 0, OPT_FORKMS},
-    {"abort-side", required_argument, 0, OPT_ABORTSIDE}, {"comms", required_argument, 0, OPT_COMMS},
-    {"prepost", no_argument, 0, OPT_PREPOST},           {"rounds", required_argument, 0, OPT_ROUNDS},
-    {"gap-ms", required_argument, 0, OPT_GAPMS},        {"stop-file", required_argument, 0, OPT_STOPFILE},
-    {"ignore-peer-abort", no_argument, 0, OPT_IGNPEER}, {"report-every", required_argument, 0, OPT_REPORTEVERY},
-    {"round-gate", required_argument, 0, OPT_ROUNDGATE},
-    {"idle-us", required_argument, 0, OPT_IDLEUS},
-    {"rdma-res", no_argument, 0, OPT_RDMARES},
-    {"devs", required_argument, 0, OPT_DEVS}, {"parallel", required_argument, 0, OPT_PARALLEL},
-    {0, 0, 0, 0}};
+static const struct option nt_long_opts[] = {{"role", required_argument, 0, OPT_ROLE},
+                                             {"oob-listen", required_argument, 0, OPT_LISTEN},
+                                             {"oob-connect", required_argument, 0, OPT_CONNECT},
+                                             {"plugin", required_argument, 0, OPT_PLUGIN},
+                                             {"abi", required_argument, 0, OPT_ABI},
+                                             {"dev", required_argument, 0, OPT_DEV},
+                                             {"mode", required_argument, 0, OPT_MODE},
+                                             {"timeout-s", required_argument, 0, OPT_TIMEOUT},
+                                             {"seed", required_argument, 0, OPT_SEED},
+                                             {"count", required_argument, 0, OPT_COUNT},
+                                             {"bytes", required_argument, 0, OPT_BYTES},
+                                             {"max-size", required_argument, 0, OPT_MAX},
+                                             {"min-size", required_argument, 0, OPT_MIN},
+                                             {"sizes", required_argument, 0, OPT_SIZES},
+                                             {"window", required_argument, 0, OPT_WINDOW},
+                                             {"multi", required_argument, 0, OPT_MULTI},
+                                             {"iters", required_argument, 0, OPT_ITERS},
+                                             {"seconds", required_argument, 0, OPT_SECONDS},
+                                             {"warmup", required_argument, 0, OPT_WARMUP},
+                                             {"verify", required_argument, 0, OPT_VERIFY},
+                                             {"full-canary", no_argument, 0, OPT_FULLCAN},
+                                             {"mem-limit", required_argument, 0, OPT_MEM},
+                                             {"stats-file", required_argument, 0, OPT_STATS},
+                                             {"counter", required_argument, 0, OPT_COUNTER},
+                                             {"help", no_argument, 0, OPT_HELP},
+                                             {"profiler", no_argument, 0, OPT_PROFILER},
+                                             {"traffic-class", required_argument, 0, OPT_TCLASS},
+                                             {"fork-every-ms", required_argument, 0, OPT_FORKMS},
+                                             {"abort-side", required_argument, 0, OPT_ABORTSIDE},
+                                             {"comms", required_argument, 0, OPT_COMMS},
+                                             {"prepost", no_argument, 0, OPT_PREPOST},
+                                             {"rounds", required_argument, 0, OPT_ROUNDS},
+                                             {"gap-ms", required_argument, 0, OPT_GAPMS},
+                                             {"stop-file", required_argument, 0, OPT_STOPFILE},
+                                             {"ignore-peer-abort", no_argument, 0, OPT_IGNPEER},
+                                             {"report-every", required_argument, 0, OPT_REPORTEVERY},
+                                             {"round-gate", required_argument, 0, OPT_ROUNDGATE},
+                                             {"idle-us", required_argument, 0, OPT_IDLEUS},
+                                             {"rdma-res", no_argument, 0, OPT_RDMARES},
+                                             {"devs", required_argument, 0, OPT_DEVS},
+                                             {"parallel", required_argument, 0, OPT_PARALLEL},
+                                             {0, 0, 0, 0}};
 
 /* Returns 0, -1 on a usage error, 1 when --help was printed. */
 static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
@@ -755,8 +816,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     }
     long port = strtol(p, NULL, 10);
     if (port < 1 || port + o->ndevs - 1 > 65535) {
-      NT_BAD("--devs: device i's side channel is port + i: '%s' leaves no room for %d ports", o->oob_addr,
-             o->ndevs);
+      NT_BAD("--devs: device i's side channel is port + i: '%s' leaves no room for %d ports", o->oob_addr, o->ndevs);
     }
   }
   return 0;
@@ -765,8 +825,9 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
 /* Parameters both sides must share, compared once over the side channel. */
 static void nt_hello(const struct nt_opts *o, char *buf, size_t len) {
   int off = snprintf(buf, len,
-                     "nettest-1 mode=%s seed=%" PRIu64 " multi=%d window=%d max=%zu count=%" PRIu64
-                     " bytes=%" PRIu64 " iters=%" PRIu64 " warmup=%" PRIu64 " seconds=%g verify=%d mem=%zu comms=%d rounds=%d prepost=%d sizes=",
+                     "nettest-1 mode=%s seed=%" PRIu64 " multi=%d window=%d max=%zu count=%" PRIu64 " bytes=%" PRIu64
+                     " iters=%" PRIu64 " warmup=%" PRIu64
+                     " seconds=%g verify=%d mem=%zu comms=%d rounds=%d prepost=%d sizes=",
                      nt_mode_name(o->mode), o->seed, o->multi, o->window, o->max_size, o->count, o->bytes, o->iters,
                      o->warmup, o->seconds, o->verify, o->mem_limit, o->comms, o->rounds, o->prepost);
   for (int i = 0; i < o->nsizes && off < (int)len - 24; i++) {
@@ -857,7 +918,8 @@ static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
       nt_setup_collect(o, n, c);
       return -1;
     }
-    usleep(o->ndevs > 1 ? 2000 : 50); /* many runs at once (--devs, --parallel): each polls less often, as one proxy thread would */
+    /* many runs at once (--devs, --parallel): each polls less often, as one proxy thread would */
+    usleep(o->ndevs > 1 ? 2000 : 50);
   }
   nt_err("connected in %.3f s (send comm and recv comm)", nt_now() - start);
   return 0;

@@ -39,8 +39,7 @@ static int nt_region_setup(struct nt_net *n, void *comm, size_t len, struct nt_r
   r->len = nt_round_page(len ? len : 1);
   r->p = nt_alloc_region(r->len);
   if (r->p == NULL) {
-    nt_err("cannot allocate %zu bytes of buffers: %s (lower --window, --multi or --max-size)", r->len,
-           strerror(errno));
+    nt_err("cannot allocate %zu bytes of buffers: %s (lower --window, --multi or --max-size)", r->len, strerror(errno));
     return -1;
   }
   ncclResult_t rc = nt_net_regmr(n, comm, r->p, r->len, &r->mh);
@@ -103,9 +102,10 @@ struct nt_peer_result {
 
 static int nt_send_result(struct nt_oob *oob, const struct nt_peer_result *r) {
   char buf[256];
-  int len = snprintf(buf, sizeof(buf), "verified=%d msgs=%" PRIu64 " bytes=%" PRIu64 " iters=%" PRIu64
-                     " mismatches=%" PRIu64 " seconds=%.9f",
-                     r->verified, r->msgs, r->bytes, r->iters, r->mismatches, r->seconds);
+  int len =
+      snprintf(buf, sizeof(buf),
+               "verified=%d msgs=%" PRIu64 " bytes=%" PRIu64 " iters=%" PRIu64 " mismatches=%" PRIu64 " seconds=%.9f",
+               r->verified, r->msgs, r->bytes, r->iters, r->mismatches, r->seconds);
   return nt_oob_send(oob, NT_MSG_RESULT, buf, (uint32_t)len);
 }
 
@@ -117,8 +117,7 @@ static int nt_recv_result(struct nt_oob *oob, int timeout_s, struct nt_peer_resu
     return -1;
   }
   buf[len] = '\0';
-  if (sscanf(buf, "verified=%d msgs=%" SCNu64 " bytes=%" SCNu64 " iters=%" SCNu64 " mismatches=%" SCNu64
-                  " seconds=%lf",
+  if (sscanf(buf, "verified=%d msgs=%" SCNu64 " bytes=%" SCNu64 " iters=%" SCNu64 " mismatches=%" SCNu64 " seconds=%lf",
              &r->verified, &r->msgs, &r->bytes, &r->iters, &r->mismatches, &r->seconds) != 6) {
     nt_err("oob: malformed RESULT from peer: '%s'", buf);
     return -1;
@@ -130,8 +129,13 @@ static int nt_recv_result(struct nt_oob *oob, int timeout_s, struct nt_peer_resu
 
 int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   int sender = o->role == NT_CLIENT;
-  struct nt_xfer x = {.net = n, .oob = oob, .k = o->multi, .vlevel = NT_V_FULL, .full_canary = o->full_canary,
-                      .seed = o->seed, .timeout_s = o->timeout_s};
+  struct nt_xfer x = {.net = n,
+                      .oob = oob,
+                      .k = o->multi,
+                      .vlevel = NT_V_FULL,
+                      .full_canary = o->full_canary,
+                      .seed = o->seed,
+                      .timeout_s = o->timeout_s};
   x.slot_size = o->max_size ? o->max_size : 64;
   x.stride = nt_round_page(x.slot_size);
   x.window = nt_plan_window(o, x.stride);
@@ -180,8 +184,12 @@ int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, stru
     nt_result_line(o, st.msgs, st.bytes, 0, st.t1 - st.t0, "");
     goto out;
   }
-  struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
-                              .iters = st.groups, .mismatches = st.mismatches, .seconds = st.t1 - st.t0};
+  struct nt_peer_result pr = {.verified = st.mismatches == 0,
+                              .msgs = st.msgs,
+                              .bytes = st.bytes,
+                              .iters = st.groups,
+                              .mismatches = st.mismatches,
+                              .seconds = st.t1 - st.t0};
   int verified = st.mismatches == 0;
   if (sender) {
     if (nt_recv_result(oob, o->timeout_s, &pr) != 0) {
@@ -219,8 +227,12 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
   for (int i = 0; i < o->nsizes; i++) {
     maxsz = o->sizes[i] > maxsz ? o->sizes[i] : maxsz;
   }
-  struct nt_xfer x = {.net = n, .oob = oob, .k = o->multi, .vlevel = o->verify ? NT_V_SAMPLED : NT_V_NONE,
-                      .seed = o->seed, .timeout_s = o->timeout_s};
+  struct nt_xfer x = {.net = n,
+                      .oob = oob,
+                      .k = o->multi,
+                      .vlevel = o->verify ? NT_V_SAMPLED : NT_V_NONE,
+                      .seed = o->seed,
+                      .timeout_s = o->timeout_s};
   x.slot_size = maxsz ? maxsz : 64;
   x.stride = nt_round_page(x.slot_size);
   x.window = nt_plan_window(o, x.stride);
@@ -253,10 +265,10 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
         nt_xfer_send(&x, &s, &st);
       } else {
         st.max_rsize = -1;
-    nt_xfer_recv(&x, &s, &st);
-    /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
-    nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
-           (long long)st.max_rsize, x.slot_size);
+        nt_xfer_recv(&x, &s, &st);
+        /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
+        nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
+               (long long)st.max_rsize, x.slot_size);
       }
       if (st.fatal) {
         nt_oob_abort(oob, "%s: warmup of size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);
@@ -281,18 +293,22 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
       nt_xfer_send(&x, &s, &st);
     } else {
       st.max_rsize = -1;
-    nt_xfer_recv(&x, &s, &st);
-    /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
-    nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
-           (long long)st.max_rsize, x.slot_size);
+      nt_xfer_recv(&x, &s, &st);
+      /* What the plugin told NCCL against what it posted: never more (a peer's word is no bound). */
+      nt_out("nettest-sizes: role=%s reported_bytes_max=%lld posted_bytes=%zu", nt_role_name(o->role),
+             (long long)st.max_rsize, x.slot_size);
     }
     if (st.fatal) {
       nt_oob_abort(oob, "%s: size %zu: %s", nt_role_name(o->role), o->sizes[i], st.first_err);
       goto out;
     }
     double secs = st.t1 - st.t0;
-    struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
-                                .iters = st.groups, .mismatches = st.mismatches, .seconds = secs};
+    struct nt_peer_result pr = {.verified = st.mismatches == 0,
+                                .msgs = st.msgs,
+                                .bytes = st.bytes,
+                                .iters = st.groups,
+                                .mismatches = st.mismatches,
+                                .seconds = secs};
     int ok = st.mismatches == 0;
     if (sender) {
       if (nt_recv_result(oob, o->timeout_s, &pr) != 0) {
@@ -300,8 +316,8 @@ int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct n
       }
       ok = pr.verified && pr.msgs == st.msgs && pr.bytes == st.bytes;
       if (!ok) {
-        nt_err("size %zu: receiver reported verified=%d messages=%" PRIu64 " bytes=%" PRIu64
-               " (sender: %" PRIu64 " / %" PRIu64 ")",
+        nt_err("size %zu: receiver reported verified=%d messages=%" PRIu64 " bytes=%" PRIu64 " (sender: %" PRIu64
+               " / %" PRIu64 ")",
                o->sizes[i], pr.verified, pr.msgs, pr.bytes, st.msgs, st.bytes);
       }
       nt_out("nettest-bw: size=%zu iters=%" PRIu64 " seconds=%.6f mbps=%.3f role=client rx_mbps=%.3f verified=%s",
@@ -335,8 +351,8 @@ out:
 #define NT_TAG_PING 0x11
 #define NT_TAG_PONG 0x22
 
-static int nt_post_isend(struct nt_net *n, struct nt_oob *oob, void *comm, void *buf, size_t size, int tag,
-                         void *mh, int timeout_s, void **req, struct nt_stats *st) {
+static int nt_post_isend(struct nt_net *n, struct nt_oob *oob, void *comm, void *buf, size_t size, int tag, void *mh,
+                         int timeout_s, void **req, struct nt_stats *st) {
   double deadline = nt_now() + timeout_s;
   unsigned spins = 0;
   for (;;) {
@@ -364,8 +380,8 @@ static int nt_post_isend(struct nt_net *n, struct nt_oob *oob, void *comm, void 
   }
 }
 
-static int nt_post_irecv(struct nt_net *n, void *comm, void *buf, size_t size, int tag,
-                         void *mh, int timeout_s, void **req, struct nt_stats *st) {
+static int nt_post_irecv(struct nt_net *n, void *comm, void *buf, size_t size, int tag, void *mh, int timeout_s,
+                         void **req, struct nt_stats *st) {
   double deadline = nt_now() + timeout_s;
   for (;;) {
     *req = NULL;
@@ -505,8 +521,7 @@ static int nt_lat_size_prepost(struct nt_opts *o, struct nt_net *n, struct nt_oo
       st->t1 = t1;
     }
     /* The slot is checked: post it again for message i + W, before this side sends. */
-    if (i + w < total &&
-        nt_post_irecv(n, c->rcomm, rb, size, rtag, rr->mh, o->timeout_s, &rreq[i % w], st) != 0) {
+    if (i + w < total && nt_post_irecv(n, c->rcomm, rb, size, rtag, rr->mh, o->timeout_s, &rreq[i % w], st) != 0) {
       return -1;
     }
     if (!client) {
@@ -523,8 +538,8 @@ static int nt_lat_size_prepost(struct nt_opts *o, struct nt_net *n, struct nt_oo
 }
 
 /* One size of ping-pong. Message index i of this size is (size index << 40) + i on both sides. */
-static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c,
-                       struct nt_region *sr, struct nt_region *rr, int si, double *rtt, struct nt_stats *st) {
+static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, struct nt_region *sr,
+                       struct nt_region *rr, int si, double *rtt, struct nt_stats *st) {
   size_t size = o->sizes[si];
   uint64_t total = o->warmup + o->iters, base = (uint64_t)si << 40;
   void *sreq = NULL, *rreq = NULL;
@@ -583,8 +598,7 @@ static int nt_lat_size(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, 
     if (nt_post_isend(n, oob, c->scomm, sr->p, size, NT_TAG_PONG, sr->mh, o->timeout_s, &sreq, st) != 0) {
       return -1;
     }
-    if (i + 1 < total &&
-        nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PING, rr->mh, o->timeout_s, &rreq, st) != 0) {
+    if (i + 1 < total && nt_post_irecv(n, c->rcomm, rr->p, size, NT_TAG_PING, rr->mh, o->timeout_s, &rreq, st) != 0) {
       return -1;
     }
     if (nt_wait_pair(n, oob, sreq, NULL, NULL, o->timeout_s, st) != 0) {
@@ -632,8 +646,12 @@ int nt_mode_lat(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct 
       goto out;
     }
     /* Peer's view: the server reports what it received, so the client can fail on it. */
-    struct nt_peer_result pr = {.verified = st.mismatches == 0, .msgs = st.msgs, .bytes = st.bytes,
-                                .iters = o->iters, .mismatches = st.mismatches, .seconds = st.t1 - st.t0};
+    struct nt_peer_result pr = {.verified = st.mismatches == 0,
+                                .msgs = st.msgs,
+                                .bytes = st.bytes,
+                                .iters = o->iters,
+                                .mismatches = st.mismatches,
+                                .seconds = st.t1 - st.t0};
     int ok = st.mismatches == 0;
     if (o->role == NT_SERVER) {
       if (nt_send_result(oob, &pr) != 0) {

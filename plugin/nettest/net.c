@@ -94,7 +94,8 @@ void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, i
   if (nt_log_time && len < sizeof(msg) - 40) { /* MPIB_NETTEST_LOG_MS=1: a timeline to read */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    len += (size_t)snprintf(msg + len, sizeof(msg) - len, " [ms=%lld]", (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    len += (size_t)snprintf(msg + len, sizeof(msg) - len, " [ms=%lld]",
+                            (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
   }
   msg[len++] = '\n';
   pthread_mutex_lock(&nt_log_mu);
@@ -113,7 +114,7 @@ void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, i
 
 static pthread_mutex_t nt_prof_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char nt_prof_open[NT_PROF_EVENTS]; /* event handle i is &nt_prof_open[i] */
-static char nt_prof_phandles[1 + NT_MAX_MULTI];   /* [0]: every isend, [1 + i]: irecv entry i */
+static char nt_prof_phandles[1 + NT_MAX_MULTI];    /* [0]: every isend, [1 + i]: irecv entry i */
 static struct {
   uint64_t starts, stops, bad;
   uint64_t dev_starts[NT_PROF_DEVS];
@@ -204,34 +205,44 @@ static int nt_prof_report(void) {
 
 /* ---- loading ---- */
 
-static const char *nt_sym_names[] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                     "ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10",
-                                     "ncclNetPlugin_v11", "ncclNetPlugin_v12"};
+static const char *nt_sym_names[] = {NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     NULL,
+                                     "ncclNetPlugin_v8",
+                                     "ncclNetPlugin_v9",
+                                     "ncclNetPlugin_v10",
+                                     "ncclNetPlugin_v11",
+                                     "ncclNetPlugin_v12"};
 
-#define NT_REQUIRE(tbl, field)                                                                     \
-  do {                                                                                             \
-    if ((tbl)->field == NULL) {                                                                    \
-      snprintf(err, errlen, "%s: function table has no %s", sym, #field);                          \
-      return -1;                                                                                   \
-    }                                                                                              \
+#define NT_REQUIRE(tbl, field)                                            \
+  do {                                                                    \
+    if ((tbl)->field == NULL) {                                           \
+      snprintf(err, errlen, "%s: function table has no %s", sym, #field); \
+      return -1;                                                          \
+    }                                                                     \
   } while (0)
 
-#define NT_REQUIRE_COMMON(tbl)                                                                     \
-  do {                                                                                             \
-    NT_REQUIRE(tbl, init);                                                                         \
-    NT_REQUIRE(tbl, devices);                                                                      \
-    NT_REQUIRE(tbl, getProperties);                                                                \
-    NT_REQUIRE(tbl, listen);                                                                       \
-    NT_REQUIRE(tbl, connect);                                                                      \
-    NT_REQUIRE(tbl, accept);                                                                       \
-    NT_REQUIRE(tbl, regMr);                                                                        \
-    NT_REQUIRE(tbl, deregMr);                                                                      \
-    NT_REQUIRE(tbl, isend);                                                                        \
-    NT_REQUIRE(tbl, irecv);                                                                        \
-    NT_REQUIRE(tbl, test);                                                                         \
-    NT_REQUIRE(tbl, closeSend);                                                                    \
-    NT_REQUIRE(tbl, closeRecv);                                                                    \
-    NT_REQUIRE(tbl, closeListen);                                                                  \
+#define NT_REQUIRE_COMMON(tbl)      \
+  do {                              \
+    NT_REQUIRE(tbl, init);          \
+    NT_REQUIRE(tbl, devices);       \
+    NT_REQUIRE(tbl, getProperties); \
+    NT_REQUIRE(tbl, listen);        \
+    NT_REQUIRE(tbl, connect);       \
+    NT_REQUIRE(tbl, accept);        \
+    NT_REQUIRE(tbl, regMr);         \
+    NT_REQUIRE(tbl, deregMr);       \
+    NT_REQUIRE(tbl, isend);         \
+    NT_REQUIRE(tbl, irecv);         \
+    NT_REQUIRE(tbl, test);          \
+    NT_REQUIRE(tbl, closeSend);     \
+    NT_REQUIRE(tbl, closeRecv);     \
+    NT_REQUIRE(tbl, closeListen);   \
   } while (0)
 
 /* dlopen(path, RTLD_NOW|RTLD_LOCAL) and dlsym the requested version's table. The library is
@@ -255,11 +266,31 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
   }
   n->abi = abi;
   switch (abi) {
-  case 8: n->t.v8 = t; NT_REQUIRE_COMMON(n->t.v8); n->name = n->t.v8->name; break;
-  case 9: n->t.v9 = t; NT_REQUIRE_COMMON(n->t.v9); n->name = n->t.v9->name; break;
-  case 10: n->t.v10 = t; NT_REQUIRE_COMMON(n->t.v10); n->name = n->t.v10->name; break;
-  case 11: n->t.v11 = t; NT_REQUIRE_COMMON(n->t.v11); n->name = n->t.v11->name; break;
-  default: n->t.v12 = t; NT_REQUIRE_COMMON(n->t.v12); n->name = n->t.v12->name; break;
+  case 8:
+    n->t.v8 = t;
+    NT_REQUIRE_COMMON(n->t.v8);
+    n->name = n->t.v8->name;
+    break;
+  case 9:
+    n->t.v9 = t;
+    NT_REQUIRE_COMMON(n->t.v9);
+    n->name = n->t.v9->name;
+    break;
+  case 10:
+    n->t.v10 = t;
+    NT_REQUIRE_COMMON(n->t.v10);
+    n->name = n->t.v10->name;
+    break;
+  case 11:
+    n->t.v11 = t;
+    NT_REQUIRE_COMMON(n->t.v11);
+    n->name = n->t.v11->name;
+    break;
+  default:
+    n->t.v12 = t;
+    NT_REQUIRE_COMMON(n->t.v12);
+    n->name = n->t.v12->name;
+    break;
   }
   if (n->name == NULL) {
     n->name = "(null)";
@@ -268,11 +299,11 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
 }
 
 /* Dispatch a call with the same arguments in every version. */
-#define NT_CALL(n, fn, ...)                                                                        \
-  ((n)->abi == 8    ? (n)->t.v8->fn(__VA_ARGS__)                                                   \
-   : (n)->abi == 9  ? (n)->t.v9->fn(__VA_ARGS__)                                                   \
-   : (n)->abi == 10 ? (n)->t.v10->fn(__VA_ARGS__)                                                  \
-   : (n)->abi == 11 ? (n)->t.v11->fn(__VA_ARGS__)                                                  \
+#define NT_CALL(n, fn, ...)                       \
+  ((n)->abi == 8    ? (n)->t.v8->fn(__VA_ARGS__)  \
+   : (n)->abi == 9  ? (n)->t.v9->fn(__VA_ARGS__)  \
+   : (n)->abi == 10 ? (n)->t.v10->fn(__VA_ARGS__) \
+   : (n)->abi == 11 ? (n)->t.v11->fn(__VA_ARGS__) \
                     : (n)->t.v12->fn(__VA_ARGS__))
 
 ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id) {
@@ -289,29 +320,27 @@ ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id) {
 
 ncclResult_t nt_net_devices(struct nt_net *n, int *ndev) { return NT_CALL(n, devices, ndev); }
 
-static void nt_copy_str(char *dst, size_t len, const char *src) {
-  snprintf(dst, len, "%s", src ? src : "(null)");
-}
+static void nt_copy_str(char *dst, size_t len, const char *src) { snprintf(dst, len, "%s", src ? src : "(null)"); }
 
 /* The fields every properties version shares by name (each version is its own type). */
-#define NT_PROPS_V8(p, v)                                                                          \
-  do {                                                                                             \
-    nt_copy_str((p)->name, sizeof((p)->name), (v)->name);                                          \
-    nt_copy_str((p)->pci_path, sizeof((p)->pci_path), (v)->pciPath);                               \
+#define NT_PROPS_V8(p, v)                                                                             \
+  do {                                                                                                \
+    nt_copy_str((p)->name, sizeof((p)->name), (v)->name);                                             \
+    nt_copy_str((p)->pci_path, sizeof((p)->pci_path), (v)->pciPath);                                  \
     (p)->guid = (v)->guid, (p)->ptr_support = (v)->ptrSupport, (p)->reg_is_global = (v)->regIsGlobal; \
-    (p)->speed = (v)->speed, (p)->port = (v)->port, (p)->latency = (v)->latency;                   \
-    (p)->max_comms = (v)->maxComms, (p)->max_recvs = (v)->maxRecvs;                                \
+    (p)->speed = (v)->speed, (p)->port = (v)->port, (p)->latency = (v)->latency;                      \
+    (p)->max_comms = (v)->maxComms, (p)->max_recvs = (v)->maxRecvs;                                   \
   } while (0)
 
 /* v9 adds forceFlush, vProps (4 entries until v11, 8 in v12) and the size limits. */
-#define NT_PROPS_V9(p, v)                                                                          \
-  do {                                                                                             \
-    NT_PROPS_V8(p, v);                                                                             \
-    (p)->force_flush = (v)->forceFlush;                                                            \
-    (p)->vndevs = (v)->vProps.ndevs;                                                               \
-    int cap_ = (int)(sizeof((v)->vProps.devs) / sizeof((v)->vProps.devs[0]));                      \
+#define NT_PROPS_V9(p, v)                                                                              \
+  do {                                                                                                 \
+    NT_PROPS_V8(p, v);                                                                                 \
+    (p)->force_flush = (v)->forceFlush;                                                                \
+    (p)->vndevs = (v)->vProps.ndevs;                                                                   \
+    int cap_ = (int)(sizeof((v)->vProps.devs) / sizeof((v)->vProps.devs[0]));                          \
     for (int i_ = 0; i_ < cap_ && i_ < (v)->vProps.ndevs; i_++) (p)->vdevs[i_] = (v)->vProps.devs[i_]; \
-    (p)->max_p2p_bytes = (v)->maxP2pBytes, (p)->max_coll_bytes = (v)->maxCollBytes;                \
+    (p)->max_p2p_bytes = (v)->maxP2pBytes, (p)->max_coll_bytes = (v)->maxCollBytes;                    \
   } while (0)
 
 ncclResult_t nt_net_props(struct nt_net *n, int dev, struct nt_props *p) {
@@ -417,8 +446,7 @@ ncclResult_t nt_net_regmr(struct nt_net *n, void *comm, void *data, size_t size,
 
 ncclResult_t nt_net_deregmr(struct nt_net *n, void *comm, void *mh) { return NT_CALL(n, deregMr, comm, mh); }
 
-ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh,
-                          void **req) {
+ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh, void **req) {
   switch (n->abi) {
   case 8: return n->t.v8->isend(scomm, data, (int)size, tag, mh, req);
   case 9: return n->t.v9->isend(scomm, data, size, tag, mh, req);
@@ -428,8 +456,8 @@ ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size
   }
 }
 
-ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags,
-                          void **mhs, void **req) {
+ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags, void **mhs,
+                          void **req) {
   void *phandles[NT_MAX_MULTI];
   for (int i = 0; i < NT_MAX_MULTI; i++) {
     phandles[i] = nt_prof_recv_phandle(i);
@@ -463,8 +491,7 @@ int nt_net_has_iflush(const struct nt_net *n) {
   }
 }
 
-ncclResult_t nt_net_iflush(struct nt_net *n, void *rcomm, int cnt, void **data, int *sizes, void **mhs,
-                           void **req) {
+ncclResult_t nt_net_iflush(struct nt_net *n, void *rcomm, int cnt, void **data, int *sizes, void **mhs, void **req) {
   return NT_CALL(n, iflush, rcomm, cnt, data, sizes, mhs, req);
 }
 

@@ -21,20 +21,35 @@
 #define NT_EXIT_USAGE 2 /* bad arguments, plugin not loadable, OOB socket failure */
 #define NT_EXIT_INIT 3  /* plugin init/devices failed or reported no device */
 
-#define NT_MAX_MULTI 8     /* net_ib's maximum number of receives grouped in one irecv */
-#define NT_MAX_WINDOW 8    /* NCCL_STEPS: outstanding requests per connection */
+#define NT_MAX_MULTI 8  /* net_ib's maximum number of receives grouped in one irecv */
+#define NT_MAX_WINDOW 8 /* NCCL_STEPS: outstanding requests per connection */
 #define NT_MAX_SIZES 64
 #define NT_MAX_COUNTERS 8
 #define NT_MAX_MSG_SIZE ((size_t)1 << 30) /* test() reports sizes as int */
-#define NT_MAX_DEVS 16     /* --devs: devices driven at once by one process */
-#define NT_MAX_RUNS 64     /* runs in threads at once: --devs, or --parallel on one device */
+#define NT_MAX_DEVS 16                    /* --devs: devices driven at once by one process */
+#define NT_MAX_RUNS 64                    /* runs in threads at once: --devs, or --parallel on one device */
 
 enum nt_role { NT_SERVER = 0, NT_CLIENT = 1 };
-enum nt_mode { NT_VERIFY, NT_BW, NT_LAT, NT_BADHANDLE, NT_GARBAGE,
-               NT_FINALIZE_HS, NT_ABORT, NT_STRAY, /* lifecycle.c: finalize-during-handshake, ... */
-               NT_FLOOD, NT_FORGED,                /* hostile.c: listener-flood, forged-handle */
-               NT_SILENT_HOLD, NT_EVICT_RACE,      /* silent.c: silent-hold, evict-race */
-               NT_CONNECT, NT_RESOURCES };         /* scale.c */
+enum nt_mode {
+  NT_VERIFY,
+  NT_BW,
+  NT_LAT,
+  NT_BADHANDLE,
+  NT_GARBAGE,
+  /* lifecycle.c: finalize-during-handshake, ... */
+  NT_FINALIZE_HS,
+  NT_ABORT,
+  NT_STRAY,
+  /* hostile.c: listener-flood, forged-handle */
+  NT_FLOOD,
+  NT_FORGED,
+  /* silent.c: silent-hold, evict-race */
+  NT_SILENT_HOLD,
+  NT_EVICT_RACE,
+  /* scale.c */
+  NT_CONNECT,
+  NT_RESOURCES
+};
 
 struct nt_counter {
   const char *name;
@@ -82,11 +97,11 @@ struct nt_opts {
   int abort_sender;  /* --abort-side: abort-mid-transfer aborts the sender (else the receiver) */
   int profiler;      /* --profiler (net.c) */
   /* scale.c, modes.c */
-  int comms;   /* --comms: connections per direction in the scale modes */
-  int prepost; /* --prepost: lat keeps --window receives posted ahead, the next one before each send */
-  int rounds;  /* --rounds: scale modes repeat the whole cycle (leak check across rounds) */
-  int report_every; /* --report-every: scale modes print the per-round lines every K rounds */
-  int rdma_res;     /* --rdma-res: scale modes count this process's QPs and MRs (rdma res) per report */
+  int comms;              /* --comms: connections per direction in the scale modes */
+  int prepost;            /* --prepost: lat keeps --window receives posted ahead, the next one before each send */
+  int rounds;             /* --rounds: scale modes repeat the whole cycle (leak check across rounds) */
+  int report_every;       /* --report-every: scale modes print the per-round lines every K rounds */
+  int rdma_res;           /* --rdma-res: scale modes count this process's QPs and MRs (rdma res) per report */
   const char *round_gate; /* --round-gate: scale modes wait for this file before each later round */
 };
 
@@ -118,14 +133,14 @@ struct nt_net {
     const ncclNet_v11_t *v11;
     const ncclNet_v12_t *v12;
   } t;
-  void *ctx; /* v11+ per-communicator context */
+  void *ctx;         /* v11+ per-communicator context */
   int traffic_class; /* ncclNetCommConfig_t.trafficClass for init (v11+) / connect (v10); -1 = undefined */
   int profiler;      /* --profiler: pass init a checking profiler callback (v10+) */
 };
 
 void nt_log_setup(void);
-void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt,
-               ...) __attribute__((format(printf, 5, 6)));
+void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t errlen);
 ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id);
 ncclResult_t nt_net_devices(struct nt_net *n, int *ndev);
@@ -136,13 +151,11 @@ ncclResult_t nt_net_connect(struct nt_net *n, int dev, void *handle, void **scom
 ncclResult_t nt_net_accept(struct nt_net *n, void *lcomm, void **rcomm);
 ncclResult_t nt_net_regmr(struct nt_net *n, void *comm, void *data, size_t size, void **mh);
 ncclResult_t nt_net_deregmr(struct nt_net *n, void *comm, void *mh);
-ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh,
+ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh, void **req);
+ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags, void **mhs,
                           void **req);
-ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, size_t *sizes, int *tags,
-                          void **mhs, void **req);
 int nt_net_has_iflush(const struct nt_net *n);
-ncclResult_t nt_net_iflush(struct nt_net *n, void *rcomm, int cnt, void **data, int *sizes, void **mhs,
-                           void **req);
+ncclResult_t nt_net_iflush(struct nt_net *n, void *rcomm, int cnt, void **data, int *sizes, void **mhs, void **req);
 ncclResult_t nt_net_test(struct nt_net *n, void *req, int *done, int *sizes);
 ncclResult_t nt_net_close_send(struct nt_net *n, void *c);
 ncclResult_t nt_net_close_recv(struct nt_net *n, void *c);
@@ -205,9 +218,9 @@ struct nt_group {
 };
 
 struct nt_sched {
-  int random;        /* random sizes in [0, max_size]; else fixed_size */
+  int random; /* random sizes in [0, max_size]; else fixed_size */
   size_t max_size, fixed_size;
-  int k;             /* messages per group */
+  int k;               /* messages per group */
   uint64_t msgs_left;  /* UINT64_MAX: unbounded (time-bounded runs) */
   uint64_t bytes_left; /* used when by_bytes */
   int by_bytes;
@@ -224,7 +237,7 @@ struct nt_xfer {
   struct nt_oob *oob;
   void *comm;
   void *mh;
-  uint8_t *region; /* window * k buffers, stride bytes apart, registered as mh */
+  uint8_t *region;  /* window * k buffers, stride bytes apart, registered as mh */
   size_t slot_size; /* posted receive size (the largest message) */
   size_t stride;    /* slot_size rounded up to a page; the gap is canary too */
   int window;
@@ -239,11 +252,11 @@ struct nt_xfer {
 struct nt_stats {
   uint64_t msgs, bytes, groups;
   /* fault watch (always kept; printed as nettest-stall with --gap-ms, --stop-file or --ignore-peer-abort) */
-  uint64_t nccl_errors;  /* non-success returns of plugin calls in the engine */
-  double error_at_ms;    /* unix ms of the first one, 0 when none */
-  double last_done_ms;   /* unix ms of the last completed request (or of the start) */
+  uint64_t nccl_errors; /* non-success returns of plugin calls in the engine */
+  double error_at_ms;   /* unix ms of the first one, 0 when none */
+  double last_done_ms;  /* unix ms of the last completed request (or of the start) */
   double max_gap_ms, max_gap_from_ms;
-  uint64_t gaps;         /* gaps of at least --gap-ms */
+  uint64_t gaps; /* gaps of at least --gap-ms */
   double t0, t1;
   uint64_t mismatches;
   uint64_t flushes;
@@ -269,8 +282,8 @@ int nt_xfer_recv(const struct nt_xfer *x, struct nt_sched *s, struct nt_stats *s
 int nt_xfer_final_canary(const struct nt_xfer *x, struct nt_stats *st);
 void nt_stats_fail(struct nt_stats *st, int fatal, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void nt_pattern_fill_sampled(uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag);
-int nt_pattern_check_sampled(const uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag,
-                             size_t *bad_off, uint8_t *got, uint8_t *want);
+int nt_pattern_check_sampled(const uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag, size_t *bad_off,
+                             uint8_t *got, uint8_t *want);
 int nt_wait_req(struct nt_net *net, struct nt_oob *oob, void *req, int *sizes, int timeout_s, const char *what,
                 struct nt_stats *st);
 
@@ -280,8 +293,7 @@ struct nt_conn {
   uint8_t local_handle[NCCL_NET_HANDLE_MAXSIZE];
   uint8_t peer_handle[NCCL_NET_HANDLE_MAXSIZE];
 };
-int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline,
-                     int *spins);
+int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline, int *spins);
 
 int nt_mode_verify(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);
 int nt_mode_bw(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c);

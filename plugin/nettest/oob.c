@@ -307,8 +307,7 @@ int nt_oob_recv(struct nt_oob *o, uint32_t type, void *buf, uint32_t cap, uint32
     return -2;
   }
   if (t != type) {
-    nt_err("oob: expected %s from peer, got %s (%u bytes): peers out of step", nt_msg_name(type), nt_msg_name(t),
-           l);
+    nt_err("oob: expected %s from peer, got %s (%u bytes): peers out of step", nt_msg_name(type), nt_msg_name(t), l);
     free(tmp);
     return -1;
   }

@@ -125,7 +125,10 @@ static void nt_smaps(long *verbs_kib, long *anon_kib) {
           break;
         }
       }
-      kind = path == NULL ? 2 : strncmp(path, "/dev/infiniband/", 16) == 0 ? 1 : strncmp(path, "[heap]", 6) == 0 ? 2 : 0;
+      kind = path == NULL                                 ? 2
+             : strncmp(path, "/dev/infiniband/", 16) == 0 ? 1
+             : strncmp(path, "[heap]", 6) == 0            ? 2
+                                                          : 0;
     } else if (strncmp(line, "Rss:", 4) == 0) {
       long kib = strtol(line + 4, NULL, 10);
       if (kind == 1) {
@@ -313,8 +316,8 @@ static int nt_sc_alloc(struct nt_sc *s, int n) {
   s->rmsg = calloc((size_t)n, sizeof(uint64_t));
   s->mine = calloc((size_t)n, NCCL_NET_HANDLE_MAXSIZE);
   s->peer = calloc((size_t)n, NCCL_NET_HANDLE_MAXSIZE);
-  return s->lcomm && s->scomm && s->rcomm && s->smh && s->rmh && s->sreq && s->rreq && s->smsg && s->rmsg &&
-                 s->mine && s->peer
+  return s->lcomm && s->scomm && s->rcomm && s->smh && s->rmh && s->sreq && s->rreq && s->smsg && s->rmsg && s->mine &&
+                 s->peer
              ? 0
              : -1;
 }
@@ -734,8 +737,8 @@ out:
            leaked_fds, runtime_fds);
     ret = NT_EXIT_FAIL;
   }
-  int report = o->report_every == 0 || round == 1 || round % o->report_every == 0 || round == o->rounds ||
-               ret != NT_EXIT_OK;
+  int report =
+      o->report_every == 0 || round == 1 || round % o->report_every == 0 || round == o->rounds || ret != NT_EXIT_OK;
   if (!report) {
     nt_sc_free(&s);
     return ret;
@@ -757,17 +760,16 @@ out:
          " listen_s=%.3f data_s=%.3f close_s=%.3f size=%zu count=%" PRIu64 " round=%d"
          " connect_first_ms=%.1f connect_poll_ms=%.1f connect_done_ms=%.1f accept_poll_ms=%.1f accept_done_ms=%.1f",
          N, su.total_s, longest, verified ? "true" : "false", nt_role_name(o->role), su.longest_connect_ms,
-         su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size,
-         count, round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms,
-         su.accept_done_ms);
+         su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size, count,
+         round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms, su.accept_done_ms);
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
          "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
          "threads_closed=%d nofile=%lld memlock=%lld round=%d rss_verbs_connected_kib=%ld rss_anon_connected_kib=%ld",
-         N, N > 0 ? (p2.rss_kib - p0.rss_kib) / N : 0, verified ? "true" : "false", nt_role_name(o->role),
-         p0.rss_kib, p1.rss_kib, p2.rss_kib, p3.rss_kib, p4.rss_kib, p4.hwm_kib, p0.fds, p1.fds, p2.fds, p4.fds,
-         leaked_fds, runtime_fds, p0.threads, p2.threads, p4.threads, nt_lim(nofile->rlim_cur),
-         nt_lim(memlock->rlim_cur), round, verbs_kib, anon_kib);
+         N, N > 0 ? (p2.rss_kib - p0.rss_kib) / N : 0, verified ? "true" : "false", nt_role_name(o->role), p0.rss_kib,
+         p1.rss_kib, p2.rss_kib, p3.rss_kib, p4.rss_kib, p4.hwm_kib, p0.fds, p1.fds, p2.fds, p4.fds, leaked_fds,
+         runtime_fds, p0.threads, p2.threads, p4.threads, nt_lim(nofile->rlim_cur), nt_lim(memlock->rlim_cur), round,
+         verbs_kib, anon_kib);
   nt_sc_free(&s);
   return ret;
 }

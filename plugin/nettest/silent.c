@@ -25,21 +25,21 @@
 #include "nettest.h"
 
 #define NT_SH_LISTENERS 8
-#define NT_SH_PER 32             /* silent clients held on each listener */
-#define NT_SH_DEFAULT_S 15.0     /* the hold when --seconds is not given */
-#define NT_ER_BURST 320          /* evict-race: silent clients per burst (above every limit) */
-#define NT_ER_ROUND_S 20.0       /* evict-race: one round's connect/accept limit */
+#define NT_SH_PER 32         /* silent clients held on each listener */
+#define NT_SH_DEFAULT_S 15.0 /* the hold when --seconds is not given */
+#define NT_ER_BURST 320      /* evict-race: silent clients per burst (above every limit) */
+#define NT_ER_ROUND_S 20.0   /* evict-race: one round's connect/accept limit */
 
 /* ---- the attacker: silent clients held on a set of listeners, reopened when dropped ---- */
 
 struct nt_silent {
   pthread_t thread;
   struct sockaddr_in sa[NT_SH_LISTENERS];
-  int nl, per;    /* listeners, clients per listener */
-  int burst;      /* > 0: open this many on sa[0] once, as fast as possible, and hold them */
+  int nl, per; /* listeners, clients per listener */
+  int burst;   /* > 0: open this many on sa[0] once, as fast as possible, and hold them */
   volatile int stop;
   volatile long opened, reopened, held;
-  int *fds;       /* nl * per (or burst) */
+  int *fds; /* nl * per (or burst) */
 };
 
 static void *nt_silent_run(void *arg) {
@@ -60,7 +60,8 @@ static void *nt_silent_run(void *arg) {
       if (fd < 0) continue;
       s->fds[i] = fd;
       held++;
-      if (__atomic_add_fetch(&s->opened, 1, __ATOMIC_RELAXED) > n) __atomic_add_fetch(&s->reopened, 1, __ATOMIC_RELAXED);
+      if (__atomic_add_fetch(&s->opened, 1, __ATOMIC_RELAXED) > n)
+        __atomic_add_fetch(&s->reopened, 1, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&s->held, held, __ATOMIC_RELAXED);
     /* A client the server dropped reads end-of-file (or a reset): close it, reopen it next turn. */
@@ -171,7 +172,8 @@ static int nt_sh_client(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
   if (s == NULL) return NT_EXIT_FAIL;
   double t0 = nt_now();
   /* The hold is in place (every client opened once) before the first real connect. */
-  while (__atomic_load_n(&s->opened, __ATOMIC_RELAXED) < NT_SH_LISTENERS * NT_SH_PER && nt_now() - t0 < 5) usleep(10000);
+  while (__atomic_load_n(&s->opened, __ATOMIC_RELAXED) < NT_SH_LISTENERS * NT_SH_PER && nt_now() - t0 < 5)
+    usleep(10000);
   double held_at_start = (double)__atomic_load_n(&s->held, __ATOMIC_RELAXED);
   int connected = 0;
   double ms_max = 0, ms[NT_SH_LISTENERS] = {0};
@@ -193,10 +195,11 @@ static int nt_sh_client(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob,
   double held_s = nt_now() - t0;
   long held = __atomic_load_n(&s->held, __ATOMIC_RELAXED);
   nt_silent_stop(s);
-  nt_out("nettest-hostile: case=silent-hold role=client listeners=%d silent_clients=%d held_at_start=%.0f held_at_end=%ld "
-         "opened=%ld reopened=%ld hold_s=%.1f connected=%d connect_ms_max=%.0f",
-         NT_SH_LISTENERS, NT_SH_LISTENERS * NT_SH_PER, held_at_start, held, s->opened, s->reopened, held_s, connected,
-         ms_max);
+  nt_out(
+      "nettest-hostile: case=silent-hold role=client listeners=%d silent_clients=%d held_at_start=%.0f held_at_end=%ld "
+      "opened=%ld reopened=%ld hold_s=%.1f connected=%d connect_ms_max=%.0f",
+      NT_SH_LISTENERS, NT_SH_LISTENERS * NT_SH_PER, held_at_start, held, s->opened, s->reopened, held_s, connected,
+      ms_max);
   free(s);
   int ok = nt_oob_sync(oob, "silent-hold-done", o->timeout_s) == 0;
   for (int i = 0; i < NT_SH_LISTENERS; i++)

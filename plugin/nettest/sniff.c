@@ -43,8 +43,8 @@ struct nt_sniff {
 /* 1 when --mode sniff (or --mode=sniff) is on the command line: main hands over to us. */
 int nt_sniff_wanted(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--mode=sniff") == 0 || (strcmp(argv[i], "--mode") == 0 && i + 1 < argc &&
-                                                 strcmp(argv[i + 1], "sniff") == 0)) {
+    if (strcmp(argv[i], "--mode=sniff") == 0 ||
+        (strcmp(argv[i], "--mode") == 0 && i + 1 < argc && strcmp(argv[i + 1], "sniff") == 0)) {
       return 1;
     }
   }

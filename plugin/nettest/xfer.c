@@ -261,8 +261,8 @@ void nt_pattern_fill_sampled(uint8_t *buf, size_t size, uint64_t seed, uint64_t 
   }
 }
 
-int nt_pattern_check_sampled(const uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag,
-                             size_t *bad_off, uint8_t *got, uint8_t *want) {
+int nt_pattern_check_sampled(const uint8_t *buf, size_t size, uint64_t seed, uint64_t msg, int tag, size_t *bad_off,
+                             uint8_t *got, uint8_t *want) {
   if (size == 0) {
     return 0;
   }
@@ -566,8 +566,8 @@ static void nt_check_msg(const struct nt_xfer *x, const struct nt_group *g, int 
   size_t es = g->sizes[j];
   int bad = 0;
   if (rsize < 0 || (size_t)rsize != es) {
-    nt_stats_fail(st, 0, "msg=%llu tag=%d: received size %d, sent size %zu", (unsigned long long)msg, g->tags[j],
-                  rsize, es);
+    nt_stats_fail(st, 0, "msg=%llu tag=%d: received size %d, sent size %zu", (unsigned long long)msg, g->tags[j], rsize,
+                  es);
     bad = 1;
   }
   size_t rs = rsize < 0 ? 0 : (size_t)rsize;
@@ -589,9 +589,10 @@ static void nt_check_msg(const struct nt_xfer *x, const struct nt_group *g, int 
       clen = NT_CANARY_NEAR;
     }
     if (nt_canary_check(b + rs, clen, &off)) {
-      nt_stats_fail(st, 0, "msg=%llu tag=%d size=%zu: byte at offset %zu past the received size was overwritten "
-                    "(0x%02x, canary 0x%02x)", (unsigned long long)msg, g->tags[j], es, rs + off, b[rs + off],
-                    NT_CANARY);
+      nt_stats_fail(st, 0,
+                    "msg=%llu tag=%d size=%zu: byte at offset %zu past the received size was overwritten "
+                    "(0x%02x, canary 0x%02x)",
+                    (unsigned long long)msg, g->tags[j], es, rs + off, b[rs + off], NT_CANARY);
       bad = 1;
     }
     nt_canary_fill(b, bad ? x->stride : rs);

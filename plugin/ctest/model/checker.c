@@ -110,13 +110,13 @@ static struct ibv_mr fake_mr = {.lkey = 1, .rkey = 2};
 static struct mpib_comm *comm_of[2];
 
 /* Fault state, set by the schedule each step. */
-static int hole[NLANE];            /* FWD | REV: that lane drops those directions */
-static int port_down[2][NLANE];    /* mirrors nic->port_down */
-static int fatal[2][NLANE];        /* mirrors nic->fatal */
-static int refuse_rebuild;         /* the receiver's reconnects fail */
-static int flush_fail[NLANE];      /* the next flush read on the lane fails */
-static int stopped[2];             /* the side's process stopped */
-static int ctrl_slow[2];           /* the side's control socket takes a few bytes per call */
+static int hole[NLANE];         /* FWD | REV: that lane drops those directions */
+static int port_down[2][NLANE]; /* mirrors nic->port_down */
+static int fatal[2][NLANE];     /* mirrors nic->fatal */
+static int refuse_rebuild;      /* the receiver's reconnects fail */
+static int flush_fail[NLANE];   /* the next flush read on the lane fails */
+static int stopped[2];          /* the side's process stopped */
+static int ctrl_slow[2];        /* the side's control socket takes a few bytes per call */
 
 static int qp_id(int side, int k) { return side * (NDATA + NLANE) + k; }
 static int data_lane(int k) { return k; } /* data QP k: 0 SOUT, 1 SUP lane 1, 2 SUP lane 2 (index 2) */
@@ -147,7 +147,8 @@ static void qp_discard(struct fqp *f) {
 static void qp_error(struct fqp *f, enum ibv_wc_status status) {
   for (int k = 0; k < f->n; k++) {
     struct wqe *w = &f->q[(f->head + k) % f->depth];
-    push_cqe(qp_cq(f), (struct ibv_wc){.wr_id = w->wr_id, .status = k == 0 ? status : IBV_WC_WR_FLUSH_ERR,
+    push_cqe(qp_cq(f), (struct ibv_wc){.wr_id = w->wr_id,
+                                       .status = k == 0 ? status : IBV_WC_WR_FLUSH_ERR,
                                        .qp_num = (uint32_t)(f - fq)});
     wqe_free(w);
   }
@@ -184,7 +185,9 @@ int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) {
   }
   return 0;
 }
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, -EAGAIN; }
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
 int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
 
 /* The flush loopback's QP helpers (comm setup's, mpib_qp.h). */
@@ -196,8 +199,8 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
   f->access = access;
   return fatal[f->side][f->lane] ? -EIO : 0;
 }
-int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn, const struct mpib_rail_info *rem,
-                    enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
+int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
+                    const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
   (void)c, (void)lane, (void)rem_qpn, (void)rem, (void)mtu, (void)tc, (void)psn;
   struct fqp *f = fqp_of(qp);
   if (fatal[f->side][f->lane] || port_down[f->side][f->lane]) return -ETIMEDOUT;
@@ -216,14 +219,19 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
       return ENOMEM;
     }
     if (f->err) { /* a QP in error flushes what is posted to it */
-      push_cqe(qp_cq(f), (struct ibv_wc){.wr_id = wr->wr_id, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = (uint32_t)(f - fq)});
+      push_cqe(qp_cq(f),
+               (struct ibv_wc){.wr_id = wr->wr_id, .status = IBV_WC_WR_FLUSH_ERR, .qp_num = (uint32_t)(f - fq)});
       continue;
     }
     struct wqe *w = &f->q[(f->head + f->n++) % f->depth];
     uint32_t len = wr->num_sge ? wr->sg_list[0].length : 0;
-    *w = (struct wqe){.wr_id = wr->wr_id, .imm = wr->imm_data, .len = len,
+    *w = (struct wqe){.wr_id = wr->wr_id,
+                      .imm = wr->imm_data,
+                      .len = len,
                       .signalled = (wr->send_flags & IBV_SEND_SIGNALED) != 0,
-                      .op = wr->opcode == IBV_WR_RDMA_READ ? OP_READ : wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? OP_WRITE_IMM : OP_WRITE,
+                      .op = wr->opcode == IBV_WR_RDMA_READ             ? OP_READ
+                            : wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? OP_WRITE_IMM
+                                                                       : OP_WRITE,
                       .dst = (uint8_t *)(uintptr_t)wr->wr.rdma.remote_addr};
     if (len && w->op != OP_READ) {
       uint8_t *buf = len <= sizeof w->data ? w->data : (w->big = malloc(len));
@@ -287,7 +295,8 @@ static void check_landing(const uint8_t *dst, const uint8_t *data, uint32_t len)
   size_t off = at % MAXSZ;
   long bad = rbuf_owner[b] < 0 ? (long)len : mismatches(data, pattern_at(rbuf_owner[b], i, off), len);
   if (bad && verbose)
-    fprintf(stderr, "[%llu] stray: %ld of %u bytes landed wrong in buffer %d request %d offset %zu (owner message %ld)\n",
+    fprintf(stderr,
+            "[%llu] stray: %ld of %u bytes landed wrong in buffer %d request %d offset %zu (owner message %ld)\n",
             (unsigned long long)(fake_now / 1000000ull), bad, len, b, i, off, rbuf_owner[b]);
   wrong_bytes += bad;
 }
@@ -304,9 +313,12 @@ static void land(struct fqp *f, struct wqe *w) {
   }
   if (w->op == OP_WRITE_IMM) {
     srq_avail[f->lane]--;
-    push_cqe(cq_id(RECV, f->lane, 0), (struct ibv_wc){.wr_id = MPIB_WRID_RECV, .status = IBV_WC_SUCCESS,
-                                                        .opcode = IBV_WC_RECV_RDMA_WITH_IMM, .wc_flags = IBV_WC_WITH_IMM,
-                                                        .imm_data = w->imm, .qp_num = (uint32_t)(f - fq)});
+    push_cqe(cq_id(RECV, f->lane, 0), (struct ibv_wc){.wr_id = MPIB_WRID_RECV,
+                                                      .status = IBV_WC_SUCCESS,
+                                                      .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
+                                                      .wc_flags = IBV_WC_WITH_IMM,
+                                                      .imm_data = w->imm,
+                                                      .qp_num = (uint32_t)(f - fq)});
   }
   w->landed = 1;
 }
@@ -314,7 +326,8 @@ static void land(struct fqp *f, struct wqe *w) {
 /* Whether `side`'s packets reach the other end of `lane`. */
 static int path_ok(int side, int lane) {
   int dir = side == SEND ? FWD : REV;
-  return !(hole[lane] & dir) && !port_down[0][lane] && !port_down[1][lane] && !fatal[1 - side][lane] && !stopped[1 - side];
+  return !(hole[lane] & dir) && !port_down[0][lane] && !port_down[1][lane] && !fatal[1 - side][lane] &&
+         !stopped[1 - side];
 }
 
 static void step_qp(struct fqp *f) {
@@ -338,7 +351,8 @@ static void step_qp(struct fqp *f) {
   struct wqe *w = &f->q[f->head];
   if (w->landed && back && peer_ok) {
     if (w->signalled)
-      push_cqe(qp_cq(f), (struct ibv_wc){.wr_id = w->wr_id, .status = IBV_WC_SUCCESS,
+      push_cqe(qp_cq(f), (struct ibv_wc){.wr_id = w->wr_id,
+                                         .status = IBV_WC_SUCCESS,
                                          .opcode = w->op == OP_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
                                          .qp_num = (uint32_t)(f - fq)});
     wqe_free(w);
@@ -441,8 +455,8 @@ static struct mpib_comm *make_comm(int side, int small_sq) {
   c->mode = MPIB_MODE_ADVANCED;
   c->path_class = MPIB_PATH_INTRA_ISLAND;
   c->cts_rail = MPIB_RAIL_SOUT;
-  c->force_sup_bw = 512; /* half on each rail: most slots have two byte ranges */
-  c->whole_msg_max = 700;  /* small slots go whole to one rail (deficit-counted) */
+  c->force_sup_bw = 512;  /* half on each rail: most slots have two byte ranges */
+  c->whole_msg_max = 700; /* small slots go whole to one rail (deficit-counted) */
   c->shm_slot = -1;
   c->nreqs_pool = side == SEND ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
@@ -456,8 +470,8 @@ static struct mpib_comm *make_comm(int side, int small_sq) {
     int id = qp_id(side, k), lane = data_lane(k);
     vqp[id].context = &ctx;
     int depth = small_sq ? SMALL_SQ : side == SEND ? MPIB_SEND_WR_SENDER : MPIB_SEND_WR_RECEIVER;
-    fq[id] = (struct fqp){.side = side, .lane = lane, .depth = depth,
-                          .access = MPIB_DATA_QP_ACCESS, .psn = mpib_gen_psn(1)};
+    fq[id] =
+        (struct fqp){.side = side, .lane = lane, .depth = depth, .access = MPIB_DATA_QP_ACCESS, .psn = mpib_gen_psn(1)};
     fq[id].q = calloc((size_t)fq[id].depth, sizeof(struct wqe));
     c->qps[k] = (struct mpib_qp){.qp = &vqp[id], .rail = mpib_lane_rail(lane), .lane = lane};
   }
@@ -502,8 +516,9 @@ static void free_comm(struct mpib_comm *c) {
 /* ---- schedules ---- */
 
 enum { K_QPERR, K_PORT, K_FATAL, K_HOLE_LANE, K_HOLE_RAIL, K_REFUSE, K_FLUSHFAIL, K_PEERSTOP, K_CTRLSLOW, NKINDS };
-static const char *const kind_names[NKINDS] = {"qp-error", "port-down", "device-fatal", "lane-hole", "rail-hole",
-                                               "rebuild-refused", "flush-read-fail", "peer-stop", "ctrl-slow"};
+static const char *const kind_names[NKINDS] = {"qp-error",        "port-down", "device-fatal",
+                                               "lane-hole",       "rail-hole", "rebuild-refused",
+                                               "flush-read-fail", "peer-stop", "ctrl-slow"};
 struct fault {
   int kind, side, target, dirs, at, len;
 };
@@ -521,12 +536,14 @@ struct schedule {
 static int ntargets(int kind) {
   switch (kind) {
   case K_QPERR: return 2 * NDATA;
-  case K_PORT: case K_FATAL: return 2 * NLANE;
+  case K_PORT:
+  case K_FATAL: return 2 * NLANE;
   case K_HOLE_LANE: return NLANE * 3;
   case K_HOLE_RAIL: return MPIB_NRAILS * 3;
   case K_REFUSE: return 1;
   case K_FLUSHFAIL: return NLANE;
-  case K_PEERSTOP: case K_CTRLSLOW: return 2;
+  case K_PEERSTOP:
+  case K_CTRLSLOW: return 2;
   default: return 0;
   }
 }
@@ -534,11 +551,13 @@ static struct fault make_fault(int kind, int i, int at, int len) {
   struct fault f = {.kind = kind, .at = at, .len = len};
   switch (kind) {
   case K_QPERR: f.side = i / NDATA, f.target = i % NDATA; break;
-  case K_PORT: case K_FATAL: f.side = i / NLANE, f.target = i % NLANE; break;
+  case K_PORT:
+  case K_FATAL: f.side = i / NLANE, f.target = i % NLANE; break;
   case K_HOLE_LANE: f.target = i / 3, f.dirs = 1 + i % 3; break;
   case K_HOLE_RAIL: f.target = i / 3, f.dirs = 1 + i % 3; break;
   case K_FLUSHFAIL: f.target = i; break;
-  case K_PEERSTOP: case K_CTRLSLOW: f.side = i; break;
+  case K_PEERSTOP:
+  case K_CTRLSLOW: f.side = i; break;
   }
   return f;
 }
@@ -552,7 +571,9 @@ static void describe(const struct schedule *s, char *out, size_t n) {
   }
 }
 
-static int is_fatal_once(int kind) { return kind == K_FATAL || kind == K_PEERSTOP || kind == K_QPERR || kind == K_FLUSHFAIL; }
+static int is_fatal_once(int kind) {
+  return kind == K_FATAL || kind == K_PEERSTOP || kind == K_QPERR || kind == K_FLUSHFAIL;
+}
 
 /* Applies the faults active at `step` (one-shot kinds fire at their start). */
 static void apply_faults(const struct schedule *s, int step) {
@@ -622,11 +643,11 @@ static int pool_index(const struct mpib_comm *c, uint64_t wr_id) {
 }
 
 struct end {
-  long posted, done;        /* messages */
-  int posted_part;          /* sender: requests of message `posted` already handed to isend */
+  long posted, done;         /* messages */
+  int posted_part;           /* sender: requests of message `posted` already handed to isend */
   void *req[WINDOW][NGROUP]; /* per message in the window: its requests (receiver: one) */
-  void *flush[WINDOW];      /* receiver: the flush of a completed receive, NULL none */
-  int recv_done[WINDOW];    /* receiver: its receive completed, its flush (if any) pending */
+  void *flush[WINDOW];       /* receiver: the flush of a completed receive, NULL none */
+  int recv_done[WINDOW];     /* receiver: its receive completed, its flush (if any) pending */
   int sizes[WINDOW][NGROUP];
   int error, error_step;
 };
@@ -637,14 +658,16 @@ static void verify_recv(long m, int b) {
   completed_recvs++;
   for (int i = 0; i < msg_n(m); i++) {
     if ((size_t)ends[RECV].sizes[b][i] != msg_size(m, i)) {
-      if (verbose) fprintf(stderr, "wrong: message %ld request %d: size %d, sent %zu\n", m, i, ends[RECV].sizes[b][i], msg_size(m, i));
+      if (verbose)
+        fprintf(stderr, "wrong: message %ld request %d: size %d, sent %zu\n", m, i, ends[RECV].sizes[b][i],
+                msg_size(m, i));
       wrong_bytes += (long)msg_size(m, i);
       continue;
     }
     long bad = mismatches(rbuf[b][i], pattern_at(m, i, 0), msg_size(m, i));
     if (bad && verbose)
-      fprintf(stderr, "[%llu] wrong: message %ld request %d: %ld of %zu bytes\n", (unsigned long long)(fake_now / 1000000ull), m,
-              i, bad, msg_size(m, i));
+      fprintf(stderr, "[%llu] wrong: message %ld request %d: %ld of %zu bytes\n",
+              (unsigned long long)(fake_now / 1000000ull), m, i, bad, msg_size(m, i));
     wrong_bytes += bad;
   }
 }
@@ -770,7 +793,8 @@ static void side_gone(int side) {
   stopped[side] = 1;
   for (int k = 0; k < NDATA + NLANE; k++) fq[qp_id(side, k)].gone = 1;
   ctrl_closed[side] = 1;
-  if (comm_of[1 - side]->peer_gone_ns == 0) __atomic_store_n(&comm_of[1 - side]->peer_gone_ns, fake_now, __ATOMIC_RELEASE);
+  if (comm_of[1 - side]->peer_gone_ns == 0)
+    __atomic_store_n(&comm_of[1 - side]->peer_gone_ns, fake_now, __ATOMIC_RELEASE);
 }
 
 static int in_use(const struct mpib_comm *c) {
@@ -791,24 +815,34 @@ static int errors_allowed(const struct schedule *s) {
 }
 
 static void dump(struct mpib_comm *s, struct mpib_comm *r) {
-  fprintf(stderr, "hang: send posted=%ld done=%ld fifo_head=%llu replays_waiting=%d stall=%llu; recv posted=%ld done=%ld fifo_head=%llu cts_rail=%d\n",
-          ends[SEND].posted, ends[SEND].done, (unsigned long long)s->fifo_head, s->replays_waiting,
-          (unsigned long long)s->stall_since_ns, ends[RECV].posted, ends[RECV].done, (unsigned long long)r->fifo_head, r->cts_rail);
+  fprintf(
+      stderr,
+      "hang: send posted=%ld done=%ld fifo_head=%llu replays_waiting=%d stall=%llu; recv posted=%ld done=%ld fifo_head=%llu cts_rail=%d\n",
+      ends[SEND].posted, ends[SEND].done, (unsigned long long)s->fifo_head, s->replays_waiting,
+      (unsigned long long)s->stall_since_ns, ends[RECV].posted, ends[RECV].done, (unsigned long long)r->fifo_head,
+      r->cts_rail);
   for (int k = 0; k < MPIB_NRAILS; k++)
-    fprintf(stderr, "  rail %d: send state=%d gen=%u pending=%u  recv state=%d gen=%u pending=%u\n", k, s->rail[k].state,
-            s->rail[k].gen, s->pending[k], r->rail[k].state, r->rail[k].gen, r->pending[k]);
+    fprintf(stderr, "  rail %d: send state=%d gen=%u pending=%u  recv state=%d gen=%u pending=%u\n", k,
+            s->rail[k].state, s->rail[k].gen, s->pending[k], r->rail[k].state, r->rail[k].gen, r->pending[k]);
   for (int q = 0; q < NQPS; q++)
-    if (fq[q].q) fprintf(stderr, "  qp %d side %d lane %d flush %d: err=%d psn=%u queued=%d\n", q, fq[q].side, fq[q].lane, fq[q].flush, fq[q].err, fq[q].psn, fq[q].n);
-  for (int c = 0; c < NCQ; c++) if (cqe_n[c]) fprintf(stderr, "  cq %d: %d entries\n", c, cqe_n[c]);
+    if (fq[q].q)
+      fprintf(stderr, "  qp %d side %d lane %d flush %d: err=%d psn=%u queued=%d\n", q, fq[q].side, fq[q].lane,
+              fq[q].flush, fq[q].err, fq[q].psn, fq[q].n);
+  for (int c = 0; c < NCQ; c++)
+    if (cqe_n[c]) fprintf(stderr, "  cq %d: %d entries\n", c, cqe_n[c]);
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     if (s->slot_posted_seq1[slot] || s->slot_matched[slot])
       fprintf(stderr, "  send slot %d: seq1=%llu matched=%d rails=%u replay_on=%u/%u wait=%u acked=%u/%u\n", slot,
               (unsigned long long)s->slot_posted_seq1[slot], s->slot_matched[slot], s->slot_rails[slot],
-              s->slot_replay_on[slot][0], s->slot_replay_on[slot][1], s->slot_replay_wait[slot], mpib_ack_ranges(s->slot_ack[slot][0]), mpib_ack_ranges(s->slot_ack[slot][1]));
+              s->slot_replay_on[slot][0], s->slot_replay_on[slot][1], s->slot_replay_wait[slot],
+              mpib_ack_ranges(s->slot_ack[slot][0]), mpib_ack_ranges(s->slot_ack[slot][1]));
     struct mpib_request *q = r->slot_reqs[slot][0];
-    if (q) fprintf(stderr, "  recv slot %d: seq=%llu expected=%u have=%u\n", slot, (unsigned long long)q->seq, q->expected_mask, q->have_mask);
+    if (q)
+      fprintf(stderr, "  recv slot %d: seq=%llu expected=%u have=%u\n", slot, (unsigned long long)q->seq,
+              q->expected_mask, q->have_mask);
   }
-  fprintf(stderr, "  sender fifo slot %d cts seq %llu (want %llu)\n", (int)(s->fifo_head % 32), (unsigned long long)s->cts[s->fifo_head % 32][0].seq, (unsigned long long)s->fifo_head + 1);
+  fprintf(stderr, "  sender fifo slot %d cts seq %llu (want %llu)\n", (int)(s->fifo_head % 32),
+          (unsigned long long)s->cts[s->fifo_head % 32][0].seq, (unsigned long long)s->fifo_head + 1);
 }
 
 static struct outcome run(const struct schedule *s) {
@@ -896,7 +930,11 @@ static int failed(const struct outcome *o) {
 static const int starts[] = {10, 35, 80, 160};
 static const int lens[] = {25, 350};
 static const int gaps[] = {0, 15, 45, 120, 400};
-enum { NSTART = sizeof starts / sizeof starts[0], NLEN = sizeof lens / sizeof lens[0], NGAP = sizeof gaps / sizeof gaps[0] };
+enum {
+  NSTART = sizeof starts / sizeof starts[0],
+  NLEN = sizeof lens / sizeof lens[0],
+  NGAP = sizeof gaps / sizeof gaps[0]
+};
 static int durational(int kind) { return !is_fatal_once(kind); }
 
 /* Every single fault of the grid: kind, target, start, length. */
@@ -962,7 +1000,8 @@ static int check_one(const struct schedule *s, const char *id, struct totals *t,
   struct outcome o = run(s);
   t->schedules++;
   t->wrong += o.wrong, t->unordered += o.unordered, t->undelivered += o.undelivered;
-  t->hangs += o.hang, t->errors += o.error, t->bad_errors += o.bad_error, t->not_dead += o.not_dead, t->leaks += o.leaks;
+  t->hangs += o.hang, t->errors += o.error, t->bad_errors += o.bad_error, t->not_dead += o.not_dead,
+      t->leaks += o.leaks;
   if (!failed(&o)) return 0;
   if (report) {
     char d[512];
@@ -1038,10 +1077,11 @@ int main(int argc, char **argv) {
    * The pairs are visited in a stride that spreads a partial run over every kind. */
   long stride = 7919, done = 0, enumerated = 0;
   char id[64];
-  for (long i = shard; ; i += nshards) {
+  for (long i = shard;; i += nshards) {
     struct schedule s;
     /* Every fourth schedule past the singles is a random one of up to three faults. */
-    long singles_n = VARIANTS * (long)nsingle, j = i < singles_n ? i : singles_n + (i - singles_n) - (i - singles_n) / 4;
+    long singles_n = VARIANTS * (long)nsingle,
+         j = i < singles_n ? i : singles_n + (i - singles_n) - (i - singles_n) / 4;
     if (i < singles_n) {
       snprintf(id, sizeof id, "e%ld", i);
     } else if ((i - singles_n) % 4 == 3 || j >= total) {
@@ -1065,13 +1105,14 @@ int main(int argc, char **argv) {
     if (first_failure && el > budget) break;
   }
   char kinds[256] = "";
-  for (int k = 0; k < NKINDS; k++) snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", k ? "," : "", kind_names[k]);
-  printf("model: schedules=%ld max_faults=%d fault_kinds=%s lanes=2 wrong_bytes=%ld undelivered_sends=%ld hangs=%ld "
-         "errors=%ld leaks=%ld seconds=%.0f unordered_flushes=%ld unexpected_errors=%ld not_dead=%ld enumerated=%ld/%ld "
-         "completed_sends=%ld completed_recvs=%ld\n",
-         t.schedules, done > enumerated ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
-         seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends,
-         completed_recvs);
+  for (int k = 0; k < NKINDS; k++)
+    snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", k ? "," : "", kind_names[k]);
+  printf(
+      "model: schedules=%ld max_faults=%d fault_kinds=%s lanes=2 wrong_bytes=%ld undelivered_sends=%ld hangs=%ld "
+      "errors=%ld leaks=%ld seconds=%.0f unordered_flushes=%ld unexpected_errors=%ld not_dead=%ld enumerated=%ld/%ld "
+      "completed_sends=%ld completed_recvs=%ld\n",
+      t.schedules, done > enumerated ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
+      seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends, completed_recvs);
   if (first_failure) {
     printf("model-first-failure: none schedules=%ld\n", done);
     return 0;

@@ -6,20 +6,20 @@
 
 #include "plugin/nccl_abi.h"
 
-#define CHECK(cond, what)                                  \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "FAIL %s\n", what);                  \
-      return 1;                                            \
-    }                                                      \
+#define CHECK(cond, what)                 \
+  do {                                    \
+    if (!(cond)) {                        \
+      fprintf(stderr, "FAIL %s\n", what); \
+      return 1;                           \
+    }                                     \
   } while (0)
 
-#define CHECK_COMMON(t)                                                                     \
-  CHECK(t->name && strcmp(t->name, "MPIB") == 0, #t " name");                               \
-  CHECK(t->init && t->devices && t->getProperties && t->listen && t->connect && t->accept,  \
-        #t " control entry points");                                                        \
-  CHECK(t->regMr && t->regMrDmaBuf && t->deregMr && t->isend && t->irecv && t->iflush &&    \
-            t->test && t->closeSend && t->closeRecv && t->closeListen && t->irecvConsumed,  \
+#define CHECK_COMMON(t)                                                                                             \
+  CHECK(t->name &&strcmp(t->name, "MPIB") == 0, #t " name");                                                        \
+  CHECK(t->init && t->devices && t->getProperties && t->listen && t->connect && t->accept,                          \
+        #t " control entry points");                                                                                \
+  CHECK(t->regMr && t->regMrDmaBuf && t->deregMr && t->isend && t->irecv && t->iflush && t->test && t->closeSend && \
+            t->closeRecv && t->closeListen && t->irecvConsumed,                                                     \
         #t " data entry points")
 
 int main(int argc, char **argv) {

@@ -405,8 +405,8 @@ static int fk_recv_progress(struct fk_comm *c) {
     while (c->piece < n) {
       size_t len = (size_t)c->hdr[1 + c->piece];
       if (c->piece_off < len) {
-        ssize_t k = recv(c->fd, (uint8_t *)c->post[slot].data[c->piece] + c->piece_off, len - c->piece_off,
-                         MSG_DONTWAIT);
+        ssize_t k =
+            recv(c->fd, (uint8_t *)c->post[slot].data[c->piece] + c->piece_off, len - c->piece_off, MSG_DONTWAIT);
         if (k < 0) {
           return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         }
@@ -508,7 +508,8 @@ static ncclResult_t fk_finalize(void *ctx) {
       pause();
     }
   }
-  return ctx == (void *)0x2 ? ncclSuccess : ncclInvalidArgument; }
+  return ctx == (void *)0x2 ? ncclSuccess : ncclInvalidArgument;
+}
 
 const ncclNet_v11_t ncclNetPlugin_v11 = {
     .name = "FAKE",
