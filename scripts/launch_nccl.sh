@@ -96,7 +96,7 @@ fi
 # Every MPIB_* variable of this environment, sorted, each passed with -x.
 mpib_vars=$(env | sed -n 's/^\(MPIB_[A-Z0-9_]*\)=.*/\1/p' | sort)
 xargs_list=(-x NCCL_NET_PLUGIN=mpib -x "LD_LIBRARY_PATH=$plugin_abs:${LD_LIBRARY_PATH:-}" -x "NCCL_DEBUG=$debug"
-            -x NCCL_DEBUG_SUBSYS=INIT,NET -x "NCCL_SOCKET_IFNAME=$oob_if")
+            -x "NCCL_DEBUG_SUBSYS=INIT,NET" -x "NCCL_SOCKET_IFNAME=$oob_if")
 for v in $mpib_vars; do xargs_list+=(-x "$v"); done
 
 for t in $tests; do

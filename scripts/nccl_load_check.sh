@@ -4,7 +4,7 @@
 # Usage (on a GPU machine with NCCL, from the repo root, after `go run mage.go build`):
 #   scripts/nccl_load_check.sh [path/to/libnccl.so.2]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 libnccl=${1:-/usr/lib/x86_64-linux-gnu/libnccl.so.2}
 export LD_LIBRARY_PATH="$PWD/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NET_PLUGIN=mpib NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET

@@ -2,7 +2,7 @@
 # Functional tests of mpib-nettest against the TCP fake plugin (no RDMA needed).
 # Usage: plugin/nettest/fake/test_nettest.sh   (from the repository root; builds what it needs)
 set -u
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p build
 gcc -std=gnu11 -O2 -g -Wall -Wextra -Werror -Iplugin -o build/mpib-nettest plugin/nettest/*.c -ldl -lpthread -lm || exit 1
 gcc -std=gnu11 -O2 -g -Wall -Wextra -Werror -shared -fPIC -Iplugin -o build/libnccl-net-fake.so \
@@ -146,7 +146,7 @@ usage --role client --oob-connect 127.0.0.1:1 --bogus
 usage --role client --oob-connect 127.0.0.1:1 extra
 usage --role client --oob-connect 127.0.0.1:1 --plugin /nonexistent/libx.so
 usage --role client --oob-connect 127.0.0.1:1 --plugin "$FAKE" --timeout-s 1
-"$NT" --help >/dev/null && ok "--help exits 0" || bad "--help"
+if "$NT" --help >/dev/null; then ok "--help exits 0"; else bad "--help"; fi
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
