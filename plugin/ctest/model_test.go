@@ -117,7 +117,7 @@ func TestFailoverModel(t *testing.T) {
 	if last == nil {
 		return
 	}
-	for _, key := range []string{"wrong_bytes", "undelivered_sends", "hangs", "leaks", "unordered_flushes", "unexpected_errors", "not_dead"} {
+	for _, key := range []string{"wrong_bytes", "undelivered_sends", "hangs", "leaks", "unordered_flushes", "unexpected_errors", "not_dead", "spurious_failovers"} {
 		if sum[key] != 0 {
 			t.Errorf("%s=%d, want 0", key, sum[key])
 		}
@@ -126,9 +126,9 @@ func TestFailoverModel(t *testing.T) {
 		t.Errorf("schedules=%d, want at least %d", sum["schedules"], minSchedules)
 	}
 	maxFaults := last["max_faults"]
-	fmt.Printf("model: schedules=%d max_faults=%s fault_kinds=%s lanes=%s wrong_bytes=%d undelivered_sends=%d hangs=%d errors=%d leaks=%d seconds=%d unordered_flushes=%d unexpected_errors=%d not_dead=%d shards=%d\n",
+	fmt.Printf("model: schedules=%d max_faults=%s fault_kinds=%s lanes=%s wrong_bytes=%d undelivered_sends=%d hangs=%d errors=%d leaks=%d seconds=%d unordered_flushes=%d unexpected_errors=%d not_dead=%d shards=%d spurious_failovers=%d\n",
 		sum["schedules"], maxFaults, last["fault_kinds"], last["lanes"], sum["wrong_bytes"], sum["undelivered_sends"], sum["hangs"],
-		sum["errors"], sum["leaks"], sum["seconds"]/int64(shards), sum["unordered_flushes"], sum["unexpected_errors"], sum["not_dead"], shards)
+		sum["errors"], sum["leaks"], sum["seconds"]/int64(shards), sum["unordered_flushes"], sum["unexpected_errors"], sum["not_dead"], shards, sum["spurious_failovers"])
 }
 
 // TestFailoverModelSanitized runs the checker briefly under AddressSanitizer and
