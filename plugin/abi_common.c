@@ -1,8 +1,12 @@
-/* Calls shared by every ABI table: thin C entry points into the Go control plane. */
+/* Calls shared by every ABI table (abi_v8.c .. abi_v12.c), declared in mpib_api.h: thin C
+ * entry points into the Go control plane (its exports, _cgo_export.h), and connect() and
+ * accept(), which take finished handshakes from the handoff (mpib_handoff.h) without calling
+ * into Go. */
 #include <string.h>
 
 #include "_cgo_export.h"
 #include "mpib_api.h"
+#include "mpib_handoff.h"
 #include "mpib_profiler.h"
 #include "mpib_props.h"
 

@@ -1,7 +1,10 @@
 /* ncclNetPlugin_v10 (NCCL 2.26..2.27): the v12 data path (phandles included) with a
  * process-wide context: init once per process, the traffic class per connect, v9's
- * properties layout. Its control calls are the ones v9 and v8 reuse. */
+ * properties layout. Its control calls are the ones v9 and v8 reuse. NCCL 2.26..2.27 calls
+ * the exported table. */
 #include "mpib_api.h"
+#include "mpib_flush.h"
+#include "mpib_p2p.h"
 
 ncclResult_t mpib_v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
   return mpib_init(logger, prof, MPIB_TC_UNDEF, &mpib_process_ctx);

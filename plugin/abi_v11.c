@@ -1,6 +1,9 @@
 /* ncclNetPlugin_v11 (NCCL 2.28..2.29): the v12 table with v11's properties, whose vProps has
- * 4 entries and which ends at maxMultiRequestSize (no railId/planeId). */
+ * 4 entries and which ends at maxMultiRequestSize (no railId/planeId). NCCL 2.28..2.29 calls
+ * the exported table. */
 #include "mpib_api.h"
+#include "mpib_flush.h"
+#include "mpib_p2p.h"
 
 static ncclResult_t get_properties_v11(int dev, ncclNetProperties_v11_t *props) {
   ncclNetProperties_v12_t p;

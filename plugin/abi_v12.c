@@ -1,8 +1,11 @@
 /* ncclNetPlugin_v12 (NCCL 2.30.3+), MPIB's native table: every older table is a shim over
- * these entry points. v12 = v11's members with an 8-entry vProps and railId/planeId. */
+ * these entry points (mpib_api.h). v12 = v11's members with an 8-entry vProps and
+ * railId/planeId. NCCL 2.30.3+ calls the exported table. */
 #include <stdlib.h>
 
 #include "mpib_api.h"
+#include "mpib_flush.h"
+#include "mpib_p2p.h"
 
 /* The per-communicator context: the control plane's context id and the communicator id. */
 struct mpib_ctx {

@@ -1,6 +1,9 @@
 /* ncclNetPlugin_v8 (NCCL 2.19..2.22): v9 with int sizes in isend/irecv and the v8
- * properties (no forceFlush, vProps or size limits). */
+ * properties (no forceFlush, vProps or size limits). NCCL 2.19..2.22 calls the exported
+ * table. */
 #include "mpib_api.h"
+#include "mpib_flush.h"
+#include "mpib_p2p.h"
 
 static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t *props) {
   ncclNetProperties_v12_t p;

@@ -3,6 +3,7 @@ package main
 /*
 #include <stdlib.h>
 #include "mpib.h"
+#include "mpib_device.h"
 #include "mpib_shm.h"
 */
 import "C"

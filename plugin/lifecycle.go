@@ -3,6 +3,9 @@ package main
 /*
 #include <stdlib.h>
 #include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_device.h"
+#include "mpib_failover.h"
 */
 import "C"
 

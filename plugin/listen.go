@@ -2,6 +2,8 @@ package main
 
 /*
 #include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_handoff.h"
 */
 import "C"
 

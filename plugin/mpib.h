@@ -1,6 +1,16 @@
 /*
- * MPIB internal state shared by the C data path and the Go control plane (through cgo).
- * Every object handed to NCCL (comms, requests, memory handles) is C memory defined here.
+ * The state the C data path and the Go control plane (through cgo) share: types, constants
+ * and the one global, mpib_g (defined in mpib_device.c, filled by Go at init). Every object
+ * handed to NCCL (comms, requests, memory handles) is C memory defined here. Included by the
+ * C files that use these types and by the cgo preambles; the inline helpers below only work on
+ * these types (a rail's name, lanes and fault state, a comm's request pool and MRs).
+ *
+ * Functions are declared by their own file's header: mpib_device.h (NICs, GID tables, memory
+ * registration), mpib_events.h (async-event threads), mpib_comm.h (comm setup and teardown),
+ * mpib_qp.h (its QP helpers), mpib_p2p.h (isend, irecv, test), mpib_flush.h, mpib_slots.h,
+ * mpib_failover.h, mpib_rebuild.h, mpib_progress.h, mpib_handoff.h (handshake results for
+ * connect and accept), mpib_clock.h, mpib_profiler.h, mpib_hostile.h, mpib_verbs.h,
+ * mpib_log.h, mpib_shm.h (the agent segment) and mpib_api.h (what the ABI tables adapt to).
  */
 #ifndef MPIB_H
 #define MPIB_H
@@ -70,6 +80,7 @@ _Static_assert(MPIB_FENCE_SLOTS == MPIB_MAX_REQUESTS, "a fence record covers eve
 enum { MPIB_WR_UNSIGNALLED = 1, MPIB_WR_CTS, MPIB_WR_CTRL, MPIB_WR_PROBE, MPIB_WR_RECV, MPIB_WR_KEEPALIVE };
 #define MPIB_WRID_RECV (MPIB_WRID_SPECIAL | MPIB_WR_RECV) /* SRQ receives outlive QP generations */
 
+/* A rail's name in log lines (every C file names rails with it). */
 static inline const char *mpib_rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
 
 /* Fused devices NCCL sees (MPIB_HCA_SOUT and MPIB_HCA_SUP paired by position) and the NICs
@@ -199,7 +210,7 @@ struct mpib_rebuild {
   pthread_t thread;
 };
 
-/* One rail's failover state in one comm (mpib_p2p.c). */
+/* One rail's failover state in one comm (mpib_failover.c). */
 struct mpib_rail_ctl {
   int state;              /* MPIB_RAIL_* */
   uint32_t gen;           /* generation of the rail's QPs, from 1; a rebuild adds one */
@@ -216,6 +227,7 @@ struct mpib_rail_ctl {
    * the longest recent wait for an acknowledgement (decaying), which widens the watch on a slow
    * path. */
   uint64_t acks, acks_seen, progress_ns, slow_ns;
+  int watch_busy; /* the last watch tick found signalled writes outstanding */
   struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
 };
 
@@ -372,7 +384,7 @@ struct mpib_comm {
 
   uint32_t pending[MPIB_NRAILS];      /* signalled sends not yet completed, per rail */
   uint64_t *path_ack_ns[MPIB_NRAILS]; /* the rail's path's shared progress word (mpib_progress.h), or NULL */
-  /* Send-queue accounting per QP (mpib_p2p.c qp_post): work requests posted and not yet
+  /* Send-queue accounting per QP (mpib_slots.c mpib_qp_post): work requests posted and not yet
    * retired by a signalled completion, and those posted since the last signalled one. A post
    * that does not fit the depth is refused whole (ENOMEM) before the provider sees it, so a
    * chain is never taken in part. */
@@ -383,7 +395,7 @@ struct mpib_comm {
    * with atomic stores, read by the control plane's thread, which answers a FAIL notice for a
    * receiver NCCL is not calling (mpib_comm_answer_notice). */
   uint64_t recv_idle_seq1;
-  /* Keepalive (mpib_p2p.c keepalive_tick): a comm NCCL keeps polling that has made no progress
+  /* Keepalive (mpib_failover_keepalive_tick): a comm NCCL keeps polling that has made no progress
    * for a second writes zero bytes on each rail, so a dead path errors even with nothing else
    * in flight (the control socket may share the dead network). */
   uint32_t idle_polls;
@@ -417,7 +429,7 @@ struct mpib_comm {
  * connection's transfers, so neither call waits for the Go control plane once a handshake is
  * under way: a goroutine runs each handshake and leaves its result in C memory, and the calls
  * read it there. A call into Go waits for the Go scheduler, and with hundreds of handshakes
- * running that wait measured hundreds of ms (docs/benchmarks.md, connect). */
+ * running that wait reaches hundreds of ms (docs/benchmarks.md, connect). */
 
 /* A finished handshake waiting for accept(). */
 struct mpib_ready {
@@ -435,13 +447,6 @@ struct mpib_listen_comm {
   pthread_mutex_t mu;
   struct mpib_ready *head, *tail;
 };
-struct mpib_listen_comm *mpib_listen_comm_new(uint64_t id);
-void mpib_listen_comm_free(struct mpib_listen_comm *lc);
-/* Queues a finished handshake (Go). 0, or -ENOMEM (the caller then closes the comm). */
-int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int result);
-void mpib_listen_close(struct mpib_listen_comm *lc);
-/* Takes the oldest finished handshake: 1, or 0 when none is queued. */
-int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result);
 
 /* Connect attempts in flight, one entry each. The handle NCCL keeps between connect() calls
  * names the entry by index + 1 and generation (handle bytes 32..39); a stale or forged handle
@@ -467,20 +472,6 @@ struct mpib_pending {
   int result;                          /* ncclResult_t */
   uint64_t key[MPIB_HANDLE_KEY_WORDS]; /* the attempt's handle bytes [0, 24), set before RUNNING is published */
 };
-/* A free entry armed for a new attempt to the listener `handle` names: its index + 1 (0 when
- * the table is full) and, in *gen, its generation. */
-uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen);
-/* The handshake of the attempt ended: comm (or NULL) and its ncclResult_t. */
-void mpib_pending_finish(uint32_t idx1, uint32_t gen, struct mpib_comm *comm, int result);
-/* Takes a finished attempt's result and frees its entry: 1, or 0 when it is still running,
- * was taken already or the entry moved on. */
-int mpib_pending_take(uint32_t idx1, uint32_t gen, struct mpib_comm **comm, int *result);
-/* connect()'s look at the handle: 1 while its handshake runs, 2 with the result taken (in
- * *comm and *result), 0 when the control plane must answer (no entry, a stale one, or one
- * armed for another listener's handle). */
-int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result);
-/* 1 when a finished attempt's result was taken (the entry was freed or moved on). */
-int mpib_pending_collected(uint32_t idx1, uint32_t gen);
 
 /* A connect() with a fresh handle: queued here for the control plane, which starts the
  * handshake (mpib_connect_enqueue, then the control plane's dispatcher reads the eventfd and
@@ -492,86 +483,6 @@ struct mpib_connect_req {
   uint8_t handle[128]; /* NCCL_NET_HANDLE_MAXSIZE: the peer's listen handle, copied */
   struct mpib_connect_req *next;
 };
-/* The eventfd the dispatcher reads (created once; -1 when none could be). */
-int mpib_connect_queue_open(void);
-/* 1 when queued (the handle then names its pending entry), 0 when the control plane must be
- * called (no queue, or the pending table is full). */
-int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle);
-/* The oldest queued request: 1, or 0 when none. */
-int mpib_connect_dequeue(struct mpib_connect_req *out);
-
-/* NICs (mpib_device.c), called by the Go control plane and comm setup. Return 0 or -errno. NICs
- * are named by their index in mpib_g.nic, fused devices by theirs in mpib_g.fdev. */
-int mpib_nic_open(int nic, int role, const char *name, int port, int pkey, int may_be_down);
-void mpib_nic_close_all(void);
-int mpib_dmabuf_supported(void);
-/* How many connections a fused device can hold (for NCCL's maxComms), given QPs per connection. */
-int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]);
-/* Whether a NIC is an mlx5 Data Direct device (net_ib then forces flushes). */
-int mpib_data_direct(int nic);
-/* Async events (mpib_events.c): one thread per open NIC. */
-int mpib_events_start(int nic);
-void mpib_events_stop(int nic);
-/* One GID table entry of a NIC's port for the control plane's GID choice: 0, or -1 when the
- * entry is empty or unreadable. type is IBV_GID_TYPE_*. */
-int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type);
-int mpib_gid_table_len(int nic);
-/* How many GID table changes the NIC has reported (IBV_EVENT_GID_CHANGE). */
-uint32_t mpib_gid_gen(int nic);
-/* The NIC's port's whole GID table, n = mpib_gid_table_len entries: gids[16*i], types[i]
- * (-1: empty or unreadable). One verbs call where the library has ibv_query_gid_table (a
- * connection burst at job start reads it once per NIC; rxe has 1024 entries, mostly empty). */
-void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n);
-int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type);
-/* CLOCK_MONOTONIC ns (mpib_clock.c: the tests of the message path bring their own clock). */
-uint64_t mpib_now_ns(void);
-void mpib_comm_peer_gone(struct mpib_comm *c);
-/* Publishes the agent segment to the data path (NULL withdraws it). */
-void mpib_set_shm(void *shm);
-struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p);
-void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd);
-/* A notice word about a rail that arrived on the control socket (lifecycle.go). */
-void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word);
-/* A fence record about a rail that arrived on the control socket (sizeof(struct mpib_fence_rec) bytes). */
-void mpib_comm_tcp_record(struct mpib_comm *c, int rail, const void *rec);
-/* A confirm record about a rail that arrived on the control socket (sizeof(struct mpib_confirm_rec) bytes). */
-void mpib_comm_tcp_confirm(struct mpib_comm *c, int rail, const void *rec);
-/* Sender: a fence record that arrived over the control socket, answered from the control
- * plane's thread with the confirm of what this side's acknowledgements show delivered (the
- * data path answers too, when NCCL calls it; a receiver applies either). */
-void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec);
-/* Receiver: a notice that arrived over the control socket. A FAIL while no receive is open is
- * answered from the control plane's thread with a fence record that says so (nothing of the
- * rail can be missing), so a sender waiting for it is not held until NCCL posts a receive. */
-void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word);
-/* The peer said over the control socket that its side failed: waiting requests fail now. */
-void mpib_comm_peer_failed(struct mpib_comm *c);
-/* Removes a rail the peer cannot reach (its QPs never leave INIT). */
-void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
-/* A receiver built before its peer was known (a listener's spare, SOUT only): its path sets
- * the CTS rail, and SUP's lanes and QPs are built now when the path wants them (p->nqps[SUP]
- * > 0; p's path, SUP port(s) and GID indexes). 0 or a negative errno; on failure the comm has
- * no SUP QPs, as before (its SUP lane fields may name the ports it tried: unused). */
-int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p);
-size_t mpib_comm_host_bytes(int is_send);
-void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
-int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
-/* Frees the comm's verbs resources and memory (comm setup); mpib_comm_close (message path)
- * publishes its last telemetry and releases its agent slot first: the control plane calls that. */
-void mpib_comm_destroy(struct mpib_comm *c);
-void mpib_comm_close(struct mpib_comm *c);
-int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out);
-int mpib_dereg_mr(struct mpib_mr *mh);
-
-/* Data path (mpib_p2p.c). */
-/* phandle(s): NCCL's profiler handles (v10+), NULL from older ABIs. */
-ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle, void **request);
-ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *tags, void **mhandles, void **phandles,
-                        void **request);
-ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
-ncclResult_t mpib_test(void *request, int *done, int *sizes);
-ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request);
-uint32_t mpib_policy_sup_bw(struct mpib_comm *c);
 
 /* A free request of the comm's pool, zeroed and typed; NULL when all are in use. */
 static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type) {
@@ -601,7 +512,7 @@ static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPI
 /* Whether a device under any of the rail's lanes died (IBV_EVENT_DEVICE_FATAL), or reported
  * its port down (async events; set by mpib_events.c, read without a lock). Both run several
  * times per test() call: the rail's first lane is checked in line, the loop is only for
- * striped lanes (P4 counted 150 more instructions per test call with the loop for every rail). */
+ * striped lanes, so an unstriped rail costs one load. */
 static inline int mpib_rail_fatal(const struct mpib_comm *c, int rail) {
   if (__atomic_load_n(&c->nic[rail]->fatal, __ATOMIC_ACQUIRE)) return 1;
   for (int i = 1; i < mpib_lane_count(c, rail); i++)
@@ -630,11 +541,5 @@ static inline const char *mpib_rail_fault_nic(const struct mpib_comm *c, int rai
 static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struct mpib_mr *mh, int lane) {
   return mh->mr[lane == MPIB_RAIL_SOUT ? 0 : 1 + c->lane_port[lane]];
 }
-void mpib_telemetry_flush(struct mpib_comm *c);
-
-#ifdef MPIB_HOSTILE_TEST
-/* The lab's attacking sender (mpib_hostile.c): only in the hostile test build. */
-void mpib_hostile_before_post(struct mpib_comm *c, int slot, int nreqs, int size_in_imm);
-#endif
 
 #endif

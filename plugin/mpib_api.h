@@ -2,7 +2,8 @@
  * The one internal API that the ABI tables adapt to. abi_v12.c implements the newest table
  * on it; every older table (abi_v8.c .. abi_v11.c) is a thin shim that reuses the v12 entry
  * points where the signature is unchanged and converts only what differs. The control calls
- * are implemented in Go (plugin's .go files, exported through cgo); the data path in C.
+ * are implemented in Go (plugin's .go files, exported through cgo); the data path in C
+ * (mpib_p2p.h, mpib_flush.h).
  */
 #ifndef MPIB_API_H
 #define MPIB_API_H

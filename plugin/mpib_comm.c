@@ -1,8 +1,8 @@
 /* Comm setup: a connection's verbs resources on its fused device's NICs (CQs, SRQs, QPs, the
  * CTS and size area, the flush loopback), bringing them up against the peer's, adding or
- * dropping a rail, and teardown. Called by the Go control plane, by rail rebuild (the QP
- * helpers of mpib_qp.h) and by the message path (mpib_comm_close); calls only the NICs'
- * functions and the verbs shims. */
+ * dropping a rail, and teardown. Called by the Go control plane (mpib_comm.h, whose
+ * mpib_comm_close ends every comm here) and by rail rebuild and the flush (the QP helpers of
+ * mpib_qp.h); calls only the NICs' functions, path progress and the verbs shims. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -12,12 +12,12 @@
 #include <sys/mman.h>
 
 #include "mpib.h"
+#include "mpib_clock.h"
+#include "mpib_comm.h"
 #include "mpib_progress.h"
 #include "mpib_qp.h"
 #include "mpib_srq.h"
 #include "mpib_verbs.h"
-
-static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
  * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
@@ -64,12 +64,12 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
   if (rem->ece_valid && mpib_g.ece_enable) {
     struct ibv_ece ece = rem->ece; /* the device keeps the options both ends support */
     if (mpib_ibv_set_ece(qp, &ece) != 0 && errno != EOPNOTSUPP)
-      MPIB_INFO("%s rail: ibv_set_ece failed", rail_name(rail));
+      MPIB_INFO("%s rail: ibv_set_ece failed", mpib_rail_name(rail));
   }
   struct ibv_qp_attr a = {0};
   if (mpib_build_ah(&a.ah_attr, d->link_layer, rem->link_layer, d->port, (uint8_t)c->gid_index[lane], c->gid[lane].raw,
                     rem->gid, rem->lid, tc, c->sl) != 0) {
-    MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", rail_name(rail), d->link_layer,
+    MPIB_WARN("%s rail: no address for the peer (link layer %d vs %d, LID %u)", mpib_rail_name(rail), d->link_layer,
               rem->link_layer, rem->lid);
     return -EPROTO;
   }
@@ -85,7 +85,7 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   uint64_t took_ms = (mpib_now_ns() - t0) / 1000000ull;
   if (took_ms >= 100) /* RoCE: the kernel resolves the peer's MAC inside this call */
-    MPIB_INFO("%s rail: QP %u to RTR took %llu ms", rail_name(rail), qp->qp_num, (unsigned long long)took_ms);
+    MPIB_INFO("%s rail: QP %u to RTR took %llu ms", mpib_rail_name(rail), qp->qp_num, (unsigned long long)took_ms);
   if (rc) return -rc;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_RTS;
@@ -187,7 +187,7 @@ static int rail_setup(struct mpib_comm *c, int rail) {
     uint32_t max_inline = inline_cts ? (uint32_t)MPIB_MAX_INLINE : 0;
     struct ibv_qp *qp = create_rc_qp(c, lane, c->cq[lane], c->srq[lane], send_wr, &max_inline, MPIB_DATA_QP_ACCESS);
     if (!qp) {
-      MPIB_WARN("%s rail: ibv_create_qp failed: %s", rail_name(rail), strerror(errno));
+      MPIB_WARN("%s rail: ibv_create_qp failed: %s", mpib_rail_name(rail), strerror(errno));
       return errno ? -errno : -ENOMEM;
     }
     c->qps[base + i] = (struct mpib_qp){.qp = qp, .rail = rail, .lane = lane};
@@ -292,7 +292,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
     if (c->nqps[r] == 0) continue;
     int rc = rail_setup(c, r);
     if (rc) {
-      MPIB_WARN("%s rail: connection setup failed: %s", rail_name(r), strerror(-rc));
+      MPIB_WARN("%s rail: connection setup failed: %s", mpib_rail_name(r), strerror(-rc));
       mpib_comm_destroy(c);
       return NULL;
     }
@@ -372,7 +372,7 @@ static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_
     int rc = mpib_qp_connect(c, q->qp, q->lane, remote->rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
                              mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
     if (rc) {
-      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", rail_name(r), q->qp->qp_num,
+      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", mpib_rail_name(r), q->qp->qp_num,
                 remote->rail[r].qpn[i], strerror(-rc));
       return rc;
     }
@@ -416,7 +416,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   if (c->cts_rail == down) c->cts_rail = 1 - down;
   MPIB_INFO("%s comm: connection started degraded: the %s rail could not come up (%s); everything rides %s until it "
             "joins",
-            c->is_send ? "send" : "recv", rail_name(down), strerror(-err), rail_name(1 - down));
+            c->is_send ? "send" : "recv", mpib_rail_name(down), strerror(-err), mpib_rail_name(1 - down));
   return 0;
 }
 
@@ -498,7 +498,7 @@ int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p) {
   return 0;
 }
 
-/* Frees everything the comm holds but its agent slot (mpib_comm_close, the message path's,
+/* Frees everything the comm holds but its agent slot (mpib_comm_close, in mpib_comm.h,
  * publishes the last telemetry and releases the slot first). */
 void mpib_comm_destroy(struct mpib_comm *c) {
   if (!c) return;

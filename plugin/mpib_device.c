@@ -1,6 +1,8 @@
-/* NICs: opening and closing them (with their async-event threads), their limits and
- * properties, their GID tables, and memory registrations on a fused device's NICs. Called by
- * the Go control plane and by comm setup; calls only the event threads and the verbs shims. */
+/* The device table (mpib_g, the process's NICs and fused devices) and the NICs in it: opening
+ * and closing them (with their async-event threads), their limits, properties and port state,
+ * their GID tables, and memory registrations on a fused device's NICs. Called by the Go control
+ * plane, by comm setup and by rail rebuild; offers what mpib_device.h declares; calls only the
+ * event threads (mpib_events.h) and the verbs shims (mpib_verbs.h). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -9,13 +11,13 @@
 #include <string.h>
 
 #include "mpib.h"
+#include "mpib_device.h"
+#include "mpib_events.h"
 #include "mpib_verbs.h"
 
 struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
 
 void mpib_set_shm(void *shm) { __atomic_store_n(&mpib_g.shm, shm, __ATOMIC_RELEASE); }
-
-static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 static int mtu_bytes(enum ibv_mtu m) { return 128 << (m - 1); }
 
@@ -56,7 +58,7 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
     if (strcmp(ibv_get_device_name(list[i]), name) == 0) found = list[i];
   }
   if (found == NULL) {
-    MPIB_WARN("%s HCA '%s' not found (%d RDMA devices visible)", rail_name(rail), name, n);
+    MPIB_WARN("%s HCA '%s' not found (%d RDMA devices visible)", mpib_rail_name(rail), name, n);
     rc = -ENODEV;
     goto out;
   }
@@ -66,18 +68,18 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   d->ctx = ibv_open_device(found);
   if (d->ctx == NULL) {
     rc = errno ? -errno : -EIO;
-    MPIB_WARN("%s HCA %s: ibv_open_device failed: %s", rail_name(rail), name, strerror(-rc));
+    MPIB_WARN("%s HCA %s: ibv_open_device failed: %s", mpib_rail_name(rail), name, strerror(-rc));
     goto out;
   }
   struct ibv_port_attr pa;
   d->port = (uint8_t)port;
   if ((rc = ibv_query_port(d->ctx, d->port, &pa)) != 0) {
-    MPIB_WARN("%s HCA %s: port %d cannot be queried: %s", rail_name(rail), name, port, strerror(rc));
+    MPIB_WARN("%s HCA %s: port %d cannot be queried: %s", mpib_rail_name(rail), name, port, strerror(rc));
     rc = -rc;
     goto fail;
   }
   if (pa.state != IBV_PORT_ACTIVE && !may_be_down) {
-    MPIB_WARN("%s HCA %s port %d is not active (state %d)", rail_name(rail), name, port, pa.state);
+    MPIB_WARN("%s HCA %s port %d is not active (state %d)", mpib_rail_name(rail), name, port, pa.state);
     rc = -ENETDOWN;
     goto fail;
   }
@@ -92,7 +94,7 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
      * traffic goes to SOUT until the port comes up. Its speed is unknown until then (a down
      * port's figures are not the link's). */
     MPIB_WARN("%s HCA %s port %d is not active (state %d): opened; its traffic moves to SOUT until the port comes up",
-              rail_name(rail), name, port, pa.state);
+              mpib_rail_name(rail), name, port, pa.state);
     d->port_down = 1;
     d->speed_mbps = 0;
   }
@@ -103,8 +105,8 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   }
   d->gid_tbl_len = pa.gid_tbl_len;
   if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
-    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", rail_name(rail), name, port,
-              pkey_index, pa.pkey_tbl_len);
+    MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", mpib_rail_name(rail), name,
+              port, pkey_index, pa.pkey_tbl_len);
     rc = -ENOENT;
     goto fail;
   }
@@ -112,14 +114,14 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   d->pd = ibv_alloc_pd(d->ctx);
   if (d->pd == NULL) {
     rc = -ENOMEM;
-    MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", rail_name(rail), name);
+    MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", mpib_rail_name(rail), name);
     goto fail;
   }
   if ((rc = mpib_events_start(nic)) != 0) {
-    MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", rail_name(rail), name, strerror(-rc));
+    MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", mpib_rail_name(rail), name, strerror(-rc));
     goto fail;
   }
-  MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", rail_name(rail), name, port,
+  MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", mpib_rail_name(rail), name, port,
             d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu), d->speed_mbps,
             pkey_index);
   if (nic >= mpib_g.nnics) mpib_g.nnics = nic + 1;
@@ -179,7 +181,7 @@ int mpib_data_direct(int nic) {
   dlclose(lib);
   if (dd)
     MPIB_INFO("%s rail: %s is an mlx5 Data Direct device (%s): receives are always flushed",
-              rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
+              mpib_rail_name(mpib_g.nic[nic].role), mpib_g.nic[nic].name, path);
   return dd;
 }
 
@@ -196,6 +198,8 @@ int mpib_dmabuf_supported(void) {
 int mpib_gid_table_len(int nic) { return mpib_g.nic[nic].gid_tbl_len; }
 
 uint32_t mpib_gid_gen(int nic) { return __atomic_load_n(&mpib_g.nic[nic].gid_gen, __ATOMIC_ACQUIRE); }
+
+int mpib_sup_port_down(int nic) { return __atomic_load_n(&mpib_g.nic[nic].port_down, __ATOMIC_ACQUIRE); }
 
 int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) {
   return mpib_nic_gid_entry(&mpib_g.nic[nic], index, gid, type);
@@ -258,8 +262,8 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
     }
     if (!mh->mr[slot]) {
       int rc = errno ? -errno : -ENOMEM;
-      MPIB_WARN("%s rail (%s): memory registration of %zu bytes at %p failed: %s", rail_name(d->role), d->name, size,
-                data, strerror(-rc));
+      MPIB_WARN("%s rail (%s): memory registration of %zu bytes at %p failed: %s", mpib_rail_name(d->role), d->name,
+                size, data, strerror(-rc));
       mpib_dereg_mr(mh);
       return rc;
     }

@@ -6,6 +6,8 @@
  * that goes down stops being scheduled while the other rail can carry the traffic, and a GID
  * table change (an address added or removed) makes the next connect read the table again.
  * Each kind of event is logged the first time it happens (and then counted), not per event.
+ * Called by mpib_device.c (a NIC's thread starts when it opens, stops before it closes);
+ * offers what mpib_events.h declares.
  */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
@@ -15,8 +17,8 @@
 #include <unistd.h>
 
 #include "mpib.h"
-
-static const char *rail_name(int rail) { return rail == MPIB_RAIL_SOUT ? "SOUT" : "SUP"; }
+#include "mpib_clock.h"
+#include "mpib_events.h"
 
 /* Events per type seen on each NIC; a type is logged when its count goes 0 -> 1. */
 static unsigned event_counts[MPIB_MAX_NICS][32];
@@ -43,21 +45,21 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
     __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
     MPIB_WARN("%s rail: device %s reported a fatal error (removed or reset): its connections move to the other rail "
               "where they can, and fail where they cannot",
-              rail_name(rail), d->name);
+              mpib_rail_name(rail), d->name);
     return;
   case IBV_EVENT_PORT_ERR:
   case IBV_EVENT_PORT_ACTIVE:
     __atomic_store_n(&d->port_change_ns, mpib_now_ns(), __ATOMIC_RELAXED);
     if (t == IBV_EVENT_PORT_ACTIVE) refresh_mtu(d);
     __atomic_store_n(&d->port_down, t == IBV_EVENT_PORT_ERR, __ATOMIC_RELEASE);
-    MPIB_INFO("%s rail: device %s port %d is %s", rail_name(rail), d->name, ev->element.port_num,
+    MPIB_INFO("%s rail: device %s port %d is %s", mpib_rail_name(rail), d->name, ev->element.port_num,
               t == IBV_EVENT_PORT_ERR ? "down: traffic moves to the other rail where it can" : "active again");
     return;
   case IBV_EVENT_GID_CHANGE: /* an address came or went: the next connect reads the GID table again */
     __atomic_add_fetch(&d->gid_gen, 1, __ATOMIC_RELEASE);
     if (first_time(nic, t))
-      MPIB_INFO("%s rail: device %s port %d GID table changed (logged once; every change is acted on)", rail_name(rail),
-                d->name, ev->element.port_num);
+      MPIB_INFO("%s rail: device %s port %d GID table changed (logged once; every change is acted on)",
+                mpib_rail_name(rail), d->name, ev->element.port_num);
     return;
   case IBV_EVENT_COMM_EST:
   case IBV_EVENT_SQ_DRAINED:
@@ -65,7 +67,7 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   case IBV_EVENT_SRQ_LIMIT_REACHED: return; /* expected in normal operation */
   default:
     if (first_time(nic, t))
-      MPIB_WARN("%s rail: device %s async event: %s (logged once per kind)", rail_name(rail), d->name,
+      MPIB_WARN("%s rail: device %s async event: %s (logged once per kind)", mpib_rail_name(rail), d->name,
                 ibv_event_type_str(t));
   }
 }
@@ -82,7 +84,7 @@ static void *event_loop(void *arg) {
     if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
       /* The kernel dropped the device under us: the same as a fatal event. */
       __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
-      MPIB_WARN("%s rail: device %s went away (event channel closed)", rail_name(rail), d->name);
+      MPIB_WARN("%s rail: device %s went away (event channel closed)", mpib_rail_name(rail), d->name);
       return NULL;
     }
     struct ibv_async_event ev;

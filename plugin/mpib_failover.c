@@ -1,8 +1,9 @@
 /*
  * Failover: a rail leaves service and the connection goes on (docs/failover.md). Called by the
- * message path (mpib_p2p.c) through mpib_failover.h, and by the control plane's thread for its
- * answers (mpib_comm_answer_*); calls the slots' bookkeeping (mpib_slots.h), rail rebuild
- * (mpib_rebuild.c: QP reset and reconnect on a thread of their own) and the agent segment.
+ * message path (mpib_p2p.c), and by the control plane's thread (lifecycle.go) for its answers
+ * (mpib_comm_answer_*); offers what mpib_failover.h declares. Calls the slots' bookkeeping
+ * (mpib_slots.h), rail rebuild (mpib_rebuild.h: QP reset and reconnect on a thread of their
+ * own) and the agent segment.
  * Pure C, no Go calls; every timeout reads mpib_now_ns.
  *
  * A rail that fails (an error completion of any status, a port that went down, a dead device,
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "mpib_clock.h"
 #include "mpib_failover.h"
 #include "mpib_profiler.h"
 #include "mpib_rebuild.h"
@@ -452,7 +454,7 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
   return n;
 }
 
-/* The control plane's answer to a FAIL for an idle receiver (mpib.h): a fence record with no
+/* The control plane's answer to a FAIL for an idle receiver (mpib_failover.h): a fence record with no
  * receive open and next_seq where the next one will be. A receive NCCL posts meanwhile is one
  * "posted after the report" (mpib_replay_ranges): whatever the failed rail carried of it is
  * replayed. The data path fences its end and answers too when it next runs; the sender takes
@@ -474,7 +476,7 @@ void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word) {
   ctrl_send_wait(c, msg, sizeof msg);
 }
 
-/* The control plane's answer to a fence record (mpib.h): the confirm, over the control socket. */
+/* The control plane's answer to a fence record (mpib_failover.h): the confirm, over the control socket. */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_bytes) {
   struct mpib_fence_rec rec;
   struct mpib_confirm_rec st;
@@ -689,10 +691,6 @@ static ncclResult_t recv_fence_settle(struct mpib_comm *c, int r, uint64_t now) 
   return post_record(c, r);
 }
 
-/* Receiver: rail r's QPs were rebuilt (e == 0) as generation rc->gen: refill its receives and
- * tell the sender. A failure is told too: the sender retries after its back-off (without the
- * answer it would wait MPIB_FAILOVER_TIMEOUT_MS; seen in the lab when the loss that failed the
- * rail also lost the ARP reply this side's RTR waited for). */
 /* Receiver: refuses the sender's attempt to bring rail r back as generation gen: it retries
  * after its back-off, or, when this side's device under the rail died, never again. */
 static ncclResult_t recv_refuse(struct mpib_comm *c, int r, uint32_t gen, int dead, const char *why) {
@@ -702,6 +700,10 @@ static ncclResult_t recv_refuse(struct mpib_comm *c, int r, uint32_t gen, int de
   return mpib_rail_usable(c, 1 - r) || c->ctrl_fd >= 0 ? post_record(c, r) : ncclSuccess; /* else: its timeout */
 }
 
+/* Receiver: rail r's QPs were rebuilt (e == 0) as generation rc->gen: refill its receives and
+ * tell the sender. A failure is told too: the sender retries after its back-off (without the
+ * answer it would wait MPIB_FAILOVER_TIMEOUT_MS, as when the loss that failed the rail also
+ * lost the ARP reply this side's RTR waited for). */
 static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (mpib_rail_fatal(c, r)) return recv_refuse(c, r, rc->gen, 1, "its device died");
@@ -984,10 +986,12 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
     int busy =
         (rc->state == MPIB_RAIL_UP || rc->state == MPIB_RAIL_PROBING) && c->pending[r] > 0 && !mpib_rail_fatal(c, r);
     if (rc->acks != rc->acks_seen) {
-      watch_progress(rc, c->path_ack_ns[r], busy, now);
+      watch_progress(rc, c->path_ack_ns[r], busy && rc->watch_busy, now);
+      rc->watch_busy = busy;
       continue;
     }
-    if (!busy) { /* the wait for an acknowledgement starts with the work: from here */
+    if (!busy || !rc->watch_busy) { /* a wait starts when a tick first sees the work (the comm may have slept) */
+      rc->watch_busy = busy;
       rc->progress_ns = now;
       continue;
     }

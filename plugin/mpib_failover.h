@@ -1,5 +1,7 @@
-/* Failover (mpib_failover.c): what the message path (mpib_p2p.c) calls. Each returns
- * ncclSuccess while the connection goes on, or the error NCCL gets (with a message logged). */
+/* Failover (mpib_failover.c): what the message path (mpib_p2p.c) calls, each returning
+ * ncclSuccess while the connection goes on or the error NCCL gets (with a message logged); and
+ * the answers the Go control plane's thread (lifecycle.go) gives for a comm NCCL is not
+ * calling. */
 #ifndef MPIB_FAILOVER_H
 #define MPIB_FAILOVER_H
 
@@ -24,5 +26,14 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c);
  * a stall past MPIB_STALL_TIMEOUT_MS), or ncclSuccess; mpib_p2p.c checks three loads in line
  * first (comm_health). */
 ncclResult_t mpib_failover_health_check(struct mpib_comm *c);
+
+/* Sender: a fence record that arrived over the control socket, answered from the control
+ * plane's thread with the confirm of what this side's acknowledgements show delivered (the
+ * data path answers too, when NCCL calls it; a receiver applies either). */
+void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec);
+/* Receiver: a notice that arrived over the control socket. A FAIL while no receive is open is
+ * answered from the control plane's thread with a fence record that says so (nothing of the
+ * rail can be missing), so a sender waiting for it is not held until NCCL posts a receive. */
+void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word);
 
 #endif

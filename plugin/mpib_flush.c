@@ -1,7 +1,7 @@
 /*
- * iflush: orders the NIC's writes before the GPU reads the buffer. Called by the ABI shims
- * (mpib_iflush) and by the message path's test() (mpib_flush_test); calls comm setup's QP
- * helpers to reset a loopback flush QP. Pure C, no Go calls.
+ * iflush: orders the NIC's writes before the GPU reads the buffer. Called by the ABI tables
+ * (mpib_iflush) and by the message path's test() (mpib_flush_test), both in mpib_flush.h; calls
+ * comm setup's QP helpers to reset a loopback flush QP. Pure C, no Go calls.
  *
  * A flush is a 1-byte loopback RDMA read on each lane of a rail whose writes landed bytes of
  * receives completed since the last flush (a rail that carried a range, original or replay;
@@ -20,10 +20,9 @@
 #include <string.h>
 
 #include "mpib.h"
+#include "mpib_clock.h"
 #include "mpib_flush.h"
 #include "mpib_qp.h"
-
-static const char *lane_rail_name(int lane) { return mpib_rail_name(mpib_lane_rail(lane)); }
 
 /* A rail whose device died after writing bytes of a completed receive cannot order them: the
  * flush fails instead of waiting on a CQ nobody polls (net_ib fails test() when a fatal
@@ -56,8 +55,8 @@ static void flush_poll_lane(struct mpib_comm *c, int lane) {
     r->flush_lanes &= ~(1u << lane);
     if (wc.status == IBV_WC_SUCCESS) continue;
     if (!c->flush_broken[lane])
-      MPIB_INFO("%s rail: a flush read failed (%s); its QP is reset and the read posted again", lane_rail_name(lane),
-                ibv_wc_status_str(wc.status));
+      MPIB_INFO("%s rail: a flush read failed (%s); its QP is reset and the read posted again",
+                mpib_rail_name(mpib_lane_rail(lane)), ibv_wc_status_str(wc.status));
     c->flush_broken[lane] = 1;
     r->flush_redo |= 1u << lane;
     if (!r->flush_failed_ns) r->flush_failed_ns = mpib_now_ns();
@@ -115,7 +114,8 @@ static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req) {
     MPIB_WARN(
         "recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
         "cannot be ordered before the GPU reads them",
-        lane_rail_name(lane), c->nic[lane]->name, (unsigned long long)mpib_g.stall_timeout_ms, strerror(-e));
+        mpib_rail_name(mpib_lane_rail(lane)), c->nic[lane]->name, (unsigned long long)mpib_g.stall_timeout_ms,
+        strerror(-e));
     c->failure_reported = 1;
     return ncclSystemError;
   }

@@ -1,6 +1,8 @@
 /* Handshake results on their way to NCCL's calls: the pending connect attempts (a handle names
  * one), the queue of fresh connects for the control plane's dispatcher, and the finished
- * handshakes queued on a listen comm for accept. Bookkeeping only: no verbs. */
+ * handshakes queued on a listen comm for accept. Called by connect() and accept()
+ * (abi_common.c) and by the Go control plane (conn.go, listen.go); offers what mpib_handoff.h
+ * declares. Bookkeeping only: no verbs. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -11,6 +13,8 @@
 #include <unistd.h>
 
 #include "mpib.h"
+#include "mpib_clock.h"
+#include "mpib_handoff.h"
 
 static struct mpib_pending pending_tab[MPIB_PENDING_MAX];
 static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -3,17 +3,21 @@
  * suite only as build/test-only/libnccl-net-mpib-hostile-test-only.so) and empty in the plugin
  * users load. MPIB_TEST_HOSTILE names the attack, made once, on the first slot a comm posts:
  *   size-overwrite: RDMA-writes a CTS element with a larger size into the receiver's own CTS
- *     copy (where the receiver once took its bound from), then reports more bytes than the
+ *     copy (which the receiver must not take its bound from), then reports more bytes than the
  *     receiver posted in every size record. The receiver must refuse the size.
  *   remote-read: RDMA-reads the receiver's posted buffer through the data QP. The receiver's
  *     data QPs must refuse it.
- * Each prints one "hostile-test:" line with what the device answered. */
+ * Each prints one "hostile-test:" line with what the device answered. Called by the message
+ * path (mpib_p2p.c) before it posts a slot; offers what mpib_hostile.h declares. */
 #include "mpib.h"
+#include "mpib_hostile.h"
 
 #ifdef MPIB_HOSTILE_TEST
 #include <infiniband/verbs.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mpib_clock.h"
 
 static int hostile_done;
 
@@ -48,8 +52,8 @@ static void hostile_remote_read(struct mpib_comm *c, int slot, int rail) {
   wr.wr.rdma.rkey = c->cts_snap[slot][0].rkey[rail];
   enum ibv_wc_status st = IBV_WC_GENERAL_ERR;
   int rc = hostile_run(c, rail, &wr, &st);
-  MPIB_WARN("hostile-test: case=remote-read rail=%s posted=%d status=%d denied=%s (%s)", rail == 0 ? "SOUT" : "SUP",
-            rc == 0, rc == 0 ? (int)st : -1, rc == 0 && st == IBV_WC_SUCCESS ? "false" : "true",
+  MPIB_WARN("hostile-test: case=remote-read rail=%s posted=%d status=%d denied=%s (%s)", mpib_rail_name(rail), rc == 0,
+            rc == 0 ? (int)st : -1, rc == 0 && st == IBV_WC_SUCCESS ? "false" : "true",
             rc == 0 ? ibv_wc_status_str(st) : "no completion within 2 s");
   ibv_dereg_mr(mr);
 }
@@ -75,7 +79,7 @@ static void hostile_size_overwrite(struct mpib_comm *c, int slot, int rail, int 
   int rc = ibv_post_send(c->qps[qi].qp, &wr, &bad);
   for (int r = 0; r < nreqs; r++) c->sizes[slot][r] = (int32_t)(posted + 4096);
   MPIB_WARN("hostile-test: case=peer-size-overwrite rail=%s cts_write=%s posted_bytes=%llu reported_bytes=%llu",
-            rail == 0 ? "SOUT" : "SUP", rc == 0 ? "posted" : "refused-locally", (unsigned long long)posted,
+            mpib_rail_name(rail), rc == 0 ? "posted" : "refused-locally", (unsigned long long)posted,
             (unsigned long long)(posted + 4096));
 }
 

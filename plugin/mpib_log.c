@@ -1,3 +1,6 @@
+/* One log stream: C's messages and Go's (mpib_log_str) go through the logger NCCL hands to
+ * init (mpib_log_set, from abi_common.c). Called by every C file through MPIB_WARN and
+ * MPIB_INFO and by the Go control plane; offers what mpib_log.h declares. */
 #include "mpib_log.h"
 
 #include <stdarg.h>

@@ -1,7 +1,8 @@
 /*
- * The message path: isend, irecv, test. Pure C, no Go calls, no allocation. Called by the ABI
- * shims; calls failover (mpib_failover.h) when a rail misbehaves and on each progress call,
- * the slots' bookkeeping (mpib_slots.h) and the flush (mpib_flush.h).
+ * The message path: isend, irecv, test (mpib_p2p.h). Pure C, no Go calls, no allocation.
+ * Called by the ABI tables (abi_v*.c); calls failover (mpib_failover.h) when a rail misbehaves
+ * and on each progress call, the slots' bookkeeping (mpib_slots.h) and the flush
+ * (mpib_flush.h).
  *
  * One message's path: the receiver's irecv RDMA-writes a CTS element per grouped receive
  * into the sender's FIFO slot (fifo_head % 32) on the CTS rail. The sender's isend waits
@@ -19,8 +20,11 @@
 #include <string.h>
 
 #include "mpib.h"
+#include "mpib_clock.h"
 #include "mpib_failover.h"
 #include "mpib_flush.h"
+#include "mpib_hostile.h"
+#include "mpib_p2p.h"
 #include "mpib_profiler.h"
 #include "mpib_shm.h"
 #include "mpib_slots.h"
@@ -56,21 +60,9 @@ static uint32_t cached_hint(struct mpib_comm *c) {
   return c->hint_bw;
 }
 
-/* The comm's end: its last telemetry published and its agent slot released, then its verbs
- * resources freed (mpib_comm_destroy). Every close of a comm the control plane built goes here. */
-void mpib_comm_close(struct mpib_comm *c) {
-  if (!c) return;
-  mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
-  if (c->shm_slot >= 0 && shm) {
-    mpib_telemetry_flush(c);
-    mpib_shm_release(shm, (uint32_t)c->shm_slot);
-  }
-  mpib_comm_destroy(c);
-}
-
 /* The policy entry point: the SUP share (parts per 1024) of the slot about to be posted.
  * Order: test override, agent hint (advanced mode, fresh agent), vanilla; then the guard. */
-uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
+static uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   uint32_t bw;
   if (c->force_sup_bw != MPIB_NO_OVERRIDE) {
     bw = c->force_sup_bw;

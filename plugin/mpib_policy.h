@@ -293,7 +293,7 @@ static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, in
   return 0;
 }
 
-/* ---- Rail failover (mpib_p2p.c; design and timeline in docs/failover.md) ----
+/* ---- Rail failover (mpib_failover.c; design and timeline in docs/failover.md) ----
  * A rail's life per connection: UP -> FENCING (failed: its QPs forced to the error state so
  * nothing more of it lands) -> DOWN (the receiver told the sender what it has; the sender
  * replayed the rest on the other rail) -> RECOVERING (QPs reset and reconnected, generation
@@ -329,7 +329,7 @@ static inline uint64_t mpib_recovery_backoff_ms(uint32_t failed_attempts, uint64
   return d < max_ms ? d : max_ms;
 }
 
-/* Idle-rail keepalives (mpib_p2p.c probe_idle_rails): a rail with nothing pending counts as
+/* Idle-rail keepalives (mpib_failover.c probe_idle_rails): a rail with nothing pending counts as
  * idle from the first check that finds it so; once it has been idle for period_ns a probe is
  * due and the count restarts. Any pending work (the probe itself included) resets it. */
 static inline int mpib_idle_probe_due(uint64_t *idle_since_ns, int idle, uint64_t now_ns, uint64_t period_ns) {

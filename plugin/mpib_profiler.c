@@ -1,4 +1,6 @@
-/* NCCL profiler events for MPIB's rails: see mpib_profiler.h and docs/nccl-loading.md. */
+/* NCCL profiler events for MPIB's rails (docs/nccl-loading.md). Called by init (abi_common.c:
+ * the callback NCCL hands it), the message path (mpib_p2p.c), the slots' completions
+ * (mpib_slots.c) and failover (mpib_failover.c); offers what mpib_profiler.h declares. */
 #include "mpib_profiler.h"
 
 ncclProfilerCallback_t mpib_prof_fn;

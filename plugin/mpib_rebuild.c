@@ -1,6 +1,6 @@
 /* Rail rebuild: a failed rail's QPs forced to the error state, then reset and reconnected to
- * the peer's same QPs (on a thread of their own). Called by the
- * message path; calls comm setup's QP helpers and the NICs' GID reads. */
+ * the peer's same QPs (on a thread of their own). Called by failover (mpib_failover.c); offers
+ * what mpib_rebuild.h declares; calls comm setup's QP helpers and the NICs' GID reads. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -8,11 +8,10 @@
 #include <string.h>
 
 #include "mpib.h"
+#include "mpib_device.h"
 #include "mpib_qp.h"
 #include "mpib_rebuild.h"
 #include "mpib_verbs.h"
-
-static const char *rail_name(int rail) { return mpib_rail_name(rail); }
 
 /* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
  * arrives for them, and their outstanding work requests complete in error. */
@@ -40,7 +39,7 @@ static int refresh_gid_index(struct mpib_comm *c, int l) {
   int n = c->nic[l]->gid_tbl_len;
   for (int i = 0; i < n; i++) {
     if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[l].raw, 16) == 0) {
-      MPIB_INFO("%s rail: its GID moved from index %d to %d", rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
+      MPIB_INFO("%s rail: its GID moved from index %d to %d", mpib_rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
       c->gid_index[l] = i;
       return 0;
     }
@@ -76,7 +75,7 @@ static void *rebuild_main(void *arg) {
 
 /* Rebuilds rail r's QPs (mpib_rail_reconnect) on a thread of its own. On RoCE the RTR
  * transition waits inside the kernel for the peer's MAC, up to the neighbour timeout (1 s,
- * seen in the lab right after a link came back), and the caller is NCCL's progress thread,
+ * right after a link came back), and the caller is NCCL's progress thread,
  * which meanwhile drives every other transfer of the process, this connection's surviving
  * rail included. net_ib rebuilds in the progress thread. The data path leaves the rail alone
  * until mpib_rail_rebuild_poll says it is done: the rail is DOWN, so nothing is posted on its

@@ -1,6 +1,7 @@
 /*
  * The plugin's side of the MPIB shared-memory hint segment, format version 6: the one header
- * its callers include (agent.go, plugin.go, conn.go, mpib.h, mpib_p2p.c, mpib_slots.c).
+ * its callers include (the Go control plane's cgo files, mpib.h, mpib_comm.h, mpib_p2p.c,
+ * mpib_slots.c).
  * The format is specified in docs/shm-format.md; testdata/shm/ pins it.
  * Pure C11 + POSIX: no verbs, no Go, no NCCL. All symbols are hidden (never exported).
  * The path and the stale limit come from the caller (plugin/internal/config parses

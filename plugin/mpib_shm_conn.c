@@ -2,8 +2,8 @@
  * The per-process handle of the hint segment and its connections' slots (spec 5.4): the
  * connection table, the binding words the data path loads, slot claims under OFD leases,
  * registration, release and close.
- * Callers: agent.go (handle, register, conn_slot, close), mpib_p2p.c (release at a comm's
- * close), mpib_shm_watch.c (searches for waiting connections, unbinding). Offers what
+ * Callers: agent.go (handle, register, conn_slot, close), mpib_comm_close (mpib_comm.h: release
+ * at a comm's close), mpib_shm_watch.c (searches for waiting connections, unbinding). Offers what
  * mpib_shm.h and mpib_shm_conn.h declare. Never on the data path.
  */
 #ifndef _GNU_SOURCE

@@ -1,11 +1,15 @@
 /*
- * A slot's work requests and bookkeeping: see mpib_slots.h. Pure C, no Go calls.
+ * A slot's work requests and bookkeeping: posting chains, CTS and control writes within each
+ * QP's send-queue depth, a slot's and a receive's completion, and their agent telemetry. Called
+ * by the message path (mpib_p2p.c), failover (mpib_failover.c) and comm teardown
+ * (mpib_comm_close); offers what mpib_slots.h declares. Pure C, no Go calls.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "mpib_clock.h"
 #include "mpib_profiler.h"
 #include "mpib_shm.h"
 #include "mpib_slots.h"

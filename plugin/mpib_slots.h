@@ -1,7 +1,8 @@
 /* A slot's work requests and bookkeeping (mpib_slots.c): posting chains, CTS and control
  * writes within each QP's send-queue depth, a slot's and a receive's completion, and the
  * agent telemetry of both. Called by the message path (mpib_p2p.c) and by failover
- * (mpib_failover.c); calls only verbs and the agent segment. */
+ * (mpib_failover.c), and by comm teardown (mpib_comm_close in mpib_comm.h, for the last
+ * telemetry); calls only verbs and the agent segment. */
 #ifndef MPIB_SLOTS_H
 #define MPIB_SLOTS_H
 
@@ -65,6 +66,9 @@ static inline struct mpib_confirm_rec *mpib_confirm_area(struct mpib_comm *c, in
   return (struct mpib_confirm_rec *)((char *)c->sizes + MPIB_CONFIRM_OFFSET) + r;
 }
 
+/* Publishes the comm's telemetry batch to its agent slot and starts the next: the message path
+ * when a batch is due, failover's keepalive tick when a comm went idle, mpib_comm_close last. */
+void mpib_telemetry_flush(struct mpib_comm *c);
 /* Whether the telemetry batch is due (MPIB_HINT_REFRESH, MPIB_TELEMETRY_BYTES). */
 int mpib_telemetry_due(const struct mpib_comm *c);
 /* Range `range` of the slot posted on rail `carrier` at `now`. */
@@ -98,11 +102,11 @@ void mpib_publish_rail_state(struct mpib_comm *c, int r);
 void mpib_slot_try_complete(struct mpib_comm *c, int slot);
 /* Sender: the slot's ranges `ranges` were acknowledged on `rail` (mpib_ack_word). */
 void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges);
-/* Receiver: the receive in `slot` has every range: its sizes checked, it completes. */
 /* CLOCK_REALTIME in ms (log lines that agents correlate across nodes). */
 uint64_t mpib_wall_ms(void);
 /* Rail r's lane `lane` (out of service): its CQ emptied before its QPs are reset. */
 void mpib_lane_discard(struct mpib_comm *c, int r, int lane);
+/* Receiver: the receive in `slot` has every range: its sizes checked, it completes. */
 ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, struct mpib_request *req,
                               uint32_t imm_size);
 

@@ -1,4 +1,7 @@
-/* Optional verbs resolved by version node at run time (see mpib_verbs.h for why and which). */
+/* Optional verbs resolved by version node at run time (see mpib_verbs.h for why and which),
+ * and the GID and neighbour helpers built on them. Called by the NICs (mpib_device.c), comm
+ * setup (mpib_comm.c), rail rebuild (mpib_rebuild.c) and the Go control plane (plugin.go loads
+ * them at init); offers what mpib_verbs.h declares. */
 #define _GNU_SOURCE /* dlvsym, RTLD_DEFAULT */
 #include "mpib_verbs.h"
 
@@ -191,10 +194,10 @@ int mpib_gid_type_sysfs(const char *devname, int port, int index) {
 }
 
 /* Why warm the neighbour: the kernel resolves a RoCE peer's MAC inside ibv_modify_qp(RTR) and,
- * when the entry is not valid yet, waits for it; measured in the lab (rxe on veth, kernel 7.3)
- * the wait lasted its whole 1 s timeout every time (the ARP reply comes back before the wait is
- * queued, so its wake-up is lost): 1 s on a first connect to a peer and on every recovery after
- * a link flap (which flushes the entry), spent inside NCCL's progress thread for a recovery. */
+ * when the entry is not valid yet, waits for it; on rxe that wait lasts its whole 1 s timeout
+ * (the ARP reply comes back before the wait is queued, so its wake-up is lost): 1 s on a first
+ * connect to a peer and on every recovery after a link flap (which flushes the entry), spent
+ * inside NCCL's progress thread for a recovery. */
 int mpib_gid_peer_addr(const uint8_t gid[16], struct sockaddr_storage *out) {
   static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   static const uint8_t zero[16];

@@ -10,6 +10,8 @@ package main
 #cgo LDFLAGS: -libverbs
 #include <stdlib.h>
 #include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_device.h"
 #include "mpib_shm.h"
 #include "mpib_verbs.h"
 */

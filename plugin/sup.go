@@ -2,9 +2,9 @@ package main
 
 /*
 #include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_device.h"
 #include "mpib_policy.h"
-
-static int mpib_sup_port_down(int nic) { return __atomic_load_n(&mpib_g.nic[nic].port_down, __ATOMIC_ACQUIRE); }
 */
 import "C"
 

@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include "../mpib.h"
+#include "../mpib_flush.h"
+#include "../mpib_p2p.h"
 
 #include "check.h"
 

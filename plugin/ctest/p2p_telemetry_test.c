@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include "../mpib.h"
+#include "../mpib_p2p.h"
 #include "../mpib_profiler.h"
+#include "../mpib_slots.h"
 #include "shm_agent.h"
 #include "shm_decode.h"
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../mpib.h"
+#include "../mpib_handoff.h"
 #include "check.h"
 
 /* mpib_handoff.c is bookkeeping only: it needs nothing from comm setup or the data path. */

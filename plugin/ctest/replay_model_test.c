@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "../mpib.h"
+#include "../mpib_p2p.h"
 #include "../mpib_profiler.h"
 
 #include "check.h"

@@ -52,7 +52,10 @@
 #include <time.h>
 
 #include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_failover.h"
 #include "mpib_flush.h"
+#include "mpib_p2p.h"
 #include "mpib_qp.h"
 
 /* ---- what the data path needs from the rest of the plugin ---- */
