@@ -1,3 +1,7 @@
+// agent.go: advanced mode's agent segment (docs/shm-format.md): the process's one handle and
+// its watcher goroutine, and each connection's registration in it (registerWithAgent, called
+// by handshake.go's steps); lifecycle.go closes it with the devices (closeAgentSegment).
+
 package main
 
 /*
@@ -128,7 +132,7 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		}
 	}
 	var id C.uint32_t
-	agent.mu.Lock() // one registration in C at a time (see Threads in lifecycle.go)
+	agent.mu.Lock() // one registration in C at a time (see Threads in threads.go)
 	defer agent.mu.Unlock()
 	if rc := C.mpib_shm_register(h, &d, &id); rc != 0 {
 		warnf("advanced mode: %d connections in this process already (%d): connection %v -> %v stays on the vanilla policy", C.MPIB_SHM_MAX_CONNS, int(rc), local, peer)

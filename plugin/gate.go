@@ -1,3 +1,8 @@
+// gate.go: the bound on every listener's unproven TCP clients (accepted, hello not read yet).
+// listen.go's accept loop admits each client through gateAdmit and reads its hello through
+// pendingClient.readHello; clients are evicted when the process runs out of descriptors
+// (gateEvictOldestSilent, from the accept loop) or their listener closes (gateEvictListener).
+
 package main
 
 import (
@@ -36,8 +41,8 @@ var unprovenLimits = admit.Limits{
 
 // zeroByteGrace: a client that has sent nothing this long after its connection is dropped; a
 // client that sent part of a hello keeps helloTimeout. A real peer's kernel completes the TCP
-// handshake before its process writes the hello, and a CI run on a loaded 2-core host saw a
-// connector spend up to 4.8 s between the two (descheduled): 10 s is twice that. The grace
+// handshake before its process writes the hello, and a connector descheduled on a loaded
+// 2-core host was measured spending up to 4.8 s between the two: 10 s is twice that. The grace
 // does not decide whether a real peer finds room (eviction of the oldest silent client does);
 // it only bounds how long one silent client holds a descriptor, so an attacker who wants to
 // keep N of them must reopen N/10 a second.

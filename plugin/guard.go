@@ -1,3 +1,7 @@
+// guard.go: panic containment for Go code in NCCL's process: recoverEntry (deferred by every
+// exported entry point), recoverGoroutine (every goroutine), guardHandshake and
+// handshakeResult (around attempt.go's and listen.go's handshakes).
+
 package main
 
 /*

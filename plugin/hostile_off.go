@@ -1,5 +1,8 @@
 //go:build !mpibhostile
 
+// hostile_off.go: hostileHook in the plugin users load: a no-op (hostile_on.go is the test
+// build's).
+
 package main
 
 // hostileHook is a no-op in the plugin users load. The test build (-tags mpibhostile,

@@ -1,5 +1,8 @@
 //go:build mpibhostile
 
+// hostile_on.go: hostileHook for the hostile test build only (-tags mpibhostile), called at
+// the points the handshake names (handshake.go).
+
 package main
 
 // The hostile test build (build/test-only/libnccl-net-mpib-hostile-test-only.so, built by

@@ -1,8 +1,19 @@
+// listen.go: NCCL's listen, accept and closeListen (mpibGoListen, mpibGoCloseListen, called by
+// abi_common.c; accept itself is C, from the queue filled here), each listener's accept loop
+// and how it proves a client is its peer (the hello, with gate.go's bounds) before
+// acceptConnection (handshake.go) takes over.
+//
+// Anybody who can reach the listen port can open TCP connections to it (a port scan, a health
+// probe, a flood): until a client's hello names this listener it is "unproven", and unproven
+// clients are bounded so that they can neither end the accept loop nor take the process's file
+// descriptors, which it shares with NCCL, CUDA and PyTorch (docs/security.md). net_ib accepts
+// only when NCCL calls accept, one at a time; MPIB accepts in the background so that two peers
+// connecting to each other cannot deadlock, so it bounds what it accepts instead.
+
 package main
 
 /*
 #include "mpib.h"
-#include "mpib_comm.h"
 #include "mpib_handoff.h"
 */
 import "C"
@@ -15,24 +26,12 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
 	"github.com/mpib/mpib/plugin/internal/admit"
-	"github.com/mpib/mpib/plugin/internal/suppair"
-	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
-
-// The listen side of connection setup: NCCL's listen, its accept (which C answers from the
-// queue filled here) and closeListen. Anybody who can reach the listen port can open TCP
-// connections to it (a port scan, a health probe, a flood): until a client's hello names this
-// listener it is "unproven", and unproven clients are bounded so that they can neither end the
-// accept loop nor take the process's file descriptors, which it shares with NCCL, CUDA and
-// PyTorch (docs/security.md). net_ib accepts only when NCCL calls accept, one at a time; MPIB
-// accepts in the background so that two peers connecting to each other cannot deadlock, so it
-// bounds what it accepts instead.
 
 type listener struct {
 	id    uint64 // its registry id: the gate counts its unproven clients by it
@@ -187,10 +186,6 @@ func (l *listener) acceptFailed(err error, backoff time.Duration) time.Duration 
 	return backoff
 }
 
-func isFDShortage(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
-}
-
 // serve runs one incoming control connection and hands its comm to NCCL's next accept.
 func (l *listener) serve(p *pendingClient) {
 	defer l.owner.wg.Done()
@@ -238,14 +233,8 @@ func (l *listener) close(inGoroutine bool) {
 	}
 	l.mu.Unlock()
 	gateEvictListener(l, "the listener closed")
-	if l.spareTaken.CompareAndSwap(false, true) { // no connection came: its spare goes
-		if p := <-l.spare; p.comm != nil {
-			if inGoroutine {
-				destroyInGoroutine(p.comm)
-			} else {
-				C.mpib_comm_close(p.comm)
-			}
-		}
+	if p, ok := l.takeSpare(); ok { // no connection came: its spare goes
+		p.discard(inGoroutine)
 	}
 	for _, comm := range unaccepted {
 		closeComm(comm, inGoroutine)
@@ -272,30 +261,25 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
 }
 
 // acceptHandshake is the receiving side of one incoming control connection. Until the
-// client's hello names this listener, failures are errNotAPeer. The hello's SUP pair is then
-// checked against what this listener advertised and its SUP ports now.
+// client's hello names this listener, failures are errNotAPeer; then acceptConnection
+// (handshake.go) checks the hello's SUP pair against what this listener advertised and its
+// SUP ports now, and runs the handshake.
 func acceptHandshake(ctx context.Context, p *pendingClient, l *listener) (*C.struct_mpib_comm, error) {
-	c := p.c
 	hello, err := l.readHello(ctx, p)
 	if err != nil {
-		c.Close()
+		p.c.Close()
 		return nil, err
 	}
-	start := time.Now()
-	c.SetDeadline(start.Add(handshakeTimeout()))
-	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
-	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
-	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
-	var plan suppair.Plan
-	var supAt supPortUse
-	if err == nil {
-		plan, supAt, err = acceptPlan(l.dev, l.adv, hello, peer, path)
+	return acceptConnection(ctx, p.c, l.dev, l.adv, hello, l.takeSpare)
+}
+
+// takeSpare hands the listener's spare receiver (prepare.go) to its first taker, the first
+// accepted connection or close, once it is built; false for every later caller.
+func (l *listener) takeSpare() (prepared, bool) {
+	if !l.spareTaken.CompareAndSwap(false, true) {
+		return prepared{}, false
 	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return handshake(ctx, c, l.receiver(ctx, local, peer, path, plan, supAt, start))
+	return <-l.spare, true
 }
 
 // readHello reads and checks a client's hello (gate.go: its deadlines, and how it stops being
@@ -327,22 +311,6 @@ func (l *listener) readHello(ctx context.Context, p *pendingClient) (wire.Hello,
 		return hello, fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)
 	}
 	return hello, nil
-}
-
-// receiver is the accepted connection's prepared receiver: the listener's spare, completed for
-// this path and SUP pair, for its first connection; built now for any other (or when the spare
-// failed or a GID changed since it was built).
-func (l *listener) receiver(ctx context.Context, local, peer netip.Addr, path topo.PathClass, sup suppair.Plan, supAt supPortUse, start time.Time) prepared {
-	if l.spareTaken.CompareAndSwap(false, true) {
-		p := <-l.spare // at most the rest of its creation
-		if p.err == nil && p.gen == gidGens(l.dev) {
-			if err := p.completeSpare(ctx, local, peer, path, sup, supAt, start); err == nil {
-				return p
-			}
-		}
-		destroyInGoroutine(p.comm)
-	}
-	return prepare(ctx, l.dev, local, peer, path, false, tcUndef, sup, supAt)
 }
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one

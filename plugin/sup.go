@@ -1,3 +1,11 @@
+// sup.go: SUP ports and the SUP pair of a connection (docs/topology.md "SUP ports on a mesh"):
+// the listener advertises its SUP port addresses in the handle (listenerHandle, for listen.go),
+// the connector picks a pair and names it in its hello (connectPlan, for dial.go), the acceptor
+// checks it (acceptPlan, for handshake.go), all before any SUP QP exists, and the exchanged
+// metadata is checked against it (checkSupMetadata, for handshake.go). The decisions are
+// package suppair's; this file reads what they need (GIDs through gidcache.go, netdevs,
+// routes).
+
 package main
 
 /*
@@ -11,21 +19,13 @@ import "C"
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"sync"
-	"time"
 
 	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
-
-// SUP ports and the SUP pair of a connection (issue 25, docs/topology.md "SUP ports on a
-// mesh"): the listener advertises its SUP port addresses in the handle, the connector picks a
-// pair and names it in its hello, the acceptor checks it, all before any SUP QP exists. The
-// decisions are package suppair's; this file reads what they need (GIDs, netdevs, routes).
 
 // supPorts is a fused device's SUP ports as read now, with each port's GID index.
 type supPorts struct {
@@ -75,9 +75,9 @@ func (s supPorts) gidOf(index int) (int, bool) {
 // devSupPorts reads a fused device's SUP ports: each port's GID chosen by net_ib's rule (the
 // one its QPs use), described by the netdev that holds its address and that address's real
 // prefix there (not a global /24: /29../31 links must work). A device whose only port cannot
-// be described (InfiniBand, no IPv4 address) is unaddressed: its connections decide SUP as
-// before wire version 4 (a down port is still described: its connections fail over and back
-// as always). Of several ports, those that cannot be described now (an address removed, a port
+// be described (InfiniBand, no IPv4 address) is unaddressed: its connections decide SUP by the
+// rails' subnets (checkSupMetadata). A down port is still described: its connections fail
+// over and back as always. Of several ports, those that cannot be described now (an address removed, a port
 // down: its async event, or down at init) are left out, so their peers get no pair on them;
 // when none can be, the device is unaddressed on its first port.
 func devSupPorts(dev int) supPorts {
@@ -180,8 +180,8 @@ func acceptPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, pat
 }
 
 // checkSupMetadata applies the plan to the exchanged metadata: an addressed pair's peer GID
-// must be the address it names; an unaddressed pair keeps the rule before wire version 4 (both
-// ends drop SUP when the two rails' addresses share no subnet, from the same two facts).
+// must be the address it names; an unaddressed pair keeps the subnet rule (both ends drop SUP
+// when the two rails' addresses share no subnet, from the same two facts).
 func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs *wire.Metadata, peer netip.Addr) error {
 	if mine.NQPs[1] == 0 {
 		return nil
@@ -204,63 +204,4 @@ func checkSupMetadata(comm *C.struct_mpib_comm, plan suppair.Plan, mine, theirs 
 		mine.SupLanes, theirs.SupLanes = 0, 0 // no SUP QPs, no SUP lanes (mpib_comm_connect checks)
 	}
 	return nil
-}
-
-// ifAddr is one interface address: its prefix on the netdev that holds it.
-type ifAddr struct {
-	prefix netip.Prefix
-	dev    string
-}
-
-// interfaceAddr is the local interface address equal to addr with its netdev, or the zero
-// ifAddr when no interface holds it (InfiniBand GIDs, or an address outside this network
-// namespace). The list is cached like the GID tables, and read again when either table
-// changed (on RoCE every address added or removed is a GID change). A new prefix length on an
-// address that stays changes no GID: it is seen when the cache ages out (30 s).
-func interfaceAddr(addr netip.Addr) ifAddr {
-	for _, a := range localAddrs() {
-		if a.prefix.Addr().Unmap() == addr {
-			return a
-		}
-	}
-	return ifAddr{}
-}
-
-// bits is the address's prefix length on its netdev (0: no netdev holds it).
-func (a ifAddr) bits() int {
-	if a.prefix.IsValid() {
-		return a.prefix.Bits()
-	}
-	return 0
-}
-
-// interfacePrefixLen is the prefix length of interfaceAddr (0: none holds addr).
-func interfacePrefixLen(addr netip.Addr) uint8 { return uint8(interfaceAddr(addr).bits()) }
-
-var ifAddrs struct {
-	mu  sync.Mutex
-	at  time.Time
-	gen uint32
-	all []ifAddr
-}
-
-func localAddrs() []ifAddr {
-	ifAddrs.mu.Lock()
-	defer ifAddrs.mu.Unlock()
-	gen := allGIDGens()
-	if ifAddrs.all != nil && gen == ifAddrs.gen && time.Since(ifAddrs.at) < gidTableMaxAge {
-		return ifAddrs.all
-	}
-	all := []ifAddr{}
-	ifs, _ := net.Interfaces()
-	for _, ifc := range ifs {
-		addrs, _ := ifc.Addrs()
-		for _, a := range addrs {
-			if pfx, err := netip.ParsePrefix(a.String()); err == nil {
-				all = append(all, ifAddr{prefix: pfx, dev: ifc.Name})
-			}
-		}
-	}
-	ifAddrs.all, ifAddrs.at, ifAddrs.gen = all, time.Now(), gen
-	return all
 }

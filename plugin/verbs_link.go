@@ -1,3 +1,5 @@
+// verbs_link.go: one link flag (-ldl) for mpib_verbs.c's optional verbs; no Go code.
+
 package main
 
 // mpib_verbs.c resolves optional verbs with dlopen/dlvsym. glibc 2.34 moved them into libc;

@@ -1,3 +1,6 @@
+// version.go: the version line init.go logs at init (versionLine), from the release build's
+// -ldflags -X or the commit Go stamped into the binary.
+
 package main
 
 import (

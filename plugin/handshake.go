@@ -1,0 +1,210 @@
+// handshake.go: the steps both ends of a connection run once the control connection is up
+// (metadata exchange, QPs to RTS, ready), with their timing, and the accept side's entry,
+// acceptConnection, which listen.go calls once a client's hello named its listener. The
+// connect side's entry is connectHandshake (dial.go), which attempt.go starts. Every handshake
+// runs in a goroutine of its netCtx (lifecycle.go): NCCL's connect and accept never wait for
+// one.
+
+package main
+
+/*
+#include "mpib.h"
+#include "mpib_comm.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpib/mpib/plugin/internal/suppair"
+	"github.com/mpib/mpib/plugin/internal/topo"
+	"github.com/mpib/mpib/plugin/internal/wire"
+)
+
+// acceptConnection is the accept side's entry into the handshake, called by listen.go once a
+// client's hello named the listener. It owns c from here (closed on failure, kept on success,
+// as handshake). It classifies the path between c's two ends, checks the hello's SUP pair
+// against adv (the handle the listener published) and the device's SUP ports now, builds the
+// receiver (the listener's spare, from takeSpare, while it has one) and runs the handshake.
+func acceptConnection(ctx context.Context, c net.Conn, dev int, adv wire.Handle, hello wire.Hello, takeSpare func() (prepared, bool)) (*C.struct_mpib_comm, error) {
+	start := time.Now()
+	c.SetDeadline(start.Add(handshakeTimeout()))
+	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
+	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
+	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
+	var plan suppair.Plan
+	var supAt supPortUse
+	if err == nil {
+		plan, supAt, err = acceptPlan(dev, adv, hello, peer, path)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return handshake(ctx, c, receiver(ctx, dev, takeSpare, local, peer, path, plan, supAt, start))
+}
+
+// handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
+// the peer and brings every QP to RTS. Both sides compute the path class from the two ends
+// of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
+// c: closed on failure, kept on success as the comm's liveness signal (adoptComm). The
+// connector's c may be replaced once by a new dial (prepared.redial).
+func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
+	cc := &ctrlConn{c: c}
+	stop := context.AfterFunc(ctx, cc.close)
+	comm, err := guardedSteps(ctx, cc, p)
+	c = cc.get()
+	if !stop() || err != nil {
+		c.Close()
+		destroyInGoroutine(comm)
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+		return nil, err
+	}
+	adoptComm(comm, c)
+	return comm, nil
+}
+
+// guardedSteps runs handshakeSteps and turns a panic in them into their error, with the comm
+// they were given, so that handshake frees it and the socket (guard.go).
+func guardedSteps(ctx context.Context, c *ctrlConn, p prepared) (comm *C.struct_mpib_comm, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			warnf("handshake with %v: Go panic: %v\n%s", p.peer, r, debug.Stack())
+			comm, err = p.comm, &panicError{where: "connection setup with " + p.peer.String(), value: r}
+		}
+	}()
+	return handshakeSteps(ctx, c, p)
+}
+
+// ctrlConn is a handshake's control connection, which the connector may replace once while
+// a context's end may close it from another goroutine.
+type ctrlConn struct {
+	mu     sync.Mutex
+	c      net.Conn
+	closed bool
+}
+
+func (h *ctrlConn) get() net.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.c
+}
+
+func (h *ctrlConn) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	h.c.Close()
+}
+
+// swap closes the old connection and makes c the handshake's; false (c closed) when the
+// context ended meanwhile.
+func (h *ctrlConn) swap(c net.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.c.Close()
+	if h.closed {
+		c.Close()
+		return false
+	}
+	h.c = c
+	return true
+}
+
+// handshakeSteps returns the comm even with an error once it exists, for handshake to free.
+func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mpib_comm, error) {
+	if p.err != nil {
+		return p.comm, p.err
+	}
+	hostileHook("handshake")
+	comm, st, cfg, peer := p.comm, &p.st, plugin.cfg, p.peer
+	var info C.struct_mpib_conn_info
+	C.mpib_comm_local_info(comm, &info)
+	mine := metadataFromC(&info, cfg.Mode, p.path, p.prefix)
+	c := cc.get()
+	theirs, err := exchangeMetadata(c, mine, peer)
+	if errors.Is(err, errClosedEarly) && p.redial != nil {
+		if c2, derr := p.redial(err); derr != nil {
+			err = fmt.Errorf("%w (dialing again: %w)", err, derr)
+		} else if !cc.swap(c2) {
+			err = context.Cause(ctx)
+		} else {
+			c = c2
+			theirs, err = exchangeMetadata(c, mine, peer)
+		}
+	}
+	if err != nil {
+		return comm, err
+	}
+	st.mark(&st.exchange)
+	if p.isSend {
+		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
+	}
+	if err := checkSupMetadata(comm, p.sup, &mine, &theirs, peer); err != nil {
+		return comm, err
+	}
+	remote := metadataToC(theirs)
+	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_connect(comm, &remote) })
+	if err != nil {
+		return comm, err
+	}
+	if rc != 0 {
+		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
+	}
+	st.mark(&st.connect)
+	if err := exchangeAck(c, peer); err != nil {
+		return comm, err
+	}
+	st.mark(&st.ack)
+	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)
+	st.mark(&st.agent)
+	supPort := "-"
+	if comm.nqps[1] > 0 { // every SUP lane's NIC: lane 1, then the striped lanes 2.. (mpib_lane)
+		var names []string
+		for i := range int(comm.sup_lanes) {
+			names = append(names, C.GoString(&comm.nic[1+i].name[0]))
+		}
+		supPort = strings.Join(names, "+")
+	}
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, setup %v",
+		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
+		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), st)
+	return comm, nil
+}
+
+// setupTimes is where one handshake's time went (the INFO line of each comm: connection setup
+// is paid per peer at every job start). exchange and ack include waiting for the peer to
+// reach the same step. dial (sender only) is the control connection and its hello, which run
+// beside params and create; exchange starts when both are done. The receiver starts at the
+// peer's hello.
+type setupTimes struct {
+	last                                                time.Time
+	params, create, dial, exchange, connect, ack, agent time.Duration
+}
+
+// mark ends the step d at now (params: classification and the GIDs).
+func (st *setupTimes) mark(d *time.Duration) {
+	now := time.Now()
+	*d = now.Sub(st.last)
+	st.last = now
+}
+
+func (st *setupTimes) String() string {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	s := fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f",
+		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent))
+	if st.dial > 0 { // senders only
+		s += fmt.Sprintf(" dial=%.1f", ms(st.dial))
+	}
+	return s
+}

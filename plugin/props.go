@@ -1,0 +1,111 @@
+// props.go: what getProperties reports for each fused device (abi_common.c reads it from mpib_g:
+// its name, GUID, pointer support, forced flush and connection limit), the process's flush
+// setting, and the PCI path NCCL's topology sees for the device (placeOnPCI,
+// docs/topology.md). init.go's initPlugin fills them each time the devices open.
+
+package main
+
+/*
+#include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_device.h"
+*/
+import "C"
+
+import (
+	"os"
+	"strings"
+	"unsafe"
+
+	"github.com/mpib/mpib/plugin/internal/config"
+	"github.com/mpib/mpib/plugin/internal/topo"
+)
+
+// fillProperties computes what getProperties reports for every fused device, and the flush
+// setting (one for the process: any device that needs flushes turns them on).
+func fillProperties(cfg config.Config) {
+	g := &C.mpib_g
+	peermem, dmabuf := gpuDirectLoaded(), C.mpib_dmabuf_supported() != 0
+	support := C.NCCL_PTR_HOST
+	if peermem {
+		support |= C.NCCL_PTR_CUDA
+	}
+	if dmabuf {
+		support |= C.NCCL_PTR_DMABUF
+	}
+	dataDirect := false
+	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
+	for d, dev := range cfg.Devices {
+		f := &g.fdev[d]
+		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev))
+		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.sout_nic].ctx.device))
+		dd := C.mpib_data_direct(f.sout_nic) != 0
+		for i := range int(f.nsup) {
+			dd = dd || C.mpib_data_direct(f.sup_nic[i]) != 0
+		}
+		dataDirect = dataDirect || dd
+		f.prop_force_flush = boolInt(dd)
+		f.prop_ptr_support = C.int(support &^ placeOnPCI(d, dev))
+		f.prop_max_comms = C.mpib_max_comms(C.int(d), &nqps[0])
+	}
+	g.flush_enabled = C.mpib_flush_needed(boolInt(peermem), boolInt(dmabuf), boolInt(cfg.GDRFlushDisable),
+		boolInt(cfg.ForceFlush || dataDirect))
+	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d/%d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections per device (device limits)",
+		cfg.SoutQPs, cfg.SupQPs, C.MPIB_CQ_DEPTH_SENDER, C.MPIB_CQ_DEPTH, C.MPIB_SRQ_DEPTH, C.MPIB_SEND_WR_SENDER, C.MPIB_SEND_WR_RECEIVER,
+		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.fdev[0].prop_max_comms))
+}
+
+// propName is the device's name for NCCL: mpib[SOUT+SUP], every SUP port listed.
+func propName(dev config.Device) string {
+	names := []string{dev.Sout.HCA}
+	for _, r := range dev.SupPorts {
+		names = append(names, r.HCA)
+	}
+	return "mpib[" + strings.Join(names, "+") + "]"
+}
+
+// gpuDirectLoaded reports whether a peer-memory module lets the NIC reach CUDA memory (the
+// files net_ib's ncclIbGdrSupport checks).
+func gpuDirectLoaded() bool {
+	for _, p := range []string{"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+		"/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// placeOnPCI reads a device's two NICs' PCI positions, chooses the path NCCL's topology sees
+// for the fused device (docs/topology.md) and returns the pointer kinds to withhold:
+// GPUDirect when no single position is right for both rails and the user did not set
+// NCCL_NET_GDR_LEVEL.
+func placeOnPCI(d int, dev config.Device) int {
+	f := &C.mpib_g.fdev[d]
+	sout, _ := topo.ReadPCI(dev.Sout.HCA)
+	sup, _ := topo.ReadPCI(dev.Sup.HCA)
+	pl := topo.Place(sout, sup)
+	f.prop_has_pci_path = 0
+	if pl.AdvertisePath != "" {
+		setCString(unsafe.Pointer(&f.prop_pci_path[0]), len(f.prop_pci_path), pl.AdvertisePath)
+		f.prop_has_pci_path = 1
+	}
+	switch {
+	case pl.Relation >= topo.RelationSameHostBridge: // no PCIe switch in common, or not one NUMA node
+		warnf("topology: device %d pairs SOUT %s and SUP %s, which share no PCIe switch (%v): %s (SOUT NUMA %d, SUP NUMA %d)",
+			d, dev.Sout.HCA, dev.Sup.HCA, pl.Relation, pl.Reason, sout.NUMA, sup.NUMA)
+	case pl.SupFarther || !pl.GPUDirectSafe:
+		infof("topology: device %d: %s (SOUT %s NUMA %d, SUP %s NUMA %d)", d, pl.Reason, dev.Sout.HCA, sout.NUMA, dev.Sup.HCA, sup.NUMA)
+	}
+	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
+		infof("topology: device %d: GPUDirect RDMA not advertised: no GPU can be close to both rails (set NCCL_NET_GDR_LEVEL to decide yourself)", d)
+		return C.NCCL_PTR_CUDA | C.NCCL_PTR_DMABUF
+	}
+	return 0
+}
+
+func setCString(dst unsafe.Pointer, size int, s string) {
+	b := unsafe.Slice((*byte)(dst), size)
+	n := copy(b[:size-1], s)
+	b[n] = 0
+}

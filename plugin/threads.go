@@ -1,0 +1,152 @@
+// threads.go: the OS threads the control plane holds in NCCL's process: GOMAXPROCS, the bounded
+// verbs slots (withVerbsSlot, inVerbsSlot, destroyInGoroutine), throwaway threads for slow C
+// calls (onThrowawayThread) and the idle trim (noteActivity). Every goroutine that makes a slow
+// C call goes through here: prepare.go, handshake.go, gidcache.go, sup.go, lifecycle.go.
+
+package main
+
+/*
+#include "mpib.h"
+#include "mpib_comm.h"
+*/
+import "C"
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Threads. MPIB lives in NCCL's process, and every OS thread it keeps there is a thread the
+// user sees (top, /proc, a core dump, a debugger) and pays for. Left alone, the Go runtime
+// keeps one thread per P (GOMAXPROCS = the host's cores: 224 on a big host) plus one for every
+// goroutine that was ever blocked in a C call at the same moment as the others, and it never
+// gives an idle thread back: the count follows the worst moment so far, which can come hours
+// into a job. The one way to make the runtime end a thread is a goroutine that locks it
+// (runtime.LockOSThread) and returns without unlocking it. So:
+//   - GOMAXPROCS is 2 (controlPlaneProcs) unless the user set GOMAXPROCS in the environment:
+//     the control plane is handshakes waiting on the network, never CPU-bound Go code;
+//   - the slow C calls made from goroutines (creating, connecting and destroying verbs
+//     objects, reading a GID table: milliseconds each) run on a throwaway thread
+//     (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
+//     holds at most that many threads in C (plus one GID read);
+//   - while a call blocks in C, the runtime hands its P to another thread, made if none is
+//     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
+//     trimAfter, ends the idle ones the same way, so the threads at rest do not depend on
+//     what ran before: sysmon, about one per P and the one waiting in the netpoller;
+//   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
+//     table, atomics) stay on the goroutine: each lock lets one at a time into C.
+// Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
+// on those threads and cost MPIB none. Bounds and figures: docs/configuration.md ("Threads");
+// integration/leak_test.go checks them over 1000 connect/close cycles.
+
+// controlPlaneProcs is GOMAXPROCS when the environment does not set it.
+const controlPlaneProcs = 2
+
+func init() {
+	// The runtime read GOMAXPROCS from the environment before this runs: honour it. Setting
+	// it here also stops the runtime from following the cgroup's CPU limit (Go 1.25+).
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(controlPlaneProcs)
+	}
+}
+
+// maxConcurrentVerbs bounds the slow verbs calls running at once, and so the threads a
+// connect burst holds in C. net_ib makes every verbs call of connection setup on NCCL's proxy
+// thread, one at a time; MPIB runs 4 (docs/configuration.md, "Threads", has the figures of a
+// 512-connection burst with 4). Goroutines waiting on the network hold no thread.
+const maxConcurrentVerbs = 4
+
+var verbsSlots = make(chan struct{}, maxConcurrentVerbs)
+
+// withVerbsSlot runs fn on a throwaway thread while holding one of the bounded verbs slots.
+// It gives up (without running fn) when ctx ends first.
+func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
+	select {
+	case verbsSlots <- struct{}{}:
+	case <-ctx.Done():
+		var zero T
+		return zero, context.Cause(ctx)
+	}
+	defer func() { <-verbsSlots }()
+	return onThrowawayThread(fn), nil
+}
+
+// inVerbsSlot is withVerbsSlot for what must run whatever happens to the context: freeing a
+// comm's verbs resources from a goroutine (a failed handshake, a reclaim, a spare).
+func inVerbsSlot(fn func()) {
+	withVerbsSlot(context.Background(), func() struct{} { fn(); return struct{}{} })
+}
+
+// destroyInGoroutine frees a comm's verbs resources from a goroutine (see inVerbsSlot); NCCL's
+// threads call C.mpib_comm_close themselves.
+func destroyInGoroutine(comm *C.struct_mpib_comm) {
+	if comm != nil {
+		inVerbsSlot(func() { C.mpib_comm_close(comm) })
+	}
+}
+
+// onThrowawayThread runs fn (a blocking C call) on an OS thread that ends when fn returns: the
+// goroutine locks its thread and returns without unlocking it, and the runtime then
+// terminates that thread instead of keeping it idle for good. Ending a thread and making
+// another costs tens of microseconds, against milliseconds for the calls it carries.
+func onThrowawayThread[T any](fn func() T) T {
+	noteActivity()
+	done := make(chan T, 1)
+	panicked := make(chan any, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+		defer func() {
+			if r := recover(); r != nil {
+				panicked <- r // raised again in the caller, whose guard turns it into an error
+			}
+		}()
+		done <- fn()
+	}()
+	select {
+	case v := <-done:
+		return v
+	case r := <-panicked:
+		panic(r)
+	}
+}
+
+// trimAfter is how long the control plane stays idle (no slow C call, no close) before the
+// idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
+// the threads that stood in for the calls in C, one per P, a spare).
+const trimAfter = 200 * time.Millisecond
+
+func trimThreads() int { return 2*runtime.GOMAXPROCS(0) + maxConcurrentVerbs + 4 }
+
+var trim struct {
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+// noteActivity (re)arms the idle trim.
+func noteActivity() {
+	trim.mu.Lock()
+	defer trim.mu.Unlock()
+	if trim.timer == nil {
+		trim.timer = time.AfterFunc(trimAfter, trimIdleThreads)
+	} else {
+		trim.timer.Reset(trimAfter)
+	}
+}
+
+// trimIdleThreads ends the runtime's idle threads: each goroutine runs on an idle thread (the
+// runtime takes idle ones before it makes one), locks it and returns, which ends it. The
+// runtime makes again what the next burst needs.
+func trimIdleThreads() {
+	var wg sync.WaitGroup
+	for range trimThreads() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		}()
+	}
+	wg.Wait()
+}
