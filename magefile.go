@@ -29,7 +29,8 @@ const buildDir = "build"
 // Test groups the test targets.
 type Test mg.Namespace
 
-// All runs the unit tests and then the lab integration suite (the README's test command).
+// All runs Lint, then the unit tests and then the lab integration suite (the README's test
+// command); a lint failure stops it before anything is built.
 // The lab VM boots while the Go and C unit tests run (on a cold machine its image is built
 // first: package downloads and a first boot, about 3 minutes of mostly waiting), so the suite
 // finds it running; All powers off a VM it booted. The agents' fuzzers and the Python tests
@@ -37,6 +38,7 @@ type Test mg.Namespace
 // boot that fails here is not an error yet: the suite boots the lab itself and reports what
 // goes wrong.
 func (Test) All(ctx context.Context) error {
+	mg.Deps(Lint)
 	var env *lab.Env
 	booted := make(chan struct{})
 	go func() {
@@ -290,11 +292,26 @@ func Bench() error {
 // toolsPython returns the interpreter of build/venv-tools with the given packages installed
 // (plotting for bench and demo; the agent itself needs none).
 func toolsPython(pkgs ...string) (string, error) {
-	venv := filepath.Join(buildDir, "venv-tools")
+	return venvPython(filepath.Join(buildDir, "venv-tools"), pkgs...)
+}
+
+// venvPython returns the interpreter of the virtual environment venv, created when missing
+// (as root it installs python3-venv first where Debian's python3 lacks it), with the given
+// packages installed from PyPI (pip skips those already installed).
+func venvPython(venv string, pkgs ...string) (string, error) {
 	py := filepath.Join(venv, "bin", "python3")
 	if _, err := os.Stat(py); err != nil {
 		if err := sh.Run("python3", "-m", "venv", venv); err != nil {
-			return "", fmt.Errorf("creating %s (apt-get install python3-venv): %w", venv, err)
+			if os.Geteuid() != 0 {
+				return "", fmt.Errorf("creating %s (apt-get install python3-venv): %w", venv, err)
+			}
+			os.RemoveAll(venv) // a venv made without ensurepip has no pip
+			if err := aptInstall("python3-venv"); err != nil {
+				return "", err
+			}
+			if err := sh.Run("python3", "-m", "venv", venv); err != nil {
+				return "", fmt.Errorf("creating %s: %w", venv, err)
+			}
 		}
 	}
 	args := append([]string{"-m", "pip", "install", "-q", "--disable-pip-version-check"}, pkgs...)
