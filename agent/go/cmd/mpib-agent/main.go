@@ -37,6 +37,7 @@ commands:
                                                      | --policy closed-loop [--step N] [--interval D]
   gc         reclaim slots of dead processes
   export     Prometheus metrics of the segment       [--listen 127.0.0.1:9877|unix:PATH] [--allow-remote] [--max-peers N] (docs/metrics.md)
+  doctor     preflight check of this node, or of two [--json] [--listen ADDR:PORT | --peer HOST:PORT] (docs/deploying.md)
 
 --version prints the release's version and commit (the plugin's init INFO line names its own);
 every command takes --path (default $MPIB_SHM_PATH or /dev/shm/mpib-hints-EUID);
@@ -67,6 +68,9 @@ func main() {
 	if name == "--version" || name == "version" {
 		fmt.Println(versionLine())
 		return
+	}
+	if name == "doctor" { // its own exit statuses: 0 healthy, 1 problems, 2 invalid configuration
+		os.Exit(cmdDoctor(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	cmd, ok := cmds[name]
 	if !ok {

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mpib/mpib/agent/go/doctor"
+)
+
+// The command over the doctor's doctorFixture trees (agent/go/doctor/testdata).
+
+var doctorFixture = filepath.Join("..", "..", "doctor", "testdata", "roce-2dev")
+
+func setEnv(t *testing.T, kv ...string) {
+	for _, k := range []string{"MPIB_HCA_SOUT", "MPIB_HCA_SUP", "MPIB_OOB_IF", "MPIB_GID_INDEX_SUP", "MPIB_GID_INDEX_SOUT",
+		"NCCL_IB_GID_INDEX", "MPIB_ISLAND_PREFIX_LEN", "MPIB_MODE", "MPIB_SUP_RELAY"} {
+		t.Setenv(k, "")
+	}
+	for _, s := range kv {
+		k, v, _ := strings.Cut(s, "=")
+		t.Setenv(k, v)
+	}
+}
+
+func runDoctor(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := cmdDoctor(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestDoctorExitStatus(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  []string
+		args []string
+		exit int
+		has  string
+	}{
+		{"healthy", []string{"MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=eth0"}, nil, 0, " problems=0 exit=0\n"},
+		{"wrong HCA name", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=nosuch", "MPIB_OOB_IF=eth0"}, nil, 1, "doctor: problem=no-device device=0 rail=SUP port=nosuch:1"},
+		{"invalid configuration", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_OOB_IF=eth0"}, nil, 2, "doctor: problem=config want=a valid MPIB configuration: MPIB_HCA_SUP is required"},
+		{"--listen and --peer", nil, []string{"--listen", ":1", "--peer", "h:1"}, 2, ""},
+		{"bad --bw-seconds", nil, []string{"--bw-seconds", "x"}, 2, ""},
+		{"bad address", nil, []string{"--peer", "nohostport"}, 2, ""},
+		{"stray argument", nil, []string{"extra"}, 2, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			setEnv(t, c.env...)
+			code, out, errOut := runDoctor(append([]string{"--root", doctorFixture}, c.args...)...)
+			if code != c.exit || !strings.Contains(out, c.has) {
+				t.Errorf("exit %d, want %d; output\n%s%s", code, c.exit, out, errOut)
+			}
+		})
+	}
+}
+
+func TestDoctorJSON(t *testing.T) {
+	setEnv(t, "MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=eth0", "MPIB_GID_INDEX_SUP=0")
+	code, out, _ := runDoctor("--root", doctorFixture, "--json")
+	var doc doctor.Document
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("--json printed no JSON document: %v\n%s", err, out)
+	}
+	if code != 1 || doc.Exit != 1 || len(doc.Report.Problems) != 1 || doc.Report.Problems[0].Kind != doctor.KindGID {
+		t.Errorf("exit %d, document %+v", code, doc)
+	}
+}
+
+// Two doctors on loopback, one listening, one connecting, without traffic tests.
+func TestDoctorPair(t *testing.T) {
+	setEnv(t, "MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=eth0")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	var wg sync.WaitGroup
+	var lcode int
+	var lout, lerr string
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lcode, lout, lerr = runDoctor("--root", doctorFixture, "--listen", addr, "--wait", "20s", "--bw-seconds", "0")
+	}()
+	pcode, pout, perr := runDoctor("--root", doctorFixture, "--peer", addr, "--wait", "20s", "--bw-seconds", "0")
+	wg.Wait()
+	for _, side := range []struct {
+		code      int
+		out, errs string
+	}{{lcode, lout, lerr}, {pcode, pout, perr}} {
+		if side.code != 0 || !strings.Contains(side.out, " rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000 why=traffic_test_off_(--bw-seconds_0)") {
+			t.Errorf("exit %d\n%s%s", side.code, side.out, side.errs)
+		}
+	}
+}
