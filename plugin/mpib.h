@@ -227,7 +227,7 @@ struct mpib_rail_ctl {
    * the longest recent wait for an acknowledgement (decaying), which widens the watch on a slow
    * path. */
   uint64_t acks, acks_seen, progress_ns, slow_ns;
-  int watch_busy; /* the last watch tick found signalled writes outstanding */
+  int watch_busy;              /* the last watch tick found signalled writes outstanding */
   struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
 };
 

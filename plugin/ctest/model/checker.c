@@ -774,6 +774,7 @@ enum { HANG_BOUND = 2500, SETTLE = 600 };
 struct outcome {
   long wrong, unordered, undelivered;
   int hang, error, bad_error, not_dead, leaks, steps;
+  int spurious; /* rails failed over in a schedule with no fault */
 };
 
 static void fabric_reset(void) {
@@ -915,6 +916,9 @@ static struct outcome run(const struct schedule *s) {
     }
     o.leaks = in_use(sc) + in_use(rc); /* every request was tested to completion */
   }
+  for (int r = 0; r < MPIB_NRAILS && s->nf == 0; r++) /* nothing failed: no rail may have left service */
+    o.spurious += (sc->rail[r].gen != 1 || sc->rail[r].state != MPIB_RAIL_UP) +
+                  (rc->rail[r].gen != 1 || rc->rail[r].state != MPIB_RAIL_UP);
   o.wrong = wrong_bytes - wrong0;
   o.unordered = unordered - unordered0;
   mpib_comm_close(sc);
@@ -925,7 +929,8 @@ static struct outcome run(const struct schedule *s) {
 }
 
 static int failed(const struct outcome *o) {
-  return o->wrong || o->unordered || o->undelivered || o->hang || o->bad_error || o->not_dead || o->leaks;
+  return o->wrong || o->unordered || o->undelivered || o->hang || o->bad_error || o->not_dead || o->leaks ||
+         o->spurious;
 }
 
 /* ---- the schedules explored ---- */
@@ -955,14 +960,16 @@ static int singles(struct fault *out, int at_override) {
 static struct fault *single_tab, *later_tab;
 static int nsingle, nlater;
 
-/* Schedule `id` of the exhaustive enumeration: ids [0, VARIANTS * nsingle) have one fault, then
- * every pair (a first fault, and a second one starting gaps[g] after it). Each in VARIANTS
- * forms: the receiver runs every step or every third, with the real send queues or small ones. */
+/* Schedule `id` of the exhaustive enumeration: ids [0, VARIANTS) have no fault (no rail may fail
+ * over), then one fault each, then every pair (a first fault, and a second one starting gaps[g]
+ * after it). Each in VARIANTS forms: the receiver runs every step or every third, with the real
+ * send queues or small ones. */
 enum { VARIANTS = 8 };
-static long enum_count(void) { return VARIANTS * (long)nsingle + VARIANTS * (long)nsingle * nlater * NGAP; }
+static long enum_count(void) { return VARIANTS * (1 + (long)nsingle + (long)nsingle * nlater * NGAP); }
 static struct schedule enum_schedule(long id) {
   struct schedule s = {.recv_every = id % 2 ? 3 : 1, .small_sq = (id / 2) % 2, .at_end = (id / 4) % 2};
   id /= VARIANTS;
+  if (id-- == 0) return s; /* no fault */
   if (id < nsingle) {
     s.nf = 1;
     s.f[0] = single_tab[id];
@@ -996,7 +1003,7 @@ static struct schedule random_schedule(uint64_t seed) {
 }
 
 struct totals {
-  long schedules, wrong, unordered, undelivered, hangs, errors, bad_errors, not_dead, leaks;
+  long schedules, wrong, unordered, undelivered, hangs, errors, bad_errors, not_dead, leaks, spurious;
 };
 
 static int check_one(const struct schedule *s, const char *id, struct totals *t, int report) {
@@ -1004,14 +1011,15 @@ static int check_one(const struct schedule *s, const char *id, struct totals *t,
   t->schedules++;
   t->wrong += o.wrong, t->unordered += o.unordered, t->undelivered += o.undelivered;
   t->hangs += o.hang, t->errors += o.error, t->bad_errors += o.bad_error, t->not_dead += o.not_dead,
-      t->leaks += o.leaks;
+      t->leaks += o.leaks, t->spurious += o.spurious;
   if (!failed(&o)) return 0;
   if (report) {
     char d[512];
     describe(s, d, sizeof d);
     printf("model-fail: schedule=%s steps=%d wrong_bytes=%ld unordered_flushes=%ld undelivered_sends=%ld hang=%d "
-           "error=%d error_allowed=%d not_dead=%d leaks=%d faults: %s\n",
-           id, o.steps, o.wrong, o.unordered, o.undelivered, o.hang, o.error, !o.bad_error, o.not_dead, o.leaks, d);
+           "error=%d error_allowed=%d not_dead=%d leaks=%d spurious_failovers=%d faults: %s\n",
+           id, o.steps, o.wrong, o.unordered, o.undelivered, o.hang, o.error, !o.bad_error, o.not_dead, o.leaks,
+           o.spurious, d);
   }
   return o.steps > 0 ? o.steps : 1;
 }
@@ -1113,9 +1121,10 @@ int main(int argc, char **argv) {
   printf(
       "model: schedules=%ld max_faults=%d fault_kinds=%s lanes=2 wrong_bytes=%ld undelivered_sends=%ld hangs=%ld "
       "errors=%ld leaks=%ld seconds=%.0f unordered_flushes=%ld unexpected_errors=%ld not_dead=%ld enumerated=%ld/%ld "
-      "completed_sends=%ld completed_recvs=%ld\n",
+      "completed_sends=%ld completed_recvs=%ld spurious_failovers=%ld\n",
       t.schedules, done > enumerated ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
-      seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends, completed_recvs);
+      seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends, completed_recvs,
+      t.spurious);
   if (first_failure) {
     printf("model-first-failure: none schedules=%ld\n", done);
     return 0;
