@@ -13,7 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_modes.h"
+#include "nt_util.h"
 
 #define NT_MAGIC_BYTES 8 /* handle bytes [0, 8): the plugin's magic */
 #define NT_GARBAGE_BYTES 4096

@@ -27,7 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_conn.h"
+#include "nt_data.h"
+#include "nt_modes.h"
+#include "nt_util.h"
 
 #define NT_FLOOD_HEADROOM 24  /* server: descriptors allowed above those open at the start */
 #define NT_FLOOD_KEEP 1500    /* client: flood connections held open at once */
@@ -43,13 +46,6 @@ static int nt_count_fds(void) {
   while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
   closedir(d);
   return n - 1; /* the directory's own descriptor */
-}
-
-void nt_handle_addr(const uint8_t *handle, struct sockaddr_in *sa) {
-  memset(sa, 0, sizeof(*sa));
-  sa->sin_family = AF_INET;
-  memcpy(&sa->sin_addr.s_addr, handle + 8, 4);
-  memcpy(&sa->sin_port, handle + 12, 2);
 }
 
 /* ---- listener-flood: the server's descriptor watch ---- */
@@ -81,30 +77,12 @@ struct nt_flood {
   int nfds, next;
 };
 
-/* One flood client: a non-blocking connect given 200 ms (the server's backlog may be full). */
-int nt_flood_connect(const struct sockaddr_in *sa) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0 && errno != EINPROGRESS) {
-    close(fd);
-    return -1;
-  }
-  struct pollfd p = {.fd = fd, .events = POLLOUT};
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (poll(&p, 1, 200) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 static void *nt_flood_run(void *arg) {
   struct nt_flood *f = arg;
   uint8_t junk[64], zeros[NT_MPIB_HELLO_SIZE] = {0};
   for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (uint8_t)(i * 37 + 11);
   while (!f->stop) {
-    int fd = nt_flood_connect(&f->sa);
+    int fd = nt_raw_connect(&f->sa);
     if (fd < 0) continue;
     long i = __atomic_add_fetch(&f->clients, 1, __ATOMIC_RELAXED);
     switch (i % 4) {
@@ -135,7 +113,7 @@ static void nt_raise_own_nofile(void) {
 static int nt_replay_hello(const uint8_t *handle) {
   struct sockaddr_in sa;
   nt_handle_addr(handle, &sa);
-  int fd = nt_flood_connect(&sa);
+  int fd = nt_raw_connect(&sa);
   if (fd < 0) return 0;
   uint8_t hello[NT_MPIB_HELLO_SIZE] = {'M', 'P', 'I', 'L'};
   memcpy(hello + 4, handle + 4, 2); /* the handle's version: the hello's */
@@ -163,7 +141,7 @@ static int nt_flood_client(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     usleep(10000);
   long before = __atomic_load_n(&f->clients, __ATOMIC_RELAXED);
   double start = nt_now();
-  int est = nt_lc_establish(o, n, oob, c, NULL);
+  int est = nt_establish_counting(o, n, oob, c, NULL);
   double connect_ms = (nt_now() - start) * 1000;
   f->stop = 1;
   pthread_join(f->thread, NULL);
@@ -188,7 +166,7 @@ static int nt_flood_server(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   pthread_create(&w.thread, NULL, nt_fdwatch_run, &w);
   setrlimit(RLIMIT_NOFILE, &low);
   int est = -1;
-  if (nt_oob_sync(oob, "flood-ready", o->timeout_s) == 0) est = nt_lc_establish(o, n, oob, c, NULL);
+  if (nt_oob_sync(oob, "flood-ready", o->timeout_s) == 0) est = nt_establish_counting(o, n, oob, c, NULL);
   setrlimit(RLIMIT_NOFILE, &saved);
   w.stop = 1;
   pthread_join(w.thread, NULL);
@@ -221,11 +199,7 @@ int nt_mode_flood(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struc
     return NT_EXIT_FAIL;
   }
   if (nt_oob_sync(oob, "connected", o->timeout_s + 10) != 0) return NT_EXIT_FAIL;
-  if (!o->count_set && !o->bytes_set) o->count = 50;
-  o->mode = NT_VERIFY; /* the connection made under the flood carries a verified transfer */
-  int ret = nt_mode_verify(o, n, oob, c);
-  o->mode = NT_FLOOD;
-  if (ret == NT_EXIT_OK && nt_oob_sync(oob, "done", o->timeout_s) != 0) ret = NT_EXIT_FAIL;
+  int ret = nt_verify_follow(o, n, oob, c, 50); /* the connection made under the flood carries a verified transfer */
   if (o->role == NT_SERVER) {
     int fds_end = nt_fds_settle(n, c, fds_start);
     nt_out("nettest-hostile: case=listener-flood role=server fd_limit=%lld fds_start=%d fds_peak=%d fds_end=%d "
@@ -300,7 +274,7 @@ static int nt_forged_client(struct nt_opts *o, struct nt_net *n, struct nt_conn 
 
 int nt_mode_forged(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   int forged_ok = o->role == NT_CLIENT ? nt_forged_client(o, n, c) : 0;
-  int est = nt_lc_establish(o, n, oob, c, NULL);
+  int est = nt_establish_counting(o, n, oob, c, NULL);
   if (o->role == NT_CLIENT)
     nt_out("nettest-hostile: case=forged-handle role=client honest_connected=%s", est == 0 ? "true" : "false");
   if (est != 0) {
@@ -308,10 +282,6 @@ int nt_mode_forged(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, stru
     return NT_EXIT_FAIL;
   }
   if (nt_oob_sync(oob, "connected", o->timeout_s) != 0) return NT_EXIT_FAIL;
-  if (!o->count_set && !o->bytes_set) o->count = 50;
-  o->mode = NT_VERIFY;
-  int ret = nt_mode_verify(o, n, oob, c);
-  o->mode = NT_FORGED;
-  if (ret == NT_EXIT_OK && nt_oob_sync(oob, "done", o->timeout_s) != 0) ret = NT_EXIT_FAIL;
+  int ret = nt_verify_follow(o, n, oob, c, 50);
   return forged_ok == 0 ? ret : NT_EXIT_FAIL;
 }

@@ -11,24 +11,23 @@
  * - stray-client: before the real client connects, the server opens TCP connections of its
  *   own to its listen address (junk, idle, closed at once, 16 zero bytes); accept must still
  *   return the real peer's comm without an error, and a verify run follows.
- * - --fork-every-ms N: a thread forks children (half _exit(0) at once, half execv /bin/true)
- *   every N ms while the mode runs, and reaps them.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_conn.h"
+#include "nt_data.h"
+#include "nt_modes.h"
+#include "nt_util.h"
+#include "nt_xfer.h"
 
 #define NT_FHS_CONNS 16
 #define NT_FHS_LINGER_S 3.0 /* server: stay alive after finalize for the late handshakes */
@@ -37,74 +36,14 @@
 #define NT_ABORT_BEFORE 32 /* messages completed before the abort (unless --count) */
 #define NT_STRAYS 4
 
-int nt_finalized;
-
-static const struct {
-  const char *name;
-  enum nt_mode mode;
-} nt_lc_modes[] = {
-    {"finalize-during-handshake", NT_FINALIZE_HS},
-    {"abort-mid-transfer", NT_ABORT},
-    {"stray-client", NT_STRAY},
-    {"listener-flood", NT_FLOOD},
-    {"forged-handle", NT_FORGED},
-    {"silent-hold", NT_SILENT_HOLD},
-    {"evict-race", NT_EVICT_RACE},
-};
-
-int nt_lifecycle_parse_mode(const char *name, enum nt_mode *m) {
-  for (size_t i = 0; i < sizeof(nt_lc_modes) / sizeof(nt_lc_modes[0]); i++) {
-    if (strcmp(name, nt_lc_modes[i].name) == 0) {
-      *m = nt_lc_modes[i].mode;
-      return 0;
-    }
+/* finalize(ctx) came with v11. */
+static int nt_need_finalize(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob) {
+  if (n->abi >= 11) {
+    return 0;
   }
+  nt_err("--mode %s needs finalize(ctx): --abi 11 or later", nt_mode_name(o->mode));
+  nt_oob_abort(oob, "%s: --mode %s needs --abi 11", nt_role_name(o->role), nt_mode_name(o->mode));
   return -1;
-}
-
-const char *nt_lifecycle_mode_name(enum nt_mode m) {
-  for (size_t i = 0; i < sizeof(nt_lc_modes) / sizeof(nt_lc_modes[0]); i++) {
-    if (nt_lc_modes[i].mode == m) {
-      return nt_lc_modes[i].name;
-    }
-  }
-  return "?";
-}
-
-int nt_mode_is_lifecycle(enum nt_mode m) {
-  return m == NT_FINALIZE_HS || m == NT_ABORT || m == NT_STRAY || m == NT_FLOOD || m == NT_FORGED ||
-         m == NT_SILENT_HOLD || m == NT_EVICT_RACE;
-}
-
-/* ---- shared: connect/accept like main's loop, optionally counting accept errors ---- */
-
-int nt_lc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c, int *accept_errors) {
-  double start = nt_now(), deadline = start + o->timeout_s;
-  int spins = 0;
-  while (c->scomm == NULL || c->rcomm == NULL) {
-    ncclResult_t rc;
-    if (c->scomm == NULL && (rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm)) != ncclSuccess) {
-      nt_err("connect to the peer's handle failed: rc=%d", rc);
-      return -1;
-    }
-    if (c->rcomm == NULL && (rc = nt_net_accept(n, c->lcomm, &c->rcomm)) != ncclSuccess) {
-      if (accept_errors == NULL) {
-        nt_err("accept failed: rc=%d", rc);
-        return -1;
-      }
-      (*accept_errors)++;
-      nt_err("accept returned an error (rc=%d, #%d): NCCL would abort here; calling accept again", rc, *accept_errors);
-      if (*accept_errors > 64) {
-        return -1;
-      }
-    }
-    if (nt_setup_give_up(o, oob, c, deadline, &spins)) {
-      return -1;
-    }
-    usleep(50);
-  }
-  nt_err("connected in %.3f s (send comm and recv comm)", nt_now() - start);
-  return 0;
 }
 
 static void nt_linger(double seconds) {
@@ -163,7 +102,6 @@ static int nt_fhs_server(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   double t0 = nt_now();
   ncclResult_t frc = nt_net_finalize(n);
   double fin_ms = (nt_now() - t0) * 1000;
-  nt_finalized = 1;
   c->lcomm = NULL; /* like ncclCommAbort: nothing is closed, and nothing may be used any more */
   nt_err("finalize(ctx) returned rc=%d in %.1f ms with %d of %d connects in flight; lingering %.0f s", frc, fin_ms,
          inflight, NT_FHS_CONNS, NT_FHS_LINGER_S);
@@ -232,7 +170,10 @@ static int nt_fhs_client(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   return NT_EXIT_OK;
 }
 
-static int nt_mode_fhs(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+int nt_mode_finalize_hs(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  if (nt_need_finalize(o, n, oob) != 0) {
+    return NT_EXIT_USAGE;
+  }
   static struct nt_fhs f;
   memset(&f, 0, sizeof(f));
   if (nt_fhs_listen(o, n, oob, c, &f) != 0) {
@@ -322,7 +263,6 @@ static int nt_abort_side(struct nt_opts *o, struct nt_net *n, struct nt_conn *c,
   rc[3] = nt_net_close_listen(n, c->lcomm);
   rc[4] = nt_net_finalize(n);
   double abort_ms = (nt_now() - t0) * 1000;
-  nt_finalized = 1;
   c->scomm = c->rcomm = c->lcomm = NULL;
   nt_free_region(a->x.region, a->len);
   nt_out("nettest-lifecycle: case=abort-mid-transfer role=aborter side=%s messages_before=%" PRIu64
@@ -354,8 +294,11 @@ static int nt_abort_peer(struct nt_net *n, struct nt_abort *a, int sender) {
   return NT_EXIT_FAIL; /* the transfer cannot have finished */
 }
 
-static int nt_mode_abort(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
-  if (nt_lc_establish(o, n, oob, c, NULL) != 0) {
+int nt_mode_abort(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  if (nt_need_finalize(o, n, oob) != 0) {
+    return NT_EXIT_USAGE;
+  }
+  if (nt_establish_counting(o, n, oob, c, NULL) != 0) {
     nt_oob_abort(oob, "%s: connection setup failed", nt_role_name(o->role));
     return NT_EXIT_FAIL;
   }
@@ -447,7 +390,7 @@ static int nt_strays_open(struct nt_opts *o, struct nt_oob *oob, const uint8_t *
   return ok;
 }
 
-static int nt_mode_stray(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+int nt_mode_stray(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   int fds[NT_STRAYS] = {-1, -1, -1, -1}, strays = 0, accept_errors = 0;
   if (o->role == NT_SERVER) {
     strays = nt_strays_open(o, oob, c->local_handle, fds);
@@ -457,7 +400,7 @@ static int nt_mode_stray(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   if (nt_oob_sync(oob, "strays-open", o->timeout_s) != 0) {
     goto out;
   }
-  int est = nt_lc_establish(o, n, oob, c, o->role == NT_SERVER ? &accept_errors : NULL);
+  int est = nt_establish_counting(o, n, oob, c, o->role == NT_SERVER ? &accept_errors : NULL);
   int accept_ok = est == 0 && accept_errors == 0;
   if (o->role == NT_SERVER) {
     nt_out("nettest-lifecycle: case=stray-client role=server strays=%d accept_ok=%s accept_errors=%d connected=%s",
@@ -470,15 +413,7 @@ static int nt_mode_stray(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob
   if (nt_oob_sync(oob, "connected", o->timeout_s) != 0) {
     goto out;
   }
-  if (!o->count_set && !o->bytes_set) {
-    o->count = 200;
-  }
-  o->mode = NT_VERIFY; /* the ordinary verify run and its result line */
-  ret = nt_mode_verify(o, n, oob, c);
-  o->mode = NT_STRAY;
-  if (ret == NT_EXIT_OK && nt_oob_sync(oob, "done", o->timeout_s) != 0) {
-    ret = NT_EXIT_FAIL;
-  }
+  ret = nt_verify_follow(o, n, oob, c, 200);
   if (ret == NT_EXIT_OK && !accept_ok) {
     ret = NT_EXIT_FAIL;
   }
@@ -489,88 +424,4 @@ out:
     }
   }
   return ret;
-}
-
-/* ---- dispatch ---- */
-
-int nt_mode_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
-  if ((o->mode == NT_FINALIZE_HS || o->mode == NT_ABORT) && n->abi < 11) {
-    nt_err("--mode %s needs finalize(ctx): --abi 11 or later", nt_mode_name(o->mode));
-    nt_oob_abort(oob, "%s: --mode %s needs --abi 11", nt_role_name(o->role), nt_mode_name(o->mode));
-    return NT_EXIT_USAGE;
-  }
-  nt_phase(nt_mode_name(o->mode));
-  switch (o->mode) {
-  case NT_FINALIZE_HS: return nt_mode_fhs(o, n, oob, c);
-  case NT_ABORT: return nt_mode_abort(o, n, oob, c);
-  case NT_FLOOD: return nt_mode_flood(o, n, oob, c);
-  case NT_FORGED: return nt_mode_forged(o, n, oob, c);
-  case NT_SILENT_HOLD: return nt_mode_silent_hold(o, n, oob, c);
-  case NT_EVICT_RACE: return nt_mode_evict_race(o, n, oob, c);
-  default: return nt_mode_stray(o, n, oob, c);
-  }
-}
-
-/* ---- --fork-every-ms: fork while the plugin works ---- */
-
-static struct {
-  pthread_t thread;
-  int running, stop, ms;
-  uint64_t forks, exits, execs, failed;
-} nt_fk;
-
-static void *nt_forker(void *arg) {
-  (void)arg;
-  while (!__atomic_load_n(&nt_fk.stop, __ATOMIC_RELAXED)) {
-    int exec = nt_fk.forks % 2 == 1;
-    pid_t pid = fork();
-    if (pid == 0) {
-      if (exec) {
-        char *argv[] = {"/bin/true", NULL};
-        execv("/bin/true", argv);
-        _exit(127);
-      }
-      _exit(0);
-    }
-    nt_fk.forks++;
-    int st = 0;
-    if (pid < 0) {
-      nt_fk.failed++;
-    } else {
-      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        nt_fk.failed++;
-      } else if (exec) {
-        nt_fk.execs++;
-      } else {
-        nt_fk.exits++;
-      }
-    }
-    usleep((useconds_t)nt_fk.ms * 1000);
-  }
-  return NULL;
-}
-
-void nt_forker_start(const struct nt_opts *o) {
-  if (o->fork_ms <= 0 || nt_fk.running) {
-    return;
-  }
-  nt_fk.ms = o->fork_ms;
-  if (pthread_create(&nt_fk.thread, NULL, nt_forker, NULL) != 0) {
-    nt_err("--fork-every-ms: cannot start the fork thread: %s", strerror(errno));
-    return;
-  }
-  nt_fk.running = 1;
-}
-
-void nt_forker_stop(const struct nt_opts *o) {
-  if (!nt_fk.running) {
-    return;
-  }
-  __atomic_store_n(&nt_fk.stop, 1, __ATOMIC_RELAXED);
-  pthread_join(nt_fk.thread, NULL);
-  nt_fk.running = 0;
-  nt_out("nettest-fork: role=%s every_ms=%d forks=%" PRIu64 " exit_children=%" PRIu64 " exec_children=%" PRIu64
-         " failed=%" PRIu64,
-         nt_role_name(o->role), o->fork_ms, nt_fk.forks, nt_fk.exits, nt_fk.execs, nt_fk.failed);
 }

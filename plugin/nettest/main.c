@@ -1,6 +1,7 @@
 /*
- * mpib-nettest main: options, plugin init, side channel, interleaved connect/accept, the mode,
- * and teardown in NCCL's order (deregMr, closeSend/closeRecv, closeListen, finalize).
+ * mpib-nettest main, the top layer (nettest.h): options, plugin init, side channel, the
+ * interleaved connect/accept, dispatch to the mode, and teardown in NCCL's order (deregMr,
+ * closeSend/closeRecv, closeListen, finalize); --devs and --parallel run it in threads.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -9,92 +10,18 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "nettest.h"
-
-static FILE *nt_stats;
-
-/* Watchdog: every loop of the driver has its own deadline, but a plugin call that never
- * returns would still hang the process. A thread exits the process when no heartbeat came
- * for 2 * --timeout-s + 30 seconds.
- *
- * Heartbeats and phases live in slots: slot 0 is the main thread's (and the only one without
- * --devs); with --devs, device run i beats in slot 1 + i while it runs, and the main thread's
- * slot rests while it waits for the runs. Every active slot must beat. */
-#define NT_WD_SLOTS (1 + NT_MAX_RUNS)
-static struct {
-  uint64_t beat_ms;
-  const char *phase;
-  int active;
-  int dev;
-} nt_wd[NT_WD_SLOTS] = {{0, "start", 1, -1}};
-static int nt_wd_limit_s = 150;
-
-/* The run this thread drives (--devs): its device, printed in its lines, and its watchdog
- * slot. -1 and 0 in the main thread and whenever --devs is not given. */
-static __thread int nt_tls_dev = -1;
-static __thread int nt_tls_slot;
-
-void nt_heartbeat(void) {
-  __atomic_store_n(&nt_wd[nt_tls_slot].beat_ms, (uint64_t)(nt_now() * 1000), __ATOMIC_RELAXED);
-}
-
-void nt_phase(const char *phase) {
-  __atomic_store_n(&nt_wd[nt_tls_slot].phase, phase, __ATOMIC_RELAXED);
-  nt_heartbeat();
-}
-
-/* Make this thread's slot watched (after a fresh heartbeat) or not. */
-static void nt_wd_watch(int on) {
-  if (on) {
-    nt_heartbeat();
-  }
-  __atomic_store_n(&nt_wd[nt_tls_slot].active, on, __ATOMIC_RELEASE);
-}
-
-static void *nt_watchdog(void *arg) {
-  (void)arg;
-  for (;;) {
-    usleep(200000);
-    for (int i = 0; i < NT_WD_SLOTS; i++) {
-      if (!__atomic_load_n(&nt_wd[i].active, __ATOMIC_ACQUIRE)) {
-        continue;
-      }
-      uint64_t beat = __atomic_load_n(&nt_wd[i].beat_ms, __ATOMIC_RELAXED);
-      double idle = nt_now() - (double)beat / 1000;
-      if (idle > nt_wd_limit_s) {
-        char msg[256], dev[32] = "";
-        if (i > 0) {
-          snprintf(dev, sizeof(dev), " of dev=%d", nt_wd[i].dev);
-        }
-        int n = snprintf(msg, sizeof(msg),
-                         "mpib-nettest: watchdog: nothing moved for %.0f s in phase '%s'%s (a plugin call did not "
-                         "return?); exiting\n",
-                         idle, __atomic_load_n(&nt_wd[i].phase, __ATOMIC_RELAXED), dev);
-        ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
-        (void)w;
-        _exit(NT_EXIT_FAIL);
-      }
-    }
-  }
-  return NULL;
-}
-
-static void nt_watchdog_start(int timeout_s) {
-  pthread_t t;
-  nt_wd_limit_s = 2 * timeout_s + 30;
-  nt_phase("load");
-  if (pthread_create(&t, NULL, nt_watchdog, NULL) == 0) {
-    pthread_detach(t);
-  }
-}
+#include "nt_conn.h"
+#include "nt_modes.h"
+#include "nt_net.h"
+#include "nt_oob.h"
+#include "nt_util.h"
+#include "nt_xfer.h"
 
 /* rxe and real HCAs pin registered memory: use whatever locked-memory allowance we have. */
 static void nt_raise_memlock(void) {
@@ -102,106 +29,6 @@ static void nt_raise_memlock(void) {
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_MEMLOCK, &rl);
-  }
-}
-
-int nt_threads_driver = -1;
-
-/* This process's threads now (field 20 of /proc/self/stat), -1 if unreadable. One read of a
- * short file: cheap enough to sample every millisecond of a connect burst. */
-int nt_thread_count(void) {
-  char buf[1024];
-  FILE *f = fopen("/proc/self/stat", "r");
-  if (f == NULL) {
-    return -1;
-  }
-  size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[len] = '\0';
-  char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-  long n = -1;
-  for (int field = 2; p != NULL && field < 20; field++) {
-    p = strchr(p + 1, ' ');
-  }
-  if (p != NULL) {
-    n = strtol(p + 1, NULL, 10);
-  }
-  return (int)n;
-}
-
-double nt_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Result lines: stdout, and the --stats-file when given. One line at a time (--devs runs
- * print from several threads); a device run's lines end with its dev=N. */
-static pthread_mutex_t nt_out_mu = PTHREAD_MUTEX_INITIALIZER;
-
-void nt_out(const char *fmt, ...) {
-  va_list ap;
-  pthread_mutex_lock(&nt_out_mu);
-  va_start(ap, fmt);
-  vfprintf(stdout, fmt, ap);
-  va_end(ap);
-  if (nt_tls_dev >= 0) {
-    fprintf(stdout, " dev=%d", nt_tls_dev);
-  }
-  fputc('\n', stdout);
-  fflush(stdout);
-  if (nt_stats != NULL) {
-    va_start(ap, fmt);
-    vfprintf(nt_stats, fmt, ap);
-    va_end(ap);
-    if (nt_tls_dev >= 0) {
-      fprintf(nt_stats, " dev=%d", nt_tls_dev);
-    }
-    fputc('\n', nt_stats);
-    fflush(nt_stats);
-  }
-  pthread_mutex_unlock(&nt_out_mu);
-}
-
-void nt_err(const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  if (nt_tls_dev >= 0) {
-    fprintf(stderr, "mpib-nettest: [dev=%d] %s\n", nt_tls_dev, buf);
-  } else {
-    fprintf(stderr, "mpib-nettest: %s\n", buf);
-  }
-}
-
-/* One step of a connection-setup loop: whether to give up (deadline passed, or the peer gave
- * up on the side channel, checked every 64 spins), saying why. */
-int nt_setup_give_up(const struct nt_opts *o, struct nt_oob *oob, const struct nt_conn *c, double deadline,
-                     int *spins) {
-  if (nt_now() > deadline) {
-    nt_err("connection setup timed out after %d s: connect %s, accept %s", o->timeout_s, c->scomm ? "done" : "pending",
-           c->rcomm ? "done" : "pending");
-    return 1;
-  }
-  if (++*spins % 64 == 0 && (nt_heartbeat(), nt_oob_peek(oob) < 0)) {
-    nt_err("peer gave up during connection setup");
-    return 1;
-  }
-  return 0;
-}
-
-const char *nt_role_name(enum nt_role r) { return r == NT_SERVER ? "server" : "client"; }
-
-const char *nt_mode_name(enum nt_mode m) {
-  switch (m) {
-  case NT_VERIFY: return "verify";
-  case NT_BW: return "bw";
-  case NT_LAT: return "lat";
-  case NT_BADHANDLE: return "badhandle";
-  case NT_GARBAGE: return "garbage-peer";
-  default: return nt_mode_is_scale(m) ? nt_scale_mode_name(m) : nt_lifecycle_mode_name(m);
   }
 }
 
@@ -266,68 +93,6 @@ static void nt_usage(FILE *f) {
              "SIZE accepts K, M, G suffixes (powers of 1024). NCCL_DEBUG=WARN|INFO|TRACE sets the\n"
              "plugin log level (default WARN). Exit: 0 pass, 1 test failure, 2 usage or setup\n"
              "error, 3 plugin init failure (nettest-init line).\n");
-}
-
-static int nt_parse_u64(const char *s, uint64_t *v) {
-  char *end;
-  errno = 0;
-  if (s == NULL || *s == '\0' || *s == '-') {
-    return -1;
-  }
-  unsigned long long x = strtoull(s, &end, 0);
-  if (errno != 0 || *end != '\0') {
-    return -1;
-  }
-  *v = x;
-  return 0;
-}
-
-static int nt_parse_size(const char *s, uint64_t *v) {
-  char *end;
-  errno = 0;
-  if (s == NULL || *s == '\0' || *s == '-') {
-    return -1;
-  }
-  unsigned long long x = strtoull(s, &end, 10);
-  if (errno != 0 || end == s) {
-    return -1;
-  }
-  unsigned shift = 0;
-  switch (*end) {
-  case 'k':
-  case 'K':
-    shift = 10;
-    end++;
-    break;
-  case 'm':
-  case 'M':
-    shift = 20;
-    end++;
-    break;
-  case 'g':
-  case 'G':
-    shift = 30;
-    end++;
-    break;
-  default: break;
-  }
-  if (shift && (strcasecmp(end, "iB") == 0 || strcasecmp(end, "B") == 0)) {
-    end += strlen(end);
-  }
-  if (*end != '\0' || (shift && x > (UINT64_MAX >> shift))) {
-    return -1;
-  }
-  *v = (uint64_t)x << shift;
-  return 0;
-}
-
-static int nt_parse_int(const char *s, int lo, int hi, int *v) {
-  uint64_t x;
-  if (nt_parse_u64(s, &x) != 0 || x < (uint64_t)lo || x > (uint64_t)hi) {
-    return -1;
-  }
-  *v = (int)x;
-  return 0;
 }
 
 /* --devs: comma-separated device indexes, no empty entry, no duplicate. */
@@ -529,21 +294,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       break;
     case OPT_MODE:
-      if (strcmp(a, "verify") == 0) {
-        o->mode = NT_VERIFY;
-      } else if (strcmp(a, "bw") == 0) {
-        o->mode = NT_BW;
-      } else if (strcmp(a, "lat") == 0) {
-        o->mode = NT_LAT;
-      } else if (strcmp(a, "badhandle") == 0) {
-        o->mode = NT_BADHANDLE;
-      } else if (strcmp(a, "garbage-peer") == 0 || strcmp(a, "garbage") == 0) {
-        o->mode = NT_GARBAGE;
-      } else if (nt_lifecycle_parse_mode(a, &o->mode) == 0) {
-        /* lifecycle.c */
-      } else if (nt_scale_parse_mode(a, &o->mode) == 0) {
-        /* scale.c */
-      } else {
+      if (nt_mode_parse(a, &o->mode) != 0) {
         NT_BAD("unknown --mode '%s' (verify, bw, lat, badhandle, garbage-peer)", a);
       }
       break;
@@ -875,73 +626,19 @@ static void nt_counters(struct nt_opts *o, int after) {
   }
 }
 
-/* After giving up: what our own handshakes end with within half a second, as NCCL's next calls
- * would see it (the peer's give-up may race our connect's or accept's own failure). */
-static void nt_setup_collect(const struct nt_opts *o, struct nt_net *n, struct nt_conn *c) {
-  int cdone = c->scomm != NULL, adone = c->rcomm != NULL;
-  for (double end = nt_now() + 0.5; (!cdone || !adone) && nt_now() < end; usleep(1000)) {
-    ncclResult_t rc;
-    if (!cdone && ((rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm)) != ncclSuccess || c->scomm != NULL)) {
-      cdone = 1;
-      if (rc != ncclSuccess) nt_err("connect to the peer's handle failed: rc=%d", rc);
-    }
-    if (!adone && ((rc = nt_net_accept(n, c->lcomm, &c->rcomm)) != ncclSuccess || c->rcomm != NULL)) {
-      adone = 1;
-      if (rc != ncclSuccess) nt_err("accept failed: rc=%d", rc);
-    }
+/* The lifecycle and hostile modes make their own connections from the listen comm and the
+ * handles swapped. */
+static int nt_run_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
+  nt_phase(nt_mode_name(o->mode));
+  switch (o->mode) {
+  case NT_FINALIZE_HS: return nt_mode_finalize_hs(o, n, oob, c);
+  case NT_ABORT: return nt_mode_abort(o, n, oob, c);
+  case NT_FLOOD: return nt_mode_flood(o, n, oob, c);
+  case NT_FORGED: return nt_mode_forged(o, n, oob, c);
+  case NT_SILENT_HOLD: return nt_mode_silent_hold(o, n, oob, c);
+  case NT_EVICT_RACE: return nt_mode_evict_race(o, n, oob, c);
+  default: return nt_mode_stray(o, n, oob, c);
   }
-}
-
-/* NCCL's proxy calls connect and accept repeatedly until both return a comm. */
-static int nt_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
-  double start = nt_now(), deadline = start + o->timeout_s;
-  int spins = 0;
-  while (c->scomm == NULL || c->rcomm == NULL) {
-    if (c->scomm == NULL) {
-      ncclResult_t rc = nt_net_connect(n, o->dev, c->peer_handle, &c->scomm);
-      if (rc != ncclSuccess) {
-        nt_err("connect to the peer's handle failed: rc=%d", rc);
-        return -1;
-      }
-    }
-    if (c->rcomm == NULL) {
-      ncclResult_t rc = nt_net_accept(n, c->lcomm, &c->rcomm);
-      if (rc != ncclSuccess) {
-        nt_err("accept failed: rc=%d", rc);
-        return -1;
-      }
-    }
-    if (c->scomm != NULL && c->rcomm != NULL) {
-      break;
-    }
-    if (nt_setup_give_up(o, oob, c, deadline, &spins)) {
-      nt_setup_collect(o, n, c);
-      return -1;
-    }
-    /* many runs at once (--devs, --parallel): each polls less often, as one proxy thread would */
-    usleep(o->ndevs > 1 ? 2000 : 50);
-  }
-  nt_err("connected in %.3f s (send comm and recv comm)", nt_now() - start);
-  return 0;
-}
-
-static int nt_teardown(struct nt_net *n, struct nt_conn *c) {
-  int bad = 0;
-  ncclResult_t rc;
-  if (c->scomm != NULL && (rc = nt_net_close_send(n, c->scomm)) != ncclSuccess) {
-    nt_err("closeSend failed: rc=%d", rc);
-    bad = 1;
-  }
-  if (c->rcomm != NULL && (rc = nt_net_close_recv(n, c->rcomm)) != ncclSuccess) {
-    nt_err("closeRecv failed: rc=%d", rc);
-    bad = 1;
-  }
-  if (c->lcomm != NULL && (rc = nt_net_close_listen(n, c->lcomm)) != ncclSuccess) {
-    nt_err("closeListen failed: rc=%d", rc);
-    bad = 1;
-  }
-  c->scomm = c->rcomm = c->lcomm = NULL;
-  return bad ? -1 : 0;
 }
 
 static int nt_run(struct nt_opts *o, struct nt_net *n) {
@@ -997,7 +694,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
   }
   if (nt_mode_is_lifecycle(o->mode)) {
     nt_forker_start(o);
-    ret = nt_mode_lifecycle(o, n, &oob, &conn);
+    ret = nt_run_lifecycle(o, n, &oob, &conn);
     nt_forker_stop(o);
     goto out;
   }
@@ -1045,9 +742,7 @@ struct nt_devrun {
 
 static void *nt_devrun_main(void *arg) {
   struct nt_devrun *r = arg;
-  nt_tls_dev = r->o.dev;
-  nt_tls_slot = r->slot;
-  nt_wd[r->slot].dev = r->o.dev;
+  nt_run_thread_init(r->slot, r->o.dev);
   nt_wd_watch(1);
   r->ret = nt_run(&r->o, r->net);
   nt_phase("done");
@@ -1130,7 +825,7 @@ int main(int argc, char **argv) {
   }
   nt_raise_memlock();
   nt_watchdog_start(o.timeout_s);
-  if (o.stats_file != NULL && (nt_stats = fopen(o.stats_file, "w")) == NULL) {
+  if (o.stats_file != NULL && nt_out_open(o.stats_file) != 0) {
     nt_err("cannot open --stats-file %s: %s", o.stats_file, strerror(errno));
     return NT_EXIT_USAGE;
   }
@@ -1220,16 +915,14 @@ int main(int argc, char **argv) {
     ret = o.ndevs > 0 ? nt_run_devs(&o, &net) : nt_run(&o, &net);
   }
   nt_phase("finalize");
-  rc = nt_finalized ? ncclSuccess : nt_net_finalize(&net); /* a lifecycle mode may have finalized */
+  rc = net.finalized ? ncclSuccess : nt_net_finalize(&net); /* a lifecycle mode may have finalized */
   if (rc != ncclSuccess) {
     nt_err("finalize failed: rc=%d", rc);
     if (ret == NT_EXIT_OK) {
       ret = NT_EXIT_FAIL;
     }
   }
-  if (nt_stats != NULL) {
-    fclose(nt_stats);
-  }
+  nt_out_close();
   for (int i = 0; i < o.ncounters; i++) {
     free((void *)o.counters[i].name);
   }

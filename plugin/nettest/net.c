@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "nettest.h"
+#include "nt_net.h"
+#include "nt_util.h"
 
 /* ---- logger ---- */
 
@@ -506,6 +508,7 @@ ncclResult_t nt_net_close_listen(struct nt_net *n, void *c) { return NT_CALL(n, 
 /* With --profiler, a run whose events are not all stopped (or were malformed) fails here. */
 ncclResult_t nt_net_finalize(struct nt_net *n) {
   ncclResult_t rc = ncclSuccess;
+  n->finalized = 1;
   if (n->abi == 11 && n->t.v11->finalize != NULL) {
     rc = n->t.v11->finalize(n->ctx);
   } else if (n->abi >= 12 && n->t.v12->finalize != NULL) {

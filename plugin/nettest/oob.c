@@ -17,7 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_oob.h"
+#include "nt_util.h"
 
 #define NT_OOB_MAX_PAYLOAD 65536
 

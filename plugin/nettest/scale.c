@@ -32,7 +32,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_modes.h"
+#include "nt_util.h"
 
 #define NT_SC_PAGE 4096
 #define NT_SC_TAG 7
@@ -40,42 +41,13 @@
 #define NT_SC_SETTLE_S 5.0        /* after close: wait this long for fds to come back */
 #define NT_SC_REST_S 0.5          /* leak series: read the process this long after close, at rest */
 
-static const struct {
-  const char *name;
-  enum nt_mode mode;
-} nt_sc_modes[] = {
-    {"connect", NT_CONNECT},
-    {"resources", NT_RESOURCES},
-};
-
-int nt_scale_parse_mode(const char *name, enum nt_mode *m) {
-  for (size_t i = 0; i < sizeof(nt_sc_modes) / sizeof(nt_sc_modes[0]); i++) {
-    if (strcmp(name, nt_sc_modes[i].name) == 0) {
-      *m = nt_sc_modes[i].mode;
-      return 0;
-    }
-  }
-  return -1;
-}
-
-const char *nt_scale_mode_name(enum nt_mode m) {
-  for (size_t i = 0; i < sizeof(nt_sc_modes) / sizeof(nt_sc_modes[0]); i++) {
-    if (nt_sc_modes[i].mode == m) {
-      return nt_sc_modes[i].name;
-    }
-  }
-  return "?";
-}
-
-int nt_mode_is_scale(enum nt_mode m) { return m == NT_CONNECT || m == NT_RESOURCES; }
-
 /* ---- process resources ---- */
 
 /* --rdma-res: QPs or MRs ("qp", "mr") on the RDMA devices this process sees, from the
  * kernel's per-device counts (`rdma res`): one driver per node, as in the lab, so they are
  * this process's. The per-object dumps (`rdma res show qp`) would name the creating process,
  * but they give no pid (so no comm) for a process of a lab container in exclusive netns mode:
- * matching this process's comm there counted nothing until 2026-11-27. -1 when the command
+ * matching this process's comm there would count nothing. -1 when the command
  * fails or prints no count. */
 static int nt_rdma_res_count(const char *what) {
   char line[1024];

@@ -22,7 +22,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_conn.h"
+#include "nt_modes.h"
+#include "nt_util.h"
 
 #define NT_SH_LISTENERS 8
 #define NT_SH_PER 32         /* silent clients held on each listener */
@@ -56,7 +58,7 @@ static void *nt_silent_run(void *arg) {
         continue;
       }
       if (s->burst > 0 && s->opened >= s->burst) continue; /* a burst is not reopened */
-      int fd = nt_flood_connect(&s->sa[s->burst > 0 ? 0 : i / s->per]);
+      int fd = nt_raw_connect(&s->sa[s->burst > 0 ? 0 : i / s->per]);
       if (fd < 0) continue;
       s->fds[i] = fd;
       held++;

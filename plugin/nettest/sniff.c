@@ -27,7 +27,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_modes.h"
+#include "nt_util.h"
 
 #define NT_ROCEV2_PORT 4791
 

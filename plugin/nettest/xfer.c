@@ -12,25 +12,16 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "nettest.h"
+#include "nt_util.h"
+#include "nt_xfer.h"
 
 #define NT_CANARY 0xA5
 #define NT_CANARY_NEAR 65536 /* bytes past the received size checked after every message */
 #define NT_CANARY_FULL_EVERY 16
 #define NT_SAMPLES 6
 #define NT_PEEK_INTERVAL 0.005
-
-uint64_t nt_mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 static uint64_t nt_rng_next(uint64_t *s) {
   *s += 0x9e3779b97f4a7c15ULL;
@@ -54,12 +45,6 @@ void nt_stats_fail(struct nt_stats *st, int fatal, const char *fmt, ...) {
 /* ---- fault watch: gaps between completions, plugin error returns (docs/nettest.md) ---- */
 
 struct nt_watch nt_watch;
-
-double nt_wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 /* A plugin call returned rc != ncclSuccess: count it and print the moment at once. */
 static void nt_plugin_error(struct nt_stats *st, const char *side, const char *call, int rc) {
