@@ -964,7 +964,9 @@ ncclResult_t mpib_failover_keepalive_tick(struct mpib_comm *c) {
  * is long enough that a deep queue draws no retransmissions, and is the backstop for a path
  * the watch cannot judge. The limit widens to four times the longest recent wait for an
  * acknowledgement on the rail (a slow path that delivers), decaying by an eighth per
- * acknowledgement. */
+ * acknowledgement; each verdict widens the rail's next one fourfold too, so a path slower than
+ * the limit (a message that takes longer than it to cross) costs a failover or two, never a
+ * failover every 600 ms that replays the same messages forever. */
 #define MPIB_WATCH_WIDEN 4u
 
 static void watch_progress(struct mpib_rail_ctl *rc, uint64_t *path, int waited, uint64_t now) {
@@ -1005,6 +1007,7 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
     snprintf(detail, sizeof detail, "no acknowledgement on its path for %llu ms with %u signalled writes outstanding",
              (unsigned long long)((now - last) / 1000000ull), c->pending[r]);
     rc->progress_ns = now;
+    rc->slow_ns = limit; /* the next verdict on this rail waits four times longer (a path too slow for the limit) */
     ncclResult_t res =
         mpib_failover_rail_fail(c, r, rc->state == MPIB_RAIL_PROBING ? "probe-failed" : "no-progress", detail);
     if (res != ncclSuccess) return res;
