@@ -584,7 +584,7 @@ type clSweepPoint struct {
 // clStaleVar is the staleness limit the plugins and agents of the test share (see the top).
 var clStaleVar = "MPIB_AGENT_STALE_MS=" + strconv.Itoa(clStaleMS)
 
-// clRCTimeout leaves failure detection of the test's connection to the RC budget alone
+// clDetectionEnv leaves failure detection of the test's connection to the RC budget alone
 // (net_ib's 4.3 s a try, MPIB's default), without the no-progress watch: a1's rails are shaped
 // down to 1.56 Mbit/s behind 10000-packet netem queues and the rates change in steps, so
 // acknowledgements wait seconds, and a wait that grows more than fourfold at once would read as
@@ -593,7 +593,7 @@ var clStaleVar = "MPIB_AGENT_STALE_MS=" + strconv.Itoa(clStaleMS)
 // retransmitting in a starved VM, can execute one RDMA write with immediate twice within one
 // QP generation, which the receiver refuses (`matches no posted receive`): a try shorter than
 // the queue must not retransmit into it.
-const clRCTimeout = "MPIB_IB_TIMEOUT=20 MPIB_DETECT_MS=0"
+var clDetectionEnv = []string{"MPIB_IB_TIMEOUT=20", "MPIB_DETECT_MS=0"}
 
 // clStaleEnv is an agent's environment with the test's staleness limit.
 func clStaleEnv(a agentCLI) []string { return append([]string{clStaleVar}, a.env...) }
@@ -722,7 +722,7 @@ func (r *clRun) startTransfer(ctx context.Context, t *testing.T) {
 		t.Fatalf("a1: shaping and segment: %v exit %d %s %s", err, code, out, errOut)
 	}
 	a2.Exec(ctx, nil, "rm", "-f", clStopFile)
-	mode := append([]string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath, clStaleVar}, strings.Fields(clRCTimeout)...)
+	mode := append([]string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath, clStaleVar}, clDetectionEnv...)
 	r.srv, r.cli = startPair(ctx, t, nettestPair{server: a2, client: r.a1, serverEnv: pluginEnv(a2, mode...), clientEnv: pluginEnv(r.a1, mode...),
 		args: []string{"--timeout-s", "120", "--mode", "verify", "--bytes", clTransfer, "--stop-file", clStopFile, "--max-size", clMaxSize, "--window", "8",
 			"--idle-us", strconv.Itoa(faultIdleUS)}})

@@ -106,11 +106,12 @@ func startFaultPair(ctx context.Context, t *testing.T, server, client *Node, ser
 	fp := &faultPair{server: server, client: client, base: fmt.Sprintf("/tmp/fault-%d-%d", os.Getpid(), faultSeq.Add(1))}
 	fp.stopFile = fp.base + ".stop"
 	port := strconv.Itoa(oobPorts(args))
-	common := append([]string{"--plugin", pluginLib}, args...)
-	if !slices.Contains(args, "connect") { // the scale modes pace and stop themselves
-		common = append([]string{"--plugin", pluginLib, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile,
-			"--idle-us", strconv.Itoa(faultIdleUS)}, args...)
+	common := []string{"--plugin", pluginLib}
+	if i := slices.Index(args, "--mode"); i < 0 || i+1 >= len(args) || (args[i+1] != "connect" && args[i+1] != "resources") {
+		// verify and the other transfer modes; the scale modes pace and stop themselves
+		common = append(common, "--gap-ms", strconv.Itoa(faultGapMS), "--stop-file", fp.stopFile, "--idle-us", strconv.Itoa(faultIdleUS))
 	}
+	common = append(common, args...)
 	wrap := func(role string) []string {
 		return []string{"sh", "-c", `exec "$@" >"$0.out" 2>"$0.err"`, fp.base + "-" + role, nettestBin, "--role", role}
 	}
