@@ -68,7 +68,8 @@ func runCongestion(t *testing.T, a1, a2 *Node, mode string, cut bool) {
 	args := []string{"--mode", "connect", "--comms", fmt.Sprint(congestionComms), "--count", fmt.Sprint(congestionCount),
 		"--sizes", "256K", "--timeout-s", "90"}
 	start := time.Now()
-	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, mode), faultEnv(a1, mode), args...)
+	netIB := "MPIB_IB_TIMEOUT=20" // the plugin's default, net_ib's 4.3 s try: what a deep queue meets on a cluster
+	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, mode, netIB), faultEnv(a1, mode, netIB), args...)
 	defer fp.killUnlessStopped()
 	if cut {
 		if err := waitRailTraffic(ctx, a1, SUP, 4<<20, fp.srv, fp.cli); err != nil {

@@ -400,6 +400,7 @@ struct mpib_comm {
    * in flight (the control socket may share the dead network). */
   uint32_t idle_polls;
   uint64_t progress_count, progress_seen, idle_since_ns;
+  uint64_t watch_tick_ns;      /* the no-progress watch's last tick (0: none yet) */
   uint64_t whole_msg_max;      /* slots of at most this many bytes go whole to one rail */
   int64_t sup_owed;            /* whole-message deficit counter (mpib_whole_message_rail) */
   uint32_t hint_uses, hint_bw; /* advanced mode: the cached agent hint */

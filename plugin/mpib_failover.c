@@ -968,6 +968,12 @@ ncclResult_t mpib_failover_keepalive_tick(struct mpib_comm *c) {
  * the limit (a message that takes longer than it to cross) costs a failover or two, never a
  * failover every 600 ms that replays the same messages forever. */
 #define MPIB_WATCH_WIDEN 4u
+/* Time the watch did not see does not count: ticks further apart than this (NCCL stopped
+ * testing the comm, or the process or its host was not scheduled, which stalls the local NIC
+ * driver's acknowledgements too under soft-RoCE) start every rail's wait afresh. NCCL's proxy
+ * tests a comm with work in flight thousands of times a second; a comm tested less often than
+ * this is left to the RC budget. */
+#define MPIB_WATCH_GAP_NS (100ull * 1000000ull)
 
 static void watch_progress(struct mpib_rail_ctl *rc, uint64_t *path, int waited, uint64_t now) {
   if (waited && rc->progress_ns && now > rc->progress_ns) {
@@ -982,6 +988,8 @@ static void watch_progress(struct mpib_rail_ctl *rc, uint64_t *path, int waited,
 ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
   if (!mpib_g.detect_ms) return ncclSuccess;
   uint64_t now = mpib_now_ns();
+  int unwatched = c->watch_tick_ns && now - c->watch_tick_ns > MPIB_WATCH_GAP_NS;
+  c->watch_tick_ns = now;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     struct mpib_rail_ctl *rc = &c->rail[r];
     if (!c->nqps[r]) continue;
@@ -992,7 +1000,7 @@ ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c) {
       rc->watch_busy = busy;
       continue;
     }
-    if (!busy || !rc->watch_busy) { /* a wait starts when a tick first sees the work (the comm may have slept) */
+    if (!busy || !rc->watch_busy || unwatched) { /* a wait starts when a tick first sees the work */
       rc->watch_busy = busy;
       rc->progress_ns = now;
       continue;
