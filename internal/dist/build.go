@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/mpib/mpib/internal/buildinfo"
 )
 
 // buildBinaries builds the plugin and mpib-nettest with the Zig toolchain (cgo, and with it the
@@ -15,7 +17,7 @@ func buildBinaries(c Config, tc Toolchain, rel Release, stage string) error {
 	if strings.ContainsAny(script, " \t'\"") {
 		return fmt.Errorf("the repository path %q holds a space or quote: -extldflags cannot carry it", c.Root)
 	}
-	stamp := fmt.Sprintf("-X main.buildVersion=%s -X main.buildCommit=%s", rel.Version, rel.Commit)
+	stamp := buildinfo.LDFlags(rel.Version, rel.Commit)
 	cgoEnv := []string{"CGO_ENABLED=1", "GOOS=linux", "GOARCH=amd64", "CC=" + tc.CC,
 		"CGO_CFLAGS=-O2 -I" + tc.VerbsInclude, "CGO_LDFLAGS=-O2 -L" + tc.VerbsLib}
 	so := filepath.Join(stage, "lib", "libnccl-net-mpib.so")

@@ -1,44 +1,7 @@
 package main
 
-import (
-	"fmt"
-	"runtime/debug"
-)
+import "github.com/mpib/mpib/internal/buildinfo"
 
-// The release build (internal/dist) sets these with -ldflags -X; the plugin's init INFO line names
-// the same pair. A build without them names the commit Go stamped into the binary, if any.
-var (
-	buildVersion string
-	buildCommit  string
-)
-
-// versionLine is what --version prints: "mpib-agent VERSION (commit HASH)".
-func versionLine() string {
-	v, c := buildVersion, buildCommit
-	if v == "" {
-		v = "0.0.0-dev"
-	}
-	if c == "" {
-		c = stampedCommit()
-	}
-	return fmt.Sprintf("%s %s (commit %s)", prog, v, c)
-}
-
-// stampedCommit is the VCS revision go build recorded (-buildvcs), "-dirty" when the tree was
-// modified, or "unknown".
-func stampedCommit() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	rev, dirty := "unknown", ""
-	for _, s := range info.Settings {
-		switch {
-		case s.Key == "vcs.revision":
-			rev = s.Value
-		case s.Key == "vcs.modified" && s.Value == "true":
-			dirty = "-dirty"
-		}
-	}
-	return rev + dirty
-}
+// versionLine is what --version prints: "mpib-agent VERSION (commit HASH)", from
+// internal/buildinfo (the release build's stamp, the pair the plugin's init INFO line names).
+func versionLine() string { return buildinfo.Line(prog) }
