@@ -50,7 +50,7 @@ func TestBenchMesh(t *testing.T) {
 	for _, p := range pairs {
 		from, to := m.Node(p[0]), m.Node(p[1])
 		if n := len(cablesBetween(from, to)); n > 1 { // one cable's ib_write_bw is no reference for a stripe
-			fmt.Printf("bench: %s-%s: %d cables, the plugin stripes over them: measured by case=parallel\n", p[0], p[1], n)
+			evidence("bench:", "%s-%s: %d cables, the plugin stripes over them: measured by case=parallel", p[0], p[1], n)
 			continue
 		}
 		f := meshBWPair(ctx, t, from, to, nil)
@@ -137,7 +137,7 @@ func meshBWPair(ctx context.Context, t *testing.T, from, to *Node, relays []*Nod
 	}
 	f := ratioFigure("mesh-bw", fmt.Sprintf("pair=%s path=%s%s", pair, path, via), "mbps", plugin, ref)
 	f.Note = fmt.Sprintf("4 MiB, cables shaped to %d Mbit/s; plugin on %s, ib_write_bw on the same", meshLinkMbit, port)
-	fmt.Printf("mesh-bw: pair=%s path=%s%s link_mbit=%d plugin_mbps=%.1f perftest_mbps=%.1f ratio=%.3f sup_port=%s reps=%d ratios=%s ci_low=%.3f ci_high=%.3f target=%.2f\n",
+	evidence("mesh-bw:", "pair=%s path=%s%s link_mbit=%d plugin_mbps=%.1f perftest_mbps=%.1f ratio=%.3f sup_port=%s reps=%d ratios=%s ci_low=%.3f ci_high=%.3f target=%.2f",
 		pair, path, via, meshLinkMbit, f.Plugin, f.Ref, f.Ratio, port, meshBWReps, joinFloats(ratios, 3), f.CILow, f.CIHigh, map[bool]float64{false: 0.95, true: 0.90}[relayOn])
 	return f
 }
@@ -222,7 +222,7 @@ func meshBWAllPairs(ctx context.Context, t *testing.T, m *Mesh, oneLink float64)
 	}
 	// The six runs start one after another: their repetitions overlap in time but do not line
 	// up exactly, so a repetition's sum is approximate; the median evens that out.
-	fmt.Printf("mesh-bw: case=all-pairs island=A link_mbit=%d plugin_mbps=%.1f one_link_mbps=%.1f ratio=%.3f directions=%d reps=%d ratios=%s per_direction=%s vm_busy=%.2f target=2.70\n",
+	evidence("mesh-bw:", "case=all-pairs island=A link_mbit=%d plugin_mbps=%.1f one_link_mbps=%.1f ratio=%.3f directions=%d reps=%d ratios=%s per_direction=%s vm_busy=%.2f target=2.70",
 		meshLinkMbit, median(sums), oneLink, median(ratios), len(dirs), meshBWReps, joinFloats(ratios, 3), strings.Join(per, ","), 1-split.idle/split.total)
 	f := ratioFigure("mesh-bw", "case=all-pairs island=A", "mbps", sums, repeat(oneLink, len(sums)))
 	f.Note = fmt.Sprintf("6 directions at once over one link's median; VM busy %.2f", 1-split.idle/split.total)
@@ -258,7 +258,7 @@ func meshBWParallel(ctx context.Context, t *testing.T, m *Mesh, oneLink float64)
 	for _, x := range tx {
 		striped = striped && x*10 >= total
 	}
-	fmt.Printf("mesh-bw: case=parallel pair=a2-a3 link_mbit=%d plugin_mbps=%.1f one_link_mbps=%.1f ratio=%.3f striped=%t cables=%s link_share=%s reps=%d ratios=%s target=1.80\n",
+	evidence("mesh-bw:", "case=parallel pair=a2-a3 link_mbit=%d plugin_mbps=%.1f one_link_mbps=%.1f ratio=%.3f striped=%t cables=%s link_share=%s reps=%d ratios=%s target=1.80",
 		meshLinkMbit, median(mbps), oneLink, median(ratios), striped, strings.Join(names, ","), strings.Join(shares, ","), meshBWReps, joinFloats(ratios, 3))
 	f := ratioFigure("mesh-bw", "case=parallel pair=a2-a3", "mbps", mbps, repeat(oneLink, len(mbps)))
 	f.Note = "cable shares " + strings.Join(shares, ",")

@@ -116,7 +116,7 @@ func saveFigures(t *testing.T, name string, figs []figure) {
 func benchClock(t *testing.T) func() {
 	start := time.Now()
 	return func() {
-		fmt.Printf("bench: %s took %.0f s (%d pairs)\n", t.Name(), time.Since(start).Seconds(), benchPairs())
+		evidence("bench:", "%s took %.0f s (%d pairs)", t.Name(), time.Since(start).Seconds(), benchPairs())
 	}
 }
 
@@ -272,7 +272,7 @@ func TestBenchP1SingleRail(t *testing.T) {
 	}
 	// The nettest run includes its set-up and the sizes' ramps; the perftest runs each start
 	// two processes. Both are whole runs, timed alike.
-	fmt.Printf("P1-cpu: plugin_user=%.3f plugin_system=%.3f plugin_softirq=%.3f plugin_idle=%.3f ref_user=%.3f ref_system=%.3f ref_softirq=%.3f ref_idle=%.3f\n",
+	evidence("P1-cpu:", "plugin_user=%.3f plugin_system=%.3f plugin_softirq=%.3f plugin_idle=%.3f ref_user=%.3f ref_system=%.3f ref_softirq=%.3f ref_idle=%.3f",
 		pluginCPU.user/pluginCPU.total, pluginCPU.system/pluginCPU.total, pluginCPU.softirq/pluginCPU.total, pluginCPU.idle/pluginCPU.total,
 		refCPU.user/refCPU.total, refCPU.system/refCPU.total, refCPU.softirq/refCPU.total, refCPU.idle/refCPU.total)
 	var figs []figure
@@ -281,7 +281,7 @@ func TestBenchP1SingleRail(t *testing.T) {
 			withAlt("ib_write_bw --tx-depth 8", plugin[s], ref8[s])
 		f.Note = fmt.Sprintf("VM CPU, plugin runs (all sizes): %v; ib_write_bw runs: %v", pluginCPU, refCPU)
 		figs = append(figs, f)
-		fmt.Printf("P1 size=%d ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f ref_depth8_mbps=%.1f reps=%d spread=%.3f ratio_depth8=%.3f ci_depth8_low=%.3f ci_depth8_high=%.3f\n",
+		evidence("P1", "size=%d ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f ref_depth8_mbps=%.1f reps=%d spread=%.3f ratio_depth8=%.3f ci_depth8_low=%.3f ci_depth8_high=%.3f",
 			s, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.AltRef, f.Pairs, spread(f.Ratios), f.AltRatio, f.AltCILow, f.AltCIHigh)
 		if s >= 1<<20 && f.CIHigh < 0.95 {
 			t.Logf("P1 size=%d: the whole interval is below the 0.95 target", s)
@@ -340,7 +340,7 @@ func TestBenchP2UnequalRails(t *testing.T) {
 		f.SupShare, f.ConcurrentRef = median(shares[name]), median(conc[name])
 		f.Note = fmt.Sprintf("ib_write_bw on both rails at once: %.1f Mbit/s", f.ConcurrentRef)
 		figs = append(figs, f)
-		fmt.Printf("P2 split=%s ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f ratio_concurrent=%.3f ci_concurrent_low=%.3f ci_concurrent_high=%.3f\n",
+		evidence("P2", "split=%s ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f ratio_concurrent=%.3f ci_concurrent_low=%.3f ci_concurrent_high=%.3f",
 			name, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.SupShare, f.Pairs, spread(f.Ratios), f.ConcurrentRef,
 			f.AltRatio, f.AltCILow, f.AltCIHigh)
 	}
@@ -439,7 +439,7 @@ func TestBenchP3Latency(t *testing.T) {
 		f.Note = fmt.Sprintf("preposted=%v; RDMA packets per round trip (client, sent+received): plugin %.2f, ib_write_lat %.2f",
 			c.preposted, median(c.pkts), median(refPkts))
 		figs = append(figs, f)
-		fmt.Printf("P3 size=8 ratio=%.3f ci_low=%.3f ci_high=%.3f preposted=%v pairs=%d plugin_us=%.1f ref_us=%.1f reps=%d spread=%.3f plugin_pkts_per_rtt=%.2f ref_pkts_per_rtt=%.2f\n",
+		evidence("P3", "size=8 ratio=%.3f ci_low=%.3f ci_high=%.3f preposted=%v pairs=%d plugin_us=%.1f ref_us=%.1f reps=%d spread=%.3f plugin_pkts_per_rtt=%.2f ref_pkts_per_rtt=%.2f",
 			f.Ratio, f.CILow, f.CIHigh, c.preposted, f.Pairs, f.Plugin, f.Ref, f.Pairs, spread(f.Ratios), median(c.pkts), median(refPkts))
 	}
 	saveFigures(t, "p3", figs)
@@ -580,7 +580,7 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 		t.Fatalf("expected at least %d calls to %s and mpib_test, found %d and %d (%v)", iters, isendName, isend.Calls, test.Calls, seen)
 	}
 	perMsg := float64(isend.Ir+test.Ir) / iters
-	fmt.Printf("P4 size=4096 instructions_per_message=%.0f mode=%s isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d\n",
+	evidence("P4", "size=4096 instructions_per_message=%.0f mode=%s isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d",
 		perMsg, mode, float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
 		float64(isend.Calls)/iters, float64(test.Calls)/iters, iters)
 	return figure{Name: "P4", Key: "size=4096 mode=" + mode, Mode: mode, Plugin: perMsg, Unit: "instructions",
@@ -618,7 +618,7 @@ func TestBenchP5MessageRate(t *testing.T) {
 		f := ratioFigure("P5", fmt.Sprintf("size=%d", s), "msgs/s", both[s], one[s]).
 			withAlt("ib_write_bw message rate (SUP)", both[s], ref[s])
 		figs = append(figs, f)
-		fmt.Printf("P5 size=%d ratio_vs_single_rail=%.3f ci_low=%.3f ci_high=%.3f msgs_per_s=%.0f single_rail_msgs_per_s=%.0f pairs=%d ref_msgs_per_s=%.0f ratio_vs_ib_write_bw=%.3f ci_ref_low=%.3f ci_ref_high=%.3f\n",
+		evidence("P5", "size=%d ratio_vs_single_rail=%.3f ci_low=%.3f ci_high=%.3f msgs_per_s=%.0f single_rail_msgs_per_s=%.0f pairs=%d ref_msgs_per_s=%.0f ratio_vs_ib_write_bw=%.3f ci_ref_low=%.3f ci_ref_high=%.3f",
 			s, f.Ratio, f.CILow, f.CIHigh, f.Plugin, f.Ref, f.Pairs, f.AltRef, f.AltRatio, f.AltCILow, f.AltCIHigh)
 	}
 	saveFigures(t, "p5", figs)

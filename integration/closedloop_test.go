@@ -671,7 +671,7 @@ func TestClosedLoop(t *testing.T) {
 		static, best := r.staticRates(t, sweep)
 		r.report(t, agent.name, phases[agent.name], static, best)
 	}
-	fmt.Printf("closedloop: lab_s=%.1f\n", time.Since(r.start).Seconds())
+	evidence("closedloop:", "lab_s=%.1f", time.Since(r.start).Seconds())
 }
 
 func (r *clRun) shape(ctx context.Context, t *testing.T, rl Rail, kbit int) {
@@ -799,7 +799,7 @@ func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
 		t.Logf("carry probe: %d kbit/s at phase 1's optimum, at least %.0f: full rates", carried, want)
 		return
 	}
-	fmt.Printf("closedloop: carried_kbit=%d want_kbit=%.0f rates=%s div=%d (the lab VM, not the rails, would limit full rates)\n",
+	evidence("closedloop:", "carried_kbit=%d want_kbit=%.0f rates=%s div=%d (the lab VM, not the rails, would limit full rates)",
 		carried, want, map[bool]string{true: "halved", false: "divided"}[r.div == 2], r.div)
 }
 
@@ -986,7 +986,7 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 		}
 		j := ph.ends[n]
 		endShare, active, ok := j.share, j.active, j.ok
-		fmt.Printf("closedloop: pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f split_settled_s=%.1f sup_share=%.3f optimum_share=%.3f end_share=%.3f split_ok=%t slow=%g active_optimum_share=%.3f extended=%d retransmits=%d\n",
+		evidence("closedloop:", "pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f split_settled_s=%.1f sup_share=%.3f optimum_share=%.3f end_share=%.3f split_ok=%t slow=%g active_optimum_share=%.3f extended=%d retransmits=%d",
 			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.lowest/best[sup],
 			splitShown, share, opt, endShare, ok, r.slow(), active, j.extended, j.retransmits)
 		if !ok {

@@ -2,10 +2,11 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // NCCL compatibility knobs observed on the wire: the IPv4 TOS byte of the RoCE v2 packets
@@ -66,11 +67,11 @@ func TestCompatTrafficClass(t *testing.T) {
 			line := sniffTOS(ctx, t, node, SOUT, maxPackets, func() {
 				res = runPair(ctx, t, b1, a1, pluginEnv(b1, c.env...), pluginEnv(a1, c.env...), args...)
 			})
-			observed := lcField(line, "sniff:", "tx_dominant_tos")
-			fmt.Printf("compat: knob=%s value=%d rail=SOUT observed_tos=%s node=%s tx_tos=%s rx_tos=%s\n",
-				c.knob, c.value, observed, node.Name(), lcField(line, "sniff:", "tx_tos"), lcField(line, "sniff:", "rx_tos"))
+			observed := kv.Field(line, "sniff:", "tx_dominant_tos")
+			evidence("compat:", "knob=%s value=%d rail=SOUT observed_tos=%s node=%s tx_tos=%s rx_tos=%s",
+				c.knob, c.value, observed, node.Name(), kv.Field(line, "sniff:", "tx_tos"), kv.Field(line, "sniff:", "rx_tos"))
 			verified(t, res)
-			if n, _ := strconv.Atoi(lcField(line, "sniff:", "tx_packets")); n < minTx {
+			if n, _ := strconv.Atoi(kv.Field(line, "sniff:", "tx_packets")); n < minTx {
 				t.Fatalf("the sniffer saw only %d RoCE v2 packets sent by %s during the transfer: %s", n, node.Name(), line)
 			}
 			if observed != strconv.Itoa(c.value) {

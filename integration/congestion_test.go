@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Congestion is not a fault. Both rails of a1 and a2 are shaped to congestionMbit with a queue
@@ -94,7 +96,7 @@ func runCongestion(t *testing.T, a1, a2 *Node, mode string, cut bool) {
 	}
 	exited := !s.hung && !c.hung && s.code == 0 && c.code == 0
 	verified := 0
-	for _, m := range append(kvLines(s.out, "nettest-connect:"), kvLines(c.out, "nettest-connect:")...) {
+	for _, m := range append(kv.Lines(s.out, "nettest-connect:"), kv.Lines(c.out, "nettest-connect:")...) {
 		verified += btoi(m["verified"] == "true")
 	}
 	nerr := ncclErrors(s.out, c.out) + btoi(s.code != 0) + btoi(c.code != 0)
@@ -106,7 +108,7 @@ func runCongestion(t *testing.T, a1, a2 *Node, mode string, cut bool) {
 	if cut {
 		name, counted = "cut-under-load", "failovers"
 	}
-	fmt.Printf("fault: case=%s comms=%d mode=%s queue_ms=%d errors=%d verified=%v %s=%d seconds=%.1f rate_mbit=%d\n",
+	evidence("fault:", "case=%s comms=%d mode=%s queue_ms=%d errors=%d verified=%v %s=%d seconds=%.1f rate_mbit=%d",
 		name, congestionComms, mode, congestionQueueMS, nerr, ok, counted, failovers, time.Since(start).Seconds(), congestionMbit)
 	if !ok {
 		t.Errorf("%s (%s): every connection must complete verified with no error: exited_ok=%v errors=%d verified_sides=%d of 2",

@@ -72,7 +72,7 @@ func TestDemo(t *testing.T) {
 			if s.Hint >= 0 {
 				hintText = fmt.Sprintf("hint=%d/1024", s.Hint)
 			}
-			fmt.Printf("demo: t=%5.1fs %-9s %-14s a1 tx  SOUT %6.1f Mbit/s %-22s SUP %6.1f Mbit/s %s\n", s.T, s.Phase, hintText,
+			evidence("demo:", "t=%5.1fs %-9s %-14s a1 tx  SOUT %6.1f Mbit/s %-22s SUP %6.1f Mbit/s %s", s.T, s.Phase, hintText,
 				s.SoutBps, bar(s.SoutBps), s.SupBps, bar(s.SupBps))
 		}
 	}
@@ -160,14 +160,14 @@ func demoFailover(ctx context.Context, t *testing.T, a1, a2 *Node, start time.Ti
 	}
 	at := func(nodeMS int64) float64 { return host.Sub(start).Seconds() + float64(nodeMS-node)/1000 }
 	events := []demoEvent{{at(node), "SUP cut"}}
-	fmt.Printf("demo: t=%5.1fs SUP cut (a1's SUP link down)\n", events[0].t)
+	evidence("demo:", "t=%5.1fs SUP cut (a1's SUP link down)", events[0].t)
 	time.Sleep(8 * time.Second)
 	back, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up")
 	if err != nil {
 		t.Fatalf("restoring SUP: %v", err)
 	}
 	events = append(events, demoEvent{at(back), "SUP back"})
-	fmt.Printf("demo: t=%5.1fs SUP link up again\n", at(back))
+	evidence("demo:", "t=%5.1fs SUP link up again", at(back))
 	_, errOut, code, err := c.Wait(ctx)
 	if err != nil || code != 0 {
 		t.Fatalf("demo failover transfer failed: exit %d %v\n%s", code, err, tail(errOut, 2000))
@@ -184,7 +184,7 @@ func demoFailover(ctx context.Context, t *testing.T, a1, a2 *Node, start time.Ti
 			what = "SUP in service"
 		}
 		events = append(events, demoEvent{at(e.ms), what})
-		fmt.Printf("demo: t=%5.1fs %s (the plugin's %s line)\n", at(e.ms), what, e.kind)
+		evidence("demo:", "t=%5.1fs %s (the plugin's %s line)", at(e.ms), what, e.kind)
 	}
 	return events
 }

@@ -25,11 +25,11 @@ func TestDoctor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()
-	defer func() { fmt.Printf("doctor: lab_seconds=%.1f\n", time.Since(start).Seconds()) }()
+	defer func() { evidence("doctor:", "lab_seconds=%.1f", time.Since(start).Seconds()) }()
 
 	t.Run("healthy", func(t *testing.T) {
 		code, out := doctorOn(ctx, t, a1, doctorEnv(a1))
-		fmt.Printf("doctor: case=healthy problems=%d exit=%d\n", strings.Count(out, "doctor: problem="), code)
+		evidence("doctor:", "case=healthy problems=%d exit=%d", strings.Count(out, "doctor: problem="), code)
 		if code != 0 {
 			t.Errorf("a healthy node: exit %d\n%s", code, out)
 		}
@@ -106,8 +106,7 @@ const doctorAgent = NodeBuildDir + "/mpib-agent"
 // doctorEnv is the job's configuration on one node (its first fused device), plus overrides
 // (the node's runner applies them in order, the last value of a key winning).
 func doctorEnv(n *Node, extra ...string) []string {
-	env := []string{"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + n.Dev(SUP), "MPIB_OOB_IF=" + n.Netdev(SOUT)}
-	return append(env, extra...)
+	return append(railEnv(n, ownHCAs(n)), extra...)
 }
 
 // doctorOn runs the doctor on one node and returns its exit status and output.
@@ -158,7 +157,7 @@ func doctorPair(ctx context.Context, t *testing.T, listener, peer *Node, lenv, p
 func doctorCase(t *testing.T, name string, code int, out, want string) {
 	t.Helper()
 	found := strings.Contains(out, "doctor: "+want)
-	fmt.Printf("doctor: case=%s found=%t exit=%d\n", name, found, code)
+	evidence("doctor:", "case=%s found=%t exit=%d", name, found, code)
 	if !found || code != 1 {
 		t.Errorf("case %s: exit %d, want 1 with a line containing %q\n%s", name, code, want, out)
 	}

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +77,7 @@ func TestFaultSupDownAtInit(t *testing.T) {
 			break
 		}
 	}
-	fmt.Printf("fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=%v continued_on=SOUT rail_joined_ms=%d sup_back_ms=%d verified=%v nccl_errors=%d sout_first_ms=%d sout_mbps=%.1f sup_mbps=%.1f\n",
+	evidence("fault:", "case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=%v continued_on=SOUT rail_joined_ms=%d sup_back_ms=%d verified=%v nccl_errors=%d sout_first_ms=%d sout_mbps=%.1f sup_mbps=%.1f",
 		opened, joinMS, backMS, verifiedOK, nerr, soutMS, soutMbps, supMbps)
 	switch {
 	case !opened:

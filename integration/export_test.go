@@ -17,12 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpib/mpib/agent/go/shm"
+	"github.com/mpib/mpib/internal/lab"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
-
-	"github.com/mpib/mpib/agent/go/shm"
-	"github.com/mpib/mpib/internal/lab"
 )
 
 // TestExport runs on the host, without the lab: the Python simulator (a plugin with a rail
@@ -63,7 +62,7 @@ func TestExport(t *testing.T) {
 	second := scrape(t, url)
 	after := connTelemetry(t, path, conn)
 	checkLive(t, first, second, before, after, conn)
-	fmt.Printf("export: %s\n", second.summary())
+	evidence("export:", "%s", second.summary())
 
 	down := scrapeUntil(t, url, "SUP down", 30*time.Second, func(s scraped) bool {
 		return s.value(t, "mpib_rail_state_connections", "rail", "sup", "state", "down") == 1
@@ -75,7 +74,7 @@ func TestExport(t *testing.T) {
 	if failovers < 1 || down.value(t, "mpib_rail_state_connections", "rail", "sup", "state", "up") != 0 {
 		t.Errorf("SUP down: failovers %v (want >= 1), still counted up", failovers)
 	}
-	fmt.Printf("export: %s rail_down=sup failovers=%g\n", down.summary(), failovers)
+	evidence("export:", "%s rail_down=sup failovers=%g", down.summary(), failovers)
 
 	up := scrapeUntil(t, url, "SUP back up", 30*time.Second, func(s scraped) bool {
 		return s.value(t, "mpib_rail_state_connections", "rail", "sup", "state", "up") == 1
@@ -84,7 +83,7 @@ func TestExport(t *testing.T) {
 	if recoveries < 1 {
 		t.Errorf("SUP back up: recoveries %v, want >= 1", recoveries)
 	}
-	fmt.Printf("export: %s rail_up=sup recoveries=%g\n", up.summary(), recoveries)
+	evidence("export:", "%s rail_up=sup recoveries=%g", up.summary(), recoveries)
 }
 
 // startProc starts a command whose output goes to the test log when the test fails; the

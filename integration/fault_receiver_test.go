@@ -63,7 +63,7 @@ func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
 			reason = e.reason
 		}
 	}
-	fmt.Printf("fault: case=receiver-device-deleted rail=SUP mode=%s hang=%v verified=%v error_ms=%d sender_error_ms=%d receiver_error_ms=%d nccl_errors=%d receiver_reason=%s\n",
+	evidence("fault:", "case=receiver-device-deleted rail=SUP mode=%s hang=%v verified=%v error_ms=%d sender_error_ms=%d receiver_error_ms=%d nccl_errors=%d receiver_reason=%s",
 		mode, hang, verified, errorMS, senderMS, receiverMS, ncclErrors(s.out, c.out), reason)
 	if reason == "none" {
 		t.Errorf("the receiver never failed SUP over after its %s was deleted: the case shows nothing\nserver %s\nclient %s", dev, s, c)
@@ -114,7 +114,7 @@ func TestFaultFlushAfterFlap(t *testing.T) {
 	}
 	failed := len(linesContaining(s.err, "a flush read failed"))
 	ordered := verified && nerr == 0 && flushes != "0"
-	fmt.Printf("fault: case=flush-after-flap rail=SUP flushes=%s failed_reads=%d ordered=%v verified=%v nccl_errors=%d\n",
+	evidence("fault:", "case=flush-after-flap rail=SUP flushes=%s failed_reads=%d ordered=%v verified=%v nccl_errors=%d",
 		flushes, failed, ordered, verified, nerr)
 	if !ordered {
 		t.Errorf("flushes after a flap must keep ordering: verified=%v errors=%d flushes=%s\nserver %s\nclient %s", verified, nerr, flushes, s, c)

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Rail failover and recovery without an NCCL abort (issue 9). One long verified transfer per
@@ -66,34 +68,6 @@ const faultGapMS = 50
 const faultIdleUS = 200
 
 var faultSeq atomic.Int32
-
-// labRetransmitTimeout: 268 ms a try (4.096 us x 2^16), seven tries (MPIB_IB_RETRY_CNT's 6
-// retries) before the transport gives up: still well behind the watch's 600 ms.
-const labRetransmitTimeout = "MPIB_IB_TIMEOUT=16"
-
-// faultEnv is the plugin configuration of the fault cases: the plugin's own detection default
-// (the no-progress watch, MPIB_DETECT_MS), failover on, the mode's settings and extras (the
-// last value of a key wins).
-//
-// The RC try is labRetransmitTimeout, not net_ib's 4.3 s: soft-RoCE drops a packet now and
-// then on a healthy link and retransmits it only when the try expires, where an mlx5 NIC
-// retransmits within milliseconds (adaptive retransmission) on a fabric that hardly drops.
-// With the 4.3 s try one such drop is 4.3 s without an acknowledgement, which the watch
-// rightly fails over; the fault cases judge detection of the faults they inject, so the lab's
-// drops are repaired well inside the watch's limit. The congestion case keeps net_ib's try.
-func faultEnv(n *Node, mode string, extra ...string) []string {
-	env := []string{
-		"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + n.Dev(SUP), "MPIB_OOB_IF=" + n.Netdev(SOUT),
-		"NCCL_DEBUG=INFO", "MPIB_FAILOVER=1", labRetransmitTimeout,
-	}
-	switch mode {
-	case "vanilla":
-		env = append(env, "MPIB_MODE=0")
-	case "advanced": // no agent: vanilla split, so force both rails busy
-		env = append(env, "MPIB_MODE=1", "MPIB_FORCE_SUP_BW=512")
-	}
-	return append(env, extra...)
-}
 
 func otherRail(r Rail) Rail {
 	if r == SOUT {
@@ -584,7 +558,7 @@ func (q *faultSequence) deleteDevice() (s, c exitInfo) {
 	if s.hung || c.hung {
 		q.t.Errorf("a driver did not exit within 90 s of the stop request after %s was deleted", dev)
 	}
-	endMS, _ := strconv.ParseInt(lcField(s.out, "nettest-stall:", "end_ms"), 10, 64)
+	endMS, _ := strconv.ParseInt(kv.Field(s.out, "nettest-stall:", "end_ms"), 10, 64)
 	if endMS == 0 {
 		endMS = st.cut + faultHold.Milliseconds()
 	}
@@ -870,7 +844,7 @@ func measureStep(fp *faultPair, evs []railEvent, gaps []gap, st *faultStep, rail
 func printStep(t *testing.T, fp *faultPair, st *faultStep, f stepFigures, rail Rail, mode string, verifiedOK bool, nerr int) {
 	pair := pairName(fp.client, fp.server)
 	if st.name == "glitch" {
-		fmt.Printf("fault: case=glitch rail=%s pair=%s mode=%s stall_ms=%d verified=%v nccl_errors=%d\n",
+		evidence("fault:", "case=glitch rail=%s pair=%s mode=%s stall_ms=%d verified=%v nccl_errors=%d",
 			rail, pair, mode, f.stall, verifiedOK, nerr)
 		t.Logf("fault-detail: case=glitch rail=%s mode=%s failover=%v detected_ms=%d recovered_ms=%d blackhole_ms=%d..%d spurious_failovers=%d",
 			rail, mode, f.first != nil, f.detected, f.recovered, st.cutRunMS, st.upRunMS, f.spurious)
@@ -880,7 +854,7 @@ func printStep(t *testing.T, fp *faultPair, st *faultStep, f stepFigures, rail R
 	if f.reason != "" {
 		tail = " reason=" + f.reason
 	}
-	fmt.Printf("fault: case=%s rail=%s pair=%s mode=%s detected_ms=%d stall_ms=%d continued_on=%s recovered_ms=%d%s verified=%v nccl_errors=%d\n",
+	evidence("fault:", "case=%s rail=%s pair=%s mode=%s detected_ms=%d stall_ms=%d continued_on=%s recovered_ms=%d%s verified=%v nccl_errors=%d",
 		st.name, rail, pair, mode, f.detected, f.stall, f.continued, f.recovered, tail, verifiedOK, nerr)
 	raw := int64(-1)
 	if f.first != nil {
@@ -999,7 +973,7 @@ func TestFaultErrors(t *testing.T) {
 		ec := runErrorCase(t, b1, a1, SOUT, lowStall, func(ctx context.Context, fp *faultPair) (int64, error) {
 			return nodeStamp(ctx, a1, linkDownCmd(a1, SOUT))
 		})
-		fmt.Printf("fault: case=no-alternative pair=a1-b1 rail=SOUT sender_error_ms=%d receiver_error_ms=%d hang=%v\n",
+		evidence("fault:", "case=no-alternative pair=a1-b1 rail=SOUT sender_error_ms=%d receiver_error_ms=%d hang=%v",
 			ec.senderMS, ec.receiverMS, ec.hang)
 		checkErrorCase(t, "no-alternative", ec, true, true)
 	})
@@ -1009,7 +983,7 @@ func TestFaultErrors(t *testing.T) {
 		ec := runErrorCase(t, a2, a1, SUP, lowStall, func(ctx context.Context, fp *faultPair) (int64, error) {
 			return nodeStamp(ctx, a1, linkDownCmd(a1, SUP)+"; "+linkDownCmd(a1, SOUT))
 		})
-		fmt.Printf("fault: case=both-down pair=a1-a2 sender_error_ms=%d receiver_error_ms=%d hang=%v\n",
+		evidence("fault:", "case=both-down pair=a1-a2 sender_error_ms=%d receiver_error_ms=%d hang=%v",
 			ec.senderMS, ec.receiverMS, ec.hang)
 		checkErrorCase(t, "both-down", ec, true, true)
 	})
@@ -1025,7 +999,7 @@ func TestFaultErrors(t *testing.T) {
 		rk := runErrorCase(t, a2, a1, SUP, nil, kill(func(fp *faultPair) (*Node, *Process) { return fp.server, fp.srv }))
 		sk := runErrorCase(t, a2, a1, SUP, nil, kill(func(fp *faultPair) (*Node, *Process) { return fp.client, fp.cli }))
 		hang := (rk.c.hung) || (sk.s.hung)
-		fmt.Printf("fault: case=peer-killed pair=a1-a2 sender_error_ms=%d receiver_error_ms=%d hang=%v\n",
+		evidence("fault:", "case=peer-killed pair=a1-a2 sender_error_ms=%d receiver_error_ms=%d hang=%v",
 			rk.senderMS, sk.receiverMS, hang)
 		checkErrorCase(t, "peer-killed (receiver killed)", errorCase{senderMS: rk.senderMS, receiverMS: -1, hang: rk.c.hung}, true, false)
 		checkErrorCase(t, "peer-killed (sender killed)", errorCase{senderMS: -1, receiverMS: sk.receiverMS, hang: sk.s.hung}, false, true)

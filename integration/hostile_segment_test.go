@@ -68,7 +68,7 @@ func hostileLease(t *testing.T, root string) {
 		t.Fatalf("shm_lease_test printed no measurement (no lease on this host?):\n%s", out)
 	}
 	ms, _ := strconv.ParseFloat(string(m[1]), 64)
-	fmt.Printf("hostile: case=segment-lease open_ms=%.3f advanced_fallback=%s\n", ms, m[2])
+	evidence("hostile:", "case=segment-lease open_ms=%.3f advanced_fallback=%s", ms, m[2])
 	if ms >= 100 || string(m[2]) != "true" {
 		t.Fatalf("a leased segment: the poll took %.3f ms (limit 100), fallback %s", ms, m[2])
 	}

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpib/mpib/integration/kv"
 	"github.com/mpib/mpib/internal/lab"
 )
 
@@ -77,19 +77,19 @@ func TestHostileListenerFlood(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2), lcArgs("--mode", "listener-flood", "--max-size", "1M")...)
 	const sp, cp = "nettest-hostile: case=listener-flood role=server", "nettest-hostile: case=listener-flood role=client"
-	clients := atoiOr(lcField(res.clientOut, cp, "clients"), 0)
-	start, peak, end := atoiOr(lcField(res.serverOut, sp, "fds_start"), -1), atoiOr(lcField(res.serverOut, sp, "fds_peak"), -1), atoiOr(lcField(res.serverOut, sp, "fds_end"), -1)
-	limit := atoiOr(lcField(res.serverOut, sp, "fd_limit"), -1)
-	connected := lcField(res.clientOut, cp, "connected") == "true" && lcField(res.serverOut, sp, "connected") == "true"
+	clients := atoiOr(kv.Field(res.clientOut, cp, "clients"), 0)
+	start, peak, end := atoiOr(kv.Field(res.serverOut, sp, "fds_start"), -1), atoiOr(kv.Field(res.serverOut, sp, "fds_peak"), -1), atoiOr(kv.Field(res.serverOut, sp, "fds_end"), -1)
+	limit := atoiOr(kv.Field(res.serverOut, sp, "fd_limit"), -1)
+	connected := kv.Field(res.clientOut, cp, "connected") == "true" && kv.Field(res.serverOut, sp, "connected") == "true"
 	// The accept loop ran out of descriptors (EMFILE) and went on: it logs the shortage once,
 	// and the real peer connected after it.
 	shortage := strings.Contains(res.serverErr, "backing off; the listener stays up")
 	alive := connected && shortage
-	refused := strings.Contains(res.serverErr, "used already") && lcField(res.clientOut, cp, "replayed_hello_refused") == "true"
+	refused := strings.Contains(res.serverErr, "used already") && kv.Field(res.clientOut, cp, "replayed_hello_refused") == "true"
 	m := resultRe.FindStringSubmatch(res.serverOut)
 	verifiedOK := m != nil && m[4] == "true"
-	fmt.Printf("hostile: case=listener-flood clients=%d fds_peak=%d accept_loop_alive=%v real_peer_connected=%v connect_ms=%s fd_limit=%d fds_start=%d fds_end=%d replayed_hello_refused=%v verified=%v\n",
-		clients, peak, alive, connected, lcField(res.clientOut, cp, "connect_ms"), limit, start, end, refused, verifiedOK)
+	evidence("hostile:", "case=listener-flood clients=%d fds_peak=%d accept_loop_alive=%v real_peer_connected=%v connect_ms=%s fd_limit=%d fds_start=%d fds_end=%d replayed_hello_refused=%v verified=%v",
+		clients, peak, alive, connected, kv.Field(res.clientOut, cp, "connect_ms"), limit, start, end, refused, verifiedOK)
 	if clients < 1000 {
 		t.Errorf("the flood opened %d TCP clients, want thousands (>= 1000):\n%s", clients, res)
 	}
@@ -119,12 +119,12 @@ func TestHostileForgedHandle(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2), lcArgs("--mode", "forged-handle", "--max-size", "1M")...)
 	const cp = "nettest-hostile: case=forged-handle role=client"
-	guessed, collected := atoiOr(lcField(res.clientOut, cp, "guessed"), 0), atoiOr(lcField(res.clientOut, cp, "collected_other"), -1)
+	guessed, collected := atoiOr(kv.Field(res.clientOut, cp, "guessed"), 0), atoiOr(kv.Field(res.clientOut, cp, "collected_other"), -1)
 	m := resultRe.FindStringSubmatch(res.serverOut)
 	verifiedOK := m != nil && m[4] == "true"
 	honest := strings.Contains(res.clientOut, "honest_connected=true")
-	fmt.Printf("hostile: case=forged-handle guessed=%d collected_other=%d refused=%s honest_connected=%v verified=%v\n",
-		guessed, collected, lcField(res.clientOut, cp, "refused"), honest, verifiedOK)
+	evidence("hostile:", "case=forged-handle guessed=%d collected_other=%d refused=%s honest_connected=%v verified=%v",
+		guessed, collected, kv.Field(res.clientOut, cp, "refused"), honest, verifiedOK)
 	if guessed == 0 || collected != 0 {
 		t.Errorf("forged handles: guessed=%d collected_other=%d, want guesses and none collected:\n%s", guessed, collected, res)
 	}
@@ -140,10 +140,10 @@ func TestHostileForgedHandle(t *testing.T) {
 func TestHostilePeerSizeOverwrite(t *testing.T) {
 	res := runAttackingSender(t, "size-overwrite")
 	const sp = "nettest-sizes: role=server"
-	reported, posted := atoiOr(lcField(res.serverOut, sp, "reported_bytes_max"), -2), atoiOr(lcField(res.serverOut, sp, "posted_bytes"), -1)
+	reported, posted := atoiOr(kv.Field(res.serverOut, sp, "reported_bytes_max"), -2), atoiOr(kv.Field(res.serverOut, sp, "posted_bytes"), -1)
 	attacked := strings.Contains(res.clientErr, "hostile-test: case=peer-size-overwrite")
 	refusedMsg := strings.Contains(res.serverErr, "peer reported")
-	fmt.Printf("hostile: case=peer-size-overwrite reported_bytes_max=%d posted_bytes=%d attacked=%v refused_with_message=%v server_code=%d\n",
+	evidence("hostile:", "case=peer-size-overwrite reported_bytes_max=%d posted_bytes=%d attacked=%v refused_with_message=%v server_code=%d",
 		max(reported, 0), posted, attacked, refusedMsg, res.serverCode)
 	if !attacked || posted <= 0 || reported == -2 {
 		t.Fatalf("the attack did not run or the receiver printed no sizes (attacked=%v):\n%s", attacked, res)
@@ -168,7 +168,7 @@ func TestHostileRemoteRead(t *testing.T) {
 		status, denied = m[1], m[2]
 	}
 	m := resultRe.FindStringSubmatch(res.serverOut)
-	fmt.Printf("hostile: case=remote-read denied=%s wc_status=%s verified=%v\n", denied, status, m != nil && m[4] == "true")
+	evidence("hostile:", "case=remote-read denied=%s wc_status=%s verified=%v", denied, status, m != nil && m[4] == "true")
 	if denied != "true" {
 		t.Errorf("the peer's RDMA READ of a registered buffer was not refused (denied=%q):\n%s", denied, res)
 	}
@@ -190,7 +190,7 @@ func TestHostileGoPanic(t *testing.T) {
 	// dump, exit 2); the driver's own failure exit is 1.
 	escaped := strings.Contains(res.serverErr, "\npanic: ") || strings.HasPrefix(res.serverErr, "panic: ")
 	alive := res.serverCode == 1 && !escaped
-	fmt.Printf("hostile: case=go-panic handshake_error=%v process_alive=%v server_code=%d client_code=%d\n",
+	evidence("hostile:", "case=go-panic handshake_error=%v process_alive=%v server_code=%d client_code=%d",
 		handshakeErr, alive, res.serverCode, res.clientCode)
 	if !handshakeErr || !alive {
 		t.Errorf("a Go panic in the handshake must fail it with ncclInternalError and a message, the process alive:\n%s", res)
@@ -224,20 +224,20 @@ func TestHostileSilentHold(t *testing.T) {
 	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2),
 		lcArgs("--mode", "silent-hold", "--seconds", strconv.Itoa(hold))...)
 	const sp, cp = "nettest-hostile: case=silent-hold role=server", "nettest-hostile: case=silent-hold role=client"
-	listeners := atoiOr(lcField(res.clientOut, cp, "listeners"), 0)
-	connected := atoiOr(lcField(res.clientOut, cp, "connected"), -1)
-	accepted := atoiOr(lcField(res.serverOut, sp, "accepted"), -1)
-	reopened := atoiOr(lcField(res.clientOut, cp, "reopened"), 0)
-	heldS, _ := strconv.ParseFloat(lcField(res.clientOut, cp, "hold_s"), 64)
-	connectMS := atoiOr(lcField(res.clientOut, cp, "connect_ms_max"), -1)
+	listeners := atoiOr(kv.Field(res.clientOut, cp, "listeners"), 0)
+	connected := atoiOr(kv.Field(res.clientOut, cp, "connected"), -1)
+	accepted := atoiOr(kv.Field(res.serverOut, sp, "accepted"), -1)
+	reopened := atoiOr(kv.Field(res.clientOut, cp, "reopened"), 0)
+	heldS, _ := strconv.ParseFloat(kv.Field(res.clientOut, cp, "hold_s"), 64)
+	connectMS := atoiOr(kv.Field(res.clientOut, cp, "connect_ms_max"), -1)
 	realOK := listeners == 8 && connected == listeners && accepted == listeners && res.serverCode == 0 && res.clientCode == 0
 	perS := 0.0
 	if heldS > 0 {
 		perS = float64(reopened) / heldS
 	}
-	fmt.Printf("hostile: case=silent-hold listeners=%d silent_clients=%s reconnects_per_s=%.1f hold_s=%d real_peer_connected=%v connect_ms=%d held_at_start=%s held_at_end=%s accepted=%d\n",
-		listeners, lcField(res.clientOut, cp, "silent_clients"), perS, hold, realOK, connectMS,
-		lcField(res.clientOut, cp, "held_at_start"), lcField(res.clientOut, cp, "held_at_end"), accepted)
+	evidence("hostile:", "case=silent-hold listeners=%d silent_clients=%s reconnects_per_s=%.1f hold_s=%d real_peer_connected=%v connect_ms=%d held_at_start=%s held_at_end=%s accepted=%d",
+		listeners, kv.Field(res.clientOut, cp, "silent_clients"), perS, hold, realOK, connectMS,
+		kv.Field(res.clientOut, cp, "held_at_start"), kv.Field(res.clientOut, cp, "held_at_end"), accepted)
 	if !realOK {
 		t.Fatalf("a real connection failed while silent clients held the listeners (connected %d, accepted %d of %d):\n%s",
 			connected, accepted, listeners, res)
@@ -245,7 +245,7 @@ func TestHostileSilentHold(t *testing.T) {
 	if connectMS < 0 || connectMS > 5000 {
 		t.Errorf("the slowest real connection took %d ms, want within 5000:\n%s", connectMS, res)
 	}
-	if held := atoiOr(lcField(res.clientOut, cp, "held_at_start"), 0); held < 8*32*3/4 {
+	if held := atoiOr(kv.Field(res.clientOut, cp, "held_at_start"), 0); held < 8*32*3/4 {
 		t.Errorf("the attacker held only %d silent clients before the first real connect, want about %d: the case tested less than it says", held, 8*32)
 	}
 }
@@ -262,13 +262,13 @@ func TestHostileEvictRace(t *testing.T) {
 	res := runPair(context.Background(), t, a1, a2, pluginEnv(a1), pluginEnv(a2),
 		lcArgs("--mode", "evict-race", "--rounds", strconv.Itoa(rounds))...)
 	const sp, cp = "nettest-hostile: case=evict-race role=server", "nettest-hostile: case=evict-race role=client"
-	done := atoiOr(lcField(res.clientOut, cp, "rounds"), 0)
-	connected := atoiOr(lcField(res.clientOut, cp, "connected"), -1)
-	accepted := atoiOr(lcField(res.serverOut, sp, "accepted"), -1)
+	done := atoiOr(kv.Field(res.clientOut, cp, "rounds"), 0)
+	connected := atoiOr(kv.Field(res.clientOut, cp, "connected"), -1)
+	accepted := atoiOr(kv.Field(res.serverOut, sp, "accepted"), -1)
 	realOK := done == rounds && connected == rounds && accepted == rounds && res.serverCode == 0 && res.clientCode == 0
 	redials := strings.Count(res.clientErr, "dialing it once more")
-	fmt.Printf("hostile: case=evict-race rounds=%d burst=%s failed=%d redials=%d connect_ms_max=%s real_peer_connected=%v\n",
-		done, lcField(res.clientOut, cp, "burst"), rounds-max(connected, 0), redials, lcField(res.clientOut, cp, "connect_ms_max"), realOK)
+	evidence("hostile:", "case=evict-race rounds=%d burst=%s failed=%d redials=%d connect_ms_max=%s real_peer_connected=%v",
+		done, kv.Field(res.clientOut, cp, "burst"), rounds-max(connected, 0), redials, kv.Field(res.clientOut, cp, "connect_ms_max"), realOK)
 	if !realOK {
 		t.Fatalf("a real connection lost the race against a burst of silent clients (connected %d, accepted %d of %d rounds):\n%s",
 			connected, accepted, rounds, res)

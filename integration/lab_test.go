@@ -58,7 +58,7 @@ func TestLabWriteBW(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 0, res.ClientCode, res.Output)
 			require.Equal(t, 0, res.ServerCode, res.Output)
-			fmt.Printf("lab: pair=%s-%s rail=%s ib_write_bw_gbps=%.3f tx_bytes=%d rx_bytes=%d\n",
+			evidence("lab:", "pair=%s-%s rail=%s ib_write_bw_gbps=%.3f tx_bytes=%d rx_bytes=%d",
 				c.client, c.server, c.rail, res.Gbps, res.ClientRail.TxBytes, res.ServerRail.RxBytes)
 			// perftest times with its cycle counter, which TCG does not keep honest under
 			// load: the wall-clock figure (connection set-up included) is the cross-check.
@@ -83,7 +83,7 @@ func TestLabSUPIsolated(t *testing.T) {
 	res, err := w.Run(ctx)
 	require.NoError(t, err)
 	reachable := res.ClientCode == 0
-	fmt.Printf("lab: pair=a1-b1 rail=SUP reachable=%t\n", reachable)
+	evidence("lab:", "pair=a1-b1 rail=SUP reachable=%t", reachable)
 	assert.False(t, reachable, res.Output)
 	assert.Less(t, time.Since(start), 45*time.Second)
 	assert.Less(t, res.ServerRail.RxBytes, uint64(1<<20), "b1 SUP received data")

@@ -69,7 +69,7 @@ func (g *leakGrowth) add(first, last leakSample) {
 }
 
 func checkLeak(t *testing.T, kind string, cycles int, g leakGrowth) {
-	fmt.Printf("leak: cycles=%d kind=%s fds_growth=%d qps_growth=%d mrs_growth=%d threads_growth=%d rss_growth_kib=%d threads_step=%d\n",
+	evidence("leak:", "cycles=%d kind=%s fds_growth=%d qps_growth=%d mrs_growth=%d threads_growth=%d rss_growth_kib=%d threads_step=%d",
 		cycles, kind, g.fds, g.qps, g.mrs, g.threads, g.rssKiB, g.threadsStep)
 	if g.fds > 0 || g.qps > 0 || g.mrs > 0 || g.threads > 0 {
 		t.Errorf("%s: fds/QPs/MRs/threads grew by %d/%d/%d/%d over %d cycles, want 0", kind, g.fds, g.qps, g.mrs, g.threads, cycles)
@@ -149,7 +149,7 @@ func TestRestThreads(t *testing.T) {
 }
 
 func checkThreads(t *testing.T, f threadFigures) {
-	fmt.Printf("threads: at_rest=%d burst_max=%d growth=%d\n", f.atRest, f.burstMax, f.growth)
+	evidence("threads:", "at_rest=%d burst_max=%d growth=%d", f.atRest, f.burstMax, f.growth)
 	if f.atRest > maxThreadsAtRest || f.burstMax > maxThreadsBurst || f.growth > 0 {
 		t.Errorf("MPIB's threads: %d at rest (want <= %d), %d at most during setup (want <= %d), growth %d (want 0)",
 			f.atRest, maxThreadsAtRest, f.burstMax, maxThreadsBurst, f.growth)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // The plugin's lifecycle under what NCCL and applications do besides moving data: an abort
@@ -84,22 +86,6 @@ func waitBoth(a, b *Process, da, db time.Time) (exitInfo, exitInfo) {
 	return ea, <-ch
 }
 
-// lcField returns the value of key in the first stdout line starting with prefix ("" if none).
-func lcField(out, prefix, key string) string {
-	line := hasLine(out, prefix)
-	for _, f := range strings.Fields(line) {
-		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-func lcFloat(out, prefix, key string) (float64, bool) {
-	v, err := strconv.ParseFloat(lcField(out, prefix, key), 64)
-	return v, err == nil
-}
-
 // TestLifecycleFinalizeDuringHandshake: the server starts 16 connects, calls finalize(ctx)
 // before any completes and closes nothing (ncclCommAbort during init); the client then
 // connects to the server's 16 listeners. The server must stay up and exit 0 by itself.
@@ -114,13 +100,13 @@ func TestLifecycleFinalizeDuringHandshake(t *testing.T) {
 		clientEnv: pluginEnv(a1, env), args: lcArgs("--mode", "finalize-during-handshake", "--timeout-s", "30")})
 	s, c := waitBoth(srv, cli, start.Add(2*time.Minute), start.Add(2*time.Minute))
 	const sp, cp = "nettest-lifecycle: case=finalize-during-handshake role=server", "nettest-lifecycle: case=finalize-during-handshake role=client"
-	inflight := lcField(s.out, sp, "inflight")
+	inflight := kv.Field(s.out, sp, "inflight")
 	if m := regexp.MustCompile(`with (\d+) of \d+ connects in flight`).FindStringSubmatch(s.err); inflight == "" && m != nil {
 		inflight = m[1] // the server died after finalize, before its result line
 	}
-	fmt.Printf("lifecycle: case=finalize-during-handshake crashed=%v inflight=%s server_code=%d client_code=%d client_hung=%v client_exit_s=%.1f connect_ok=%s connect_errors=%s accept_ok=%s accept_errors=%s\n",
-		s.crashed(), inflight, s.code, c.code, c.hung, c.at.Sub(start).Seconds(), lcField(c.out, cp, "connect_ok"),
-		lcField(c.out, cp, "connect_errors"), lcField(c.out, cp, "accept_ok"), lcField(c.out, cp, "accept_errors"))
+	evidence("lifecycle:", "case=finalize-during-handshake crashed=%v inflight=%s server_code=%d client_code=%d client_hung=%v client_exit_s=%.1f connect_ok=%s connect_errors=%s accept_ok=%s accept_errors=%s",
+		s.crashed(), inflight, s.code, c.code, c.hung, c.at.Sub(start).Seconds(), kv.Field(c.out, cp, "connect_ok"),
+		kv.Field(c.out, cp, "connect_errors"), kv.Field(c.out, cp, "accept_ok"), kv.Field(c.out, cp, "accept_errors"))
 	if s.crashed() {
 		t.Errorf("server did not exit 0 by itself after finalize with connects in flight:\n%s", s)
 	}
@@ -160,9 +146,9 @@ func TestLifecycleAbortMidTransfer(t *testing.T) {
 func checkAbort(t *testing.T, side string, ab, pe exitInfo) {
 	t.Helper()
 	const ap, pp = "nettest-lifecycle: case=abort-mid-transfer role=aborter", "nettest-lifecycle: case=abort-mid-transfer role=peer"
-	abortAt, okA := lcFloat(ab.out, ap, "abort_mono")
-	errAt, okE := lcFloat(pe.out, pp, "error_mono")
-	exitAt, okX := lcFloat(pe.out, "nettest-lifecycle-exit:", "mono")
+	abortAt, okA := kv.Float(ab.out, ap, "abort_mono")
+	errAt, okE := kv.Float(pe.out, pp, "error_mono")
+	exitAt, okX := kv.Float(pe.out, "nettest-lifecycle-exit:", "mono")
 	ms := func(ok bool, t float64) int {
 		if !ok || !okA {
 			return -1
@@ -171,9 +157,9 @@ func checkAbort(t *testing.T, side string, ab, pe exitInfo) {
 	}
 	exitMS, errMS := ms(okX, exitAt), ms(okE, errAt)
 	t.Logf("aborting %s stderr:\n%s\npeer stderr:\n%s", side, tail(ab.err, 1500), stderrExcerpt(pe.err))
-	fmt.Printf("lifecycle: case=abort-mid-transfer crashed=%v aborter=%s peer_exit_ms=%d peer_error_ms=%d peer_code=%d peer_hung=%v inflight=%s abort_rc=%s peer_error=%s\n",
-		ab.crashed(), side, exitMS, errMS, pe.code, pe.hung, lcField(ab.out, ap, "inflight"), lcField(ab.out, ap, "rc"),
-		lcField(pe.out, pp, "error"))
+	evidence("lifecycle:", "case=abort-mid-transfer crashed=%v aborter=%s peer_exit_ms=%d peer_error_ms=%d peer_code=%d peer_hung=%v inflight=%s abort_rc=%s peer_error=%s",
+		ab.crashed(), side, exitMS, errMS, pe.code, pe.hung, kv.Field(ab.out, ap, "inflight"), kv.Field(ab.out, ap, "rc"),
+		kv.Field(pe.out, pp, "error"))
 	if ab.crashed() || !okA {
 		t.Fatalf("aborting %s did not abort and exit 0 by itself:\n%s", side, ab)
 	}
@@ -210,7 +196,7 @@ func TestLifecycleForkAfterConnect(t *testing.T) {
 		}
 		return "none"
 	}
-	fmt.Printf("lifecycle: case=fork-after-connect verified=%v forks_server=%s forks_client=%s failed_children=%s,%s sup_bytes=%d\n",
+	evidence("lifecycle:", "case=fork-after-connect verified=%v forks_server=%s forks_client=%s failed_children=%s,%s sup_bytes=%d",
 		ok, get("server", 2), get("client", 2), get("server", 5), get("client", 5), res.tx["a1"][SUP])
 	if !ok {
 		t.Fatalf("verify with fork() every 20 ms did not pass:\n%s", res)
@@ -234,11 +220,11 @@ func TestLifecycleStrayClient(t *testing.T) {
 	res := runPair(context.Background(), t, a2, a1, pluginEnv(a2), pluginEnv(a1),
 		lcArgs("--mode", "stray-client", "--bytes", "8M", "--max-size", "1M")...)
 	const sp = "nettest-lifecycle: case=stray-client role=server"
-	acceptOK, strays := lcField(res.serverOut, sp, "accept_ok"), lcField(res.serverOut, sp, "strays")
+	acceptOK, strays := kv.Field(res.serverOut, sp, "accept_ok"), kv.Field(res.serverOut, sp, "strays")
 	m := resultRe.FindStringSubmatch(res.serverOut)
 	verifiedOK := m != nil && m[4] == "true"
-	fmt.Printf("lifecycle: case=stray-client accept_ok=%s strays=%s accept_errors=%s verified=%v server_code=%d client_code=%d\n",
-		acceptOK, strays, lcField(res.serverOut, sp, "accept_errors"), verifiedOK, res.serverCode, res.clientCode)
+	evidence("lifecycle:", "case=stray-client accept_ok=%s strays=%s accept_errors=%s verified=%v server_code=%d client_code=%d",
+		acceptOK, strays, kv.Field(res.serverOut, sp, "accept_errors"), verifiedOK, res.serverCode, res.clientCode)
 	if strays != "4" {
 		t.Fatalf("server opened strays=%q of 4 stray connections: the case tested nothing:\n%s", strays, res)
 	}
@@ -349,7 +335,7 @@ func TestLifecycleDeviceRemoved(t *testing.T) {
 	dctx, dcancel := context.WithTimeout(ctx, 90*time.Second)
 	defer dcancel()
 	dout, _, dcode, derr := del.Wait(dctx)
-	fmt.Printf("lifecycle: case=device-removed error_ms=%d hang=%v device=%s server_code=%d client_code=%d server_exit_ms=%d client_exit_ms=%d delete: %s(exit %d, wait err %v)\n",
+	evidence("lifecycle:", "case=device-removed error_ms=%d hang=%v device=%s server_code=%d client_code=%d server_exit_ms=%d client_exit_ms=%d delete: %s(exit %d, wait err %v)",
 		errorMS, hang, a1.Dev(SUP), s.code, c.code, s.at.Sub(tDel).Milliseconds(), c.at.Sub(tDel).Milliseconds(),
 		strings.TrimSpace(dout), dcode, derr)
 	if hang {
@@ -385,6 +371,6 @@ func restoreAfterDelete(t *testing.T, a1, a2 *Node, del *Process) {
 		broken("%s recreated but a forced-split transfer a1 -> a2 failed or sent nothing on SUP (%d bytes):\n%s", a1.Dev(SUP), res.tx["a1"][SUP], res)
 		return
 	}
-	fmt.Printf("lifecycle: case=device-removed restored=true device=%s gid_index=%d restore_s=%.1f verify_sup_bytes=%d\n",
+	evidence("lifecycle:", "case=device-removed restored=true device=%s gid_index=%d restore_s=%.1f verify_sup_bytes=%d",
 		a1.Dev(SUP), a1.GIDIndex(SUP), time.Since(t0).Seconds(), res.tx["a1"][SUP])
 }

@@ -29,9 +29,9 @@ func runMain(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "lab: FAIL: no lab in CI: %v\n", labErr)
 			return 1
 		}
-		fmt.Printf("lab: unavailable, lab tests skip: %v\n", labErr)
+		evidence("lab:", "unavailable, lab tests skip: %v", labErr)
 	} else {
-		fmt.Printf("lab: ready in %.1f s\n", time.Since(start).Seconds())
+		evidence("lab:", "ready in %.1f s", time.Since(start).Seconds())
 	}
 	code := m.Run()
 	if topo != nil {
@@ -42,7 +42,7 @@ func runMain(m *testing.M) int {
 				code = 1
 			}
 		}
-		fmt.Printf("lab: torn down in %.1f s\n", time.Since(t0).Seconds())
+		evidence("lab:", "torn down in %.1f s", time.Since(t0).Seconds())
 	}
 	return code
 }

@@ -41,7 +41,7 @@ func TestMeshFabric(t *testing.T) {
 	}
 	defer m.Close(context.Background())
 	took, phases := m.Ready()
-	fmt.Printf("lab: mesh up in %.1f s (%s; namespace nodes a3 b3 b4, %d cables)\n", took.Seconds(), phases, len(meshLinkSpecs))
+	evidence("lab:", "mesh up in %.1f s (%s; namespace nodes a3 b3 b4, %d cables)", took.Seconds(), phases, len(meshLinkSpecs))
 	t.Run("direct", func(t *testing.T) {
 		for _, p := range [][2]string{{"a1", "a2"}, {"a1", "a3"}, {"a3", "a1"}, {"a2", "a3"}, {"b1", "b2"}, {"b2", "b3"}, {"b3", "b4"}, {"b4", "b1"}} {
 			meshDirect(ctx, t, m, m.Node(p[0]), m.Node(p[1]))
@@ -93,8 +93,7 @@ func meshFabricEnv(n *Node, relay bool) []string {
 	for _, r := range meshPorts(n) {
 		devs = append(devs, n.Dev(r))
 	}
-	return []string{"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + strings.Join(devs, "+"), "MPIB_OOB_IF=" + n.Netdev(SOUT),
-		"NCCL_DEBUG=INFO", "MPIB_MODE=0", "MPIB_SUP_RELAY=" + map[bool]string{true: "1", false: "0"}[relay]}
+	return nodeEnv(n, hcas{n.Dev(SOUT), strings.Join(devs, "+")}, "MPIB_MODE=0", "MPIB_SUP_RELAY="+map[bool]string{true: "1", false: "0"}[relay])
 }
 
 // cablesBetween are a's rails whose cable ends at b.
@@ -233,7 +232,7 @@ func meshDirect(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
 		}
 	}
 	striped := len(used) > 1
-	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_tx_bytes=%s other_sup_tx_bytes=%d sout_tx_bytes=%d verified=true cables=%s striped=%t peer_port=%s peer_link_rx_bytes=%s\n",
+	evidence("mesh:", "pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_tx_bytes=%s other_sup_tx_bytes=%d sout_tx_bytes=%d verified=true cables=%s striped=%t peer_port=%s peer_link_rx_bytes=%s",
 		pair, strings.Join(devs, ","), strings.Join(links, ","), other, run.sender[SOUT].TxBytes, strings.Join(names, ","), striped,
 		strings.Join(farDevs, ","), strings.Join(farRxs, ","))
 	allCables := len(used) > 0
@@ -258,7 +257,7 @@ func meshNone(ctx context.Context, t *testing.T, m *Mesh, from, to *Node) {
 	run := meshTransfer(ctx, t, from, to, nil, false)
 	pair := from.Name() + "-" + to.Name()
 	sup := run.supTx(from, "")
-	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=none sup_qps=%d sup_tx_bytes=%d sout_tx_bytes=%d verified=true\n",
+	evidence("mesh:", "pair=%s mode=vanilla relay=off path=none sup_qps=%d sup_tx_bytes=%d sout_tx_bytes=%d verified=true",
 		pair, run.supQPs, sup, run.sender[SOUT].TxBytes)
 	switch {
 	case run.supQPs != 0 || run.plan != "none":
@@ -307,7 +306,7 @@ func meshRouted(ctx context.Context, t *testing.T, m *Mesh, from, to *Node, rela
 	if line != "" {
 		topoField = " topo=" + line
 	}
-	fmt.Printf("mesh: pair=%s%s mode=vanilla relay=on path=routed via=%s sup_ports=%s relay_rx_bytes=%s relay_tx_bytes=%s relay_rdma_pkts=%d verified=true relay_fwd_pkts=%d other_sup_tx_bytes=%d sout_tx_bytes=%d\n",
+	evidence("mesh:", "pair=%s%s mode=vanilla relay=on path=routed via=%s sup_ports=%s relay_rx_bytes=%s relay_tx_bytes=%s relay_rdma_pkts=%d verified=true relay_fwd_pkts=%d other_sup_tx_bytes=%d sout_tx_bytes=%d",
 		pair, topoField, strings.Join(via, ","), run.port, strings.Join(rx, ","), strings.Join(tx, ","), rdma, fwd, run.supTx(from, chosen), run.sender[SOUT].TxBytes)
 	switch {
 	case gateway != first.Name() || chosen != LinkRail(first.Name(), false):
@@ -346,7 +345,7 @@ func meshRelayMismatch(ctx context.Context, t *testing.T, m *Mesh, client, serve
 	}
 	cNamed, sNamed := strings.Contains(res.clientErr+res.clientOut, named), strings.Contains(res.serverErr+res.serverOut, named)
 	setting := fmt.Sprintf("%s:%s,%s:%s", client.Name(), relay[relayOnClient], server.Name(), relay[!relayOnClient])
-	fmt.Printf("mesh: case=relay-mismatch pair=%s-%s relay=%s error_ms=%d hang=false client_named=%t server_named=%t wall_ms=%d\n",
+	evidence("mesh:", "case=relay-mismatch pair=%s-%s relay=%s error_ms=%d hang=false client_named=%t server_named=%t wall_ms=%d",
 		client.Name(), server.Name(), setting, errorMS, cNamed, sNamed, wallMS)
 	switch {
 	case res.clientCode == 0 || res.serverCode == 0:
@@ -426,7 +425,7 @@ func meshAgentRecord(ctx context.Context, t *testing.T, from, to *Node, want str
 		return strings.Join(out, ",")
 	}
 	got, gotPy := paths(conns), paths(py)
-	fmt.Printf("mesh: case=agent-record pair=%s-%s relay=on sup_path=%s listed=%d python_sup_path=%s verified=true\n",
+	evidence("mesh:", "case=agent-record pair=%s-%s relay=on sup_path=%s listed=%d python_sup_path=%s verified=true",
 		from.Name(), to.Name(), got, len(conns), gotPy)
 	if len(conns) == 0 || got != want || gotPy != want {
 		t.Errorf("%s -> %s: %d record(s) with sup_path %s (Python CLI: %s), want %s", from.Name(), to.Name(), len(conns), got, gotPy, want)

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +81,7 @@ func TestMeshStripeFailover(t *testing.T) {
 	soutCut := during[SOUT].TxBytes - before[SOUT].TxBytes
 	cutAfter, otherAfter := after1[cut].TxBytes-after0[cut].TxBytes, after1[other].TxBytes-after0[other].TxBytes
 	names := []string{a2.Dev(cut), a2.Dev(other)}
-	fmt.Printf("mesh: case=stripe-failover pair=a2-a3 cables=%s cut=%s failovers=%d recoveries=%d sout_bytes_while_cut=%d cut_cable_bytes_after=%d other_cable_bytes_after=%d verified=%t\n",
+	evidence("mesh:", "case=stripe-failover pair=a2-a3 cables=%s cut=%s failovers=%d recoveries=%d sout_bytes_while_cut=%d cut_cable_bytes_after=%d other_cable_bytes_after=%d verified=%t",
 		strings.Join(names, ","), a2.Dev(cut), failovers, recoveries, soutCut, cutAfter, otherAfter, verifiedOK)
 	switch {
 	case !verifiedOK:

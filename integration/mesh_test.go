@@ -32,10 +32,6 @@ type meshPortCase struct {
 	a1Sends bool // a1 connects and sends (else a2 does, and a1 accepts)
 }
 
-func meshEnv(n *Node, sup string) []string {
-	return []string{"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + sup, "MPIB_OOB_IF=" + n.Netdev(SOUT), "NCCL_DEBUG=INFO", "MPIB_MODE=0"}
-}
-
 // meshCounters reads a node's counters on the given rails (default SOUT, SUP and SUP2).
 func meshCounters(ctx context.Context, t *testing.T, n *Node, rails ...Rail) map[Rail]Counters {
 	t.Helper()
@@ -90,7 +86,7 @@ func checkMeshPort(t *testing.T, tc meshPortCase, ports string, a1, a2 *Node, pa
 		dir, pair, side = "rx", "a2-a1", "accept"
 	}
 	link, otherSup, sout := moved(tc.peerSup), moved(other), moved(SOUT)
-	fmt.Printf("mesh: pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_%s_bytes=%d other_sup_%s_bytes=%d sout_%s_bytes=%d verified=true case=two-port-device side=%s device_ports=%s\n",
+	evidence("mesh:", "pair=%s mode=vanilla relay=off path=direct sup_ports=%s link_%s_bytes=%d other_sup_%s_bytes=%d sout_%s_bytes=%d verified=true case=two-port-device side=%s device_ports=%s",
 		pair, a1.Dev(tc.peerSup), dir, link, dir, otherSup, dir, sout, side, ports)
 	if link < payload {
 		t.Errorf("a1's %s (%s) moved %d bytes of a %d-byte payload: the connection did not use the port its peer is cabled to", tc.peerSup, a1.Dev(tc.peerSup), link, payload)
@@ -169,7 +165,7 @@ func TestMeshPortFailover(t *testing.T) {
 			t.Errorf("the transfer on a1's %s: server %s\nclient %s", a1.Dev(r), s, c)
 		}
 	}
-	fmt.Printf("mesh: case=port-failover pair=a1-a2 device_ports=%s cut=%s cut_conn_failovers=%d cut_conn_recoveries=%d other_conn_events=%d other_port_bytes_while_cut=%d verified=%t\n",
+	evidence("mesh:", "case=port-failover pair=a1-a2 device_ports=%s cut=%s cut_conn_failovers=%d cut_conn_recoveries=%d other_conn_events=%d other_port_bytes_while_cut=%d verified=%t",
 		ports, a1.Dev(SUP2), failovers, recoveries, other, during.TxBytes-before.TxBytes, results[SUP] && results[SUP2])
 	switch {
 	case failovers == 0 || !ok:

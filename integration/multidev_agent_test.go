@@ -86,7 +86,7 @@ func TestMultiDeviceAgentRecords(t *testing.T) {
 		}
 		send += int(c.IsSend)
 	}
-	fmt.Printf("multidev: case=agent-records node=a1 dev=1 sout_nic=%s sup_nic=%s listed=%d other_dev_listed=%d python_listed=%d verified=true\n",
+	evidence("multidev:", "case=agent-records node=a1 dev=1 sout_nic=%s sup_nic=%s listed=%d other_dev_listed=%d python_listed=%d verified=true",
 		wantSout, wantSup, len(conns), len(other), len(py))
 	if send != 1 || len(other) != 0 || len(py) != len(conns) {
 		t.Errorf("a1's segment: %d connection(s) under --dev 1 (%d send, want 1), %d under --dev 0 (want 0), %d from the Python CLI (want the same)",

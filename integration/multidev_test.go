@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Two fused devices per node (issue 21): a1 and a2 have a second pair of rxe devices on
@@ -38,11 +40,7 @@ var mdRails = [2][2]Rail{{SOUT, SUP}, {SOUT2, SUP2}}
 
 // mdEnv is a node's plugin environment with both fused devices.
 func mdEnv(n *Node, extra ...string) []string {
-	env := []string{
-		"MPIB_HCA_SOUT=" + n.Dev(SOUT) + "," + n.Dev(SOUT2), "MPIB_HCA_SUP=" + n.Dev(SUP) + "," + n.Dev(SUP2),
-		"MPIB_OOB_IF=" + n.Netdev(SOUT), "NCCL_DEBUG=INFO",
-	}
-	return append(env, extra...)
+	return nodeEnv(n, hcas{n.Dev(SOUT) + "," + n.Dev(SOUT2), n.Dev(SUP) + "," + n.Dev(SUP2)}, extra...)
 }
 
 // mdTx reads what each of the node's four rails has sent.
@@ -110,7 +108,7 @@ func mdDevices(t *testing.T, node, out string) map[int]string {
 	for _, m := range ms {
 		d, _ := strconv.Atoi(m[1])
 		rails[d] = m[5]
-		fmt.Printf("devices: node=%s fused=%d dev=%d sout=%s sup=%s rail_id=%s plane_id=%s pci=%s\n", node, len(ms), d, m[2], m[3], m[5], m[6], m[4])
+		evidence("devices:", "node=%s fused=%d dev=%d sout=%s sup=%s rail_id=%s plane_id=%s pci=%s", node, len(ms), d, m[2], m[3], m[5], m[6], m[4])
 	}
 	if len(ms) != 2 {
 		t.Errorf("%s: want two fused devices in the driver's properties, got %d:\n%s", node, len(ms), out)
@@ -140,7 +138,7 @@ func TestMultiDevice(t *testing.T) {
 		if d == 0 {
 			rails := mdDevices(t, "a1", res[0].clientOut)
 			mdDevices(t, "a2", res[0].serverOut)
-			fmt.Printf("abi: version=12 verified=true rail_id=%s,%s\n", rails[0], rails[1])
+			evidence("abi:", "version=12 verified=true rail_id=%s,%s", rails[0], rails[1])
 			if rails[0] != "0" || rails[1] != "1" {
 				t.Errorf("v12 railId by position: got %s,%s, want 0,1", rails[0], rails[1])
 			}
@@ -155,7 +153,7 @@ func TestMultiDevice(t *testing.T) {
 	res, _ := mdRun(ctx, t, []int{0, 1}, split)
 	for d := range 2 {
 		verified(t, res[d])
-		fmt.Printf("multidev: pair=a1-a2 dev=%d sout_bytes=%d sup_bytes=%d other_dev_bytes=%d verified=true concurrent_verified=true\n",
+		evidence("multidev:", "pair=a1-a2 dev=%d sout_bytes=%d sup_bytes=%d other_dev_bytes=%d verified=true concurrent_verified=true",
 			d, solos[d].own[0], solos[d].own[1], solos[d].other)
 	}
 	if t.Failed() {
@@ -167,7 +165,7 @@ func TestMultiDevice(t *testing.T) {
 func mdMbps(t *testing.T, res pairResult) float64 {
 	t.Helper()
 	verified(t, res)
-	v, err := strconv.ParseFloat(lcField(res.serverOut, "nettest-result:", "mbps"), 64)
+	v, err := strconv.ParseFloat(kv.Field(res.serverOut, "nettest-result:", "mbps"), 64)
 	if err != nil || v <= 0 {
 		t.Fatalf("no rate in the receiver's result:\n%s", res.serverOut)
 	}
@@ -207,7 +205,7 @@ func TestMultiDeviceConcurrent(t *testing.T) {
 	both, _ := mdRun(ctx, t, []int{0, 1}, []string{"MPIB_MODE=0"})
 	together := mdMbps(t, both[0]) + mdMbps(t, both[1])
 	ratio := together / alone
-	fmt.Printf("multidev: case=concurrent pair=a1-a2 devs=2 link_mbit=%.1f ratio=%.3f\n", float64(mdLinkKbit)/1000, ratio)
+	evidence("multidev:", "case=concurrent pair=a1-a2 devs=2 link_mbit=%.1f ratio=%.3f", float64(mdLinkKbit)/1000, ratio)
 	t.Logf("one device %.2f Mbit/s; both: %.2f + %.2f", alone, mdMbps(t, both[0]), mdMbps(t, both[1]))
 	if ratio < 1.8 {
 		t.Errorf("two devices at once carried %.2f times what one carries, want >= 1.8", ratio)
@@ -281,7 +279,7 @@ func TestMultiDeviceFailover(t *testing.T) {
 			t.Errorf("device %d's transfer must stay verified:\nserver %s\nclient %s", d, s, c)
 		}
 	}
-	fmt.Printf("multidev: case=failover dev=1 rail=SUP other_dev_ratio=%.3f verified=%v\n", ratio, ok[0] && ok[1])
+	evidence("multidev:", "case=failover dev=1 rail=SUP other_dev_ratio=%.3f verified=%v", ratio, ok[0] && ok[1])
 	t.Logf("device 0's SUP: %.2f Mbit/s in the 4 s before the cut, %.2f from the cut to 2 s after device 1's failover", before, during)
 	if ratio < 0.9 {
 		t.Errorf("device 0's rate during device 1's failover fell to %.3f of its rate before, want >= 0.9", ratio)
@@ -350,7 +348,7 @@ func TestMultiDeviceOneProcess(t *testing.T) {
 			ok = false
 		}
 	}
-	fmt.Printf("multidev: case=one-process pair=a1-a2 devs=2 verified=%v dev0_bytes=%d dev1_bytes=%d\n", ok, devBytes[0], devBytes[1])
+	evidence("multidev:", "case=one-process pair=a1-a2 devs=2 verified=%v dev0_bytes=%d dev1_bytes=%d", ok, devBytes[0], devBytes[1])
 	if !ok {
 		t.Fatalf("one process, two devices:\n%s", res)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,16 +18,6 @@ const pluginLib = NodeBuildDir + "/libnccl-net-mpib.so"
 var oobPort atomic.Int32
 
 func init() { oobPort.Store(18600) }
-
-// pluginEnv is the MPIB configuration of one node: its own two rxe devices and its SOUT
-// netdev for the control path, plus extra settings.
-func pluginEnv(n *Node, extra ...string) []string {
-	env := []string{
-		"MPIB_HCA_SOUT=" + n.Dev(SOUT), "MPIB_HCA_SUP=" + n.Dev(SUP), "MPIB_OOB_IF=" + n.Netdev(SOUT),
-		"NCCL_DEBUG=INFO",
-	}
-	return append(env, extra...)
-}
 
 // railSample is the sender's and receiver's counters on both rails.
 type railSample map[string]map[Rail]Counters
@@ -60,13 +49,6 @@ type pairResult struct {
 func (p pairResult) String() string {
 	return fmt.Sprintf("server exit %d\n--- stdout\n%s\n--- stderr\n%s\nclient exit %d\n--- stdout\n%s\n--- stderr\n%s",
 		p.serverCode, p.serverOut, tail(p.serverErr, 4000), p.clientCode, p.clientOut, tail(p.clientErr, 4000))
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
 }
 
 // nettestPair describes one nettest server/client pair (the client sends).
@@ -189,27 +171,4 @@ func share(part, whole uint64) float64 {
 		return 0
 	}
 	return float64(part) / float64(whole)
-}
-
-// linesContaining returns the lines of log that contain any of markers, trimmed.
-func linesContaining(log string, markers ...string) []string {
-	var lines []string
-	for _, l := range strings.Split(log, "\n") {
-		for _, m := range markers {
-			if strings.Contains(l, m) {
-				lines = append(lines, strings.TrimSpace(l))
-				break
-			}
-		}
-	}
-	return lines
-}
-
-func hasLine(out, prefix string) string {
-	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, prefix) {
-			return l
-		}
-	}
-	return ""
 }

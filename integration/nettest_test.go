@@ -20,7 +20,7 @@ func TestPluginIntraIslandVanilla(t *testing.T) {
 	res := runPair(context.Background(), t, a2, a1, pluginEnv(a2), pluginEnv(a1), verifyArgs...)
 	payload := verified(t, res)
 	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
-	fmt.Printf("nettest: pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+	evidence("nettest:", "pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true",
 		pairName(a1, a2), payload, sout, sup)
 	if sup < payload {
 		t.Errorf("SUP carried %d bytes for %d payload bytes: intra-island data must go on SUP", sup, payload)
@@ -43,7 +43,7 @@ func TestPluginInterIslandVanilla(t *testing.T) {
 	res := runPair(context.Background(), t, b1, a1, pluginEnv(b1), pluginEnv(a1), verifyArgs...)
 	payload := verified(t, res)
 	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
-	fmt.Printf("nettest: pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+	evidence("nettest:", "pair=%s mode=vanilla payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true",
 		pairName(a1, b1), payload, sout, sup)
 	if sout < payload {
 		t.Errorf("SOUT carried %d bytes for %d payload bytes", sout, payload)
@@ -74,7 +74,7 @@ func TestPluginForcedSplit(t *testing.T) {
 			payload := verified(t, res)
 			sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
 			got, want := share(sup, sup+sout), float64(bw)/1024
-			fmt.Printf("nettest: pair=%s mode=forced payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true sup_bw=%d sup_share=%.4f\n",
+			evidence("nettest:", "pair=%s mode=forced payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true sup_bw=%d sup_share=%.4f",
 				pairName(a1, a2), payload, sout, sup, bw, got)
 			if d := got - want; d > 0.01 || d < -0.01 {
 				t.Errorf("SUP byte share %.4f, want %.4f within 0.01", got, want)
@@ -112,7 +112,7 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 			}
 			res := runPair(context.Background(), t, a2, a1, pluginEnv(a2, env...), pluginEnv(a1, env...), args...)
 			payload := verified(t, res)
-			fmt.Printf("nettest: pair=%s mode=%s payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true\n",
+			evidence("nettest:", "pair=%s mode=%s payload_bytes=%d sout_bytes=%d sup_bytes=%d verified=true",
 				pairName(a1, a2), c.name, payload, res.tx["a1"][SOUT], res.tx["a1"][SUP])
 			if c.abi != 0 {
 				checkABI(t, res, c.abi, payload)
@@ -156,7 +156,7 @@ func checkABI(t *testing.T, res pairResult, abi int, payload uint64) {
 	if abi < 12 && strings.Contains(props, "railId") {
 		t.Errorf("v%d properties report a railId: %s", abi, props)
 	}
-	fmt.Printf("abi: version=%d verified=true payload_bytes=%d\n", abi, payload)
+	evidence("abi:", "version=%d verified=true payload_bytes=%d", abi, payload)
 }
 
 // profilerCounts is one side's nettest-profiler line.
@@ -186,7 +186,7 @@ func checkProfilerEvents(t *testing.T, res pairResult, payload uint64) {
 		if side.name == "sender" && c.sendBytes != payload {
 			t.Errorf("sender's events cover %d bytes, payload was %d", c.sendBytes, payload)
 		}
-		fmt.Printf("abi: version=12 verified=true profiler=%s starts=%d stops=%d sout_events=%d sup_events=%d send_bytes=%d\n",
+		evidence("abi:", "version=12 verified=true profiler=%s starts=%d stops=%d sout_events=%d sup_events=%d send_bytes=%d",
 			side.name, c.starts, c.stops, c.dev0, c.dev1, c.sendBytes)
 	}
 }
@@ -202,7 +202,7 @@ func TestPluginBadInput(t *testing.T) {
 		if res.clientCode != 0 || line == "" || strings.Contains(line, "rc=0") {
 			t.Fatalf("corrupt handle not refused:\n%s", res)
 		}
-		fmt.Printf("nettest: pair=%s case=corrupt-handle %s\n", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=handle "))
+		evidence("nettest:", "pair=%s case=corrupt-handle %s", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=handle "))
 	})
 	t.Run("garbage-metadata", func(t *testing.T) {
 		res := runPair(ctx, t, a2, a1, pluginEnv(a2), pluginEnv(a1), "--mode", "garbage-peer")
@@ -212,7 +212,7 @@ func TestPluginBadInput(t *testing.T) {
 			!strings.Contains(res.serverErr, "dropped a TCP client") || !strings.Contains(res.serverErr, "not an MPIB plugin") {
 			t.Fatalf("garbage client not dropped with a clear INFO line, or accept disturbed:\n%s", res)
 		}
-		fmt.Printf("nettest: pair=%s case=garbage-metadata %s\n", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=metadata "))
+		evidence("nettest:", "pair=%s case=garbage-metadata %s", pairName(a1, a2), strings.TrimPrefix(line, "nettest-badinput: case=metadata "))
 	})
 	single := func(t *testing.T, env []string, wantLog string) {
 		t.Helper()
@@ -225,7 +225,7 @@ func TestPluginBadInput(t *testing.T) {
 		if code != 3 || line == "" || !strings.Contains(errOut, wantLog) {
 			t.Fatalf("exit %d, stdout %q, want exit 3 with a nettest-init line and %q in:\n%s", code, out, wantLog, tail(errOut, 2000))
 		}
-		fmt.Printf("nettest: node=a1 case=%s %s\n", t.Name()[strings.LastIndex(t.Name(), "/")+1:], strings.TrimPrefix(line, "nettest-init: "))
+		evidence("nettest:", "node=a1 case=%s %s", t.Name()[strings.LastIndex(t.Name(), "/")+1:], strings.TrimPrefix(line, "nettest-init: "))
 	}
 	t.Run("missing-hca", func(t *testing.T) {
 		single(t, pluginEnv(a1, "MPIB_HCA_SUP=mlx5_9"), "SUP HCA 'mlx5_9' not found")
@@ -238,6 +238,6 @@ func TestPluginBadInput(t *testing.T) {
 		if res.serverCode == 0 || res.clientCode == 0 || !strings.Contains(res.serverErr+res.clientErr, "MPIB_MODE differs") {
 			t.Fatalf("peers with different MPIB_MODE connected or failed without saying why:\n%s", res)
 		}
-		fmt.Printf("nettest: pair=%s case=mode-mismatch refused=true\n", pairName(a1, a2))
+		evidence("nettest:", "pair=%s case=mode-mismatch refused=true", pairName(a1, a2))
 	})
 }

@@ -368,7 +368,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	}
 	verified(t, res)
 	for _, p := range phases {
-		fmt.Printf("policy: pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true windows=%d retransmits=%d set_s=%.1f\n",
+		evidence("policy:", "pair=a1-a2 agent=%s hint=%d sup_share=%.3f verified=true windows=%d retransmits=%d set_s=%.1f",
 			agent.name, p.hint, p.share, p.windows, p.retransmits, p.set.Seconds())
 		if want := float64(p.hint) / 1024; !hintShareOK(p.hint)(p.share) || p.bytes < 1<<20 {
 			t.Errorf("hint %d: SUP share %.4f over %d bytes (%d retransmission events in it), want %.4f within 0.01 (rail events of the run: %q)",
@@ -379,7 +379,7 @@ func testAgentPhases(t *testing.T, agent agentCLI) {
 	if fbApplied != 1024 {
 		t.Errorf("after the agent died the plugin's telemetry says applied_sup_bw=%d, want vanilla 1024", fbApplied)
 	}
-	fmt.Printf("policy: pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true\n", fallback)
+	evidence("policy:", "pair=a1-a2 agent=none fallback=vanilla sup_share=%.3f verified=true", fallback)
 	if !stillRunning || fallback < fallbackShareMin || fbBytes < 1<<20 {
 		t.Errorf("after the agent died: SUP share %.4f over %d bytes (transfer running: %t), want vanilla ~1.0", fallback, fbBytes, stillRunning)
 	}
@@ -411,7 +411,7 @@ func TestPolicyGarbageSegment(t *testing.T) {
 	verified(t, res)
 	sout, sup := res.tx["a1"][SOUT], res.tx["a1"][SUP]
 	s := share(sup, sup+sout)
-	fmt.Printf("policy: pair=a1-a2 agent=garbage fallback=vanilla sup_share=%.3f verified=true\n", s)
+	evidence("policy:", "pair=a1-a2 agent=garbage fallback=vanilla sup_share=%.3f verified=true", s)
 	if s < 0.99 {
 		t.Errorf("garbage segment: SUP share %.4f, want vanilla ~1.0", s)
 	}
@@ -433,7 +433,7 @@ func checkPhaseTelemetry(t *testing.T, agent string, phases []policyPhase) {
 		hint, a, b := p.hint, p.tele[0].Telemetry, p.tele[1].Telemetry
 		sout, sup := b.SoutCompletedBytes-a.SoutCompletedBytes, b.SupCompletedBytes-a.SupCompletedBytes
 		s := share(sup, sup+sout)
-		fmt.Printf("policy-telemetry: agent=%s hint=%d completed_sup_share=%.3f completed_bytes=%d applied_sup_bw=%d sout_busy_ms=%.0f sup_busy_ms=%.0f\n",
+		evidence("policy-telemetry:", "agent=%s hint=%d completed_sup_share=%.3f completed_bytes=%d applied_sup_bw=%d sout_busy_ms=%.0f sup_busy_ms=%.0f",
 			agent, hint, s, sup+sout, b.AppliedSupBw, float64(b.SoutBusyNs-a.SoutBusyNs)/1e6, float64(b.SupBusyNs-a.SupBusyNs)/1e6)
 		if want := float64(hint) / 1024; math.Abs(s-want) > 0.02 || sup+sout < phaseMeasure*2/3 {
 			t.Errorf("hint %d: the telemetry's completed bytes split %.4f over %d bytes, want %.4f within 0.02", hint, s, sup+sout, want)

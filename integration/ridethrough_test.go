@@ -159,7 +159,7 @@ func TestFaultDoubleFault(t *testing.T) {
 		t.Run(seq.name, func(t *testing.T) {
 			t.Cleanup(func() { restoreLab(t, a1, a2) })
 			r := runTimedFaults(t, a2, a1, "advanced", SUP, prep, seq.steps, 4*time.Second)
-			fmt.Printf("fault: case=double-fault pair=a1-a2 mode=advanced sequence=%s verified=%v nccl_errors=%d stall_ms=%d\n",
+			evidence("fault:", "case=double-fault pair=a1-a2 mode=advanced sequence=%s verified=%v nccl_errors=%d stall_ms=%d",
 				seq.name, r.verified, r.nerr, r.stallMS)
 			// The longest gap is the time no rail worked, plus detection and a recovery: bounded
 			// by the sequence's length (the lab suite's wide bound; no target of its own).
@@ -178,10 +178,10 @@ func TestFaultRideThrough(t *testing.T) {
 	t.Cleanup(func() { restoreLab(t, a1, a2, b1) })
 	report := func(t *testing.T, pair, rail string, r timedResult) {
 		outage := r.lastMS - r.firstMS
-		fmt.Printf("fault: case=ride-through pair=%s rail=%s outage_ms=%d stall_ms=%d resumed=%v verified=%v nccl_errors=%d\n",
+		evidence("fault:", "case=ride-through pair=%s rail=%s outage_ms=%d stall_ms=%d resumed=%v verified=%v nccl_errors=%d",
 			pair, rail, outage, r.stallMS, r.resumed, r.verified, r.nerr)
 		if target := outage + faultTargets.stallMS; r.stallMS > target {
-			fmt.Printf("fault-target: case=ride-through pair=%s stall_ms=%d over its target %d\n", pair, r.stallMS, target)
+			evidence("fault-target:", "case=ride-through pair=%s stall_ms=%d over its target %d", pair, r.stallMS, target)
 		}
 		if !r.resumed {
 			t.Errorf("ride-through %s: no `ride-through: ... resumed` line: the connection never stalled or never resumed", pair)
@@ -214,7 +214,7 @@ func TestFaultRideThrough(t *testing.T) {
 		ec := runErrorCase(t, b1, a1, SOUT, []string{"MPIB_STALL_TIMEOUT_MS=1500"}, func(ctx context.Context, fp *faultPair) (int64, error) {
 			return nodeStamp(ctx, b1, "tc actions change action gact drop index "+blackholeAction)
 		})
-		fmt.Printf("fault: case=stall-timeout pair=a1-b1 outage=permanent sender_error_ms=%d receiver_error_ms=%d hang=%v\n",
+		evidence("fault:", "case=stall-timeout pair=a1-b1 outage=permanent sender_error_ms=%d receiver_error_ms=%d hang=%v",
 			ec.senderMS, ec.receiverMS, ec.hang)
 		checkErrorCase(t, "stall-timeout", ec, true, true)
 	})
@@ -260,13 +260,13 @@ func TestFaultConnectAfterLoss(t *testing.T) {
 					break
 				}
 			}
-			fmt.Printf("fault: case=connect-after-loss rail=%s pair=a1-a2 connected=%v verified=%v rail_joined_ms=%d\n",
+			evidence("fault:", "case=connect-after-loss rail=%s pair=a1-a2 connected=%v verified=%v rail_joined_ms=%d",
 				c.rail, connected, r.verified, joinMS)
 			if !r.verified || r.nerr != 0 {
 				t.Errorf("connect-after-loss %s: verified=%v nccl_errors=%d", c.rail, r.verified, r.nerr)
 			}
 			if joinMS > faultTargets.recoverMS {
-				fmt.Printf("fault-target: case=connect-after-loss rail=%s rail_joined_ms=%d over its target %d\n", c.rail, joinMS, faultTargets.recoverMS)
+				evidence("fault-target:", "case=connect-after-loss rail=%s rail_joined_ms=%d over its target %d", c.rail, joinMS, faultTargets.recoverMS)
 			}
 			if lim := currentFaultLimits().recoverMS; joinMS < 0 || joinMS > lim {
 				t.Errorf("connect-after-loss %s: rail_joined_ms=%d, want the rail back in the connection within %d ms of its return", c.rail, joinMS, lim)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Scale: many connections between two nodes through mpib-nettest's connect and resources
@@ -21,37 +23,11 @@ import (
 // the 512-connection run is slow under TCG and runs with the benchmarks (TestBenchScale512,
 // MPIB_BENCH=1) or with MPIB_SCALE=1.
 
-// kvLines parses every "prefix: k=v k=v ..." result line of out into a map, in order.
-func kvLines(out, prefix string) []map[string]string {
-	var ms []map[string]string
-	for _, line := range strings.Split(out, "\n") {
-		if !strings.HasPrefix(line, prefix) {
-			continue
-		}
-		m := map[string]string{}
-		for _, f := range strings.Fields(strings.TrimPrefix(line, prefix)) {
-			if k, v, ok := strings.Cut(f, "="); ok {
-				m[k] = v
-			}
-		}
-		ms = append(ms, m)
-	}
-	return ms
-}
-
-func kvFloat(m map[string]string, k string) float64 {
-	v, err := strconv.ParseFloat(m[k], 64)
-	if err != nil {
-		return math.NaN()
-	}
-	return v
-}
-
 // scaleResult is both sides' lines of one connect/resources run.
 type scaleResult struct {
 	res                pairResult
-	connect, resources [2]map[string]string   // [server, client], first round
-	rounds             [2][]map[string]string // [server, client], resources line of every round
+	connect, resources [2]kv.Record   // [server, client], first round
+	rounds             [2][]kv.Record // [server, client], resources line of every round
 	wall               time.Duration
 }
 
@@ -75,10 +51,10 @@ func runScale(t *testing.T, server, client *Node, mode string, n, rounds int, ti
 		t.Fatalf("nettest --mode %s --comms %d did not finish in %v: client %v, server %v", mode, n, timeout, cerr, serr)
 	}
 	for i, out := range []string{r.res.serverOut, r.res.clientOut} {
-		if c := kvLines(out, "nettest-connect:"); len(c) > 0 {
+		if c := kv.Lines(out, "nettest-connect:"); len(c) > 0 {
 			r.connect[i] = c[0]
 		}
-		r.rounds[i] = kvLines(out, "nettest-resources:")
+		r.rounds[i] = kv.Lines(out, "nettest-resources:")
 		if len(r.rounds[i]) > 0 {
 			r.resources[i] = r.rounds[i][0]
 		}
@@ -123,7 +99,7 @@ func (r scaleResult) diag() string {
 
 // worst returns the larger of the two sides' values of key in the connect line.
 func (r scaleResult) worst(key string) float64 {
-	return math.Max(kvFloat(r.connect[0], key), kvFloat(r.connect[1], key))
+	return math.Max(r.connect[0].Float(key), r.connect[1].Float(key))
 }
 
 // nodeLimits reports what a node allows a process: fds, locked memory, and the rxe device's
@@ -167,23 +143,23 @@ func TestScaleConnect(t *testing.T) {
 			if r1["leaked_fds"] != "0" || r2["leaked_fds"] != "0" {
 				t.Errorf("%s: fds open after close: %v / %v", c.name, r1, r2)
 			}
-			if kvFloat(r2, "threads_closed")-kvFloat(r1, "threads_closed") >= 4 || kvFloat(r2, "fds_closed") != kvFloat(r1, "fds_closed") {
+			if r2.Float("threads_closed")-r1.Float("threads_closed") >= 4 || r2.Float("fds_closed") != r1.Float("fds_closed") {
 				t.Errorf("%s: round 2 ended with more threads or fds than round 1: %v / %v", c.name, r1, r2)
 			}
 			cl := r.connect[i]
-			fmt.Printf("scale: pair=a1-%s side=%s total_s=%s longest_connect_ms=%s longest_accept_ms=%s connect_calls=%s accept_calls=%s threads=%s->%s->%s,%s fds=%s->%s->%s,%s rss_kib=%s->%s->%s\n",
+			evidence("scale:", "pair=a1-%s side=%s total_s=%s longest_connect_ms=%s longest_accept_ms=%s connect_calls=%s accept_calls=%s threads=%s->%s->%s,%s fds=%s->%s->%s,%s rss_kib=%s->%s->%s",
 				c.server.Name(), []string{"server", "client"}[i], cl["total_s"], cl["longest_connect_ms"], cl["longest_accept_ms"],
 				cl["connect_calls"], cl["accept_calls"], r1["threads_before"], r1["threads_connected"], r1["threads_closed"], r2["threads_closed"],
 				r1["fds_before"], r1["fds_connected"], r1["fds_closed"], r2["fds_closed"], r1["rss_before_kib"], r1["rss_connected_kib"], r2["rss_closed_kib"])
 		}
 		for i, errOut := range []string{r.res.serverErr, r.res.clientErr} {
-			fmt.Printf("connect-steps: pair=a1-%s side=%s %s\n", c.server.Name(), []string{"server", "client"}[i], setupSteps(errOut))
+			evidence("connect-steps:", "pair=a1-%s side=%s %s", c.server.Name(), []string{"server", "client"}[i], setupSteps(errOut))
 		}
 		times[c.name] = r.worst("total_s")
-		fmt.Printf("scale: pair=a1-%s comms=4+4 total_s=%.3f longest_call_ms=%.1f wall_s=%.1f\n", c.server.Name(),
+		evidence("scale:", "pair=a1-%s comms=4+4 total_s=%.3f longest_call_ms=%.1f wall_s=%.1f", c.server.Name(),
 			times[c.name], r.worst("longest_call_ms"), r.wall.Seconds())
 	}
-	fmt.Printf("connect: comms=8 intra_s=%.3f inter_s=%.3f\n", times["intra"], times["inter"])
+	evidence("connect:", "comms=8 intra_s=%.3f inter_s=%.3f", times["intra"], times["inter"])
 }
 
 // TestAddressChange: addresses change while jobs run (an operator renumbering a rail, a DHCP
@@ -258,13 +234,13 @@ func TestAddressChange(t *testing.T) {
 	if err != nil || err2 != nil {
 		t.Fatalf("nettest did not finish: %v %v", err, err2)
 	}
-	rounds := kvLines(cOut, "nettest-connect:")
+	rounds := kv.Lines(cOut, "nettest-connect:")
 	events := strings.Count(cErr, "GID table changed")
 	comms := linesContaining(cErr, "intra-island, SOUT QPs")
 	onSup := len(linesContaining(strings.Join(comms, "\n"), "SUP QPs 1,"))
-	fmt.Printf("addr-change: rail=SUP old=%s new=%s gid_change_events=%d rounds_connected=%d comms=%d comms_with_sup=%d exit=%d/%d\n",
+	evidence("addr-change:", "rail=SUP old=%s new=%s gid_change_events=%d rounds_connected=%d comms=%d comms_with_sup=%d exit=%d/%d",
 		oldAddr, newAddr, events, len(rounds), len(comms), onSup, cCode, sCode)
-	if cCode != 0 || sCode != 0 || len(rounds) != 2 || len(kvLines(sOut, "nettest-connect:")) != 2 {
+	if cCode != 0 || sCode != 0 || len(rounds) != 2 || len(kv.Lines(sOut, "nettest-connect:")) != 2 {
 		t.Fatalf("the second round failed after the address change (client exit %d, server exit %d):\n%s", cCode, sCode,
 			strings.Join(linesContaining(cErr, "WARN", "mpib-nettest:"), "\n"))
 	}
@@ -325,18 +301,18 @@ func TestBenchScale512(t *testing.T) {
 	defer benchClock(t)()
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	const n = 512
-	fmt.Printf("scale: limits a1: %s\n", nodeLimits(t, a1))
+	evidence("scale:", "limits a1: %s", nodeLimits(t, a1))
 	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute)
 	for i, side := range []string{"server a2", "client a1"} {
-		fmt.Printf("scale: %s %v\n", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-resources:"))
-		fmt.Printf("scale: %s %v\n", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-connect:"))
+		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-resources:"))
+		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-connect:"))
 	}
 	if !r.ok() {
 		t.Fatalf("%d connections failed after %.0f s:\n%s", n, r.wall.Seconds(), r.diag())
 	}
-	perConn := math.Max(kvFloat(r.resources[0], "per_conn_kib"), kvFloat(r.resources[1], "per_conn_kib"))
-	fmt.Printf("resources: conns=%d per_conn_kib=%.0f verified=true\n", n, perConn)
-	fmt.Printf("connect: comms=%d total_s=%.3f longest_call_ms=%.1f\n", n, r.worst("total_s"), r.worst("longest_call_ms"))
+	perConn := math.Max(r.resources[0].Float("per_conn_kib"), r.resources[1].Float("per_conn_kib"))
+	evidence("resources:", "conns=%d per_conn_kib=%.0f verified=true", n, perConn)
+	evidence("connect:", "comms=%d total_s=%.3f longest_call_ms=%.1f", n, r.worst("total_s"), r.worst("longest_call_ms"))
 	for i := range 2 {
 		if r.resources[i]["leaked_fds"] != "0" {
 			t.Errorf("fds leaked after close: %v", r.resources[i])

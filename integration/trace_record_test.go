@@ -59,7 +59,7 @@ func TestRecordLabTrace(t *testing.T) {
 	lab.Node("a2").Exec(ctx, nil, "touch", clStopFile) // the transfer ends (see clTransfer)
 	r.cli.Wait(ctx)
 	r.srv.Wait(ctx)
-	fmt.Printf("tracerecord: out=%s lines=%d lab_s=%.1f\n", out, strings.Count(trace, "\n"), time.Since(r.start).Seconds())
+	evidence("tracerecord:", "out=%s lines=%d lab_s=%.1f", out, strings.Count(trace, "\n"), time.Since(r.start).Seconds())
 }
 
 // unixMinusUptime is a1's CLOCK_REALTIME minus its /proc/uptime: the records' t is the

@@ -1,0 +1,58 @@
+package integration
+
+// A node's plugin environment. Every lab test configures the plugin of a node through
+// nodeEnv: the devices of its two rails, its SOUT netdev for the control path, INFO logging
+// (the tests read the plugin's lines), then the test's settings in order. The lab runner
+// applies the entries in order, so of two values of one key the later holds: settings come
+// after the base and a caller's extras after a builder's own.
+
+// hcas are the device lists of the plugin's two rails (MPIB_HCA_SOUT, MPIB_HCA_SUP): one
+// device each, or several joined by "," (devices of one rail) or "+" (ports of a mesh).
+type hcas struct{ sout, sup string }
+
+// ownHCAs are node n's own SOUT and SUP devices.
+func ownHCAs(n *Node) hcas { return hcas{n.Dev(SOUT), n.Dev(SUP)} }
+
+// railEnv is what selects node n's rails: devices h, and its SOUT netdev for the control path.
+func railEnv(n *Node, h hcas) []string {
+	return []string{"MPIB_HCA_SOUT=" + h.sout, "MPIB_HCA_SUP=" + h.sup, "MPIB_OOB_IF=" + n.Netdev(SOUT)}
+}
+
+// nodeEnv is node n's plugin environment with devices h, then settings in order.
+func nodeEnv(n *Node, h hcas, settings ...string) []string {
+	return append(append(railEnv(n, h), "NCCL_DEBUG=INFO"), settings...)
+}
+
+// pluginEnv is node n's own two devices, plus extra settings.
+func pluginEnv(n *Node, extra ...string) []string { return nodeEnv(n, ownHCAs(n), extra...) }
+
+// labRetransmitTimeout: 268 ms a try (4.096 us x 2^16), seven tries (MPIB_IB_RETRY_CNT's 6
+// retries) before the transport gives up: still well behind the watch's 600 ms.
+const labRetransmitTimeout = "MPIB_IB_TIMEOUT=16"
+
+// faultEnv is the plugin configuration of the fault cases: the plugin's own detection default
+// (the no-progress watch, MPIB_DETECT_MS), failover on, the mode's settings and extras (the
+// last value of a key wins).
+//
+// The RC try is labRetransmitTimeout, not net_ib's 4.3 s: soft-RoCE drops a packet now and
+// then on a healthy link and retransmits it only when the try expires, where an mlx5 NIC
+// retransmits within milliseconds (adaptive retransmission) on a fabric that hardly drops.
+// With the 4.3 s try one such drop is 4.3 s without an acknowledgement, which the watch
+// rightly fails over; the fault cases judge detection of the faults they inject, so the lab's
+// drops are repaired well inside the watch's limit. The congestion case keeps net_ib's try.
+func faultEnv(n *Node, mode string, extra ...string) []string {
+	settings := []string{"MPIB_FAILOVER=1", labRetransmitTimeout}
+	switch mode {
+	case "vanilla":
+		settings = append(settings, "MPIB_MODE=0")
+	case "advanced": // no agent: vanilla split, so force both rails busy
+		settings = append(settings, "MPIB_MODE=1", "MPIB_FORCE_SUP_BW=512")
+	}
+	return nodeEnv(n, ownHCAs(n), append(settings, extra...)...)
+}
+
+// meshEnv is a mesh node's environment: its SOUT device, the SUP ports sup ("+"-joined),
+// vanilla mode.
+func meshEnv(n *Node, sup string) []string {
+	return nodeEnv(n, hcas{n.Dev(SOUT), sup}, "MPIB_MODE=0")
+}
