@@ -60,13 +60,6 @@ func runAttackingSender(t *testing.T, attack string) pairResult {
 		args: []string{"--count", "20", "--max-size", "1M"}})
 }
 
-func atoiOr(s string, def int) int {
-	if n, err := strconv.Atoi(s); err == nil {
-		return n
-	}
-	return def
-}
-
 // TestHostileListenerFlood: the server's descriptor limit lowered to 24 above what it holds,
 // the client floods its listen port with TCP clients (idle, junk, closed at once, zeros:
 // thousands) and connects for real in the middle of the flood. The real handshake must

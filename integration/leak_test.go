@@ -525,3 +525,14 @@ func TestFailureLines(t *testing.T) {
 		t.Fatalf("failureLines kept %q", got)
 	}
 }
+
+// leaksOrSkip: the leak suite (200 connect/close and 20 failover/recovery cycles, at once:
+// about 5 minutes of lab time) runs in every lab suite, CI included; MPIB_LEAKS=0 skips it for a
+// quicker local run.
+func leaksOrSkip(t *testing.T) *Topology {
+	t.Helper()
+	if os.Getenv("MPIB_LEAKS") == "0" {
+		t.Skip("MPIB_LEAKS=0: the leak suite is skipped on request")
+	}
+	return labOrSkip(t)
+}

@@ -11,9 +11,6 @@ import (
 // The plugin on soft-RoCE, driven by mpib-nettest (C, dlopen, as NCCL's proxy). Rail bytes
 // come from the lab's netdev counters, never from the plugin's own bookkeeping.
 
-// verifyArgs sends random sizes from 0 B to 4 MiB, 8 in flight, every byte checked.
-var verifyArgs = []string{"--mode", "verify", "--bytes", "48M", "--max-size", "4M", "--window", "8"}
-
 func TestPluginIntraIslandVanilla(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
