@@ -1,5 +1,9 @@
 package integration
 
+import (
+	"strings"
+)
+
 // A node's plugin environment. Every lab test configures the plugin of a node through
 // nodeEnv: the devices of its two rails, its SOUT netdev for the control path, INFO logging
 // (the tests read the plugin's lines), then the test's settings in order. The lab runner
@@ -55,4 +59,17 @@ func faultEnv(n *Node, mode string, extra ...string) []string {
 // vanilla mode.
 func meshEnv(n *Node, sup string) []string {
 	return nodeEnv(n, hcas{n.Dev(SOUT), sup}, "MPIB_MODE=0")
+}
+
+// mdEnv is a node's plugin environment with both fused devices.
+func mdEnv(n *Node, extra ...string) []string {
+	return nodeEnv(n, hcas{n.Dev(SOUT) + "," + n.Dev(SOUT2), n.Dev(SUP) + "," + n.Dev(SUP2)}, extra...)
+}
+
+func meshFabricEnv(n *Node, relay bool) []string {
+	devs := make([]string, 0, 4)
+	for _, r := range meshPorts(n) {
+		devs = append(devs, n.Dev(r))
+	}
+	return nodeEnv(n, hcas{n.Dev(SOUT), strings.Join(devs, "+")}, "MPIB_MODE=0", "MPIB_SUP_RELAY="+map[bool]string{true: "1", false: "0"}[relay])
 }

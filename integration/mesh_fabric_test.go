@@ -71,42 +71,6 @@ func TestMeshFabric(t *testing.T) {
 	})
 }
 
-// meshPorts are a node's SUP ports on the mesh: its cables (parallel ones first), and a1's
-// and a2's SUP rail (their cable to each other, 10.9.1.0/24).
-func meshPorts(n *Node) []Rail {
-	var ports []Rail
-	for _, r := range n.Links() {
-		if strings.HasSuffix(string(r), "P") {
-			ports = append([]Rail{r}, ports...)
-		} else {
-			ports = append(ports, r)
-		}
-	}
-	if n.Name() == "a1" || n.Name() == "a2" {
-		ports = append(ports, SUP)
-	}
-	return ports
-}
-
-func meshFabricEnv(n *Node, relay bool) []string {
-	devs := make([]string, 0, 4)
-	for _, r := range meshPorts(n) {
-		devs = append(devs, n.Dev(r))
-	}
-	return nodeEnv(n, hcas{n.Dev(SOUT), strings.Join(devs, "+")}, "MPIB_MODE=0", "MPIB_SUP_RELAY="+map[bool]string{true: "1", false: "0"}[relay])
-}
-
-// cablesBetween are a's rails whose cable ends at b.
-func cablesBetween(a, b *Node) []Rail {
-	var out []Rail
-	for _, r := range meshPorts(a) {
-		if r == SUP && (b.Name() == "a1" || b.Name() == "a2") || r == LinkRail(b.Name(), false) || r == LinkRail(b.Name(), true) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // meshRun is one verified transfer from -> to and the counters it moved.
 type meshRun struct {
 	payload  uint64
@@ -118,8 +82,6 @@ type meshRun struct {
 	plan     string // the send comm's SUP pair, e.g. "direct 10.9.13.1/29 -> 10.9.13.2"
 	port     string // the device its SUP QPs are on ("-": none)
 }
-
-var sendCommRe = regexp.MustCompile(`send comm .* SUP QPs (\d+), CTS on \w+, SUP pair (.+) on (\S+), traffic class`)
 
 func meshTransfer(ctx context.Context, t *testing.T, from, to *Node, relays []*Node, relayOn bool) meshRun {
 	t.Helper()
@@ -163,16 +125,6 @@ func (r meshRun) supTx(from *Node, keep Rail) (n uint64) {
 		}
 	}
 	return n
-}
-
-// railOfDev is the node's rail whose device is dev.
-func railOfDev(n *Node, dev string) (Rail, bool) {
-	for _, r := range meshPorts(n) {
-		if n.Dev(r) == dev {
-			return r, true
-		}
-	}
-	return "", false
 }
 
 // planAddrRe finds each pair's local address in a SUP plan ("direct A/24 -> B + C/29 -> D").

@@ -24,25 +24,10 @@ import (
 // so the transfer itself fails the choice too; the counters show that nothing was striped or
 // misrouted.
 
-const meshPayload = 12 << 20
-
 // meshPortCase is one a1-a2 transfer with a1's two-port device.
 type meshPortCase struct {
 	peerSup Rail // a2's one SUP port
 	a1Sends bool // a1 connects and sends (else a2 does, and a1 accepts)
-}
-
-// meshCounters reads a node's counters on the given rails (default SOUT, SUP and SUP2).
-func meshCounters(ctx context.Context, t *testing.T, n *Node, rails ...Rail) map[Rail]Counters {
-	t.Helper()
-	if len(rails) == 0 {
-		rails = []Rail{SOUT, SUP, SUP2}
-	}
-	out, err := n.RailCounters(ctx, rails...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 func TestMeshPortChoice(t *testing.T) {

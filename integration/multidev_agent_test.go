@@ -2,51 +2,12 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
-
-	"github.com/mpib/mpib/agent/go/shm"
 )
 
 // mdStopFile ends TestMultiDeviceAgentRecords' transfer (the receiver stops posting).
 const mdStopFile = "/tmp/multidev.stop"
-
-// deviceConn is what the agents' list --json says of a connection's device (format 4).
-type deviceConn struct {
-	Index   uint32      `json:"index"`
-	IsSend  uint8       `json:"is_send"`
-	Dev     uint16      `json:"dev"`
-	SoutNIC string      `json:"sout_nic"`
-	SupNIC  string      `json:"sup_nic"`
-	SupPath shm.SupPath `json:"sup_path"` // format 6
-}
-
-// freshSegments creates a new agent segment (Go CLI) on each node, after removing the old one
-// and the stop file; the returned function removes both again.
-func freshSegments(ctx context.Context, t *testing.T, stop string, nodes ...*Node) func() {
-	t.Helper()
-	for _, n := range nodes {
-		n.Exec(ctx, nil, "rm", "-f", segPath, stop)
-		goAgent.run(ctx, t, n, "create")
-	}
-	return func() {
-		for _, n := range nodes {
-			n.Exec(context.Background(), nil, "rm", "-f", segPath, stop)
-		}
-	}
-}
-
-// listDev runs an agent's list --json --dev dev on n.
-func listDev(ctx context.Context, t *testing.T, a agentCLI, n *Node, dev int) []deviceConn {
-	t.Helper()
-	var conns []deviceConn
-	if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json", "--dev", fmt.Sprint(dev))), &conns); err != nil {
-		t.Fatalf("%s agent list --json --dev %d: %v", a.name, dev, err)
-	}
-	return conns
-}
 
 // TestMultiDeviceAgentRecords: in advanced mode a transfer on device 1 registers its
 // connections in the agent segment as device 1's, with that pair's NIC names (format 4), and

@@ -38,11 +38,6 @@ const (
 
 var mdRails = [2][2]Rail{{SOUT, SUP}, {SOUT2, SUP2}}
 
-// mdEnv is a node's plugin environment with both fused devices.
-func mdEnv(n *Node, extra ...string) []string {
-	return nodeEnv(n, hcas{n.Dev(SOUT) + "," + n.Dev(SOUT2), n.Dev(SUP) + "," + n.Dev(SUP2)}, extra...)
-}
-
 // mdTx reads what each of the node's four rails has sent.
 func mdTx(ctx context.Context, t *testing.T, n *Node) map[Rail]uint64 {
 	t.Helper()

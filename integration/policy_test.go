@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -14,132 +13,6 @@ import (
 // Advanced mode in the lab: an agent in a1 changes the live a1->a2 connection's hint during
 // one long verified transfer; the SUP byte share of each phase, from a1's rail counters,
 // must follow the hint. Killing the agent returns the plugin to vanilla.
-
-const segPath = "/dev/shm/mpib-hints"
-
-// agentCLI is how to run one agent's CLI in a node.
-type agentCLI struct {
-	name string
-	cmd  []string
-	env  []string
-}
-
-var (
-	goAgent = agentCLI{"go", []string{NodeBuildDir + "/mpib-agent"}, nil}
-	// The nodes see build/ read-only, so Python cannot keep the package's bytecode there and
-	// would compile it at every CLI call (about 1.5 s of the 4 s a call takes under the lab's
-	// emulated CPUs, many times that while a transfer runs): the cache goes to the node's /tmp.
-	pythonAgent = agentCLI{"python", []string{"python3", "-m", "mpib_agent"},
-		[]string{"PYTHONPATH=" + NodeBuildDir + "/python/src", "PYTHONPYCACHEPREFIX=/tmp/mpib-pycache"}}
-)
-
-func (a agentCLI) run(ctx context.Context, t *testing.T, n *Node, args ...string) string {
-	t.Helper()
-	out, errOut, code, err := n.Exec(ctx, a.env, append(a.cmd, append(args, "--path", segPath)...)...)
-	if err != nil || code != 0 {
-		t.Fatalf("%s agent %s: exit %d %v\n%s%s", a.name, strings.Join(args, " "), code, err, out, errOut)
-	}
-	return out
-}
-
-type listedConn struct {
-	Index     uint32 `json:"index"`
-	IsSend    uint8  `json:"is_send"`
-	PID       uint32 `json:"pid"`
-	Telemetry struct {
-		AppliedSupBw       uint32 `json:"applied_sup_bw"`
-		SoutCompletedBytes uint64 `json:"sout_completed_bytes"`
-		SupCompletedBytes  uint64 `json:"sup_completed_bytes"`
-		SoutBusyNs         uint64 `json:"sout_busy_ns"`
-		SupBusyNs          uint64 `json:"sup_busy_ns"`
-		SoutActiveNs       uint64 `json:"sout_active_ns"`
-		SupActiveNs        uint64 `json:"sup_active_ns"`
-		ReadsStale         uint64 `json:"reads_stale"`
-	} `json:"telemetry"`
-}
-
-// list runs the agent's list --json.
-func (a agentCLI) list(ctx context.Context, t *testing.T, n *Node) []listedConn {
-	t.Helper()
-	var conns []listedConn
-	if err := json.Unmarshal([]byte(a.run(ctx, t, n, "list", "--json")), &conns); err != nil {
-		t.Fatalf("%s agent list --json: %v", a.name, err)
-	}
-	return conns
-}
-
-// telemetry reads one slot's telemetry through the agent's list --json.
-func (a agentCLI) telemetry(ctx context.Context, t *testing.T, n *Node, slot uint32) listedConn {
-	t.Helper()
-	for _, c := range a.list(ctx, t, n) {
-		if c.Index == slot {
-			return c
-		}
-	}
-	t.Fatalf("%s agent list --json: slot %d is gone", a.name, slot)
-	return listedConn{}
-}
-
-// sendSlot waits until a send connection is registered in the segment and returns its slot.
-func (a agentCLI) sendSlot(ctx context.Context, t *testing.T, n *Node) uint32 {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, c := range a.list(ctx, t, n) {
-			if c.IsSend == 1 {
-				return c.Index
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("%s agent: no send connection registered in %s", a.name, segPath)
-	return 0
-}
-
-// readRailTx reads both rails' transmitted bytes in one command, so that while traffic flows
-// the two counters are taken at the same instant (one exec per rail would skew the window).
-func readRailTx(ctx context.Context, n *Node) (sout, sup uint64, err error) {
-	w, err := readRailWire(ctx, n)
-	return w.tx[SOUT], w.tx[SUP], err
-}
-
-// railWire is one reading of a node's rails: the netdevs' transmitted bytes and the soft-RoCE
-// devices' retransmission events (the requester's timeouts, completer_retry_err, and the
-// sequence NAKs it received, rcvd_seq_err): after either, go-back-N sends bytes again.
-type railWire struct {
-	tx, retransmits map[Rail]uint64
-}
-
-// railWireFiles are the files a railWire is read from, three per rail in Rails' order: the
-// netdev's tx_bytes and the rxe device's two retransmission counters.
-func railWireFiles(n *Node) []string {
-	var files []string
-	for _, r := range Rails {
-		hw := "/sys/class/infiniband/" + n.Dev(r) + "/ports/1/hw_counters/"
-		files = append(files, "/sys/class/net/"+n.Netdev(r)+"/statistics/tx_bytes", hw+"completer_retry_err", hw+"rcvd_seq_err")
-	}
-	return files
-}
-
-func readRailWire(ctx context.Context, n *Node) (railWire, error) {
-	w := railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}
-	files := railWireFiles(n)
-	out, errOut, code, err := n.Exec(ctx, nil, append([]string{"cat"}, files...)...)
-	f := strings.Fields(out)
-	if err != nil || code != 0 || len(f) != len(files) {
-		return w, fmt.Errorf("%s: reading rail counters: %v exit %d %s %s", n.Name(), err, code, out, errOut)
-	}
-	v := make([]uint64, len(f))
-	for i := range f {
-		if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
-			return w, fmt.Errorf("%s: rail counter %s: %v", n.Name(), files[i], err)
-		}
-	}
-	for i, r := range Rails {
-		w.tx[r], w.retransmits[r] = v[3*i], v[3*i+1]+v[3*i+2]
-	}
-	return w, nil
-}
 
 func railWireNow(ctx context.Context, t *testing.T, n *Node) railWire {
 	t.Helper()
@@ -208,15 +81,6 @@ func supShareOver(ctx context.Context, t *testing.T, n *Node, settle, measure ui
 			n.Name(), win.windows, win.share, win.retransmits)
 	}
 	return win
-}
-
-func running(p *Process) bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
 }
 
 const (
