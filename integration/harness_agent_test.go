@@ -12,6 +12,10 @@ import (
 	"github.com/mpib/mpib/agent/go/shm"
 )
 
+// The agents as the lab tests drive them: the Go and Python CLIs (agentCLI: run, list,
+// telemetry, set), the hint segment's path, the rails' wire counters the agents read, the
+// per-device records of a multi-device connection, and agent gates.
+
 // An agent gate is an agent CLI call started ahead of time in a node, blocked on a FIFO until
 // the test writes the call's arguments there. A Python CLI start in the lab VM is seconds of
 // CPU (its imports, under TCG), and beside a transfer it competes with soft-RoCE for the VM's

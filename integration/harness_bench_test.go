@@ -15,6 +15,11 @@ import (
 	"github.com/mpib/mpib/integration/benchstat"
 )
 
+// The benchmarks' shared parts: the gate (benchOrSkip, MPIB_BENCH=1) and pair count, a figure
+// (a ratio of plugin to reference with its confidence interval) and the JSON file that keeps
+// a run's figures, the per-benchmark clock, nettest's bandwidth line, and the lab VM's CPU split
+// over a run.
+
 func benchOrSkip(t *testing.T) *Topology {
 	t.Helper()
 	if os.Getenv("MPIB_BENCH") != "1" {

@@ -7,6 +7,10 @@ import (
 	"testing"
 )
 
+// The mesh: each node's SUP ports and which of them are cabled to a given peer, reading a
+// node's counters on its ports, and the plugin's send-comm lines that name the port a
+// connection chose.
+
 // meshPorts are a node's SUP ports on the mesh: its cables (parallel ones first), and a1's
 // and a2's SUP rail (their cable to each other, 10.9.1.0/24).
 func meshPorts(n *Node) []Rail {
