@@ -47,13 +47,19 @@ func buildNettest(c Config, tc Toolchain, out string) error {
 }
 
 // buildPython builds agent/python's wheel and sdist into dst with PyPA's build, which installs
-// whatever backend the pyproject names into an isolated environment (from PyPI).
-func buildPython(c Config, tc Toolchain, env []string, dst string) error {
+// whatever backend the pyproject names into an isolated environment (from PyPI). They are built
+// from a copy that names the release's version in Python's form (stagePython).
+func buildPython(c Config, tc Toolchain, env []string, rel Release, dst string) error {
 	abs, err := filepath.Abs(dst)
 	if err != nil {
 		return err
 	}
-	return run(c.Log, c.Root, env, tc.Python, "-m", "build", "--sdist", "--wheel", "--outdir", abs, filepath.Join("agent", "python"))
+	src, err := stagePython(c.Root, rel.Python)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	return run(c.Log, c.Root, env, tc.Python, "-m", "build", "--sdist", "--wheel", "--outdir", abs, src)
 }
 
 // releaseDocs are copied into the release's docs/ (every file of docs/ besides).

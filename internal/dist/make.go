@@ -23,6 +23,7 @@ type Config struct {
 // Release is what Make built.
 type Release struct {
 	Version, Commit string
+	Python          string // Version in PEP 440's form: the Python agent's wheel and sdist carry it
 	Tarball, Deb    string // paths under Config.Out
 	Needs           []Need // of the shipped ELF files
 }
@@ -31,7 +32,7 @@ type Release struct {
 var Binaries = []string{"lib/libnccl-net-mpib.so", "bin/mpib-agent", "bin/mpib-nettest"}
 
 // Make builds the release: the binaries for Baseline (refusing any that needs more), the
-// Python agent's wheel and sdist, the docs, the plugin's .deb and SHA256SUMS, in
+// Python agent's wheel and sdist (versioned as the release, in PEP 440's form), the docs, the plugin's .deb and SHA256SUMS, in
 // Out/mpib-VERSION-linux-x86_64.tar.gz; the .deb and a SHA256SUMS of both also lie in Out.
 func Make(c Config) (Release, error) {
 	root, err := filepath.Abs(c.Root)
@@ -41,6 +42,9 @@ func Make(c Config) (Release, error) {
 	c.Root = root
 	rel, epoch, err := gitVersion(root)
 	if err != nil {
+		return rel, err
+	}
+	if rel.Python, err = PythonVersion(rel.Version); err != nil {
 		return rel, err
 	}
 	tc, err := SetupToolchain(c.Tools, c.Python, c.Log)
@@ -64,7 +68,7 @@ func Make(c Config) (Release, error) {
 		return rel, err
 	}
 	env := []string{"SOURCE_DATE_EPOCH=" + strconv.FormatInt(epoch.Unix(), 10)}
-	if err := buildPython(c, tc, env, filepath.Join(stage, "python")); err != nil {
+	if err := buildPython(c, tc, env, rel, filepath.Join(stage, "python")); err != nil {
 		return rel, err
 	}
 	if err := copyDocs(c.Root, stage, rel); err != nil {

@@ -1,9 +1,11 @@
 package dist
 
 import (
+	"archive/zip"
 	"bytes"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +19,8 @@ const releaseDir = "../../build/dist"
 
 // TestRelease checks the release tarball that Dist built: every listed checksum, the shipped
 // binaries' needs against Baseline, the plugin's exports, the version and commit stamped in
-// the plugin, mpib-agent and the .deb, and the .deb's plugin. It prints
+// the plugin, mpib-agent and the .deb, the .deb's plugin, and the release's version (Python's
+// form) in the Python wheel's and sdist's metadata. It prints
 // "dist: glibc_max=X ibverbs_max=Y files=N verified=true ...".
 func TestRelease(t *testing.T) {
 	tarballs, err := filepath.Glob(filepath.Join(releaseDir, "mpib-*-linux-x86_64.tar.gz"))
@@ -48,16 +51,15 @@ func TestRelease(t *testing.T) {
 	checkExports(t, files["lib/libnccl-net-mpib.so"])
 	version, commit := checkStamps(t, files, filepath.Base(tarballs[0]))
 	checkDeb(t, files, version, commit)
-	for _, glob := range []string{"python/mpib_agent-*-py3-none-any.whl", "python/mpib_agent-*.tar.gz", "docs/deploying.md"} {
-		if !anyMatch(files, glob) {
-			t.Errorf("the release has no %s", glob)
-		}
+	pyVersion := checkPython(t, files, version)
+	if !anyMatch(files, "docs/deploying.md") {
+		t.Errorf("the release has no docs/deploying.md")
 	}
 	if t.Failed() {
 		return
 	}
-	fmt.Printf("dist: glibc_max=%s ibverbs_max=%s files=%d verified=true version=%s\n",
-		strings.TrimPrefix(MaxNode(needs, "GLIBC_"), "GLIBC_"), MaxNode(needs, "IBVERBS_"), len(Binaries), version)
+	fmt.Printf("dist: glibc_max=%s ibverbs_max=%s files=%d verified=true version=%s python_version=%s\n",
+		strings.TrimPrefix(MaxNode(needs, "GLIBC_"), "GLIBC_"), MaxNode(needs, "IBVERBS_"), len(Binaries), version, pyVersion)
 }
 
 // checkNeeds reads the shipped binaries' needs and fails on any beyond Baseline.
@@ -183,4 +185,80 @@ func anyMatch(files map[string][]byte, glob string) bool {
 		}
 	}
 	return false
+}
+
+// checkPython checks that the wheel and the sdist carry the release's version in Python's form
+// (PythonVersion): in their names, their metadata and the package's __version__. It returns
+// that version.
+func checkPython(t *testing.T, files map[string][]byte, version string) string {
+	want, err := PythonVersion(version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wheel, ok := files["python/mpib_agent-"+want+"-py3-none-any.whl"]
+	if !ok {
+		t.Errorf("the release has no python/mpib_agent-%s-py3-none-any.whl", want)
+	} else {
+		checkPythonFiles(t, "wheel", readZip(t, wheel), want,
+			"mpib_agent-"+want+".dist-info/METADATA", "mpib_agent/__init__.py")
+	}
+	sdist, ok := files["python/mpib_agent-"+want+".tar.gz"]
+	if !ok {
+		t.Errorf("the release has no python/mpib_agent-%s.tar.gz", want)
+	} else {
+		inside, err := ReadTarGz(bytes.NewReader(sdist)) // its mpib_agent-VERSION/ cut off
+		if err != nil {
+			t.Fatalf("sdist: %v", err)
+		}
+		checkPythonFiles(t, "sdist", inside, want, "PKG-INFO", "src/mpib_agent/__init__.py")
+	}
+	return want
+}
+
+// checkPythonFiles checks one archive's metadata file ("Version: V") and __init__.py.
+func checkPythonFiles(t *testing.T, what string, files map[string][]byte, want, metadata, init string) {
+	meta, ok := files[metadata]
+	if !ok {
+		t.Errorf("the %s has no %s", what, metadata)
+	} else if got := metadataVersion(meta); got != want {
+		t.Errorf("the %s's %s names version %q, want %q", what, metadata, got, want)
+	}
+	if v, err := sourcePythonVersion(files[init]); err != nil || v != want {
+		t.Errorf("the %s's %s names __version__ %q (%v), want %q", what, init, v, err, want)
+	}
+}
+
+// metadataVersion is the Version field of core metadata (METADATA, PKG-INFO).
+func metadataVersion(meta []byte) string {
+	for _, l := range strings.Split(string(meta), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimRight(l, "\r"), "Version: "); ok {
+			return v
+		}
+		if l == "" {
+			break // the headers end; the description follows
+		}
+	}
+	return ""
+}
+
+// readZip reads every file of a zip archive (a wheel).
+func readZip(t *testing.T, data []byte) map[string][]byte {
+	zr, err := zip.NewReader(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatalf("wheel: %v", err)
+	}
+	files := map[string][]byte{}
+	for _, f := range zr.File {
+		rc, err := f.Open()
+		if err != nil {
+			t.Fatalf("wheel: %s: %v", f.Name, err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatalf("wheel: %s: %v", f.Name, err)
+		}
+		files[f.Name] = b
+	}
+	return files
 }

@@ -56,3 +56,64 @@ func DebVersion(v string) (string, error) {
 	}
 	return d, nil
 }
+
+// semverRE splits a release version: MAJOR.MINOR.PATCH, an optional pre-release after "-", and
+// optional build metadata after "+".
+var semverRE = regexp.MustCompile(`^([0-9]+)\.([0-9]+)\.([0-9]+)(?:-([0-9A-Za-z.-]+))?(?:\+([0-9A-Za-z.-]+))?$`)
+
+// preReleaseRE is a pre-release Python's versions can say: a phase with an optional number.
+var preReleaseRE = regexp.MustCompile(`^(dev|a|alpha|b|beta|c|rc|pre|preview)[.-]?([0-9]*)$`)
+
+// pythonPhase is the PEP 440 spelling of each pre-release phase; dev is a development release
+// (".devN"), the others a pre-release ("aN", "bN", "rcN").
+var pythonPhase = map[string]string{"dev": ".dev", "a": "a", "alpha": "a", "b": "b", "beta": "b",
+	"c": "rc", "rc": "rc", "pre": "rc", "preview": "rc"}
+
+// PythonVersion writes a release version for the Python agent's wheel and sdist, in PEP 440's
+// normal form (what pip and the wheel's metadata show): a release as is ("1.2.3"), a
+// pre-release in Python's spelling ("1.2.3-rc1" is "1.2.3rc1", "0.0.0-dev" is "0.0.0.dev0"),
+// build metadata as a local version ("+4.gabc.dirty"). A pre-release Python cannot say
+// ("1.2.3-foo") is an error: the wheel would not carry the release's version.
+func PythonVersion(v string) (string, error) {
+	m := semverRE.FindStringSubmatch(v)
+	if m == nil {
+		return "", fmt.Errorf("version %q is not MAJOR.MINOR.PATCH[-PRE][+BUILD]", v)
+	}
+	var b strings.Builder
+	for i, n := range m[1:4] {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(trimZeros(n))
+	}
+	if pre := strings.ToLower(m[4]); pre != "" {
+		p := preReleaseRE.FindStringSubmatch(pre)
+		if p == nil {
+			return "", fmt.Errorf("version %q: pre-release %q has no Python form (dev, a, b or rc, then a number)", v, m[4])
+		}
+		num := "0"
+		if p[2] != "" {
+			num = trimZeros(p[2])
+		}
+		b.WriteString(pythonPhase[p[1]] + num)
+	}
+	if m[5] != "" {
+		var segs []string
+		for _, s := range strings.FieldsFunc(strings.ToLower(m[5]), func(r rune) bool { return r == '.' || r == '-' }) {
+			if strings.Trim(s, "0123456789") == "" {
+				s = trimZeros(s) // a numeric local segment is a number: 007 is 7
+			}
+			segs = append(segs, s)
+		}
+		b.WriteString("+" + strings.Join(segs, "."))
+	}
+	return b.String(), nil
+}
+
+// trimZeros drops a decimal number's leading zeros ("007" is "7", "0" stays).
+func trimZeros(n string) string {
+	if t := strings.TrimLeft(n, "0"); t != "" {
+		return t
+	}
+	return "0"
+}

@@ -39,7 +39,13 @@ from ._types import (
 )
 from ._watch import watch
 
+# The package's version (PEP 440), which flit gives the wheel and sdist. In the tree it is a
+# development version; the release build (internal/dist) rewrites this line in the copy it
+# builds from, to the release's version.
+__version__ = "0.0.0.dev0"
+
 __all__ = (
+    "__version__",
     "DEFAULT_PATH_PREFIX",
     "SUP_BW_MAX",
     "VERSION",

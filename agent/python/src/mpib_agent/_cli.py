@@ -36,6 +36,7 @@ from typing import (
     Tuple,
 )
 
+from . import __version__
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
 from ._layout import MAX_PEERS, MAX_SLOTS, total_size
 from ._policy import (
@@ -667,6 +668,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
     ap = _Parser(prog=PROG, description="MPIB hint segment agent (Python)", allow_abbrev=False)
+    ap.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     subs: Dict[str, argparse.ArgumentParser] = {}
 
