@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/closedloop"
 )
 
 // The closed-loop policy in the lab (issue 10): one long verified a1->a2 transfer in advanced
@@ -85,7 +86,7 @@ import (
 // saturates one rail and starves the other; a slow lab saturates neither.
 
 const (
-	clWindow      = 3 * time.Second // rate window
+	clWindow      = closedloop.RateWindow
 	clSweepSettle = 1 * time.Second // a static hint's in-flight requests drain
 	// clSweepMeasure is how long each sweep point is measured: two windows. The best of three
 	// single 3 s windows overstated what the lab carries (a point at 37.0 Mbit/s beside 32.7
@@ -97,35 +98,14 @@ const (
 	// clEndWindow is the end of each phase whose SUP share is the verdict: from clSettleMax to
 	// the phase's end. Six seconds average over the lab VM's moments (a single 3 s window at the
 	// rates of a busy host holds a handful of messages).
-	clEndWindow = clPhase - clSettleMax*time.Second
-	clMinRatio  = 0.95 // the throughput rule printed as settled_s (judged on the simulator)
-	// clShareTol is how far the loop's split may sit from the optimum, as SUP's share of the
-	// bytes: 61/1024; at phase 1's shaping the throughput that far off is 0.85-0.92 of the
-	// best. Both loops settle 0.02-0.03 under the optimum share in the lab (0.634-0.649 for
-	// 0.667 in a CI rehearsal: the VM, not the rails, caps the total there, which flattens the
-	// optimum), so 43/1024 left them a margin of 0.01. An oscillating loop is caught on the
-	// simulator (its throughput), not here.
-	clShareTol = 61.0 / 1024
-	// clShapedTol is how far the end share may sit from the shaped optimum, whatever the rails
-	// really delivered: a check that the loop follows the shaping at all (phase 1's and 2's
-	// optima are 0.333 apart, more than twice this). The tight check is against the shaping
-	// or the rails' active rates (splitOK): on a 2-core host with a core taken, the Python agent's CPU in
-	// the lab VM held a1's SOUT at 1.8-2.4 Mbit/s of its 3.125 for whole windows (2026-11-26,
-	// eighth rates), its active rate dipping to 0.8; the loop followed the rails to 0.73 where
-	// the shaping says 0.667, at 0.97 of the best static throughput, and failed the old rule
-	// (0.732 and 0.734, tolerance 0.060).
-	clShapedTol  = 0.15
-	clStaleMS    = 2000
-	clSoutKbit   = 25000
-	clSupKbit    = 50000
-	clSupCutKbit = 12500
-	// clCarryHeadroom: what the lab carried at the probe must be this many times phase 1's
-	// shaped rate at the rates chosen. The probe runs with the reference heartbeat only;
-	// then the agents take some of the VM's CPU (the Python CLI about a tenth of a vCPU) and a
-	// busy host may get busier. At 0.85 of it (until 2026-11-26) a lab that carried 34 Mbit/s
-	// at the probe, on a host with a core taken, got the halved rates' 37.5 and crawled at
-	// 9-15 Mbit/s while the Python agent ran: the VM, not the rails, set the split.
-	clCarryHeadroom = 1.25
+	clEndWindow     = clPhase - clSettleMax*time.Second
+	clShareTol      = closedloop.ShareTol
+	clShapedTol     = closedloop.ShapedTol
+	clStaleMS       = 2000
+	clSoutKbit      = closedloop.SoutKbit
+	clSupKbit       = closedloop.SupKbit
+	clSupCutKbit    = 12500
+	clCarryHeadroom = closedloop.CarryHeadroom
 	// The transfer: a sweep (2 points of >= 7 s) + per agent a hand-over + 3 phases x 16 s,
 	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
 	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
@@ -146,10 +126,11 @@ const (
 // clPhaseSup is SUP's shaping in phases 1, 2 and 3, at full rates.
 var clPhaseSup = []int{clSupKbit, clSupCutKbit, clSupKbit}
 
-type railPoint struct {
-	t        float64 // the node's /proc/uptime, seconds
-	sout, sp uint64
-}
+// railPoint is one sample of a1's rails (the node's /proc/uptime, each rail's tx bytes).
+type railPoint = closedloop.Point
+
+// railMarks are the connection's per-rail telemetry at one moment.
+type railMarks = closedloop.Marks
 
 // railSampler reads a1's rail tx counters every 0.2 s inside the node (bash built-ins, no
 // exec per sample: a process start in the loaded emulated VM takes hundreds of ms); the
@@ -187,11 +168,11 @@ func (s *railSampler) stop(ctx context.Context, t *testing.T) {
 		a, err2 := strconv.ParseUint(f[1], 10, 64)
 		b, err3 := strconv.ParseUint(f[2], 10, 64)
 		if err1 == nil && err2 == nil && err3 == nil {
-			s.pts = append(s.pts, railPoint{u, a, b})
+			s.pts = append(s.pts, railPoint{T: u, Sout: a, Sup: b})
 		}
 	}
 	if n := len(s.pts); n >= 2 {
-		t.Logf("rail sampler: %d samples over %.1f s", n, s.pts[n-1].t-s.pts[0].t)
+		t.Logf("rail sampler: %d samples over %.1f s", n, s.pts[n-1].T-s.pts[0].T)
 	}
 	if len(s.pts) < 10 {
 		t.Fatalf("rail sampler: %d samples\n%s", len(s.pts), tail(out, 2000))
@@ -215,26 +196,14 @@ func nodeSh(ctx context.Context, t *testing.T, n *Node, script string, args ...s
 	return u
 }
 
-func (s *railSampler) between(from, to float64) []railPoint {
-	var out []railPoint
-	for _, p := range s.pts {
-		if p.t >= from && p.t <= to {
-			out = append(out, p)
-		}
-	}
-	return out
+// settle judges one phase on throughput (closedloop.Settle).
+func (s *railSampler) settle(t0, end float64, best float64) closedloop.Verdict {
+	return closedloop.Settle(s.pts, t0, end, best)
 }
 
-func mbps(a, b railPoint) float64 {
-	sout, sup := railMbps(a, b)
-	return sout + sup
-}
-
-// railMbps is SOUT's and SUP's rates between two samples: which rail limits a window (the one
-// at its shaped rate) tells a split that moved from a lab that slowed down.
-func railMbps(a, b railPoint) (sout, sup float64) {
-	d := (b.t - a.t) * 1e6 / 8
-	return float64(b.sout-a.sout) / d, float64(b.sp-a.sp) / d
+// settleSplit judges one phase on the loop's split (closedloop.SettleSplit).
+func (s *railSampler) settleSplit(t0, end, opt float64) (settled, share float64) {
+	return closedloop.SettleSplit(s.pts, t0, end, opt)
 }
 
 // rateOver is the rate between the last sample at or before from and the first at or after
@@ -243,110 +212,17 @@ func (s *railSampler) rateOver(t *testing.T, from, to float64) float64 {
 	t.Helper()
 	a, b := -1, -1
 	for i, p := range s.pts {
-		if p.t <= from {
+		if p.T <= from {
 			a = i
 		}
-		if p.t >= to && b < 0 {
+		if p.T >= to && b < 0 {
 			b = i
 		}
 	}
-	if a < 0 || b < 0 || s.pts[b].t-s.pts[a].t > 2*(to-from) {
+	if a < 0 || b < 0 || s.pts[b].T-s.pts[a].T > 2*(to-from) {
 		t.Fatalf("no rail samples around uptime %.2f..%.2f (%d samples)", from, to, len(s.pts))
 	}
-	return mbps(s.pts[a], s.pts[b])
-}
-
-// clVerdict is one phase judged from the rail samples: settled (s after the change, -1:
-// never), the average rate from then to the phase's end, the lowest window from then on, and
-// every window as start_s:mbps=sout+sup.
-type clVerdict struct {
-	settled, rate, lowest float64
-	windows               string
-}
-
-// shareOf is SUP's share of the bytes a1 sent between two samples (-1: none).
-func shareOf(a, b railPoint) float64 {
-	so, su := float64(b.sout-a.sout), float64(b.sp-a.sp)
-	if so+su <= 0 {
-		return -1
-	}
-	return su / (so + su)
-}
-
-// settleSplit judges one phase on the loop's split, which the rails' byte shares show whatever
-// the lab's speed (the sender posts each message's bytes per rail as the split says; a slow
-// lab slows both rails, not the share): the phase settles at the first clWindow-long window
-// whose SUP share is within clShareTol of opt and from whose start to the phase's end the share
-// is too. It returns the settle time (s after t0, -1: never) and the share from then to the
-// end (when never: over the phase's second half).
-func (s *railSampler) settleSplit(t0, end, opt float64) (settled, share float64) {
-	p := s.between(t0, end)
-	if len(p) < 2 {
-		return -1, -1
-	}
-	near := func(x float64) bool { return x >= 0 && math.Abs(x-opt) <= clShareTol }
-	for _, w := range windows(p) {
-		if toEnd := shareOf(p[w.i], p[len(p)-1]); near(shareOf(p[w.i], p[w.j])) && near(toEnd) {
-			return p[w.i].t - t0, toEnd
-		}
-	}
-	return -1, shareOf(p[len(p)/2], p[len(p)-1])
-}
-
-// markAt is a mark of a1's rails from the samples (the last at or before node time at; no
-// telemetry: the rails' optimum unknown), for the verdict's tests.
-func (s *railSampler) markAt(at float64) clMark {
-	var p railPoint
-	for _, q := range s.pts {
-		if q.t <= at {
-			p = q
-		}
-	}
-	return clMark{wire: railWire{tx: map[Rail]uint64{SOUT: p.sout, SUP: p.sp}}}
-}
-
-// window is a clWindow-long stretch of samples: its first and last.
-type window struct{ i, j int }
-
-// windows is, for each sample, the window starting there (while one fits before the end).
-func windows(p []railPoint) []window {
-	var ws []window
-	for i := range p {
-		for j := i + 1; j < len(p); j++ {
-			if p[j].t-p[i].t >= clWindow.Seconds() {
-				ws = append(ws, window{i, j})
-				break
-			}
-		}
-	}
-	return ws
-}
-
-// settle judges one phase from its change at t0 to end against the best static rate: it
-// settles at the first window of at least clMinRatio of best from whose start to the phase's
-// end the average rate is also at least clMinRatio of best.
-func (s *railSampler) settle(t0, end float64, best float64) clVerdict {
-	p := s.between(t0, end)
-	v := clVerdict{settled: -1}
-	for _, w := range windows(p) {
-		start, rate := p[w.i].t-t0, mbps(p[w.i], p[w.j])
-		so, su := railMbps(p[w.i], p[w.j])
-		v.windows += fmt.Sprintf(" %.1f:%.1f=%.1f+%.1f", start, rate, so, su)
-		if v.settled >= 0 {
-			v.lowest = min(v.lowest, rate)
-		} else if toEnd := mbps(p[w.i], p[len(p)-1]); rate >= clMinRatio*best && toEnd >= clMinRatio*best {
-			v.settled, v.rate, v.lowest = start, toEnd, rate
-		}
-	}
-	if v.settled < 0 && len(p) >= 2 {
-		v.rate = mbps(p[len(p)/2], p[len(p)-1])
-	}
-	return v
-}
-
-// optimum is the theoretical best split for SUP shaped to supKbit and SOUT to soutKbit.
-func optimum(supKbit, soutKbit int) int {
-	return int(math.Round(1024 * float64(supKbit) / float64(supKbit+soutKbit)))
+	return closedloop.Mbps(s.pts[a], s.pts[b])
 }
 
 // clRun is one closed-loop lab run: the pair, the sampler and the sweep's static rates.
@@ -417,17 +293,6 @@ func (m clMark) retransmits() (n uint64) {
 	}
 	return n
 }
-
-// judge is the verdict on the stretch between two marks (opt: the shaped optimum).
-func judge(from, to clMark, opt float64) clJudged {
-	point := func(m clMark) railPoint { return railPoint{sout: m.wire.tx[SOUT], sp: m.wire.tx[SUP]} }
-	j := clJudged{share: shareOf(point(from), point(to)), active: activeOptimum(from.marks, to.marks)}
-	j.ok = splitOK(j.share, opt, j.active)
-	return j
-}
-
-// railMarks are a connection's per-rail completed bytes and active time at one moment.
-type railMarks struct{ soutBytes, soutNs, supBytes, supNs uint64 }
 
 // clPrelude is the start of every script a1Script runs (bash; CL_GO, CL_SEG and CL_WIRE from
 // a1Script, the rest from its caller). Shell built-ins wherever they do: a process start in
@@ -528,40 +393,13 @@ func (r *clRun) markFrom(t *testing.T, out string) clMark {
 	for _, c := range conns {
 		if c.Index == r.slot {
 			tl := c.Telemetry
-			m.marks = railMarks{tl.SoutCompletedBytes, tl.SoutActiveNs, tl.SupCompletedBytes, tl.SupActiveNs}
+			m.marks = railMarks{SoutBytes: tl.SoutCompletedBytes, SoutNs: tl.SoutActiveNs, SupBytes: tl.SupCompletedBytes, SupNs: tl.SupActiveNs}
 			m.stale = tl.ReadsStale
 			return m
 		}
 	}
 	t.Fatalf("go agent list --json: slot %d is gone", r.slot)
 	return m
-}
-
-// activeOptimum is the split the rails' active rates between two marks call for: SUP's rate
-// over the sum, each rate the bytes a rail completed over the time it had the connection's
-// requests in flight (what it delivers while it has work: its capacity, as the lab's rails
-// really ran, not as they were shaped). -1 when a rail completed nothing in between.
-func activeOptimum(from, to railMarks) float64 {
-	if to.soutBytes <= from.soutBytes || to.soutNs <= from.soutNs || to.supBytes <= from.supBytes || to.supNs <= from.supNs {
-		return -1
-	}
-	sout := float64(to.soutBytes-from.soutBytes) / float64(to.soutNs-from.soutNs)
-	sup := float64(to.supBytes-from.supBytes) / float64(to.supNs-from.supNs)
-	return sup / (sout + sup)
-}
-
-// splitOK is a phase's verdict on its end share: within clShareTol of the shaped optimum
-// (nominal: right when the rails deliver their shaping) or of the optimum of the rails' active
-// rates over the phase's end (active, -1 when not measured: right when they deliver less,
-// unevenly), and within clShapedTol of the shaped optimum whatever the rails did. Either
-// optimum alone flipped with the host (docs/agent.md): the active one moves with every stall
-// of a rail (a lost last packet waits out the RC timeout, 4.3 s of a 24 s window with requests
-// in flight and nothing completing), which the loop's smoothed rates ride out.
-func splitOK(end, nominal, active float64) bool {
-	if end < 0 || math.Abs(end-nominal) > clShapedTol {
-		return false
-	}
-	return math.Abs(end-nominal) <= clShareTol || (active >= 0 && math.Abs(end-active) <= clShareTol)
 }
 
 // kbit is a rate of the test at the rates in force.
@@ -751,7 +589,7 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 	var sweep []clSweepPoint
 	for i, full := range []int{clSupKbit, clSupCutKbit} {
 		sup := r.kbit(full)
-		opt := optimum(sup, r.kbit(clSoutKbit))
+		opt := closedloop.Optimum(sup, r.kbit(clSoutKbit))
 		// The shaping and the hint in one exec; SOUT's too at the first point when the rates
 		// are divided (checkCarry decided that).
 		script := `tc qdisc replace dev "$0" root netem rate "$1"kbit limit 10000 && "$2" set --conn "$3" --sup-bw "$4" --path "$5" >/dev/null`
@@ -780,7 +618,7 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 // sweep's first point.
 func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
 	out, errOut, code, err := r.a1Script(ctx, []string{"CL_DEV=" + r.a1.Netdev(SUP), "CL_KBIT=" + strconv.Itoa(clSupKbit),
-		"CL_SLOT=" + strconv.Itoa(int(r.slot)), "CL_HINT=" + strconv.Itoa(optimum(clSupKbit, clSoutKbit)),
+		"CL_SLOT=" + strconv.Itoa(int(r.slot)), "CL_HINT=" + strconv.Itoa(closedloop.Optimum(clSupKbit, clSoutKbit)),
 		"CL_SETTLE=" + strconv.FormatFloat(clSweepSettle.Seconds(), 'g', -1, 64),
 		"CL_SOUTTX=/sys/class/net/" + r.a1.Netdev(SOUT) + "/statistics/tx_bytes", "CL_SUPTX=/sys/class/net/" + r.a1.Netdev(SUP) + "/statistics/tx_bytes"}, `
 		tc qdisc replace dev "$CL_DEV" root netem rate "${CL_KBIT}kbit" limit 10000 || exit 1
@@ -797,26 +635,12 @@ func (r *clRun) checkCarry(ctx context.Context, t *testing.T) {
 		t.Fatalf("carry probe: %q: %v", out, perr)
 	}
 	want := clCarryHeadroom * float64(clSoutKbit+clSupKbit)
-	if r.div = carryDivisor(carried); r.div == 1 {
+	if r.div = closedloop.CarryDivisor(carried); r.div == 1 {
 		t.Logf("carry probe: %d kbit/s at phase 1's optimum, at least %.0f: full rates", carried, want)
 		return
 	}
 	evidence("closedloop:", "carried_kbit=%d want_kbit=%.0f rates=%s div=%d (the lab VM, not the rails, would limit full rates)",
 		carried, want, map[bool]string{true: "halved", false: "divided"}[r.div == 2], r.div)
-}
-
-// carryDivisor is what every rate is divided by when the lab carried `carried` kbit/s at full
-// rates: the least of 1, 2, 4 and 8 at which that is clCarryHeadroom times phase 1's shaped
-// rate (what it carried at full rates is what it can carry: the VM was the limit). An idle
-// 2-core host's lab carries 48-63 Mbit/s (halved rates, as CI has always run), one with a
-// core taken by another process 23-34 (a quarter).
-func carryDivisor(carried int) int {
-	for _, div := range []int{1, 2, 4} {
-		if clCarryHeadroom*float64(clSoutKbit+clSupKbit)/float64(div) <= float64(carried) {
-			return div
-		}
-	}
-	return 8
 }
 
 // runAgent hands the slot to agent's closed loop under phase 1's shaping (handOver; phase 1
@@ -941,6 +765,13 @@ func (r *clRun) runPhase(ctx context.Context, t *testing.T, agent string, n, ful
 	return j, to
 }
 
+// judge is the verdict on the stretch between two marks (opt: the shaped optimum).
+func judge(from, to clMark, opt float64) clJudged {
+	point := func(m clMark) railPoint { return railPoint{Sout: m.wire.tx[SOUT], Sup: m.wire.tx[SUP]} }
+	v := closedloop.Judge(point(from), point(to), from.marks, to.marks, opt)
+	return clJudged{share: v.Share, active: v.Active, ok: v.OK}
+}
+
 // transferEnded fails the test for a transfer that ended before the test stopped it, with both
 // drivers' output: the bytes ran out (raise clTransfer), or the run failed.
 func (r *clRun) transferEnded(ctx context.Context, t *testing.T, during string) {
@@ -973,12 +804,12 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 		sup := r.kbit(full)
 		phase := r.phase().Seconds()
 		v := r.samp.settle(ph.starts[n], ph.starts[n]+phase, best[sup])
-		t.Logf("%s phase %d: static %v; windows (start_s:mbps=sout+sup)%s", agent, n+1, static[sup], v.windows)
-		shown := v.settled
-		if v.settled < 0 {
+		t.Logf("%s phase %d: static %v; windows (start_s:mbps=sout+sup)%s", agent, n+1, static[sup], v.Windows)
+		shown := v.Settled
+		if v.Settled < 0 {
 			shown = phase // never settled within the phase
 		}
-		ratio := v.rate / best[sup]
+		ratio := v.Rate / best[sup]
 		opt := float64(sup) / float64(sup+r.kbit(clSoutKbit))
 		end := ph.starts[n] + phase
 		splitAt, share := r.samp.settleSplit(ph.starts[n], end, opt)
@@ -989,202 +820,11 @@ func (r *clRun) report(t *testing.T, agent string, ph clPhases, static map[int]m
 		j := ph.ends[n]
 		endShare, active, ok := j.share, j.active, j.ok
 		evidence("closedloop:", "pair=a1-a2 agent=%s phase=%d sout_mbit=%g sup_mbit=%g settled_s=%.1f mbps=%.1f best_static_mbps=%.1f ratio=%.3f verified=true stale_reads=%d lowest_window_ratio=%.3f split_settled_s=%.1f sup_share=%.3f optimum_share=%.3f end_share=%.3f split_ok=%t slow=%g active_optimum_share=%.3f extended=%d retransmits=%d",
-			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.lowest/best[sup],
+			agent, n+1, float64(r.kbit(clSoutKbit))/1000, float64(sup)/1000, shown, v.Rate, best[sup], ratio, ph.staleAt[n+1]-ph.staleAt[n], v.Lowest/best[sup],
 			splitShown, share, opt, endShare, ok, r.slow(), active, j.extended, j.retransmits)
 		if !ok {
 			t.Errorf("%s phase %d: SUP share %.3f from %g s after the change to the phase's end, want the shaped optimum %.3f or the rails' active optimum %.3f +- %.3f, and the shaped one +- %.3f (split_settled_s=%.1f, stale reads %d)",
 				agent, n+1, endShare, clSettleMax*r.slow(), opt, active, clShareTol, clShapedTol, splitShown, ph.staleAt[n+1]-ph.staleAt[n])
-		}
-	}
-}
-
-// testSplitVerdict: the split judges on synthetic samples (0.2 s apart over a 16 s phase at
-// 30 Mbit/s, optimum share 2/3). settleSplit (printed): at the optimum or near it settles at
-// once, a slow start when it gets there, a runaway or a split off by more than the tolerance
-// never, and a lab that slows down at the optimum split still settles. judge (the verdict, the
-// rails' optimum unknown here):
-// passes what settles by 10 s and holds, fails a runaway, a split off by more than the
-// tolerance and one that gets there only at 12 s.
-func testSplitVerdict(t *testing.T) {
-	const opt = 2.0 / 3
-	samples := func(share, rate func(t float64) float64) *railSampler {
-		s := &railSampler{}
-		var sout, sup float64
-		for i := 0; i <= 80; i++ {
-			tt := float64(i) * 0.2
-			if i > 0 {
-				b := rate(tt-0.1) * 1e6 / 8 * 0.2
-				sh := share(tt - 0.1)
-				sout, sup = sout+b*(1-sh), sup+b*sh
-			}
-			s.pts = append(s.pts, railPoint{t: 100 + tt, sout: uint64(sout), sp: uint64(sup)})
-		}
-		return s
-	}
-	steady := func(float64) float64 { return 30 }
-	step := func(before, after, at float64) func(float64) float64 {
-		return func(t float64) float64 {
-			if t < at {
-				return before
-			}
-			return after
-		}
-	}
-	for _, tc := range []struct {
-		name                   string
-		share, rate            func(t float64) float64
-		settledMin, settledMax float64 // settledMax -1: never
-		endOK                  bool
-	}{
-		{"at the optimum", step(opt, opt, 0), steady, 0, 0.2, true},
-		{"near it (0.64)", step(0.64, 0.64, 0), steady, 0, 0.2, true},
-		{"slow start", step(0.5, opt, 6), steady, 3.8, 6.2, true},
-		{"there at 9.8 s", step(1.0/3, opt, 9.8), steady, 6.6, 10, true},
-		{"there only at 12 s", step(1.0/3, opt, 12), steady, 8.8, 12.2, false},
-		{"runaway", step(opt, 0.9, 6), steady, 0, -1, false},
-		{"off by 0.08", step(0.5866, 0.5866, 0), steady, 0, -1, false},
-		{"0.05 under (the lab's bias and then some)", step(0.6166, 0.6166, 0), steady, 0, 0.2, true},
-		{"the lab slows down, the split holds", step(opt, opt, 0), step(30, 20, 8), 0, 0.2, true},
-		{"the lab crawls at the end, the split holds", step(opt, opt, 0), step(30, 3, 10), 0, 0.2, true},
-	} {
-		sm := samples(tc.share, tc.rate)
-		settled, share := sm.settleSplit(100, 116, opt)
-		if j := judge(sm.markAt(110), sm.markAt(116), opt); j.ok != tc.endOK || j.active != -1 {
-			t.Errorf("%s: end share %.3f ok=%t (active %.3f), want ok=%t", tc.name, j.share, j.ok, j.active, tc.endOK)
-		}
-		never := tc.settledMax < 0
-		switch {
-		case never && settled >= 0:
-			t.Errorf("%s: settled at %.1f s (share %.3f), want never", tc.name, settled, share)
-		case !never && (settled < tc.settledMin || settled > tc.settledMax):
-			t.Errorf("%s: settled at %.1f s (share %.3f), want %.1f..%.1f", tc.name, settled, share, tc.settledMin, tc.settledMax)
-		}
-	}
-}
-
-// TestClosedLoopSplitOK: the phase verdict against the rails' active rates and the shaping.
-// activeOptimum from telemetry marks (a rail that completed nothing: unknown), then splitOK
-// on the busy-host runs of 2026-11-26 (Python phase 1 at 0.732 where the shaping says 0.667
-// and SOUT ran at two thirds of its rate; Go phase 1 at 0.642 where a stall put the rails'
-// optimum at 0.583) and on loops off both optima or off the shaping.
-func TestClosedLoopSplitOK(t *testing.T) {
-	m := func(soutB, soutNs, supB, supNs uint64) railMarks { return railMarks{soutB, soutNs, supB, supNs} }
-	from := m(1000, 1e9, 5000, 1e9)
-	for _, tc := range []struct {
-		name string
-		to   railMarks
-		want float64
-	}{
-		{"SUP twice as fast", m(1000+2e6, 2e9, 5000+4e6, 2e9), 2.0 / 3},
-		{"SOUT delivered two thirds of its share", m(1000+1.2e6, 2e9, 5000+3.6e6, 2e9), 0.75},
-		{"rates, not bytes: SUP active half the time", m(1000+2e6, 2e9, 5000+2e6, 1.5e9), 2.0 / 3},
-		{"SUP completed nothing", m(1000+2e6, 2e9, 5000, 2e9), -1},
-		{"SOUT had no active time", m(1000+2e6, 1e9, 5000+2e6, 2e9), -1},
-		{"counters went back (a new registration)", m(10, 1e6, 10, 1e6), -1},
-	} {
-		if got := activeOptimum(from, tc.to); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("activeOptimum %s: %.4f, want %.4f", tc.name, got, tc.want)
-		}
-	}
-	for _, tc := range []struct {
-		name                 string
-		end, nominal, active float64
-		want                 bool
-	}{
-		{"at both optima", 0.667, 0.667, 0.670, true},
-		{"busy host: the rails called for 0.73 (2026-11-26)", 0.732, 0.667, 0.725, true},
-		{"busy host, judged on the shaping only (the old rule)", 0.732, 0.667, -1, false},
-		{"busy host: phase 2 at the rails' 0.410 (2026-11-26)", 0.406, 0.333, 0.410, true},
-		{"at the shaping, a stall moved the rails' optimum (2026-11-26: 0.642, 0.583)", 0.642, 0.667, 0.583, true},
-		{"off both by more than the tolerance", 0.74, 0.667, 0.60, false},
-		{"between the two, off each by 0.07", 0.737, 0.667, 0.807, false},
-		{"follows the counters, not the shaping (phase 2's share in phase 1)", 0.34, 0.667, 0.35, false},
-		{"0.15 from the shaping, at the rails' optimum", 0.817, 0.667, 0.80, true},
-		{"0.16 from the shaping, at the rails' optimum", 0.827, 0.667, 0.82, false},
-		{"no end share", -1, 0.667, 0.667, false},
-	} {
-		if got := splitOK(tc.end, tc.nominal, tc.active); got != tc.want {
-			t.Errorf("splitOK %s (end %.3f, shaped %.3f, active %.3f) = %t, want %t", tc.name, tc.end, tc.nominal, tc.active, got, tc.want)
-		}
-	}
-}
-
-// TestClosedLoopVerdict: the phase judge on synthetic samples (0.2 s apart over a 16 s phase,
-// best static 60 Mbit/s): a steady loop settles at once, a slow start settles when it gets
-// there, a short dip late in the phase is forgiven but shown, and a loop that drifts away or
-// never gets there fails.
-func TestClosedLoopVerdict(t *testing.T) {
-	testSplitVerdict(t)
-	const best = 60.0
-	samples := func(rate func(t float64) float64) *railSampler {
-		s := &railSampler{}
-		var sout, sup float64 // bytes; a third on SOUT
-		for i := 0; i <= 80; i++ {
-			tt := float64(i) * 0.2
-			if i > 0 {
-				b := rate(tt-0.1) * 1e6 / 8 * 0.2
-				sout, sup = sout+b/3, sup+2*b/3
-			}
-			s.pts = append(s.pts, railPoint{t: 100 + tt, sout: uint64(sout), sp: uint64(sup)})
-		}
-		return s
-	}
-	for _, tc := range []struct {
-		name          string
-		rate          func(t float64) float64
-		settledMin    float64
-		settledMax    float64 // -1: never
-		lowestBelow95 bool
-	}{
-		{"steady", func(float64) float64 { return best }, 0, 0.2, false},
-		{"slow start", func(t float64) float64 {
-			if t < 6 {
-				return 30
-			}
-			return best
-		}, 5.6, 6.2, false},
-		{"late dip", func(t float64) float64 {
-			if t > 13 && t < 14.5 {
-				return 0.8 * best
-			}
-			return best
-		}, 0, 0.2, true},
-		{"drift", func(t float64) float64 { return best * (1 - 0.15*t/16) }, 0, -1, false},
-		{"never there", func(float64) float64 { return 0.9 * best }, 0, -1, false},
-	} {
-		v := samples(tc.rate).settle(100, 116, best)
-		never := tc.settledMax < 0
-		switch {
-		case never && v.settled >= 0:
-			t.Errorf("%s: settled at %.1f s (rate %.1f), want never", tc.name, v.settled, v.rate)
-		case !never && (v.settled < tc.settledMin || v.settled > tc.settledMax):
-			t.Errorf("%s: settled at %.1f s, want %.1f..%.1f", tc.name, v.settled, tc.settledMin, tc.settledMax)
-		case !never && v.rate < clMinRatio*best:
-			t.Errorf("%s: rate %.1f after settling, want >= %.1f", tc.name, v.rate, clMinRatio*best)
-		case !never && (v.lowest < clMinRatio*best) != tc.lowestBelow95:
-			t.Errorf("%s: lowest window %.1f, want below 0.95 of best: %t", tc.name, v.lowest, tc.lowestBelow95)
-		case !strings.Contains(v.windows, "=") || strings.Count(v.windows, ":") < 50:
-			t.Errorf("%s: windows line %q", tc.name, v.windows)
-		}
-	}
-}
-
-// TestCarryDivisor: the rates' divisor from what the lab carried at full rates (phase 1's
-// shaped 75 Mbit/s; clCarryHeadroom times it must fit).
-func TestCarryDivisor(t *testing.T) {
-	for _, tc := range []struct{ carried, want int }{
-		{93750, 1}, // 1.25 of the full rates
-		{63141, 2}, // an idle 2-core host's lab
-		{48813, 2},
-		{46875, 2}, // exactly 1.25 of the halved rates
-		{46874, 4},
-		{34090, 4}, // a core taken by another process: halved, it failed (see clCarryHeadroom)
-		{23438, 4}, // 1.25 of the quartered rates is 23437.5
-		{23437, 8},
-		{0, 8},
-	} {
-		if got := carryDivisor(tc.carried); got != tc.want {
-			t.Errorf("carryDivisor(%d) = %d, want %d", tc.carried, got, tc.want)
 		}
 	}
 }
