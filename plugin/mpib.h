@@ -8,7 +8,7 @@
  * Functions are declared by their own file's header: mpib_device.h (NICs, GID tables, memory
  * registration), mpib_events.h (async-event threads), mpib_comm.h (comm setup and teardown),
  * mpib_qp.h (its QP helpers), mpib_p2p.h (isend, irecv, test), mpib_flush.h, mpib_slots.h,
- * mpib_failover.h, mpib_rebuild.h, mpib_progress.h, mpib_handoff.h (handshake results for
+ * mpib_failover.h, mpib_rebuild.h, mpib_progress.h, mpib_watch.h, mpib_handoff.h (handshake results for
  * connect and accept), mpib_clock.h, mpib_profiler.h, mpib_hostile.h, mpib_verbs.h,
  * mpib_log.h, mpib_shm.h (the agent segment) and mpib_api.h (what the ABI tables adapt to).
  */
@@ -222,7 +222,7 @@ struct mpib_rail_ctl {
   int keepalive_out;      /* keepalive writes outstanding on the rail (one per lane) */
   uint64_t idle_since_ns; /* UP with nothing pending since (0: busy); see probe_idle_rails */
   uint64_t notice_seen;   /* receiver: the last notice word handled */
-  /* No-progress watch (mpib_failover_watch_tick): acknowledgements of our signalled writes
+  /* No-progress watch (mpib_watch.c): acknowledgements of our signalled writes
    * polled, the count the watch last saw, when the rail last made progress (or was idle), and
    * the longest recent wait for an acknowledgement (decaying), which widens the watch on a slow
    * path. */

@@ -19,9 +19,6 @@ ncclResult_t mpib_failover_probe_done(struct mpib_comm *c, int r);
 ncclResult_t mpib_failover_tick(struct mpib_comm *c);
 /* Every 256th progress call: keepalives on idle rails of a comm NCCL keeps polling. */
 ncclResult_t mpib_failover_keepalive_tick(struct mpib_comm *c);
-/* Every 16th progress call: a rail with signalled writes outstanding whose path has returned
- * no acknowledgement for MPIB_DETECT_MS (widened on a slow path) fails over. */
-ncclResult_t mpib_failover_watch_tick(struct mpib_comm *c);
 /* Why a comm NCCL waits on can make no more progress (a dead device under a rail, a peer gone,
  * a stall past MPIB_STALL_TIMEOUT_MS), or ncclSuccess; mpib_p2p.c checks three loads in line
  * first (comm_health). */

@@ -29,6 +29,7 @@
 #include "mpib_shm.h"
 #include "mpib_slots.h"
 #include "mpib_srq.h"
+#include "mpib_watch.h"
 
 static ncclResult_t progress(struct mpib_comm *c);
 
@@ -505,7 +506,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
   uint32_t polls = ++c->idle_polls;
   if ((polls & 15) == 0) {
     ncclResult_t res = (polls & 255) == 0 ? mpib_failover_keepalive_tick(c) : ncclSuccess;
-    if (res == ncclSuccess) res = mpib_failover_watch_tick(c);
+    if (res == ncclSuccess) res = mpib_watch_tick(c);
     if (res != ncclSuccess) return res;
   }
   return mpib_failover_tick(c);

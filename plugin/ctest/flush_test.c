@@ -1,5 +1,5 @@
 //go:build ignore
-// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_slots.c ../mpib_flush.c ../mpib_shm_*.c ../mpib_profiler.c
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_flush.c ../mpib_shm_*.c ../mpib_profiler.c
 
 /* iflush on FAKE verbs (mpib_flush.c and mpib_p2p.c unchanged): which rails a flush reads on,
  * what a dead device does to it, and what a failed read does. The lab cannot raise IBV_EVENT_DEVICE_FATAL (rxe

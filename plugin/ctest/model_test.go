@@ -22,7 +22,7 @@ import (
 
 // modelSources are the product files the checker links (everything else it fakes); a pattern
 // names every file it matches.
-var modelSources = []string{"mpib_p2p.c", "mpib_failover.c", "mpib_slots.c", "mpib_flush.c", "mpib_shm_*.c", "mpib_profiler.c"}
+var modelSources = []string{"mpib_p2p.c", "mpib_failover.c", "mpib_watch.c", "mpib_slots.c", "mpib_flush.c", "mpib_shm_*.c", "mpib_profiler.c"}
 
 // buildChecker compiles model/checker.c against the plugin sources in dir (the plugin itself,
 // or a mutated copy) with extra flags, into a binary in a temporary directory.

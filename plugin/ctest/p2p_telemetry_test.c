@@ -1,5 +1,5 @@
 //go:build ignore
-// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_slots.c ../mpib_shm_*.c shm_agent.c shm_decode.c
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c shm_agent.c shm_decode.c
 
 /* The send path's agent telemetry (mpib_p2p.c, docs/shm-format.md 4.3) on fake verbs: the
  * data path runs unchanged against a queue pair whose post_send records the signalled writes

@@ -1,5 +1,5 @@
 //go:build ignore
-// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_slots.c ../mpib_shm_*.c ../mpib_profiler.c
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c ../mpib_profiler.c
 
 /* Replay bookkeeping under every fault sequence: a model test on FAKE verbs (not a verbs
  * test: the lab's fault cases are). The unchanged data path (mpib_p2p.c) runs both ends of

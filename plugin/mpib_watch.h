@@ -1,0 +1,12 @@
+/* The no-progress watch (mpib_watch.c): called by mpib_p2p.c's progress. */
+#ifndef MPIB_WATCH_H
+#define MPIB_WATCH_H
+
+#include "mpib.h"
+
+/* Fails over each rail of c with signalled writes outstanding whose path has acknowledged
+ * nothing for the watch's limit (MPIB_DETECT_MS, widened on a slow path). Error: what the
+ * failover returned (a comm with no rail left to continue on). */
+ncclResult_t mpib_watch_tick(struct mpib_comm *c);
+
+#endif
