@@ -6,34 +6,43 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/leakstat"
 )
 
 // Resource leaks over many cycles in one process: connect/close (the driver's connect mode,
-// 10 connections per round, --rounds 100), and rail failover/recovery (a1's SUP link flapped
-// with a recovery after each cut, during one transfer). QPs and MRs are the kernel's counts
-// on the node's RDMA devices (`rdma res`; one driver per node), fds, threads and VmRSS come
-// from /proc. Growth
-// is the figure after the last cycle minus the figure after the first few. Fixed lines:
+// 10 connections per round: 300 that warm the process up, then 200 measured) and rail
+// failover/recovery (a1's SUP link flapped with a recovery after each cut, 20 cycles during one
+// transfer); MPIB_LEAK_CYCLES sets the measured cycles of both. QPs and MRs are the kernel's
+// counts on the node's RDMA devices (`rdma res`; one driver per node), fds, threads and VmRSS
+// come from /proc. Growth is the figure after the last cycle minus the figure after the warm-up
+// (leakstat). Fixed lines, with the default cycles:
 //
-//	leak: cycles=1000 kind=connect-close fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+//	leak: cycles=200 kind=connect-close fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N threads_step=N
 //	threads: at_rest=N burst_max=N growth=N
-//	leak: cycles=100 kind=failover-recovery fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N
+//	leak: cycles=20 kind=failover-recovery fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N threads_step=N
 //
 // The threads line counts the OS threads MPIB adds to a process (its Go runtime and its C
 // event threads): the driver's thread count minus the threads it had before it loaded the
 // plugin (threads_driver). at_rest is the most after a round's close in the final rounds,
 // burst_max the most seen in any round (sampled every millisecond of connection setup), growth
-// the final rounds' least minus the baseline rounds' median (restThreads: the connect-close
-// leak line's threads_growth is that figure too); each the worse of the two processes.
-// docs/configuration.md ("Threads") states the bounds.
+// the final rounds' least minus the baseline rounds' median (leakstat.RestThreads: the
+// connect-close leak line's threads_growth is that figure too); each the worse of the two
+// processes. docs/configuration.md ("Threads") states the bounds.
 
 const maxRSSGrowthKiB = 1024
+
+// leakSample, leakGrowth and roundThreads are leakstat's Sample, Growth and Round.
+type (
+	leakSample   = leakstat.Sample
+	leakGrowth   = leakstat.Growth
+	roundThreads = leakstat.Round
+)
 
 // maxThreadsAtRest and maxThreadsBurst are the bounds of docs/configuration.md ("Threads") on
 // the threads MPIB adds to a process, with GOMAXPROCS left to MPIB (2).
@@ -42,40 +51,14 @@ const (
 	maxThreadsBurst  = 20
 )
 
-type leakSample struct {
-	fds, threads, qps, mrs int
-	rssKiB                 int64
-}
-
-func (s leakSample) String() string {
-	return fmt.Sprintf("fds=%d threads=%d rss_kib=%d qps=%d mrs=%d", s.fds, s.threads, s.rssKiB, s.qps, s.mrs)
-}
-
-// growth is the worst (largest) growth over the processes.
-// threads is the verdict's figure (each test says how it reads it); threadsStep is the plain
-// difference of the two samples, printed beside it.
-type leakGrowth struct {
-	fds, qps, mrs, threads, threadsStep int
-	rssKiB                              int64
-}
-
-func (g *leakGrowth) add(first, last leakSample) {
-	g.fds = max(g.fds, last.fds-first.fds)
-	g.qps = max(g.qps, last.qps-first.qps)
-	g.mrs = max(g.mrs, last.mrs-first.mrs)
-	g.threads = max(g.threads, last.threads-first.threads)
-	g.threadsStep = max(g.threadsStep, last.threads-first.threads)
-	g.rssKiB = max(g.rssKiB, last.rssKiB-first.rssKiB)
-}
-
 func checkLeak(t *testing.T, kind string, cycles int, g leakGrowth) {
 	evidence("leak:", "cycles=%d kind=%s fds_growth=%d qps_growth=%d mrs_growth=%d threads_growth=%d rss_growth_kib=%d threads_step=%d",
-		cycles, kind, g.fds, g.qps, g.mrs, g.threads, g.rssKiB, g.threadsStep)
-	if g.fds > 0 || g.qps > 0 || g.mrs > 0 || g.threads > 0 {
-		t.Errorf("%s: fds/QPs/MRs/threads grew by %d/%d/%d/%d over %d cycles, want 0", kind, g.fds, g.qps, g.mrs, g.threads, cycles)
+		cycles, kind, g.FDs, g.QPs, g.MRs, g.Threads, g.RSSKiB, g.ThreadsStep)
+	if g.FDs > 0 || g.QPs > 0 || g.MRs > 0 || g.Threads > 0 {
+		t.Errorf("%s: fds/QPs/MRs/threads grew by %d/%d/%d/%d over %d cycles, want 0", kind, g.FDs, g.QPs, g.MRs, g.Threads, cycles)
 	}
-	if g.rssKiB > maxRSSGrowthKiB {
-		t.Errorf("%s: RSS grew by %d KiB over %d cycles, want <= %d", kind, g.rssKiB, cycles, maxRSSGrowthKiB)
+	if g.RSSKiB > maxRSSGrowthKiB {
+		t.Errorf("%s: RSS grew by %d KiB over %d cycles, want <= %d", kind, g.RSSKiB, cycles, maxRSSGrowthKiB)
 	}
 }
 
@@ -95,57 +78,6 @@ type threadFigures struct{ atRest, burstMax, growth int }
 
 func (f *threadFigures) add(atRest, burstMax, growth int) {
 	f.atRest, f.burstMax, f.growth = max(f.atRest, atRest), max(f.burstMax, burstMax), max(f.growth, growth)
-}
-
-type roundThreads struct{ round, threads int }
-
-// restThreads reads a process's threads at rest over the rounds: atRest is the most in the
-// final window (the reported rounds after base, as many as the baseline window has), growth
-// the final window's least minus the baseline window's median (the reported rounds from
-// base/4 to base). The plugin ends its idle threads when it goes idle, and the Go runtime may
-// start one again for its own work (a GC cycle, a timer) before the driver reads the count,
-// or have ended one more: a round's count at rest is mostly one figure, now and then one more
-// or one less (9, sometimes 8 or 10 over 1000 cycles; in some runs 10 every other report).
-// Two single samples called that growth (a CI run: 9 at round 80, 10 at round 180), and so
-// did two windows' upper medians (a 100-cycle run whose final window held 10 and 9). A thread
-// that stays (what the runtime did before MPIB trimmed: a new peak of blocked calls left one
-// more idle thread for good) is in every report after it: it raises the final window's least
-// above what the baseline mostly read.
-func restThreads(rs []roundThreads, base int) (atRest, growth int) {
-	var baseline, final []int
-	for _, r := range rs {
-		if r.round >= base/4 && r.round <= base {
-			baseline = append(baseline, r.threads)
-		} else if r.round > base {
-			final = append(final, r.threads)
-		}
-	}
-	if len(final) > len(baseline) && len(baseline) > 0 {
-		final = final[len(final)-len(baseline):]
-	}
-	if len(baseline) == 0 || len(final) == 0 {
-		return 0, 0
-	}
-	sorted := slices.Sorted(slices.Values(baseline))
-	return slices.Max(final), slices.Min(final) - sorted[(len(sorted)-1)/2]
-}
-
-func TestRestThreads(t *testing.T) {
-	rs := []roundThreads{{1, 12}, {5, 9}, {20, 9}, {40, 8}, {60, 9}, {80, 9}, {85, 9}, {90, 10}, {95, 9}, {100, 9}}
-	if atRest, growth := restThreads(rs, 80); atRest != 10 || growth != 0 {
-		t.Errorf("a count moving between 8 and 10 around 9: at rest %d, growth %d; want 10, 0", atRest, growth)
-	}
-	alternating := []roundThreads{{20, 9}, {25, 10}, {30, 9}, {35, 10}, {80, 9}, {85, 10}, {90, 9}}
-	if atRest, growth := restThreads(alternating, 80); atRest != 10 || growth != 0 {
-		t.Errorf("a count alternating between 9 and 10, a short final window: at rest %d, growth %d; want 10, 0", atRest, growth)
-	}
-	rs = append(rs, roundThreads{105, 10}, roundThreads{110, 11}, roundThreads{115, 10}, roundThreads{120, 10})
-	if atRest, growth := restThreads(rs, 80); atRest != 11 || growth != 1 {
-		t.Errorf("a count that went up to stay: at rest %d, growth %d; want 11, 1", atRest, growth)
-	}
-	if _, growth := restThreads([]roundThreads{{80, 9}, {85, 8}}, 80); growth != -1 {
-		t.Errorf("a count that went down: growth %d, want -1", growth)
-	}
 }
 
 func checkThreads(t *testing.T, f threadFigures) {
@@ -193,7 +125,7 @@ func TestLeakConnectClose(t *testing.T) {
 			strings.Join(failureLines(s.err), " | "), strings.Join(failureLines(c.err), " | "))
 	}
 	var g leakGrowth
-	g.threads = -1 << 30 // set from restThreads below
+	g.Threads = -1 << 30 // set from restThreads below
 	var th threadFigures
 	th.growth = -1 << 30
 	for i, x := range []exitInfo{s, c} {
@@ -208,13 +140,13 @@ func TestLeakConnectClose(t *testing.T) {
 			p, _ := strconv.Atoi(m[10])
 			peak = max(peak, p)
 			var ls leakSample
-			ls.fds, _ = strconv.Atoi(m[2])
-			ls.threads, _ = strconv.Atoi(m[3])
-			ls.rssKiB, _ = strconv.ParseInt(m[4], 10, 64)
-			ls.qps, _ = strconv.Atoi(m[5])
-			ls.mrs, _ = strconv.Atoi(m[6])
-			rest = append(rest, roundThreads{round, ls.threads})
-			if ls.qps < 0 || ls.mrs < 0 {
+			ls.FDs, _ = strconv.Atoi(m[2])
+			ls.Threads, _ = strconv.Atoi(m[3])
+			ls.RSSKiB, _ = strconv.ParseInt(m[4], 10, 64)
+			ls.QPs, _ = strconv.Atoi(m[5])
+			ls.MRs, _ = strconv.Atoi(m[6])
+			rest = append(rest, roundThreads{Round: round, Threads: ls.Threads})
+			if ls.QPs < 0 || ls.MRs < 0 {
 				t.Fatalf("the driver could not count its QPs/MRs with rdma res (round %d):\n%s", round, x)
 			}
 			if round == base {
@@ -233,15 +165,15 @@ func TestLeakConnectClose(t *testing.T) {
 		t.Logf("%s after round %d: %s; after round %d: %s; %d threads before the plugin loaded, %d at most in a round",
 			[]string{"server", "client"}[i], base, first, rounds, last, driver, peak)
 		t.Logf("%s round:rss_kib/threads/malloc_inuse_kib/malloc_held_kib/threads_peak %s", []string{"server", "client"}[i], strings.Join(series, " "))
-		threads := g.threads
-		g.add(*first, *last)
-		atRest, growth := restThreads(rest, base)
+		threads := g.Threads
+		g.Add(*first, *last)
+		atRest, growth := leakstat.RestThreads(rest, base)
 		// The windowed figure, not the two samples' (restThreads).
-		g.threads = max(threads, growth)
+		g.Threads = max(threads, growth)
 		th.add(atRest-driver, peak-driver, growth)
 	}
-	if g.threads < 0 {
-		g.threads = 0
+	if g.Threads < 0 {
+		g.Threads = 0
 	}
 	checkLeak(t, "connect-close", cycles, g)
 	checkThreads(t, th)
@@ -288,11 +220,11 @@ func probes(ctx context.Context, p *Process, n int, gap time.Duration) ([]leakSa
 			return nil, fmt.Errorf("probe in %s: %q", p.node.Name(), l)
 		}
 		s := &samples[i]
-		s.fds, _ = strconv.Atoi(f[0])
-		s.threads, _ = strconv.Atoi(f[1])
-		s.rssKiB, _ = strconv.ParseInt(f[2], 10, 64)
-		s.qps, _ = strconv.Atoi(f[3])
-		s.mrs, _ = strconv.Atoi(f[4])
+		s.FDs, _ = strconv.Atoi(f[0])
+		s.Threads, _ = strconv.Atoi(f[1])
+		s.RSSKiB, _ = strconv.ParseInt(f[2], 10, 64)
+		s.QPs, _ = strconv.Atoi(f[3])
+		s.MRs, _ = strconv.Atoi(f[4])
 	}
 	return samples, nil
 }
@@ -304,29 +236,6 @@ const (
 	leakProbes   = 5
 	leakProbeGap = 1200 * time.Millisecond
 )
-
-// minSample is each figure's least of a and b (b alone when first).
-func minSample(a, b leakSample, first bool) leakSample {
-	if first {
-		return b
-	}
-	return leakSample{fds: min(a.fds, b.fds), threads: min(a.threads, b.threads), qps: min(a.qps, b.qps),
-		mrs: min(a.mrs, b.mrs), rssKiB: min(a.rssKiB, b.rssKiB)}
-}
-
-func TestMinSample(t *testing.T) {
-	probes := []leakSample{{fds: 19, threads: 10, rssKiB: 15268, mrs: 2}, {fds: 19, threads: 9, rssKiB: 15300, mrs: 2}, {fds: 20, threads: 9, rssKiB: 15270, mrs: 2}}
-	var got leakSample
-	for n, p := range probes {
-		got = minSample(got, p, n == 0)
-	}
-	if want := (leakSample{fds: 19, threads: 9, rssKiB: 15268, mrs: 2}); got != want {
-		t.Errorf("least of each figure: got %v, want %v", got, want)
-	}
-	if got := minSample(leakSample{}, probes[0], true); got != probes[0] {
-		t.Errorf("the first probe alone: got %v, want %v", got, probes[0])
-	}
-}
 
 // TestLeakFailoverRecovery: during one a1 -> a2 transfer (vanilla: all on SUP), a1's SUP link
 // goes down until a1's send comm fails over, then up until it recovers, 20 times. Both
@@ -379,7 +288,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	run := func(from, to int) {
 		t0 := time.Now()
 		out, errOut, code, err := a1.Exec(ctx, nil, "bash", "-c", cyclesScript(from, to))
-		t.Logf("cycles %d..%d: %.1f s; %s", from, to, time.Since(t0).Seconds(), cycleSummary(out))
+		t.Logf("cycles %d..%d: %.1f s; %s", from, to, time.Since(t0).Seconds(), leakstat.CycleSummary(out))
 		if err != nil || code != 0 {
 			s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
 			t.Fatalf("failover/recovery cycles %d..%d: exit %d %v: %s %s\nserver %s\nclient %s", from, to, code, err, out, errOut, s, c)
@@ -403,7 +312,7 @@ func TestLeakFailoverRecovery(t *testing.T) {
 				defer wg.Done()
 				ps, err := probes(ctx, p, leakProbes, leakProbeGap)
 				for n, s := range ps {
-					r[i] = minSample(r[i], s, n == 0)
+					r[i] = leakstat.MinSample(r[i], s, n == 0)
 				}
 				errs[i] = err
 			}()
@@ -426,86 +335,16 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	var g leakGrowth
 	for i, role := range []string{"client", "server"} {
 		t.Logf("%s after cycle %d: %s; after cycle %d: %s; after cycle %d: %s", role, base, first[i], mid, middle[i], cycles, last[i])
-		g.add(first[i], last[i])
+		g.Add(first[i], last[i])
 	}
-	g.threads = -1 << 30
+	g.Threads = -1 << 30
 	for i := range first {
-		g.threads = max(g.threads, recurringGrowth(first[i].threads, middle[i].threads, last[i].threads))
+		g.Threads = max(g.Threads, leakstat.RecurringGrowth(first[i].Threads, middle[i].Threads, last[i].Threads))
 	}
 	checkLeak(t, "failover-recovery", cycles, g)
 	m := resultRe.FindStringSubmatch(s.out)
 	if s.code != 0 || c.code != 0 || m == nil || m[4] != "true" || ncclErrors(s.out, c.out) != 0 {
 		t.Errorf("the transfer under %d failover/recovery cycles must stay verified with no plugin error:\nserver %s\nclient %s", cycles, s, c)
-	}
-}
-
-// recurringGrowth is the thread growth the failover/recovery verdict counts: what both halves
-// of the cycles added (the least of the two steps, 0 when either half added none). A thread
-// leaked per cycle, or per few cycles, adds in both halves. The Go runtime's idle pool does
-// not: it keeps the threads of its busiest moment so far (a goroutine woken by the control
-// socket while the other P's thread sat in a C call), so the count steps up once when such a
-// moment comes and stays. Three CI-like runs of the earlier two-sample verdict found the
-// client one thread up after 100 cycles (fds, QPs, MRs and RSS flat; the least of 5 probes;
-// the baseline after cycle 5 or 20 alike) where a fourth found none. Ending idle threads on
-// every control message removed the step but grew RSS by 6.5 MiB over 40 cycles. The plain
-// step is printed too (threads_step).
-func recurringGrowth(first, middle, last int) int {
-	return max(min(middle-first, last-middle), 0)
-}
-
-func TestRecurringGrowth(t *testing.T) {
-	for _, tc := range []struct {
-		name                string
-		first, middle, last int
-		want                int
-	}{
-		{"flat", 9, 9, 9, 0},
-		{"one step in the first half (the runtime's pool)", 9, 10, 10, 0},
-		{"one step in the second half", 9, 9, 10, 0},
-		{"a leak: a thread per cycle", 9, 34, 59, 25},
-		{"a slow leak: one in each half", 9, 10, 11, 1},
-		{"fewer at the end", 10, 9, 9, 0},
-	} {
-		if got := recurringGrowth(tc.first, tc.middle, tc.last); got != tc.want {
-			t.Errorf("%s: recurringGrowth(%d, %d, %d) = %d, want %d", tc.name, tc.first, tc.middle, tc.last, got, tc.want)
-		}
-	}
-}
-
-var cycleLineRe = regexp.MustCompile(`cycle \d+: down (\d+) failover (\d+) up (\d+) recovery (\d+) ms`)
-
-// cycleSummary condenses the cycles script's per-cycle timeline (ms from each link command to
-// the next step) to the median and the maximum of each step, plus its last line.
-func cycleSummary(out string) string {
-	var steps [4][]float64
-	for _, m := range cycleLineRe.FindAllStringSubmatch(out, -1) {
-		for i := range steps {
-			v, _ := strconv.ParseFloat(m[i+1], 64)
-			steps[i] = append(steps[i], v)
-		}
-	}
-	if len(steps[0]) == 0 {
-		return strings.TrimSpace(out)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "ms median/max over %d cycles:", len(steps[0]))
-	for i, name := range []string{"link down", "failover", "link up", "recovery"} {
-		sorted := slices.Clone(steps[i])
-		slices.Sort(sorted)
-		fmt.Fprintf(&b, " %s %.0f/%.0f", name, sorted[len(sorted)/2], sorted[len(sorted)-1])
-	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	return b.String() + "; " + lines[len(lines)-1]
-}
-
-func TestCycleSummary(t *testing.T) {
-	out := "cycle 1: down 200 failover 110 up 125 recovery 244 ms\ncycle 2: down 300 failover 90 up 100 recovery 1500 ms\ncycle 3: down 250 failover 100 up 150 recovery 300 ms\nok\n"
-	want := "ms median/max over 3 cycles: link down 250/300 failover 100/110 link up 125/150 recovery 300/1500; ok"
-	if got := cycleSummary(out); got != want {
-		t.Errorf("cycleSummary:\n got %q\nwant %q", got, want)
-	}
-	if got := cycleSummary("cycle 4: no failover in 5 s"); got != "cycle 4: no failover in 5 s" {
-		t.Errorf("a failed script's output must pass through, got %q", got)
 	}
 }
 

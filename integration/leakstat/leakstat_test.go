@@ -1,0 +1,84 @@
+package leakstat
+
+import "testing"
+
+func TestRestThreads(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		rs             []Round
+		base           int
+		atRest, growth int
+	}{
+		{"a count moving between 8 and 10 around 9",
+			[]Round{{1, 12}, {5, 9}, {20, 9}, {40, 8}, {60, 9}, {80, 9}, {85, 9}, {90, 10}, {95, 9}, {100, 9}}, 80, 10, 0},
+		{"a count alternating between 9 and 10, a short final window",
+			[]Round{{20, 9}, {25, 10}, {30, 9}, {35, 10}, {80, 9}, {85, 10}, {90, 9}}, 80, 10, 0},
+		{"a count that went up to stay",
+			[]Round{{1, 12}, {5, 9}, {20, 9}, {40, 8}, {60, 9}, {80, 9}, {85, 9}, {90, 10}, {95, 9}, {100, 9}, {105, 10}, {110, 11}, {115, 10}, {120, 10}}, 80, 11, 1},
+		{"a count that went down", []Round{{80, 9}, {85, 8}}, 80, 8, -1},
+		{"rounds before base/4 are not the baseline", []Round{{4, 1}, {20, 9}, {30, 9}}, 20, 9, 0},
+		{"no final window", []Round{{20, 9}, {30, 9}}, 30, 0, 0},
+		{"no baseline", []Round{{40, 9}}, 30, 0, 0},
+	} {
+		if atRest, growth := RestThreads(tc.rs, tc.base); atRest != tc.atRest || growth != tc.growth {
+			t.Errorf("%s: at rest %d, growth %d; want %d, %d", tc.name, atRest, growth, tc.atRest, tc.growth)
+		}
+	}
+}
+
+func TestMinSample(t *testing.T) {
+	probes := []Sample{{FDs: 19, Threads: 10, RSSKiB: 15268, MRs: 2}, {FDs: 19, Threads: 9, RSSKiB: 15300, MRs: 2}, {FDs: 20, Threads: 9, RSSKiB: 15270, MRs: 2}}
+	var got Sample
+	for n, p := range probes {
+		got = MinSample(got, p, n == 0)
+	}
+	if want := (Sample{FDs: 19, Threads: 9, RSSKiB: 15268, MRs: 2}); got != want {
+		t.Errorf("least of each figure: got %v, want %v", got, want)
+	}
+	if got := MinSample(Sample{}, probes[0], true); got != probes[0] {
+		t.Errorf("the first probe alone: got %v, want %v", got, probes[0])
+	}
+	if s := probes[0].String(); s != "fds=19 threads=10 rss_kib=15268 qps=0 mrs=2" {
+		t.Errorf("String() = %q", s)
+	}
+}
+
+func TestGrowth(t *testing.T) {
+	var g Growth
+	g.Threads = -1 << 30
+	g.Add(Sample{FDs: 20, Threads: 9, QPs: 4, MRs: 8, RSSKiB: 15000}, Sample{FDs: 20, Threads: 10, QPs: 4, MRs: 8, RSSKiB: 15400})
+	g.Add(Sample{FDs: 18, Threads: 9, QPs: 4, MRs: 8, RSSKiB: 14000}, Sample{FDs: 19, Threads: 8, QPs: 6, MRs: 7, RSSKiB: 13900})
+	if want := (Growth{FDs: 1, QPs: 2, MRs: 0, Threads: 1, ThreadsStep: 1, RSSKiB: 400}); g != want {
+		t.Errorf("growth over two processes: %+v, want %+v", g, want)
+	}
+}
+
+func TestRecurringGrowth(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		first, middle, last int
+		want                int
+	}{
+		{"flat", 9, 9, 9, 0},
+		{"one step in the first half (the runtime's pool)", 9, 10, 10, 0},
+		{"one step in the second half", 9, 9, 10, 0},
+		{"a leak: a thread per cycle", 9, 34, 59, 25},
+		{"a slow leak: one in each half", 9, 10, 11, 1},
+		{"fewer at the end", 10, 9, 9, 0},
+	} {
+		if got := RecurringGrowth(tc.first, tc.middle, tc.last); got != tc.want {
+			t.Errorf("%s: RecurringGrowth(%d, %d, %d) = %d, want %d", tc.name, tc.first, tc.middle, tc.last, got, tc.want)
+		}
+	}
+}
+
+func TestCycleSummary(t *testing.T) {
+	out := "cycle 1: down 200 failover 110 up 125 recovery 244 ms\ncycle 2: down 300 failover 90 up 100 recovery 1500 ms\ncycle 3: down 250 failover 100 up 150 recovery 300 ms\nok\n"
+	want := "ms median/max over 3 cycles: link down 250/300 failover 100/110 link up 125/150 recovery 300/1500; ok"
+	if got := CycleSummary(out); got != want {
+		t.Errorf("CycleSummary:\n got %q\nwant %q", got, want)
+	}
+	if got := CycleSummary("cycle 4: no failover in 5 s\n"); got != "cycle 4: no failover in 5 s" {
+		t.Errorf("a failed script's output must pass through, got %q", got)
+	}
+}
