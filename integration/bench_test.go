@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpib/mpib/integration/callgrind"
+	"github.com/mpib/mpib/integration/perftest"
 )
 
 // Benchmarks (go run mage.go bench): the plugin against perftest on the same soft-RoCE rails,
@@ -254,10 +257,7 @@ func perftestBWBothRails(t *testing.T, server, client *Node, size int, bytes int
 	return total
 }
 
-var (
-	latRe     = regexp.MustCompile(`nettest-lat: size=8 iters=\d+ avg_us=([\d.]+) p50_us=([\d.]+)`)
-	perfLatRe = regexp.MustCompile(`(?m)^\s*8\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)`)
-)
+var latRe = regexp.MustCompile(`nettest-lat: size=8 iters=\d+ avg_us=([\d.]+) p50_us=([\d.]+)`)
 
 // pluginLat runs one nettest ping-pong of 8-byte messages and returns the median one-way
 // latency (us) and the RDMA packets per round trip on the client's SUP device.
@@ -338,8 +338,7 @@ func perftestLat(t *testing.T, server, client *Node, iters int) float64 {
 	for attempt := 1; ; attempt++ {
 		out := perftestLatOnce(t, server, client, iters)
 		// Columns: #bytes #iterations t_min t_max t_typical t_avg ...
-		if m := perfLatRe.FindStringSubmatch(out); m != nil {
-			typical, _ := strconv.ParseFloat(m[3], 64)
+		if typical, ok := perftest.LatTypical(out); ok {
 			return typical
 		}
 		if attempt == 3 {
@@ -427,7 +426,7 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 			t.Errorf("keeping the callgrind output: %v", err)
 		}
 	}
-	calls, err := parseCallgrindCalls(strings.NewReader(raw))
+	calls, err := callgrind.ParseCalls(strings.NewReader(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,9 +496,9 @@ func TestParsePerftestRates(t *testing.T) {
 	out := ` #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
  8          20000            0.80               0.76               0.099614
 `
-	gbps, rate, err := parseBWLine(out)
+	gbps, rate, err := perftest.BWLine(out)
 	if err != nil || rate != 99614 || math.Abs(gbps-0.76*(1<<20)*8/1e9) > 1e-12 {
-		t.Fatalf("parseBWLine: %v %v %v", gbps, rate, err)
+		t.Fatalf("perftest.BWLine: %v %v %v", gbps, rate, err)
 	}
 	res := &WriteBWResult{Gbps: gbps, MsgRate: rate}
 	if got := msgRate(res, 8); got != 99614 {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/mpib/mpib/integration/perftest"
 )
 
 // WriteBW is one perftest ib_write_bw run between two nodes on one rail.
@@ -47,7 +48,7 @@ func (w WriteBW) Run(ctx context.Context) (*WriteBWResult, error) {
 	// estimate came out as zero): that run measured nothing, so it runs again.
 	for attempt := 1; ; attempt++ {
 		res, err := w.runOnce(ctx)
-		if !errors.Is(err, errNoFigure) || attempt == 3 {
+		if !errors.Is(err, perftest.ErrNoFigure) || attempt == 3 {
 			return res, err
 		}
 		fmt.Printf("lab: ib_write_bw %s -> %s on %s printed no figure (attempt %d); running it again\n",
@@ -136,7 +137,7 @@ func (w WriteBW) runOnce(ctx context.Context) (*WriteBWResult, error) {
 		}
 	}
 	if ccode == 0 {
-		res.Gbps, res.MsgRate, err = parseBWLine(cout)
+		res.Gbps, res.MsgRate, err = perftest.BWLine(cout)
 		if err != nil {
 			return nil, fmt.Errorf("%w\n%s", err, res.Output)
 		}
@@ -158,45 +159,6 @@ func delta(ctx context.Context, n *Node, r Rail, before Counters) (Counters, err
 		return Counters{}, err
 	}
 	return after.Sub(before), nil
-}
-
-// errNoFigure: perftest finished but printed inf or nan, so the run measured nothing.
-var errNoFigure = errors.New("not a measurement (perftest's CPU-frequency estimate failed)")
-
-// parseBWAverage reads the "BW average[MB/sec]" column of perftest's report and returns
-// Gbit/s. perftest's MB is 2^20 bytes; its --report_gbits figure has only two decimals
-// (10 Mbit/s steps), too coarse for ratios on rails of a few hundred Mbit/s.
-func parseBWAverage(out string) (float64, error) {
-	gbps, _, err := parseBWLine(out)
-	return gbps, err
-}
-
-// parseBWLine reads the "BW average[MB/sec]" column (returned in Gbit/s, as parseBWAverage)
-// and the "MsgRate[Mpps]" column (returned in messages per second; 0 when absent).
-func parseBWLine(out string) (gbps, msgsPerSec float64, err error) {
-	lines := strings.Split(out, "\n")
-	for i, l := range lines {
-		if !strings.Contains(l, "BW average[MB/sec]") {
-			continue
-		}
-		for _, d := range lines[i+1:] {
-			f := strings.Fields(d)
-			if len(f) >= 4 {
-				mbytes, err := strconv.ParseFloat(f[3], 64)
-				if err != nil || math.IsInf(mbytes, 0) || math.IsNaN(mbytes) || mbytes <= 0 {
-					// inf / nan: perftest's CPU-frequency estimate failed, not a figure.
-					return 0, 0, fmt.Errorf("perftest BW average %q: %w", f[3], errNoFigure)
-				}
-				if len(f) >= 5 {
-					if mpps, err := strconv.ParseFloat(f[4], 64); err == nil && !math.IsInf(mpps, 0) && !math.IsNaN(mpps) {
-						msgsPerSec = mpps * 1e6
-					}
-				}
-				return mbytes * (1 << 20) * 8 / 1e9, msgsPerSec, nil
-			}
-		}
-	}
-	return 0, 0, fmt.Errorf("no BW average[MB/sec] in perftest output")
 }
 
 // waitListen waits until a TCP port listens in the node.

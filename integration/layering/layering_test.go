@@ -18,7 +18,7 @@ import (
 
 // harnessFiles are the files of package integration that feature files may use: the lab and
 // its topology (harness.go, topology.go, mesh.go), the nodes and their processes (node.go,
-// runner.go), perftest and callgrind runs, TestMain and labOrSkip (main_test.go), the nettest
+// runner.go), perftest runs (perftest.go), TestMain and labOrSkip (main_test.go), the nettest
 // pair runner (harness_pair_test.go), lab faults and their restore (harness_fault_test.go),
 // the plugin environment builder (harness_env_test.go), evidence lines and the parsers of the
 // plugin's and the driver's lines (harness_evidence_test.go), the agents' CLIs and gates
@@ -30,7 +30,6 @@ var harnessFiles = []string{
 	"runner.go",
 	"topology.go",
 	"mesh.go",
-	"callgrind.go",
 	"perftest.go",
 	"main_test.go",
 	"harness_pair_test.go",

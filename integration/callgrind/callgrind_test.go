@@ -1,4 +1,4 @@
-package integration
+package callgrind
 
 import (
 	"strings"
@@ -38,22 +38,22 @@ calls=1 0
 -1 310
 `
 
-func TestParseCallgrindCalls(t *testing.T) {
-	got, err := parseCallgrindCalls(strings.NewReader(callgrindSample))
+func TestParseCalls(t *testing.T) {
+	got, err := ParseCalls(strings.NewReader(callgrindSample))
 	require.NoError(t, err)
-	require.Equal(t, callCost{Calls: 4, Ir: 1210}, got["isend_v10"])
-	require.Equal(t, callCost{Calls: 12, Ir: 1700}, got["mpib_test"])
+	require.Equal(t, CallCost{Calls: 4, Ir: 1210}, got["isend_v10"])
+	require.Equal(t, CallCost{Calls: 12, Ir: 1700}, got["mpib_test"])
 
 	// With --dump-instr=yes each position is an address and a line.
 	withInstr := strings.NewReplacer("positions: line", "positions: instr line", "\n0 ", "\n0x10 0 ",
 		"\n+2 ", "\n+4 +2 ", "\n* ", "\n* * ", "\n-1 ", "\n-8 -1 ").Replace(callgrindSample)
-	got, err = parseCallgrindCalls(strings.NewReader(withInstr))
+	got, err = ParseCalls(strings.NewReader(withInstr))
 	require.NoError(t, err)
-	require.Equal(t, callCost{Calls: 4, Ir: 1210}, got["isend_v10"])
-	require.Equal(t, callCost{Calls: 12, Ir: 1700}, got["mpib_test"])
+	require.Equal(t, CallCost{Calls: 4, Ir: 1210}, got["isend_v10"])
+	require.Equal(t, CallCost{Calls: 12, Ir: 1700}, got["mpib_test"])
 
-	_, err = parseCallgrindCalls(strings.NewReader("events: Ir\nfn=(1) main\n0 10\n"))
+	_, err = ParseCalls(strings.NewReader("events: Ir\nfn=(1) main\n0 10\n"))
 	require.ErrorContains(t, err, "no call arcs")
-	_, err = parseCallgrindCalls(strings.NewReader("cfn=(1) f\ncalls=x 0\n0 1\n"))
+	_, err = ParseCalls(strings.NewReader("cfn=(1) f\ncalls=x 0\n0 1\n"))
 	require.ErrorContains(t, err, "bad calls line")
 }

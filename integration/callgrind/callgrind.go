@@ -1,4 +1,6 @@
-package integration
+// Package callgrind reads valgrind's callgrind output files, for the lab's instructions-per-
+// message benchmark (integration's TestBenchP4InstructionsPerMessage). It needs no lab.
+package callgrind
 
 import (
 	"bufio"
@@ -8,20 +10,20 @@ import (
 	"strings"
 )
 
-// callCost is what callgrind recorded for the calls into one function: how many calls, and
+// CallCost is what callgrind recorded for the calls into one function: how many calls, and
 // the instructions executed inside them (inclusive of everything they called).
-type callCost struct {
+type CallCost struct {
 	Calls int64
 	Ir    int64
 }
 
-// parseCallgrindCalls reads a callgrind output file (events: Ir) and sums, per callee name,
+// ParseCalls reads a callgrind output file (events: Ir) and sums, per callee name,
 // the call counts and inclusive costs of every call arc. Names are decompressed: callgrind
 // writes "cfn=(7) name" the first time and "cfn=(7)" afterwards. A cost line starts with one
 // column per position ("positions: line", or "instr line" with --dump-instr=yes).
-func parseCallgrindCalls(r io.Reader) (map[string]callCost, error) {
+func ParseCalls(r io.Reader) (map[string]CallCost, error) {
 	names := map[string]string{} // "(7)" -> name
-	costs := map[string]callCost{}
+	costs := map[string]CallCost{}
 	callee, pendingCalls, npos := "", int64(-1), 1
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
