@@ -1,5 +1,5 @@
 """Encoding and decoding of segment images, and the View that reads and writes fields of an
-image in memory (the live segment uses _segment.FileView instead)."""
+image in memory (the live segment uses _segfile.FileView instead)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
 class View:
     """Little-endian fields of a segment image in memory (bytes, bytearray). The live segment
-    is accessed through ``FileView`` (``_segment.py``) instead: never a mapping."""
+    is accessed through ``FileView`` (``_segfile.py``) instead: never a mapping."""
 
     def __init__(self, buf: Buffer) -> None:
         self.mv = memoryview(buf).cast("B")

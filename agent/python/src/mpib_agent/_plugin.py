@@ -52,7 +52,8 @@ from ._layout import (
     TELEMETRY,
     slot_off,
 )
-from ._segment import Segment, _lock_byte, now_ns, open_segment, slot_lock_off, stale_ns_from_env
+from ._segfile import _lock_byte, slot_lock_off
+from ._segment import Segment, now_ns, open_segment, stale_ns_from_env
 from ._types import Resolution, SegmentError, ip_int
 
 _TEL = {name: (o, size) for name, o, size in TELEMETRY}
