@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -234,21 +232,12 @@ func (s *Segment) do(fn func(v wire.View) error) (err error) {
 	if err := s.Err(); err != nil {
 		return err
 	}
-	v := s.v
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			fa, ok := r.(interface{ Addr() uintptr })
-			base := uintptr(unsafe.Pointer(unsafe.SliceData(v.B)))
-			if !ok || fa.Addr()-base >= uintptr(len(v.B)) {
-				panic(r)
-			}
-			s.gone.Store(true)
-			err = s.Err()
-		}
-	}()
-	return fn(v)
+	faulted, err := wire.Guarded(s.v, fn)
+	if faulted {
+		s.gone.Store(true)
+		return s.Err()
+	}
+	return err
 }
 
 // Header returns the header, with the live heartbeat and epoch (zero once the segment is gone).

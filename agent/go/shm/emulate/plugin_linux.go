@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -80,21 +78,12 @@ func (p *Plugin) do(fn func(v wire.View) error) (err error) {
 	if p.gone.Load() {
 		return fmt.Errorf("%s: %w", p.path, shm.ErrSegmentGone)
 	}
-	v := p.v
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			fa, ok := r.(interface{ Addr() uintptr })
-			base := uintptr(unsafe.Pointer(unsafe.SliceData(v.B)))
-			if !ok || fa.Addr()-base >= uintptr(len(v.B)) {
-				panic(r)
-			}
-			p.gone.Store(true)
-			err = fmt.Errorf("%s: %w", p.path, shm.ErrSegmentGone)
-		}
-	}()
-	return fn(v)
+	faulted, err := wire.Guarded(p.v, fn)
+	if faulted {
+		p.gone.Store(true)
+		return fmt.Errorf("%s: %w", p.path, shm.ErrSegmentGone)
+	}
+	return err
 }
 
 // ofdLock takes (F_WRLCK, never waiting) or drops (F_UNLCK) the OFD lock on one byte.

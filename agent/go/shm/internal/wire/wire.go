@@ -6,6 +6,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"runtime/debug"
 	"sync/atomic"
 	"unsafe"
 )
@@ -204,4 +205,23 @@ func (v View) PutNICName(off int, name string) {
 		}
 		v.Put8(off+i, c)
 	}
+}
+
+// Guarded runs fn on v with a memory fault inside v's bytes (a segment truncated or unmapped
+// under the mapping: SIGBUS) turned into faulted = true instead of a crash (spec 5.9). A fault
+// anywhere else is not the segment's and panics on as it came.
+func Guarded(v View, fn func(View) error) (faulted bool, err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			fa, ok := r.(interface{ Addr() uintptr })
+			base := uintptr(unsafe.Pointer(unsafe.SliceData(v.B)))
+			if !ok || fa.Addr()-base >= uintptr(len(v.B)) {
+				panic(r)
+			}
+			faulted = true
+		}
+	}()
+	return false, fn(v)
 }
