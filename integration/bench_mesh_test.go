@@ -14,7 +14,7 @@ import (
 // same cable or route, every cable end shaped to meshLinkMbit (netem, a queue long enough that
 // nothing is dropped: soft-RoCE resends from a lost packet on, and a short queue would measure
 // that instead of the plugin). 4 MiB messages, meshBWReps interleaved (plugin, ib_write_bw)
-// pairs per figure, the median ratio. Lines (issue 25):
+// pairs per figure, the median ratio. Lines:
 //
 //	mesh-bw: pair=a1-a3 path=direct link_mbit=25 plugin_mbps=X perftest_mbps=X ratio=X sup_port=a1_sup_a3 reps=3 ratios=X,X,X
 //	mesh-bw: pair=b1-b3 path=routed via=b2 link_mbit=25 plugin_mbps=X perftest_mbps=X ratio=X ...

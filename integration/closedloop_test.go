@@ -14,7 +14,7 @@ import (
 	"github.com/mpib/mpib/integration/closedloop"
 )
 
-// The closed-loop policy in the lab (issue 10): one long verified a1->a2 transfer in advanced
+// The closed-loop policy in the lab: one long verified a1->a2 transfer in advanced
 // mode for both agents, a1's rails shaped SOUT 25 / SUP 50 Mbit/s (phase 1), SUP cut to 12.5
 // (phase 2), SUP back to 50 (phase 3). The loop is never told the capacities.
 //
@@ -40,7 +40,7 @@ import (
 // another process, the lab VM carried 24 Mbit/s where it carries 60, its shaped rails ran
 // 20-40 % under their rates for seconds at a time, and a window-by-window settle time (a 3 s
 // window at 9 Mbit/s holds a few of the 512 KiB messages) or a throughput floor flipped with
-// the host, not the loop (issue 23; the runs are quoted in docs/agent.md).
+// the host, not the loop (docs/agent.md quotes such runs).
 //
 // One transfer; first one sweep, then per agent (Go, then Python) a hand-over and 3 phases:
 //  1. sweep: a static hint at the theoretical optimum (the Go CLI's `set` and `heartbeat`, the
@@ -53,9 +53,8 @@ import (
 //     change, the loop running throughout; the loop stops after phase 3. Each agent's process
 //     starts before the transfer, blocked on a FIFO in a1 (agentGate: the Python CLI with its
 //     imports done), and the hand-over writes its `run` arguments there: the Python CLI's
-//     start under TCG (33 s to its first hint in a CI run, competing with the transfer for
-//     a1's vCPUs) is start-up, not the loop, and no longer falls between the hand-over and
-//     phase 1.
+//     start under TCG (tens of seconds, competing with the transfer for a1's vCPUs) is
+//     start-up, not the loop, and must not fall between the hand-over and phase 1.
 //
 // Every exec into the lab VM starts processes there, up to seconds each beside the transfer
 // (5-14 s a mark beside the Python loop while the nodes ran build/ from the 9p share: see
@@ -88,10 +87,9 @@ import (
 const (
 	clWindow      = closedloop.RateWindow
 	clSweepSettle = 1 * time.Second // a static hint's in-flight requests drain
-	// clSweepMeasure is how long each sweep point is measured: two windows. The best of three
-	// single 3 s windows overstated what the lab carries (a point at 37.0 Mbit/s beside 32.7
-	// and 34.5, when the loop's windows ran 33-35 at the same split: a CI run failed the loop
-	// against that), and the phase it judges is an average over many windows.
+	// clSweepMeasure is how long each sweep point is measured: two windows. A single 3 s
+	// window can overstate what the lab carries by a tenth (the best of three is the luckiest),
+	// and the phase it is compared with is an average over many windows.
 	clSweepMeasure = 2 * clWindow
 	clPhase        = 16 * time.Second
 	clSettleMax    = 10.0
@@ -110,8 +108,8 @@ const (
 	// about 700 MB at the shaped rates when a docker exec takes well under a second (1.4 GB
 	// for both agents); on a loaded machine (execs of 10-30 s, two lab VMs on 2 cores) a sweep
 	// alone takes ~3 minutes, hence the margin. After Python's phase 3 the receiver stops
-	// posting (clStopFile, in a2) and the sender follows: draining the rest unshaped took
-	// 6 minutes of a CI run.
+	// posting (clStopFile, in a2) and the sender follows: draining the rest unshaped would
+	// take minutes.
 	clTransfer = "4000M"
 	// clMaxSize: messages of up to 128 KiB, 8 in flight (1 MiB). The rails' byte counters show
 	// the split only as fast as what is in flight drains: with 512 KiB messages (4 MiB in
@@ -263,9 +261,8 @@ type clJudged struct {
 // clMaxExtensions bounds how many times a missed phase is extended after retransmissions.
 // A soft-RoCE packet lost in the lab VM stalls its rail until the RC timeout (4.3 s, with
 // nothing completing while requests are in flight): the loop reads that as a slow rail and
-// moves the split, as it should, and the phase's end can fall in its recovery. A CI run on an
-// idle host (2026-11-26, halved rates) had both rails send nothing for 5 s in Go's phase 2:
-// the loop went to 0.55 and was back at 0.45 of 0.333 when the phase ended. Like TestPolicy*
+// moves the split, as it should, and the phase's end can fall in its recovery, the split still
+// on its way back to the optimum. Like TestPolicy*
 // (supShareOver), a stretch that missed with retransmissions is not the loop's verdict: the
 // phase goes on under the same shaping for another settle time and end stretch, judged
 // afresh; a stretch that missed with none fails at once. At the test's rates soft-RoCE counts

@@ -10,8 +10,8 @@ import (
 // TestFaultSupDownAtInit: a1's SUP link is down before either process starts (a cable not
 // plugged in yet, a switch port still training). The plugin opens the fused device anyway,
 // a1 -> a2 runs on SOUT, and once the link comes up the connection's SUP rail comes back by
-// itself. net_ib leaves a port that is not active out of its devices; MPIB used to give NCCL
-// no device at all then (one NIC failing to open closed them all). Line:
+// itself. net_ib leaves a port that is not active out of its devices; MPIB must not give NCCL no
+// device at all then (one NIC failing to open must not close them all). Line:
 //
 //	fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=true continued_on=SOUT rail_joined_ms=N sup_back_ms=N verified=true nccl_errors=0
 //

@@ -11,7 +11,7 @@ import (
 	"github.com/mpib/mpib/integration/kv"
 )
 
-// Rail failover and recovery without an NCCL abort (issue 9). One long verified transfer per
+// Rail failover and recovery without an NCCL abort. One long verified transfer per
 // (rail, mode) runs a sequence of faults with recovery between them; the plugin's WARN lines
 //
 //	failover: rail=SUP side=send decided_ms=<unix ms> reason=<word> continued_on=SOUT gen=N

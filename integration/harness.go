@@ -86,9 +86,9 @@ func Start(ctx context.Context) (*Topology, error) {
 
 // labDied says whether the lab VM that another process booted (`go run mage.go test` boots it
 // beside the unit tests) is gone or no longer answers: then this run replaces it, as it does
-// its own. Its guest kernel panicked under TCG while Docker started the topology's containers
-// (an int3 trap in live-patched kernel text, 2026-11-27), and without a retry the suite
-// failed with "no lab". A VM that still works is never replaced under its owner.
+// its own (a guest kernel under TCG can panic while Docker starts the topology's containers;
+// without a retry the suite would fail with "no lab"). A VM that still works is never replaced
+// under its owner.
 func labDied(ctx context.Context, cfg lab.Config) bool {
 	_, err := lab.Status(ctx, cfg)
 	if err != nil {
@@ -417,12 +417,11 @@ func (t *Topology) nodeBuildSource() string {
 // copyBuild fills guestBuildCopy from the 9p share of build/ (lab VM only; Docker created the
 // empty directory for the nodes' bind mounts). The share has no page cache (9p's default,
 // cache=none, which keeps a kept VM coherent with rebuilds on the host): every process start
-// read its binary and the plugin through 9p again unless a running process still mapped them.
-// Beside a transfer that made one start of the Go CLI take 2.5-11 s instead of 0.1-0.4 s
-// (TestClosedLoop's marks beside the Python agent, 2026-11-27). Copied per topology, so a
-// topology always runs the build it started with. The host's Python environments (build/venv*,
-// made by agent:test: 218 MB in 7800 files, which took 580 s through 9p in a CI rehearsal)
-// stay out: their interpreter is the host's, and nodes never use them.
+// read its binary and the plugin through 9p again unless a running process still mapped them,
+// which beside a transfer makes one start of the Go CLI take seconds instead of a tenth of
+// one. Copied per topology, so a topology always runs the build it started with. The host's
+// Python environments (build/venv*, made by agent:test: hundreds of MB in thousands of files,
+// minutes through 9p) stay out: their interpreter is the host's, and nodes never use them.
 func (t *Topology) copyBuild(ctx context.Context) error {
 	if t.env.Mode != lab.ModeVM {
 		return nil

@@ -19,8 +19,8 @@ import (
 // An agent gate is an agent CLI call started ahead of time in a node, blocked on a FIFO until
 // the test writes the call's arguments there. A Python CLI start in the lab VM is seconds of
 // CPU (its imports, under TCG), and beside a transfer it competes with soft-RoCE for the VM's
-// two vCPUs: four Python `set` calls made while TestPolicyPythonAgent's transfer ran took
-// 40-50 s of the test, and the closed loop's first hint came 33 s after its hand-over. Started
+// two vCPUs, so calls started during a transfer take tens of seconds and push the measured
+// moments away from the ones the test chose. Started
 // before the transfer, a call costs the shell that writes its FIFO and the CLI's own work,
 // and the blocked processes take no CPU. TestClosedLoop gates both agents' `run`,
 // TestPolicyPythonAgent its `set` calls.

@@ -23,7 +23,7 @@ import (
 	"github.com/mpib/mpib/internal/lab"
 )
 
-// TestHostileSegment runs on the host, without the lab (issue 22 items 4 and 5): hostile files
+// TestHostileSegment runs on the host, without the lab: hostile files
 // at the segment path must neither stall the plugin nor crash an agent. Its lines:
 //
 //	hostile: case=segment-lease open_ms=N advanced_fallback=true
@@ -74,10 +74,11 @@ func hostileLease(t *testing.T, root string) {
 	}
 }
 
-// geometrySegment creates a segment (4 slots, 2 peers: the issue's geometry) with one
+// geometrySegment creates a segment (4 slots, 2 peers) with one
 // connection, and flips its header's nslots between 4 and 65536 until the test ends, as a
 // process writing garbage into the file would: an agent that validated the header at open
-// then reads nslots 65536 (it used to slice its 1920-byte mapping to 25166144 bytes).
+// then reads nslots 65536, and must not slice its 1920-byte mapping to 65536 slots' size
+// (25166144 bytes).
 func geometrySegment(t *testing.T) string {
 	path := filepath.Join(t.TempDir(), "hints")
 	s, err := shm.Create(path, 4, 2, false)

@@ -191,8 +191,8 @@ func TestHostileGoPanic(t *testing.T) {
 }
 
 // silentHoldSeconds is how long TestHostileSilentHold's attacker holds its clients:
-// MPIB_HOSTILE_HOLD_S, else 15 s. The case holds 60 s; the default run keeps 15 s
-// because the whole CI suite must stay under 40 minutes (it takes about 37). The hold's
+// MPIB_HOSTILE_HOLD_S, else 15 s. The full case holds 60 s; the default run keeps 15 s
+// because the whole CI suite must stay under 40 minutes. The hold's
 // length changes how often dropped clients are reopened, not the gate's decisions, which
 // every real connect meets within the first seconds; run it with MPIB_HOSTILE_HOLD_S=60 for
 // the full case.

@@ -92,13 +92,11 @@ func checkThreads(t *testing.T, f threadFigures) {
 // vanilla) after 300 that warm it up: rounds of 10 at once (listen, connect/accept, one
 // verified message each way, close). Each side reports fds, threads, RSS and its QPs/MRs
 // every 5 rounds, 0.5 s after the round's close (at rest), and the most threads it saw while
-// the round's connections were set up; the baseline is round 30 (RSS grew by about 450 KiB
-// from round 30 to 80 in the runs with 80 warm-up rounds, then stayed: under the bound; 1000
-// cycles after 800 cost 13 minutes of every CI run, and a leak of anything per connection
-// shows in 200: 200 of it). The warm-up is what a
-// process does before it settles: its heap reaches its size. The driver turns
-// transparent huge pages off for itself in this mode: with them RSS moved in 2 MiB steps
-// (one such step after round 30 failed a CI run at +2.8 MiB).
+// the round's connections were set up; the baseline is round 30 (a leak of anything per
+// connection shows in 200 cycles: 200 of it; RSS may still grow by a few hundred KiB after the
+// warm-up, under the bound). The warm-up is what a process does before it settles: its heap
+// reaches its size. The driver turns transparent huge pages off for itself in this mode: with
+// them RSS moves in 2 MiB steps, one of which would exceed the bound.
 //
 // It runs in island B at the same time as TestLeakFailoverRecovery in island A (both are
 // parallel tests: they start after every other test): this one is CPU-bound, the other
@@ -182,15 +180,14 @@ func TestLeakConnectClose(t *testing.T) {
 // probes reads the process's resources in its node n times, gap apart, in one command (a
 // command's start costs a second or more in the loaded emulated VM). The script starts one
 // process per probe (`rdma res`) and does the rest with bash built-ins: a probe that started
-// a dozen (ls, wc, awk, sleep) took about 5 s under TCG and slowed the test running beside it.
-// RSS is statm's resident pages (VmRSS): one short line, read whole by one read(). The shell's
-// read of /proc/PID/status line by line read it in chunks, each regenerated from the process's
-// current state, and missed the VmRSS line of a busy process now and then (a CI run read 0).
-// QPs and MRs are the node's RDMA devices' counts (`rdma res`): the driver is the only user of
-// its node's devices here. The per-resource dumps (`rdma res show qp`) name no pid or comm for
-// a process of the container in the lab's exclusive netns mode, so counting their lines of
-// comm mpib-nettest, as this did until 2026-11-27, counted nothing (qps=0 while the driver held
-// its QPs); they also took about 3.5 s each under TCG.
+// a dozen (ls, wc, awk, sleep) takes seconds under TCG and slows the test running beside it.
+// RSS is statm's resident pages (VmRSS): one short line, read whole by one read(). The shell
+// reads /proc/PID/status line by line in chunks, each regenerated from the process's current
+// state, and can miss the VmRSS line of a busy process. QPs and MRs are the node's RDMA
+// devices' counts (`rdma res`): the driver is the only user of its node's devices here. The
+// per-resource dumps (`rdma res show qp`) name no pid or comm for a process of the container in
+// the lab's exclusive netns mode, so they cannot be counted per process (and take seconds each
+// under TCG).
 func probes(ctx context.Context, p *Process, n int, gap time.Duration) ([]leakSample, error) {
 	script := `shopt -s nullglob; read -r pid < "/tmp/.mpib-proc-$0" || exit 1; pagekib=$(( $(getconf PAGESIZE) / 1024 ))
 	exec {pause}<> <(:)

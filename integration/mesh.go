@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The lab's SUP mesh (issue 25, docs/lab.md "Mesh"): point-to-point cables, each its own
+// The lab's SUP mesh (docs/lab.md "Mesh"): point-to-point cables, each its own
 // subnet, between island A's a1, a2 and a3 (a full mesh, with a second a2-a3 cable whose /29
 // shares a /24 with a1-a3) and around island B's ring b1-b2-b3-b4, with routes b1<->b3 via b2
 // and b2<->b4 via b3 and forwarding on b2 and b3. Only the mesh tests use it, so StartMesh

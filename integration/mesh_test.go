@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Several SUP ports per fused device (issue 25): a1's device names two SUP ports,
+// Several SUP ports per fused device: a1's device names two SUP ports,
 // MPIB_HCA_SUP=a1_sup+a1_sup2 (10.9.1.11/24 and 10.9.3.11/24, two cables of a mesh), and a2's
 // device one, on one of those subnets. Each connection must use the a1 port its peer is cabled
 // to, on the connecting side (the connector chooses the pair from a2's handle) and on the

@@ -12,7 +12,7 @@ import (
 	"github.com/mpib/mpib/integration/kv"
 )
 
-// Two fused devices per node (issue 21): a1 and a2 have a second pair of rxe devices on
+// Two fused devices per node: a1 and a2 have a second pair of rxe devices on
 // networks of their own (SOUT2, SUP2: docs/lab.md), and the plugin is given both pairs
 // (MPIB_HCA_SOUT=a1_sout,a1_sout2, MPIB_HCA_SUP=a1_sup,a1_sup2). One driver process per device,
 // as NCCL runs one rank per GPU, each on its own device (--dev); and one driver process for

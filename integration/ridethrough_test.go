@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Double faults and ride-through (issue 24), on real soft-RoCE. The exact interleavings of two
+// Double faults and ride-through, on real soft-RoCE. The exact interleavings of two
 // faults (a rail failing before, during and after the other's replay) belong to the C model
 // test (plugin/ctest/replay_model_test.c); these cases run the sequences end to end through
 // the kernel's rxe, verified byte for byte by the driver. Where a sequence needs the control
