@@ -13,7 +13,7 @@ import (
 // itself. net_ib leaves a port that is not active out of its devices; MPIB must not give NCCL no
 // device at all then (one NIC failing to open must not close them all). Line:
 //
-//	fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=true continued_on=SOUT rail_joined_ms=N sup_back_ms=N verified=true nccl_errors=0
+//	fault: case=sup-down-at-init rail=SUP pair=a1-a2 mode=vanilla opened=true continued_on=SOUT rail_joined_ms=N sup_back_ms=N verified=true nccl_errors=0 sout_first_ms=N sout_mbps=N sup_mbps=N
 //
 // rail_joined_ms runs from the link's return to the send comm's recovery line (node clock),
 // held to the fault cases' recovery bound; sup_back_ms to downInitBytes counted on a1's SUP
