@@ -88,7 +88,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 
-	fmt.Println("demo: phase 1, vanilla (MPIB_MODE=0): a1->a2 inside island A rides SUP, a1->b1 to island B rides SOUT")
+	evidence("demo:", "phase 1, vanilla (MPIB_MODE=0): a1->a2 inside island A rides SUP, a1->b1 to island B rides SOUT")
 	phase = "vanilla"
 	stop := make(chan struct{})
 	go watch(stop)
@@ -105,7 +105,7 @@ func TestDemo(t *testing.T) {
 	s2, c2 := bw(b1, a1, nil, 20)
 	waitAll(c1, c2, s1, s2)
 
-	fmt.Println("demo: phase 2, advanced (MPIB_MODE=1): the Go agent in a1 moves the a1->a2 split live")
+	evidence("demo:", "phase 2, advanced (MPIB_MODE=1): the Go agent in a1 moves the a1->a2 split live")
 	phase = "advanced"
 	a1.Exec(ctx, nil, "rm", "-f", segPath)
 	goAgent.run(ctx, t, a1, "create")
@@ -125,7 +125,7 @@ func TestDemo(t *testing.T) {
 	waitAll(c3, s3)
 	beat.Kill(ctx)
 
-	fmt.Println("demo: phase 3, failover (MPIB_MODE=0): a1's SUP link is cut while a1->a2 runs, and comes back")
+	evidence("demo:", "phase 3, failover (MPIB_MODE=0): a1's SUP link is cut while a1->a2 runs, and comes back")
 	phase, hint = "failover", -1
 	events := demoFailover(ctx, t, a1, a2, start, bw)
 	stopWatch()

@@ -5,21 +5,22 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Evidence: evidence prints the lines the lab's logs are read for; the parsers read the
 // plugin's and the driver's lines (failover and recovery events, the driver's gaps and plugin
 // errors). Package kv parses key=value lines.
 
-// evidence prints one evidence line on stdout: head (a word and a colon, "fault:", or a
-// bench figure's name, "P1"), a space, then format's k=v fields and a newline, in one write
+// evidence prints one evidence line (kv.Line) on stdout: head (a word and a colon, "fault:",
+// or a bench figure's name, "P1"), a space, then format's k=v fields and a newline, in one write
 // (go test -v keeps a package's stdout in order, and concurrent cases do not interleave inside
 // a line). The lines are what the lab's logs are read for: a line's head and fields are its
 // contract with the readers (docs, CI summaries, benchstat), so a change of form is a change of
 // evidence. kv reads them back.
 func evidence(head, format string, args ...any) {
-	line := fmt.Sprintf(format, args...)
-	fmt.Print(head + " " + line + "\n")
+	fmt.Print(kv.Line(head, format, args...))
 }
 
 // tail returns the last n bytes of s, marked "..." when cut.

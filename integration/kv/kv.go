@@ -1,12 +1,19 @@
-// Package kv reads the lab's evidence lines: "prefix: k=v k=v ..." as printed by
+// Package kv writes and reads the lab's evidence lines: "prefix: k=v k=v ..." as printed by
 // mpib-nettest, the plugin and the lab tests themselves.
 package kv
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
 )
+
+// Line is one evidence line: head (a word and a colon, "fault:", or a figure's name, "P1"), a
+// space, format's fields and a newline.
+func Line(head, format string, args ...any) string {
+	return head + " " + fmt.Sprintf(format, args...) + "\n"
+}
 
 // Record is the fields of one line. A field is a whitespace-free word holding "=": its key
 // is what precedes the first "=", its value the rest. Words without "=" are not fields. When

@@ -87,3 +87,21 @@ func TestFloat(t *testing.T) {
 		t.Error("First of a missing line is not nil")
 	}
 }
+
+func TestLine(t *testing.T) {
+	for _, c := range []struct {
+		got, want string
+	}{
+		{Line("fault:", "case=%s rail=%s stall_ms=%d verified=%v", "glitch", "SUP", 12, true), "fault: case=glitch rail=SUP stall_ms=12 verified=true\n"},
+		{Line("P1", "size=%d ratio=%.3f", 65536, 0.98765), "P1 size=65536 ratio=0.988\n"},
+		{Line("demo:", "phase 1, vanilla (MPIB_MODE=0)"), "demo: phase 1, vanilla (MPIB_MODE=0)\n"},
+	} {
+		if c.got != c.want {
+			t.Errorf("Line = %q, want %q", c.got, c.want)
+		}
+	}
+	out := Line("leak:", "cycles=%d kind=%s", 200, "connect-close")
+	if Field(out, "leak:", "kind") != "connect-close" || Field(out, "leak:", "cycles") != "200" {
+		t.Errorf("Field does not read back what Line wrote: %q", out)
+	}
+}
