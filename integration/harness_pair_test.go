@@ -64,7 +64,7 @@ func (p pairResult) String() string {
 // nettestPair describes one nettest server/client pair (the client sends).
 type nettestPair struct {
 	server, client       *Node
-	serverEnv, clientEnv []string // the whole environment (see pluginEnv)
+	serverEnv, clientEnv []string // the whole environment (see nodeEnv)
 	clientWrap           []string // a command the client runs under (valgrind), or none
 	args                 []string // options for both sides after --plugin and the role
 	serverLib, clientLib string   // the plugin each side loads (default pluginLib)
@@ -184,7 +184,7 @@ func share(part, whole uint64) float64 {
 }
 
 // lcArgs appends `--plugin $MPIB_NETTEST_PLUGIN` when that is set (a path in the nodes, e.g.
-// /opt/mpib/head/libnccl-net-mpib.so) to run these tests against another plugin build.
+// /opt/mpib/head/libnccl-net-mpib.so) to run a test against another plugin build.
 func lcArgs(args ...string) []string {
 	if p := os.Getenv("MPIB_NETTEST_PLUGIN"); p != "" {
 		args = append(args, "--plugin", p)

@@ -114,7 +114,7 @@ func TestLeakConnectClose(t *testing.T) {
 	start := time.Now()
 	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: faultEnv(server, "vanilla"), clientEnv: faultEnv(client, "vanilla"),
 		args: lcArgs("--mode", "connect", "--comms", strconv.Itoa(comms), "--rounds", strconv.Itoa(rounds), "--report-every", strconv.Itoa(every),
-			"--rdma-res", "--timeout-s", "60")}) // MPIB_NETTEST_PLUGIN: another build (lifecycle_test.go)
+			"--rdma-res", "--timeout-s", "60")}) // MPIB_NETTEST_PLUGIN: another build (lcArgs)
 	s, c := waitBoth(srv, cli, start.Add(25*time.Minute), start.Add(25*time.Minute))
 	t.Logf("%d connect/close cycles (%d rounds of %d) in %.1f s", cycles, rounds, comms, time.Since(start).Seconds())
 	if s.code != 0 || c.code != 0 || s.hung || c.hung {
