@@ -98,18 +98,6 @@ func perftestBW(t *testing.T, server, client *Node, rail Rail, size int, bytes i
 	return perftestRun(t, server, client, rail, size, bytes, 0, 0).Gbps * 1000
 }
 
-// msgRate is perftest's message rate, from whichever of its two columns is the finer
-// figure: "BW average[MB/sec]" has two decimals (coarse for small messages), "MsgRate[Mpps]"
-// six (coarse for large ones).
-func msgRate(res *WriteBWResult, size int) float64 {
-	fromBW := res.Gbps * 1e9 / 8 / float64(size)
-	mbytes := res.Gbps * 1e9 / 8 / (1 << 20)
-	if res.MsgRate <= 0 || 0.005/mbytes < 0.5/res.MsgRate {
-		return fromBW
-	}
-	return res.MsgRate
-}
-
 // P1 sizes. 64 MiB is left out: perftest's minimum of 5 iterations makes each of its runs
 // 320 MiB (17 s at 150 Mbit/s), and 16 MiB is already in the large-message regime.
 var p1Sizes = []int{64 << 10, 1 << 20, 4 << 20, 16 << 20}
@@ -478,7 +466,7 @@ func TestBenchP5MessageRate(t *testing.T) {
 			// About 1.5 s of writes at the plugin's rate (perftest's own rate is higher), at
 			// least 1000.
 			res := perftestRun(t, a2, a1, SUP, s, 0, max(int(1.5*b[s].msgsPerSec), 1000), 0)
-			ref[s] = append(ref[s], msgRate(res, s))
+			ref[s] = append(ref[s], perftest.MsgRate(res.Gbps, res.MsgRate, s))
 		}
 	}
 	var figs []figure
@@ -490,22 +478,4 @@ func TestBenchP5MessageRate(t *testing.T) {
 			s, f.Ratio, f.CILow, f.CIHigh, f.Plugin, f.Ref, f.Pairs, f.AltRef, f.AltRatio, f.AltCILow, f.AltCIHigh)
 	}
 	saveFigures(t, "p5", figs)
-}
-
-func TestParsePerftestRates(t *testing.T) {
-	out := ` #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
- 8          20000            0.80               0.76               0.099614
-`
-	gbps, rate, err := perftest.BWLine(out)
-	if err != nil || rate != 99614 || math.Abs(gbps-0.76*(1<<20)*8/1e9) > 1e-12 {
-		t.Fatalf("perftest.BWLine: %v %v %v", gbps, rate, err)
-	}
-	res := &WriteBWResult{Gbps: gbps, MsgRate: rate}
-	if got := msgRate(res, 8); got != 99614 {
-		t.Fatalf("8 B: message rate %v, want perftest's MsgRate column", got)
-	}
-	res = &WriteBWResult{Gbps: 18.5 * (1 << 20) * 8 / 1e9, MsgRate: 0.000296 * 1e6}
-	if got := msgRate(res, 65536); math.Abs(got-18.5*(1<<20)/65536) > 1e-9 {
-		t.Fatalf("64 KiB: message rate %v, want the BW column's", got)
-	}
 }

@@ -52,6 +52,19 @@ func BWLine(out string) (gbps, msgsPerSec float64, err error) {
 	return 0, 0, fmt.Errorf("no BW average[MB/sec] in perftest output")
 }
 
+// MsgRate is ib_write_bw's message rate for messages of size bytes, from whichever of its two
+// report columns is the finer figure: "BW average[MB/sec]" (gbps, as BWLine returns it) has two
+// decimals, coarse for small messages; "MsgRate[Mpps]" (msgsPerSec, as BWLine returns it; 0
+// when absent) six, coarse for large ones.
+func MsgRate(gbps, msgsPerSec float64, size int) float64 {
+	fromBW := gbps * 1e9 / 8 / float64(size)
+	mbytes := gbps * 1e9 / 8 / (1 << 20)
+	if msgsPerSec <= 0 || 0.005/mbytes < 0.5/msgsPerSec {
+		return fromBW
+	}
+	return msgsPerSec
+}
+
 // latLineRe is ib_write_lat's report line for 8-byte messages: #bytes #iterations t_min t_max
 // t_typical t_avg ...
 var latLineRe = regexp.MustCompile(`(?m)^\s*8\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)`)

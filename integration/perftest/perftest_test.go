@@ -59,6 +59,30 @@ func TestBWLine(t *testing.T) {
 	}
 }
 
+func TestMsgRate(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		gbps, rate float64
+		size       int
+		want       float64
+	}{
+		// 8 B: the MsgRate column (six decimals of Mpps) is finer than 0.76 MB/s.
+		{"8 B", 0.76 * (1 << 20) * 8 / 1e9, 99614, 8, 99614},
+		// 64 KiB: 0.000296 Mpps is coarse; 18.50 MB/s gives the rate.
+		{"64 KiB", 18.5 * (1 << 20) * 8 / 1e9, 296, 65536, 18.5 * (1 << 20) / 65536},
+		{"no MsgRate column", 18.5 * (1 << 20) * 8 / 1e9, 0, 65536, 18.5 * (1 << 20) / 65536},
+	} {
+		if got := MsgRate(tc.gbps, tc.rate, tc.size); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: MsgRate = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// The figures as BWLine reads them from a report.
+	gbps, rate, err := BWLine(bw8)
+	if got := MsgRate(gbps, rate, 8); err != nil || got != 99614 {
+		t.Errorf("8 B report: MsgRate = %v (%v), want perftest's MsgRate column", got, err)
+	}
+}
+
 func TestLatTypical(t *testing.T) {
 	if v, ok := LatTypical(lat8); !ok || v != 63.27 {
 		t.Errorf("LatTypical = %v %v, want 63.27", v, ok)
