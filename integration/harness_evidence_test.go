@@ -31,19 +31,8 @@ func tail(s string, n int) string {
 	return s
 }
 
-// linesContaining returns the lines of log that contain any of markers, trimmed.
-func linesContaining(log string, markers ...string) []string {
-	var lines []string
-	for _, l := range strings.Split(log, "\n") {
-		for _, m := range markers {
-			if strings.Contains(l, m) {
-				lines = append(lines, strings.TrimSpace(l))
-				break
-			}
-		}
-	}
-	return lines
-}
+// linesContaining returns the lines of log that contain any of markers, trimmed (kv.Containing).
+func linesContaining(log string, markers ...string) []string { return kv.Containing(log, markers...) }
 
 // hasLine returns the first line of out starting with prefix ("": none).
 func hasLine(out, prefix string) string {

@@ -120,7 +120,7 @@ func TestLeakConnectClose(t *testing.T) {
 	if s.code != 0 || c.code != 0 || s.hung || c.hung {
 		// The reasons last: a CI summary shows only the tail of a failure.
 		t.Fatalf("connect/close cycles failed:\nserver %s\nclient %s\nreasons: server: %s\nclient: %s", s, c,
-			strings.Join(failureLines(s.err), " | "), strings.Join(failureLines(c.err), " | "))
+			strings.Join(leakstat.FailureLines(s.err), " | "), strings.Join(leakstat.FailureLines(c.err), " | "))
 	}
 	var g leakGrowth
 	g.Threads = -1 << 30 // set from restThreads below
@@ -342,23 +342,6 @@ func TestLeakFailoverRecovery(t *testing.T) {
 	m := resultRe.FindStringSubmatch(s.out)
 	if s.code != 0 || c.code != 0 || m == nil || m[4] != "true" || ncclErrors(s.out, c.out) != 0 {
 		t.Errorf("the transfer under %d failover/recovery cycles must stay verified with no plugin error:\nserver %s\nclient %s", cycles, s, c)
-	}
-}
-
-// failureLines are a driver's error lines: its own, the plugin's warnings and dropped clients.
-func failureLines(stderr string) []string {
-	return linesContaining(stderr, "mpib-nettest:", "NCCL WARN", "dropped a TCP client", "failed")
-}
-
-func TestFailureLines(t *testing.T) {
-	log := "NCCL INFO NET/MPIB : send comm up\n" +
-		"NCCL INFO NET/MPIB : listener 10.0.2.12:1: dropped a TCP client (1 so far): not an MPIB peer\n" +
-		"NCCL WARN NET/MPIB : connect: metadata from 10.0.2.12: connection reset by peer\n" +
-		"mpib-nettest: connect #2 of 10 failed: rc=6\n" +
-		"NCCL INFO NET/MPIB : devices closed\n"
-	got := failureLines(log)
-	if len(got) != 3 || !strings.Contains(got[0], "dropped") || !strings.Contains(got[2], "connect #2") {
-		t.Fatalf("failureLines kept %q", got)
 	}
 }
 

@@ -15,6 +15,20 @@ func Line(head, format string, args ...any) string {
 	return head + " " + fmt.Sprintf(format, args...) + "\n"
 }
 
+// Containing returns the lines of log that contain any of markers, trimmed, in order.
+func Containing(log string, markers ...string) []string {
+	var lines []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, m := range markers {
+			if strings.Contains(l, m) {
+				lines = append(lines, strings.TrimSpace(l))
+				break
+			}
+		}
+	}
+	return lines
+}
+
 // Record is the fields of one line. A field is a whitespace-free word holding "=": its key
 // is what precedes the first "=", its value the rest. Words without "=" are not fields. When
 // a key repeats, its first value holds.

@@ -105,3 +105,20 @@ func TestLine(t *testing.T) {
 		t.Errorf("Field does not read back what Line wrote: %q", out)
 	}
 }
+
+func TestContaining(t *testing.T) {
+	log := "  a x\nb\nc y x\n\nd y\n"
+	for _, c := range []struct {
+		markers []string
+		want    []string
+	}{
+		{[]string{"x"}, []string{"a x", "c y x"}},
+		{[]string{"x", "y"}, []string{"a x", "c y x", "d y"}}, // a line matching two markers once
+		{[]string{"z"}, nil},
+		{nil, nil},
+	} {
+		if got := Containing(log, c.markers...); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("Containing(%q) = %q, want %q", c.markers, got, c.want)
+		}
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // Sample is one reading of a process's resources: open fds, OS threads, the node's RDMA QPs
@@ -116,4 +118,10 @@ func CycleSummary(out string) string {
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	return b.String() + "; " + lines[len(lines)-1]
+}
+
+// FailureLines are a driver's error lines in its stderr: its own (mpib-nettest:), the plugin's
+// warnings, dropped TCP clients and anything that failed.
+func FailureLines(stderr string) []string {
+	return kv.Containing(stderr, "mpib-nettest:", "NCCL WARN", "dropped a TCP client", "failed")
 }

@@ -1,6 +1,9 @@
 package leakstat
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestRestThreads(t *testing.T) {
 	for _, tc := range []struct {
@@ -80,5 +83,17 @@ func TestCycleSummary(t *testing.T) {
 	}
 	if got := CycleSummary("cycle 4: no failover in 5 s\n"); got != "cycle 4: no failover in 5 s" {
 		t.Errorf("a failed script's output must pass through, got %q", got)
+	}
+}
+
+func TestFailureLines(t *testing.T) {
+	log := "NCCL INFO NET/MPIB : send comm up\n" +
+		"NCCL INFO NET/MPIB : listener 10.0.2.12:1: dropped a TCP client (1 so far): not an MPIB peer\n" +
+		"NCCL WARN NET/MPIB : connect: metadata from 10.0.2.12: connection reset by peer\n" +
+		"mpib-nettest: connect #2 of 10 failed: rc=6\n" +
+		"NCCL INFO NET/MPIB : devices closed\n"
+	got := FailureLines(log)
+	if len(got) != 3 || !strings.Contains(got[0], "dropped") || !strings.Contains(got[1], "NCCL WARN") || !strings.Contains(got[2], "connect #2") {
+		t.Fatalf("FailureLines kept %q", got)
 	}
 }
