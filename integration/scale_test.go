@@ -6,13 +6,13 @@ import (
 	"math"
 	"net/netip"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpib/mpib/integration/kv"
+	"github.com/mpib/mpib/integration/scalestat"
 )
 
 // Scale: many connections between two nodes through mpib-nettest's connect and resources
@@ -153,7 +153,7 @@ func TestScaleConnect(t *testing.T) {
 				r1["fds_before"], r1["fds_connected"], r1["fds_closed"], r2["fds_closed"], r1["rss_before_kib"], r1["rss_connected_kib"], r2["rss_closed_kib"])
 		}
 		for i, errOut := range []string{r.res.serverErr, r.res.clientErr} {
-			evidence("connect-steps:", "pair=a1-%s side=%s %s", c.server.Name(), []string{"server", "client"}[i], setupSteps(errOut))
+			evidence("connect-steps:", "pair=a1-%s side=%s %s", c.server.Name(), []string{"server", "client"}[i], scalestat.SetupSteps(errOut))
 		}
 		times[c.name] = r.worst("total_s")
 		evidence("scale:", "pair=a1-%s comms=4+4 total_s=%.3f longest_call_ms=%.1f wall_s=%.1f", c.server.Name(),
@@ -330,48 +330,4 @@ func TestBenchScale512(t *testing.T) {
 				r.worst("longest_call_ms"), r.worst("connect_first_ms"), r.worst("connect_poll_ms"), r.worst("connect_done_ms"),
 				r.worst("accept_poll_ms"), r.worst("accept_done_ms"))},
 	})
-}
-
-var setupRe = regexp.MustCompile(`setup ms: (.*)$`)
-
-// setupSteps sums the plugin's per-comm setup breakdown ("setup ms: params=.. create=.. ..."
-// in each comm's INFO line) over one process's comms: "comms=N params_ms=avg/max ...".
-func setupSteps(stderr string) string {
-	var keys []string
-	sum, worst := map[string]float64{}, map[string]float64{}
-	n := 0
-	for _, l := range strings.Split(stderr, "\n") {
-		m := setupRe.FindStringSubmatch(strings.TrimSpace(l))
-		if m == nil {
-			continue
-		}
-		n++
-		for _, f := range strings.Fields(m[1]) {
-			k, v, ok := strings.Cut(f, "=")
-			x, err := strconv.ParseFloat(v, 64)
-			if !ok || err != nil {
-				continue
-			}
-			if _, seen := sum[k]; !seen {
-				keys = append(keys, k)
-			}
-			sum[k] += x
-			worst[k] = math.Max(worst[k], x)
-		}
-	}
-	out := fmt.Sprintf("comms=%d", n)
-	for _, k := range keys {
-		out += fmt.Sprintf(" %s_ms=%.1f/%.1f", k, sum[k]/float64(n), worst[k])
-	}
-	return out + " (mean/max per comm)"
-}
-
-func TestSetupSteps(t *testing.T) {
-	stderr := "x NCCL INFO NET/MPIB : send comm 1 <-> 2: intra, SOUT QPs 1, SUP QPs 1, CTS on SUP, traffic class 0, SL 0, setup ms: params=1.0 create=10.0 exchange=4.0\n" +
-		"noise\n" +
-		"y NCCL INFO NET/MPIB : recv comm 1 <-> 2: intra, SOUT QPs 1, SUP QPs 1, CTS on SUP, traffic class 0, SL 0, setup ms: params=3.0 create=30.0 exchange=2.0\n"
-	want := "comms=2 params_ms=2.0/3.0 create_ms=20.0/30.0 exchange_ms=3.0/4.0 (mean/max per comm)"
-	if got := setupSteps(stderr); got != want {
-		t.Errorf("setupSteps:\n got %s\nwant %s", got, want)
-	}
 }
