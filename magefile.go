@@ -129,7 +129,8 @@ const cTestPackage = "/plugin/ctest"
 // Integration runs the soft-RoCE lab suite (builds and boots the lab on demand). It names the
 // lab package alone: `go test` streams a package's output as it runs only when it tests one
 // package, and holds all of it until the end otherwise (the lab lines of a 25-minute suite).
-// The lab's helper packages (integration/benchstat) run with the unit tests.
+// The lab's helper packages, which need no lab (integration/kv, benchstat, closedloop,
+// leakstat, scalestat, perftest, callgrind, and the layering check), run with the unit tests.
 func (Test) Integration() error {
 	mg.Deps(Build, buildHostileTestPlugin)
 	return sh.RunV("go", "test", "-count=1", "-v", "-timeout", "80m", labPackage)
