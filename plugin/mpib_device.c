@@ -1,5 +1,5 @@
 /* The device table (mpib_g, the process's NICs and fused devices) and the NICs in it: opening
- * and closing them (with their async-event threads), their limits, properties and port state,
+ * and closing them (with the async-event thread watching them), their limits, properties and port state,
  * their GID tables, and memory registrations on a fused device's NICs. Called by the Go control
  * plane, by comm setup and by rail rebuild; offers what mpib_device.h declares; calls only the
  * event threads (mpib_events.h) and the verbs shims (mpib_verbs.h). */
@@ -118,7 +118,7 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
     goto fail;
   }
   if ((rc = mpib_events_start(nic)) != 0) {
-    MPIB_WARN("%s HCA %s: cannot start its async-event thread: %s", mpib_rail_name(rail), name, strerror(-rc));
+    MPIB_WARN("%s HCA %s: cannot watch its async events: %s", mpib_rail_name(rail), name, strerror(-rc));
     goto fail;
   }
   MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", mpib_rail_name(rail), name, port,
@@ -138,9 +138,9 @@ out:
 
 void mpib_nic_close_all(void) {
   mpib_g.nfdevs = 0;
+  mpib_events_stop(); /* before the contexts close: the thread reads their events */
   for (int n = 0; n < MPIB_MAX_NICS; n++) {
     struct mpib_nic *d = &mpib_g.nic[n];
-    mpib_events_stop(n); /* before the context closes: the thread reads its events */
     if (d->pd) ibv_dealloc_pd(d->pd);
     if (d->ctx) ibv_close_device(d->ctx);
     memset(d, 0, sizeof *d);

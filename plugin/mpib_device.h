@@ -8,7 +8,7 @@
 
 #include "mpib.h"
 
-/* Opens a NIC's port (and starts its async-event thread) as mpib_g.nic[nic], serving `role`. */
+/* Opens a NIC's port (and has the async-event thread watch it) as mpib_g.nic[nic], serving `role`. */
 int mpib_nic_open(int nic, int role, const char *name, int port, int pkey, int may_be_down);
 /* Closes every open NIC (their event threads first). */
 void mpib_nic_close_all(void);
