@@ -143,7 +143,7 @@ const labPackage = "./integration/"
 // black-holed, lossy, flapping and deleted under verified transfers, errors where no rail is
 // left (these two also run in every lab suite, checked there against wider bounds), and
 // 200 connect/close and 20 failover/recovery cycles (these also run in every lab suite),
-// all checked against the targets (about 12 minutes).
+// all checked against the failover targets of docs/failover.md (MPIB_FAULTS=1; about 12 minutes).
 func (Test) Faults() error {
 	mg.Deps(Build)
 	env := map[string]string{"MPIB_FAULTS": "1"}

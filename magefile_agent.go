@@ -78,8 +78,7 @@ var fuzzTargets = []struct{ name, pkg string }{
 // seconds each on an idle 2-core host; 100000 for the tiny wire decoders, about 3 s), or for MPIB_FUZZTIME
 // (any -fuzztime value) when set. A count, not a duration, on purpose: with a duration Go 1.26's
 // fuzz coordinator can report its own deadline as "context deadline exceeded" and fail a run
-// that found nothing (go.dev/issue/75804, fixed in Go 1.27; stop 29's CI failed on it with
-// FuzzCReader). A count never arms that deadline; a slow host only makes the run longer.
+// that found nothing (go.dev/issue/75804, fixed in Go 1.27). A count never arms that deadline; a slow host only makes the run longer.
 func (Agent) Fuzz() error {
 	override := os.Getenv("MPIB_FUZZTIME")
 	for _, f := range fuzzTargets {

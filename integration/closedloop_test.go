@@ -69,7 +69,7 @@ import (
 // less than the 75 Mbit/s of phase 1 on two rails at once (47 Mbit/s in one benchmark run),
 // and then every split looks alike and the test measures the VM. Before the sweep a probe at
 // phase 1's optimum measures what the lab carries, and every rate is divided by 1, 2, 4 or 8,
-// the least at which that is clCarryHeadroom times phase 1's shaped rate (carryDivisor; the
+// the least at which that is clCarryHeadroom times phase 1's shaped rate (closedloop.CarryDivisor; the
 // same ratios: the same optima); the closedloop: lines say so in their sout_mbit / sup_mbit
 // fields. Below the halved rates the test runs in slow motion (clRun.slow: the loop's
 // interval, the phases and the judged end window longer by div/2; field slow=).
@@ -231,7 +231,7 @@ type clRun struct {
 	samp     *railSampler
 	cli, srv *Process
 	start    time.Time
-	div      int                   // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (carryDivisor)
+	div      int                   // every rate is divided by div: 1, or 2, 4 or 8 when the lab cannot carry full rates (closedloop.CarryDivisor)
 	gates    map[string]*agentGate // by agent name: each agent's `run`, waiting for its hand-over
 	unshaped bool                  // a1's shaping is removed (the cleanup need not)
 }
@@ -609,7 +609,7 @@ func (r *clRun) runSweep(ctx context.Context, t *testing.T) []clSweepPoint {
 	return sweep
 }
 
-// checkCarry divides every rate by carryDivisor of what the lab carries at phase 1's optimum
+// checkCarry divides every rate by closedloop.CarryDivisor of what the lab carries at phase 1's optimum
 // (a heartbeat must be running: without one the hint does not apply). The shaping, the hint,
 // its settle time and the probe are one exec; SOUT's shaping at divided rates goes with the
 // sweep's first point.
