@@ -1,5 +1,5 @@
-// Package suppair decides a connection's SUP pair on both ends of the handshake (issue 25;
-// docs/topology.md, "SUP ports on a mesh"). The listener describes its SUP ports in the
+// Package suppair decides a connection's SUP pair on both ends of the handshake (docs/topology.md,
+// "SUP ports on a mesh"). The listener describes its SUP ports in the
 // handle (Advertise); the connector chooses a pair with topo.ChooseSupPairs and names it in
 // its hello (Connect, Plan.Hello); the acceptor checks the named pair with
 // topo.CheckAcceptedPair (Accept). Both ends know the verdict before any SUP QP exists, so a

@@ -1,6 +1,6 @@
 package topo
 
-// SUP ports on a direct-attach mesh (issue 25): a fused device may have several SUP ports, each
+// SUP ports on a direct-attach mesh (docs/mesh.md): a fused device may have several SUP ports, each
 // cabled to a different neighbour on its own small subnet (/24 down to /31). Which local port
 // talks to which of a peer's SUP addresses is decided here from the ports' real prefixes and,
 // when relay is on, the kernel's routes. Pure: the caller reads interfaces, routes and the
