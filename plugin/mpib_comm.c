@@ -142,13 +142,15 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
   return 0;
 }
 
-/* One lane's CQ, CTS/size area registrations, SRQ (receiver) and flush loopback. */
-static int lane_setup(struct mpib_comm *c, int lane) {
+/* One lane's CQ (for qps QPs), CTS/size area registrations, SRQ (receiver) and flush loopback. */
+static int lane_setup(struct mpib_comm *c, int lane, uint32_t qps) {
   struct mpib_nic *d = c->nic[lane];
   if (ibv_query_gid(d->ctx, d->port, c->gid_index[lane], &c->gid[lane]) != 0) return -EADDRNOTAVAIL;
   /* A failed QP completes every outstanding work request in error, signalled or not: the
    * sender's CQ holds a full send queue's worth besides the normal completions. */
-  c->cq[lane] = ibv_create_cq(d->ctx, c->is_send ? MPIB_CQ_DEPTH_SENDER : MPIB_CQ_DEPTH, NULL, NULL, 0);
+  uint32_t depth = c->is_send ? mpib_lane_cq_depth(MPIB_CQ_DEPTH_SENDER, MPIB_SEND_WR_SENDER, qps)
+                              : mpib_lane_cq_depth(MPIB_CQ_DEPTH, MPIB_SEND_WR_RECEIVER, qps);
+  c->cq[lane] = ibv_create_cq(d->ctx, (int)depth, NULL, NULL, 0);
   if (!c->cq[lane]) return -ENOMEM;
   /* The peer writes the sender's CTS area and the receiver's size area, nothing else (mpib.h:
    * stage_mr, inbox_mr); a write elsewhere fails with a remote access error. */
@@ -176,7 +178,7 @@ static int lane_setup(struct mpib_comm *c, int lane) {
 static int rail_setup(struct mpib_comm *c, int rail) {
   int nlanes = mpib_lane_count(c, rail);
   for (int i = 0; i < nlanes; i++) {
-    int rc = lane_setup(c, mpib_lane(rail, i));
+    int rc = lane_setup(c, mpib_lane(rail, i), mpib_qps_on_lane(c->nqps[rail], (uint32_t)nlanes, (uint32_t)i));
     if (rc) return rc;
   }
   int send_wr = c->sq_depth;

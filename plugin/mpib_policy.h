@@ -455,4 +455,18 @@ static inline uint32_t mpib_confirm_ranges(uint64_t open_seq1, uint32_t have, ui
   return acked & ~have;
 }
 
+/* QPs on lane i of a rail whose nqps QPs go round-robin over nlanes lanes (QP q on lane
+ * q mod nlanes, mpib_comm.c's rail_setup). */
+static inline uint32_t mpib_qps_on_lane(uint32_t nqps, uint32_t nlanes, uint32_t i) {
+  return nqps / nlanes + (i < nqps % nlanes);
+}
+
+/* A lane's CQ depth: what every QP on it can complete at once. A QP that fails completes its
+ * whole send queue in error, signalled or not, so each QP beyond the first adds its send queue
+ * (send_wr) to base, the depth one QP needs with the lane's other completions. A CQ that
+ * overflows loses completions: the comm would wait for them forever. */
+static inline uint32_t mpib_lane_cq_depth(uint32_t base, uint32_t send_wr, uint32_t qps_on_lane) {
+  return base + (qps_on_lane > 1 ? (qps_on_lane - 1) * send_wr : 0);
+}
+
 #endif

@@ -402,7 +402,21 @@ static void test_whole_message(void) {
   EXPECT_EQ("512 alternates", seq[0] * 1000 + seq[1] * 100 + seq[2] * 10 + seq[3], 1010);
 }
 
+static void test_lane_cq_depth(void) {
+  EXPECT_EQ("1 QP on 1 lane", mpib_qps_on_lane(1, 1, 0), 1);
+  EXPECT_EQ("2 QPs on 1 lane", mpib_qps_on_lane(2, 1, 0), 2);
+  EXPECT_EQ("3 QPs on 2 lanes: lane 0", mpib_qps_on_lane(3, 2, 0), 2);
+  EXPECT_EQ("3 QPs on 2 lanes: lane 1", mpib_qps_on_lane(3, 2, 1), 1);
+  EXPECT_EQ("1 QP on 4 lanes: lane 3", mpib_qps_on_lane(1, 4, 3), 0);
+  EXPECT_EQ("16 QPs on 4 lanes: lane 2", mpib_qps_on_lane(16, 4, 2), 4);
+  EXPECT_EQ("one QP: the base", mpib_lane_cq_depth(344, 296, 1), 344);
+  EXPECT_EQ("a lane without QPs: the base", mpib_lane_cq_depth(344, 296, 0), 344);
+  EXPECT_EQ("two QPs: a second send queue", mpib_lane_cq_depth(344, 296, 2), 640);
+  EXPECT_EQ("sixteen receiver QPs", mpib_lane_cq_depth(112, 40, 16), 712);
+}
+
 int main(void) {
+  test_lane_cq_depth();
   test_recv_ranges();
   test_failover();
   test_idle_probe();
