@@ -6,7 +6,8 @@ import (
 
 // A node's plugin environment. Every lab test configures the plugin of a node through
 // nodeEnv: the devices of its two rails, its SOUT netdev for the control path, INFO logging
-// (the tests read the plugin's lines), then the test's settings in order. The lab runner
+// (the tests read the plugin's lines), the lab's RC try (labRetransmitTimeout), then the
+// test's settings in order. The lab runner
 // applies the entries in order, so of two values of one key the later holds: settings come
 // after the base and a caller's extras after a builder's own.
 
@@ -24,28 +25,28 @@ func railEnv(n *Node, h hcas) []string {
 
 // nodeEnv is node n's plugin environment with devices h, then settings in order.
 func nodeEnv(n *Node, h hcas, settings ...string) []string {
-	return append(append(railEnv(n, h), "NCCL_DEBUG=INFO"), settings...)
+	return append(append(railEnv(n, h), "NCCL_DEBUG=INFO", labRetransmitTimeout), settings...)
 }
 
 // pluginEnv is node n's own two devices, plus extra settings.
 func pluginEnv(n *Node, extra ...string) []string { return nodeEnv(n, ownHCAs(n), extra...) }
 
-// labRetransmitTimeout: 268 ms a try (4.096 us x 2^16), seven tries (MPIB_IB_RETRY_CNT's 6
-// retries) before the transport gives up: still well behind the watch's 600 ms.
+// labRetransmitTimeout is the lab's RC try, not the plugin's default (net_ib's 4.3 s): 268 ms
+// (4.096 us x 2^16), seven tries (MPIB_IB_RETRY_CNT's 6 retries) before the transport gives
+// up, still well behind the no-progress watch's 600 ms. Soft-RoCE drops a packet now and then
+// on a healthy link and retransmits it only when the try expires, where an mlx5 NIC
+// retransmits within milliseconds (adaptive retransmission) on a fabric that hardly drops.
+// With the 4.3 s try one such drop is 4.3 s without an acknowledgement, which the watch
+// rightly fails over: a test that judges a split, a rate or the detection of a fault it
+// injects would judge the lab's drops instead. The congestion case sets net_ib's try again
+// (what a deep queue meets on a cluster), and the closed loop its own detection settings.
 const labRetransmitTimeout = "MPIB_IB_TIMEOUT=16"
 
 // faultEnv is the plugin configuration of the fault cases: the plugin's own detection default
 // (the no-progress watch, MPIB_DETECT_MS), failover on, the mode's settings and extras (the
 // last value of a key wins).
-//
-// The RC try is labRetransmitTimeout, not net_ib's 4.3 s: soft-RoCE drops a packet now and
-// then on a healthy link and retransmits it only when the try expires, where an mlx5 NIC
-// retransmits within milliseconds (adaptive retransmission) on a fabric that hardly drops.
-// With the 4.3 s try one such drop is 4.3 s without an acknowledgement, which the watch
-// rightly fails over; the fault cases judge detection of the faults they inject, so the lab's
-// drops are repaired well inside the watch's limit. The congestion case keeps net_ib's try.
 func faultEnv(n *Node, mode string, extra ...string) []string {
-	settings := []string{"MPIB_FAILOVER=1", labRetransmitTimeout}
+	settings := []string{"MPIB_FAILOVER=1"}
 	switch mode {
 	case "vanilla":
 		settings = append(settings, "MPIB_MODE=0")
