@@ -66,7 +66,7 @@ func TestRelease(t *testing.T) {
 	loaded := strings.Contains(res.serverErr, initLine) && strings.Contains(res.clientErr, initLine)
 	m := resultRe.FindStringSubmatch(res.serverOut)
 	ok := res.serverCode == 0 && res.clientCode == 0 && m != nil && m[4] == "true"
-	fmt.Printf("release: tarball=%s version=%s loaded=%t verified=%t seconds=%.1f\n",
+	evidence("release:", "tarball=%s version=%s loaded=%t verified=%t seconds=%.1f",
 		rel.name, rel.version, loaded, ok, time.Since(start).Seconds())
 	if commits[0] != commits[1] {
 		t.Errorf("a2 and a1 unpacked different commits: %s, %s", commits[0], commits[1])
