@@ -47,41 +47,21 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   return lane * width;
 }
 
-int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index, int may_be_down) {
-  if (nic < 0 || nic >= MPIB_MAX_NICS) return -EINVAL;
-  struct mpib_nic *d = &mpib_g.nic[nic];
-  int n = 0, rc = 0;
-  struct ibv_device **list = ibv_get_device_list(&n);
-  if (list == NULL) n = 0; /* no RDMA subsystem at all: NULL + ENOSYS, same as zero devices */
-  struct ibv_device *found = NULL;
-  for (int i = 0; i < n; i++) {
-    if (strcmp(ibv_get_device_name(list[i]), name) == 0) found = list[i];
-  }
-  if (found == NULL) {
-    MPIB_WARN("%s HCA '%s' not found (%d RDMA devices visible)", mpib_rail_name(rail), name, n);
-    rc = -ENODEV;
-    goto out;
-  }
-  memset(d, 0, sizeof *d);
-  snprintf(d->name, sizeof d->name, "%s", name);
-  d->role = rail;
-  d->ctx = ibv_open_device(found);
-  if (d->ctx == NULL) {
-    rc = errno ? -errno : -EIO;
-    MPIB_WARN("%s HCA %s: ibv_open_device failed: %s", mpib_rail_name(rail), name, strerror(-rc));
-    goto out;
-  }
+/* Reads an open NIC's port into d: state (a down port fails unless may_be_down), link layer,
+ * MTU, LID, speed, the device's limits, the GID table's length and the P_Key index. 0 or
+ * -errno. */
+static int port_setup(struct mpib_nic *d, int rail, int port, int pkey_index, int may_be_down) {
+  const char *name = d->name;
+  int rc;
   struct ibv_port_attr pa;
   d->port = (uint8_t)port;
   if ((rc = ibv_query_port(d->ctx, d->port, &pa)) != 0) {
     MPIB_WARN("%s HCA %s: port %d cannot be queried: %s", mpib_rail_name(rail), name, port, strerror(rc));
-    rc = -rc;
-    goto fail;
+    return -rc;
   }
   if (pa.state != IBV_PORT_ACTIVE && !may_be_down) {
     MPIB_WARN("%s HCA %s port %d is not active (state %d)", mpib_rail_name(rail), name, port, pa.state);
-    rc = -ENETDOWN;
-    goto fail;
+    return -ENETDOWN;
   }
   d->link_layer = pa.link_layer;
   d->active_mtu = pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096 ? pa.active_mtu : IBV_MTU_1024;
@@ -107,10 +87,37 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
   if (pkey_index >= pa.pkey_tbl_len) { /* NCCL_IB_PKEY is an index into the port's table, as in net_ib */
     MPIB_WARN("%s HCA %s port %d: P_Key index %d beyond its table of %d (NCCL_IB_PKEY)", mpib_rail_name(rail), name,
               port, pkey_index, pa.pkey_tbl_len);
-    rc = -ENOENT;
-    goto fail;
+    return -ENOENT;
   }
   d->pkey_index = (uint16_t)pkey_index;
+  return 0;
+}
+
+int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index, int may_be_down) {
+  if (nic < 0 || nic >= MPIB_MAX_NICS) return -EINVAL;
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  int n = 0, rc = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  if (list == NULL) n = 0; /* no RDMA subsystem at all: NULL + ENOSYS, same as zero devices */
+  struct ibv_device *found = NULL;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) found = list[i];
+  }
+  if (found == NULL) {
+    MPIB_WARN("%s HCA '%s' not found (%d RDMA devices visible)", mpib_rail_name(rail), name, n);
+    rc = -ENODEV;
+    goto out;
+  }
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name);
+  d->role = rail;
+  d->ctx = ibv_open_device(found);
+  if (d->ctx == NULL) {
+    rc = errno ? -errno : -EIO;
+    MPIB_WARN("%s HCA %s: ibv_open_device failed: %s", mpib_rail_name(rail), name, strerror(-rc));
+    goto out;
+  }
+  if ((rc = port_setup(d, rail, port, pkey_index, may_be_down)) != 0) goto fail;
   d->pd = ibv_alloc_pd(d->ctx);
   if (d->pd == NULL) {
     rc = -ENOMEM;
