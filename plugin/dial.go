@@ -37,12 +37,13 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(handshakeTimeout())
-	plan, supAt, err := connectPlan(dev, h, path)
+	ph := newPhases(time.Now())
+	deadline := ph.start.Add(handshakeTimeout())
+	plan, supAt, err := connectorPlan(dev, h, path)
 	if err != nil {
 		// A relay mismatch: the hello still goes (naming no pair), so that the listener fails
 		// with the same message instead of waiting for a peer that never comes.
-		if c, derr := dialHello(ctx, h, plan, deadline); derr == nil {
+		if c, _, _, derr := dialHello(ctx, h, plan, deadline); derr == nil {
 			c.Close()
 		}
 		return nil, fmt.Errorf("peer %v: %w", h.Addr, err)
@@ -52,9 +53,8 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 		p := prepared{err: errors.New("building the connection's resources failed (see the panic above)")}
 		defer func() { ready <- p }()
 		defer recoverGoroutine("connect: building the sender")
-		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supAt)
+		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supAt, ph)
 	}()
-	dialStart := time.Now()
 	redialed := false
 	redial := func(why error) (net.Conn, error) {
 		if redialed {
@@ -62,43 +62,58 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 		}
 		redialed = true
 		infof("connect to %v: the listener closed our control connection before any metadata (%v): dialing it once more", h.Addr, why)
-		return dialHello(ctx, h, plan, deadline)
+		c, _, _, err := dialHello(ctx, h, plan, deadline)
+		return c, err
 	}
-	c, err := dialHello(ctx, h, plan, deadline)
+	dialStart := time.Now()
+	c, dialed, helloSent, err := dialHello(ctx, h, plan, deadline)
 	if errors.Is(err, errClosedEarly) {
 		c, err = redial(err)
+		helloSent = time.Now()
 	}
-	helloSent := time.Now()
 	p := <-ready
 	p.redial = redial
 	if err != nil {
 		destroyInGoroutine(p.comm)
 		return nil, err
 	}
-	p.st.dial = helloSent.Sub(dialStart)
-	if p.st.last.Before(helloSent) { // the exchange starts when both are done
-		p.st.last = helloSent
-	}
+	p.ph.dial, p.ph.hello = dialed.Sub(dialStart), helloSent.Sub(dialed)
+	p.ph.joinAt(helloSent) // metadata starts when the resources and the hello are both done
 	return handshake(ctx, c, p)
 }
 
+// connectorPlan is connectPlan (sup.go), except that a connection whose mode and path want
+// no SUP QPs (vanilla mode across islands) reads nothing of SUP: not the device's SUP ports,
+// their GID tables nor their addresses, so it never waits on a read of those. Its hello then
+// names no pair, and a MPIB_SUP_RELAY mismatch is still an error (suppair.Connect looks at
+// nothing else when SUP is not wanted).
+func connectorPlan(dev int, h wire.Handle, path topo.PathClass) (suppair.Plan, supPortUse, error) {
+	if !supWanted(path) {
+		plan, err := suppair.Connect(h, suppair.Local{}, nil, plugin.cfg.SupRelay, false)
+		return plan, supPortUse{gid: -1}, err
+	}
+	return connectPlan(dev, h, path)
+}
+
 // dialHello opens the control connection and names the listener it expects, our
-// MPIB_SUP_RELAY and the SUP pair we chose; deadline is the whole handshake's.
-func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan, deadline time.Time) (net.Conn, error) {
+// MPIB_SUP_RELAY and the SUP pair we chose; deadline is the whole handshake's. It also returns
+// when the connection was up and when the hello was written (the phases dial and hello).
+func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan, deadline time.Time) (c net.Conn, dialed, sent time.Time, err error) {
 	hello, err := wire.EncodeHello(plan.Hello(h.Nonce, plugin.cfg.SupRelay))
 	if err != nil {
-		return nil, fmt.Errorf("hello to %v: %w", h.Addr, err)
+		return nil, dialed, sent, fmt.Errorf("hello to %v: %w", h.Addr, err)
 	}
-	c, err := dialControl(ctx, h.Addr, deadline)
+	c, err = dialControl(ctx, h.Addr, deadline)
+	dialed = time.Now()
 	if err != nil {
-		return nil, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
+		return nil, dialed, sent, fmt.Errorf("control connection to %v from %v: %w", h.Addr, plugin.oobAddr, err)
 	}
 	c.SetDeadline(deadline)
 	if _, err := c.Write(hello); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("hello to %v: %w", h.Addr, closedEarly(err))
+		return nil, dialed, sent, fmt.Errorf("hello to %v: %w", h.Addr, closedEarly(err))
 	}
-	return c, nil
+	return c, dialed, time.Now(), nil
 }
 
 // errClosedEarly marks a control connection the listener closed before sending any metadata.

@@ -27,8 +27,10 @@ import (
 // first. Reading a table is a kernel walk of every entry (1024 per port on soft-RoCE, 10-100 ms
 // under emulated RoCE), so a burst of connects reads it once, and init reads it before
 // the first connect (warmGIDTables). The age bound covers a provider that reports no events.
+// Each NIC has its own lock: a connection waits only for a read of a table it uses (a SOUT-only
+// connection never for a SUP port's).
 var gidTables struct {
-	mu    sync.Mutex
+	mu    [C.MPIB_MAX_NICS]sync.Mutex // mu[nic] guards at, gen and table of that NIC
 	at    [C.MPIB_MAX_NICS]time.Time
 	gen   [C.MPIB_MAX_NICS]uint32
 	table [C.MPIB_MAX_NICS][]gid.Entry
@@ -39,8 +41,8 @@ const gidTableMaxAge = 30 * time.Second
 // readGIDTable is a NIC's GID table, cached (gidTables); connParams, stripeParams (through
 // chooseGID), sup.go's SUP port descriptions and warmGIDTables read it.
 func readGIDTable(nic int) []gid.Entry {
-	gidTables.mu.Lock()
-	defer gidTables.mu.Unlock()
+	gidTables.mu[nic].Lock()
+	defer gidTables.mu[nic].Unlock()
 	gen := uint32(C.mpib_gid_gen(C.int(nic))) // before the read: a change during it forces another
 	if t := gidTables.table[nic]; t != nil && gen == gidTables.gen[nic] && time.Since(gidTables.at[nic]) < gidTableMaxAge {
 		return t
@@ -51,7 +53,7 @@ func readGIDTable(nic int) []gid.Entry {
 		raw := make([]byte, 16*n)
 		types := make([]C.int, n)
 		// A kernel walk of every entry, tens of ms: on a throwaway thread (threads.go), one
-		// at a time (gidTables.mu).
+		// at a time per NIC (gidTables.mu[nic]).
 		onThrowawayThread(func() struct{} {
 			C.mpib_gid_table_read(C.int(nic), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
 			return struct{}{}
@@ -99,9 +101,11 @@ func chooseGID(nic, configured int) (int, netip.Addr, error) {
 // forgetGIDTables drops the cached tables and addresses (the devices closed; a reopen reads
 // afresh, and its event counts start again).
 func forgetGIDTables() {
-	gidTables.mu.Lock()
-	gidTables.table = [C.MPIB_MAX_NICS][]gid.Entry{}
-	gidTables.mu.Unlock()
+	for nic := range gidTables.mu {
+		gidTables.mu[nic].Lock()
+		gidTables.table[nic] = nil
+		gidTables.mu[nic].Unlock()
+	}
 	ifAddrs.mu.Lock()
 	ifAddrs.all = nil
 	ifAddrs.mu.Unlock()

@@ -34,22 +34,36 @@ import (
 // as handshake). It classifies the path between c's two ends, checks the hello's SUP pair
 // against adv (the handle the listener published) and the device's SUP ports now, builds the
 // receiver (the listener's spare, from takeSpare, while it has one) and runs the handshake.
-func acceptConnection(ctx context.Context, c net.Conn, dev int, adv wire.Handle, hello wire.Hello, takeSpare func() (prepared, bool)) (*C.struct_mpib_comm, error) {
-	start := time.Now()
-	c.SetDeadline(start.Add(handshakeTimeout()))
+func acceptConnection(ctx context.Context, c net.Conn, dev int, adv wire.Handle, hello wire.Hello, takeSpare func() (prepared, bool), accepted time.Time) (*C.struct_mpib_comm, error) {
+	ph := newPhases(accepted)
+	ph.mark(&ph.hello)
+	c.SetDeadline(ph.last.Add(handshakeTimeout()))
 	local := netip.MustParseAddrPort(c.LocalAddr().String()).Addr().Unmap()
 	peer := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
 	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
 	var plan suppair.Plan
 	var supAt supPortUse
 	if err == nil {
-		plan, supAt, err = acceptPlan(dev, adv, hello, peer, path)
+		plan, supAt, err = acceptorPlan(dev, adv, hello, peer, path)
 	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	return handshake(ctx, c, receiver(ctx, dev, takeSpare, local, peer, path, plan, supAt, start))
+	return handshake(ctx, c, receiver(ctx, dev, takeSpare, local, peer, path, plan, supAt, ph))
+}
+
+// acceptorPlan is acceptPlan (sup.go), except that a connection whose mode and path want no
+// SUP QPs reads nothing of SUP (as connectorPlan): only the relay flags are compared.
+func acceptorPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, path topo.PathClass) (suppair.Plan, supPortUse, error) {
+	if !supWanted(path) {
+		plan, err := suppair.Accept(adv, hello, suppair.Local{}, nil, plugin.cfg.SupRelay, false)
+		if err != nil {
+			return plan, supPortUse{gid: -1}, fmt.Errorf("peer %v: %w", peer, err)
+		}
+		return plan, supPortUse{gid: -1}, nil
+	}
+	return acceptPlan(dev, adv, hello, peer, path)
 }
 
 // handshake classifies the connection, builds the comm and its QPs, exchanges metadata with
@@ -127,7 +141,7 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 		return p.comm, p.err
 	}
 	hostileHook("handshake")
-	comm, st, cfg, peer := p.comm, &p.st, plugin.cfg, p.peer
+	comm, ph, cfg, peer := p.comm, &p.ph, plugin.cfg, p.peer
 	var info C.struct_mpib_conn_info
 	C.mpib_comm_local_info(comm, &info)
 	mine := metadataFromC(&info, cfg.Mode, p.path, p.prefix)
@@ -146,7 +160,7 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 	if err != nil {
 		return comm, err
 	}
-	st.mark(&st.exchange)
+	ph.mark(&ph.metadata)
 	if p.isSend {
 		theirs.TC, theirs.SL = mine.TC, mine.SL // the receiver echoes ours; ours is what counts
 	}
@@ -154,20 +168,20 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 		return comm, err
 	}
 	remote := metadataToC(theirs)
-	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_connect(comm, &remote) })
+	rc, err := inSlot(ctx, ph, &ph.rtrRts, func() C.int { return C.mpib_comm_connect(comm, &remote) })
 	if err != nil {
 		return comm, err
 	}
 	if rc != 0 {
 		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
 	}
-	st.mark(&st.connect)
 	if err := exchangeAck(c, peer); err != nil {
 		return comm, err
 	}
-	st.mark(&st.ack)
+	ph.mark(&ph.ack)
 	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)
-	st.mark(&st.agent)
+	ph.mark(&ph.agent)
+	ph.finish()
 	supPort := "-"
 	if comm.nqps[1] > 0 { // every SUP lane's NIC: lane 1, then the striped lanes 2.. (mpib_lane)
 		var names []string
@@ -176,35 +190,8 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 		}
 		supPort = strings.Join(names, "+")
 	}
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, setup %v",
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), st)
+		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), ph)
 	return comm, nil
-}
-
-// setupTimes is where one handshake's time went (the INFO line of each comm: connection setup
-// is paid per peer at every job start). exchange and ack include waiting for the peer to
-// reach the same step. dial (sender only) is the control connection and its hello, which run
-// beside params and create; exchange starts when both are done. The receiver starts at the
-// peer's hello.
-type setupTimes struct {
-	last                                                time.Time
-	params, create, dial, exchange, connect, ack, agent time.Duration
-}
-
-// mark ends the step d at now (params: classification and the GIDs).
-func (st *setupTimes) mark(d *time.Duration) {
-	now := time.Now()
-	*d = now.Sub(st.last)
-	st.last = now
-}
-
-func (st *setupTimes) String() string {
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	s := fmt.Sprintf("ms: params=%.1f create=%.1f exchange=%.1f connect=%.1f ack=%.1f agent=%.1f",
-		ms(st.params), ms(st.create), ms(st.exchange), ms(st.connect), ms(st.ack), ms(st.agent))
-	if st.dial > 0 { // senders only
-		s += fmt.Sprintf(" dial=%.1f", ms(st.dial))
-	}
-	return s
 }

@@ -270,7 +270,7 @@ func acceptHandshake(ctx context.Context, p *pendingClient, l *listener) (*C.str
 		p.c.Close()
 		return nil, err
 	}
-	return acceptConnection(ctx, p.c, l.dev, l.adv, hello, l.takeSpare)
+	return acceptConnection(ctx, p.c, l.dev, l.adv, hello, l.takeSpare, p.at)
 }
 
 // takeSpare hands the listener's spare receiver (prepare.go) to its first taker, the first

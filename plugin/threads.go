@@ -31,7 +31,7 @@ import (
 //   - the slow C calls made from goroutines (creating, connecting and destroying verbs
 //     objects, reading a GID table: milliseconds each) run on a throwaway thread
 //     (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
-//     holds at most that many threads in C (plus one GID read);
+//     holds at most that many threads in C (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
 //     trimAfter, ends the idle ones the same way, so the threads at rest do not depend on
@@ -64,11 +64,24 @@ var verbsSlots = make(chan struct{}, maxConcurrentVerbs)
 // withVerbsSlot runs fn on a throwaway thread while holding one of the bounded verbs slots.
 // It gives up (without running fn) when ctx ends first.
 func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
+	return withVerbsSlotWait(ctx, nil, fn)
+}
+
+// withVerbsSlotWait is withVerbsSlot that adds how long it waited for the slot to *waited
+// (nil: not measured; the caller's phases, phases.go).
+func withVerbsSlotWait[T any](ctx context.Context, waited *time.Duration, fn func() T) (T, error) {
+	var asked time.Time
+	if waited != nil {
+		asked = time.Now()
+	}
 	select {
 	case verbsSlots <- struct{}{}:
 	case <-ctx.Done():
 		var zero T
 		return zero, context.Cause(ctx)
+	}
+	if waited != nil {
+		*waited += time.Since(asked)
 	}
 	defer func() { <-verbsSlots }()
 	return onThrowawayThread(fn), nil
@@ -88,28 +101,58 @@ func destroyInGoroutine(comm *C.struct_mpib_comm) {
 	}
 }
 
-// onThrowawayThread runs fn (a blocking C call) on an OS thread that ends when fn returns: the
-// goroutine locks its thread and returns without unlocking it, and the runtime then
-// terminates that thread instead of keeping it idle for good. Ending a thread and making
-// another costs tens of microseconds, against milliseconds for the calls it carries.
+// onThrowawayThread runs fn (a blocking C call) on an OS thread of its own, which ends once
+// no such call came for callThreadIdle: the goroutine that runs the calls locks its thread and
+// returns without unlocking it, and the runtime then terminates that thread instead of keeping
+// it idle for good. A burst of connections (two or three such calls each) thus makes a thread
+// per call running at once, not one per call: under an emulated kernel making and ending a
+// thread costs about a millisecond of CPU, which a burst of handshakes pays in its wall time.
 func onThrowawayThread[T any](fn func() T) T {
 	noteActivity()
 	done := make(chan T, 1)
 	panicked := make(chan any, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+	call := func() {
 		defer func() {
 			if r := recover(); r != nil {
 				panicked <- r // raised again in the caller, whose guard turns it into an error
 			}
 		}()
 		done <- fn()
-	}()
+	}
+	select {
+	case callThreads <- call: // a thread that finished its last call within callThreadIdle
+	default:
+		go callThread(call)
+	}
 	select {
 	case v := <-done:
 		return v
 	case r := <-panicked:
 		panic(r)
+	}
+}
+
+// callThreads hands a call to a call thread waiting for one (unbuffered: only a waiting thread
+// takes it, else the caller starts a thread).
+var callThreads = make(chan func())
+
+// callThreadIdle is how long a call thread waits for the next call before it ends: shorter than
+// trimAfter, so that the threads at rest do not depend on what ran before.
+const callThreadIdle = 100 * time.Millisecond
+
+// callThread runs call, then the calls handed to it, on a locked OS thread that ends with it.
+func callThread(call func()) {
+	runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+	idle := time.NewTimer(callThreadIdle)
+	defer idle.Stop()
+	for {
+		call()
+		idle.Reset(callThreadIdle)
+		select {
+		case call = <-callThreads:
+		case <-idle.C:
+			return
+		}
 	}
 }
 
