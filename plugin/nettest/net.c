@@ -58,11 +58,83 @@ static const char *nt_level_name(ncclDebugLogLevel l) {
   }
 }
 
+/* ---- connection phases (nt_phases_take) ---- */
+
+#define NT_PHASE_MARK "setup ms: "
+
+static pthread_mutex_t nt_phases_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct nt_phases nt_phases_acc;
+
+/* Adds one "k=v k=v ..." list (what follows NT_PHASE_MARK) to acc. */
+static void nt_phases_add(struct nt_phases *acc, const char *list) {
+  acc->lines++;
+  for (const char *p = list;;) {
+    p += strspn(p, " \n");
+    if (*p == '\0') {
+      break;
+    }
+    const char *eq = strchr(p, '='), *end = p + strcspn(p, " \n");
+    if (eq == NULL || eq > end || eq == p || (size_t)(eq - p) >= sizeof(acc->key[0].name)) {
+      p = end;
+      continue;
+    }
+    char *num_end;
+    double v = strtod(eq + 1, &num_end);
+    if (num_end != end) {
+      p = end;
+      continue;
+    }
+    int k = 0;
+    while (k < acc->nkeys &&
+           (strncmp(acc->key[k].name, p, (size_t)(eq - p)) != 0 || acc->key[k].name[eq - p] != '\0')) {
+      k++;
+    }
+    if (k == acc->nkeys && acc->nkeys < NT_PHASE_KEYS) {
+      memcpy(acc->key[k].name, p, (size_t)(eq - p));
+      acc->key[k].name[eq - p] = '\0';
+      acc->nkeys++;
+    }
+    if (k < acc->nkeys) {
+      struct nt_phase_key *e = &acc->key[k];
+      e->n++;
+      e->sum_ms += v;
+      e->max_ms = e->n == 1 || v > e->max_ms ? v : e->max_ms;
+    }
+    p = end;
+  }
+}
+
+/* The logger's view of one INFO message: a comm's setup line is gathered. */
+static void nt_phases_note(const char *fmt, va_list ap) {
+  char msg[2048];
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  const char *m = strstr(msg, NT_PHASE_MARK);
+  if (m == NULL) {
+    return;
+  }
+  pthread_mutex_lock(&nt_phases_mu);
+  nt_phases_add(&nt_phases_acc, m + strlen(NT_PHASE_MARK));
+  pthread_mutex_unlock(&nt_phases_mu);
+}
+
+void nt_phases_take(struct nt_phases *out) {
+  pthread_mutex_lock(&nt_phases_mu);
+  *out = nt_phases_acc;
+  memset(&nt_phases_acc, 0, sizeof(nt_phases_acc));
+  pthread_mutex_unlock(&nt_phases_mu);
+}
+
 /* Called from any thread of the plugin (Go threads included): one write per line. */
 void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
   (void)flags;
   if (level == NCCL_LOG_NONE || fmt == NULL) {
     return;
+  }
+  if (level == NCCL_LOG_INFO) {
+    va_list ap;
+    va_start(ap, fmt);
+    nt_phases_note(fmt, ap);
+    va_end(ap);
   }
   int show;
   if (level == NCCL_LOG_VERSION) {

@@ -45,6 +45,22 @@ struct nt_net {
 void nt_log_setup(void);
 void nt_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* Connection phases: the plugin's INFO line that ends each comm's setup ("... setup ms: k=v
+ * k=v ...", plugin/phases.go) as the logger saw it, whatever NCCL_DEBUG shows: per key, the
+ * lines that had it, their sum and their maximum, in milliseconds, keys in first-seen order. */
+#define NT_PHASE_KEYS 24
+struct nt_phase_key {
+  char name[24];
+  int n;
+  double sum_ms, max_ms;
+};
+struct nt_phases {
+  int lines;
+  int nkeys;
+  struct nt_phase_key key[NT_PHASE_KEYS];
+};
+/* Hands over what the logger gathered since the last call, and starts afresh. */
+void nt_phases_take(struct nt_phases *out);
 int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t errlen);
 ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id);
 ncclResult_t nt_net_devices(struct nt_net *n, int *ndev);

@@ -272,6 +272,8 @@ struct nt_sc {
   uint64_t *smsg, *rmsg; /* next message index to post / complete per comm */
   uint8_t *region;
   size_t region_len, stride;
+  double reg_sum_ms, reg_max_ms; /* every regMr call of the round (connect-phases' mr_ms) */
+  int nreg;
 };
 
 static int nt_sc_alloc(struct nt_sc *s, int n) {
@@ -325,8 +327,21 @@ struct nt_sc_setup {
   /* The longest call of each kind: a comm's first connect (starts the handshake), a poll
    * that returned no comm, and the call that returned the comm. */
   double connect_first_ms, connect_poll_ms, connect_done_ms, accept_poll_ms, accept_done_ms;
-  int threads_peak; /* the most threads seen, sampled at most every millisecond of the setup */
+  int threads_peak;   /* the most threads seen, sampled at most every millisecond of the setup */
+  double cpu_ms;      /* the process's CPU time (user + system) from the first call to the last comm */
+  double poll_cpu_ms; /* of which this thread's: the calls, the sweeps and their pauses */
 };
+
+/* CPU time so far (user + system), in milliseconds: the process's (RUSAGE_SELF) or the
+ * calling thread's (RUSAGE_THREAD). */
+static double nt_cpu_ms(int who) {
+  struct rusage ru;
+  if (getrusage(who, &ru) != 0) {
+    return 0;
+  }
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
 
@@ -339,7 +354,8 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   if (started == NULL) {
     return -1;
   }
-  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0;
+  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, cpu0 = nt_cpu_ms(RUSAGE_SELF),
+         tcpu0 = nt_cpu_ms(RUSAGE_THREAD);
   while (ndone < total) {
     int progressed = 0;
     if (nt_now() - sampled >= 0.001) { /* the plugin's threads peak while handshakes run */
@@ -414,6 +430,8 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     }
   }
   r->total_s = nt_now() - t0;
+  r->cpu_ms = nt_cpu_ms(RUSAGE_SELF) - cpu0;
+  r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD) - tcpu0;
   free(started);
   return 0;
 }
@@ -517,6 +535,13 @@ static int nt_sc_transfer(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   return 0;
 }
 
+static void nt_sc_note_reg(struct nt_sc *s, double since) {
+  double ms = (nt_now() - since) * 1000;
+  s->reg_sum_ms += ms;
+  s->reg_max_ms = ms > s->reg_max_ms ? ms : s->reg_max_ms;
+  s->nreg++;
+}
+
 static int nt_sc_register(struct nt_net *n, struct nt_sc *s, size_t size) {
   s->stride = (size + NT_SC_PAGE - 1) / NT_SC_PAGE * NT_SC_PAGE;
   s->region_len = s->stride * 2 * (size_t)s->n;
@@ -527,9 +552,13 @@ static int nt_sc_register(struct nt_net *n, struct nt_sc *s, size_t size) {
   }
   for (int i = 0; i < s->n; i++) {
     uint8_t *sb = s->region + (size_t)i * 2 * s->stride, *rb = sb + s->stride;
+    double a = nt_now();
     ncclResult_t rc = nt_net_regmr(n, s->scomm[i], sb, s->stride, &s->smh[i]);
+    nt_sc_note_reg(s, a);
     if (rc == ncclSuccess) {
+      a = nt_now();
       rc = nt_net_regmr(n, s->rcomm[i], rb, s->stride, &s->rmh[i]);
+      nt_sc_note_reg(s, a);
     }
     if (rc != ncclSuccess) {
       nt_err("regMr on comm #%d failed: rc=%d (check ulimit -l)", i, rc);
@@ -575,6 +604,49 @@ static int nt_sc_close(struct nt_net *n, struct nt_sc *s) {
   return bad;
 }
 
+/* The connect-phases line: per key, the mean over this round's comms that had it of the
+ * plugin's per-comm setup steps (nt_phases_take), the keys of the bench first; mr_ms is the
+ * mean regMr on a new comm, timed here (MPIB registers its own CTS area's MRs in qp_create). */
+static void nt_sc_phases_line(const struct nt_opts *o, int N, int round, const struct nt_phases *ph,
+                              const struct nt_sc *s, const struct nt_sc_setup *su) {
+  static const char *const first[] = {"dial", "hello", "metadata", "qp_create", "rtr_rts"};
+  const size_t nfirst = sizeof(first) / sizeof(first[0]);
+  char line[1536];
+  size_t len = 0;
+  double max_total = -1;
+  for (size_t i = 0; i < nfirst && len < sizeof(line); i++) {
+    int k = 0;
+    while (k < ph->nkeys && strcmp(ph->key[k].name, first[i]) != 0) k++;
+    if (k < ph->nkeys) {
+      len +=
+          (size_t)snprintf(line + len, sizeof(line) - len, " %s_ms=%.1f", first[i], ph->key[k].sum_ms / ph->key[k].n);
+    } else {
+      len += (size_t)snprintf(line + len, sizeof(line) - len, " %s_ms=-", first[i]);
+    }
+  }
+  if (len < sizeof(line)) {
+    len += s->nreg > 0 ? (size_t)snprintf(line + len, sizeof(line) - len, " mr_ms=%.1f", s->reg_sum_ms / s->nreg)
+                       : (size_t)snprintf(line + len, sizeof(line) - len, " mr_ms=-");
+  }
+  for (int k = 0; k < ph->nkeys && len < sizeof(line); k++) {
+    int listed = 0;
+    for (size_t i = 0; i < nfirst; i++) listed |= strcmp(ph->key[k].name, first[i]) == 0;
+    if (strcmp(ph->key[k].name, "total") == 0) max_total = ph->key[k].max_ms;
+    if (!listed) {
+      len += (size_t)snprintf(line + len, sizeof(line) - len, " %s_ms=%.1f", ph->key[k].name,
+                              ph->key[k].sum_ms / ph->key[k].n);
+    }
+  }
+  if (len >= sizeof(line)) {
+    len = sizeof(line) - 1;
+  }
+  line[len] = '\0';
+  nt_out("connect-phases: comms=%d role=%s round=%d lines=%d%s max_total_ms=%.1f mr_max_ms=%.1f setup_ms=%.1f "
+         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f",
+         N, nt_role_name(o->role), round, ph->lines, line, max_total, s->reg_max_ms, su->total_s * 1000, su->cpu_ms,
+         su->poll_cpu_ms);
+}
+
 static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, int round,
                           const struct rlimit *nofile, const struct rlimit *memlock) {
   int N = o->comms;
@@ -597,6 +669,8 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   }
   struct nt_proc p0, p1, p2, p3, p4;
   memset(&p0, 0, sizeof(p0)), p1 = p2 = p3 = p4 = p0;
+  struct nt_phases phases;
+  memset(&phases, 0, sizeof(phases));
   if (nt_oob_sync(oob, "scale-start", o->timeout_s) != 0) {
     goto out;
   }
@@ -624,11 +698,13 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
     goto out;
   }
   nt_phase("scale-connect");
+  nt_phases_take(&phases); /* from here on: this round's comms */
   if (nt_sc_establish(o, n, oob, &s, &su) != 0) {
     nt_oob_abort(oob, "%s: connection setup of %d comms failed", nt_role_name(o->role), N);
     goto out;
   }
   up = 1;
+  nt_phases_take(&phases); /* each comm logs its line before connect/accept can return it */
   nt_proc_read(&p2);
   nt_smaps(&verbs_kib, &anon_kib);
   nt_err("scale: %d send + %d recv comms up in %.3f s (longest connect %.1f ms, accept %.1f ms)", N, N, su.total_s,
@@ -734,6 +810,7 @@ out:
          N, su.total_s, longest, verified ? "true" : "false", nt_role_name(o->role), su.longest_connect_ms,
          su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size, count,
          round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms, su.accept_done_ms);
+  nt_sc_phases_line(o, N, round, &phases, &s, &su);
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
          "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
