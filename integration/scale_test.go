@@ -155,6 +155,12 @@ func TestScaleConnect(t *testing.T) {
 		for i, errOut := range []string{r.res.serverErr, r.res.clientErr} {
 			evidence("connect-steps:", "pair=a1-%s side=%s %s", c.server.Name(), []string{"server", "client"}[i], scalestat.SetupSteps(errOut))
 		}
+		for i, out := range []string{r.res.serverOut, r.res.clientOut} { // the driver's own line per round: the first
+			if ls := kv.Containing(out, "connect-phases:"); len(ls) > 0 {
+				evidence("connect-phases:", "pair=a1-%s side=%s %s", c.server.Name(), []string{"server", "client"}[i],
+					strings.TrimSpace(strings.TrimPrefix(ls[0], "connect-phases:")))
+			}
+		}
 		times[c.name] = r.worst("total_s")
 		evidence("scale:", "pair=a1-%s comms=4+4 total_s=%.3f longest_call_ms=%.1f wall_s=%.1f", c.server.Name(),
 			times[c.name], r.worst("longest_call_ms"), r.wall.Seconds())
