@@ -29,8 +29,8 @@ import (
 //   - GOMAXPROCS is 2 (controlPlaneProcs) unless the user set GOMAXPROCS in the environment:
 //     the control plane is handshakes waiting on the network, never CPU-bound Go code;
 //   - the slow C calls made from goroutines (creating, connecting and destroying verbs
-//     objects, reading a GID table: milliseconds each) run on a throwaway thread
-//     (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
+//     objects, reading a GID table: milliseconds each) run on a call thread that ends
+//     callThreadIdle after its last call (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
 //     holds at most that many threads in C (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
@@ -40,7 +40,7 @@ import (
 //     table, atomics) stay on the goroutine: each lock lets one at a time into C.
 // Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
 // on those threads and cost MPIB none. Bounds and figures: docs/configuration.md ("Threads");
-// integration/leak_test.go checks them over 1000 connect/close cycles.
+// integration/leak_test.go (TestLeakConnectClose) checks them.
 
 // controlPlaneProcs is GOMAXPROCS when the environment does not set it.
 const controlPlaneProcs = 2
