@@ -28,8 +28,21 @@ func nodeEnv(n *Node, h hcas, settings ...string) []string {
 	return append(append(railEnv(n, h), "NCCL_DEBUG=INFO", labRetransmitTimeout), settings...)
 }
 
-// pluginEnv is node n's own two devices, plus extra settings.
-func pluginEnv(n *Node, extra ...string) []string { return nodeEnv(n, ownHCAs(n), extra...) }
+// pluginEnv is node n's own two devices, the lab's watch limit for tests that judge a split
+// (labSplitDetect), plus extra settings.
+func pluginEnv(n *Node, extra ...string) []string {
+	return nodeEnv(n, ownHCAs(n), append([]string{labSplitDetect}, extra...)...)
+}
+
+// labSplitDetect is the no-progress watch's limit for the tests that judge a split, a rate, a
+// setup or a lifecycle, not the detection of a fault (pluginEnv's): 3 s instead of 600 ms.
+// The watch counts completions of signalled writes, one per message, and the lab's rails are
+// a hundred times slower than a real one: a 4 MiB message (verifyArgs) takes 80-700 ms on a
+// loaded lab, where it takes under 4 ms at 10 Gbit/s; past the limit the watch fails the rail
+// over and the split being judged is the failover's. The fault cases (faultEnv), the
+// multi-device and mesh tests keep the plugin's 600 ms: they measure detection, or cut links
+// the port events report at once.
+const labSplitDetect = "MPIB_DETECT_MS=3000"
 
 // labRetransmitTimeout is the lab's RC try, not the plugin's default (net_ib's 4.3 s): 268 ms
 // (4.096 us x 2^16), seven tries (MPIB_IB_RETRY_CNT's 6 retries) before the transport gives
