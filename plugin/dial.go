@@ -2,7 +2,7 @@
 // each connect, classifies the path, decides the SUP pair (sup.go), dials the listener and
 // sends the hello while the sender's verbs resources are built (prepare.go), then runs the
 // steps both sides share (handshake.go). Also errClosedEarly: the one case a connector dials
-// again.
+// again, with back-off (redialer).
 
 package main
 
@@ -16,11 +16,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"syscall"
 	"time"
 
+	"github.com/mpib/mpib/plugin/internal/admit"
 	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
@@ -55,24 +57,15 @@ func connectHandshake(ctx context.Context, h wire.Handle, dev, trafficClass int)
 		defer recoverGoroutine("connect: building the sender")
 		p = prepare(ctx, dev, plugin.oobAddr, peer, path, true, trafficClass, plan, supAt, ph)
 	}()
-	redialed := false
-	redial := func(why error) (net.Conn, error) {
-		if redialed {
-			return nil, why
-		}
-		redialed = true
-		infof("connect to %v: the listener closed our control connection before any metadata (%v): dialing it once more", h.Addr, why)
-		c, _, _, err := dialHello(ctx, h, plan, deadline)
-		return c, err
-	}
+	rd := &redialer{ctx: ctx, h: h, plan: plan, deadline: deadline}
 	dialStart := time.Now()
 	c, dialed, helloSent, err := dialHello(ctx, h, plan, deadline)
 	if errors.Is(err, errClosedEarly) {
-		c, err = redial(err)
+		c, err = rd.again(err)
 		helloSent = time.Now()
 	}
 	p := <-ready
-	p.redial = redial
+	p.redial = rd.again
 	if err != nil {
 		destroyInGoroutine(p.comm)
 		return nil, err
@@ -117,12 +110,65 @@ func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan, deadline t
 }
 
 // errClosedEarly marks a control connection the listener closed before sending any metadata.
-// The listener does so when it refuses our hello, but also when it evicted us to make room
-// for newer clients before our hello arrived (a connector descheduled between connect and its
-// hello write, on a listener flooded with silent clients: gate.go): the connector then dials
-// once more within its handshake's deadline. A refused hello is refused again (the listener
-// logs the second one, a served listener as "used already").
+// The listener does so when it refuses our hello, but also when its gate (gate.go) dropped us
+// before reading our hello: evicted to make room for newer clients while we were still silent
+// (descheduled between connect and the hello write), or closed at once because every unproven
+// client it holds from our address has sent bytes it has not read yet (its process is busy, and
+// one peer may have hundreds of connects in flight to it: NCCL listens once per receive
+// connection). Neither is the peer's final word, so the connector dials again (redialer). A
+// refused hello is refused again each time (the listener logs it, a served listener as "used
+// already"), until the redials run out.
 var errClosedEarly = errors.New("closed before any metadata")
+
+// connectRedials is NCCL's schedule for a refused connect (ncclSocketConnect, src/misc/socket.cc
+// and its OS layer: up to NCCL_SOCKET_RETRY_CNT = 34 retries, the n-th after n ×
+// NCCL_SOCKET_RETRY_SLEEP_MSEC = 100 ms, about 60 s in all), here jittered (admit.Redial) and
+// always within the handshake's deadline. net_ib needs nothing more: its listener never closes a
+// client unread; ours does when its gate is full, which is the same answer as a full backlog.
+var connectRedials = admit.Redials{Step: 100 * time.Millisecond, Max: 34}
+
+// redialer dials a connection's listener again after each close before any metadata; one per
+// connect, shared by the hello's write (connectHandshake) and the metadata's read (handshake.go).
+type redialer struct {
+	ctx      context.Context
+	h        wire.Handle
+	plan     suppair.Plan
+	deadline time.Time
+	n        int // redials so far
+}
+
+// again pauses as admit.Redial says and dials again after why (an errClosedEarly), and again
+// while the new connection's hello write meets such a close too. Once the redials run out it
+// returns why with their count; a failed dial (the listener closed: connection refused) or the
+// context's end is returned as is, with why.
+func (r *redialer) again(why error) (net.Conn, error) {
+	for {
+		r.n++
+		wait, ok := admit.Redial(r.n, time.Until(r.deadline), rand.Float64(), connectRedials)
+		if !ok {
+			return nil, fmt.Errorf("%w (gave up after %d redials)", why, r.n-1)
+		}
+		if r.n&(r.n-1) == 0 { // the 1st, 2nd, 4th, 8th...: a busy listener must not flood the log
+			infof("connect to %v: the listener closed our control connection before any metadata (%v): dialing it once more in %d ms (redial %d, at most %d)",
+				r.h.Addr, why, wait.Milliseconds(), r.n, connectRedials.Max)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-r.ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (not dialed again: %w)", why, context.Cause(r.ctx))
+		case <-t.C:
+		}
+		c, _, _, err := dialHello(r.ctx, r.h, r.plan, r.deadline)
+		if !errors.Is(err, errClosedEarly) {
+			if err != nil {
+				err = fmt.Errorf("%w (dialing again: %w)", why, err)
+			}
+			return c, err
+		}
+		why = err
+	}
+}
 
 // closedEarly wraps err in errClosedEarly when it says the peer closed or reset the socket.
 func closedEarly(err error) error {

@@ -33,6 +33,12 @@ var unprovenLimits = admit.Limits{
 	Process: 256,
 	// PerSource: one address cannot hold more than a quarter of the process's room, so a
 	// silent flood from one host only ever displaces its own clients once it reaches this.
+	// One honest peer can exceed it (NCCL listens once per receive connection: a peer process
+	// may have hundreds of connects in flight here) while this process is too busy to read
+	// the hellos it holds; its newest clients are then closed at once, and its connector dials
+	// again with back-off until the hellos are read (dial.go, redialer), as NCCL's sockets do
+	// for a full backlog. No bound fits every burst, and raising this one would let one host
+	// crowd the others out.
 	PerSource: 64,
 	// PerListener: a real peer writes its hello right after connecting, and its bytes protect
 	// it from eviction from then on, however many newer clients arrive.
@@ -64,15 +70,19 @@ type pendingClient struct {
 	src netip.Addr
 	at  time.Time // accepted
 	// got: the hello's bytes read so far; out: no longer in gate.clients (evicted, proven or
-	// released); evicted: out because the gate closed it. All three change under gate.mu.
-	got          int
-	out, evicted bool
+	// released); evicted: out because the gate closed it; sent: it has sent a byte (read, or
+	// seen waiting in its socket). All four change under gate.mu.
+	got                int
+	out, evicted, sent bool
 }
 
 // sentLocked says whether the client has sent any byte: read already, or waiting in its
 // socket. A socket that cannot be asked counts as having sent (it is never evicted blindly).
+// The answer, once yes, stays yes without asking the socket again: bytes leave the socket only
+// through readHello, which counts them in got under the same lock. A gate full of one busy
+// peer's hellos (every one sent, none read yet) then costs each newer client no syscall.
 func (p *pendingClient) sentLocked() bool {
-	if p.got > 0 {
+	if p.got > 0 || p.sent {
 		return true
 	}
 	n := 1
@@ -81,7 +91,8 @@ func (p *pendingClient) sentLocked() bool {
 			n = v
 		}
 	})
-	return n > 0
+	p.sent = n > 0
+	return p.sent
 }
 
 // gateAdmit counts a new client of l as unproven, displacing the oldest silent clients that

@@ -70,7 +70,7 @@ func acceptorPlan(dev int, adv wire.Handle, hello wire.Hello, peer netip.Addr, p
 // the peer and brings every QP to RTS. Both sides compute the path class from the two ends
 // of the same TCP socket, so their QP counts agree; the metadata exchange verifies it. It owns
 // c: closed on failure, kept on success as the comm's liveness signal (adoptComm). The
-// connector's c may be replaced once by a new dial (prepared.redial).
+// connector's c may be replaced by new dials (prepared.redial, a bounded number of times).
 func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm, error) {
 	cc := &ctrlConn{c: c}
 	stop := context.AfterFunc(ctx, cc.close)
@@ -100,8 +100,8 @@ func guardedSteps(ctx context.Context, c *ctrlConn, p prepared) (comm *C.struct_
 	return handshakeSteps(ctx, c, p)
 }
 
-// ctrlConn is a handshake's control connection, which the connector may replace once while
-// a context's end may close it from another goroutine.
+// ctrlConn is a handshake's control connection, which the connector may replace (redials)
+// while a context's end may close it from another goroutine.
 type ctrlConn struct {
 	mu     sync.Mutex
 	c      net.Conn
@@ -147,15 +147,18 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 	mine := metadataFromC(&info, cfg.Mode, p.path, p.prefix)
 	c := cc.get()
 	theirs, err := exchangeMetadata(c, mine, peer)
-	if errors.Is(err, errClosedEarly) && p.redial != nil {
-		if c2, derr := p.redial(err); derr != nil {
-			err = fmt.Errorf("%w (dialing again: %w)", err, derr)
-		} else if !cc.swap(c2) {
-			err = context.Cause(ctx)
-		} else {
-			c = c2
-			theirs, err = exchangeMetadata(c, mine, peer)
+	for errors.Is(err, errClosedEarly) && p.redial != nil { // ends when p.redial gives up
+		c2, derr := p.redial(err)
+		if derr != nil {
+			err = derr
+			break
 		}
+		if !cc.swap(c2) {
+			err = context.Cause(ctx)
+			break
+		}
+		c = c2
+		theirs, err = exchangeMetadata(c, mine, peer)
 	}
 	if err != nil {
 		return comm, err

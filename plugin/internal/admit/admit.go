@@ -1,6 +1,8 @@
 // Package admit holds the listener's decisions about unproven TCP clients (accepted, hello not
-// read yet): which ones a new client displaces, and how long one may stay silent. It does no
-// I/O; the listener (plugin/listen.go) asks the sockets and applies the answers.
+// read yet): which ones a new client displaces, and how long one may stay silent; and the
+// connector's answer when a listener dropped it that way: when to dial again. It does no I/O;
+// the listener (plugin/listen.go, gate.go) and the connector (plugin/dial.go) ask the sockets
+// and the clock and apply the answers.
 //
 // The contract these decisions keep: a client that has sent any byte (read by the listener, or
 // waiting in its socket) is never displaced, so a real peer whose hello arrived cannot be
@@ -84,4 +86,33 @@ func Deadline(sentBytes int, grace, full time.Duration) time.Duration {
 		return min(grace, full)
 	}
 	return full
+}
+
+// Redials bound how a connector dials again after a listener closed its control connection
+// before any metadata.
+type Redials struct {
+	Step time.Duration // the pause before the n-th redial is about n × Step
+	Max  int           // redials per connection
+}
+
+// Redial says whether a connector dials again after the n-th close before any metadata of its
+// connection (n >= 1), with left until its handshake's deadline, and after what pause: n × Step
+// scaled by 0.5 + jitter/2 (jitter in [0, 1), clamped), so that connectors the listener dropped
+// together do not come back together. false after Max redials, or when the pause would reach
+// the deadline. A listener drops an honest client when its process is too busy to read the
+// hellos it already holds (a limit reached with every client having sent bytes), or a client
+// that was still silent when newer ones came; both pass as the listener catches up, so the
+// answer is NCCL's to a refused connect: try again, pausing longer each time, a bounded number
+// of times.
+func Redial(n int, left time.Duration, jitter float64, r Redials) (time.Duration, bool) {
+	n = max(n, 1)
+	if n > r.Max {
+		return 0, false
+	}
+	jitter = min(max(jitter, 0), 1)
+	wait := time.Duration(float64(time.Duration(n)*r.Step) * (0.5 + jitter/2))
+	if wait >= left {
+		return 0, false
+	}
+	return wait, true
 }

@@ -93,3 +93,40 @@ func TestDeadline(t *testing.T) {
 		}
 	}
 }
+
+func TestRedial(t *testing.T) {
+	r := Redials{Step: 100 * time.Millisecond, Max: 34}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		n      int
+		left   time.Duration
+		jitter float64
+		want   time.Duration
+		ok     bool
+	}{
+		{"the first redial, least jitter: half a step", 1, time.Minute, 0, 50 * ms, true},
+		{"the first redial, most jitter: a step", 1, time.Minute, 1, 100 * ms, true},
+		{"the pause grows with each redial", 10, time.Minute, 0.5, 750 * ms, true},
+		{"the last redial allowed", 34, time.Minute, 0, 1700 * ms, true},
+		{"past the bound: give up", 35, time.Minute, 0, 0, false},
+		{"the pause would reach the deadline: give up", 10, 500 * ms, 0, 0, false},
+		{"the pause just fits before the deadline", 10, 501 * ms, 0, 500 * ms, true},
+		{"no time left", 1, 0, 0, 0, false},
+		{"n below 1 counts as the first", 0, time.Minute, 0, 50 * ms, true},
+		{"jitter out of range is clamped", 2, time.Minute, 7, 200 * ms, true},
+		{"negative jitter is clamped", 2, time.Minute, -3, 100 * ms, true},
+		{"no redials allowed", 1, time.Minute, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pol := r
+			if tc.name == "no redials allowed" {
+				pol.Max = 0
+			}
+			got, ok := Redial(tc.n, tc.left, tc.jitter, pol)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("Redial(%d, %v, %v): expected %v %v but got %v %v", tc.n, tc.left, tc.jitter, tc.want, tc.ok, got, ok)
+			}
+		})
+	}
+}
