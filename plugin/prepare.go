@@ -38,7 +38,8 @@ type prepared struct {
 	ph     connPhases
 	err    error
 	gen    [2]uint32 // its device's GID change counts its GIDs were chosen under (a listener's spare)
-	// redial (connector only) dials the listener again, once: see errClosedEarly.
+	// redial (connector only) dials the listener again after it closed the connection before
+	// any metadata, on NCCL's schedule until it gives up (dial.go's redialer): see errClosedEarly.
 	redial func(why error) (net.Conn, error)
 }
 
