@@ -56,7 +56,7 @@ func pluginBWArgs(t *testing.T, server, client *Node, sizes []int, seconds float
 	// One warm-up round, and at most 128 MiB in flight so 64 MiB messages do not queue a
 	// minute of data (the window shrinks only for sizes above 16 MiB).
 	args := append([]string{"--mode", "bw", "--sizes", strings.Join(list, ","), "--seconds", fmt.Sprint(seconds),
-		"--window", "8", "--warmup", "1", "--mem-limit", "128M"}, extra...)
+		"--window", strconv.Itoa(ncclDepth), "--warmup", "1", "--mem-limit", "128M"}, extra...)
 	res := runPair(context.Background(), t, server, client, pluginEnv(server, env...), pluginEnv(client, env...), args...)
 	if res.serverCode != 0 || res.clientCode != 0 {
 		t.Fatalf("nettest bw failed:\n%s", res)
@@ -169,13 +169,20 @@ func TestBenchP2UnequalRails(t *testing.T) {
 			lab.Shape(ctx, a1, r, "")
 		}
 	}()
+	// NCCL's window (8 in flight, --window in pluginBWArgs) with 4 MiB and 1 MiB messages: the
+	// sizes NCCL's proxy sends on a busy ring (its chunk steps) and the reference's size.
 	const size = 4 << 20
+	sizes := []int{size, 1 << 20}
 	const refBytes = 12 << 20 // 4 s at 25 Mbit/s: the netem rate is exact, so short runs suffice
 	type split struct {
 		name  string
 		supBW int
 	}
-	plugin, ref, conc, shares := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	type key struct {
+		name string
+		size int
+	}
+	plugin, ref, conc, shares := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
 	var order []string
 	for pair := 0; pair < benchPairs(); pair++ {
 		sout := perftestBW(t, a2, a1, SOUT, size, refBytes)
@@ -186,23 +193,33 @@ func TestBenchP2UnequalRails(t *testing.T) {
 		order = nil
 		for _, sp := range splits {
 			order = append(order, sp.name)
-			got := pluginBW(t, a2, a1, []string{fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", sp.supBW)}, []int{size}, 3)[size]
-			plugin[sp.name] = append(plugin[sp.name], got)
-			ref[sp.name] = append(ref[sp.name], sout+sup)
-			conc[sp.name] = append(conc[sp.name], concurrent)
-			shares[sp.name] = append(shares[sp.name], float64(sp.supBW)/1024)
+			got := pluginBW(t, a2, a1, []string{fmt.Sprintf("MPIB_FORCE_SUP_BW=%d", sp.supBW)}, sizes, 3)
+			for _, sz := range sizes {
+				k := key{sp.name, sz}
+				plugin[k] = append(plugin[k], got[sz])
+				ref[k] = append(ref[k], sout+sup)
+				conc[k] = append(conc[k], concurrent)
+				shares[k] = append(shares[k], float64(sp.supBW)/1024)
+			}
 		}
 	}
 	var figs []figure
-	for _, name := range order {
-		f := ratioFigure("P2", "split="+name, "mbps", plugin[name], ref[name]).
-			withAlt("ib_write_bw on both rails at once", plugin[name], conc[name])
-		f.SupShare, f.ConcurrentRef = median(shares[name]), median(conc[name])
-		f.Note = fmt.Sprintf("ib_write_bw on both rails at once: %.1f Mbit/s", f.ConcurrentRef)
-		figs = append(figs, f)
-		evidence("P2", "split=%s ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f ratio_concurrent=%.3f ci_concurrent_low=%.3f ci_concurrent_high=%.3f",
-			name, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.SupShare, f.Pairs, spread(f.Ratios), f.ConcurrentRef,
-			f.AltRatio, f.AltCILow, f.AltCIHigh)
+	for _, sz := range sizes {
+		for _, name := range order {
+			k := key{name, sz}
+			figKey := "split=" + name
+			if sz != size {
+				figKey += fmt.Sprintf(" size=%d", sz)
+			}
+			f := ratioFigure("P2", figKey, "mbps", plugin[k], ref[k]).
+				withAlt("ib_write_bw on both rails at once", plugin[k], conc[k])
+			f.SupShare, f.ConcurrentRef = median(shares[k]), median(conc[k])
+			f.Note = fmt.Sprintf("%d KiB messages, %d in flight; ib_write_bw on both rails at once: %.1f Mbit/s", sz>>10, ncclDepth, f.ConcurrentRef)
+			figs = append(figs, f)
+			evidence("P2", "split=%s ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d plugin_mbps=%.1f ref_mbps=%.1f sup_share=%.3f reps=%d spread=%.3f concurrent_ref_mbps=%.1f ratio_concurrent=%.3f ci_concurrent_low=%.3f ci_concurrent_high=%.3f size=%d window=%d",
+				name, f.Ratio, f.CILow, f.CIHigh, f.Pairs, f.Plugin, f.Ref, f.SupShare, f.Pairs, spread(f.Ratios), f.ConcurrentRef,
+				f.AltRatio, f.AltCILow, f.AltCIHigh, sz, ncclDepth)
+		}
 	}
 	saveFigures(t, "p2", figs)
 }

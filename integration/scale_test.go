@@ -337,3 +337,37 @@ func TestBenchScale512(t *testing.T) {
 				r.worst("accept_poll_ms"), r.worst("accept_done_ms"))},
 	})
 }
+
+// TestBenchMemory256 (MPIB_BENCH=1 or MPIB_SCALE=1): 256 connections per direction between a1
+// and a2 (per process 256 send and 256 recv comms, one verified 64 KiB message each way), read
+// as memory: the RSS each process grew by per send+receive pair, split into the verbs rings the
+// provider mapped and the rest, and the verbs objects the node gained (rdma res).
+func TestBenchMemory256(t *testing.T) {
+	if os.Getenv("MPIB_SCALE") != "1" && os.Getenv("MPIB_BENCH") != "1" {
+		t.Skip("the 256-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1")
+	}
+	lab := labOrSkip(t)
+	defer benchClock(t)()
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	const n = 256
+	r := runScale(t, a2, a1, "resources", n, 1, 10*time.Minute, "--rdma-res")
+	if !r.ok() {
+		t.Fatalf("%d connections failed after %.0f s:\n%s", n, r.wall.Seconds(), r.diag())
+	}
+	worst := 0 // the side that grew more
+	if r.resources[1].Float("per_conn_kib") > r.resources[0].Float("per_conn_kib") {
+		worst = 1
+	}
+	res := r.resources[worst]
+	perPair := res.Float("per_conn_kib")
+	qps, cqs, srqs := res.Float("qps_grown"), res.Float("cqs_grown"), res.Float("srqs_grown")
+	if qps <= 0 || cqs <= 0 {
+		t.Fatalf("rdma res did not count this node's verbs objects: %v", res)
+	}
+	evidence("memory:", "comms=%d rss_kib_per_pair=%.0f qps_per_pair=%.1f cqs=%.0f srqs=%.0f cqs_per_pair=%.1f verbs_kib_per_pair=%.0f other_kib_per_pair=%.0f side=%s target_kib=360 ratio=%.2f",
+		n, perPair, qps/n, cqs, srqs, cqs/n, res.Float("rss_verbs_connected_kib")/n,
+		perPair-res.Float("rss_verbs_connected_kib")/n, []string{"server", "client"}[worst], perPair/360)
+	saveFigures(t, "memory", []figure{{Name: "memory", Key: fmt.Sprintf("comms=%d", n), Plugin: perPair, Unit: "KiB per send+recv pair",
+		Note: fmt.Sprintf("verbs rings %.0f KiB per pair; %.1f QPs and %.1f CQs per pair; %.0f SRQs in the process",
+			res.Float("rss_verbs_connected_kib")/n, qps/n, cqs/n, srqs)}})
+}

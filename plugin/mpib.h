@@ -34,18 +34,28 @@
 #define MPIB_REQ_POOL_SEND (MPIB_MAX_REQUESTS * MPIB_MAX_RECVS)
 #define MPIB_REQ_POOL_RECV (2 * MPIB_MAX_REQUESTS)
 /* Sized from what a connection can have in flight: at most MPIB_MAX_REQUESTS slots, each
- * one signalled write (sender) or one receive (receiver) per rail, plus one signalled CTS
- * per FIFO lap. */
+ * one signalled write (sender) or one receive (receiver) per rail. */
 #define MPIB_SRQ_DEPTH (2 * MPIB_MAX_REQUESTS) /* receives posted per rail per recv comm */
 #define MPIB_SRQ_REFILL 16                     /* refill once this many were consumed */
 #define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 16)
-/* Send queue: per slot up to MPIB_MAX_RECVS writes plus the final write-with-imm (sender);
- * one CTS write per slot (receiver). */
-#define MPIB_SEND_WR_SENDER (MPIB_MAX_REQUESTS * (MPIB_MAX_RECVS + 1) + 8)
-#define MPIB_SEND_WR_RECEIVER (MPIB_MAX_REQUESTS + 8)
+/* Sender send queue: room for the chains of MPIB_SQ_SLOTS slots of MPIB_MAX_RECVS grouped
+ * requests (a write each plus the final write with the immediate), NCCL's own window per
+ * connection (NCCL_STEPS), and MPIB_SQ_CTRL_RESERVE places that only control writes
+ * (notices, probes, keepalives) may take. A slot whose chain does not fit waits in isend
+ * until completions free the room (mpib_sq_admits); a slot of one request takes at most two
+ * places, so 32 of them always fit. net_ib sizes its queue for every slot at once (2 x 256);
+ * the smaller queue is most of what a connection's rings cost (docs/benchmarks.md). */
+#define MPIB_SQ_SLOTS 8
+#define MPIB_SQ_CTRL_RESERVE 7
+#define MPIB_SEND_WR_SENDER (MPIB_SQ_SLOTS * (MPIB_MAX_RECVS + 1) + MPIB_SQ_CTRL_RESERVE)
+/* Receiver send queue: the CTS writes (one per slot, every MPIB_CTS_SIGNAL_EVERY-th
+ * signalled) and the control writes; a CTS that does not fit waits in irecv. */
+#define MPIB_CTS_SIGNAL_EVERY 8
+#define MPIB_SEND_WR_RECEIVER (MPIB_MAX_REQUESTS - 1)
 _Static_assert(MPIB_SEND_WR_RECEIVER < 256 && MPIB_MAX_RECVS + 1 < 256, "a batch fits a wr_id's 8 bits");
+_Static_assert(MPIB_SEND_WR_RECEIVER >= 2 * MPIB_CTS_SIGNAL_EVERY + 8, "two signalling batches and control fit");
 /* Sender CQ: its signalled writes and replays, or, once a rail failed, every write of a full
- * send queue completing in error. */
+ * send queue completing in error (a provider rounds it up to a power of two less one). */
 #define MPIB_CQ_DEPTH_SENDER (MPIB_SEND_WR_SENDER + MPIB_MAX_REQUESTS + 16)
 #define MPIB_NO_OVERRIDE UINT32_MAX
 #define MPIB_PAGE 4096
@@ -360,6 +370,7 @@ struct mpib_comm {
   uint8_t ctrl_out[2048];
   uint64_t stall_since_ns; /* no rail of the connection works since (0: one does); see ride_through */
   int cts_repost_due;      /* receiver: open slots' CTS to write again once a rail works */
+  int cts_repost_from;     /* receiver: the first slot of a due repost (0 but after a full queue) */
   int replays_waiting;     /* sender: slots with slot_replay_wait != 0 */
 
   /* Receiver flush: a loopback QP per lane reading 1 byte back through its NIC. */
@@ -415,10 +426,15 @@ struct mpib_comm {
   uint32_t rail_parts[MPIB_NRAILS];                         /* sender: slot parts in flight per rail (active time) */
   uint64_t rail_active_since[MPIB_NRAILS]; /* when the active time not yet in the batch began, 0 unknown */
 
-  int shm_slot; /* agent segment slot, -1 when none */
-  int req_cursor;
+  int shm_slot;              /* agent segment slot, -1 when none */
   struct mpib_request *reqs; /* the pool: MPIB_REQ_POOL_SEND or MPIB_REQ_POOL_RECV entries */
   int nreqs_pool;
+  /* The pool's free entries, a stack (mpib_req_alloc/mpib_req_free): the last one freed is the
+   * next one taken, so a comm touches only as many entries as it has had alive at once, and a
+   * pool of whole pages that NCCL never fills stays mostly unbacked. req_free_ready is 0 until
+   * the first allocation fills the stack. */
+  uint16_t req_free[MPIB_REQ_POOL_SEND];
+  int req_free_n, req_free_ready;
   /* NCCL profiler events open per slot, grouped entry and rail (mpib_profiler.c). */
   void *prof_event[MPIB_MAX_REQUESTS][MPIB_MAX_RECVS][MPIB_NRAILS];
 };
@@ -484,18 +500,25 @@ struct mpib_connect_req {
 
 /* A free request of the comm's pool, zeroed and typed; NULL when all are in use. */
 static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type) {
-  for (int i = 0; i < c->nreqs_pool; i++) {
-    int k = (c->req_cursor + i) % c->nreqs_pool;
-    struct mpib_request *r = &c->reqs[k];
-    if (r->type == MPIB_REQ_FREE) {
-      memset(r, 0, sizeof *r);
-      r->type = type;
-      r->comm = c;
-      c->req_cursor = (k + 1) % c->nreqs_pool;
-      return r;
-    }
+  if (!c->req_free_ready) {
+    for (int i = c->nreqs_pool - 1; i >= 0; i--) /* entry 0 on top */
+      if (c->reqs[i].type == MPIB_REQ_FREE) c->req_free[c->req_free_n++] = (uint16_t)i;
+    c->req_free_ready = 1;
   }
-  return NULL;
+  if (c->req_free_n == 0) return NULL;
+  struct mpib_request *r = &c->reqs[c->req_free[--c->req_free_n]];
+  memset(r, 0, sizeof *r);
+  r->type = type;
+  r->comm = c;
+  return r;
+}
+
+/* Gives a request back to its comm's pool; freeing a free one does nothing. */
+static inline void mpib_req_free(struct mpib_request *r) {
+  struct mpib_comm *c = r->comm;
+  if (r->type == MPIB_REQ_FREE) return;
+  r->type = MPIB_REQ_FREE;
+  if (c->req_free_ready) c->req_free[c->req_free_n++] = (uint16_t)(r - c->reqs);
 }
 
 /* Lanes (MPIB_NLANES, mpib_policy.h): each NIC port a comm's rails use has its own CQ, SRQ and

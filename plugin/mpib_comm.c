@@ -23,7 +23,7 @@
  * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
  * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
  * 64 bytes take an mlx5 WQE from one 64-byte block to two, and an rxe entry from 256 to 512
- * bytes. The sender's 296-entry queues are the largest rings of a connection, so its QPs ask
+ * bytes. The sender's send queues are the largest rings of a connection, so its QPs ask
  * for none. */
 #define MPIB_MAX_INLINE sizeof(struct mpib_cts) /* one CTS element, as net_ib */
 
@@ -37,7 +37,8 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct i
   ia.srq = srq;
   ia.qp_type = IBV_QPT_RC;
   ia.cap.max_send_wr = send_wr;
-  ia.cap.max_recv_wr = srq ? 0 : 4;
+  ia.cap.max_recv_wr =
+      0; /* receives come from the SRQ; the sender's and the flush QPs take none (as net_ib's sender) */
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
   ia.cap.max_inline_data = max_inline ? *max_inline : 0;
@@ -263,7 +264,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
     return NULL;
   }
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
-  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->reqs = page_alloc((size_t)c->nreqs_pool * sizeof *c->reqs);
   c->cts = page_alloc(MPIB_NIC_AREA);
   c->sizes = c->cts ? (mpib_sizes_row *)((char *)c->cts + MPIB_SIZES_OFFSET) : NULL;
   c->flush_buf = page_alloc(MPIB_PAGE);
@@ -507,7 +508,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) rebuild_wait(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_qps_destroy(c, r);
   for (int r = 0; r < MPIB_NRAILS; r++) rail_destroy(c, r);
-  free(c->reqs);
+  page_free(c->reqs, (size_t)c->nreqs_pool * sizeof *c->reqs);
   page_free(c->cts, MPIB_NIC_AREA);
   page_free(c->flush_buf, MPIB_PAGE);
   pthread_mutex_destroy(&c->ctrl_mu);

@@ -245,22 +245,28 @@ static ncclResult_t ctrl_retry(struct mpib_comm *c) {
   return ncclSuccess;
 }
 
-/* Receiver: every open slot's CTS again, on the rail that took the CTS over. */
-static int repost_open_cts(struct mpib_comm *c, int rail) {
-  int last = -1;
+/* Receiver: every open slot's CTS from slot `from` on again, on the rail that took the CTS
+ * over. A full send queue stops it; the rest goes out from where it stopped once the queue
+ * drains (c->cts_repost_from), since a queue smaller than the FIFO never takes all at once.
+ * Every MPIB_CTS_SIGNAL_EVERY-th write and the last are signalled, so the queue drains. */
+static int repost_open_cts(struct mpib_comm *c, int rail, int from) {
+  int last = -1, n = 0;
   c->cts_repost_due = 0;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++)
     if (c->slot_reqs[slot][0]) last = slot;
-  for (int slot = 0; slot <= last; slot++) {
+  for (int slot = from; slot <= last; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     if (req == NULL) continue;
-    int rc = mpib_post_cts(c, slot, rail, req->nreqs, slot == last);
-    if (rc == ENOMEM) { /* all of them again once the queue drains (a CTS written twice is harmless) */
+    int signalled = slot == last || ++n % MPIB_CTS_SIGNAL_EVERY == 0;
+    int rc = mpib_post_cts(c, slot, rail, req->nreqs, signalled);
+    if (rc == ENOMEM) {
       c->cts_repost_due = 1;
+      c->cts_repost_from = slot;
       return 0;
     }
     if (rc) return rc;
   }
+  c->cts_repost_from = 0;
   return 0;
 }
 
@@ -332,10 +338,11 @@ static ncclResult_t recv_leave_cts_rail(struct mpib_comm *c, int r) {
   if (c->cts_rail != r) return ncclSuccess;
   if (!mpib_rail_usable(c, s)) {
     c->cts_repost_due = 1;
+    c->cts_repost_from = 0;
     return ncclSuccess;
   }
   c->cts_rail = s;
-  int e = repost_open_cts(c, s);
+  int e = repost_open_cts(c, s, 0);
   if (e) return comm_failed(c, "reposting the CTS on the surviving rail failed: ", strerror(e));
   return ncclSuccess;
 }
@@ -776,7 +783,7 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
     if (c->cts_repost_due) { /* the CTS of every open slot, lost with the rails, on the first one back */
       c->cts_repost_due = 0;
       c->cts_rail = r;
-      int e = repost_open_cts(c, r);
+      int e = repost_open_cts(c, r, 0);
       if (e) return comm_failed(c, "reposting the CTS on the returning rail failed: ", strerror(e));
     }
   }
@@ -868,7 +875,7 @@ ncclResult_t mpib_failover_tick(struct mpib_comm *c) {
     if (res != ncclSuccess) return res;
   }
   if (c->cts_repost_due && !c->is_send && mpib_rail_usable(c, c->cts_rail)) { /* a repost a full queue cut short */
-    int e = repost_open_cts(c, c->cts_rail);
+    int e = repost_open_cts(c, c->cts_rail, c->cts_repost_from);
     if (e) return comm_failed(c, "reposting the CTS failed: ", strerror(e));
   }
   return c->replays_waiting > 0 ? post_replays(c) : ncclSuccess;

@@ -165,7 +165,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   c->flush_due = 0;
   ncclResult_t res = flush_retry(c, req);
   if (res != ncclSuccess) {
-    req->type = MPIB_REQ_FREE;
+    mpib_req_free(req);
     return res;
   }
   *request = req;

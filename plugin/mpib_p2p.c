@@ -213,6 +213,29 @@ static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
   return ncclSuccess;
 }
 
+/* Whether every rail that will carry slot seq's chain has room for it in its QP's send queue
+ * (the longest chain: a write per grouped request and the final write with the immediate).
+ * Replays waiting for room go before any new slot. */
+static int slot_fits(const struct mpib_comm *c, uint64_t seq, uint32_t nreqs) {
+  if (c->replays_waiting) return 0;
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) {
+    if (c->nqps[rail] == 0 || (mpib_g.failover && c->rail[rail].state != MPIB_RAIL_UP)) continue;
+    int qi = mpib_qp_index(rail, seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+    if (qi >= 0 && !mpib_sq_admits(c->sq_used[qi], nreqs + 1, c->sq_depth, MPIB_SQ_CTRL_RESERVE)) return 0;
+  }
+  return 1;
+}
+
+/* A slot whose chain does not fit its send queues yet waits, as one whose CTS has not arrived
+ * does: NCCL calls isend again. The completions polled here free the room. */
+static ncclResult_t wait_for_room(struct mpib_comm *c, uint64_t seq, uint32_t nreqs, int *fits) {
+  *fits = slot_fits(c, seq, nreqs);
+  if (*fits) return ncclSuccess;
+  ncclResult_t res = progress(c);
+  *fits = res == ncclSuccess && slot_fits(c, seq, nreqs);
+  return res;
+}
+
 ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
                         void **request) {
   struct mpib_comm *c = sendComm;
@@ -254,6 +277,11 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
     MPIB_WARN("isend with a memory handle registered on device %d, on a connection of device %d",
               ((struct mpib_mr *)mhandle)->fdev, c->fdev);
     return ncclInvalidArgument;
+  }
+  if (c->slot_matched[slot] + 1 == (int)nreqs) { /* this request completes the slot: post it */
+    int fits;
+    ncclResult_t res = wait_for_room(c, c->fifo_head, nreqs, &fits);
+    if (res != ncclSuccess || !fits) return res;
   }
   struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_SEND);
   if (!req) return ncclSuccess; /* pool exhausted: retry after completions */
@@ -314,12 +342,12 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     struct mpib_mr *mh = mhandles ? mhandles[r] : NULL;
     if (sizes[r] > 0 && mh == NULL) {
       MPIB_WARN("irecv of %zu bytes without a memory handle", sizes[r]);
-      req->type = MPIB_REQ_FREE;
+      mpib_req_free(req);
       return ncclInvalidArgument;
     }
     if (mh != NULL && mh->fdev != c->fdev) {
       MPIB_WARN("irecv with a memory handle registered on device %d, on a connection of device %d", mh->fdev, c->fdev);
-      req->type = MPIB_REQ_FREE;
+      mpib_req_free(req);
       return ncclInvalidArgument;
     }
     memset(&cts[r], 0, sizeof cts[r]);
@@ -340,19 +368,23 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     req->sizes[r] = 0;
     req->posted[r] = sizes[r];
   }
-  /* One signalled CTS per FIFO lap keeps the CTS QP's send queue drained. */
+  /* Every MPIB_CTS_SIGNAL_EVERY-th CTS signalled keeps the CTS QP's send queue drained. */
   int rail = c->cts_rail;
   int rc = 0;
-  if (c->stall_since_ns && !mpib_rail_usable(c, rail)) c->cts_repost_due = 1; /* written when a rail is back */
-  else rc = mpib_post_cts(c, slot, rail, n, slot == 0);
+  if (c->stall_since_ns && !mpib_rail_usable(c, rail)) { /* written when a rail is back */
+    c->cts_repost_due = 1;
+    c->cts_repost_from = 0;
+  } else {
+    rc = mpib_post_cts(c, slot, rail, n, slot % MPIB_CTS_SIGNAL_EVERY == 0);
+  }
   if (rc == ENOMEM) { /* the CTS QP's send queue is full: NCCL calls again, after its completions */
-    req->type = MPIB_REQ_FREE;
+    mpib_req_free(req);
     return progress(c);
   }
   if (rc) {
     MPIB_WARN("%s rail: posting the CTS failed: %s", mpib_rail_name(rail), strerror(rc));
     if (!mpib_g.failover || !mpib_rail_usable(c, 1 - rail)) {
-      req->type = MPIB_REQ_FREE;
+      mpib_req_free(req);
       return ncclSystemError;
     }
   }
@@ -525,6 +557,6 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
   if (sizes && req->type == MPIB_REQ_RECV) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));
-  req->type = MPIB_REQ_FREE;
+  mpib_req_free(req);
   return ncclSuccess;
 }

@@ -455,6 +455,12 @@ static inline uint32_t mpib_confirm_ranges(uint64_t open_seq1, uint32_t have, ui
   return acked & ~have;
 }
 
+/* Whether a slot's chain of `need` work requests may go on a send queue of `depth` places
+ * that has `used` taken, leaving `reserve` places to control writes. */
+static inline int mpib_sq_admits(uint32_t used, uint32_t need, uint32_t depth, uint32_t reserve) {
+  return used + need + reserve <= depth;
+}
+
 /* QPs on lane i of a rail whose nqps QPs go round-robin over nlanes lanes (QP q on lane
  * q mod nlanes, mpib_comm.c's rail_setup). */
 static inline uint32_t mpib_qps_on_lane(uint32_t nqps, uint32_t nlanes, uint32_t i) {

@@ -402,6 +402,16 @@ static void test_whole_message(void) {
   EXPECT_EQ("512 alternates", seq[0] * 1000 + seq[1] * 100 + seq[2] * 10 + seq[3], 1010);
 }
 
+static void test_sq_admits(void) {
+  EXPECT_EQ("empty queue, a grouped slot", mpib_sq_admits(0, 9, 79, 7), 1);
+  EXPECT_EQ("eight grouped slots fill the data places", mpib_sq_admits(63, 9, 79, 7), 1);
+  EXPECT_EQ("a ninth waits", mpib_sq_admits(72, 9, 79, 7), 0);
+  EXPECT_EQ("a one-write slot in the last data place", mpib_sq_admits(71, 1, 79, 7), 1);
+  EXPECT_EQ("the reserve stays for control writes", mpib_sq_admits(72, 1, 79, 7), 0);
+  EXPECT_EQ("no reserve: the whole queue", mpib_sq_admits(70, 9, 79, 0), 1);
+  EXPECT_EQ("a queue taken past its depth admits nothing", mpib_sq_admits(80, 1, 79, 0), 0);
+}
+
 static void test_lane_cq_depth(void) {
   EXPECT_EQ("1 QP on 1 lane", mpib_qps_on_lane(1, 1, 0), 1);
   EXPECT_EQ("2 QPs on 1 lane", mpib_qps_on_lane(2, 1, 0), 2);
@@ -416,6 +426,7 @@ static void test_lane_cq_depth(void) {
 }
 
 int main(void) {
+  test_sq_admits();
   test_lane_cq_depth();
   test_recv_ranges();
   test_failover();

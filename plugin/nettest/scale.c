@@ -69,6 +69,20 @@ static int nt_rdma_res_count(const char *what) {
   return pclose(f) == 0 && seen ? n : -1;
 }
 
+/* This node's verbs objects: QPs, CQs and SRQs (rdma res; -1 each when it cannot be read). */
+struct nt_objs {
+  int qps, cqs, srqs;
+};
+
+static void nt_objs_read(struct nt_objs *o) {
+  o->qps = nt_rdma_res_count("qp");
+  o->cqs = nt_rdma_res_count("cq");
+  o->srqs = nt_rdma_res_count("srq");
+}
+
+/* What grew from a to b, -1 when either was not read. */
+static int nt_grown(int a, int b) { return a < 0 || b < 0 ? -1 : b - a; }
+
 struct nt_proc {
   long rss_kib, hwm_kib;
   int threads, fds;
@@ -669,11 +683,13 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   }
   struct nt_proc p0, p1, p2, p3, p4;
   memset(&p0, 0, sizeof(p0)), p1 = p2 = p3 = p4 = p0;
+  struct nt_objs objs0 = {-1, -1, -1}, objs2 = {-1, -1, -1}; /* --rdma-res, first round */
   struct nt_phases phases;
   memset(&phases, 0, sizeof(phases));
   if (nt_oob_sync(oob, "scale-start", o->timeout_s) != 0) {
     goto out;
   }
+  if (o->rdma_res && round == 1) nt_objs_read(&objs0);
   nt_proc_read(&p0);
   nt_fdset_read(&fds0);
   nt_phase("scale-listen");
@@ -707,6 +723,7 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   nt_phases_take(&phases); /* each comm logs its line before connect/accept can return it */
   nt_proc_read(&p2);
   nt_smaps(&verbs_kib, &anon_kib);
+  if (o->rdma_res && round == 1) nt_objs_read(&objs2);
   nt_err("scale: %d send + %d recv comms up in %.3f s (longest connect %.1f ms, accept %.1f ms)", N, N, su.total_s,
          su.longest_connect_ms, su.longest_accept_ms);
   nt_phase("scale-data");
@@ -814,11 +831,13 @@ out:
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "
          "fds_connected=%d fds_closed=%d leaked_fds=%d runtime_fds=%d threads_before=%d threads_connected=%d "
-         "threads_closed=%d nofile=%lld memlock=%lld round=%d rss_verbs_connected_kib=%ld rss_anon_connected_kib=%ld",
+         "threads_closed=%d nofile=%lld memlock=%lld round=%d rss_verbs_connected_kib=%ld rss_anon_connected_kib=%ld"
+         " qps_grown=%d cqs_grown=%d srqs_grown=%d",
          N, N > 0 ? (p2.rss_kib - p0.rss_kib) / N : 0, verified ? "true" : "false", nt_role_name(o->role), p0.rss_kib,
          p1.rss_kib, p2.rss_kib, p3.rss_kib, p4.rss_kib, p4.hwm_kib, p0.fds, p1.fds, p2.fds, p4.fds, leaked_fds,
          runtime_fds, p0.threads, p2.threads, p4.threads, nt_lim(nofile->rlim_cur), nt_lim(memlock->rlim_cur), round,
-         verbs_kib, anon_kib);
+         verbs_kib, anon_kib, nt_grown(objs0.qps, objs2.qps), nt_grown(objs0.cqs, objs2.cqs),
+         nt_grown(objs0.srqs, objs2.srqs));
   nt_sc_free(&s);
   return ret;
 }

@@ -81,7 +81,9 @@ void mpib_comm_destroy(struct mpib_comm *c) { (void)c; }
 
 enum { SEND = 0, RECV = 1, NLANE = 3, NDATA = 3, NQPS = 2 * (NDATA + NLANE), RC_BUDGET = 30, CQDEPTH = 4096 };
 enum { FWD = 1, REV = 2 }; /* sender -> receiver, receiver -> sender */
-enum { SMALL_SQ = 8 };     /* a schedule's small send queues (struct schedule) */
+/* A schedule's small send queues (struct schedule): the sender's data takes one grouped
+ * slot's chain at a time, beside the places kept for control writes. */
+enum { SMALL_SQ = MPIB_SQ_CTRL_RESERVE + 3 };
 enum { OP_WRITE, OP_WRITE_IMM, OP_READ };
 
 struct wqe {
