@@ -39,15 +39,18 @@
 #define MPIB_SRQ_REFILL 16                     /* refill once this many were consumed */
 #define MPIB_CQ_DEPTH (MPIB_SRQ_DEPTH + MPIB_MAX_REQUESTS + 16)
 /* Sender send queue: room for the chains of MPIB_SQ_SLOTS slots of MPIB_MAX_RECVS grouped
- * requests (a write each plus the final write with the immediate), NCCL's own window per
- * connection (NCCL_STEPS), and MPIB_SQ_CTRL_RESERVE places that only control writes
- * (notices, probes, keepalives) may take. A slot whose chain does not fit waits in isend
- * until completions free the room (mpib_sq_admits); a slot of one request takes at most two
- * places, so 32 of them always fit. net_ib sizes its queue for every slot at once (2 x 256);
- * the smaller queue is most of what a connection's rings cost (docs/benchmarks.md). */
-#define MPIB_SQ_SLOTS 8
+ * requests (a write each plus the final write with the immediate: 48 writes in flight, far
+ * beyond any link's bandwidth-delay product at NCCL's chunk sizes) and MPIB_SQ_CTRL_RESERVE
+ * places that only control writes (notices, probes, keepalives) may take. A slot whose chain
+ * does not fit waits in isend until completions free the room (mpib_sq_admits); a slot of one
+ * request takes at most two places, so 27 of them fit at once. The 61 entries make a ring of
+ * 64 (rxe rounds to a power of two above the depth; mlx5 to a power of two of the bytes).
+ * net_ib sizes its queue for every slot at once (2 x 256 entries); the send queues are most
+ * of what a connection's rings cost (docs/benchmarks.md, "Memory per connection"). */
+#define MPIB_SQ_SLOTS 6
 #define MPIB_SQ_CTRL_RESERVE 7
 #define MPIB_SEND_WR_SENDER (MPIB_SQ_SLOTS * (MPIB_MAX_RECVS + 1) + MPIB_SQ_CTRL_RESERVE)
+_Static_assert(MPIB_SEND_WR_SENDER < 64, "the sender's send queue stays a 64-entry ring");
 /* Receiver send queue: the CTS writes (one per slot, every MPIB_CTS_SIGNAL_EVERY-th
  * signalled) and the control writes; a CTS that does not fit waits in irecv. */
 #define MPIB_CTS_SIGNAL_EVERY 8
