@@ -308,7 +308,8 @@ func TestBenchScale512(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	const n = 512
 	evidence("scale:", "limits a1: %s", nodeLimits(t, a1))
-	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute)
+	// --report-every 1: the leak line too, read at rest after the close (the threads line).
+	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute, "--report-every", "1")
 	for i, side := range []string{"server a2", "client a1"} {
 		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-resources:"))
 		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-connect:"))
@@ -319,6 +320,20 @@ func TestBenchScale512(t *testing.T) {
 	perConn := math.Max(r.resources[0].Float("per_conn_kib"), r.resources[1].Float("per_conn_kib"))
 	evidence("resources:", "conns=%d per_conn_kib=%.0f verified=true", n, perConn)
 	evidence("connect:", "comms=%d total_s=%.3f longest_call_ms=%.1f", n, r.worst("total_s"), r.worst("longest_call_ms"))
+	// The threads MPIB added (the driver's own subtracted): at rest after every comm closed,
+	// the most while they were set up, and at rest after minus before the first listen.
+	var atRest, burst, growth float64
+	for i, out := range []string{r.res.serverOut, r.res.clientOut} {
+		leak := kv.Lines(out, "nettest-leak:")
+		if len(leak) == 0 {
+			t.Fatalf("no nettest-leak line from the %s:\n%s", []string{"server", "client"}[i], out)
+		}
+		driver := leak[0].Float("threads_driver")
+		atRest = math.Max(atRest, leak[0].Float("threads")-driver)
+		burst = math.Max(burst, leak[0].Float("threads_peak")-driver)
+		growth = math.Max(growth, leak[0].Float("threads")-r.resources[i].Float("threads_before"))
+	}
+	evidence("threads:", "at_rest=%.0f burst_max=%.0f growth=%.0f comms=%d", atRest, burst, growth, n)
 	for i := range 2 {
 		if r.resources[i]["leaked_fds"] != "0" {
 			t.Errorf("fds leaked after close: %v", r.resources[i])
