@@ -120,9 +120,9 @@ func nodeLimits(t *testing.T, n *Node) string {
 // once, inside island A (a1 <-> a2: SOUT and SUP QPs) and across islands (a1 <-> b1: SOUT
 // only, through the router). Every comm carries one verified 4 KiB message each way. The
 // cycle runs twice in each process: the times are the first round's (what a job's start
-// sees); no fd may stay open after either round, and the second round must end with the
-// first round's fds and fewer than 4 threads more than it (the Go runtime keeps the threads
-// it made and now and then makes one more; a thread per connection would add 4).
+// sees); no fd may stay open after either round, and the second round must end, at rest,
+// with the first round's fds and fewer than 4 threads more than it (the Go runtime keeps the
+// threads it made and now and then makes one more; a thread per connection would add 4).
 func TestScaleConnect(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2, b1 := lab.Node("a1"), lab.Node("a2"), lab.Node("b1")
@@ -131,7 +131,9 @@ func TestScaleConnect(t *testing.T) {
 		name   string
 		server *Node
 	}{{"intra", a2}, {"inter", b1}} {
-		r := runScale(t, c.server, a1, "connect", 4, 2, 3*time.Minute)
+		// --report-every 1: each round's close is read at rest (0.5 s after it: the plugin ends
+		// its idle threads 200 ms after its last call), not while its last calls wind down.
+		r := runScale(t, c.server, a1, "connect", 4, 2, 3*time.Minute, "--report-every", "1")
 		if !r.ok() {
 			t.Fatalf("connect %s (a1 <-> %s) failed:\n%s\n%s", c.name, c.server.Name(), r.diag(), r.res)
 		}
