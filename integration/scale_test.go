@@ -296,19 +296,26 @@ func sysfsGID(addr string) string {
 	return fmt.Sprintf("0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", a[0], a[1], a[2], a[3])
 }
 
+// scaleBenchNodes skips a run of n connections each way unless MPIB_SCALE=1 or MPIB_BENCH=1
+// (slow under TCG), and returns a1, a2 and what ends the bench clock.
+func scaleBenchNodes(t *testing.T, n int) (a1, a2 *Node, done func()) {
+	t.Helper()
+	if os.Getenv("MPIB_SCALE") != "1" && os.Getenv("MPIB_BENCH") != "1" {
+		t.Skipf("the %d-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1", n)
+	}
+	lab := labOrSkip(t)
+	return lab.Node("a1"), lab.Node("a2"), benchClock(t)
+}
+
 // TestBenchScale512 (also with MPIB_SCALE=1): 512 connections per direction between a1 and
 // a2, i.e. per process 512 listen, 512 send and 512 recv comms; one 64 KiB verified message
 // on each comm each way; then everything closed. Prints the resources and connect lines.
 // The plugin may fail at this scale: the test then reports how (which call, after how many
 // comms, with what the nodes allow) and fails.
 func TestBenchScale512(t *testing.T) {
-	if os.Getenv("MPIB_SCALE") != "1" && os.Getenv("MPIB_BENCH") != "1" {
-		t.Skip("the 512-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1")
-	}
-	lab := labOrSkip(t)
-	defer benchClock(t)()
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	const n = 512
+	a1, a2, done := scaleBenchNodes(t, n)
+	defer done()
 	evidence("scale:", "limits a1: %s", nodeLimits(t, a1))
 	// --report-every 1: the leak line too, read at rest after the close (the threads line).
 	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute, "--report-every", "1")
@@ -360,13 +367,9 @@ func TestBenchScale512(t *testing.T) {
 // as memory: the RSS each process grew by per send+receive pair, split into the verbs rings the
 // provider mapped and the rest, and the verbs objects the node gained (rdma res).
 func TestBenchMemory256(t *testing.T) {
-	if os.Getenv("MPIB_SCALE") != "1" && os.Getenv("MPIB_BENCH") != "1" {
-		t.Skip("the 256-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1")
-	}
-	lab := labOrSkip(t)
-	defer benchClock(t)()
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	const n = 256
+	a1, a2, done := scaleBenchNodes(t, n)
+	defer done()
 	r := runScale(t, a2, a1, "resources", n, 1, 10*time.Minute, "--rdma-res")
 	if !r.ok() {
 		t.Fatalf("%d connections failed after %.0f s:\n%s", n, r.wall.Seconds(), r.diag())
