@@ -1,8 +1,7 @@
 // init.go: NCCL's init and finalize (mpibGoInit, mpibGoFinalize, called by abi_common.c): the
-// configuration (internal/config), opening every fused device's NICs (each with a watcher of
-// its async events, events.go), and the settings the C data path reads (applyConfig). Each
-// init is a netCtx (lifecycle.go); the devices close when the last context and the last comm
-// are gone (lifecycle.go's closeDevicesIfUnused).
+// configuration (internal/config), opening every fused device's NICs, and the settings the C
+// data path reads (applyConfig). Each init is a netCtx (lifecycle.go); the devices close when
+// the last context and the last comm are gone (lifecycle.go's closeDevicesIfUnused).
 
 package main
 
@@ -82,16 +81,10 @@ func initPlugin() C.int {
 		name := C.CString(n.HCA)
 		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex), boolInt(n.Role == 1)) // 1: SUP (a NIC that is some device's SOUT is opened as SOUT)
 		C.free(unsafe.Pointer(name))
-		if rc == 0 {
-			if err := watchNICEvents(i); err != nil {
-				warnf("HCA %s: cannot wait on its async events: %v", n.HCA, err)
-				rc = 1
-			}
-		}
 		if rc != 0 {
 			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
 			// to its next network. The warning above names the NIC and the reason.
-			closeNICs()
+			C.mpib_nic_close_all()
 			return C.int(resSuccess)
 		}
 	}

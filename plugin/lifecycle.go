@@ -279,7 +279,7 @@ func closeDevicesIfUnused() {
 	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
 		closeAgentSegment()
 		plugin.warming.Wait()
-		closeNICs() // events.go: the watchers end before the contexts close
+		C.mpib_nic_close_all()
 		forgetGIDTables()
 		plugin.devicesOpen = false
 		infof("devices closed")

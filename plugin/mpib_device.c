@@ -1,8 +1,8 @@
 /* The device table (mpib_g, the process's NICs and fused devices) and the NICs in it: opening
- * and closing them (their async events watched from open to close), their limits, properties and port state,
+ * and closing them (with the async-event thread watching them), their limits, properties and port state,
  * their GID tables, and memory registrations on a fused device's NICs. Called by the Go control
  * plane, by comm setup and by rail rebuild; offers what mpib_device.h declares; calls only the
- * async events (mpib_events.h) and the verbs shims (mpib_verbs.h). */
+ * event threads (mpib_events.h) and the verbs shims (mpib_verbs.h). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -124,11 +124,10 @@ int mpib_nic_open(int nic, int rail, const char *name, int port, int pkey_index,
     MPIB_WARN("%s HCA %s: ibv_alloc_pd failed", mpib_rail_name(rail), name);
     goto fail;
   }
-  if ((rc = mpib_events_prepare(nic)) < 0) { /* the control plane waits on the fd it returns */
+  if ((rc = mpib_events_start(nic)) != 0) {
     MPIB_WARN("%s HCA %s: cannot watch its async events: %s", mpib_rail_name(rail), name, strerror(-rc));
     goto fail;
   }
-  rc = 0;
   MPIB_INFO("%s rail: %s port %d (%s) MTU %d speed %d Mbps P_Key index %d", mpib_rail_name(rail), name, port,
             d->link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "RoCE", mtu_bytes(d->active_mtu), d->speed_mbps,
             pkey_index);
@@ -146,7 +145,7 @@ out:
 
 void mpib_nic_close_all(void) {
   mpib_g.nfdevs = 0;
-  mpib_events_forget_all(); /* before the contexts close: a drain reads their events */
+  mpib_events_stop(); /* before the contexts close: the thread reads their events */
   for (int n = 0; n < MPIB_MAX_NICS; n++) {
     struct mpib_nic *d = &mpib_g.nic[n];
     if (d->pd) ibv_dealloc_pd(d->pd);

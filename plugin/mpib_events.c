@@ -1,21 +1,23 @@
 /*
- * Async events: ibv_get_async_event on each open NIC. Without them a device that dies
- * (IBV_EVENT_DEVICE_FATAL, e.g. removed or reset) leaves the CQs silent and test() would wait
- * forever. Handling an event only sets flags the data path reads when a caller waits
- * (mpib_p2p.c comm_health): fatal fails every comm on the device, a port that goes down stops
- * being scheduled while the other rail can carry the traffic, and a GID table change (an
- * address added or removed) makes the next connect read the table again. Each kind of event
- * is logged the first time it happens (and then counted), not per event.
- * No thread waits here: the Go control plane (plugin/events.go) waits on each NIC's async fd
- * in the Go runtime's netpoller, which already has a thread blocked in epoll for its sockets
- * (net_ib runs one thread per device), and calls mpib_events_drain when the fd is readable.
- * Called by mpib_device.c (a NIC is watched from when it opens until the NICs close) and by
- * the control plane; offers what mpib_events.h declares.
+ * Async events: one thread for every open NIC of the process reads ibv_get_async_event
+ * (net_ib runs one per device; one for all keeps a node with a NIC per GPU, and a SUP port
+ * per neighbour, at one thread: events are rare, and each is handled in microseconds).
+ * Without it a device that dies (IBV_EVENT_DEVICE_FATAL, e.g. removed or reset) leaves the
+ * CQs silent and test() would wait forever. The thread only sets flags the data path reads
+ * when a caller waits (mpib_p2p.c comm_health): fatal fails every comm on the device, a port
+ * that goes down stops being scheduled while the other rail can carry the traffic, and a GID
+ * table change (an address added or removed) makes the next connect read the table again.
+ * Each kind of event is logged the first time it happens (and then counted), not per event.
+ * Called by mpib_device.c (a NIC is watched from when it opens; the thread stops before the
+ * NICs close); offers what mpib_events.h declares.
  */
+#define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpib.h"
 #include "mpib_clock.h"
@@ -73,66 +75,116 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   }
 }
 
-/* The NICs being watched. mu orders a drain against forget_all: a drain reads a context
- * only while holding mu and seeing its NIC watched, so once forget_all returns no drain reads
- * one (the contexts may close). */
+/* The thread's state: which NICs it watches (set under mu; the thread reads the set afresh
+ * when woken through the pipe) and whether it runs. */
 static struct {
   pthread_mutex_t mu;
   int watched[MPIB_MAX_NICS];
+  int pipe[2]; /* a byte: read the set again; the pipe's end closed: stop */
+  pthread_t thread;
+  int running;
 } ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* The kernel closed the NIC's event queue (the device is gone): the same as a fatal event.
- * Called with ev.mu held. */
-static void channel_closed_locked(int nic, int err) {
+/* The kernel dropped the device under us: the same as a fatal event. */
+static void channel_closed(int nic) {
   struct mpib_nic *d = &mpib_g.nic[nic];
   __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);
-  MPIB_WARN("%s rail: device %s went away (event channel closed: %s)", mpib_rail_name(d->role), d->name, strerror(err));
+  MPIB_WARN("%s rail: device %s went away (event channel closed)", mpib_rail_name(d->role), d->name);
+  pthread_mutex_lock(&ev.mu);
   ev.watched[nic] = 0;
+  pthread_mutex_unlock(&ev.mu);
 }
 
-int mpib_events_prepare(int nic) {
-  if (nic < 0 || nic >= MPIB_MAX_NICS || mpib_g.nic[nic].ctx == NULL) return -EINVAL;
-  int fd = mpib_g.nic[nic].ctx->async_fd;
-  int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -errno;
+/* The poll set: the pipe first, then each watched NIC's async fd; nics[i] is fds[i + 1]'s NIC. */
+static int poll_set(struct pollfd *fds, int *nics) {
+  int n = 0;
+  fds[0] = (struct pollfd){.fd = ev.pipe[0], .events = POLLIN};
+  pthread_mutex_lock(&ev.mu);
+  for (int nic = 0; nic < MPIB_MAX_NICS; nic++) {
+    if (!ev.watched[nic]) continue;
+    nics[n] = nic;
+    fds[++n] = (struct pollfd){.fd = mpib_g.nic[nic].ctx->async_fd, .events = POLLIN};
+  }
+  pthread_mutex_unlock(&ev.mu);
+  return n + 1;
+}
+
+/* Reads the wake-up bytes; 0 when the pipe's write end was closed (stop). */
+static int drain_pipe(void) {
+  char b[64];
+  ssize_t n = read(ev.pipe[0], b, sizeof b);
+  return n != 0;
+}
+
+static void *event_loop(void *arg) {
+  (void)arg;
+  struct pollfd fds[MPIB_MAX_NICS + 1];
+  int nics[MPIB_MAX_NICS];
+  int nfds = poll_set(fds, nics);
+  for (;;) {
+    int n = poll(fds, (nfds_t)nfds, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return NULL;
+    int reread = 0;
+    if (fds[0].revents) {
+      if (!drain_pipe()) return NULL;
+      reread = 1;
+    }
+    for (int i = 1; i < nfds; i++) {
+      if (!fds[i].revents) continue;
+      if (fds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+        channel_closed(nics[i - 1]);
+        reread = 1;
+        continue;
+      }
+      struct ibv_async_event e;
+      while (ibv_get_async_event(mpib_g.nic[nics[i - 1]].ctx, &e) == 0) { /* non-blocking: drain what is queued */
+        handle_event(nics[i - 1], &e);
+        ibv_ack_async_event(&e);
+      }
+    }
+    if (reread) nfds = poll_set(fds, nics);
+  }
+}
+
+/* Starts the thread with its pipe; called with ev.mu held. */
+static int start_thread_locked(void) {
+  if (pipe2(ev.pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -errno;
+  int rc = pthread_create(&ev.thread, NULL, event_loop, NULL);
+  if (rc != 0) {
+    close(ev.pipe[0]);
+    close(ev.pipe[1]);
+    return -rc;
+  }
+  ev.running = 1;
+  return 0;
+}
+
+int mpib_events_start(int nic) {
+  struct mpib_nic *d = &mpib_g.nic[nic];
+  int flags = fcntl(d->ctx->async_fd, F_GETFL);
+  if (flags < 0 || fcntl(d->ctx->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) return -errno;
   memset(event_counts[nic], 0, sizeof event_counts[nic]);
   pthread_mutex_lock(&ev.mu);
-  ev.watched[nic] = 1;
-  pthread_mutex_unlock(&ev.mu);
-  return fd;
-}
-
-/* The kernel's read of an async fd (uverbs ib_uverbs_event_read) returns an event while one is
- * queued, then EIO once the queue is closed (the device was removed or disassociated; poll
- * reports EPOLLERR then, which wakes the waiter), else EAGAIN (the fd is non-blocking).
- * libibverbs passes read's errno through. */
-int mpib_events_drain(int nic) {
-  if (nic < 0 || nic >= MPIB_MAX_NICS) return MPIB_EVENTS_STOPPED;
-  pthread_mutex_lock(&ev.mu);
-  int rc = MPIB_EVENTS_STOPPED;
-  while (ev.watched[nic]) {
-    struct ibv_async_event e;
-    errno = 0;
-    if (ibv_get_async_event(mpib_g.nic[nic].ctx, &e) == 0) {
-      handle_event(nic, &e);
-      ibv_ack_async_event(&e);
-      continue;
-    }
-    int err = errno;
-    if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK) {
-      rc = MPIB_EVENTS_WAIT;
-      break;
-    }
-    channel_closed_locked(nic, err ? err : EIO); /* a short read without errno: not an event queue either */
-    rc = MPIB_EVENTS_CLOSED;
+  int rc = ev.running ? 0 : start_thread_locked();
+  if (rc == 0) {
+    ev.watched[nic] = 1;
+    char b = 0;
+    ssize_t w = write(ev.pipe[1], &b, 1); /* a full pipe already asks for a re-read */
+    (void)w;
   }
   pthread_mutex_unlock(&ev.mu);
   return rc;
 }
 
-void mpib_events_forget_all(void) {
+void mpib_events_stop(void) {
   pthread_mutex_lock(&ev.mu);
+  int running = ev.running;
+  ev.running = 0;
   memset(ev.watched, 0, sizeof ev.watched);
+  if (running) close(ev.pipe[1]); /* the thread reads end-of-file and returns */
   pthread_mutex_unlock(&ev.mu);
+  if (!running) return;
+  pthread_join(ev.thread, NULL);
+  close(ev.pipe[0]);
 }
