@@ -6,7 +6,7 @@
  * these types (a rail's name, lanes and fault state, a comm's request pool and MRs).
  *
  * Functions are declared by their own file's header: mpib_device.h (NICs, GID tables, memory
- * registration), mpib_events.h (the async events), mpib_comm.h (comm setup and teardown),
+ * registration), mpib_events.h (the async-event thread), mpib_comm.h (comm setup and teardown),
  * mpib_qp.h (its QP helpers), mpib_p2p.h (isend, irecv, test), mpib_flush.h, mpib_slots.h,
  * mpib_failover.h, mpib_rebuild.h, mpib_progress.h, mpib_watch.h, mpib_handoff.h (handshake results for
  * connect and accept), mpib_clock.h, mpib_profiler.h, mpib_hostile.h, mpib_verbs.h,
@@ -118,7 +118,7 @@ struct mpib_nic {
   uint16_t lid;
   uint16_t pkey_index;
   int max_qp, max_cq; /* device limits (ibv_query_device) */
-  /* Set by the async-event handling (mpib_events.c), read by the data path. */
+  /* Set by the async-event thread (mpib_events.c), read by the data path. */
   int fatal;     /* IBV_EVENT_DEVICE_FATAL: nothing on this device will complete again */
   int port_down; /* IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE */
   uint64_t port_change_ns;

@@ -1,5 +1,5 @@
 /* The data path's clock (mpib_clock.c). Called by every file that keeps time: the message
- * path, failover, the slots' telemetry, the flush, comm setup, the async-event handling, the
+ * path, failover, the slots' telemetry, the flush, comm setup, the async-event thread, the
  * handoff and the hostile test build. The message path's tests define their own instead of
  * linking mpib_clock.c, so that they run on a fake clock. */
 #ifndef MPIB_CLOCK_H
