@@ -37,8 +37,8 @@ static struct ibv_qp *create_rc_qp(const struct mpib_comm *c, int lane, struct i
   ia.srq = srq;
   ia.qp_type = IBV_QPT_RC;
   ia.cap.max_send_wr = send_wr;
-  ia.cap.max_recv_wr =
-      0; /* receives come from the SRQ; the sender's and the flush QPs take none (as net_ib's sender) */
+  /* Receives come from the SRQ; the sender's and the flush QPs take none (as net_ib's sender). */
+  ia.cap.max_recv_wr = 0;
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
   ia.cap.max_inline_data = max_inline ? *max_inline : 0;

@@ -120,6 +120,13 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
                            p->size_in_imm ? (uint32_t)reqs[0]->size : MPIB_IMM_NO_SIZE);
 }
 
+/* Whether a new slot's chain may go on `rail`: it is in service, or failover is off (then a
+ * failed post is an error, not a replay). post_rail posts there, and slot_fits checks the room
+ * there, so both ask this. */
+static inline int rail_takes_slots(const struct mpib_comm *c, int rail) {
+  return c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;
+}
+
 /* Posts one rail's chain of the slot. A rail out of service (a failover under way: its QPs are
  * in the error state, and a chain posted now would be flushed after its fence was settled),
  * one whose send queue is full (back-pressure, not a fault) or one that refuses the post (its
@@ -127,8 +134,7 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
  * rail fails over like any failed rail. A chain taken in part fails the rail over, and the
  * fence settles it (MPIB_POST_PARTIAL). */
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p) {
-  int in_service = c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;
-  int rc = in_service ? mpib_post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
+  int rc = rail_takes_slots(c, rail) ? mpib_post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
   if (rc == 0) {
     mpib_tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
     return ncclSuccess;
@@ -213,13 +219,13 @@ static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
   return ncclSuccess;
 }
 
-/* Whether every rail that will carry slot seq's chain has room for it in its QP's send queue
- * (the longest chain: a write per grouped request and the final write with the immediate).
- * Replays waiting for room go before any new slot. */
+/* Whether every rail that takes slots has room in the QP slot seq would use for the slot's
+ * longest chain (a write per grouped request and the final write with the immediate), whether
+ * or not the split gives it a part. Replays waiting for room go before any new slot. */
 static int slot_fits(const struct mpib_comm *c, uint64_t seq, uint32_t nreqs) {
   if (c->replays_waiting) return 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (c->nqps[rail] == 0 || (mpib_g.failover && c->rail[rail].state != MPIB_RAIL_UP)) continue;
+    if (c->nqps[rail] == 0 || !rail_takes_slots(c, rail)) continue;
     int qi = mpib_qp_index(rail, seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
     if (qi >= 0 && !mpib_sq_admits(c->sq_used[qi], nreqs + 1, c->sq_depth, MPIB_SQ_CTRL_RESERVE)) return 0;
   }

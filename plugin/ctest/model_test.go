@@ -176,7 +176,7 @@ var mutants = []mutant{
 	{"control-short-write", "mpib_failover.c", "    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);\n    c->ctrl_out_n += (uint32_t)len;\n    (void)ctrl_flush_locked(c);",
 		"    (void)send(c->ctrl_fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);"},
 	// A slot posted on a rail out of service (flushed after its fence was settled).
-	{"post-on-fenced-rail", "mpib_p2p.c", "  int in_service = c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;", "  int in_service = 1;"},
+	{"post-on-fenced-rail", "mpib_p2p.c", "  return c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;", "  return 1;"},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
 	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }
