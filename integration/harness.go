@@ -43,8 +43,9 @@ type Topology struct {
 }
 
 // Start makes a lab available (see internal/lab: an already running VM, the host's own
-// kernel, or a VM booted now) and brings up the topology on it. One retry covers a guest
-// lost while the topology came up (multi-threaded TCG occasionally panics).
+// kernel, or a VM booted now) and brings up the topology on it. A failed attempt is tried
+// again, on a rebooted lab when the guest was lost (multi-threaded TCG occasionally panics)
+// and on the same one when it still answers.
 func Start(ctx context.Context) (*Topology, error) {
 	root, err := lab.FindRepoRoot(".")
 	if err != nil {
@@ -58,7 +59,7 @@ func Start(ctx context.Context) (*Topology, error) {
 		return nil, err
 	}
 	var lastErr error
-	for attempt := 1; attempt <= 2; attempt++ {
+	for attempt := 1; attempt <= topologyAttempts; attempt++ {
 		env, err := lab.Up(ctx, cfg)
 		if err != nil {
 			unlock()
@@ -70,8 +71,14 @@ func Start(ctx context.Context) (*Topology, error) {
 			return t, nil
 		}
 		lastErr = err
-		if ctx.Err() != nil || !env.Owned && !labDied(ctx, cfg) {
+		if ctx.Err() != nil || attempt == topologyAttempts {
 			break
+		}
+		if !env.Owned && !labDied(ctx, cfg) {
+			// Another process's VM that still answers is never replaced under its owner;
+			// the topology is tried again on it (its failed attempt has been torn down).
+			fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, trying again on the running lab: %v\n", attempt, err)
+			continue
 		}
 		fmt.Fprintf(os.Stderr, "lab: topology attempt %d failed, rebooting the lab: %v\n", attempt, err)
 		_ = lab.Down(ctx, cfg)
@@ -83,6 +90,8 @@ func Start(ctx context.Context) (*Topology, error) {
 	unlock()
 	return nil, lastErr
 }
+
+const topologyAttempts = 2
 
 // labDied says whether the lab VM that another process booted (`go run mage.go test` boots it
 // beside the unit tests) is gone or no longer answers: then this run replaces it, as it does

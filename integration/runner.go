@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -42,8 +43,28 @@ type runnerReply struct {
 
 // startRunner starts the runner in a container with one docker exec whose stdin stays open,
 // and waits for its first line. wrap is a command the runner runs under (the mesh's namespace
-// nodes: `ip netns exec NS`), or none.
+// nodes: `ip netns exec NS`), or none. A start that fails is tried again (runnerStartAttempts
+// in all): the lab's Docker API is reached through QEMU's user-mode network, which has reset
+// a connection now and then, and an exec that was created but never attached costs nothing.
 func startRunner(ctx context.Context, cli *client.Client, name, containerID string, wrap ...string) (*runner, error) {
+	var err error
+	for attempt := 1; attempt <= runnerStartAttempts; attempt++ {
+		var r *runner
+		if r, err = startRunnerOnce(ctx, cli, name, containerID, wrap...); err == nil {
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "lab: %s: command runner start %d/%d failed: %v\n", name, attempt, runnerStartAttempts, err)
+		time.Sleep(time.Second)
+	}
+	return nil, err
+}
+
+const runnerStartAttempts = 3
+
+func startRunnerOnce(ctx context.Context, cli *client.Client, name, containerID string, wrap ...string) (*runner, error) {
 	created, err := cli.ExecCreate(ctx, containerID, client.ExecCreateOptions{
 		Cmd: append(wrap, "python3", "-u", "-c", runnerScript), AttachStdin: true, AttachStdout: true, AttachStderr: true,
 	})
