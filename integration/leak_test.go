@@ -45,9 +45,9 @@ type (
 )
 
 // maxThreadsAtRest and maxThreadsBurst are the bounds of docs/configuration.md ("Threads") on
-// the threads MPIB adds to a process, with GOMAXPROCS left to MPIB (2).
+// the threads MPIB adds to a process, with GOMAXPROCS left to MPIB (2 at work, 1 at rest).
 const (
-	maxThreadsAtRest = 12
+	maxThreadsAtRest = 8
 	maxThreadsBurst  = 20
 )
 

@@ -26,8 +26,9 @@ import (
 // gives an idle thread back: the count follows the worst moment so far, which can come hours
 // into a job. The one way to make the runtime end a thread is a goroutine that locks it
 // (runtime.LockOSThread) and returns without unlocking it. So:
-//   - GOMAXPROCS is 2 (controlPlaneProcs) unless the user set GOMAXPROCS in the environment:
-//     the control plane is handshakes waiting on the network, never CPU-bound Go code;
+//   - GOMAXPROCS is 2 (controlPlaneProcs) while the control plane works and 1 (restProcs) at
+//     rest, unless the user set GOMAXPROCS in the environment: the control plane is
+//     handshakes waiting on the network, never CPU-bound Go code;
 //   - the slow C calls made from goroutines (creating, connecting and destroying verbs
 //     objects, reading a GID table: milliseconds each) run on a call thread that ends
 //     callThreadIdle after its last call (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
@@ -42,13 +43,23 @@ import (
 // on those threads and cost MPIB none. Bounds and figures: docs/configuration.md ("Threads");
 // integration/leak_test.go (TestLeakConnectClose) checks them.
 
-// controlPlaneProcs is GOMAXPROCS when the environment does not set it.
-const controlPlaneProcs = 2
+// controlPlaneProcs is GOMAXPROCS while the control plane works, restProcs while it rests,
+// when the environment does not set GOMAXPROCS. A burst of handshakes runs 10-15 % faster
+// with two Ps than with one (docs/benchmarks.md); at rest the runtime keeps an idle thread
+// for each P beyond the first that the trim does not end, so the trim lowers GOMAXPROCS
+// first and the next slow call raises it again (a stop-the-world of microseconds per burst).
+const (
+	controlPlaneProcs = 2
+	restProcs         = 1
+)
+
+// procsOwned says whether MPIB sets GOMAXPROCS (the environment does not).
+var procsOwned = os.Getenv("GOMAXPROCS") == ""
 
 func init() {
 	// The runtime read GOMAXPROCS from the environment before this runs: honour it. Setting
 	// it here also stops the runtime from following the cgroup's CPU limit (Go 1.25+).
-	if os.Getenv("GOMAXPROCS") == "" {
+	if procsOwned {
 		runtime.GOMAXPROCS(controlPlaneProcs)
 	}
 }
@@ -161,17 +172,22 @@ func callThread(call func()) {
 // the threads that stood in for the calls in C, one per P, a spare).
 const trimAfter = 200 * time.Millisecond
 
-func trimThreads() int { return 2*runtime.GOMAXPROCS(0) + maxConcurrentVerbs + 4 }
+func trimThreads() int { return 2*max(runtime.GOMAXPROCS(0), controlPlaneProcs) + maxConcurrentVerbs + 4 }
 
 var trim struct {
-	mu    sync.Mutex
-	timer *time.Timer
+	mu     sync.Mutex
+	timer  *time.Timer
+	atRest bool // GOMAXPROCS is restProcs
 }
 
-// noteActivity (re)arms the idle trim.
+// noteActivity (re)arms the idle trim, and gives the control plane its Ps back after a rest.
 func noteActivity() {
 	trim.mu.Lock()
 	defer trim.mu.Unlock()
+	if trim.atRest {
+		trim.atRest = false
+		runtime.GOMAXPROCS(controlPlaneProcs)
+	}
 	if trim.timer == nil {
 		trim.timer = time.AfterFunc(trimAfter, trimIdleThreads)
 	} else {
@@ -183,6 +199,12 @@ func noteActivity() {
 // runtime takes idle ones before it makes one), locks it and returns, which ends it. The
 // runtime makes again what the next burst needs.
 func trimIdleThreads() {
+	if procsOwned {
+		trim.mu.Lock()
+		trim.atRest = true
+		runtime.GOMAXPROCS(restProcs)
+		trim.mu.Unlock()
+	}
 	var wg sync.WaitGroup
 	for range trimThreads() {
 		wg.Add(1)
