@@ -172,7 +172,9 @@ func callThread(call func()) {
 // the threads that stood in for the calls in C, one per P, a spare).
 const trimAfter = 200 * time.Millisecond
 
-func trimThreads() int { return 2*max(runtime.GOMAXPROCS(0), controlPlaneProcs) + maxConcurrentVerbs + 4 }
+func trimThreads() int {
+	return 2*max(runtime.GOMAXPROCS(0), controlPlaneProcs) + maxConcurrentVerbs + 4
+}
 
 var trim struct {
 	mu     sync.Mutex
