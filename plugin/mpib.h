@@ -408,8 +408,10 @@ struct mpib_comm {
   uint64_t recv_idle_seq1;
   /* Keepalive (mpib_failover_keepalive_tick): a comm NCCL keeps polling that has made no progress
    * for a second writes zero bytes on each rail, so a dead path errors even with nothing else
-   * in flight (the control socket may share the dead network). */
-  uint32_t idle_polls;
+   * in flight (the control socket may share the dead network). idle_polls counts progress
+   * calls (the keepalive, the watch and a quiet comm's failover tick run on every 16th);
+   * cts_waits counts isend calls that found no CTS (every 16th polls). */
+  uint32_t idle_polls, cts_waits;
   uint64_t progress_count, progress_seen, idle_since_ns;
   uint64_t watch_tick_ns;      /* the no-progress watch's last tick (0: none yet) */
   uint64_t whole_msg_max;      /* slots of at most this many bytes go whole to one rail */

@@ -230,7 +230,7 @@ static ncclResult_t post_confirm(struct mpib_comm *c, int r) {
 }
 
 /* Posts again the control writes a full send queue refused, and what the control socket has
- * not taken yet. Runs on every progress call; with nothing due it costs two loads. */
+ * not taken yet. Runs on every tick; with nothing due it costs two loads. */
 static ncclResult_t ctrl_retry(struct mpib_comm *c) {
   if (__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED)) ctrl_flush(c);
   uint32_t due = c->ctrl_rdma_due;
@@ -404,7 +404,7 @@ static ncclResult_t post_replays(struct mpib_comm *c) {
     }
     if (rc) return mpib_failover_rail_fail(c, s, "completion-error", "posting a replay failed");
     for (int range = 0; range < MPIB_NRAILS; range++)
-      if (ranges & (1u << range)) mpib_tele_post(c, slot, s, range, mpib_completion_now(c));
+      if ((ranges & (1u << range)) && mpib_tele_on(c)) mpib_tele_post(c, slot, s, range, mpib_completion_now(c));
     c->slot_replay_wait[slot] = 0;
     c->replays_waiting--;
   }
@@ -424,7 +424,7 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
   c->slot_replay_on[slot][r] = 0;
   uint32_t need = mpib_replay_ranges(rec->open_seq1[slot], rec->have[slot], rec->next_seq, seq, lost);
   for (int range = 0; range < MPIB_NRAILS; range++) {
-    if (!(lost & (1u << range))) continue;
+    if (!(lost & (1u << range)) || !mpib_tele_on(c)) continue;
     /* lost on r */
     if (need & (1u << range)) mpib_tele_leave(c, r, c->slot_rail_bytes[slot][range], mpib_completion_now(c));
     else mpib_tele_complete(c, slot, r, range); /* the receiver has them: delivered by r */
@@ -833,8 +833,9 @@ static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
   return ncclSuccess;
 }
 
-/* Runs on every progress call. With every rail UP it costs a load or two per rail: the port
- * state, and the peer's record (sender) or notice and confirm (receiver) words. */
+/* Runs on every progress call, every 16th on a quiet sender (mpib_failover_quiet, progress in
+ * mpib_p2p.c). With every rail UP it checks a load or two per rail: the port state, and the
+ * peer's record (sender) or notice and confirm (receiver) words. */
 ncclResult_t mpib_failover_tick(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (!c->nqps[r]) continue;
@@ -951,7 +952,7 @@ ncclResult_t mpib_failover_keepalive_tick(struct mpib_comm *c) {
   }
   /* Idle for 256 polls: what is left of the telemetry batch is published now, not at the next
    * message (the agent would see the last completions late and the bytes in flight stuck). */
-  if (c->tele_slots || c->tele_done) mpib_telemetry_flush(c);
+  if (mpib_tele_on(c) && (c->tele_slots || c->tele_done)) mpib_telemetry_flush(c);
   if (now - c->idle_since_ns < MPIB_KEEPALIVE_NS || (!c->is_send && c->recvs_open == 0)) return ncclSuccess;
   c->idle_since_ns = now;
   for (int r = 0; r < MPIB_NRAILS; r++) {

@@ -15,8 +15,25 @@ ncclResult_t mpib_failover_completion_error(struct mpib_comm *c, int rail, const
 /* A probe write of a rebuilt rail completed. */
 ncclResult_t mpib_failover_probe_done(struct mpib_comm *c, int r);
 /* Each progress call, after the completions: the peer's records and notices, port and device
- * state, the recovery attempts, replays and control messages waiting for room. */
+ * state, the recovery attempts, replays and control messages waiting for room. On a quiet
+ * sender (mpib_failover_quiet) every 16th call is enough. */
 ncclResult_t mpib_failover_tick(struct mpib_comm *c);
+
+/* Whether a sender's tick has nothing to move, only a new fault to notice: every rail with
+ * QPs in service and no control write or replay waiting. Then noticing a fault the
+ * completions do not report (the receiver's fence record, a port going down) waits at most 15
+ * progress calls, microseconds while NCCL polls; the no-progress watch and the port events
+ * take milliseconds. A sender NCCL stops calling needs no tick: a record that arrives then
+ * is answered by the control plane (mpib_comm_answer_record). A receiver is never quiet: a
+ * notice that arrives while a receive is open is the data path's to answer (the control
+ * plane answers only an idle receiver), and the call that completes the last open receive
+ * may be the last call NCCL makes. */
+static inline int mpib_failover_quiet(const struct mpib_comm *c) {
+  if (!c->is_send) return 0;
+  for (int r = 0; r < MPIB_NRAILS; r++)
+    if (c->nqps[r] && c->rail[r].state != MPIB_RAIL_UP) return 0;
+  return !__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) && !c->ctrl_rdma_due && !c->replays_waiting;
+}
 /* Every 256th progress call: keepalives on idle rails of a comm NCCL keeps polling. */
 ncclResult_t mpib_failover_keepalive_tick(struct mpib_comm *c);
 /* Why a comm NCCL waits on can make no more progress (a dead device under a rail, a peer gone,

@@ -136,7 +136,7 @@ static inline int rail_takes_slots(const struct mpib_comm *c, int rail) {
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p) {
   int rc = rail_takes_slots(c, rail) ? mpib_post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
   if (rc == 0) {
-    mpib_tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
+    if (mpib_tele_on(c)) mpib_tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
     return ncclSuccess;
   }
   if (rc == EINVAL) {
@@ -174,8 +174,10 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
     ncclResult_t res = post_rail(c, slot, rail, &plan);
     if (res != ncclSuccess) return res;
   }
-  c->tele_slots++;
-  if (mpib_telemetry_due(c)) mpib_telemetry_flush(c);
+  if (mpib_tele_on(c)) {
+    c->tele_slots++;
+    if (mpib_telemetry_due(c)) mpib_telemetry_flush(c);
+  }
   return ncclSuccess;
 }
 
@@ -199,7 +201,7 @@ static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
   volatile struct mpib_cts *fifo = c->cts[slot];
   struct mpib_cts *snap = c->cts_snap[slot];
   if (fifo[0].seq != want) { /* no CTS yet: NCCL retries; now and then poll (keepalive, failover) */
-    ncclResult_t res = (++c->idle_polls & 15) == 0 ? progress(c) : ncclSuccess;
+    ncclResult_t res = (++c->cts_waits & 15) == 0 ? progress(c) : ncclSuccess;
     return res != ncclSuccess ? res : comm_health(c);
   }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -421,16 +423,16 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
     c->slot_replay_on[slot][rail] = 0;
     mpib_slot_acked(c, slot, rail, ranges);
     for (int range = 0; range < MPIB_NRAILS; range++) /* the lost ranges, carried by this rail */
-      if (ranges & (1u << range)) mpib_tele_complete(c, slot, rail, range);
+      if ((ranges & (1u << range)) && mpib_tele_on(c)) mpib_tele_complete(c, slot, rail, range);
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
     c->slot_rails[slot] &= ~(1u << rail);
     mpib_slot_acked(c, slot, rail, 1u << rail);
-    mpib_tele_complete(c, slot, rail, rail);
+    if (mpib_tele_on(c)) mpib_tele_complete(c, slot, rail, rail);
   }
   mpib_slot_try_complete(c, slot);
-  if (mpib_telemetry_due(c)) mpib_telemetry_flush(c);
+  if (mpib_tele_on(c) && mpib_telemetry_due(c)) mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -546,6 +548,8 @@ static ncclResult_t progress(struct mpib_comm *c) {
     ncclResult_t res = (polls & 255) == 0 ? mpib_failover_keepalive_tick(c) : ncclSuccess;
     if (res == ncclSuccess) res = mpib_watch_tick(c);
     if (res != ncclSuccess) return res;
+  } else if (mpib_failover_quiet(c)) {
+    return ncclSuccess;
   }
   return mpib_failover_tick(c);
 }

@@ -66,6 +66,9 @@ static inline struct mpib_confirm_rec *mpib_confirm_area(struct mpib_comm *c, in
   return (struct mpib_confirm_rec *)((char *)c->sizes + MPIB_CONFIRM_OFFSET) + r;
 }
 
+/* Whether the comm keeps agent telemetry: only one with an agent slot publishes it, and the
+ * calls below are made only for such a comm (a comm's slot is set before its first message). */
+static inline int mpib_tele_on(const struct mpib_comm *c) { return c->shm_slot >= 0; }
 /* Publishes the comm's telemetry batch to its agent slot and starts the next: the message path
  * when a batch is due, failover's keepalive tick when a comm went idle, mpib_comm_close last. */
 void mpib_telemetry_flush(struct mpib_comm *c);
