@@ -28,7 +28,7 @@ import (
 //	leak: cycles=20 kind=failover-recovery fds_growth=N qps_growth=N mrs_growth=N threads_growth=N rss_growth_kib=N threads_step=N
 //
 // The threads line counts the OS threads MPIB adds to a process (its Go runtime and its C
-// event threads): the driver's thread count minus the threads it had before it loaded the
+// event thread): the driver's thread count minus the threads it had before it loaded the
 // plugin (threads_driver). at_rest is the most after a round's close in the final rounds,
 // burst_max the most seen in any round (sampled every millisecond of connection setup), growth
 // the final rounds' least minus the baseline rounds' median (leakstat.RestThreads: the

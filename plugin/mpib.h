@@ -409,7 +409,7 @@ struct mpib_comm {
   /* Keepalive (mpib_failover_keepalive_tick): a comm NCCL keeps polling that has made no progress
    * for a second writes zero bytes on each rail, so a dead path errors even with nothing else
    * in flight (the control socket may share the dead network). idle_polls counts progress
-   * calls (the keepalive, the watch and a quiet comm's failover tick run on every 16th);
+   * calls (the keepalive, the watch and a quiet sender's failover tick run on every 16th);
    * cts_waits counts isend calls that found no CTS (every 16th polls). */
   uint32_t idle_polls, cts_waits;
   uint64_t progress_count, progress_seen, idle_since_ns;

@@ -2,7 +2,7 @@
  * and closing them (with the async-event thread watching them), their limits, properties and port state,
  * their GID tables, and memory registrations on a fused device's NICs. Called by the Go control
  * plane, by comm setup and by rail rebuild; offers what mpib_device.h declares; calls only the
- * event threads (mpib_events.h) and the verbs shims (mpib_verbs.h). */
+ * event thread (mpib_events.h) and the verbs shims (mpib_verbs.h). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>

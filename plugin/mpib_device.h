@@ -10,7 +10,7 @@
 
 /* Opens a NIC's port (and has the async-event thread watch it) as mpib_g.nic[nic], serving `role`. */
 int mpib_nic_open(int nic, int role, const char *name, int port, int pkey, int may_be_down);
-/* Closes every open NIC (their event threads first). */
+/* Closes every open NIC (the event thread stopped first). */
 void mpib_nic_close_all(void);
 /* Whether the verbs provider takes DMA-BUF registrations (1) or not (0). */
 int mpib_dmabuf_supported(void);

@@ -35,8 +35,9 @@ import (
 //     holds at most that many threads in C (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
-//     trimAfter, ends the idle ones the same way, so the threads at rest do not depend on
-//     what ran before: sysmon, about one per P and the one waiting in the netpoller;
+//     trimAfter, lowers GOMAXPROCS to restProcs and ends the idle ones the same way, so the
+//     threads at rest do not depend on what ran before: the runtime's first thread, sysmon,
+//     its template thread and the one waiting in the netpoller;
 //   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
 //     table, atomics) stay on the goroutine: each lock lets one at a time into C.
 // Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
