@@ -413,6 +413,8 @@ struct mpib_comm {
    * cts_waits counts isend calls that found no CTS (every 16th polls). */
   uint32_t idle_polls, cts_waits;
   uint64_t progress_count, progress_seen, idle_since_ns;
+  uint64_t stuck_seen, stuck_since_ns; /* the stuck report (mpib_watch_stuck_tick) */
+  int stuck_reported;
   uint64_t watch_tick_ns;      /* the no-progress watch's last tick (0: none yet) */
   uint64_t whole_msg_max;      /* slots of at most this many bytes go whole to one rail */
   int64_t sup_owed;            /* whole-message deficit counter (mpib_whole_message_rail) */

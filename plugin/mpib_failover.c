@@ -439,9 +439,9 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
 }
 
 /* Sender: stages the confirm record of rail r for the receiver's record `rec`: the ranges its
- * open receives lack whose carrier on r was acknowledged (mpib_confirm_ranges). A slot the
- * record shows open cannot have been reused here: its next CTS comes only after that receive
- * completes. Returns how many slots it names. */
+ * open receives, and those posted after the record, lack whose carrier on r was acknowledged
+ * (mpib_confirm_ranges). A slot the record shows open cannot have been reused here: its next
+ * CTS comes only after that receive completes. Returns how many slots it names. */
 static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec *rec, struct mpib_confirm_rec *st) {
   int n = 0;
   memset(st, 0, sizeof *st);
@@ -449,7 +449,8 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     uint64_t w = __atomic_load_n(&c->slot_ack[slot][r], __ATOMIC_ACQUIRE), seq1 = mpib_ack_seq1(w);
     uint32_t ranges =
-        seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], seq1 - 1, mpib_ack_ranges(w)) : 0;
+        seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], rec->next_seq, seq1 - 1, mpib_ack_ranges(w))
+             : 0;
     if (!ranges) continue;
     st->seq1[slot] = seq1;
     st->ranges[slot] = (uint8_t)ranges;
@@ -483,13 +484,20 @@ void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word) {
   ctrl_send_wait(c, msg, sizeof msg);
 }
 
-/* The control plane's answer to a fence record (mpib_failover.h): the confirm, over the control socket. */
+/* The control plane's answer to a fence record (mpib_failover.h): the confirm, over the control
+ * socket. Only while the rail is still in the record's generation: once the data path rebuilt it
+ * (it answered the record before that), the rail's acknowledgements are of writes the record
+ * never covered. The generation is read again after the confirm is built: a rebuild in between
+ * may have carried new writes. */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_bytes) {
   struct mpib_fence_rec rec;
   struct mpib_confirm_rec st;
   if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;
   memcpy(&rec, rec_bytes, sizeof rec);
-  if (rec.fence_gen == 0 || rec.check != mpib_fence_check(&rec) || confirm_build(c, rail, &rec, &st) == 0) return;
+  if (rec.fence_gen == 0 || rec.check != mpib_fence_check(&rec)) return;
+  if (rec.fence_gen != __atomic_load_n(&c->rail[rail].gen, __ATOMIC_ACQUIRE)) return;
+  if (confirm_build(c, rail, &rec, &st) == 0) return;
+  if (rec.fence_gen != __atomic_load_n(&c->rail[rail].gen, __ATOMIC_ACQUIRE)) return;
   uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
   memcpy(msg + 2, &st, sizeof st);
   ctrl_send_wait(c, msg, sizeof msg);
@@ -583,7 +591,7 @@ static ncclResult_t send_recover(struct mpib_comm *c, int r, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   discard_rail(c, r); /* stale completions of the failed generation */
   mpib_sq_reset_rail(c, r);
-  rc->gen++;
+  __atomic_store_n(&rc->gen, rc->gen + 1, __ATOMIC_RELEASE); /* mpib_comm_answer_record reads it */
   rc->since_ns = now;
   if (mpib_rail_rebuild_start(c, r, mpib_gen_psn(rc->gen)) == 0) return ncclSuccess;
   return send_rebuilt(c, r, mpib_rail_reconnect(c, r, mpib_gen_psn(rc->gen)), now); /* no thread: here */
@@ -807,9 +815,13 @@ static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out
 
 /* Receiver: the ranges the sender's confirm names arrived (their carrier on the fenced rail r
  * was acknowledged, but this side never polled the completion): counted as a replay of them
- * would be. */
+ * would be. Only once this side's own fence of r has settled (its record written, r's
+ * completions dropped from then on): a confirm can come first (the control plane answered the
+ * sender's FAIL for an idle receiver), and a completion of r polled after it would bring the
+ * same range a second time. */
 static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
   struct mpib_confirm_rec rec;
+  if (c->rail[r].state == MPIB_RAIL_UP || c->rail[r].state == MPIB_RAIL_FENCING) return ncclSuccess;
   if (!read_confirm(c, r, &rec)) return ncclSuccess;
   c->confirm_seen[r] = rec.check;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {

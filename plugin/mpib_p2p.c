@@ -33,11 +33,6 @@
 
 static ncclResult_t progress(struct mpib_comm *c);
 
-static const char *rail_state_name(int st) {
-  static const char *const names[] = {"up", "fencing", "down", "recovering", "probing", "dead"};
-  return st >= 0 && st <= MPIB_RAIL_DEAD ? names[st] : "?";
-}
-
 /* Runs on every call that finds nothing to do: with both devices alive and the peer there it
  * costs three loads, in line. */
 static inline ncclResult_t comm_health(struct mpib_comm *c) {
@@ -464,8 +459,8 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
     MPIB_WARN(
         "%s rail (generation %u, %s; other rail %s): completion for slot %u (seq %u, mask %u%s, QP %u) matches no "
         "posted receive: %s (next receive seq %llu)",
-        mpib_rail_name(rail), c->rail[rail].gen, rail_state_name(c->rail[rail].state),
-        rail_state_name(c->rail[1 - rail].state), slot, seq8, mask, replay ? ", replay" : "", wc->qp_num, open,
+        mpib_rail_name(rail), c->rail[rail].gen, mpib_rail_state_name(c->rail[rail].state),
+        mpib_rail_state_name(c->rail[1 - rail].state), slot, seq8, mask, replay ? ", replay" : "", wc->qp_num, open,
         (unsigned long long)c->fifo_head);
     return ncclRemoteError;
   }
@@ -545,6 +540,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
   }
   uint32_t polls = ++c->idle_polls;
   if ((polls & 15) == 0) {
+    if ((polls & 255) == 0) mpib_watch_stuck_tick(c);
     ncclResult_t res = (polls & 255) == 0 ? mpib_failover_keepalive_tick(c) : ncclSuccess;
     if (res == ncclSuccess) res = mpib_watch_tick(c);
     if (res != ncclSuccess) return res;

@@ -300,6 +300,12 @@ static inline int mpib_build_ah(struct ibv_ah_attr *ah, int local_link_layer, in
  * + 1) -> PROBING (a zero-byte write per QP) -> UP. DEAD: the device is gone for good. */
 enum { MPIB_RAIL_UP = 0, MPIB_RAIL_FENCING, MPIB_RAIL_DOWN, MPIB_RAIL_RECOVERING, MPIB_RAIL_PROBING, MPIB_RAIL_DEAD };
 
+/* A rail state's name in log lines. */
+static inline const char *mpib_rail_state_name(int st) {
+  static const char *const names[] = {"up", "fencing", "down", "recovering", "probing", "dead"};
+  return st >= 0 && st <= MPIB_RAIL_DEAD ? names[st] : "?";
+}
+
 /* Sender: which byte ranges of a slot must be replayed after the rail that last carried
  * `lost` (the ranges whose latest chain, original or replay, went out on it) failed. After
  * fencing the rail the receiver reports, per FIFO slot, the sequence number + 1 of its
@@ -446,11 +452,20 @@ static inline uint32_t mpib_ack_full(uint64_t w) { return (uint32_t)(w >> 20) & 
 static inline uint32_t mpib_ack_ranges(uint64_t w) { return (uint32_t)(w >> 18) & 3u; }
 static inline uint32_t mpib_ack_imm_size(uint64_t w) { return (w >> 16) & 1u ? (uint32_t)(w & 0xFFFFu) : 0xFFFFFFFFu; }
 
-/* Sender: which ranges of the slot whose receive the record shows open (open_seq1) and having
- * `have` it confirms, given `acked`, the ranges of its seq slot_seq whose carriers on the fenced
- * rail were acknowledged. Only the fenced rail's: a range still on its way over a working rail
+/* Sender: which ranges of its slot seq slot_seq the confirm record names, given `acked`, the
+ * ranges whose carriers on the fenced rail were acknowledged, and the receiver's record of the
+ * slot (open_seq1, have, next_seq, as for mpib_replay_ranges):
+ *   - a receive the record shows open: the acknowledged ranges it has not confirmed;
+ *   - one posted after the report: every acknowledged range. The receiver drops what the
+ *     fenced rail delivers after its report, yet a write the sender posted there before it read
+ *     the record can still be placed and acknowledged (a dying device's responder goes on for a
+ *     while; the sender's send then completes and is never replayed);
+ *   - a receive no longer open completed: nothing.
+ * Only the fenced rail's acknowledgements: a range still on its way over a working rail
  * arrives there, and confirming it too would make it arrive twice. */
-static inline uint32_t mpib_confirm_ranges(uint64_t open_seq1, uint32_t have, uint64_t slot_seq, uint32_t acked) {
+static inline uint32_t mpib_confirm_ranges(uint64_t open_seq1, uint32_t have, uint64_t next_seq, uint64_t slot_seq,
+                                           uint32_t acked) {
+  if (slot_seq >= next_seq) return acked;
   if (open_seq1 != slot_seq + 1) return 0;
   return acked & ~have;
 }

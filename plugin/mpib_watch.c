@@ -16,6 +16,7 @@
  * the limit (a message that takes longer than it to cross) costs a failover or two, never a
  * failover every 600 ms that replays the same messages forever.
  */
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "mpib_clock.h"
@@ -76,4 +77,88 @@ ncclResult_t mpib_watch_tick(struct mpib_comm *c) {
     if (res != ncclSuccess) return res;
   }
   return ncclSuccess;
+}
+
+/* ---- The stuck report ----
+ * A comm NCCL keeps calling that completes nothing for MPIB_STUCK_REPORT_NS says once, with a
+ * warning, what it is waiting for: the next request and its CTS, the slots in flight, each
+ * rail's state and queues. A peer that is busy elsewhere (a rank still computing) legitimately
+ * leaves a comm waiting that long; a hang leaves the line that explains it. net_ib logs
+ * nothing while it waits. */
+#define MPIB_STUCK_REPORT_NS (10ull * 1000000000ull)
+
+struct text {
+  char *buf;
+  size_t cap, len;
+};
+
+static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct text *t, const char *fmt, ...) {
+  if (t->len >= t->cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+  va_end(ap);
+  if (n > 0) t->len = t->len + (size_t)n < t->cap ? t->len + (size_t)n : t->cap;
+}
+
+static void put_rails(struct text *t, const struct mpib_comm *c) {
+  uint32_t base = 0;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < c->nqps[r]; i++) used += c->sq_used[base + i];
+    base += c->nqps[r];
+    if (!c->nqps[r]) continue;
+    const struct mpib_rail_ctl *rc = &c->rail[r];
+    put(t, "; %s %s gen %u: %u signalled pending, send queues %u/%u used, %d keepalive(s), %llu acks",
+        mpib_rail_name(r), mpib_rail_state_name(rc->state), rc->gen, c->pending[r], used, c->nqps[r] * c->sq_depth,
+        rc->keepalive_out, (unsigned long long)rc->acks);
+  }
+  put(t, "; control: %u bytes unsent, RDMA copies due 0x%x%s%s", c->ctrl_out_n, c->ctrl_rdma_due,
+      c->stall_since_ns ? ", riding through (no rail works)" : "",
+      __atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) ? ", the peer closed the connection" : "");
+}
+
+static void put_send(struct text *t, const struct mpib_comm *c) {
+  int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
+  uint64_t landed = ((volatile struct mpib_cts *)c->cts[slot])[0].seq;
+  put(t, "next request seq %llu (slot %d): its CTS %s, %d of its requests matched", (unsigned long long)c->fifo_head,
+      slot, landed == c->fifo_head + 1 ? "landed" : "has not landed", c->slot_matched[slot]);
+  put(t, "; in flight:");
+  for (int s = 0; s < MPIB_MAX_REQUESTS; s++) {
+    if (!c->slot_posted_seq1[s]) continue;
+    put(t, " seq %llu (originals 0x%x, replays on SOUT/SUP 0x%x/0x%x, waiting 0x%x)",
+        (unsigned long long)(c->slot_posted_seq1[s] - 1), c->slot_rails[s], c->slot_replay_on[s][MPIB_RAIL_SOUT],
+        c->slot_replay_on[s][MPIB_RAIL_SUP], c->slot_replay_wait[s]);
+  }
+  put(t, "; %d slot(s) wait for a replay", c->replays_waiting);
+}
+
+static void put_recv(struct text *t, const struct mpib_comm *c) {
+  put(t, "next receive seq %llu, %d open:", (unsigned long long)c->fifo_head, c->recvs_open);
+  for (int s = 0; s < MPIB_MAX_REQUESTS; s++) {
+    const struct mpib_request *req = c->slot_reqs[s][0];
+    if (req)
+      put(t, " seq %llu (ranges 0x%x of 0x%x)", (unsigned long long)req->seq, req->have_mask, req->expected_mask);
+  }
+  put(t, "; CTS on %s%s", mpib_rail_name(c->cts_rail), c->cts_repost_due ? " (a repost is due)" : "");
+}
+
+void mpib_watch_stuck_tick(struct mpib_comm *c) {
+  uint64_t now = mpib_now_ns();
+  if (c->progress_count != c->stuck_seen || c->stuck_since_ns == 0) {
+    c->stuck_seen = c->progress_count;
+    c->stuck_since_ns = now;
+    c->stuck_reported = 0;
+    return;
+  }
+  if (c->stuck_reported || now - c->stuck_since_ns < MPIB_STUCK_REPORT_NS) return;
+  c->stuck_reported = 1;
+  char buf[2048];
+  struct text t = {.buf = buf, .cap = sizeof buf};
+  if (c->is_send) put_send(&t, c);
+  else put_recv(&t, c);
+  put_rails(&t, c);
+  MPIB_WARN("%s comm: nothing completed for %llu s while NCCL kept calling it (logged once per wait): %s",
+            c->is_send ? "send" : "recv", (unsigned long long)((now - c->stuck_since_ns) / 1000000000ull), buf);
 }

@@ -159,6 +159,29 @@ static void test_failover(void) {
               mpib_replay_ranges(cases[i].open_seq1, cases[i].have, cases[i].next, cases[i].seq, cases[i].lost),
               cases[i].want);
   static const struct {
+    uint64_t open_seq1;
+    uint32_t have;
+    uint64_t next;
+    uint64_t seq;
+    uint32_t acked, want;
+    const char *why;
+  } confirms[] = {
+      {101, 0, 110, 100, U, U, "open, nothing confirmed: the acknowledged range"},
+      {101, U, 110, 100, U, 0, "open, the range already confirmed by its immediate"},
+      {101, O, 110, 100, B, U, "open, SOUT's range arrived: only SUP's"},
+      {101, 0, 110, 100, 0, 0, "open, nothing acknowledged: nothing (a replay carries it)"},
+      {0, 0, 110, 100, U, 0, "no open receive in the slot: it completed"},
+      {133, 0, 140, 100, U, 0, "the slot holds a later receive: this one completed"},
+      {68, 0, 100, 100, U, U, "posted after the report, acknowledged: the receiver drops the fenced rail's completion"},
+      {68, 0, 100, 100, B, B, "posted after the report, both acknowledged on the fenced rail"},
+      {0, 0, 100, 105, 0, 0, "posted after the report, not acknowledged: nothing"},
+  };
+  for (size_t i = 0; i < sizeof confirms / sizeof confirms[0]; i++)
+    EXPECT_EQ(confirms[i].why,
+              mpib_confirm_ranges(confirms[i].open_seq1, confirms[i].have, confirms[i].next, confirms[i].seq,
+                                  confirms[i].acked),
+              confirms[i].want);
+  static const struct {
     uint32_t attempts;
     uint64_t want;
   } backoff[] = {{0, 250}, {1, 500}, {2, 1000}, {3, 2000}, {4, 2000}, {60, 2000}};

@@ -20,7 +20,10 @@
  *     same way; RESET discards what the QP had queued and its completions (as mlx5 cleans them);
  *   - a responder enforces its QP's access flags (a read needs REMOTE_READ: the flush loopback);
  *   - a device that dies (IBV_EVENT_DEVICE_FATAL) loses every completion it had queued and
- *     unpolled, completes nothing more, answers nothing; a port down drops everything through it;
+ *     unpolled and completes nothing more; its responder may go on placing and acknowledging
+ *     the peer's writes for up to DYING_MAX - 1 steps (the fault's length modulo DYING_MAX), as
+ *     the kernel tears a device down after its process saw it die (rxe did, in the lab); a port
+ *     down drops everything through it;
  *   - the receiver's reconnect fails while its rail is blocked (RoCE resolves the peer's MAC in
  *     the RTR transition) or while a refusal fault lasts;
  *   - the control socket (send() is interposed): a slow one takes a few bytes per call (short
@@ -118,6 +121,8 @@ static struct mpib_comm *comm_of[2];
 static int hole[NLANE];         /* FWD | REV: that lane drops those directions */
 static int port_down[2][NLANE]; /* mirrors nic->port_down */
 static int fatal[2][NLANE];     /* mirrors nic->fatal */
+enum { DYING_MAX = 64 };
+static int answering[2][NLANE]; /* a dead device's responder still places and acknowledges writes */
 static int refuse_rebuild;      /* the receiver's reconnects fail */
 static int flush_fail[NLANE];   /* the next flush read on the lane fails */
 static int stopped[2];          /* the side's process stopped */
@@ -331,8 +336,8 @@ static void land(struct fqp *f, struct wqe *w) {
 /* Whether `side`'s packets reach the other end of `lane`. */
 static int path_ok(int side, int lane) {
   int dir = side == SEND ? FWD : REV;
-  return !(hole[lane] & dir) && !port_down[0][lane] && !port_down[1][lane] && !fatal[1 - side][lane] &&
-         !stopped[1 - side];
+  return !(hole[lane] & dir) && !port_down[0][lane] && !port_down[1][lane] &&
+         (!fatal[1 - side][lane] || answering[1 - side][lane]) && !stopped[1 - side];
 }
 
 static void step_qp(struct fqp *f) {
@@ -599,6 +604,7 @@ static void apply_faults(const struct schedule *s, int step) {
       break;
     case K_PORT: port_down[f->side][f->target] = 1; break;
     case K_FATAL:
+      answering[f->side][f->target] = step < f->at + f->len % DYING_MAX;
       if (step == f->at && !fatal[f->side][f->target]) {
         fatal[f->side][f->target] = 1;
         int lane = f->target;
@@ -784,6 +790,7 @@ static void fabric_reset(void) {
   memset(cqe_head, 0, sizeof cqe_head);
   memset(srq_avail, 0, sizeof srq_avail);
   memset(fatal, 0, sizeof fatal);
+  memset(answering, 0, sizeof answering);
   memset(flush_fail, 0, sizeof flush_fail);
   memset(stopped, 0, sizeof stopped);
   memset(ctrl_n, 0, sizeof ctrl_n);
