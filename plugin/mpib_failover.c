@@ -102,25 +102,28 @@ static void ctrl_flush(struct mpib_comm *c) {
  * (lifecycle.go) frames messages by their kind byte, so a message is never cut or dropped in
  * part. One that does not fit behind a stuck socket is dropped whole: notices and records are
  * the newest state, also RDMA-written, and a later one supersedes it. */
-static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
-  if (c->ctrl_fd < 0) return;
-  pthread_mutex_lock(&c->ctrl_mu);
+static void ctrl_queue_locked(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_out_n + len > sizeof c->ctrl_out) {
     MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped",
               c->is_send ? "send" : "recv", c->ctrl_out_n, len);
-  } else {
-    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
-    c->ctrl_out_n += (uint32_t)len;
-    (void)ctrl_flush_locked(c);
+    return;
   }
+  memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
+  c->ctrl_out_n += (uint32_t)len;
+  (void)ctrl_flush_locked(c);
+}
+
+static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
+  if (c->ctrl_fd < 0) return;
+  pthread_mutex_lock(&c->ctrl_mu);
+  ctrl_queue_locked(c, msg, len);
   pthread_mutex_unlock(&c->ctrl_mu);
 }
 
-/* The control plane's thread (its answers, below): queues msg and sends until the socket took
- * everything queued, for up to about 2 s. It may wait; the data path's thread never does, and
- * holds the lock only for one non-blocking send, so neither waits long for the other. */
-static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
-  ctrl_send(c, msg, len);
+/* The control plane's thread (its answers, below): sends until the socket took everything
+ * queued, for up to about 2 s. It may wait; the data path's thread never does, and holds the
+ * lock only for one non-blocking send, so neither waits long for the other. */
+static void ctrl_wait_sent(struct mpib_comm *c) {
   for (int i = 0; i < 200; i++) {
     pthread_mutex_lock(&c->ctrl_mu);
     int left = ctrl_flush_locked(c) != 0;
@@ -129,6 +132,11 @@ static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
     struct pollfd p = {.fd = c->ctrl_fd, .events = POLLOUT};
     (void)poll(&p, 1, 10);
   }
+}
+
+static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
+  ctrl_send(c, msg, len);
+  ctrl_wait_sent(c);
 }
 
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
@@ -488,19 +496,26 @@ void mpib_comm_answer_notice(struct mpib_comm *c, int rail, uint64_t word) {
  * socket. Only while the rail is still in the record's generation: once the data path rebuilt it
  * (it answered the record before that), the rail's acknowledgements are of writes the record
  * never covered. The generation is read again after the confirm is built: a rebuild in between
- * may have carried new writes. */
+ * may have carried new writes. Built and queued under the socket's lock: the receiver keeps the
+ * last confirm the socket brings, and one the data path queues after this one was built after
+ * it, from at least the same acknowledgements. */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_bytes) {
   struct mpib_fence_rec rec;
   struct mpib_confirm_rec st;
-  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;
+  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;
   memcpy(&rec, rec_bytes, sizeof rec);
   if (rec.fence_gen == 0 || rec.check != mpib_fence_check(&rec)) return;
   if (rec.fence_gen != __atomic_load_n(&c->rail[rail].gen, __ATOMIC_ACQUIRE)) return;
-  if (confirm_build(c, rail, &rec, &st) == 0) return;
-  if (rec.fence_gen != __atomic_load_n(&c->rail[rail].gen, __ATOMIC_ACQUIRE)) return;
-  uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
-  memcpy(msg + 2, &st, sizeof st);
-  ctrl_send_wait(c, msg, sizeof msg);
+  pthread_mutex_lock(&c->ctrl_mu);
+  int queued =
+      confirm_build(c, rail, &rec, &st) > 0 && rec.fence_gen == __atomic_load_n(&c->rail[rail].gen, __ATOMIC_ACQUIRE);
+  if (queued) {
+    uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
+    memcpy(msg + 2, &st, sizeof st);
+    ctrl_queue_locked(c, msg, sizeof msg);
+  }
+  pthread_mutex_unlock(&c->ctrl_mu);
+  if (queued) ctrl_wait_sent(c);
 }
 
 /* Sender: the receiver's record of rail r says which byte ranges of its open slots it already

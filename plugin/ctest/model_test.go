@@ -173,8 +173,8 @@ var mutants = []mutant{
 		"  if (rc == ENOMEM) {\n    return comm_failed(c, \"posting a failover message failed: \", strerror(rc));\n    c->ctrl_rdma_due |= due;"},
 	{"send-queue-unaccounted", "mpib_slots.c", "  c->sq_used[qi] = (uint16_t)(c->sq_used[qi] + nwr);", "  (void)nwr;"},
 	// H3: a short write on the control socket is ignored (its framing breaks).
-	{"control-short-write", "mpib_failover.c", "    memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);\n    c->ctrl_out_n += (uint32_t)len;\n    (void)ctrl_flush_locked(c);",
-		"    (void)send(c->ctrl_fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);"},
+	{"control-short-write", "mpib_failover.c", "  memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);\n  c->ctrl_out_n += (uint32_t)len;\n  (void)ctrl_flush_locked(c);",
+		"  (void)send(c->ctrl_fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);"},
 	// A slot posted on a rail out of service (flushed after its fence was settled).
 	{"post-on-fenced-rail", "mpib_p2p.c", "  return c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;", "  return 1;"},
 	// A quiet sender leaves a fence record that arrived for a later tick: a write of the fenced
@@ -182,7 +182,7 @@ var mutants = []mutant{
 	// when the call that polled it was NCCL's last.
 	{"quiet-sender-leaves-record", "mpib_failover.h", " || rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;", ") return 0;"},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
-	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
+	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }
 
 var firstFailure = regexp.MustCompile(`model-first-failure: schedule=(\S+) steps=(\d+) schedules=(\d+)`)
