@@ -130,16 +130,20 @@ static void test_recv_ranges(void) {
   }
 }
 
+/* A slot against the receiver's fence record (open_seq1, have, next_seq), with the ranges the
+ * fenced rail carried (replays: lost) or had acknowledged (confirms: acked). */
+struct record_case {
+  uint64_t open_seq1;
+  uint32_t have;
+  uint64_t next;
+  uint64_t seq;
+  uint32_t ranges, want;
+  const char *why;
+};
+
 static void test_failover(void) {
   enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP, B = 3 };
-  static const struct {
-    uint64_t open_seq1;
-    uint32_t have;
-    uint64_t next;
-    uint64_t seq;
-    uint32_t lost, want;
-    const char *why;
-  } cases[] = {
+  static const struct record_case cases[] = {
       {101, 0, 110, 100, U, U, "open, nothing confirmed: SUP's range can only come by a replay"},
       {101, O, 110, 100, U, U, "open, only the surviving rail's range confirmed"},
       {101, U, 110, 100, U, 0, "open, the failed rail's range confirmed: only its ACK was lost"},
@@ -156,16 +160,9 @@ static void test_failover(void) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     EXPECT_EQ(cases[i].why,
-              mpib_replay_ranges(cases[i].open_seq1, cases[i].have, cases[i].next, cases[i].seq, cases[i].lost),
+              mpib_replay_ranges(cases[i].open_seq1, cases[i].have, cases[i].next, cases[i].seq, cases[i].ranges),
               cases[i].want);
-  static const struct {
-    uint64_t open_seq1;
-    uint32_t have;
-    uint64_t next;
-    uint64_t seq;
-    uint32_t acked, want;
-    const char *why;
-  } confirms[] = {
+  static const struct record_case confirms[] = {
       {101, 0, 110, 100, U, U, "open, nothing confirmed: the acknowledged range"},
       {101, U, 110, 100, U, 0, "open, the range already confirmed by its immediate"},
       {101, O, 110, 100, B, U, "open, SOUT's range arrived: only SUP's"},
@@ -179,7 +176,7 @@ static void test_failover(void) {
   for (size_t i = 0; i < sizeof confirms / sizeof confirms[0]; i++)
     EXPECT_EQ(confirms[i].why,
               mpib_confirm_ranges(confirms[i].open_seq1, confirms[i].have, confirms[i].next, confirms[i].seq,
-                                  confirms[i].acked),
+                                  confirms[i].ranges),
               confirms[i].want);
   static const struct {
     uint32_t attempts;
