@@ -42,6 +42,12 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason);
  * 10 ms too). */
 #define MPIB_FENCE_SETTLE_NS 10000000ull
 
+/* Whether rail r may carry this connection again: not DEAD, its devices alive (MPIB never
+ * reopens a dead device, as net_ib). With no such rail a stall has nothing to wait for. */
+static int rail_can_return(const struct mpib_comm *c, int r) {
+  return c->nqps[r] && c->rail[r].state != MPIB_RAIL_DEAD && !mpib_rail_fatal(c, r);
+}
+
 static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char *what) {
   if (!c->failure_reported) {
     c->failure_reported = 1;
@@ -68,6 +74,14 @@ ncclResult_t mpib_failover_health_check(struct mpib_comm *c) {
   if (gone && (c->stall_since_ns || mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS))
     return comm_failed(c, "the peer closed the connection with requests still waiting",
                        " (its process exited or aborted)");
+  if (c->stall_since_ns && !rail_can_return(c, MPIB_RAIL_SOUT) && !rail_can_return(c, MPIB_RAIL_SUP)) {
+    if (!c->failure_reported)
+      MPIB_WARN("ride-through: side=%s every rail of this connection is over a dead device: failing it",
+                c->is_send ? "send" : "recv");
+    c->failure_reported = 1;
+    notify_peer_failed(c);
+    return ncclRemoteError;
+  }
   if (c->stall_since_ns && mpib_now_ns() - c->stall_since_ns > mpib_g.stall_timeout_ms * 1000000ull) {
     if (!c->failure_reported)
       MPIB_WARN(
@@ -320,7 +334,8 @@ ncclResult_t mpib_failover_rail_fail(struct mpib_comm *c, int r, const char *rea
   struct mpib_rail_ctl *rc = &c->rail[r];
   int s = 1 - r;
   const char *side = c->is_send ? "send" : "recv";
-  if (!mpib_rail_usable(c, s) && ride_through_possible(c)) return ride_through(c, r, reason, detail);
+  if (!mpib_rail_usable(c, s) && ride_through_possible(c) && (rail_can_return(c, r) || rail_can_return(c, s)))
+    return ride_through(c, r, reason, detail);
   if (!mpib_g.failover || !mpib_rail_usable(c, s)) {
     if (!c->failure_reported)
       MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): %s",

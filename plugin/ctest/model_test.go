@@ -181,6 +181,10 @@ var mutants = []mutant{
 	// rail a dying device acknowledged after the control plane answered is never confirmed
 	// when the call that polled it was NCCL's last.
 	{"quiet-sender-leaves-record", "mpib_failover.h", " || rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;", ") return 0;"},
+	// No confirm for a receive posted after the fence record: its write on the fenced rail, which
+	// a dying device acknowledged before the sender read the record, completes the send and is
+	// never replayed, while the receiver drops the fenced rail's completion.
+	{"confirm-misses-posted-after-record", "mpib_policy.h", "  if (slot_seq >= next_seq) return acked;\n", "  (void)next_seq;\n"},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
 	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }

@@ -537,6 +537,10 @@ struct schedule {
   int nf;
   struct fault f[MAXF];
   int recv_every; /* the receiver is called every this many steps: acknowledgements outrun its polls */
+  int test_every; /* the sender tests its requests every this many steps, isend every step: an
+                   * acknowledgement can come in between a post and the next progress call, as
+                   * when NCCL's proxy thread is descheduled */
+  int host_only;  /* every receive buffer is host memory: nothing is flushed */
   int small_sq;   /* data QPs' send queues hold SMALL_SQ work requests: back-pressure happens */
   int at_end;     /* NCCL posts nothing after the first fault starts: the end of a collective,
                    * with every send completed and nothing of the sender's left to test */
@@ -573,7 +577,8 @@ static struct fault make_fault(int kind, int i, int at, int len) {
 }
 
 static void describe(const struct schedule *s, char *out, size_t n) {
-  int k = snprintf(out, n, "recv_every=%d small_sq=%d at_end=%d", s->recv_every, s->small_sq, s->at_end);
+  int k = snprintf(out, n, "recv_every=%d test_every=%d host_only=%d small_sq=%d at_end=%d", s->recv_every,
+                   s->test_every, s->host_only, s->small_sq, s->at_end);
   for (int i = 0; i < s->nf && k < (int)n; i++) {
     const struct fault *f = &s->f[i];
     k += snprintf(out + k, n - (size_t)k, " %s(side=%d target=%d dirs=%d at=%d len=%d)", kind_names[f->kind], f->side,
@@ -691,8 +696,9 @@ static void flush_done_check(struct mpib_comm *c, void *flush) {
   }
 }
 
-/* Receiver: posts receives up to the window, tests the oldest, flushes it, checks its bytes. */
-static int recv_side(struct mpib_comm *c, int posting) {
+/* Receiver: posts receives up to the window, tests the oldest, flushes it (every other one,
+ * unless `host_only`), checks its bytes. */
+static int recv_side(struct mpib_comm *c, int posting, int host_only) {
   struct end *e = &ends[RECV];
   static struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr, &fake_mr}, .fdev = 0}; /* NCCL's outlives the calls */
   while (posting && e->posted - e->done < WINDOW) {
@@ -726,7 +732,7 @@ static int recv_side(struct mpib_comm *c, int posting) {
       int sizes[NGROUP];
       for (int i = 0; i < n; i++) data[i] = rbuf[b][i], sizes[i] = e->sizes[b][i];
       e->flush[b] = NULL; /* GPU buffers are flushed, host ones not (NCCL flushes only for GDR) */
-      if (m % 2 == 0 && mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
+      if (!host_only && m % 2 == 0 && mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
     }
     if (e->flush[b]) {
       fin = 0;
@@ -742,8 +748,9 @@ static int recv_side(struct mpib_comm *c, int posting) {
   return 0;
 }
 
-/* Sender: sends every receive the receiver posted, each grouped request by its own isend. */
-static int send_side(struct mpib_comm *c, long limit) {
+/* Sender: sends every receive the receiver posted, each grouped request by its own isend, and
+ * tests them when `testing`. */
+static int send_side(struct mpib_comm *c, long limit, int testing) {
   struct end *e = &ends[SEND];
   struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr, &fake_mr}, .fdev = 0};
   static struct mpib_mr mh_keep;
@@ -759,7 +766,7 @@ static int send_side(struct mpib_comm *c, long limit) {
     e->req[b][i] = req;
     if (++e->posted_part == msg_n(m)) e->posted++, e->posted_part = 0;
   }
-  while (e->done < e->posted) {
+  while (testing && e->done < e->posted) {
     long m = e->done;
     int b = (int)(m % WINDOW), all = 1;
     for (int i = 0; i < msg_n(m); i++) {
@@ -877,11 +884,11 @@ static struct outcome run(const struct schedule *s) {
     int posting = step < horizon && step < stop_posting;
     apply_faults(s, step);
     struct end *re = &ends[RECV], *se = &ends[SEND];
-    if (!stopped[RECV] && step % s->recv_every == 0 && recv_side(rc, posting) != 0) {
+    if (!stopped[RECV] && step % s->recv_every == 0 && recv_side(rc, posting, s->host_only) != 0) {
       re->error = 1, re->error_step = step;
       side_gone(RECV);
     }
-    if (!stopped[SEND] && send_side(sc, posting ? NSRC + re->posted : re->posted) != 0) {
+    if (!stopped[SEND] && send_side(sc, posting ? NSRC + re->posted : re->posted, step % s->test_every == 0) != 0) {
       se->error = 1, se->error_step = step;
       side_gone(SEND);
     }
@@ -976,7 +983,7 @@ static int nsingle, nlater;
 enum { VARIANTS = 8 };
 static long enum_count(void) { return VARIANTS * (1 + (long)nsingle + (long)nsingle * nlater * NGAP); }
 static struct schedule enum_schedule(long id) {
-  struct schedule s = {.recv_every = id % 2 ? 3 : 1, .small_sq = (id / 2) % 2, .at_end = (id / 4) % 2};
+  struct schedule s = {.recv_every = id % 2 ? 3 : 1, .test_every = 1, .small_sq = (id / 2) % 2, .at_end = (id / 4) % 2};
   id /= VARIANTS;
   if (id-- == 0) return s; /* no fault */
   if (id < nsingle) {
@@ -1008,6 +1015,8 @@ static struct schedule random_schedule(uint64_t seed) {
     s.f[i] = make_fault(kind, (int)(rng_next(&x) % (uint64_t)ntargets(kind)), 5 + (int)(rng_next(&x) % 500),
                         1 + (int)(rng_next(&x) % 600));
   }
+  s.test_every = 1 + (int)(rng_next(&x) % 3);
+  s.host_only = (int)(rng_next(&x) % 2);
   return s;
 }
 
