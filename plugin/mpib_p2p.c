@@ -540,8 +540,11 @@ static ncclResult_t progress(struct mpib_comm *c) {
   }
   uint32_t polls = ++c->idle_polls;
   if ((polls & 15) == 0) {
-    if ((polls & 255) == 0) mpib_watch_stuck_tick(c);
-    ncclResult_t res = (polls & 255) == 0 ? mpib_failover_keepalive_tick(c) : ncclSuccess;
+    ncclResult_t res = ncclSuccess;
+    if ((polls & 255) == 0) {
+      mpib_watch_stuck_tick(c);
+      res = mpib_failover_keepalive_tick(c);
+    }
     if (res == ncclSuccess) res = mpib_watch_tick(c);
     if (res != ncclSuccess) return res;
   } else if (mpib_failover_quiet(c)) {

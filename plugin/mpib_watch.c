@@ -103,12 +103,11 @@ static void put(struct text *t, const char *fmt, ...) {
 }
 
 static void put_rails(struct text *t, const struct mpib_comm *c) {
-  uint32_t base = 0;
   for (int r = 0; r < MPIB_NRAILS; r++) {
-    uint32_t used = 0;
-    for (uint32_t i = 0; i < c->nqps[r]; i++) used += c->sq_used[base + i];
-    base += c->nqps[r];
     if (!c->nqps[r]) continue;
+    uint32_t used = 0; /* every QP of the rail once */
+    for (uint32_t i = 0; i < c->nqps[r]; i++)
+      used += c->sq_used[mpib_qp_index(r, i, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP])];
     const struct mpib_rail_ctl *rc = &c->rail[r];
     put(t, "; %s %s gen %u: %u signalled pending, send queues %u/%u used, %d keepalive(s), %llu acks",
         mpib_rail_name(r), mpib_rail_state_name(rc->state), rc->gen, c->pending[r], used, c->nqps[r] * c->sq_depth,
