@@ -17,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -197,9 +198,6 @@ struct mpib_request {
   uint32_t expected_mask; /* the slot's full range mask, from its first immediate (0: none yet) */
   uint32_t have_mask;     /* ranges confirmed by an immediate (mpib_recv_ranges_arrived) */
   uint32_t wrote_rails;   /* rails whose writes landed bytes of it: the ones iflush must order */
-  int sizes[MPIB_MAX_RECVS];
-  size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
-                                  * kept where no peer can write (not the CTS copy: registered) */
   /* flush (mpib_flush.c) */
   uint32_t flush_lanes;     /* lanes with a flush read outstanding */
   uint32_t flush_redo;      /* lanes whose read failed or was lost with a QP reset: posted again */
@@ -207,6 +205,10 @@ struct mpib_request {
   uint64_t flush_failed_ns; /* when its first read failed (0: none did): the retries' deadline */
   /* NCCL profiler (mpib_profiler.c): the isend's handle (events live in the comm, per slot). */
   void *prof_phandle;
+  /* recv, entries [0, nreqs): irecv sets both (mpib_req_alloc leaves them as they were) */
+  int sizes[MPIB_MAX_RECVS];
+  size_t posted[MPIB_MAX_RECVS]; /* the sizes NCCL posted: the bound on what the peer reports,
+                                  * kept where no peer can write (not the CTS copy: registered) */
 };
 
 /* A rail's QPs rebuilt on a thread of their own (mpib_rail_rebuild_start). */
@@ -514,7 +516,7 @@ static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type)
   }
   if (c->req_free_n == 0) return NULL;
   struct mpib_request *r = &c->reqs[c->req_free[--c->req_free_n]];
-  memset(r, 0, sizeof *r);
+  memset(r, 0, offsetof(struct mpib_request, sizes)); /* one per message: the arrays are irecv's to set */
   r->type = type;
   r->comm = c;
   return r;

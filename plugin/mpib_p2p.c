@@ -219,7 +219,7 @@ static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
 /* Whether every rail that takes slots has room in the QP slot seq would use for the slot's
  * longest chain (a write per grouped request and the final write with the immediate), whether
  * or not the split gives it a part. Replays waiting for room go before any new slot. */
-static int slot_fits(const struct mpib_comm *c, uint64_t seq, uint32_t nreqs) {
+static inline int slot_fits(const struct mpib_comm *c, uint64_t seq, uint32_t nreqs) {
   if (c->replays_waiting) return 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (c->nqps[rail] == 0 || !rail_takes_slots(c, rail)) continue;
@@ -535,8 +535,10 @@ static ncclResult_t progress(struct mpib_comm *c) {
       ncclResult_t res = poll_lane(c, rail, lane);
       if (res != ncclSuccess) return res;
     }
-    ncclResult_t res = srq_refill_or_fail(c, rail); /* after all its lanes' receives were consumed */
-    if (res != ncclSuccess) return res;
+    if (c->srq[rail]) { /* a receiver: refilled after all its lanes' receives were consumed */
+      ncclResult_t res = srq_refill_or_fail(c, rail);
+      if (res != ncclSuccess) return res;
+    }
   }
   uint32_t polls = ++c->idle_polls;
   if ((polls & 15) == 0) {
@@ -557,12 +559,16 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   struct mpib_request *req = request;
   struct mpib_comm *c = req->comm;
   *done = 0;
-  /* A flush still waiting (a lane that must read again) lets the comm's failover move too: NCCL
-   * may be testing nothing else of this comm. */
-  ncclResult_t res = req->type == MPIB_REQ_FLUSH ? mpib_flush_test(c, req) : progress(c);
-  if (res == ncclSuccess && req->type == MPIB_REQ_FLUSH && !req->done && req->flush_redo) res = progress(c);
-  if (res != ncclSuccess) return res;
-  if (!req->done) return comm_health(c);
+  /* A request an earlier call's completions finished is returned without polling, as net_ib
+   * returns one whose events are all in: NCCL calls again for the requests still open, and
+   * those calls poll. A flush still waiting (a lane that must read again) lets the comm's
+   * failover move too: NCCL may be testing nothing else of this comm. */
+  if (!req->done) {
+    ncclResult_t res = req->type == MPIB_REQ_FLUSH ? mpib_flush_test(c, req) : progress(c);
+    if (res == ncclSuccess && req->type == MPIB_REQ_FLUSH && !req->done && req->flush_redo) res = progress(c);
+    if (res != ncclSuccess) return res;
+    if (!req->done) return comm_health(c);
+  }
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
   if (sizes && req->type == MPIB_REQ_RECV) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));

@@ -122,17 +122,6 @@ int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr
   return rc ? MPIB_POST_PARTIAL : 0;
 }
 
-/* A signalled send completed (or was flushed) on rail `rail` in the current generation: the
- * places its batch held in its QP's send queue are free again. */
-void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id) {
-  int special = (id & MPIB_WRID_SPECIAL) != 0;
-  int qi = special ? (int)((id >> MPIB_WRID_SPECIAL_QP_SHIFT) & 0xFFu)
-                   : mpib_qp_index(rail, id & MPIB_WRID_SEQ_MASK, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-  uint16_t batch = (uint16_t)((id >> (special ? MPIB_WRID_SPECIAL_BATCH_SHIFT : MPIB_WRID_BATCH_SHIFT)) & 0xFFu);
-  if (qi < 0 || qi >= MPIB_MAX_QPS) return;
-  c->sq_used[qi] = c->sq_used[qi] > batch ? (uint16_t)(c->sq_used[qi] - batch) : 0;
-}
-
 /* A rail's QPs were reset (rebuilt): their send queues are empty. */
 void mpib_sq_reset_rail(struct mpib_comm *c, int r) {
   int base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
@@ -277,12 +266,6 @@ void mpib_slot_try_complete(struct mpib_comm *c, int slot) {
   }
   c->slot_matched[slot] = 0;
   c->slot_posted_seq1[slot] = 0;
-}
-
-/* The slot's ranges `ranges` were acknowledged on `rail` (their carrier completed). */
-void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
-  uint64_t w = c->slot_ack[slot][rail];
-  __atomic_store_n(&c->slot_ack[slot][rail], w | (uint64_t)(ranges & 3u) << 18, __ATOMIC_RELEASE);
 }
 
 /* A receive's sizes, from the immediate or the size records, checked against its buffers. */

@@ -85,8 +85,16 @@ void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range);
 /* Posts nwr work requests on QP qi within its send-queue depth: 0, ENOMEM (none posted: the
  * queue is full), another errno (none posted) or MPIB_POST_PARTIAL. */
 int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr);
-/* A signalled send of rail `rail`'s current generation completed: its batch is free again. */
-void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id);
+/* A signalled send of rail `rail`'s current generation completed (or was flushed): the places
+ * its batch held in its QP's send queue are free again. Once per message: in line. */
+static inline void mpib_sq_retire(struct mpib_comm *c, int rail, uint64_t id) {
+  int special = (id & MPIB_WRID_SPECIAL) != 0;
+  int qi = special ? (int)((id >> MPIB_WRID_SPECIAL_QP_SHIFT) & 0xFFu)
+                   : mpib_qp_index(rail, id & MPIB_WRID_SEQ_MASK, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  uint16_t batch = (uint16_t)((id >> (special ? MPIB_WRID_SPECIAL_BATCH_SHIFT : MPIB_WRID_BATCH_SHIFT)) & 0xFFu);
+  if (qi < 0 || qi >= MPIB_MAX_QPS) return;
+  c->sq_used[qi] = c->sq_used[qi] > batch ? (uint16_t)(c->sq_used[qi] - batch) : 0;
+}
 /* Rail r's QPs were reset: their send queues are empty. */
 void mpib_sq_reset_rail(struct mpib_comm *c, int r);
 /* One rail's chain of a slot carrying byte ranges `ranges` (an original or a replay): 0, the
@@ -103,8 +111,12 @@ int mpib_srq_refill_rail(struct mpib_comm *c, int r);
 void mpib_publish_rail_state(struct mpib_comm *c, int r);
 /* Sender: completes the slot's requests once every byte range is confirmed. */
 void mpib_slot_try_complete(struct mpib_comm *c, int slot);
-/* Sender: the slot's ranges `ranges` were acknowledged on `rail` (mpib_ack_word). */
-void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges);
+/* Sender: the slot's ranges `ranges` were acknowledged on `rail` (their carrier completed;
+ * mpib_ack_word). */
+static inline void mpib_slot_acked(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
+  uint64_t w = c->slot_ack[slot][rail];
+  __atomic_store_n(&c->slot_ack[slot][rail], w | (uint64_t)(ranges & 3u) << 18, __ATOMIC_RELEASE);
+}
 /* CLOCK_REALTIME in ms (log lines that agents correlate across nodes). */
 uint64_t mpib_wall_ms(void);
 /* Rail r's lane `lane` (out of service): its CQ emptied before its QPs are reset. */

@@ -11,7 +11,9 @@
  *   - a failover (docs/failover.md): a slot the receiver already has counts as completed on
  *     the failed rail, a replayed one as posted and completed on the rail that carried it;
  *   - the recovery after it (not telemetry; the same harness): a receiver that could not
- *     rebuild says so and the sender retries after its back-off, not its failover timeout.
+ *     rebuild says so and the sender retries after its back-off, not its failover timeout;
+ *   - test() on a request an earlier call completed returns it without polling (the same
+ *     harness), one still open polls.
  * No RDMA device is needed (ibv_post_send and ibv_poll_cq call through the context's ops). */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -77,6 +79,7 @@ static struct ibv_mr mr;
 static uint64_t done_q[MPIB_NRAILS][256]; /* wr_ids of signalled writes not yet polled */
 static int done_n[MPIB_NRAILS];
 static int broken_rail = -1; /* its completions carry an error status */
+static int polls;            /* fake_poll_cq calls */
 
 static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
   int rail = (int)(q - qp);
@@ -88,6 +91,7 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
 
 static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
   int rail = (int)(c - cq), k = 0;
+  polls++;
   for (; k < n && k < done_n[rail]; k++)
     wc[k] = (struct ibv_wc){.wr_id = done_q[rail][k],
                             .opcode = IBV_WC_RDMA_WRITE,
@@ -325,6 +329,11 @@ static void test_recovery_refused(struct mpib_comm *c, struct mpib_mr *mh, void 
   rc->retry_at_ns = fake_now;
   uint32_t gen = rc->gen;
   struct mpib_request *r = send_one(c, mh, buf, 4096);
+  /* r stays open until the end (its completion held back), so each test() drives the comm as
+   * NCCL's calls on an open request do; a request test() has returned done is NCCL's no more. */
+  uint64_t held = done_q[MPIB_RAIL_SOUT][0];
+  CHECK(done_n[MPIB_RAIL_SOUT] == 1 && done_n[MPIB_RAIL_SUP] == 0, "r's one completion (on SOUT)");
+  done_n[MPIB_RAIL_SOUT] = 0;
   int done = 0;
   CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_RECOVERING && rc->gen == gen + 1,
         "recovery started: state %d gen %u", rc->state, rc->gen);
@@ -347,7 +356,34 @@ static void test_recovery_refused(struct mpib_comm *c, struct mpib_mr *mh, void 
   CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_PROBING, "ready: state %d", rc->state);
   CHECK(mpib_test(r, &done, NULL) == ncclSuccess && rc->state == MPIB_RAIL_UP && rc->attempts == 0,
         "probed: state %d attempts %u", rc->state, rc->attempts);
+  CHECK(!done, "r completed without its completion");
+  done_q[MPIB_RAIL_SOUT][done_n[MPIB_RAIL_SOUT]++] = held;
   wait_all(&r, 1);
+}
+
+/* Five slots in flight, the last one's completions not in yet: the first test() polls and
+ * finishes the first four, so the next three return done without a poll although the comm has
+ * sends outstanding (as net_ib's test returns a request whose events are in); the open one
+ * polls on every call. */
+static void test_done_without_poll(struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
+  struct mpib_request *reqs[4];
+  for (int i = 0; i < 4; i++) reqs[i] = send_one(c, mh, buf, 4096);
+  struct mpib_request *open = send_one(c, mh, buf, 4096);
+  uint64_t held[MPIB_NRAILS];
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    CHECK(done_n[r] == 5, "rail %d: %d completions queued, want one per slot", r, done_n[r]);
+    held[r] = done_q[r][--done_n[r]];
+  }
+  int before = polls, done = 0;
+  CHECK(mpib_test(reqs[0], &done, NULL) == ncclSuccess && done, "first request");
+  CHECK(polls > before, "the first test did not poll");
+  before = polls;
+  wait_all(reqs + 1, 3);
+  CHECK(polls == before, "%d polls for requests already complete", polls - before);
+  CHECK(mpib_test(open, &done, NULL) == ncclSuccess && !done, "open request reported done");
+  CHECK(polls > before, "an open request's test did not poll");
+  for (int r = 0; r < MPIB_NRAILS; r++) done_q[r][done_n[r]++] = held[r];
+  wait_all(&open, 1);
 }
 
 int main(void) {
@@ -370,6 +406,7 @@ int main(void) {
     test_failover(shm, id, c, &mh, buf);
     test_recovery_refused(c, &mh, buf);
     test_foreign_handle(c, buf);
+    test_done_without_poll(c, &mh, buf);
   }
   mpib_shm_close(shm);
   unlink(path);
