@@ -343,6 +343,7 @@ struct nt_sc_setup {
   double connect_first_ms, connect_poll_ms, connect_done_ms, accept_poll_ms, accept_done_ms;
   int threads_peak;   /* the most threads seen, sampled at most every millisecond of the setup */
   double cpu_ms;      /* the process's CPU time (user + system) from the first call to the last comm */
+  double sys_ms;      /* of which in the kernel (verbs objects, sockets; rxe's work is the kernel's) */
   double poll_cpu_ms; /* of which this thread's: the calls, the sweeps and their pauses */
 };
 
@@ -357,6 +358,15 @@ static double nt_cpu_ms(int who) {
          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
 }
 
+/* The process's system CPU time so far, in milliseconds. */
+static double nt_sys_ms(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) {
+    return 0;
+  }
+  return (double)ru.ru_stime.tv_sec * 1000 + (double)ru.ru_stime.tv_usec / 1000;
+}
+
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
 
 /* One thread, every pending connect and accept per sweep, until all returned a comm. */
@@ -369,7 +379,7 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     return -1;
   }
   double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, cpu0 = nt_cpu_ms(RUSAGE_SELF),
-         tcpu0 = nt_cpu_ms(RUSAGE_THREAD);
+         tcpu0 = nt_cpu_ms(RUSAGE_THREAD), sys0 = nt_sys_ms();
   while (ndone < total) {
     int progressed = 0;
     if (nt_now() - sampled >= 0.001) { /* the plugin's threads peak while handshakes run */
@@ -446,6 +456,7 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   r->total_s = nt_now() - t0;
   r->cpu_ms = nt_cpu_ms(RUSAGE_SELF) - cpu0;
   r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD) - tcpu0;
+  r->sys_ms = nt_sys_ms() - sys0;
   free(started);
   return 0;
 }
@@ -656,9 +667,9 @@ static void nt_sc_phases_line(const struct nt_opts *o, int N, int round, const s
   }
   line[len] = '\0';
   nt_out("connect-phases: comms=%d role=%s round=%d lines=%d%s max_total_ms=%.1f mr_max_ms=%.1f setup_ms=%.1f "
-         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f",
+         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f setup_sys_ms=%.1f",
          N, nt_role_name(o->role), round, ph->lines, line, max_total, s->reg_max_ms, su->total_s * 1000, su->cpu_ms,
-         su->poll_cpu_ms);
+         su->poll_cpu_ms, su->sys_ms);
 }
 
 static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, int round,
