@@ -56,6 +56,14 @@ static ncclResult_t comm_failed(struct mpib_comm *c, const char *why, const char
   return ncclRemoteError;
 }
 
+/* A ride-through that cannot end: warned once, the peer told, the comm failed. */
+static ncclResult_t stall_failed(struct mpib_comm *c, const char *why) {
+  if (!c->failure_reported) MPIB_WARN("ride-through: side=%s %s: failing it", c->is_send ? "send" : "recv", why);
+  c->failure_reported = 1;
+  notify_peer_failed(c);
+  return ncclRemoteError;
+}
+
 ncclResult_t mpib_failover_health_check(struct mpib_comm *c) {
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] && mpib_rail_fatal(c, r) && c->rail[r].state != MPIB_RAIL_DEAD) {
@@ -74,22 +82,13 @@ ncclResult_t mpib_failover_health_check(struct mpib_comm *c) {
   if (gone && (c->stall_since_ns || mpib_now_ns() - gone > MPIB_PEER_GONE_GRACE_NS))
     return comm_failed(c, "the peer closed the connection with requests still waiting",
                        " (its process exited or aborted)");
-  if (c->stall_since_ns && !rail_can_return(c, MPIB_RAIL_SOUT) && !rail_can_return(c, MPIB_RAIL_SUP)) {
-    if (!c->failure_reported)
-      MPIB_WARN("ride-through: side=%s every rail of this connection is over a dead device: failing it",
-                c->is_send ? "send" : "recv");
-    c->failure_reported = 1;
-    notify_peer_failed(c);
-    return ncclRemoteError;
-  }
+  if (c->stall_since_ns && !rail_can_return(c, MPIB_RAIL_SOUT) && !rail_can_return(c, MPIB_RAIL_SUP))
+    return stall_failed(c, "every rail of this connection is over a dead device");
   if (c->stall_since_ns && mpib_now_ns() - c->stall_since_ns > mpib_g.stall_timeout_ms * 1000000ull) {
-    if (!c->failure_reported)
-      MPIB_WARN(
-          "ride-through: side=%s no rail of this connection came back within MPIB_STALL_TIMEOUT_MS=%llu: failing it",
-          c->is_send ? "send" : "recv", (unsigned long long)mpib_g.stall_timeout_ms);
-    c->failure_reported = 1;
-    notify_peer_failed(c);
-    return ncclRemoteError;
+    char why[96];
+    snprintf(why, sizeof why, "no rail of this connection came back within MPIB_STALL_TIMEOUT_MS=%llu",
+             (unsigned long long)mpib_g.stall_timeout_ms);
+    return stall_failed(c, why);
   }
   return ncclSuccess;
 }
