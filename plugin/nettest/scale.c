@@ -348,23 +348,17 @@ struct nt_sc_setup {
 };
 
 /* CPU time so far (user + system), in milliseconds: the process's (RUSAGE_SELF) or the
- * calling thread's (RUSAGE_THREAD). */
-static double nt_cpu_ms(int who) {
+ * calling thread's (RUSAGE_THREAD); its system part in *sys_ms when that is not NULL. */
+static double nt_cpu_ms(int who, double *sys_ms) {
   struct rusage ru;
   if (getrusage(who, &ru) != 0) {
-    return 0;
+    memset(&ru, 0, sizeof(ru));
   }
-  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
-         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
-}
-
-/* The process's system CPU time so far, in milliseconds. */
-static double nt_sys_ms(void) {
-  struct rusage ru;
-  if (getrusage(RUSAGE_SELF, &ru) != 0) {
-    return 0;
+  double sys = (double)ru.ru_stime.tv_sec * 1000 + (double)ru.ru_stime.tv_usec / 1000;
+  if (sys_ms != NULL) {
+    *sys_ms = sys;
   }
-  return (double)ru.ru_stime.tv_sec * 1000 + (double)ru.ru_stime.tv_usec / 1000;
+  return (double)ru.ru_utime.tv_sec * 1000 + (double)ru.ru_utime.tv_usec / 1000 + sys;
 }
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
@@ -378,8 +372,8 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   if (started == NULL) {
     return -1;
   }
-  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, cpu0 = nt_cpu_ms(RUSAGE_SELF),
-         tcpu0 = nt_cpu_ms(RUSAGE_THREAD), sys0 = nt_sys_ms();
+  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, sys0 = 0, cpu0 = nt_cpu_ms(RUSAGE_SELF, &sys0),
+         tcpu0 = nt_cpu_ms(RUSAGE_THREAD, NULL);
   while (ndone < total) {
     int progressed = 0;
     if (nt_now() - sampled >= 0.001) { /* the plugin's threads peak while handshakes run */
@@ -454,9 +448,10 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     }
   }
   r->total_s = nt_now() - t0;
-  r->cpu_ms = nt_cpu_ms(RUSAGE_SELF) - cpu0;
-  r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD) - tcpu0;
-  r->sys_ms = nt_sys_ms() - sys0;
+  double sys1 = 0;
+  r->cpu_ms = nt_cpu_ms(RUSAGE_SELF, &sys1) - cpu0;
+  r->sys_ms = sys1 - sys0;
+  r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD, NULL) - tcpu0;
   free(started);
   return 0;
 }
