@@ -231,9 +231,9 @@ int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int
 void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n) {
   struct mpib_nic *d = &mpib_g.nic[nic];
   for (int i = 0; i < n; i++) types[i] = -1;
-  /* Entries of every port come back: room for two ports' worth (a larger device fails the
-   * call and is read entry by entry below). */
-  size_t max = (size_t)n * 2;
+  /* One call returns the valid entries of every port; a device with more than fit (a rare
+   * case: mpib_gid_table_room) fails it and is read entry by entry below. */
+  size_t max = mpib_gid_table_room(n);
   struct ibv_gid_entry *e = calloc(max, sizeof *e);
   ssize_t got = e ? mpib_ibv_query_gid_table(d->ctx, e, max, 0) : -ENOMEM;
   for (ssize_t j = 0; j < got; j++) {
@@ -243,6 +243,8 @@ void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n) {
   }
   free(e);
   if (got >= 0) return;
+  MPIB_INFO("%s: the GID table in one call failed (%s): reading its %d entries one by one",
+            ibv_get_device_name(d->ctx->device), strerror((int)-got), n);
   for (int i = 0; i < n; i++) { /* an older library (or a failed call): entry by entry */
     int t;
     if (mpib_nic_gid_entry(d, i, gids + 16 * (size_t)i, &t) == 0) types[i] = t;

@@ -122,6 +122,12 @@ int mpib_ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32
   return f ? f(context, port_num, gid_index, entry, flags, sizeof *entry) : EOPNOTSUPP;
 }
 
+size_t mpib_gid_table_room(int tbl_len) {
+  size_t most = UINT16_MAX / sizeof(struct ibv_gid_entry);
+  size_t want = tbl_len > 0 ? 2 * (size_t)tbl_len : 0;
+  return want < most ? want : most;
+}
+
 ssize_t mpib_ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries,
                                  uint32_t flags) {
   query_gid_table_fn f = (query_gid_table_fn)verb(VERB_QUERY_GID_TABLE);

@@ -42,6 +42,11 @@ struct ibv_mr *mpib_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t
                                       int access);
 int mpib_ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
                           struct ibv_gid_entry *entry, uint32_t flags);
+/* How many entries one GID table query may ask for, for a port of tbl_len entries: twice that
+ * (the call returns every port's valid entries), but no more than the command's output
+ * attribute can describe (its length is 16 bits: 2047 entries; rxe's 1024-entry tables would
+ * ask for 2048, and libibverbs refuses the whole call with EINVAL). */
+size_t mpib_gid_table_room(int tbl_len);
 /* Every valid GID entry of every port in one call (-errno on failure, -EOPNOTSUPP when absent). */
 ssize_t mpib_ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries,
                                  uint32_t flags);

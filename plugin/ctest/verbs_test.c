@@ -199,6 +199,22 @@ static void test_gid_peer_addr(void) {
   EXPECT(mpib_neigh_warm(link_local) == 1, "a link-local GID must send nothing");
 }
 
+/* The one-call GID table query's room: twice a port's table, within the 16-bit length of the
+ * command's output attribute (2047 entries of 32 bytes). 2048 entries (rxe's 1024-entry table
+ * doubled) make libibverbs refuse the call with EINVAL, leaving the entry-by-entry walk. */
+static void test_gid_table_room(void) {
+  EXPECT(sizeof(struct ibv_gid_entry) == 32, "ibv_gid_entry is %zu bytes", sizeof(struct ibv_gid_entry));
+  static const struct {
+    int tbl_len;
+    size_t want;
+  } cases[] = {{0, 0}, {-1, 0}, {1, 2}, {128, 256}, {255, 510}, {1023, 2046}, {1024, 2047}, {4096, 2047}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t got = mpib_gid_table_room(cases[i].tbl_len);
+    EXPECT(got == cases[i].want, "room for a %d-entry table: %zu, want %zu", cases[i].tbl_len, got, cases[i].want);
+    EXPECT(got * sizeof(struct ibv_gid_entry) <= UINT16_MAX, "room %zu overflows the attribute length", got);
+  }
+}
+
 int main(void) {
   /* A direct use keeps libibverbs a real dependency even under --as-needed, as in the plugin. */
   printf("linked against libibverbs: %s\n", ibv_wc_status_str(IBV_WC_SUCCESS));
@@ -206,6 +222,7 @@ int main(void) {
   test_real_lookup();
   test_sysfs();
   test_gid_peer_addr();
+  test_gid_table_room();
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

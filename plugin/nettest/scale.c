@@ -345,7 +345,19 @@ struct nt_sc_setup {
   double cpu_ms;      /* the process's CPU time (user + system) from the first call to the last comm */
   double sys_ms;      /* of which in the kernel (verbs objects, sockets; rxe's work is the kernel's) */
   double poll_cpu_ms; /* of which this thread's: the calls, the sweeps and their pauses */
+  long minflt;        /* page faults the process took meanwhile (first touches of memory) */
+  long ctxsw;         /* context switches of its threads, voluntary and not */
 };
+
+/* The CPU time (user + system) of a getrusage sample, in milliseconds; its system part in
+ * *sys_ms when that is not NULL. */
+static double nt_ru_ms(const struct rusage *ru, double *sys_ms) {
+  double sys = (double)ru->ru_stime.tv_sec * 1000 + (double)ru->ru_stime.tv_usec / 1000;
+  if (sys_ms != NULL) {
+    *sys_ms = sys;
+  }
+  return (double)ru->ru_utime.tv_sec * 1000 + (double)ru->ru_utime.tv_usec / 1000 + sys;
+}
 
 /* CPU time so far (user + system), in milliseconds: the process's (RUSAGE_SELF) or the
  * calling thread's (RUSAGE_THREAD); its system part in *sys_ms when that is not NULL. */
@@ -354,11 +366,7 @@ static double nt_cpu_ms(int who, double *sys_ms) {
   if (getrusage(who, &ru) != 0) {
     memset(&ru, 0, sizeof(ru));
   }
-  double sys = (double)ru.ru_stime.tv_sec * 1000 + (double)ru.ru_stime.tv_usec / 1000;
-  if (sys_ms != NULL) {
-    *sys_ms = sys;
-  }
-  return (double)ru.ru_utime.tv_sec * 1000 + (double)ru.ru_utime.tv_usec / 1000 + sys;
+  return nt_ru_ms(&ru, sys_ms);
 }
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
@@ -372,7 +380,11 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   if (started == NULL) {
     return -1;
   }
-  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, sys0 = 0, cpu0 = nt_cpu_ms(RUSAGE_SELF, &sys0),
+  struct rusage ru0, ru1;
+  if (getrusage(RUSAGE_SELF, &ru0) != 0) {
+    memset(&ru0, 0, sizeof(ru0));
+  }
+  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, sys0 = 0, cpu0 = nt_ru_ms(&ru0, &sys0),
          tcpu0 = nt_cpu_ms(RUSAGE_THREAD, NULL);
   while (ndone < total) {
     int progressed = 0;
@@ -449,8 +461,13 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   }
   r->total_s = nt_now() - t0;
   double sys1 = 0;
-  r->cpu_ms = nt_cpu_ms(RUSAGE_SELF, &sys1) - cpu0;
+  if (getrusage(RUSAGE_SELF, &ru1) != 0) {
+    ru1 = ru0;
+  }
+  r->cpu_ms = nt_ru_ms(&ru1, &sys1) - cpu0;
   r->sys_ms = sys1 - sys0;
+  r->minflt = ru1.ru_minflt - ru0.ru_minflt;
+  r->ctxsw = ru1.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nvcsw - ru0.ru_nivcsw;
   r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD, NULL) - tcpu0;
   free(started);
   return 0;
@@ -662,9 +679,9 @@ static void nt_sc_phases_line(const struct nt_opts *o, int N, int round, const s
   }
   line[len] = '\0';
   nt_out("connect-phases: comms=%d role=%s round=%d lines=%d%s max_total_ms=%.1f mr_max_ms=%.1f setup_ms=%.1f "
-         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f setup_sys_ms=%.1f",
+         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f setup_sys_ms=%.1f setup_minflt=%ld setup_ctxsw=%ld",
          N, nt_role_name(o->role), round, ph->lines, line, max_total, s->reg_max_ms, su->total_s * 1000, su->cpu_ms,
-         su->poll_cpu_ms, su->sys_ms);
+         su->poll_cpu_ms, su->sys_ms, su->minflt, su->ctxsw);
 }
 
 static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, int round,
