@@ -156,12 +156,7 @@ const p2SoutMbit, p2SupMbit = 10, 20
 // p2Pairs is P2's pairs: MPIB_BENCH_PAIRS (or MPIB_BENCH_REPS) when set, else 3. A pair takes
 // about 3.5 minutes at these rates (NCCL's 8 x 4 MiB in flight drains for seconds), and the
 // ratios of one run spread by under 1 % (docs/benchmarks.md).
-func p2Pairs() int {
-	if os.Getenv("MPIB_BENCH_PAIRS") == "" && os.Getenv("MPIB_BENCH_REPS") == "" {
-		return 3
-	}
-	return benchPairs()
-}
+func p2Pairs() int { return benchPairsOr(3) }
 
 func TestBenchP2UnequalRails(t *testing.T) {
 	lab := benchOrSkip(t)

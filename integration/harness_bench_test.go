@@ -142,11 +142,14 @@ func (s cpuSplit) String() string {
 
 // benchPairs is how many interleaved (plugin, reference) pairs each ratio gets:
 // MPIB_BENCH_PAIRS, else the older MPIB_BENCH_REPS, else 7.
-func benchPairs() int {
+func benchPairs() int { return benchPairsOr(7) }
+
+// benchPairsOr is benchPairs with another default, for a benchmark whose pairs take long.
+func benchPairsOr(def int) int {
 	for _, k := range []string{"MPIB_BENCH_PAIRS", "MPIB_BENCH_REPS"} {
 		if n, err := strconv.Atoi(os.Getenv(k)); err == nil && n > 0 {
 			return n
 		}
 	}
-	return 7
+	return def
 }

@@ -349,24 +349,23 @@ struct nt_sc_setup {
   long ctxsw;         /* context switches of its threads, voluntary and not */
 };
 
-/* The CPU time (user + system) of a getrusage sample, in milliseconds; its system part in
- * *sys_ms when that is not NULL. */
+/* getrusage's sample for who (RUSAGE_SELF or RUSAGE_THREAD), zeros if it fails. */
+static struct rusage nt_rusage(int who) {
+  struct rusage ru;
+  if (getrusage(who, &ru) != 0) {
+    memset(&ru, 0, sizeof(ru));
+  }
+  return ru;
+}
+
+/* A sample's CPU time (user + system), in milliseconds; its system part in *sys_ms when that
+ * is not NULL. */
 static double nt_ru_ms(const struct rusage *ru, double *sys_ms) {
   double sys = (double)ru->ru_stime.tv_sec * 1000 + (double)ru->ru_stime.tv_usec / 1000;
   if (sys_ms != NULL) {
     *sys_ms = sys;
   }
   return (double)ru->ru_utime.tv_sec * 1000 + (double)ru->ru_utime.tv_usec / 1000 + sys;
-}
-
-/* CPU time so far (user + system), in milliseconds: the process's (RUSAGE_SELF) or the
- * calling thread's (RUSAGE_THREAD); its system part in *sys_ms when that is not NULL. */
-static double nt_cpu_ms(int who, double *sys_ms) {
-  struct rusage ru;
-  if (getrusage(who, &ru) != 0) {
-    memset(&ru, 0, sizeof(ru));
-  }
-  return nt_ru_ms(&ru, sys_ms);
 }
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
@@ -380,12 +379,8 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   if (started == NULL) {
     return -1;
   }
-  struct rusage ru0, ru1;
-  if (getrusage(RUSAGE_SELF, &ru0) != 0) {
-    memset(&ru0, 0, sizeof(ru0));
-  }
-  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0, sys0 = 0, cpu0 = nt_ru_ms(&ru0, &sys0),
-         tcpu0 = nt_cpu_ms(RUSAGE_THREAD, NULL);
+  struct rusage ru0 = nt_rusage(RUSAGE_SELF), th0 = nt_rusage(RUSAGE_THREAD);
+  double t0 = nt_now(), deadline = t0 + o->timeout_s, sampled = 0;
   while (ndone < total) {
     int progressed = 0;
     if (nt_now() - sampled >= 0.001) { /* the plugin's threads peak while handshakes run */
@@ -460,15 +455,13 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
     }
   }
   r->total_s = nt_now() - t0;
-  double sys1 = 0;
-  if (getrusage(RUSAGE_SELF, &ru1) != 0) {
-    ru1 = ru0;
-  }
-  r->cpu_ms = nt_ru_ms(&ru1, &sys1) - cpu0;
+  struct rusage ru1 = nt_rusage(RUSAGE_SELF), th1 = nt_rusage(RUSAGE_THREAD);
+  double sys0, sys1;
+  r->cpu_ms = nt_ru_ms(&ru1, &sys1) - nt_ru_ms(&ru0, &sys0);
   r->sys_ms = sys1 - sys0;
   r->minflt = ru1.ru_minflt - ru0.ru_minflt;
   r->ctxsw = ru1.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nvcsw - ru0.ru_nivcsw;
-  r->poll_cpu_ms = nt_cpu_ms(RUSAGE_THREAD, NULL) - tcpu0;
+  r->poll_cpu_ms = nt_ru_ms(&th1, NULL) - nt_ru_ms(&th0, NULL);
   free(started);
   return 0;
 }
