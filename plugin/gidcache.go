@@ -30,10 +30,21 @@ import (
 // Each NIC has its own lock: a connection waits only for a read of a table it uses (a SOUT-only
 // connection never for a SUP port's).
 var gidTables struct {
-	mu    [C.MPIB_MAX_NICS]sync.Mutex // mu[nic] guards at, gen and table of that NIC
+	mu    [C.MPIB_MAX_NICS]sync.Mutex // mu[nic] guards at, gen, table and chosen of that NIC
 	at    [C.MPIB_MAX_NICS]time.Time
 	gen   [C.MPIB_MAX_NICS]uint32
 	table [C.MPIB_MAX_NICS][]gid.Entry
+	// chosen is chooseGID's answer per configured index for the table cached beside it (dropped
+	// with it): net_ib's rule walks every entry (1,024 on soft-RoCE, about 40,000 instructions),
+	// and every connection asks it for each of its NICs.
+	chosen [C.MPIB_MAX_NICS]map[int]gidChoice
+}
+
+// gidChoice is one answer of chooseGID.
+type gidChoice struct {
+	idx  int
+	addr netip.Addr
+	err  error
 }
 
 const gidTableMaxAge = 30 * time.Second
@@ -43,6 +54,11 @@ const gidTableMaxAge = 30 * time.Second
 func readGIDTable(nic int) []gid.Entry {
 	gidTables.mu[nic].Lock()
 	defer gidTables.mu[nic].Unlock()
+	return currentGIDTable(nic)
+}
+
+// currentGIDTable is readGIDTable with gidTables.mu[nic] held.
+func currentGIDTable(nic int) []gid.Entry {
 	gen := uint32(C.mpib_gid_gen(C.int(nic))) // before the read: a change during it forces another
 	if t := gidTables.table[nic]; t != nil && gen == gidTables.gen[nic] && time.Since(gidTables.at[nic]) < gidTableMaxAge {
 		return t
@@ -52,9 +68,9 @@ func readGIDTable(nic int) []gid.Entry {
 	if n > 0 {
 		raw := make([]byte, 16*n)
 		types := make([]C.int, n)
-		// A kernel walk of every entry, tens of ms: on a throwaway thread (threads.go), one
-		// at a time per NIC (gidTables.mu[nic]).
-		onThrowawayThread(func() struct{} {
+		// A kernel walk of every entry, milliseconds: a slow call (threads.go), one at a
+		// time per NIC (gidTables.mu[nic]).
+		slowCall(func() struct{} {
 			C.mpib_gid_table_read(C.int(nic), (*C.uint8_t)(unsafe.Pointer(&raw[0])), &types[0], C.int(n))
 			return struct{}{}
 		})
@@ -65,6 +81,7 @@ func readGIDTable(nic int) []gid.Entry {
 		}
 	}
 	gidTables.table[nic], gidTables.at[nic], gidTables.gen[nic] = table, time.Now(), gen
+	gidTables.chosen[nic] = nil
 	return table
 }
 
@@ -83,8 +100,15 @@ func warmGIDTables() {
 }
 
 // chooseGID picks a NIC's GID for a new connection (net_ib's rule) from its current table.
+// The answer is kept with the table (gidTables.chosen) until the table is read again.
 func chooseGID(nic, configured int) (int, netip.Addr, error) {
-	table := readGIDTable(nic)
+	gidTables.mu[nic].Lock()
+	defer gidTables.mu[nic].Unlock()
+	table := currentGIDTable(nic)
+	if c, ok := gidTables.chosen[nic][configured]; ok {
+		return c.idx, c.addr, c.err
+	}
+	c := gidChoice{idx: -1}
 	var idx int
 	var err error
 	if C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
@@ -93,9 +117,15 @@ func chooseGID(nic, configured int) (int, netip.Addr, error) {
 		idx, err = gid.ChooseRoCE(table, configured, plugin.cfg.GID)
 	}
 	if err != nil {
-		return -1, netip.Addr{}, err
+		c.err = err
+	} else {
+		c.idx, c.addr = idx, table[idx].Addr()
 	}
-	return idx, table[idx].Addr(), nil
+	if gidTables.chosen[nic] == nil {
+		gidTables.chosen[nic] = map[int]gidChoice{}
+	}
+	gidTables.chosen[nic][configured] = c
+	return c.idx, c.addr, c.err
 }
 
 // forgetGIDTables drops the cached tables and addresses (the devices closed; a reopen reads
@@ -104,6 +134,7 @@ func forgetGIDTables() {
 	for nic := range gidTables.mu {
 		gidTables.mu[nic].Lock()
 		gidTables.table[nic] = nil
+		gidTables.chosen[nic] = nil
 		gidTables.mu[nic].Unlock()
 	}
 	ifAddrs.mu.Lock()

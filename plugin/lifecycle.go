@@ -33,9 +33,9 @@ import (
 //     started, then destroys the comms NCCL never collected;
 //   - the devices close only when no context is left AND no comm is alive (NCCL may close a
 //     comm after the last finalize), so no verbs call ever runs on a closed device;
-//   - verbs-heavy steps take a slot of a bounded pool and run on a throwaway thread, so an
-//     all-to-all with thousands of peers cannot park thousands of OS threads in cgo calls at
-//     once, nor leave them behind (threads.go).
+//   - verbs-heavy steps take a slot of a bounded pool, so an all-to-all with thousands of
+//     peers cannot park thousands of OS threads in cgo calls at once, and the idle trim ends
+//     the threads a burst made (threads.go).
 
 // netCtx is one init call's world.
 type netCtx struct {
@@ -247,7 +247,7 @@ func (lc *liveComm) watch() {
 
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
 // comm after the last finalize, closes the devices. inGoroutine: called from one of MPIB's
-// goroutines, which frees the resources in a verbs slot on a throwaway thread; NCCL's threads
+// goroutines, which frees the resources in a verbs slot; NCCL's threads
 // (closeSend/closeRecv, closeListen, finalize) free them themselves.
 func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	registry.mu.Lock()

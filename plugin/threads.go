@@ -1,7 +1,7 @@
 // threads.go: the OS threads the control plane holds in NCCL's process: GOMAXPROCS, the bounded
-// verbs slots (withVerbsSlot, inVerbsSlot, destroyInGoroutine), throwaway threads for slow C
-// calls (onThrowawayThread) and the idle trim (noteActivity). Every goroutine that makes a slow
-// C call goes through here: prepare.go, handshake.go, gidcache.go, sup.go, lifecycle.go.
+// verbs slots (withVerbsSlot, inVerbsSlot, destroyInGoroutine), slow C calls (slowCall) and the
+// idle trim (noteActivity). Every goroutine that makes a slow C call goes through here:
+// prepare.go, handshake.go, gidcache.go, sup.go, lifecycle.go.
 
 package main
 
@@ -30,9 +30,9 @@ import (
 //     rest, unless the user set GOMAXPROCS in the environment: the control plane is
 //     handshakes waiting on the network, never CPU-bound Go code;
 //   - the slow C calls made from goroutines (creating, connecting and destroying verbs
-//     objects, reading a GID table: milliseconds each) run on a call thread that ends
-//     callThreadIdle after its last call (onThrowawayThread), verbs calls in one of maxConcurrentVerbs slots: a connect burst
-//     holds at most that many threads in C (plus one GID read per NIC);
+//     objects, reading a GID table: milliseconds each) go through slowCall, verbs calls in
+//     one of maxConcurrentVerbs slots: a connect burst holds at most that many threads in C
+//     (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
 //     trimAfter, lowers GOMAXPROCS to restProcs and ends the idle ones the same way, so the
@@ -73,7 +73,7 @@ const maxConcurrentVerbs = 4
 
 var verbsSlots = make(chan struct{}, maxConcurrentVerbs)
 
-// withVerbsSlot runs fn on a throwaway thread while holding one of the bounded verbs slots.
+// withVerbsSlot runs fn (slowCall) while holding one of the bounded verbs slots.
 // It gives up (without running fn) when ctx ends first.
 func withVerbsSlot[T any](ctx context.Context, fn func() T) (T, error) {
 	return withVerbsSlotWait(ctx, nil, fn)
@@ -96,7 +96,7 @@ func withVerbsSlotWait[T any](ctx context.Context, waited *time.Duration, fn fun
 		*waited += time.Since(asked)
 	}
 	defer func() { <-verbsSlots }()
-	return onThrowawayThread(fn), nil
+	return slowCall(fn), nil
 }
 
 // inVerbsSlot is withVerbsSlot for what must run whatever happens to the context: freeing a
@@ -113,64 +113,20 @@ func destroyInGoroutine(comm *C.struct_mpib_comm) {
 	}
 }
 
-// onThrowawayThread runs fn (a blocking C call) on an OS thread of its own, which ends once
-// no such call came for callThreadIdle: the goroutine that runs the calls locks its thread and
-// returns without unlocking it, and the runtime then terminates that thread instead of keeping
-// it idle for good. A burst of connections (two or three such calls each) thus makes a thread
-// per call running at once, not one per call: under an emulated kernel making and ending a
-// thread costs about a millisecond of CPU, which a burst of handshakes pays in its wall time.
-func onThrowawayThread[T any](fn func() T) T {
+// slowCall runs fn, a C call that blocks for milliseconds (a verbs object, a GID table), on
+// the calling goroutine's own thread, and arms the idle trim: the runtime hands the
+// goroutine's P to another thread while the call blocks, and trimIdleThreads ends the threads
+// that stood in once the control plane rests. A call handed to a thread of its own instead
+// costs two thread wake-ups (140-190 us each in the lab VM, against 2-9 us for the call
+// itself): a burst of 8 connections paid about a fifth of its context switches there.
+func slowCall[T any](fn func() T) T {
 	noteActivity()
-	done := make(chan T, 1)
-	panicked := make(chan any, 1)
-	call := func() {
-		defer func() {
-			if r := recover(); r != nil {
-				panicked <- r // raised again in the caller, whose guard turns it into an error
-			}
-		}()
-		done <- fn()
-	}
-	select {
-	case callThreads <- call: // a thread that finished its last call within callThreadIdle
-	default:
-		go callThread(call)
-	}
-	select {
-	case v := <-done:
-		return v
-	case r := <-panicked:
-		panic(r)
-	}
-}
-
-// callThreads hands a call to a call thread waiting for one (unbuffered: only a waiting thread
-// takes it, else the caller starts a thread).
-var callThreads = make(chan func())
-
-// callThreadIdle is how long a call thread waits for the next call before it ends: shorter than
-// trimAfter, so that the threads at rest do not depend on what ran before.
-const callThreadIdle = 100 * time.Millisecond
-
-// callThread runs call, then the calls handed to it, on a locked OS thread that ends with it.
-func callThread(call func()) {
-	runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
-	idle := time.NewTimer(callThreadIdle)
-	defer idle.Stop()
-	for {
-		call()
-		idle.Reset(callThreadIdle)
-		select {
-		case call = <-callThreads:
-		case <-idle.C:
-			return
-		}
-	}
+	return fn()
 }
 
 // trimAfter is how long the control plane stays idle (no slow C call, no close) before the
 // idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
-// the threads that stood in for the calls in C, one per P, a spare).
+// the threads that made or stood in for the calls in C, one per P, a spare).
 const trimAfter = 200 * time.Millisecond
 
 func trimThreads() int {
