@@ -28,7 +28,7 @@ import (
 // another cable than the one measured, which would make the ratio meaningless.
 func TestBenchMesh(t *testing.T) {
 	lab := benchOrSkip(t)
-	defer benchClock(t)()
+	defer benchClockPairs(t, meshBWReps)()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
 	m, err := lab.StartMesh(ctx)

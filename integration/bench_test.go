@@ -393,7 +393,7 @@ func perftestLatOnce(t *testing.T, server, client *Node, iters int) string {
 // segment and heartbeat live on the sender, so that every request reads its hint.
 func TestBenchP4InstructionsPerMessage(t *testing.T) {
 	lab := benchOrSkip(t)
-	defer benchClock(t)()
+	defer benchClockPairs(t, 1)() // one callgrind run per mode
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

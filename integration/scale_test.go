@@ -304,7 +304,7 @@ func scaleBenchNodes(t *testing.T, n int) (a1, a2 *Node, done func()) {
 		t.Skipf("the %d-connection run is slow under TCG: MPIB_SCALE=1 or MPIB_BENCH=1", n)
 	}
 	lab := labOrSkip(t)
-	return lab.Node("a1"), lab.Node("a2"), benchClock(t)
+	return lab.Node("a1"), lab.Node("a2"), benchClockPairs(t, 1)
 }
 
 // TestBenchScale512 (also with MPIB_SCALE=1): 512 connections per direction between a1 and
