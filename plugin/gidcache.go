@@ -108,18 +108,14 @@ func chooseGID(nic, configured int) (int, netip.Addr, error) {
 	if c, ok := gidTables.chosen[nic][configured]; ok {
 		return c.idx, c.addr, c.err
 	}
-	c := gidChoice{idx: -1}
-	var idx int
-	var err error
+	var c gidChoice
 	if C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND {
-		idx, err = gid.ChooseIB(table)
+		c.idx, c.err = gid.ChooseIB(table)
 	} else {
-		idx, err = gid.ChooseRoCE(table, configured, plugin.cfg.GID)
+		c.idx, c.err = gid.ChooseRoCE(table, configured, plugin.cfg.GID)
 	}
-	if err != nil {
-		c.err = err
-	} else {
-		c.idx, c.addr = idx, table[idx].Addr()
+	if c.err == nil {
+		c.addr = table[c.idx].Addr()
 	}
 	if gidTables.chosen[nic] == nil {
 		gidTables.chosen[nic] = map[int]gidChoice{}

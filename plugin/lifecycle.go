@@ -247,8 +247,8 @@ func (lc *liveComm) watch() {
 
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
 // comm after the last finalize, closes the devices. inGoroutine: called from one of MPIB's
-// goroutines, which frees the resources in a verbs slot; NCCL's threads
-// (closeSend/closeRecv, closeListen, finalize) free them themselves.
+// goroutines, which frees the resources in a verbs slot; NCCL's threads (closeSend/closeRecv,
+// closeListen, finalize) free them themselves.
 func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	registry.mu.Lock()
 	lc := registry.comms[comm]

@@ -39,7 +39,7 @@ import (
 //     threads at rest do not depend on what ran before: the runtime's first thread, sysmon,
 //     its template thread and the one waiting in the netpoller;
 //   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
-//     table, atomics) stay on the goroutine: each lock lets one at a time into C.
+//     table, atomics) take no slot and do not arm the trim: each lock lets one at a time into C.
 // Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
 // on those threads and cost MPIB none. Bounds and figures: docs/configuration.md ("Threads");
 // integration/leak_test.go (TestLeakConnectClose) checks them.
@@ -118,7 +118,7 @@ func destroyInGoroutine(comm *C.struct_mpib_comm) {
 // goroutine's P to another thread while the call blocks, and trimIdleThreads ends the threads
 // that stood in once the control plane rests. A call handed to a thread of its own instead
 // costs two thread wake-ups (140-190 us each in the lab VM, against 2-9 us for the call
-// itself): a burst of 8 connections paid about a fifth of its context switches there.
+// itself): a burst of 8 connections paid about a quarter of its context switches there.
 func slowCall[T any](fn func() T) T {
 	noteActivity()
 	return fn()
