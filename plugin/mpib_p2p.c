@@ -77,6 +77,22 @@ static uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
 
+/* The slot's bytes and requests per rail, which its post, completion and any replay report to
+ * the agent (mpib_tele_post, mpib_tele_complete): kept only by a comm with an agent slot. */
+static void plan_telemetry(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p) {
+  uint64_t *bytes = c->slot_rail_bytes[slot];
+  uint8_t *rreqs = c->slot_rail_reqs[slot];
+  bytes[MPIB_RAIL_SOUT] = bytes[MPIB_RAIL_SUP] = 0;
+  rreqs[MPIB_RAIL_SOUT] = rreqs[MPIB_RAIL_SUP] = 0;
+  for (int r = 0; r < c->slot_matched[slot]; r++) {
+    size_t size = c->slot_reqs[slot][r]->size;
+    bytes[MPIB_RAIL_SOUT] += p->sout[r];
+    bytes[MPIB_RAIL_SUP] += size - p->sout[r];
+    rreqs[MPIB_RAIL_SOUT] += p->sout[r] > 0;
+    rreqs[MPIB_RAIL_SUP] += size > p->sout[r];
+  }
+}
+
 /* Decides the slot's split: whole to one rail when the slot's bytes are at most
  * whole_msg_max (deficit-counted, see mpib_whole_message_rail), else cut by the weight. */
 static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
@@ -87,10 +103,6 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
   for (int r = 0; r < nreqs; r++) total += reqs[r]->size;
   int whole = total <= c->whole_msg_max ? mpib_whole_message_rail(total, sup_bw, &c->sup_owed) : -1;
   p->mask = 0;
-  uint64_t *bytes = c->slot_rail_bytes[slot];
-  uint8_t *rreqs = c->slot_rail_reqs[slot];
-  bytes[MPIB_RAIL_SOUT] = bytes[MPIB_RAIL_SUP] = 0;
-  rreqs[MPIB_RAIL_SOUT] = rreqs[MPIB_RAIL_SUP] = 0;
   for (int r = 0; r < nreqs; r++) {
     size_t size = reqs[r]->size;
     p->sout[r] = whole < 0 ? mpib_split_sout_bytes(size, sup_bw) : whole == MPIB_RAIL_SOUT ? size : 0;
@@ -98,11 +110,8 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
     if (p->sout[r] > 0) p->mask |= 1u << MPIB_RAIL_SOUT;
     if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
     c->sizes[slot][r] = (int32_t)size;
-    bytes[MPIB_RAIL_SOUT] += p->sout[r];
-    bytes[MPIB_RAIL_SUP] += size - p->sout[r];
-    rreqs[MPIB_RAIL_SOUT] += p->sout[r] > 0;
-    rreqs[MPIB_RAIL_SUP] += size > p->sout[r];
   }
+  if (mpib_tele_on(c)) plan_telemetry(c, slot, p);
   c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
   if (p->mask == 0)
     p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
@@ -190,15 +199,19 @@ static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
   return ncclSuccess;
 }
 
+/* An isend that found no CTS in its slot yet: NCCL calls again. Every 16th such call polls
+ * (keepalives and failover move on a sender NCCL only asks to send). */
+static ncclResult_t cts_not_there(struct mpib_comm *c) {
+  ncclResult_t res = (++c->cts_waits & 15) == 0 ? progress(c) : ncclSuccess;
+  return res != ncclSuccess ? res : comm_health(c);
+}
+
 /* Copies a slot's CTS elements out of the FIFO once they have all landed intact; until then
  * leaves cts_snap_seq[slot] behind and NCCL calls isend again. */
 static ncclResult_t snapshot_cts(struct mpib_comm *c, int slot, uint64_t want) {
   volatile struct mpib_cts *fifo = c->cts[slot];
   struct mpib_cts *snap = c->cts_snap[slot];
-  if (fifo[0].seq != want) { /* no CTS yet: NCCL retries; now and then poll (keepalive, failover) */
-    ncclResult_t res = (++c->cts_waits & 15) == 0 ? progress(c) : ncclSuccess;
-    return res != ncclSuccess ? res : comm_health(c);
-  }
+  if (fifo[0].seq != want) return cts_not_there(c);
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   mpib_cts_snapshot(&fifo[0], &snap[0]);
   if (!mpib_cts_landed(&snap[0], want)) return cts_still_landing(c, slot);
@@ -239,10 +252,11 @@ static ncclResult_t wait_for_room(struct mpib_comm *c, uint64_t seq, uint32_t nr
   return res;
 }
 
-ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
-                        void **request) {
-  struct mpib_comm *c = sendComm;
-  *request = NULL;
+/* isend once the slot's CTS may be there (or no rail works): match the tag, check the request,
+ * post the slot when it is complete. Kept out of line so that the calls that find no CTS,
+ * most of them while the receiver is behind, pay for a few loads and not for its frame. */
+static __attribute__((noinline)) ncclResult_t isend_slot(struct mpib_comm *c, void *data, size_t size, int tag,
+                                                         void *mhandle, void *phandle, void **request) {
   if (c->stall_since_ns) { /* no rail works: nothing can be posted; NCCL calls again */
     ncclResult_t res = progress(c);
     if (res != ncclSuccess || c->stall_since_ns) return res != ncclSuccess ? res : comm_health(c);
@@ -304,6 +318,17 @@ ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *
   }
   *request = req;
   return ncclSuccess;
+}
+
+ncclResult_t mpib_isend(void *sendComm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                        void **request) {
+  struct mpib_comm *c = sendComm;
+  *request = NULL;
+  uint64_t want = c->fifo_head + 1;
+  int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
+  if (!c->stall_since_ns && c->cts_snap_seq[slot] != want && ((volatile struct mpib_cts *)c->cts[slot])->seq != want)
+    return cts_not_there(c);
+  return isend_slot(c, data, size, tag, mhandle, phandle, request);
 }
 
 /* Keeps a rail's receives posted; a rail that refuses them (its device just died) fails over. */
@@ -528,7 +553,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* mpib_completion_now reads the clock afresh for this call's completions */
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!c->cq[rail] || !rail_busy(c, rail)) continue;
-    for (int i = 0; i < mpib_lane_count(c, rail); i++) {
+    for (int i = 0, lanes = mpib_lane_count(c, rail); i < lanes; i++) {
       int lane = mpib_lane(rail, i);
       if (i > 0 && !rail_busy(c, rail)) break; /* an earlier lane's completion took the rail out */
       if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) continue; /* a dead device's CQ is never polled */
@@ -564,8 +589,13 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
    * those calls poll. A flush still waiting (a lane that must read again) lets the comm's
    * failover move too: NCCL may be testing nothing else of this comm. */
   if (!req->done) {
-    ncclResult_t res = req->type == MPIB_REQ_FLUSH ? mpib_flush_test(c, req) : progress(c);
-    if (res == ncclSuccess && req->type == MPIB_REQ_FLUSH && !req->done && req->flush_redo) res = progress(c);
+    ncclResult_t res;
+    if (req->type != MPIB_REQ_FLUSH) {
+      res = progress(c);
+    } else {
+      res = mpib_flush_test(c, req);
+      if (res == ncclSuccess && !req->done && req->flush_redo) res = progress(c);
+    }
     if (res != ncclSuccess) return res;
     if (!req->done) return comm_health(c);
   }

@@ -159,8 +159,7 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
                                  .length = (uint32_t)len,
                                  .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
-    wrs[nwr] = (struct ibv_send_wr){.wr_id = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED),
-                                    .sg_list = &sges[nwr],
+    wrs[nwr] = (struct ibv_send_wr){.sg_list = &sges[nwr],
                                     .num_sge = 1,
                                     .opcode = IBV_WR_RDMA_WRITE};
     wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
@@ -188,7 +187,13 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
   last->send_flags |= IBV_SEND_SIGNALED;
   last->imm_data = p->imm;
   last->wr_id = mpib_wrid_data(c, rail, reqs[0]->seq, replay);
-  for (int i = 0; i + 1 < nwr; i++) wrs[i].next = &wrs[i + 1];
+  if (nwr > 1) { /* the writes before the last: unsignalled, chained in order */
+    uint64_t unsignalled = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED);
+    for (int i = 0; i + 1 < nwr; i++) {
+      wrs[i].wr_id = unsignalled;
+      wrs[i].next = &wrs[i + 1];
+    }
+  }
   if (!replay && mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
   int rc = mpib_qp_post(c, qi, &wrs[0], nwr);
   if (rc > 0) return rc; /* nothing of it went out */

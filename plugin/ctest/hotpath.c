@@ -1,0 +1,186 @@
+//go:build ignore
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c
+
+/* The send path's cost per call, on fake verbs, for callgrind (hotpath_test.go): a vanilla
+ * intra-island send comm (one QP and one lane per rail; a 4 KiB message goes whole to SUP)
+ * sends MESSAGES messages the way NCCL's proxy calls the plugin, and each kind of call goes
+ * through a wrapper of its own, so that callgrind's inclusive cost per call of a wrapper is
+ * what that kind of call costs:
+ *   - isend_no_cts: the slot's CTS has not landed yet (NCCL calls again);
+ *   - isend_posting: it has: the message is posted;
+ *   - test_pending: its completion has not arrived;
+ *   - test_completing: the completion is polled and the request handed back.
+ * The fake provider (fake_post_send, fake_poll_cq) stands in for the NIC's; the Go side
+ * reports its share apart. The clock is fake and advances 1 us per read, so every run counts
+ * the same instructions. Exits 1 when a call does not do what its kind says. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../mpib.h"
+#include "../mpib_flush.h"
+#include "../mpib_p2p.h"
+#include "../mpib_profiler.h"
+#include "../mpib_slots.h"
+
+#define MESSAGES 2000
+#define SIZE 4096
+
+/* ---- what mpib_p2p.c and failover need from the rest of the plugin ---- */
+
+struct mpib_global mpib_g;
+ncclProfilerCallback_t mpib_prof_fn;
+static uint64_t fake_now = 1000000000ull;
+
+uint64_t mpib_now_ns(void) { return fake_now += 1000; }
+void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "log %d %s:%d: ", (int)level, file, line);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+void mpib_comm_destroy(struct mpib_comm *c) { (void)c; }
+int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
+int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
+  return (void)c, (void)req, ncclInternalError;
+}
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
+const char *ibv_wc_status_str(enum ibv_wc_status status) { return (void)status, "fake"; }
+void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
+  (void)c, (void)slot, (void)rail, (void)mask, (void)sout;
+}
+void mpib_prof_send_rail_done(struct mpib_comm *c, int slot, int rail) { (void)c, (void)slot, (void)rail; }
+void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void **ph, const size_t *sizes) {
+  (void)c, (void)req, (void)ph, (void)sizes;
+}
+void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (void)rail; }
+
+/* ---- fake verbs: a signalled write completes when the test says it arrived ---- */
+
+static struct ibv_context ctx;
+static struct ibv_qp qp[MPIB_NRAILS];
+static struct ibv_cq cq[MPIB_NRAILS];
+static struct ibv_mr mr;
+static uint64_t sent[MPIB_NRAILS][64], arrived[MPIB_NRAILS][64]; /* wr_ids */
+static int nsent[MPIB_NRAILS], narrived[MPIB_NRAILS];
+
+static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+  int rail = (int)(q - qp);
+  (void)bad;
+  for (; wr != NULL; wr = wr->next)
+    if ((wr->send_flags & IBV_SEND_SIGNALED) && nsent[rail] < 64) sent[rail][nsent[rail]++] = wr->wr_id;
+  return 0;
+}
+
+static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
+  int rail = (int)(c - cq), k = 0;
+  for (; k < n && k < narrived[rail]; k++)
+    wc[k] = (struct ibv_wc){.wr_id = arrived[rail][k], .opcode = IBV_WC_RDMA_WRITE, .status = IBV_WC_SUCCESS};
+  narrived[rail] -= k;
+  memmove(arrived[rail], arrived[rail] + k, (size_t)narrived[rail] * sizeof arrived[0][0]);
+  return k;
+}
+
+/* Every write posted so far completes: its completion is in the CQ for the next poll. */
+static void deliver(void) {
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    for (int i = 0; i < nsent[r]; i++) arrived[r][narrived[r]++] = sent[r][i];
+    nsent[r] = 0;
+  }
+}
+
+static struct mpib_comm *vanilla_send_comm(void) {
+  struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
+  ctx.ops.post_send = fake_post_send;
+  ctx.ops.poll_cq = fake_poll_cq;
+  c->sup_lanes = 1;
+  c->is_send = 1;
+  c->mode = MPIB_MODE_VANILLA;
+  c->path_class = MPIB_PATH_INTRA_ISLAND;
+  c->force_sup_bw = MPIB_NO_OVERRIDE;
+  c->whole_msg_max = 65536; /* MPIB_WHOLE_MSG_MAX's default */
+  c->nreqs_pool = MPIB_REQ_POOL_SEND;
+  c->sq_depth = MPIB_SEND_WR_SENDER;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
+  memset(c->cts, 0, MPIB_CTS_AREA);
+  c->sizes = calloc(1, MPIB_SIZES_AREA);
+  c->ctrl_fd = -1;
+  c->shm_slot = -1;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    qp[r].context = &ctx;
+    cq[r].context = &ctx;
+    c->nqps[r] = 1;
+    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r, .lane = r};
+    c->cq[r] = &cq[r];
+    c->stage_mr[r] = &mr;
+    c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
+  }
+  return c;
+}
+
+/* The receiver's CTS for the next slot: one receive of SIZE bytes, tag 7. */
+static void cts_lands(struct mpib_comm *c) {
+  struct mpib_cts *e = &c->cts[c->fifo_head % MPIB_MAX_REQUESTS][0];
+  *e = (struct mpib_cts){.addr = 0x10000, .size = SIZE, .rkey = {11, 12}, .tag = 7, .nreqs = 1, .seq = c->fifo_head + 1};
+  e->check = mpib_cts_check(e);
+}
+
+/* ---- the four kinds of call, one wrapper each (callgrind counts per function) ---- */
+
+static __attribute__((noinline)) void *isend_no_cts(struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
+  void *req = (void *)1;
+  if (mpib_isend(c, buf, SIZE, 7, mh, NULL, &req) != ncclSuccess || req != NULL) return (void *)1;
+  return NULL;
+}
+static __attribute__((noinline)) void *isend_posting(struct mpib_comm *c, struct mpib_mr *mh, void *buf) {
+  void *req = NULL;
+  if (mpib_isend(c, buf, SIZE, 7, mh, NULL, &req) != ncclSuccess) return NULL;
+  return req;
+}
+static __attribute__((noinline)) int test_pending(void *req) {
+  int done = -1;
+  return mpib_test(req, &done, NULL) == ncclSuccess && done == 0;
+}
+static __attribute__((noinline)) int test_completing(void *req) {
+  int done = 0, size = -1;
+  return mpib_test(req, &done, &size) == ncclSuccess && done == 1 && size == SIZE;
+}
+
+int main(void) {
+  struct mpib_comm *c = vanilla_send_comm();
+  struct mpib_mr mh = {.mr = {&mr, &mr}, .fdev = 0};
+  static char buf[SIZE];
+  for (int i = 0; i < MESSAGES; i++) {
+    if (isend_no_cts(c, &mh, buf) != NULL) {
+      fprintf(stderr, "message %d: isend without a CTS did not wait\n", i);
+      return 1;
+    }
+    cts_lands(c);
+    void *req = isend_posting(c, &mh, buf);
+    if (req == NULL || nsent[MPIB_RAIL_SUP] != 1 || nsent[MPIB_RAIL_SOUT] != 0) {
+      fprintf(stderr, "message %d: isend with its CTS posted %d writes on SUP and %d on SOUT (want 1 and 0)\n", i,
+              nsent[MPIB_RAIL_SUP], nsent[MPIB_RAIL_SOUT]);
+      return 1;
+    }
+    if (!test_pending(req)) {
+      fprintf(stderr, "message %d: test before the completion did not say pending\n", i);
+      return 1;
+    }
+    deliver();
+    if (!test_completing(req)) {
+      fprintf(stderr, "message %d: test after the completion did not hand the request back\n", i);
+      return 1;
+    }
+  }
+  printf("messages=%d size=%d\n", MESSAGES, SIZE);
+  return 0;
+}

@@ -1,0 +1,78 @@
+package ctest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mpib/mpib/integration/callgrind"
+)
+
+// TestHotPathInstructions counts, under callgrind, what each kind of call on the send path
+// costs (hotpath.c: a vanilla send comm on fake verbs, built with the plugin's -O2) and prints
+//
+//	hotpath: isend_no_cts=N isend_posting=N test_pending=N test_completing=N fake_post=N fake_poll=N plugin_per_message=N messages=N
+//
+// Each figure is the instructions per call of one kind, the fake provider's included;
+// fake_post and fake_poll are that provider's share per message, and plugin_per_message is
+// one call of each kind without it: the plugin's own instructions for a message. Unlike the
+// lab's P4 (integration's TestBenchP4InstructionsPerMessage), nothing here depends on timing,
+// so a change to the path shows as the same figure on every run. It prints figures and checks
+// that every message went through; it sets no bound.
+func TestHotPathInstructions(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found: the hot-path count builds a C driver")
+	}
+	valgrind, err := exec.LookPath("valgrind")
+	if err != nil {
+		t.Skip("valgrind not found: the hot-path count runs under callgrind")
+	}
+	p := parseHeader(t, "hotpath.c")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hotpath")
+	args := append([]string{"-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread", "-I..",
+		"-o", bin, p.src}, p.links...)
+	if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	const messages = 2000 // hotpath.c's MESSAGES
+	want := fmt.Sprintf("messages=%d", messages)
+	if out, err := exec.Command(bin).CombinedOutput(); err != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("hotpath: %v\n%s", err, out)
+	}
+	cg := filepath.Join(dir, "callgrind.out")
+	if out, err := exec.Command(valgrind, "--tool=callgrind", "--callgrind-out-file="+cg, bin).CombinedOutput(); err != nil {
+		t.Fatalf("callgrind: %v\n%s", err, out)
+	}
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	calls, err := callgrind.ParseCalls(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perMessage := func(fn string, wantCalls int64) float64 {
+		var c callgrind.CallCost
+		for name, cc := range calls { // gcc may name a specialised copy fn.constprop.0
+			if name == fn || strings.HasPrefix(name, fn+".") {
+				c.Calls += cc.Calls
+				c.Ir += cc.Ir
+			}
+		}
+		if wantCalls > 0 && c.Calls != wantCalls {
+			t.Fatalf("%s: %d calls, want %d", fn, c.Calls, wantCalls)
+		}
+		return float64(c.Ir) / messages
+	}
+	noCTS, posting := perMessage("isend_no_cts", messages), perMessage("isend_posting", messages)
+	pending, completing := perMessage("test_pending", messages), perMessage("test_completing", messages)
+	fakePost, fakePoll := perMessage("fake_post_send", messages), perMessage("fake_poll_cq", 0)
+	fmt.Printf("hotpath: isend_no_cts=%.0f isend_posting=%.0f test_pending=%.0f test_completing=%.0f fake_post=%.0f fake_poll=%.0f plugin_per_message=%.0f messages=%d\n",
+		noCTS, posting, pending, completing, fakePost, fakePoll, noCTS+posting+pending+completing-fakePost-fakePoll, messages)
+}
