@@ -1,7 +1,4 @@
-//go:build ignore
-// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c
-
-/* The send path's cost per call, on fake verbs, for callgrind (hotpath_test.go): a vanilla
+/* The send path's cost per call, on fake verbs, for callgrind (plugin/ctest/hotpath_test.go): a vanilla
  * intra-island send comm (one QP and one lane per rail; a 4 KiB message goes whole to SUP)
  * sends MESSAGES messages the way NCCL's proxy calls the plugin, and each kind of call goes
  * through a wrapper of its own, so that callgrind's inclusive cost per call of a wrapper is
@@ -18,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../mpib.h"
-#include "../mpib_flush.h"
-#include "../mpib_p2p.h"
-#include "../mpib_profiler.h"
-#include "../mpib_slots.h"
+#include "mpib.h"
+#include "mpib_flush.h"
+#include "mpib_p2p.h"
+#include "mpib_profiler.h"
+#include "mpib_slots.h"
 
 #define MESSAGES 2000
 #define SIZE 4096
