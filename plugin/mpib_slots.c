@@ -136,6 +136,26 @@ static void range_span(uint32_t ranges, size_t size, size_t sout, size_t *off, s
   *len = end > *off ? end - *off : 0;
 }
 
+/* An unsignalled RDMA write of `sge` (none: zero bytes) to remote_addr, with every byte of the
+ * work request written: the message path builds one or two per message, and clearing all
+ * 128 bytes first (a rep stos) cost more than filling the fields it uses. */
+static inline void rdma_write_wr(struct ibv_send_wr *wr, struct ibv_sge *sge, uint64_t remote_addr, uint32_t rkey) {
+  wr->wr_id = 0;
+  wr->next = NULL;
+  wr->sg_list = sge;
+  wr->num_sge = sge != NULL;
+  wr->opcode = IBV_WR_RDMA_WRITE;
+  wr->send_flags = 0;
+  wr->imm_data = 0;
+  memset(&wr->wr, 0, sizeof wr->wr);
+  wr->wr.rdma.remote_addr = remote_addr;
+  wr->wr.rdma.rkey = rkey;
+  memset(&wr->qp_type, 0, sizeof wr->qp_type);
+  memset(&wr->bind_mw, 0, sizeof wr->bind_mw); /* the larger member of its union (tso) */
+}
+_Static_assert(sizeof(((struct ibv_send_wr *)0)->bind_mw) >= sizeof(((struct ibv_send_wr *)0)->tso),
+               "rdma_write_wr clears the bind_mw/tso union through bind_mw");
+
 /* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
  * the last one (or a final write carrying the size records) with the immediate and
  * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
@@ -159,11 +179,7 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
                                  .length = (uint32_t)len,
                                  .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
-    wrs[nwr] = (struct ibv_send_wr){.sg_list = &sges[nwr],
-                                    .num_sge = 1,
-                                    .opcode = IBV_WR_RDMA_WRITE};
-    wrs[nwr].wr.rdma.remote_addr = cts[r].addr + off;
-    wrs[nwr].wr.rdma.rkey = mpib_cts_rkey(&cts[r], lane);
+    rdma_write_wr(&wrs[nwr], &sges[nwr], cts[r].addr + off, mpib_cts_rkey(&cts[r], lane));
     nwr++;
   }
   struct ibv_send_wr *last;
@@ -171,16 +187,14 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     last = &wrs[0]; /* the data write itself carries the immediate */
   } else {
     last = &wrs[nwr];
-    *last = (struct ibv_send_wr){0};
-    last->wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->sizes[0];
-    last->wr.rdma.rkey = c->rem_rkey[lane];
+    struct ibv_sge *records = NULL; /* the leader's final write carries the size records */
     if (rail == p->leader && !p->size_in_imm) {
-      sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
-                                   .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                   .lkey = c->stage_mr[lane]->lkey};
-      last->sg_list = &sges[nwr];
-      last->num_sge = 1;
+      records = &sges[nwr];
+      *records = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
+                                  .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                  .lkey = c->stage_mr[lane]->lkey};
     }
+    rdma_write_wr(last, records, c->rem_addr + (uint64_t)slot * sizeof c->sizes[0], c->rem_rkey[lane]);
     nwr++;
   }
   last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -218,14 +232,11 @@ int mpib_post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled)
   int lane = c->qps[qi].lane;
   struct mpib_cts *cts = c->cts[slot];
   struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = (uint32_t)(n * sizeof *cts), .lkey = c->stage_mr[lane]->lkey};
-  struct ibv_send_wr wr = {.wr_id = mpib_wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED),
-                           .sg_list = &sge,
-                           .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE};
+  struct ibv_send_wr wr;
+  rdma_write_wr(&wr, &sge, c->rem_addr + (uint64_t)slot * sizeof c->cts[0], c->rem_rkey[lane]);
+  wr.wr_id = mpib_wrid_special(c, rail, signalled ? MPIB_WR_CTS : MPIB_WR_UNSIGNALLED);
   if (signalled) wr.send_flags = IBV_SEND_SIGNALED;
   if (sge.length <= c->max_inline) wr.send_flags |= IBV_SEND_INLINE; /* NCCL_IB_USE_INLINE */
-  wr.wr.rdma.remote_addr = c->rem_addr + (uint64_t)slot * sizeof c->cts[0];
-  wr.wr.rdma.rkey = c->rem_rkey[lane];
   int rc = mpib_qp_post(c, qi, &wr, 1);
   if (rc == 0 && signalled) c->pending[rail]++;
   return rc;

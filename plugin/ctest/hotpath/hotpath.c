@@ -127,7 +127,8 @@ static struct mpib_comm *vanilla_send_comm(void) {
 /* The receiver's CTS for the next slot: one receive of SIZE bytes, tag 7. */
 static void cts_lands(struct mpib_comm *c) {
   struct mpib_cts *e = &c->cts[c->fifo_head % MPIB_MAX_REQUESTS][0];
-  *e = (struct mpib_cts){.addr = 0x10000, .size = SIZE, .rkey = {11, 12}, .tag = 7, .nreqs = 1, .seq = c->fifo_head + 1};
+  *e =
+      (struct mpib_cts){.addr = 0x10000, .size = SIZE, .rkey = {11, 12}, .tag = 7, .nreqs = 1, .seq = c->fifo_head + 1};
   e->check = mpib_cts_check(e);
 }
 
