@@ -12,9 +12,10 @@ import (
 )
 
 // TestHotPathInstructions counts, under callgrind, what each kind of call on the send path
-// costs (hotpath.c: a vanilla send comm on fake verbs, built with the plugin's -O2) and prints
+// costs (hotpath/hotpath.c: a send comm on fake verbs, built with the plugin's -O2), in
+// vanilla mode and in advanced mode with a fresh agent, and prints for each
 //
-//	hotpath: isend_no_cts=N isend_posting=N test_pending=N test_completing=N fake_post=N fake_poll=N plugin_per_message=N messages=N
+//	hotpath: mode=M isend_no_cts=N isend_posting=N test_pending=N test_completing=N fake_post=N fake_poll=N plugin_per_message=N messages=N
 //
 // Each figure is the instructions per call of one kind, the fake provider's included;
 // fake_post and fake_poll are that provider's share per message, and plugin_per_message is
@@ -35,20 +36,28 @@ func TestHotPathInstructions(t *testing.T) {
 	bin := filepath.Join(dir, "hotpath")
 	args := []string{"-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread", "-I..",
 		"-o", bin, filepath.Join("hotpath", "hotpath.c")}
-	for _, pattern := range []string{"../mpib_p2p.c", "../mpib_failover.c", "../mpib_watch.c", "../mpib_slots.c", "../mpib_shm_*.c"} {
+	for _, pattern := range []string{"../mpib_p2p.c", "../mpib_failover.c", "../mpib_watch.c", "../mpib_slots.c",
+		"../mpib_shm_*.c", "shm_agent.c", "shm_decode.c"} {
 		args = append(args, expandLink(t, "hotpath.c", pattern)...)
 	}
 	if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	const messages = 2000 // hotpath.c's MESSAGES
-	want := fmt.Sprintf("messages=%d", messages)
-	if out, err := exec.Command(bin).CombinedOutput(); err != nil || !strings.Contains(string(out), want) {
-		t.Fatalf("hotpath: %v\n%s", err, out)
+	for _, mode := range []string{"vanilla", "advanced"} {
+		countHotPath(t, valgrind, bin, mode, filepath.Join(dir, "callgrind."+mode))
 	}
-	cg := filepath.Join(dir, "callgrind.out")
-	if out, err := exec.Command(valgrind, "--tool=callgrind", "--callgrind-out-file="+cg, bin).CombinedOutput(); err != nil {
-		t.Fatalf("callgrind: %v\n%s", err, out)
+}
+
+// countHotPath runs the driver in one mode, natively and then under callgrind, and prints its
+// hotpath: line.
+func countHotPath(t *testing.T, valgrind, bin, mode, cg string) {
+	const messages = 2000 // hotpath.c's MESSAGES
+	want := fmt.Sprintf("messages=%d size=4096 mode=%s", messages, mode)
+	if out, err := exec.Command(bin, mode).CombinedOutput(); err != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("hotpath %s: %v\n%s", mode, err, out)
+	}
+	if out, err := exec.Command(valgrind, "--tool=callgrind", "--callgrind-out-file="+cg, bin, mode).CombinedOutput(); err != nil {
+		t.Fatalf("callgrind (%s): %v\n%s", mode, err, out)
 	}
 	f, err := os.Open(cg)
 	if err != nil {
@@ -68,13 +77,13 @@ func TestHotPathInstructions(t *testing.T) {
 			}
 		}
 		if wantCalls > 0 && c.Calls != wantCalls {
-			t.Fatalf("%s: %d calls, want %d", fn, c.Calls, wantCalls)
+			t.Fatalf("%s (%s): %d calls, want %d", fn, mode, c.Calls, wantCalls)
 		}
 		return float64(c.Ir) / messages
 	}
 	noCTS, posting := perMessage("isend_no_cts", messages), perMessage("isend_posting", messages)
 	pending, completing := perMessage("test_pending", messages), perMessage("test_completing", messages)
 	fakePost, fakePoll := perMessage("fake_post_send", messages), perMessage("fake_poll_cq", 0)
-	fmt.Printf("hotpath: isend_no_cts=%.0f isend_posting=%.0f test_pending=%.0f test_completing=%.0f fake_post=%.0f fake_poll=%.0f plugin_per_message=%.0f messages=%d\n",
-		noCTS, posting, pending, completing, fakePost, fakePoll, noCTS+posting+pending+completing-fakePost-fakePoll, messages)
+	fmt.Printf("hotpath: mode=%s isend_no_cts=%.0f isend_posting=%.0f test_pending=%.0f test_completing=%.0f fake_post=%.0f fake_poll=%.0f plugin_per_message=%.0f messages=%d\n",
+		mode, noCTS, posting, pending, completing, fakePost, fakePoll, noCTS+posting+pending+completing-fakePost-fakePoll, messages)
 }

@@ -8,18 +8,24 @@
  *   - test_pending: its completion has not arrived;
  *   - test_completing: the completion is polled and the request handed back.
  * The fake provider (fake_post_send, fake_poll_cq) stands in for the NIC's; the Go side
- * reports its share apart. The clock is fake and advances 1 us per read, so every run counts
- * the same instructions. Exits 1 when a call does not do what its kind says. */
+ * reports its share apart. The data path's clock is fake and advances 1 us per read, so every
+ * run counts the same instructions. With the argument "advanced" the comm runs in advanced
+ * mode with an agent's segment: a fresh heartbeat and a slot hint of 1024 (all on SUP, as
+ * vanilla puts it), so that every request reads its hint and every slot keeps the agent's
+ * telemetry. Exits 1 when a call does not do what its kind says. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpib.h"
 #include "mpib_flush.h"
 #include "mpib_p2p.h"
 #include "mpib_profiler.h"
+#include "mpib_shm.h"
 #include "mpib_slots.h"
+#include "../shm_agent.h"
 
 #define MESSAGES 2000
 #define SIZE 4096
@@ -124,6 +130,32 @@ static struct mpib_comm *vanilla_send_comm(void) {
   return c;
 }
 
+/* Advanced mode on `c`: an agent's segment in a fresh directory (removed again at exit by the
+ * caller) with the comm registered, its hint set to 1024 and the heartbeat fresh for the
+ * run. 0, or 1 with a message. */
+static int advanced_mode(struct mpib_comm *c, char *dir, char *path, size_t pathlen) {
+  char err[256];
+  mpib_shm *shm = NULL;
+  uint32_t id = 0, slot = 0, gen = 0;
+  snprintf(path, pathlen, "%s/hints", dir);
+  mpib_conn_desc d = {.peer_sout_ip = 0x0A000207, .is_send = 1, .nqps_sout = 1, .nqps_sup = 1, .conn_id = 1};
+  if (mpib_shm_create(path, 4, 0, err, sizeof err) != 0 || mpib_shm_open(path, &shm, err, sizeof err) != 0) {
+    fprintf(stderr, "agent segment: %s\n", err);
+    return 1;
+  }
+  if (mpib_shm_register(shm, &d, &id) != 0 || mpib_shm_conn_slot(shm, id, &slot, &gen) != 0 ||
+      mpib_shm_set_slot_hint(shm, slot, gen, 1, MPIB_SUP_BW_MAX) < 0) {
+    fprintf(stderr, "agent segment: registering the comm or setting its hint failed\n");
+    return 1;
+  }
+  mpib_shm_heartbeat(shm, mpib_shm_now_ns());
+  mpib_g.shm = shm;
+  mpib_g.agent_stale_ns = 3600 * 1000000000ull; /* callgrind's slowdown never makes it stale */
+  c->mode = MPIB_MODE_ADVANCED;
+  c->shm_slot = (int)id;
+  return 0;
+}
+
 /* The receiver's CTS for the next slot: one receive of SIZE bytes, tag 7. */
 static void cts_lands(struct mpib_comm *c) {
   struct mpib_cts *e = &c->cts[c->fifo_head % MPIB_MAX_REQUESTS][0];
@@ -153,8 +185,8 @@ static __attribute__((noinline)) int test_completing(void *req) {
   return mpib_test(req, &done, &size) == ncclSuccess && done == 1 && size == SIZE;
 }
 
-int main(void) {
-  struct mpib_comm *c = vanilla_send_comm();
+/* MESSAGES messages, each through one call of every kind: 0, or 1 with a message. */
+static int run(struct mpib_comm *c) {
   struct mpib_mr mh = {.mr = {&mr, &mr}, .fdev = 0};
   static char buf[SIZE];
   for (int i = 0; i < MESSAGES; i++) {
@@ -179,6 +211,19 @@ int main(void) {
       return 1;
     }
   }
-  printf("messages=%d size=%d\n", MESSAGES, SIZE);
   return 0;
+}
+
+int main(int argc, char **argv) {
+  struct mpib_comm *c = vanilla_send_comm();
+  int advanced = argc > 1 && strcmp(argv[1], "advanced") == 0;
+  char dir[] = "/tmp/mpib-hotpathXXXXXX", path[256];
+  if (advanced && (mkdtemp(dir) == NULL || advanced_mode(c, dir, path, sizeof path) != 0)) return 1;
+  int rc = run(c);
+  if (advanced) {
+    unlink(path);
+    rmdir(dir);
+  }
+  if (rc == 0) printf("messages=%d size=%d mode=%s\n", MESSAGES, SIZE, advanced ? "advanced" : "vanilla");
+  return rc;
 }
