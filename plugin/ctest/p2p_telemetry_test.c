@@ -46,29 +46,7 @@ uint64_t mpib_now_ns(void) {
 void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
   (void)level, (void)file, (void)line, (void)fmt;
 }
-void mpib_comm_destroy(struct mpib_comm *c) { (void)c; } /* mpib_comm_close's last step (comm setup) */
-int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
-int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
-#include "../mpib_flush.h"
-/* no flushes here */
-ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
-  return (void)c, (void)req, ncclInternalError;
-}
-/* No rebuild thread here: a recovery would take its in-line path (these tests keep recovery
- * off with a long back-off; the lab's fault tests run the thread). */
-int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
-  return (void)c, (void)rail, (void)psn, -EAGAIN;
-}
-int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
-const char *ibv_wc_status_str(enum ibv_wc_status status) { return (void)status, "fake"; }
-void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
-  (void)c, (void)slot, (void)rail, (void)mask, (void)sout;
-}
-void mpib_prof_send_rail_done(struct mpib_comm *c, int slot, int rail) { (void)c, (void)slot, (void)rail; }
-void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void **ph, const size_t *sizes) {
-  (void)c, (void)req, (void)ph, (void)sizes;
-}
-void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (void)rail; }
+#include "p2p_stubs.h"
 
 /* ---- fake verbs: one QP and one CQ per rail ---- */
 
@@ -104,33 +82,13 @@ static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
 /* ---- a send comm bound to a slot of a real segment ---- */
 
 static struct mpib_comm *send_comm(uint32_t shm_id) {
-  struct mpib_comm *c = calloc(1, sizeof *c);
-  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n]; /* fused device 0: NICs 0 and 1 */
-  c->sup_lanes = 1;                                                 /* one lane per rail: lane r is rail r's */
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
-  c->is_send = 1;
-  c->mode = MPIB_MODE_VANILLA;
-  c->path_class = MPIB_PATH_INTRA_ISLAND;
+  for (int r = 0; r < MPIB_NRAILS; r++) qp[r].context = cq[r].context = &ctx;
+  struct mpib_comm *c = fake_send_comm(qp, cq, &mr);
   c->force_sup_bw = 512; /* half on each rail */
   c->whole_msg_max = 0;  /* every slot is split */
-  c->nreqs_pool = MPIB_REQ_POOL_SEND;
-  c->sq_depth = MPIB_SEND_WR_SENDER;
-  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
-  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
-  memset(c->cts, 0, MPIB_CTS_AREA);
-  c->sizes = calloc(1, MPIB_SIZES_AREA);
-  c->ctrl_fd = -1;
   c->shm_slot = (int)shm_id;
-  for (int r = 0; r < MPIB_NRAILS; r++) {
-    qp[r].context = &ctx;
-    cq[r].context = &ctx;
-    c->nqps[r] = 1;
-    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r, .lane = r};
-    c->cq[r] = &cq[r];
-    c->stage_mr[r] = &mr;
-    c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
-  }
   return c;
 }
 

@@ -1,0 +1,70 @@
+/* What the message path (mpib_p2p.c with failover, watch and slots) needs from the rest of the
+ * plugin, for a C test program that links the path alone on fake verbs: comm teardown, QP
+ * transitions and rebuilds that do nothing, no flushes, no profiler; and a vanilla send comm
+ * on the program's fake QPs and CQs. Defines them: include it in one file of the program.
+ * The program defines mpib_g, mpib_prof_fn, mpib_now_ns and mpib_log itself (its clock and its
+ * logging). */
+#ifndef MPIB_CTEST_P2P_STUBS_H
+#define MPIB_CTEST_P2P_STUBS_H
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpib.h"
+#include "mpib_flush.h"
+#include "mpib_profiler.h"
+
+void mpib_comm_destroy(struct mpib_comm *c) { (void)c; } /* mpib_comm_close's last step (comm setup) */
+int mpib_rail_to_error(struct mpib_comm *c, int rail) { return (void)c, (void)rail, 0; }
+int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (void)c, (void)rail, (void)psn, 0; }
+/* no flushes here */
+ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
+  return (void)c, (void)req, ncclInternalError;
+}
+/* No rebuild thread here: a recovery would take its in-line path (these programs keep recovery
+ * off with a long back-off; the lab's fault tests run the thread). */
+int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
+  return (void)c, (void)rail, (void)psn, -EAGAIN;
+}
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
+const char *ibv_wc_status_str(enum ibv_wc_status status) { return (void)status, "fake"; }
+void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
+  (void)c, (void)slot, (void)rail, (void)mask, (void)sout;
+}
+void mpib_prof_send_rail_done(struct mpib_comm *c, int slot, int rail) { (void)c, (void)slot, (void)rail; }
+void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void **ph, const size_t *sizes) {
+  (void)c, (void)req, (void)ph, (void)sizes;
+}
+void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (void)rail; }
+
+/* A vanilla intra-island send comm of fused device 0 (NICs 0 and 1): one QP and one lane per
+ * rail, QP r on qp[r] and cq[r] (the program's fakes, their contexts set), registrations mr,
+ * both rails in service, no agent slot. The program sets the policy it tests. */
+static struct mpib_comm *fake_send_comm(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *mr) {
+  struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
+  c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
+  c->is_send = 1;
+  c->mode = MPIB_MODE_VANILLA;
+  c->path_class = MPIB_PATH_INTRA_ISLAND;
+  c->force_sup_bw = MPIB_NO_OVERRIDE;
+  c->nreqs_pool = MPIB_REQ_POOL_SEND;
+  c->sq_depth = MPIB_SEND_WR_SENDER;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
+  memset(c->cts, 0, MPIB_CTS_AREA);
+  c->sizes = calloc(1, MPIB_SIZES_AREA);
+  c->ctrl_fd = -1;
+  c->shm_slot = -1;
+  for (int r = 0; r < MPIB_NRAILS; r++) {
+    c->nqps[r] = 1;
+    c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r, .lane = r};
+    c->cq[r] = &cq[r];
+    c->stage_mr[r] = mr;
+    c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
+  }
+  return c;
+}
+
+#endif
