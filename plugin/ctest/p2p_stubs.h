@@ -39,9 +39,15 @@ void mpib_prof_recv_posted(struct mpib_comm *c, struct mpib_request *req, void *
 void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (void)rail; }
 
 /* A vanilla intra-island send comm of fused device 0 (NICs 0 and 1): one QP and one lane per
- * rail, QP r on qp[r] and cq[r] (the program's fakes, their contexts set), registrations mr,
- * both rails in service, no agent slot. The program sets the policy it tests. */
-static struct mpib_comm *fake_send_comm(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *mr) {
+ * rail, QP r on qp[r] and cq[r] of the program's fake context ctx, whose provider posts with
+ * post_send and polls with poll_cq; registrations mr, both rails in service, no agent slot.
+ * The program sets the policy it tests. */
+static struct mpib_comm *fake_send_comm(struct ibv_context *ctx,
+                                        int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **),
+                                        int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *), struct ibv_qp *qp,
+                                        struct ibv_cq *cq, struct ibv_mr *mr) {
+  ctx->ops.post_send = post_send;
+  ctx->ops.poll_cq = poll_cq;
   struct mpib_comm *c = calloc(1, sizeof *c);
   for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
   c->sup_lanes = 1; /* one lane per rail: lane r is rail r's */
@@ -58,6 +64,7 @@ static struct mpib_comm *fake_send_comm(struct ibv_qp *qp, struct ibv_cq *cq, st
   c->ctrl_fd = -1;
   c->shm_slot = -1;
   for (int r = 0; r < MPIB_NRAILS; r++) {
+    qp[r].context = cq[r].context = ctx;
     c->nqps[r] = 1;
     c->qps[mpib_qp_index(r, 0, 1, 1)] = (struct mpib_qp){.qp = &qp[r], .rail = r, .lane = r};
     c->cq[r] = &cq[r];

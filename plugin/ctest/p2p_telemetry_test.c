@@ -82,10 +82,7 @@ static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) {
 /* ---- a send comm bound to a slot of a real segment ---- */
 
 static struct mpib_comm *send_comm(uint32_t shm_id) {
-  ctx.ops.post_send = fake_post_send;
-  ctx.ops.poll_cq = fake_poll_cq;
-  for (int r = 0; r < MPIB_NRAILS; r++) qp[r].context = cq[r].context = &ctx;
-  struct mpib_comm *c = fake_send_comm(qp, cq, &mr);
+  struct mpib_comm *c = fake_send_comm(&ctx, fake_post_send, fake_poll_cq, qp, cq, &mr);
   c->force_sup_bw = 512; /* half on each rail */
   c->whole_msg_max = 0;  /* every slot is split */
   c->shm_slot = (int)shm_id;

@@ -1,3 +1,6 @@
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c shm_agent.c shm_decode.c
+// (relative to plugin/ctest, as every ctest program's: hotpath_test.go builds it from there)
+
 /* The send path's cost per call, on fake verbs, for callgrind (plugin/ctest/hotpath_test.go): a vanilla
  * intra-island send comm (one QP and one lane per rail; a 4 KiB message goes whole to SUP)
  * sends MESSAGES messages the way NCCL's proxy calls the plugin, and each kind of call goes
@@ -81,10 +84,7 @@ static void deliver(void) {
 }
 
 static struct mpib_comm *vanilla_send_comm(void) {
-  ctx.ops.post_send = fake_post_send;
-  ctx.ops.poll_cq = fake_poll_cq;
-  for (int r = 0; r < MPIB_NRAILS; r++) qp[r].context = cq[r].context = &ctx;
-  struct mpib_comm *c = fake_send_comm(qp, cq, &mr);
+  struct mpib_comm *c = fake_send_comm(&ctx, fake_post_send, fake_poll_cq, qp, cq, &mr);
   c->whole_msg_max = 65536; /* MPIB_WHOLE_MSG_MAX's default */
   return c;
 }
