@@ -417,11 +417,11 @@ struct mpib_comm {
   uint64_t progress_count, progress_seen, idle_since_ns;
   uint64_t stuck_seen, stuck_since_ns; /* the stuck report (mpib_watch_stuck_tick) */
   int stuck_reported;
-  uint64_t watch_tick_ns;      /* the no-progress watch's last tick (0: none yet) */
-  uint64_t whole_msg_max;      /* slots of at most this many bytes go whole to one rail */
-  int64_t sup_owed;            /* whole-message deficit counter (mpib_whole_message_rail) */
-  uint32_t hint_uses, hint_bw; /* advanced mode: the cached agent hint */
-  int hint_due;                /* read the hint again (a telemetry batch was posted) */
+  uint64_t watch_tick_ns; /* the no-progress watch's last tick (0: none yet) */
+  uint64_t whole_msg_max; /* slots of at most this many bytes go whole to one rail */
+  int64_t sup_owed;       /* whole-message deficit counter (mpib_whole_message_rail) */
+  uint32_t hint_bw;       /* advanced mode: the cached agent hint */
+  int hint_due;           /* read the hint (set at creation, and when a telemetry batch was posted) */
   /* Sender's agent telemetry (docs/shm-format.md 4.3), kept here and published to the segment
    * in batches (mpib_telemetry_flush), never per message: counters since the last flush, and
    * the bytes in flight per rail (a running gauge, not reset by a flush). */

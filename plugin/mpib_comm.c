@@ -280,6 +280,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   c->force_sup_bw = mpib_g.force_sup_bw;
   c->shm_slot = -1;
+  c->hint_due = 1;
   c->tc = (uint8_t)p->tc;
   c->sl = mpib_g.ib_sl;
   c->whole_msg_max = mpib_g.whole_msg_max;

@@ -43,7 +43,7 @@ static inline ncclResult_t comm_health(struct mpib_comm *c) {
 }
 
 static uint32_t cached_hint(struct mpib_comm *c) {
-  if (c->hint_uses++ == 0 || c->hint_due) {
+  if (c->hint_due) {
     c->hint_due = 0;
     mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
     uint32_t bw;
@@ -77,20 +77,37 @@ static uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
 }
 
-/* The slot's bytes and requests per rail, which its post, completion and any replay report to
- * the agent (mpib_tele_post, mpib_tele_complete): kept only by a comm with an agent slot. */
-static void plan_telemetry(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p) {
-  uint64_t *bytes = c->slot_rail_bytes[slot];
-  uint8_t *rreqs = c->slot_rail_reqs[slot];
-  bytes[MPIB_RAIL_SOUT] = bytes[MPIB_RAIL_SUP] = 0;
-  rreqs[MPIB_RAIL_SOUT] = rreqs[MPIB_RAIL_SUP] = 0;
-  for (int r = 0; r < c->slot_matched[slot]; r++) {
-    size_t size = c->slot_reqs[slot][r]->size;
-    bytes[MPIB_RAIL_SOUT] += p->sout[r];
-    bytes[MPIB_RAIL_SUP] += size - p->sout[r];
-    rreqs[MPIB_RAIL_SOUT] += p->sout[r] > 0;
-    rreqs[MPIB_RAIL_SUP] += size > p->sout[r];
+/* The agent telemetry of a planned slot: its bytes and requests per rail, which its
+ * completion and any replay report too (mpib_tele_complete), and its post time for their
+ * latency: one CLOCK_MONOTONIC read (vDSO) per slot, the only one the posting path makes. The
+ * slot's ranges count as posted now, on the rails of its plan: post_rail takes back one that
+ * does not go out (mpib_tele_unpost), and its replay counts it where it goes. total is the
+ * slot's bytes; a lone request (the common case) needs no pass over the slot. Kept only by a
+ * comm with an agent slot, out of line so that the others keep their frames. */
+static __attribute__((noinline)) void plan_telemetry(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p,
+                                                     uint64_t total) {
+  uint64_t sout = 0;
+  uint8_t nsout = 0, nsup = 0;
+  if (c->slot_matched[slot] == 1) {
+    sout = p->sout[0];
+    nsout = sout > 0;
+    nsup = total > sout;
+  } else {
+    for (int r = 0; r < c->slot_matched[slot]; r++) {
+      sout += p->sout[r];
+      nsout += p->sout[r] > 0;
+      nsup += c->slot_reqs[slot][r]->size > p->sout[r];
+    }
   }
+  c->slot_rail_bytes[slot][MPIB_RAIL_SOUT] = sout;
+  c->slot_rail_bytes[slot][MPIB_RAIL_SUP] = total - sout;
+  c->slot_rail_reqs[slot][MPIB_RAIL_SOUT] = nsout;
+  c->slot_rail_reqs[slot][MPIB_RAIL_SUP] = nsup;
+  uint64_t now = mpib_now_ns();
+  c->slot_post_ns[slot] = now;
+  if (p->mask & (1u << MPIB_RAIL_SOUT)) mpib_tele_post(c, slot, MPIB_RAIL_SOUT, MPIB_RAIL_SOUT, now);
+  if (p->mask & (1u << MPIB_RAIL_SUP)) mpib_tele_post(c, slot, MPIB_RAIL_SUP, MPIB_RAIL_SUP, now);
+  c->tele_slots++;
 }
 
 /* Decides the slot's split: whole to one rail when the slot's bytes are at most
@@ -111,10 +128,10 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
     if (size > p->sout[r]) p->mask |= 1u << MPIB_RAIL_SUP;
     c->sizes[slot][r] = (int32_t)size;
   }
-  if (mpib_tele_on(c)) plan_telemetry(c, slot, p);
   c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
   if (p->mask == 0)
     p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
+  if (mpib_tele_on(c)) plan_telemetry(c, slot, p, total);
   c->slot_full[slot] = (uint8_t)p->mask;
   p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
@@ -139,10 +156,7 @@ static inline int rail_takes_slots(const struct mpib_comm *c, int rail) {
  * fence settles it (MPIB_POST_PARTIAL). */
 static ncclResult_t post_rail(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p) {
   int rc = rail_takes_slots(c, rail) ? mpib_post_chain(c, slot, rail, p, 1u << rail, 0) : EAGAIN;
-  if (rc == 0) {
-    if (mpib_tele_on(c)) mpib_tele_post(c, slot, rail, rail, c->slot_post_ns[slot]);
-    return ncclSuccess;
-  }
+  if (rc == 0) return ncclSuccess;
   if (rc == EINVAL) {
     MPIB_WARN("%s rail has no QP for this connection (policy bug)", mpib_rail_name(rail));
     return ncclInternalError;
@@ -170,18 +184,12 @@ static ncclResult_t post_slot(struct mpib_comm *c, int slot) {
   uint64_t ack = mpib_ack_word(c->slot_posted_seq1[slot], plan.mask, 0,
                                plan.size_in_imm ? (uint32_t)c->slot_reqs[slot][0]->size : MPIB_IMM_NO_SIZE);
   for (int r = 0; r < MPIB_NRAILS; r++) __atomic_store_n(&c->slot_ack[slot][r], ack, __ATOMIC_RELEASE);
-  /* The post time for the completion latency: the path reads no clock per message otherwise,
-   * so this is one CLOCK_MONOTONIC read (vDSO) per posted slot, only with an agent segment. */
-  c->slot_post_ns[slot] = c->shm_slot >= 0 ? mpib_now_ns() : 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     if (!(plan.mask & (1u << rail))) continue;
     ncclResult_t res = post_rail(c, slot, rail, &plan);
     if (res != ncclSuccess) return res;
   }
-  if (mpib_tele_on(c)) {
-    c->tele_slots++;
-    if (mpib_telemetry_due(c)) mpib_telemetry_flush(c);
-  }
+  if (mpib_tele_on(c) && mpib_tele_post_due(c)) mpib_telemetry_flush(c);
   return ncclSuccess;
 }
 
@@ -433,26 +441,38 @@ ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
   return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
 }
 
+/* The agent telemetry of a send completion on `rail` carrying byte ranges `ranges` (after the
+ * slot's own bookkeeping), with the batch's publication when it is due. Out of line: the
+ * completion path of a comm without an agent keeps its frame. An original chain carries the
+ * rail's own range (the common case, without a loop); a replay the lost ones. */
+static __attribute__((noinline)) void tele_send_done(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
+  if (ranges == 1u << rail) {
+    mpib_tele_complete(c, slot, rail, rail);
+  } else {
+    for (int range = 0; range < MPIB_NRAILS; range++)
+      if (ranges & (1u << range)) mpib_tele_complete(c, slot, rail, range);
+  }
+  if (mpib_tele_done_due(c)) mpib_telemetry_flush(c);
+}
+
 static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t id) {
   uint64_t seq = id & MPIB_WRID_SEQ_MASK;
   int slot = (int)(seq % MPIB_MAX_REQUESTS);
   if (c->slot_posted_seq1[slot] != seq + 1) return ncclSuccess; /* already settled by a failover */
+  uint32_t ranges; /* the byte ranges this rail's chain carried: its own, or the lost ones it replayed */
   if (id & MPIB_WRID_REPLAY) {
-    uint32_t ranges = c->slot_replay_on[slot][rail];
+    ranges = c->slot_replay_on[slot][rail];
     if (!ranges) return ncclSuccess;
     c->slot_replay_on[slot][rail] = 0;
-    mpib_slot_acked(c, slot, rail, ranges);
-    for (int range = 0; range < MPIB_NRAILS; range++) /* the lost ranges, carried by this rail */
-      if ((ranges & (1u << range)) && mpib_tele_on(c)) mpib_tele_complete(c, slot, rail, range);
   } else {
     if (!(c->slot_rails[slot] & (1u << rail))) return ncclSuccess;
     if (mpib_profiling()) mpib_prof_send_rail_done(c, slot, rail);
     c->slot_rails[slot] &= ~(1u << rail);
-    mpib_slot_acked(c, slot, rail, 1u << rail);
-    if (mpib_tele_on(c)) mpib_tele_complete(c, slot, rail, rail);
+    ranges = 1u << rail;
   }
+  mpib_slot_acked(c, slot, rail, ranges);
   mpib_slot_try_complete(c, slot);
-  if (mpib_tele_on(c) && mpib_telemetry_due(c)) mpib_telemetry_flush(c);
+  if (mpib_tele_on(c)) tele_send_done(c, slot, rail, ranges);
   return ncclSuccess;
 }
 

@@ -50,52 +50,9 @@ void mpib_telemetry_flush(struct mpib_comm *c) {
   c->hint_due = 1;
 }
 
-int mpib_telemetry_due(const struct mpib_comm *c) {
-  const mpib_shm_rail_batch *t = c->tele.rail;
-  return c->tele_slots >= MPIB_HINT_REFRESH || c->tele_done >= MPIB_HINT_REFRESH ||
-         t[0].posted_bytes + t[1].posted_bytes >= MPIB_TELEMETRY_BYTES ||
-         t[0].completed_bytes + t[1].completed_bytes >= MPIB_TELEMETRY_BYTES;
-}
-
-/* Telemetry of a slot's bytes. Each slot remembers its bytes and requests per range (the
- * rail that first carried them) and its post time; the bytes of range `range` count as posted
- * on `carrier` (the same rail, or another one for a replay) and in flight there until
- * mpib_tele_complete. */
-void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
-  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  t->posted_bytes += c->slot_rail_bytes[slot][range];
-  t->posted_requests += c->slot_rail_reqs[slot][range];
-  t->inflight_bytes += c->slot_rail_bytes[slot][range];
-  if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now; /* the rail's work begins */
-}
-
-/* A part leaves `rail` at `now` (completed, or lost to a failover): its bytes leave the
- * in-flight gauge, and the rail's active time ends when it was the last part there. */
-void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
-  mpib_shm_rail_batch *t = &c->tele.rail[rail];
-  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
-  if (c->rail_parts[rail] == 0 || --c->rail_parts[rail] > 0) return;
-  uint64_t since = c->rail_active_since[rail];
-  if (since && now > since) t->active_ns += now - since;
-  c->rail_active_since[rail] = 0;
-}
-
-/* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
- * part (shared by the completions it handles), and none without an agent segment. */
-uint64_t mpib_completion_now(struct mpib_comm *c) {
+uint64_t mpib_completion_clock(struct mpib_comm *c) {
   if (c->shm_slot < 0) return 0;
-  if (c->tele_now_ns == 0) c->tele_now_ns = mpib_now_ns();
-  return c->tele_now_ns;
-}
-
-/* The slot's range `range` completed on `carrier`: its requests spent now - post time there. */
-void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range) {
-  uint64_t now = mpib_completion_now(c), posted = c->slot_post_ns[slot];
-  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  t->completed_bytes += c->slot_rail_bytes[slot][range];
-  t->completed_requests += c->slot_rail_reqs[slot][range];
-  if (now > posted && posted) t->busy_ns += c->slot_rail_reqs[slot][range] * (now - posted);
-  mpib_tele_leave(c, carrier, c->slot_rail_bytes[slot][range], now);
+  return c->tele_now_ns = mpib_now_ns();
 }
 
 /* Posts the work requests `first` (nwr of them, only the last possibly signalled) on QP qi when
@@ -219,8 +176,10 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
 }
 
 /* A range of the slot that could not go out on its rail waits for a replay (post_replays), on
- * whichever rail can carry it first. */
+ * whichever rail can carry it first; its telemetry, counted as posted at the slot's plan,
+ * counts where the replay goes. */
 void mpib_slot_defer_range(struct mpib_comm *c, int slot, int rail) {
+  if (mpib_tele_on(c)) mpib_tele_unpost(c, slot, rail);
   if (c->slot_replay_wait[slot] == 0) c->replays_waiting++;
   c->slot_replay_wait[slot] |= (uint8_t)(1u << rail);
 }

@@ -7,6 +7,7 @@
 #define MPIB_SLOTS_H
 
 #include "mpib.h"
+#include "mpib_clock.h"
 
 /* Advanced mode reads the agent's hint (a clock read and a seqlock) and posts the comm's
  * telemetry to the segment in batches, not per message: once MPIB_HINT_REFRESH slots or
@@ -72,16 +73,79 @@ static inline int mpib_tele_on(const struct mpib_comm *c) { return c->shm_slot >
 /* Publishes the comm's telemetry batch to its agent slot and starts the next: the message path
  * when a batch is due, failover's keepalive tick when a comm went idle, mpib_comm_close last. */
 void mpib_telemetry_flush(struct mpib_comm *c);
-/* Whether the telemetry batch is due (MPIB_HINT_REFRESH, MPIB_TELEMETRY_BYTES). */
-int mpib_telemetry_due(const struct mpib_comm *c);
-/* Range `range` of the slot posted on rail `carrier` at `now`. */
-void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now);
-/* Bytes leave rail `rail` (completed or lost) at `now`. */
-void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now);
-/* The completion clock of this progress call (0 without an agent segment). */
-uint64_t mpib_completion_now(struct mpib_comm *c);
-/* Range `range` of the slot completed on rail `carrier`. */
-void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range);
+
+/* The telemetry below runs once or twice per message of a comm with an agent slot: in line.
+ * Each slot remembers its bytes and requests per range (the rail that first carried them) and
+ * its post time. */
+
+/* Whether the batch is due after a post: MPIB_HINT_REFRESH slots or MPIB_TELEMETRY_BYTES
+ * bytes posted since the last one. A post moves only these counters, so it checks only them. */
+static inline int mpib_tele_post_due(const struct mpib_comm *c) {
+  const mpib_shm_rail_batch *t = c->tele.rail;
+  return c->tele_slots >= MPIB_HINT_REFRESH || t[0].posted_bytes + t[1].posted_bytes >= MPIB_TELEMETRY_BYTES;
+}
+/* Whether the batch is due after a completion: as many slots or bytes completed. */
+static inline int mpib_tele_done_due(const struct mpib_comm *c) {
+  const mpib_shm_rail_batch *t = c->tele.rail;
+  return c->tele_done >= MPIB_HINT_REFRESH || t[0].completed_bytes + t[1].completed_bytes >= MPIB_TELEMETRY_BYTES;
+}
+
+/* Range `range` of the slot posted on rail `carrier` (the same rail, or another one for a
+ * replay) at `now`: its bytes count as posted there and in flight until mpib_tele_complete or
+ * mpib_tele_leave, and the rail's active time begins with its first part in flight. */
+static inline void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  uint64_t bytes = c->slot_rail_bytes[slot][range];
+  t->posted_bytes += bytes;
+  t->posted_requests += c->slot_rail_reqs[slot][range];
+  t->inflight_bytes += bytes;
+  if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now;
+}
+
+/* Range `rail` of the slot, counted as posted at its plan, did not go out on its rail (a
+ * replay counts it where it goes): taken back, with the rail's active time when it was the
+ * only part there. No batch is published between the two. */
+static inline void mpib_tele_unpost(struct mpib_comm *c, int slot, int rail) {
+  mpib_shm_rail_batch *t = &c->tele.rail[rail];
+  uint64_t bytes = c->slot_rail_bytes[slot][rail];
+  uint32_t reqs = c->slot_rail_reqs[slot][rail];
+  t->posted_bytes = t->posted_bytes > bytes ? t->posted_bytes - bytes : 0;
+  t->posted_requests = t->posted_requests > reqs ? t->posted_requests - reqs : 0;
+  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
+  if (c->rail_parts[rail] > 0 && --c->rail_parts[rail] == 0) c->rail_active_since[rail] = 0;
+}
+
+/* A part leaves `rail` at `now` (completed, or lost to a failover): its bytes leave the
+ * in-flight gauge, and the rail's active time ends when it was the last part there. */
+static inline void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
+  mpib_shm_rail_batch *t = &c->tele.rail[rail];
+  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
+  if (c->rail_parts[rail] == 0 || --c->rail_parts[rail] > 0) return;
+  uint64_t since = c->rail_active_since[rail];
+  if (since && now > since) t->active_ns += now - since;
+  c->rail_active_since[rail] = 0;
+}
+
+/* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
+ * part (shared by the completions it handles; progress clears tele_now_ns), and none without
+ * an agent segment. */
+uint64_t mpib_completion_clock(struct mpib_comm *c);
+static inline uint64_t mpib_completion_now(struct mpib_comm *c) {
+  return c->tele_now_ns ? c->tele_now_ns : mpib_completion_clock(c);
+}
+
+/* The slot's range `range` completed on `carrier`: its requests spent now - post time there. */
+static inline void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range) {
+  uint64_t now = mpib_completion_now(c), posted = c->slot_post_ns[slot];
+  uint64_t bytes = c->slot_rail_bytes[slot][range];
+  uint32_t reqs = c->slot_rail_reqs[slot][range];
+  mpib_shm_rail_batch *t = &c->tele.rail[carrier];
+  t->completed_bytes += bytes;
+  t->completed_requests += reqs;
+  if (now > posted && posted) t->busy_ns += reqs * (now - posted);
+  mpib_tele_leave(c, carrier, bytes, now);
+}
+
 /* Posts nwr work requests on QP qi within its send-queue depth: 0, ENOMEM (none posted: the
  * queue is full), another errno (none posted) or MPIB_POST_PARTIAL. */
 int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr);
@@ -101,7 +165,8 @@ void mpib_sq_reset_rail(struct mpib_comm *c, int r);
  * errno of a post none of which went out, or MPIB_POST_PARTIAL. */
 int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
                     int replay);
-/* A slot's range that could not go out on its rail waits for a replay. */
+/* A slot's range that could not go out on its rail waits for a replay (its telemetry taken
+ * back: mpib_tele_unpost). */
 void mpib_slot_defer_range(struct mpib_comm *c, int slot, int rail);
 /* The receiver's CTS elements of a slot on `rail`: 0 or an errno (ENOMEM: none posted). */
 int mpib_post_cts(struct mpib_comm *c, int slot, int rail, int n, int signalled);

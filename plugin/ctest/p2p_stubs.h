@@ -63,6 +63,7 @@ static struct mpib_comm *fake_send_comm(struct ibv_context *ctx,
   c->sizes = calloc(1, MPIB_SIZES_AREA);
   c->ctrl_fd = -1;
   c->shm_slot = -1;
+  c->hint_due = 1; /* as mpib_comm_create leaves it */
   for (int r = 0; r < MPIB_NRAILS; r++) {
     qp[r].context = cq[r].context = ctx;
     c->nqps[r] = 1;

@@ -387,6 +387,7 @@ static struct mpib_comm *make_comm(int side) {
   c->force_sup_bw = 512; /* half on each rail: every slot has two byte ranges */
   c->whole_msg_max = 0;
   c->shm_slot = -1;
+  c->hint_due = 1; /* as mpib_comm_create leaves it */
   c->nreqs_pool = side == SEND ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->ctrl_fd = ctrl[side];

@@ -468,6 +468,7 @@ static struct mpib_comm *make_comm(int side, int small_sq) {
   c->force_sup_bw = 512;  /* half on each rail: most slots have two byte ranges */
   c->whole_msg_max = 700; /* small slots go whole to one rail (deficit-counted) */
   c->shm_slot = -1;
+  c->hint_due = 1; /* as mpib_comm_create leaves it */
   c->nreqs_pool = side == SEND ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
   c->ctrl_fd = 100 + side;
