@@ -428,6 +428,7 @@ struct mpib_comm {
   mpib_shm_tele_batch tele;
   uint32_t tele_slots;                      /* slots posted since the last flush */
   uint32_t tele_done;                       /* slots completed since the last flush */
+  uint64_t tele_lost_bytes[MPIB_NRAILS];    /* bytes lost per rail since the last flush (mpib_tele_inflight) */
   uint64_t tele_now_ns;                     /* the completion clock of this progress call, 0 = not read yet */
   uint64_t slot_post_ns[MPIB_MAX_REQUESTS]; /* sender: when each slot was posted */
   uint64_t slot_rail_bytes[MPIB_MAX_REQUESTS][MPIB_NRAILS]; /* sender: each slot's bytes per rail */

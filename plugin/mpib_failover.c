@@ -449,7 +449,7 @@ static int settle_slot(struct mpib_comm *c, int slot, int r, const struct mpib_f
     if (!(lost & (1u << range)) || !mpib_tele_on(c)) continue;
     /* lost on r */
     if (need & (1u << range)) mpib_tele_leave(c, r, c->slot_rail_bytes[slot][range], mpib_completion_now(c));
-    else mpib_tele_complete(c, slot, r, range); /* the receiver has them: delivered by r */
+    else mpib_tele_complete(c, slot, r, range, mpib_completion_now(c)); /* the receiver has them: delivered by r */
   }
   if (need) {
     if (c->slot_replay_wait[slot] == 0) c->replays_waiting++;

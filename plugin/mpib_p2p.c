@@ -78,36 +78,47 @@ static uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
 }
 
 /* The agent telemetry of a planned slot: its bytes and requests per rail, which its
- * completion and any replay report too (mpib_tele_complete), and its post time for their
- * latency: one CLOCK_MONOTONIC read (vDSO) per slot, the only one the posting path makes. The
- * slot's ranges count as posted now, on the rails of its plan: post_rail takes back one that
- * does not go out (mpib_tele_unpost), and its replay counts it where it goes. total is the
- * slot's bytes; a lone request (the common case) needs no pass over the slot. Kept only by a
- * comm with an agent slot, out of line so that the others keep their frames. */
-static __attribute__((noinline)) void plan_telemetry(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p,
-                                                     uint64_t total) {
-  uint64_t sout = 0;
-  uint8_t nsout = 0, nsup = 0;
-  if (c->slot_matched[slot] == 1) {
-    sout = p->sout[0];
-    nsout = sout > 0;
-    nsup = total > sout;
-  } else {
-    for (int r = 0; r < c->slot_matched[slot]; r++) {
-      sout += p->sout[r];
-      nsout += p->sout[r] > 0;
-      nsup += c->slot_reqs[slot][r]->size > p->sout[r];
-    }
-  }
+ * completion and any replay report too (mpib_tele_complete), and its post time `now` for their
+ * latency (the caller reads the clock: one CLOCK_MONOTONIC read per slot, the only one the
+ * posting path makes). The slot's ranges count as posted now, on the rails of its plan: a
+ * range that does not go out is taken back (mpib_slot_defer_range), and its replay counts it
+ * where it goes. sout is the slot's bytes on SOUT of total, nsout and nsup its requests with
+ * bytes on each rail. */
+static inline void slot_planned(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p, uint64_t total,
+                                uint64_t sout, uint8_t nsout, uint8_t nsup, uint64_t now) {
   c->slot_rail_bytes[slot][MPIB_RAIL_SOUT] = sout;
   c->slot_rail_bytes[slot][MPIB_RAIL_SUP] = total - sout;
   c->slot_rail_reqs[slot][MPIB_RAIL_SOUT] = nsout;
   c->slot_rail_reqs[slot][MPIB_RAIL_SUP] = nsup;
-  uint64_t now = mpib_now_ns();
   c->slot_post_ns[slot] = now;
   if (p->mask & (1u << MPIB_RAIL_SOUT)) mpib_tele_post(c, slot, MPIB_RAIL_SOUT, MPIB_RAIL_SOUT, now);
   if (p->mask & (1u << MPIB_RAIL_SUP)) mpib_tele_post(c, slot, MPIB_RAIL_SUP, MPIB_RAIL_SUP, now);
   c->tele_slots++;
+}
+
+/* slot_planned for a grouped slot: a pass over its requests. */
+static __attribute__((noinline)) void
+plan_telemetry_grouped(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p, uint64_t total, uint64_t now) {
+  uint64_t sout = 0;
+  uint8_t nsout = 0, nsup = 0;
+  for (int r = 0; r < c->slot_matched[slot]; r++) {
+    sout += p->sout[r];
+    nsout += p->sout[r] > 0;
+    nsup += c->slot_reqs[slot][r]->size > p->sout[r];
+  }
+  slot_planned(c, slot, p, total, sout, nsout, nsup, now);
+}
+
+/* slot_planned, for a comm with an agent slot only: out of line, so that the others keep their
+ * frames, and a lone request (the common case) needs no pass over the slot. */
+static __attribute__((noinline)) void plan_telemetry(struct mpib_comm *c, int slot, const struct mpib_slot_plan *p,
+                                                     uint64_t total, uint64_t now) {
+  if (c->slot_matched[slot] != 1) {
+    plan_telemetry_grouped(c, slot, p, total, now);
+    return;
+  }
+  uint64_t sout = p->sout[0];
+  slot_planned(c, slot, p, total, sout, sout > 0, total > sout, now);
 }
 
 /* Decides the slot's split: whole to one rail when the slot's bytes are at most
@@ -131,7 +142,7 @@ static void plan_slot(struct mpib_comm *c, int slot, struct mpib_slot_plan *p) {
   c->tele.applied_sup_bw = sup_bw; /* after the guard and failover: what this slot used */
   if (p->mask == 0)
     p->mask = 1u << (whole >= 0 ? whole : sup_bw >= MPIB_SUP_BW_MAX / 2 ? MPIB_RAIL_SUP : MPIB_RAIL_SOUT);
-  if (mpib_tele_on(c)) plan_telemetry(c, slot, p, total);
+  if (mpib_tele_on(c)) plan_telemetry(c, slot, p, total, mpib_now_ns()); /* the clock read here: a leaf */
   c->slot_full[slot] = (uint8_t)p->mask;
   p->leader = (p->mask & 1u) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   /* A lone small request carries its size in the immediate: each rail then posts a single
@@ -441,17 +452,18 @@ ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
   return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
 }
 
-/* The agent telemetry of a send completion on `rail` carrying byte ranges `ranges` (after the
- * slot's own bookkeeping), with the batch's publication when it is due. Out of line: the
- * completion path of a comm without an agent keeps its frame. An original chain carries the
- * rail's own range (the common case, without a loop); a replay the lost ones. */
-static __attribute__((noinline)) void tele_send_done(struct mpib_comm *c, int slot, int rail, uint32_t ranges) {
-  if (ranges == 1u << rail) {
-    mpib_tele_complete(c, slot, rail, rail);
-  } else {
-    for (int range = 0; range < MPIB_NRAILS; range++)
-      if (ranges & (1u << range)) mpib_tele_complete(c, slot, rail, range);
-  }
+/* The agent telemetry of a send completion on `rail` at `now` (after the slot's own
+ * bookkeeping), with the batch's publication when it is due: an original chain, which carried
+ * the rail's own range, or a replay, which carried the lost `ranges`. Out of line: the
+ * completion path of a comm without an agent keeps its frame; the caller reads the clock. */
+static __attribute__((noinline)) void tele_chain_done(struct mpib_comm *c, int slot, int rail, uint64_t now) {
+  mpib_tele_complete(c, slot, rail, rail, now);
+  if (mpib_tele_done_due(c)) mpib_telemetry_flush(c);
+}
+static __attribute__((noinline)) void tele_replay_done(struct mpib_comm *c, int slot, int rail, uint32_t ranges,
+                                                       uint64_t now) {
+  for (int range = 0; range < MPIB_NRAILS; range++)
+    if (ranges & (1u << range)) mpib_tele_complete(c, slot, rail, range, now);
   if (mpib_tele_done_due(c)) mpib_telemetry_flush(c);
 }
 
@@ -472,7 +484,9 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
   }
   mpib_slot_acked(c, slot, rail, ranges);
   mpib_slot_try_complete(c, slot);
-  if (mpib_tele_on(c)) tele_send_done(c, slot, rail, ranges);
+  if (!mpib_tele_on(c)) return ncclSuccess;
+  if (id & MPIB_WRID_REPLAY) tele_replay_done(c, slot, rail, ranges, mpib_completion_now(c));
+  else tele_chain_done(c, slot, rail, mpib_completion_now(c));
   return ncclSuccess;
 }
 

@@ -95,11 +95,18 @@ static inline int mpib_tele_done_due(const struct mpib_comm *c) {
  * mpib_tele_leave, and the rail's active time begins with its first part in flight. */
 static inline void mpib_tele_post(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
   mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  uint64_t bytes = c->slot_rail_bytes[slot][range];
-  t->posted_bytes += bytes;
+  t->posted_bytes += c->slot_rail_bytes[slot][range];
   t->posted_requests += c->slot_rail_reqs[slot][range];
-  t->inflight_bytes += bytes;
   if (c->rail_parts[carrier]++ == 0) c->rail_active_since[carrier] = now;
+}
+
+/* The bytes in flight on `rail`: the gauge at the batch's start (tele.rail[].inflight_bytes)
+ * with the batch's posted bytes added and its completed and lost ones taken away, worked out
+ * when a batch is published instead of kept per message. */
+static inline uint64_t mpib_tele_inflight(const struct mpib_comm *c, int rail) {
+  const mpib_shm_rail_batch *t = &c->tele.rail[rail];
+  uint64_t in = t->inflight_bytes + t->posted_bytes, out = t->completed_bytes + c->tele_lost_bytes[rail];
+  return in > out ? in - out : 0;
 }
 
 /* Range `rail` of the slot, counted as posted at its plan, did not go out on its rail (a
@@ -111,39 +118,44 @@ static inline void mpib_tele_unpost(struct mpib_comm *c, int slot, int rail) {
   uint32_t reqs = c->slot_rail_reqs[slot][rail];
   t->posted_bytes = t->posted_bytes > bytes ? t->posted_bytes - bytes : 0;
   t->posted_requests = t->posted_requests > reqs ? t->posted_requests - reqs : 0;
-  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
   if (c->rail_parts[rail] > 0 && --c->rail_parts[rail] == 0) c->rail_active_since[rail] = 0;
 }
 
-/* A part leaves `rail` at `now` (completed, or lost to a failover): its bytes leave the
- * in-flight gauge, and the rail's active time ends when it was the last part there. */
-static inline void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
-  mpib_shm_rail_batch *t = &c->tele.rail[rail];
-  t->inflight_bytes = t->inflight_bytes > bytes ? t->inflight_bytes - bytes : 0;
+/* A part leaves `rail` at `now` (completed, or lost): the rail's active time ends when it was
+ * the last part there. */
+static inline void mpib_tele_part_ends(struct mpib_comm *c, int rail, uint64_t now) {
   if (c->rail_parts[rail] == 0 || --c->rail_parts[rail] > 0) return;
-  uint64_t since = c->rail_active_since[rail];
-  if (since && now > since) t->active_ns += now - since;
+  uint64_t since = c->rail_active_since[rail]; /* set (a clock reading) while parts are in flight */
+  if (now > since) c->tele.rail[rail].active_ns += now - since;
   c->rail_active_since[rail] = 0;
+}
+
+/* A part of `bytes` is lost on `rail` at `now` (a failover: a replay carries it again): its
+ * bytes leave the in-flight gauge without counting as completed. */
+static inline void mpib_tele_leave(struct mpib_comm *c, int rail, uint64_t bytes, uint64_t now) {
+  c->tele_lost_bytes[rail] += bytes;
+  mpib_tele_part_ends(c, rail, now);
 }
 
 /* The completion clock: one CLOCK_MONOTONIC read per progress call that completes a slot's
  * part (shared by the completions it handles; progress clears tele_now_ns), and none without
  * an agent segment. */
-uint64_t mpib_completion_clock(struct mpib_comm *c);
 static inline uint64_t mpib_completion_now(struct mpib_comm *c) {
-  return c->tele_now_ns ? c->tele_now_ns : mpib_completion_clock(c);
+  if (c->shm_slot < 0) return 0;
+  if (c->tele_now_ns == 0) c->tele_now_ns = mpib_now_ns();
+  return c->tele_now_ns;
 }
 
-/* The slot's range `range` completed on `carrier`: its requests spent now - post time there. */
-static inline void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range) {
-  uint64_t now = mpib_completion_now(c), posted = c->slot_post_ns[slot];
-  uint64_t bytes = c->slot_rail_bytes[slot][range];
+/* The slot's range `range` completed on `carrier` at `now` (mpib_completion_now): its requests
+ * spent now - post time there. */
+static inline void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier, int range, uint64_t now) {
+  uint64_t posted = c->slot_post_ns[slot];
   uint32_t reqs = c->slot_rail_reqs[slot][range];
   mpib_shm_rail_batch *t = &c->tele.rail[carrier];
-  t->completed_bytes += bytes;
+  t->completed_bytes += c->slot_rail_bytes[slot][range];
   t->completed_requests += reqs;
-  if (now > posted && posted) t->busy_ns += reqs * (now - posted);
-  mpib_tele_leave(c, carrier, bytes, now);
+  if (now > posted) t->busy_ns += reqs * (now - posted); /* posted: set at the slot's plan */
+  mpib_tele_part_ends(c, carrier, now);
 }
 
 /* Posts nwr work requests on QP qi within its send-queue depth: 0, ENOMEM (none posted: the

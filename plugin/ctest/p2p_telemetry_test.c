@@ -161,7 +161,7 @@ static void test_batch(mpib_shm *shm, uint32_t id, struct mpib_comm *c, struct m
   struct mpib_request *reqs[4];
   for (int i = 0; i < 4; i++) reqs[i] = send_one(c, mh, buf, size);
   CHECK(seg_u64(shm, id, SOUT_B) == 0 && seg_u64(shm, id, WALL) == 0, "published per message");
-  CHECK(c->tele.rail[0].inflight_bytes == 4 * sout && c->tele.rail[1].inflight_bytes == 4 * sup, "in flight");
+  CHECK(mpib_tele_inflight(c, 0) == 4 * sout && mpib_tele_inflight(c, 1) == 4 * sup, "in flight");
   fake_now += 7000;
   wait_all(reqs, 4);
   CHECK(clock_reads == 5, "clock reads: %d, want 4 posts + 1 progress call", clock_reads);
