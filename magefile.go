@@ -260,11 +260,16 @@ func aptInstall(pkgs ...string) error {
 }
 
 // Bench runs the failover model checker over a million schedules (plugin/ctest/model_test.go,
-// two processes: about 5 minutes), then the plugin against perftest on the same soft-RoCE
-// rails (P1..P5) and on the SUP mesh (mesh-bw); it prints one line per figure and writes
-// docs/benchmarks.md's table and docs/benchmarks.png. MPIB_BENCH_MODEL=0 skips the checker.
+// two processes: about 5 minutes) and the send path's instruction count on fake verbs
+// (plugin/ctest/hotpath_test.go: its hotpath: lines, a few seconds), then the plugin against
+// perftest on the same soft-RoCE rails (P1..P5) and on the SUP mesh (mesh-bw); it prints one
+// line per figure and writes docs/benchmarks.md's table and docs/benchmarks.png.
+// MPIB_BENCH_MODEL=0 skips the checker.
 func Bench() error {
 	mg.Deps(Build)
+	if err := sh.RunV("go", "test", "-count=1", "-v", "-run", "^TestHotPathInstructions$", "."+cTestPackage); err != nil {
+		return err
+	}
 	if os.Getenv("MPIB_BENCH_MODEL") != "0" {
 		env := map[string]string{"MPIB_MODEL_SCHEDULES": "1000000", "MPIB_MODEL_SHARDS": "2", "MPIB_MODEL_SECONDS": "1"}
 		if err := sh.RunWithV(env, "go", "test", "-count=1", "-v", "-timeout", "60m", "-run", "^TestFailoverModel$", "."+cTestPackage); err != nil {
