@@ -424,7 +424,7 @@ struct mpib_comm {
   int hint_due;           /* read the hint (set at creation, and when a telemetry batch was posted) */
   /* Sender's agent telemetry (docs/shm-format.md 4.3), kept here and published to the segment
    * in batches (mpib_telemetry_flush), never per message: counters since the last flush, and
-   * the bytes in flight per rail (a running gauge, not reset by a flush). */
+   * the bytes in flight per rail at the last flush (the gauge now: mpib_tele_inflight). */
   mpib_shm_tele_batch tele;
   uint32_t tele_slots;                      /* slots posted since the last flush */
   uint32_t tele_done;                       /* slots completed since the last flush */

@@ -38,16 +38,14 @@ static void tele_active_until_now(struct mpib_comm *c) {
  * wall clock, one CLOCK_REALTIME read per batch, so that agents correlate nodes. */
 void mpib_telemetry_flush(struct mpib_comm *c) {
   mpib_shm *shm = __atomic_load_n(&mpib_g.shm, __ATOMIC_ACQUIRE);
-  uint64_t inflight[MPIB_NRAILS];
-  for (int rail = 0; rail < MPIB_NRAILS; rail++) inflight[rail] = mpib_tele_inflight(c, rail);
+  for (int rail = 0; rail < MPIB_NRAILS; rail++) c->tele.rail[rail].inflight_bytes = mpib_tele_inflight(c, rail);
   if (shm && c->shm_slot >= 0 && c->is_send) {
     c->tele.wall_ns = mpib_wall_ns();
     tele_active_until_now(c);
-    for (int rail = 0; rail < MPIB_NRAILS; rail++) c->tele.rail[rail].inflight_bytes = inflight[rail];
     mpib_shm_flush_telemetry(shm, (uint32_t)c->shm_slot, &c->tele);
   }
   for (int rail = 0; rail < MPIB_NRAILS; rail++) { /* the in-flight gauge carries over */
-    c->tele.rail[rail] = (mpib_shm_rail_batch){.inflight_bytes = inflight[rail]};
+    c->tele.rail[rail] = (mpib_shm_rail_batch){.inflight_bytes = c->tele.rail[rail].inflight_bytes};
     c->tele_lost_bytes[rail] = 0;
   }
   c->tele_slots = 0;
