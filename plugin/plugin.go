@@ -4,13 +4,17 @@
 //
 // Never call signal.Notify here: the host process (NCCL) owns signals.
 //
+// The C is built with -O3, as NCCL builds net_ib (makefiles/common.mk, DEBUG=0);
+// plugin/ctest's hot-path count and failover model read their optimisation flag from the
+// #cgo CFLAGS line below (pluginOptFlag), so they measure and check the code as it ships.
+//
 // This file holds main, the process-wide state (plugin), NCCL's result codes and the checks
 // that the configuration's bounds match the C arrays; each other file opens with what it owns
 // and who calls it.
 package main
 
 /*
-#cgo CFLAGS: -std=gnu11 -O2 -Wall -fvisibility=hidden
+#cgo CFLAGS: -std=gnu11 -O3 -Wall -fvisibility=hidden
 #cgo LDFLAGS: -libverbs
 #include <stdlib.h>
 #include "mpib.h"

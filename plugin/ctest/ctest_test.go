@@ -142,3 +142,26 @@ func TestShmPureC11(t *testing.T) {
 		}
 	}
 }
+
+// pluginOptFlag is the optimisation flag (-O<n>) of the plugin's own build: the #cgo CFLAGS
+// line in plugin/plugin.go. The hot-path count and the failover model use it, so that they
+// count and check the instructions NCCL runs.
+func pluginOptFlag(t *testing.T) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "plugin.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.HasPrefix(line, "#cgo CFLAGS:") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "-O") {
+				return f
+			}
+		}
+	}
+	t.Fatal("plugin/plugin.go: no -O flag on its #cgo CFLAGS line")
+	return ""
+}

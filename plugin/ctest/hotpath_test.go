@@ -12,7 +12,7 @@ import (
 )
 
 // TestHotPathInstructions counts, under callgrind, what each kind of call on the send path
-// costs (hotpath/hotpath.c: a send comm on fake verbs, built with the plugin's -O2), in
+// costs (hotpath/hotpath.c: a send comm on fake verbs, built with the plugin's optimisation flag), in
 // vanilla mode and in advanced mode with a fresh agent, and prints for each
 //
 //	hotpath: mode=M isend_no_cts=N isend_posting=N test_pending=N test_completing=N fake_post=N fake_poll=N plugin_per_message=N messages=N [over_vanilla=N]
@@ -36,7 +36,7 @@ func TestHotPathInstructions(t *testing.T) {
 	p := parseHeader(t, filepath.Join("hotpath", "hotpath.c"))
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "hotpath")
-	args := append([]string{"-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread", "-I..",
+	args := append([]string{"-std=gnu11", pluginOptFlag(t), "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-pthread", "-I..",
 		"-o", bin, p.src}, p.links...)
 	if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)

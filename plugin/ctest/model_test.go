@@ -83,7 +83,7 @@ func envInt(name string, def int) int {
 // hold in every one of them.
 func TestFailoverModel(t *testing.T) {
 	plugin, _ := filepath.Abs("..")
-	bin := buildChecker(t, plugin, "-O2")
+	bin := buildChecker(t, plugin, pluginOptFlag(t))
 	seconds := envInt("MPIB_MODEL_SECONDS", 30)
 	shards := envInt("MPIB_MODEL_SHARDS", 1)
 	minSchedules := envInt("MPIB_MODEL_SCHEDULES", 0)
