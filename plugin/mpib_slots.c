@@ -53,15 +53,15 @@ void mpib_telemetry_flush(struct mpib_comm *c) {
   c->hint_due = 1;
 }
 
-/* Posts the work requests `first` (nwr of them, only the last possibly signalled) on QP qi when
- * its send queue has room for all of them, else none (ENOMEM): a full queue is back-pressure,
- * and a chain the provider took in part could land after its range was replayed elsewhere.
- * The signalled one carries the batch it retires (MPIB_WRID_*). 0 or an errno; a provider
- * that still refuses part of the list returns MPIB_POST_PARTIAL (below). */
-int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr) {
+/* Posts the work requests `first` .. `last` (nwr of them, only the last possibly signalled) on
+ * QP qi when its send queue has room for all of them, else none (ENOMEM): a full queue is
+ * back-pressure, and a chain the provider took in part could land after its range was
+ * replayed elsewhere. The signalled one carries the batch it retires (MPIB_WRID_*). 0 or an
+ * errno; a provider that still refuses part of the list returns MPIB_POST_PARTIAL (below). In
+ * line in the message's chain (mpib_post_chain), out of line for the rest (mpib_qp_post). */
+static inline __attribute__((always_inline)) int qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first,
+                                                         struct ibv_send_wr *last, int nwr) {
   if (c->sq_used[qi] + nwr > c->sq_depth) return ENOMEM;
-  struct ibv_send_wr *last = first;
-  while (last->next) last = last->next;
   int signalled = (last->send_flags & IBV_SEND_SIGNALED) != 0;
   if (signalled) {
     uint64_t batch = (uint64_t)(c->sq_batch[qi] + nwr);
@@ -75,6 +75,12 @@ int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr
   c->sq_used[qi] = (uint16_t)(c->sq_used[qi] + nwr);
   c->sq_batch[qi] = signalled ? 0 : (uint16_t)(c->sq_batch[qi] + nwr);
   return rc ? MPIB_POST_PARTIAL : 0;
+}
+
+int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr) {
+  struct ibv_send_wr *last = first;
+  while (last->next) last = last->next;
+  return qp_post(c, qi, first, last, nwr);
 }
 
 /* A rail's QPs were reset (rebuilt): their send queues are empty. */
@@ -164,7 +170,7 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
     }
   }
   if (!replay && mpib_profiling()) mpib_prof_send_posting(c, slot, rail, p->mask, p->sout);
-  int rc = mpib_qp_post(c, qi, &wrs[0], nwr);
+  int rc = qp_post(c, qi, &wrs[0], last, nwr);
   if (rc > 0) return rc; /* nothing of it went out */
   if (!replay) c->slot_rails[slot] |= 1u << rail;
   else c->slot_replay_on[slot][rail] |= (uint8_t)ranges;
