@@ -12,8 +12,9 @@ import (
 )
 
 // TestHotPathInstructions counts, under callgrind, what each kind of call on the send path
-// costs (hotpath/hotpath.c: a send comm on fake verbs, built with the plugin's optimisation flag), in
-// vanilla mode and in advanced mode with a fresh agent, and prints for each
+// costs (hotpath/hotpath.c: a send comm on fake verbs, built with the plugin's optimisation
+// flag, pluginOptFlag), in vanilla mode and in advanced mode with a fresh agent, and prints
+// for each
 //
 //	hotpath: mode=M isend_no_cts=N isend_posting=N test_pending=N test_completing=N fake_post=N fake_poll=N plugin_per_message=N messages=N [over_vanilla=N]
 //
