@@ -264,9 +264,17 @@ func aptInstall(pkgs ...string) error {
 // (plugin/ctest/hotpath_test.go: its hotpath: lines, a few seconds), then the plugin against
 // perftest on the same soft-RoCE rails (P1..P5) and on the SUP mesh (mesh-bw); it prints one
 // line per figure and writes docs/benchmarks.md's table and docs/benchmarks.png.
-// MPIB_BENCH_MODEL=0 skips the checker.
+// MPIB_BENCH_MODEL=0 skips the checker. MPIB_NETIB_REF_SRC, a checkout of
+// github.com/Mellanox/nccl-rdma-sharp-plugins, builds net_ib's port from it
+// (scripts/build_netib_ref.sh), which the connection setup, memory and P4 benchmarks then
+// measure beside MPIB.
 func Bench() error {
 	mg.Deps(Build)
+	if src := os.Getenv("MPIB_NETIB_REF_SRC"); src != "" {
+		if err := sh.RunV("bash", "scripts/build_netib_ref.sh", src, filepath.Join(buildDir, "libnccl-net-netib-ref.so")); err != nil {
+			return err
+		}
+	}
 	if err := sh.RunV("go", "test", "-count=1", "-v", "-run", "^TestHotPathInstructions$", "."+cTestPackage); err != nil {
 		return err
 	}

@@ -390,32 +390,54 @@ func perftestLatOnce(t *testing.T, server, client *Node, iters int) string {
 // inclusive of what they call, divided by the messages sent. Go's asynchronous preemption
 // signals trip a callgrind assertion, so the run turns them off (the data path is C and
 // never meets the Go scheduler). Vanilla, then advanced mode (MPIB_MODE=1) with the agent's
-// segment and heartbeat live on the sender, so that every request reads its hint.
+// segment and heartbeat live on the sender, so that every request reads its hint. When the
+// net_ib reference is built (harness_netib_test.go), vanilla runs three times, each followed
+// by the reference, and the vanilla figure is the ratio of the two with its interval: how
+// many calls find nothing moves from run to run, in both plugins alike.
 func TestBenchP4InstructionsPerMessage(t *testing.T) {
 	lab := benchOrSkip(t)
-	defer benchClockPairs(t, 1)() // one callgrind run per mode
-	a1, a2 := lab.Node("a1"), lab.Node("a2")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	var figs []figure
-	for _, mode := range []string{"vanilla", "advanced"} {
-		var env []string
-		if mode == "advanced" {
-			a1.Exec(ctx, nil, "rm", "-f", segPath)
-			goAgent.run(ctx, t, a1, "create")
-			beat, err := a1.Start(ctx, nil, goAgent.cmd[0], "heartbeat", "--path", segPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer beat.Kill(context.Background())
-			env = []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath}
-		}
-		figs = append(figs, callgrindPerMessage(ctx, t, a2, a1, mode, env))
+	ref := netibRef(t)
+	pairs := 1
+	if ref {
+		pairs = min(benchPairs(), 3)
 	}
-	saveFigures(t, "p4", figs)
+	defer benchClockPairs(t, pairs)() // one callgrind run per mode and pair
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var vanilla, netib []float64
+	var notes []string
+	for range pairs {
+		v := callgrindPerMessage(ctx, t, mpibUnderTest, a2, a1, "vanilla", nil)
+		vanilla, notes = append(vanilla, v.Plugin), append(notes, v.Note)
+		if ref {
+			n := callgrindPerMessage(ctx, t, netibUnderTest, a2, a1, "netib", nil)
+			netib, notes = append(netib, n.Plugin), append(notes, "reference "+n.Note)
+		}
+	}
+	van := figure{Name: "P4", Key: "size=4096 mode=vanilla", Mode: "vanilla", Plugin: median(vanilla), Unit: "instructions"}
+	if ref {
+		van = ratioFigure("P4", van.Key, "instructions", vanilla, netib)
+		van.Mode = "vanilla"
+		evidence("P4", "size=4096 mode=vanilla instructions_per_message=%.0f netib_instructions_per_message=%.0f ratio_vs_netib=%.3f ci_low=%.3f ci_high=%.3f pairs=%d",
+			van.Plugin, van.Ref, van.Ratio, van.CILow, van.CIHigh, van.Pairs)
+		notes = append([]string{"reference: net_ib's port (nccl-rdma-sharp-plugins, one rail)"}, notes...)
+	}
+	van.Note = strings.Join(notes, "; ")
+	a1.Exec(ctx, nil, "rm", "-f", segPath)
+	goAgent.run(ctx, t, a1, "create")
+	beat, err := a1.Start(ctx, nil, goAgent.cmd[0], "heartbeat", "--path", segPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer beat.Kill(context.Background())
+	adv := callgrindPerMessage(ctx, t, mpibUnderTest, a2, a1, "advanced", []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath})
+	saveFigures(t, "p4", []figure{van, adv})
 }
 
-func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node, mode string, env []string) figure {
+// callgrindPerMessage runs one P4 count of plugin u (mode names it in the evidence: vanilla,
+// advanced or netib) and returns its figure.
+func callgrindPerMessage(ctx context.Context, t *testing.T, u underTest, server, client *Node, mode string, env []string) figure {
 	t.Helper()
 	const iters = 2000
 	const out = "/tmp/mpib.callgrind"
@@ -423,8 +445,8 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 	if os.Getenv("MPIB_CALLGRIND_DIR") != "" {
 		wrap = append(wrap, "--dump-instr=yes") // costs per instruction, to read against objdump
 	}
-	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server, env...),
-		clientEnv:  pluginEnv(client, append([]string{"GODEBUG=asyncpreemptoff=1"}, env...)...),
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: u.env(server, env...),
+		clientEnv: u.env(client, append([]string{"GODEBUG=asyncpreemptoff=1"}, env...)...), serverLib: u.lib, clientLib: u.lib,
 		clientWrap: wrap,
 		args:       []string{"--abi", "11", "--timeout-s", "300", "--mode", "bw", "--sizes", "4096", "--iters", strconv.Itoa(iters), "--warmup", "0", "--verify", "off"}})
 	stdout, errOut, code, err := cli.Wait(ctx)
@@ -445,31 +467,39 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, server, client *Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The isend entry of the v11 table: a wrapper (isend_v10) in older builds, mpib_isend
-	// itself since v12 became the native table; test is mpib_test.
-	isendName := "mpib_isend"
-	if calls["isend_v10"].Calls >= iters {
-		isendName = "isend_v10"
-	}
-	isend, test := calls[isendName], calls["mpib_test"]
+	isendName, testName := p4Entries(u, calls, iters)
+	isend, test := calls[isendName], calls[testName]
 	if isend.Calls < iters || test.Calls < iters {
 		var seen []string
 		for name, c := range calls {
-			if strings.Contains(name, "isend") || strings.Contains(name, "test") {
+			if strings.Contains(name, "isend") || strings.Contains(name, "test") || strings.Contains(name, "Isend") || strings.Contains(name, "Test") {
 				seen = append(seen, fmt.Sprintf("%s calls=%d", name, c.Calls))
 			}
 		}
 		sort.Strings(seen)
-		t.Fatalf("expected at least %d calls to %s and mpib_test, found %d and %d (%v)", iters, isendName, isend.Calls, test.Calls, seen)
+		t.Fatalf("expected at least %d calls to %s and %s, found %d and %d (%v)", iters, isendName, testName, isend.Calls, test.Calls, seen)
 	}
 	perMsg := float64(isend.Ir+test.Ir) / iters
 	evidence("P4", "size=4096 instructions_per_message=%.0f mode=%s isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d",
 		perMsg, mode, float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
 		float64(isend.Calls)/iters, float64(test.Calls)/iters, iters)
 	return figure{Name: "P4", Key: "size=4096 mode=" + mode, Mode: mode, Plugin: perMsg, Unit: "instructions",
-		Note: fmt.Sprintf("per call: isend %.0f, test %.0f; calls per message: isend %.2f, test %.2f",
+		Note: fmt.Sprintf("%.0f per message, per call: isend %.0f, test %.0f; calls per message: isend %.2f, test %.2f", perMsg,
 			float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
 			float64(isend.Calls)/iters, float64(test.Calls)/iters)}
+}
+
+// p4Entries names plugin u's isend and test as the v11 table reaches them: for MPIB a
+// wrapper (isend_v10) in older builds, mpib_isend itself since v12 became the native table,
+// and mpib_test; for the net_ib reference ncclIbIsend and ncclIbTest.
+func p4Entries(u underTest, calls map[string]callgrind.CallCost, iters int64) (isend, test string) {
+	if u.name == netibUnderTest.name {
+		return "ncclIbIsend", "ncclIbTest"
+	}
+	if calls["isend_v10"].Calls >= iters {
+		return "isend_v10", "mpib_test"
+	}
+	return "mpib_isend", "mpib_test"
 }
 
 // P5: message rate for small messages, a1 -> a2 (window 8, sampled checks off, sizes

@@ -34,12 +34,19 @@ type scaleResult struct {
 // runScale runs nettest --mode mode --comms n between two nodes with a generous bound.
 func runScale(t *testing.T, server, client *Node, mode string, n, rounds int, timeout time.Duration, extra ...string) scaleResult {
 	t.Helper()
+	return runScaleOf(t, mpibUnderTest, server, client, mode, n, rounds, timeout, extra...)
+}
+
+// runScaleOf is runScale with plugin u on both sides.
+func runScaleOf(t *testing.T, u underTest, server, client *Node, mode string, n, rounds int, timeout time.Duration, extra ...string) scaleResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := append([]string{"--timeout-s", strconv.Itoa(int(timeout.Seconds()) - 30), "--mode", mode, "--comms", strconv.Itoa(n),
 		"--rounds", strconv.Itoa(rounds)}, extra...)
 	start := time.Now()
-	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: pluginEnv(server), clientEnv: pluginEnv(client), args: args})
+	srv, cli := startPair(ctx, t, nettestPair{server: server, client: client, serverEnv: u.env(server), clientEnv: u.env(client),
+		serverLib: u.lib, clientLib: u.lib, args: args})
 	var r scaleResult
 	var cerr, serr error
 	r.res.clientOut, r.res.clientErr, r.res.clientCode, cerr = cli.Wait(ctx)
@@ -168,6 +175,69 @@ func TestScaleConnect(t *testing.T) {
 			times[c.name], r.worst("longest_call_ms"), r.wall.Seconds())
 	}
 	evidence("connect:", "comms=8 intra_s=%.3f inter_s=%.3f", times["intra"], times["inter"])
+}
+
+// TestBenchConnect8: TestScaleConnect's setup of 4 + 4 comms (the first of two rounds, the
+// worst side), inside island A (a1 <-> a2) and across islands (a1 <-> b1), benchPairs() times,
+// each beside the net_ib reference when it is built (harness_netib_test.go; which of the two
+// goes first alternates). Prints the medians in CI's connect: line (with the reference's
+// fields added) and, per case, the ratio to the reference with its interval and both
+// plugins' CPU time and context switches (both processes of the pair, from the driver's
+// connect-phases: line): the VM's two CPUs are shared by both processes, so a setup's CPU
+// is what sets its time there.
+func TestBenchConnect8(t *testing.T) {
+	lab := benchOrSkip(t)
+	defer benchClock(t)()
+	a1 := lab.Node("a1")
+	unders := []underTest{mpibUnderTest}
+	if netibRef(t) {
+		unders = append(unders, netibUnderTest)
+	}
+	cases := []struct {
+		name   string
+		server *Node
+	}{{"intra", lab.Node("a2")}, {"inter", lab.Node("b1")}}
+	type sample struct{ s, cpuMS, ctxsw []float64 }
+	got := map[string]*sample{}
+	for pair := 0; pair < benchPairs(); pair++ {
+		for _, c := range cases {
+			for i := range unders {
+				u := unders[(pair+i)%len(unders)]
+				r := runScaleOf(t, u, c.server, a1, "connect", 4, 2, 3*time.Minute, "--report-every", "1")
+				if !r.ok() {
+					t.Fatalf("%s connect %s (a1 <-> %s) failed:\n%s\n%s", u.name, c.name, c.server.Name(), r.diag(), r.res)
+				}
+				k := u.name + " " + c.name
+				if got[k] == nil {
+					got[k] = &sample{}
+				}
+				var cpu, sw float64
+				for _, out := range []string{r.res.serverOut, r.res.clientOut} {
+					ph := kv.First(out, "connect-phases:")
+					cpu += ph.Float("setup_cpu_ms")
+					sw += ph.Float("setup_ctxsw")
+				}
+				got[k].s, got[k].cpuMS, got[k].ctxsw = append(got[k].s, r.worst("total_s")), append(got[k].cpuMS, cpu), append(got[k].ctxsw, sw)
+			}
+		}
+	}
+	line := fmt.Sprintf("comms=8 intra_s=%.3f inter_s=%.3f pairs=%d", median(got["mpib intra"].s), median(got["mpib inter"].s), benchPairs())
+	var figs []figure
+	for _, c := range cases {
+		m := got["mpib "+c.name]
+		note := fmt.Sprintf("a1 <-> %s, first round; CPU of both processes %.0f ms, %.0f context switches", c.server.Name(), median(m.cpuMS), median(m.ctxsw))
+		f := figure{Name: "connect", Key: "comms=8 case=" + c.name, Plugin: median(m.s), Unit: "s", Note: note}
+		if n := got["netib "+c.name]; n != nil {
+			f = ratioFigure("connect", f.Key, "s", m.s, n.s)
+			f.Note = note + fmt.Sprintf("; reference: net_ib's port (nccl-rdma-sharp-plugins, one rail) %.0f ms of CPU, %.0f context switches", median(n.cpuMS), median(n.ctxsw))
+			line += fmt.Sprintf(" netib_%s_s=%.3f", c.name, median(n.s))
+			evidence("connect-netib:", "case=%s mpib_s=%.3f netib_s=%.3f ratio=%.3f ci_low=%.3f ci_high=%.3f mpib_cpu_ms=%.0f netib_cpu_ms=%.0f mpib_ctxsw=%.0f netib_ctxsw=%.0f pairs=%d",
+				c.name, f.Plugin, f.Ref, f.Ratio, f.CILow, f.CIHigh, median(m.cpuMS), median(n.cpuMS), median(m.ctxsw), median(n.ctxsw), f.Pairs)
+		}
+		figs = append(figs, f)
+	}
+	evidence("connect:", "%s", line)
+	saveFigures(t, "connect8", figs)
 }
 
 // TestAddressChange: addresses change while jobs run (an operator renumbering a rail, a DHCP
@@ -384,10 +454,24 @@ func TestBenchMemory256(t *testing.T) {
 	if qps <= 0 || cqs <= 0 {
 		t.Fatalf("rdma res did not count this node's verbs objects: %v", res)
 	}
-	evidence("memory:", "comms=%d rss_kib_per_pair=%.0f qps_per_pair=%.1f cqs=%.0f srqs=%.0f cqs_per_pair=%.1f verbs_kib_per_pair=%.0f other_kib_per_pair=%.0f side=%s target_kib=360 ratio=%.2f",
-		n, perPair, qps/n, cqs, srqs, cqs/n, res.Float("rss_verbs_connected_kib")/n,
-		perPair-res.Float("rss_verbs_connected_kib")/n, []string{"server", "client"}[worst], perPair/360)
-	saveFigures(t, "memory", []figure{{Name: "memory", Key: fmt.Sprintf("comms=%d", n), Plugin: perPair, Unit: "KiB per send+recv pair",
+	fig := figure{Name: "memory", Key: fmt.Sprintf("comms=%d", n), Plugin: perPair, Unit: "KiB per send+recv pair",
 		Note: fmt.Sprintf("verbs rings %.0f KiB per pair; %.1f QPs and %.1f CQs per pair; %.0f SRQs in the process",
-			res.Float("rss_verbs_connected_kib")/n, qps/n, cqs/n, srqs)}})
+			res.Float("rss_verbs_connected_kib")/n, qps/n, cqs/n, srqs)}
+	vsNetib := ""
+	if netibRef(t) { // the same run of the reference, right after
+		nr := runScaleOf(t, netibUnderTest, a2, a1, "resources", n, 1, 10*time.Minute, "--rdma-res")
+		if !nr.ok() {
+			t.Fatalf("the net_ib reference's %d connections failed after %.0f s:\n%s", n, nr.wall.Seconds(), nr.diag())
+		}
+		ref := math.Max(nr.resources[0].Float("per_conn_kib"), nr.resources[1].Float("per_conn_kib"))
+		note := fig.Note
+		fig = ratioFigure("memory", fig.Key, fig.Unit, []float64{perPair}, []float64{ref})
+		fig.Note = note + fmt.Sprintf("; reference: net_ib's port (nccl-rdma-sharp-plugins, one rail), the same run right after: %.1f QPs per pair",
+			math.Max(nr.resources[0].Float("qps_grown"), nr.resources[1].Float("qps_grown"))/n)
+		vsNetib = fmt.Sprintf(" netib_kib_per_pair=%.0f vs_netib=%.2f", ref, perPair/ref)
+	}
+	evidence("memory:", "comms=%d rss_kib_per_pair=%.0f qps_per_pair=%.1f cqs=%.0f srqs=%.0f cqs_per_pair=%.1f verbs_kib_per_pair=%.0f other_kib_per_pair=%.0f side=%s target_kib=360 ratio=%.2f%s",
+		n, perPair, qps/n, cqs, srqs, cqs/n, res.Float("rss_verbs_connected_kib")/n,
+		perPair-res.Float("rss_verbs_connected_kib")/n, []string{"server", "client"}[worst], perPair/360, vsNetib)
+	saveFigures(t, "memory", []figure{fig})
 }

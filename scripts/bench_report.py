@@ -24,7 +24,7 @@ TARGETS = {
     "memory": "<= 360 KiB per pair",
     "mesh-bw": ">= 0.95 direct, >= 0.90 routed; all-pairs >= 2.7, parallel >= 1.8 (vs one link)",
 }
-NAMES = ("p1", "p2", "p3", "p4", "p5", "scale", "memory", "mesh")
+NAMES = ("p1", "p2", "p3", "p4", "p5", "connect8", "scale", "memory", "mesh")
 
 
 def load(d: pathlib.Path, name: str) -> list:
