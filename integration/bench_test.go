@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpib/mpib/integration/benchstat"
 	"github.com/mpib/mpib/integration/callgrind"
 	"github.com/mpib/mpib/integration/perftest"
 )
@@ -389,41 +390,54 @@ func perftestLatOnce(t *testing.T, server, client *Node, iters int) string {
 // callgrind: every call nettest makes to isend and test (polls that find nothing included),
 // inclusive of what they call, divided by the messages sent. Go's asynchronous preemption
 // signals trip a callgrind assertion, so the run turns them off (the data path is C and
-// never meets the Go scheduler). Vanilla, then advanced mode (MPIB_MODE=1) with the agent's
-// segment and heartbeat live on the sender, so that every request reads its hint. When the
-// net_ib reference is built (harness_netib_test.go), vanilla runs three times, each followed
-// by the reference, and the vanilla figure is the ratio of the two with its interval: how
-// many calls find nothing moves from run to run, in both plugins alike.
+// never meets the Go scheduler). Vanilla three times, each followed by the net_ib reference
+// when it is built (harness_netib_test.go), then advanced mode (MPIB_MODE=1) three times
+// with the agent's segment and heartbeat live on the sender, so that every request reads its
+// hint. How many calls find nothing moves from run to run, so each mode's runs are also
+// fitted (benchstat.FitCalls) into what one call of each kind costs, printed as P4-calls:
+// lines (advanced mode's with over_vanilla), and with the reference the vanilla figure is
+// the ratio of the two plugins' runs.
 func TestBenchP4InstructionsPerMessage(t *testing.T) {
 	lab := benchOrSkip(t)
 	ref := netibRef(t)
-	pairs := 1
-	if ref {
-		pairs = min(benchPairs(), 3)
-	}
-	defer benchClockPairs(t, pairs)() // one callgrind run per mode and pair
+	pairs := min(benchPairs(), 3)
+	defer benchClockPairs(t, pairs)() // one callgrind run per plugin and pair
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	var vanilla, netib []float64
+	var vanilla, netib []p4Run
 	var notes []string
 	for range pairs {
 		v := callgrindPerMessage(ctx, t, mpibUnderTest, a2, a1, "vanilla", nil)
-		vanilla, notes = append(vanilla, v.Plugin), append(notes, v.Note)
+		vanilla, notes = append(vanilla, v), append(notes, v.note())
 		if ref {
 			n := callgrindPerMessage(ctx, t, netibUnderTest, a2, a1, "netib", nil)
-			netib, notes = append(netib, n.Plugin), append(notes, "reference "+n.Note)
+			netib, notes = append(netib, n), append(notes, "reference "+n.note())
 		}
 	}
-	van := figure{Name: "P4", Key: "size=4096 mode=vanilla", Mode: "vanilla", Plugin: median(vanilla), Unit: "instructions"}
+	perMessage := func(runs []p4Run) []float64 {
+		var xs []float64
+		for _, r := range runs {
+			xs = append(xs, r.perMessage())
+		}
+		return xs
+	}
+	van := figure{Name: "P4", Key: "size=4096 mode=vanilla", Mode: "vanilla", Plugin: median(perMessage(vanilla)), Unit: "instructions"}
+	vanNote, vanFit := p4Fit("vanilla", vanilla, 0)
+	fits := []string{vanNote}
 	if ref {
-		van = ratioFigure("P4", van.Key, "instructions", vanilla, netib)
+		van = ratioFigure("P4", van.Key, "instructions", perMessage(vanilla), perMessage(netib))
 		van.Mode = "vanilla"
 		evidence("P4", "size=4096 mode=vanilla instructions_per_message=%.0f netib_instructions_per_message=%.0f ratio_vs_netib=%.3f ci_low=%.3f ci_high=%.3f pairs=%d",
 			van.Plugin, van.Ref, van.Ratio, van.CILow, van.CIHigh, van.Pairs)
+		netNote, netFit := p4Fit("netib", netib, 0)
+		if vanFit > 0 && netFit > 0 {
+			netNote += fmt.Sprintf(" (MPIB vanilla %.2f of it)", vanFit/netFit)
+		}
+		fits = append(fits, netNote)
 		notes = append([]string{"reference: net_ib's port (nccl-rdma-sharp-plugins, one rail)"}, notes...)
 	}
-	van.Note = strings.Join(notes, "; ")
+	van.Note = strings.Join(append(fits, notes...), "; ")
 	a1.Exec(ctx, nil, "rm", "-f", segPath)
 	goAgent.run(ctx, t, a1, "create")
 	beat, err := a1.Start(ctx, nil, goAgent.cmd[0], "heartbeat", "--path", segPath)
@@ -431,13 +445,56 @@ func TestBenchP4InstructionsPerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer beat.Kill(context.Background())
-	adv := callgrindPerMessage(ctx, t, mpibUnderTest, a2, a1, "advanced", []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath})
-	saveFigures(t, "p4", []figure{van, adv})
+	var advanced []p4Run
+	notes = nil
+	for range pairs {
+		a := callgrindPerMessage(ctx, t, mpibUnderTest, a2, a1, "advanced", []string{"MPIB_MODE=1", "MPIB_SHM_PATH=" + segPath})
+		advanced, notes = append(advanced, a), append(notes, a.note())
+	}
+	advNote, _ := p4Fit("advanced", advanced, vanFit)
+	saveFigures(t, "p4", []figure{van, {Name: "P4", Key: "size=4096 mode=advanced", Mode: "advanced", Plugin: median(perMessage(advanced)),
+		Unit: "instructions", Note: strings.Join(append([]string{advNote}, notes...), "; ")}})
+}
+
+// p4Run is one P4 count: per message, the calls of each kind and their instructions.
+type p4Run struct{ isendCalls, isendIr, testCalls, testIr float64 }
+
+func (r p4Run) perMessage() float64 { return r.isendIr + r.testIr }
+
+func (r p4Run) note() string {
+	return fmt.Sprintf("%.0f per message, per call: isend %.0f, test %.0f; calls per message: isend %.2f, test %.2f",
+		r.perMessage(), r.isendIr/r.isendCalls, r.testIr/r.testCalls, r.isendCalls, r.testCalls)
+}
+
+// p4Fit prints and returns (for the figure's note) what one call of each kind cost over runs
+// of one plugin: a posting isend and each isend that found no CTS, a completing test and each
+// test that found nothing, and a message without such calls, which it also returns (0: no
+// fit). vanilla, when not 0, is vanilla mode's message, and the line adds over_vanilla.
+func p4Fit(mode string, runs []p4Run, vanilla float64) (string, float64) {
+	var ic, ii, tc, ti []float64
+	for _, r := range runs {
+		ic, ii, tc, ti = append(ic, r.isendCalls), append(ii, r.isendIr), append(tc, r.testCalls), append(ti, r.testIr)
+	}
+	is, ok1 := benchstat.FitCalls(ic, ii)
+	ts, ok2 := benchstat.FitCalls(tc, ti)
+	if !ok1 || !ok2 {
+		evidence("P4-calls:", "mode=%s runs=%d fit=none (fewer than two runs, or their calls per message did not vary)", mode, len(runs))
+		return mode + ": no fit", 0
+	}
+	msg := is.First + ts.First
+	over := ""
+	if vanilla > 0 {
+		over = fmt.Sprintf(" over_vanilla=%.0f", msg-vanilla)
+	}
+	evidence("P4-calls:", "mode=%s isend_posting=%.0f isend_empty=%.0f test_completing=%.0f test_pending=%.0f per_message_without_empty_calls=%.0f runs=%d%s",
+		mode, is.First, is.Each, ts.First, ts.Each, msg, len(runs), over)
+	return fmt.Sprintf("%s, fitted over its runs: a posting isend %.0f, an empty one %.0f, a completing test %.0f, a pending one %.0f; a message without empty calls %.0f",
+		mode, is.First, is.Each, ts.First, ts.Each, msg), msg
 }
 
 // callgrindPerMessage runs one P4 count of plugin u (mode names it in the evidence: vanilla,
-// advanced or netib) and returns its figure.
-func callgrindPerMessage(ctx context.Context, t *testing.T, u underTest, server, client *Node, mode string, env []string) figure {
+// advanced or netib).
+func callgrindPerMessage(ctx context.Context, t *testing.T, u underTest, server, client *Node, mode string, env []string) p4Run {
 	t.Helper()
 	const iters = 2000
 	const out = "/tmp/mpib.callgrind"
@@ -483,10 +540,8 @@ func callgrindPerMessage(ctx context.Context, t *testing.T, u underTest, server,
 	evidence("P4", "size=4096 instructions_per_message=%.0f mode=%s isend_ir_per_call=%.0f test_ir_per_call=%.0f isend_calls_per_message=%.2f test_calls_per_message=%.2f messages=%d",
 		perMsg, mode, float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
 		float64(isend.Calls)/iters, float64(test.Calls)/iters, iters)
-	return figure{Name: "P4", Key: "size=4096 mode=" + mode, Mode: mode, Plugin: perMsg, Unit: "instructions",
-		Note: fmt.Sprintf("%.0f per message, per call: isend %.0f, test %.0f; calls per message: isend %.2f, test %.2f", perMsg,
-			float64(isend.Ir)/float64(isend.Calls), float64(test.Ir)/float64(test.Calls),
-			float64(isend.Calls)/iters, float64(test.Calls)/iters)}
+	return p4Run{isendCalls: float64(isend.Calls) / iters, isendIr: float64(isend.Ir) / iters,
+		testCalls: float64(test.Calls) / iters, testIr: float64(test.Ir) / iters}
 }
 
 // p4Entries names plugin u's isend and test as the v11 table reaches them: for MPIB a

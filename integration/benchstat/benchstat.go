@@ -95,3 +95,36 @@ func Summarize(xs []float64) Summary {
 	m, lo, hi := MedianCI(xs, Conf, Resamples, Seed)
 	return Summary{Median: m, Lo: lo, Hi: hi, N: len(xs)}
 }
+
+// CallFit is one kind of plugin call split by what it found: First, what the call that does
+// the work costs, and Each, what every further call per unit costs (P4: a posting isend and
+// each isend that finds no CTS; a completing test and each test that finds nothing).
+type CallFit struct{ First, Each float64 }
+
+// FitCalls fits cost = First + (calls - 1) × Each by least squares over runs that made calls[i]
+// calls per message at cost[i] per message. How many calls find nothing moves from run to
+// run, so runs of one build give the line; false when there are fewer than two runs, the
+// slices differ in length, or the calls do not vary.
+func FitCalls(calls, cost []float64) (CallFit, bool) {
+	n := len(calls)
+	if n < 2 || len(cost) != n {
+		return CallFit{}, false
+	}
+	var mx, my float64
+	for i := range calls {
+		mx += calls[i] - 1
+		my += cost[i]
+	}
+	mx, my = mx/float64(n), my/float64(n)
+	var sxx, sxy float64
+	for i := range calls {
+		dx := calls[i] - 1 - mx
+		sxx += dx * dx
+		sxy += dx * (cost[i] - my)
+	}
+	if sxx < 1e-6 {
+		return CallFit{}, false
+	}
+	each := sxy / sxx
+	return CallFit{First: my - each*mx, Each: each}, true
+}

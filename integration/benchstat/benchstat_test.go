@@ -100,3 +100,26 @@ func TestSummarize(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+func TestFitCalls(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		calls, cost []float64
+		want        CallFit
+		ok          bool
+	}{
+		{"exact line", []float64{1, 2, 3}, []float64{700, 780, 860}, CallFit{700, 80}, true},
+		{"one call per message", []float64{1, 1.5}, []float64{900, 950}, CallFit{900, 100}, true},
+		// P4's isend, three runs of MPIB vanilla in one boot (calls, instructions per message):
+		// the posting call about 909, each call that found no CTS about 50.
+		{"lab runs", []float64{2.45, 1.61, 2.06}, []float64{2.45 * 401, 1.61 * 584, 2.06 * 467}, CallFit{909, 50}, true},
+		{"one run", []float64{2}, []float64{900}, CallFit{}, false},
+		{"calls do not vary", []float64{2, 2, 2}, []float64{900, 910, 890}, CallFit{}, false},
+		{"lengths differ", []float64{1, 2}, []float64{900}, CallFit{}, false},
+	} {
+		got, ok := FitCalls(c.calls, c.cost)
+		if ok != c.ok || math.Abs(got.First-c.want.First) > 1 || math.Abs(got.Each-c.want.Each) > 1 {
+			t.Errorf("%s: FitCalls = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -22,8 +22,9 @@ import (
 // pair runner (harness_pair_test.go), lab faults and their restore (harness_fault_test.go),
 // the plugin environment builder (harness_env_test.go), evidence lines and the parsers of the
 // plugin's and the driver's lines (harness_evidence_test.go), the agents' CLIs and gates
-// (harness_agent_test.go), mesh ports and counters (harness_mesh_test.go) and the benchmarks'
-// figures (harness_bench_test.go). Every other file is a feature file.
+// (harness_agent_test.go), mesh ports and counters (harness_mesh_test.go), the benchmarks'
+// figures (harness_bench_test.go) and the plugins they drive, MPIB and net_ib's port
+// (harness_netib_test.go). Every other file is a feature file.
 var harnessFiles = []string{
 	"harness.go",
 	"node.go",
@@ -39,6 +40,7 @@ var harnessFiles = []string{
 	"harness_agent_test.go",
 	"harness_mesh_test.go",
 	"harness_bench_test.go",
+	"harness_netib_test.go",
 }
 
 // decls is what one file declares at package level.
