@@ -3,6 +3,7 @@ package integration
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -29,12 +30,12 @@ var mpibUnderTest = underTest{name: "mpib", lib: pluginLib, env: pluginEnv}
 
 // netibUnderTest is the net_ib reference on the node's SOUT device (one rail: what net_ib
 // drives), its control connections on that rail's netdev, and the lab's RC timeout
-// (labRetransmitTimeout's 16, NCCL_IB_TIMEOUT's scale).
+// (labRetransmitTimeout's value: NCCL_IB_TIMEOUT has the same scale).
 var netibUnderTest = underTest{name: "netib", lib: NodeBuildDir + "/" + netibRefFile, env: netibEnv}
 
 func netibEnv(n *Node, extra ...string) []string {
 	return append([]string{"NCCL_IB_HCA==" + n.Dev(SOUT), "NCCL_SOCKET_IFNAME=" + n.Netdev(SOUT), "NCCL_DEBUG=WARN",
-		"NCCL_IB_TIMEOUT=16"}, extra...)
+		"NCCL_IB_TIMEOUT=" + strings.TrimPrefix(labRetransmitTimeout, "MPIB_IB_TIMEOUT=")}, extra...)
 }
 
 // netibRef reports whether the reference is built (the tests run in integration/, beside

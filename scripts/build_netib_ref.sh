@@ -4,7 +4,8 @@
 # SHARP, no UCX), from a checkout SRC of https://github.com/Mellanox/nccl-rdma-sharp-plugins
 # into the shared library OUT. `go run mage.go bench` runs it when MPIB_NETIB_REF_SRC names the
 # checkout, and the lab benchmarks then measure it beside MPIB in the same boot
-# (docs/benchmarks.md, "The net_ib reference").
+# (docs/benchmarks.md: "net_ib's port, the reference for connect, memory and P4", and "net_ib's
+# port beside MPIB").
 #
 # It compiles the checkout's own sources with gcc, not its autotools build, so that it needs
 # only what building MPIB needs (gcc, rdma-core's headers and libraries):
