@@ -50,6 +50,8 @@ func recoverGoroutine(name string) {
 // becomes its error. handshake itself recovers the steps that own a comm and a socket, so that
 // those are freed; this catches the rest.
 func guardHandshake(fn func() (*C.struct_mpib_comm, error)) (comm *C.struct_mpib_comm, err error) {
+	handshakeBegins() // the idle trim waits for it (threads.go)
+	defer handshakeEnds()
 	defer func() {
 		if r := recover(); r != nil {
 			warnf("handshake: Go panic: %v\n%s", r, debug.Stack())

@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,7 +36,7 @@ import (
 //     (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
-//     trimAfter, lowers GOMAXPROCS to restProcs and ends the idle ones the same way, so the
+//     trimAfter with no handshake running, lowers GOMAXPROCS to restProcs and ends the idle ones the same way, so the
 //     threads at rest do not depend on what ran before: the runtime's first thread, sysmon,
 //     its template thread and the one waiting in the netpoller;
 //   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
@@ -124,8 +125,8 @@ func slowCall[T any](fn func() T) T {
 	return fn()
 }
 
-// trimAfter is how long the control plane stays idle (no slow C call, no close) before the
-// idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
+// trimAfter is how long the control plane stays idle (no slow C call, no close, no handshake
+// ending, none running) before the idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
 // the threads that made or stood in for the calls in C, one per P, a spare).
 const trimAfter = 200 * time.Millisecond
 
@@ -158,19 +159,48 @@ func noteActivity() {
 // runtime takes idle ones before it makes one), locks it and returns, which ends it. The
 // runtime makes again what the next burst needs.
 func trimIdleThreads() {
+	trim.mu.Lock()
+	if handshakesInFlight.Load() > 0 {
+		trim.timer.Reset(trimAfter) // the last handshake's end arms it again too
+		trim.mu.Unlock()
+		return
+	}
 	if procsOwned {
-		trim.mu.Lock()
 		trim.atRest = true
 		runtime.GOMAXPROCS(restProcs)
-		trim.mu.Unlock()
 	}
-	var wg sync.WaitGroup
-	for range trimThreads() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		}()
+	trim.mu.Unlock()
+	for range trimPasses {
+		var wg sync.WaitGroup
+		for range trimThreads() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+}
+
+// trimPasses is how many rounds of thread-ending goroutines a trim runs. Each ended thread
+// hands its P to an idle thread, or to a new one once none is idle, and a thread that was
+// busy while a round started (the timer's, one leaving the netpoller) goes idle during it:
+// after one round, one idle thread is often left (GODEBUG=schedtrace shows idlethreads=1),
+// after a second, none.
+const trimPasses = 2
+
+// handshakesInFlight counts the handshakes running (guardHandshake). The trim waits for
+// none: while one runs, the control plane is not at rest even when no slow call started for
+// trimAfter (hundreds of handshakes queued for two Ps in a 512-connection burst), and ending
+// threads then only makes the runtime start them again, with one P fewer for the burst.
+var handshakesInFlight atomic.Int32
+
+// handshakeBegins and handshakeEnds bracket a handshake (guardHandshake); the end arms the
+// trim, as a slow call does.
+func handshakeBegins() { handshakesInFlight.Add(1) }
+
+func handshakeEnds() {
+	handshakesInFlight.Add(-1)
+	noteActivity()
 }

@@ -1,0 +1,46 @@
+// threads_test.go: the idle trim waits for the handshakes in flight.
+
+package main
+
+import (
+	"runtime"
+	"testing"
+)
+
+// A trim that fires while a handshake runs (a burst that started no slow call for trimAfter)
+// leaves the Ps and threads alone and is armed again; once the last handshake ends, the trim
+// rests the control plane.
+func TestTrimWaitsForHandshakes(t *testing.T) {
+	if !procsOwned {
+		t.Skip("GOMAXPROCS is set in the environment: MPIB leaves it alone, and this test reads it")
+	}
+	defer func() {
+		trim.mu.Lock()
+		trim.timer.Stop()
+		trim.mu.Unlock()
+		noteActivity() // the Ps back for the tests after this one
+		trim.mu.Lock()
+		trim.timer.Stop()
+		trim.mu.Unlock()
+	}()
+	handshakeBegins()
+	noteActivity()
+	trimIdleThreads()
+	if trim.atRest || runtime.GOMAXPROCS(0) != controlPlaneProcs {
+		t.Fatalf("trimmed with a handshake in flight: at rest %v, GOMAXPROCS %d", trim.atRest, runtime.GOMAXPROCS(0))
+	}
+	trim.mu.Lock()
+	armed := trim.timer.Stop()
+	trim.mu.Unlock()
+	if !armed {
+		t.Fatal("a trim deferred by a handshake in flight was not armed again")
+	}
+	handshakeEnds()
+	if handshakesInFlight.Load() != 0 {
+		t.Fatalf("handshakes in flight after the last one ended: %d", handshakesInFlight.Load())
+	}
+	trimIdleThreads()
+	if !trim.atRest || runtime.GOMAXPROCS(0) != restProcs {
+		t.Fatalf("no handshake in flight, but not at rest after the trim: at rest %v, GOMAXPROCS %d", trim.atRest, runtime.GOMAXPROCS(0))
+	}
+}
