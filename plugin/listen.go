@@ -257,6 +257,7 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
 		l.mu.Unlock()
 	}
 	C.mpib_listen_comm_free(lc)
+	noteActivity() // the accept loop's exit may have made the runtime start a thread (threads.go)
 	return C.int(resSuccess)
 }
 

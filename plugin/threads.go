@@ -155,15 +155,26 @@ func noteActivity() {
 	}
 }
 
-// trimIdleThreads ends the runtime's idle threads: each goroutine runs on an idle thread (the
-// runtime takes idle ones before it makes one), locks it and returns, which ends it. The
-// runtime makes again what the next burst needs.
+// trimIdleThreads, the trim timer's function, ends the runtime's idle threads (trimNow) and
+// then the thread it ran on: the timer's goroutine exits locked to it. Left running, that
+// thread would find no work once the trim is done and stay, idle, beside the one waiting in
+// the netpoller.
 func trimIdleThreads() {
+	if trimNow() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the timer's goroutine
+	}
+}
+
+// trimNow rests the control plane unless a handshake runs (then it arms the trim again and
+// returns false): GOMAXPROCS goes to restProcs, and each goroutine it starts runs on an idle
+// thread (the runtime takes idle ones before it makes one), locks it and returns, which ends
+// it. The runtime makes again what the next burst needs.
+func trimNow() bool {
 	trim.mu.Lock()
 	if handshakesInFlight.Load() > 0 {
 		trim.timer.Reset(trimAfter) // the last handshake's end arms it again too
 		trim.mu.Unlock()
-		return
+		return false
 	}
 	if procsOwned {
 		trim.atRest = true
@@ -181,6 +192,7 @@ func trimIdleThreads() {
 		}
 		wg.Wait()
 	}
+	return true
 }
 
 // trimPasses is how many rounds of thread-ending goroutines a trim runs. Each ended thread

@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// A trim that fires while a handshake runs (a burst that started no slow call for trimAfter)
-// leaves the Ps and threads alone and is armed again; once the last handshake ends, the trim
-// rests the control plane.
+// A trim (trimNow) that fires while a handshake runs (a burst that started no slow call for
+// trimAfter) leaves the Ps and threads alone and is armed again; once the last handshake ends,
+// the trim rests the control plane.
 func TestTrimWaitsForHandshakes(t *testing.T) {
 	if !procsOwned {
 		t.Skip("GOMAXPROCS is set in the environment: MPIB leaves it alone, and this test reads it")
@@ -25,7 +25,9 @@ func TestTrimWaitsForHandshakes(t *testing.T) {
 	}()
 	handshakeBegins()
 	noteActivity()
-	trimIdleThreads()
+	if trimNow() {
+		t.Error("trimNow said it rested the control plane with a handshake in flight")
+	}
 	if trim.atRest || runtime.GOMAXPROCS(0) != controlPlaneProcs {
 		t.Fatalf("trimmed with a handshake in flight: at rest %v, GOMAXPROCS %d", trim.atRest, runtime.GOMAXPROCS(0))
 	}
@@ -39,7 +41,9 @@ func TestTrimWaitsForHandshakes(t *testing.T) {
 	if handshakesInFlight.Load() != 0 {
 		t.Fatalf("handshakes in flight after the last one ended: %d", handshakesInFlight.Load())
 	}
-	trimIdleThreads()
+	if !trimNow() {
+		t.Error("trimNow said it did not rest the control plane with no handshake in flight")
+	}
 	if !trim.atRest || runtime.GOMAXPROCS(0) != restProcs {
 		t.Fatalf("no handshake in flight, but not at rest after the trim: at rest %v, GOMAXPROCS %d", trim.atRest, runtime.GOMAXPROCS(0))
 	}
