@@ -36,9 +36,10 @@ import (
 //     (plus one GID read per NIC);
 //   - while a call blocks in C, the runtime hands its P to another thread, made if none is
 //     idle, and keeps that one. trimIdleThreads, run once the control plane has been idle for
-//     trimAfter with no handshake running, lowers GOMAXPROCS to restProcs and ends the idle ones the same way, so the
-//     threads at rest do not depend on what ran before: the runtime's first thread, sysmon,
-//     its template thread and the one waiting in the netpoller;
+//     trimAfter with no handshake running, lowers GOMAXPROCS to restProcs and ends the idle
+//     ones the same way, so the threads at rest do not depend on what ran before: the
+//     runtime's first thread, sysmon, its template thread and the one waiting in the
+//     netpoller;
 //   - the fast C calls (a log line under logMu, the agent segment under agent.mu, the pending
 //     table, atomics) take no slot and do not arm the trim: each lock lets one at a time into C.
 // Calls from NCCL's own threads (init, regMr, closeSend/closeRecv/closeListen, finalize) run
@@ -126,8 +127,9 @@ func slowCall[T any](fn func() T) T {
 }
 
 // trimAfter is how long the control plane stays idle (no slow C call, no close, no handshake
-// ending, none running) before the idle threads are ended; trimThreads is how many (an upper bound on what the pool holds:
-// the threads that made or stood in for the calls in C, one per P, a spare).
+// ending, none running) before the idle threads are ended; trimThreads is how many (an upper
+// bound on what the pool holds: the threads that made or stood in for the calls in C, one per
+// P, a spare).
 const trimAfter = 200 * time.Millisecond
 
 func trimThreads() int {
