@@ -69,6 +69,9 @@ func Build(ctx context.Context, cfg Config) (*Image, error) {
 }
 
 func build(ctx context.Context, cfg Config) (*Image, error) {
+	if err := ensureQEMU(ctx, cfg); err != nil { // the prime boot and every later one
+		return nil, err
+	}
 	if img, ok := CachedImage(cfg); ok {
 		cfg.logf("image %s cached (kernel %s)", img.Dir, img.Manifest.KernelVersion)
 		return img, nil
