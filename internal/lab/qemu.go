@@ -73,9 +73,10 @@ const backportsSourcesFile = "/etc/apt/sources.list.d/mpib-lab-backports.list"
 
 // ensureQEMU makes sure the VM runs under a QEMU of at least minQEMU. As root it installs
 // qemu-system-x86 with apt from the host release's backports (which fall back to the release
-// itself for a release whose own QEMU is new enough); without root, or when no newer QEMU can
-// be had, an older QEMU that is present is used with a warning: the lab works, but each new
-// process in it pays for translating its code again.
+// itself for a release whose own QEMU is new enough), or from the release when its backports
+// cannot be had; without root, or when no newer QEMU can be had, an older QEMU that is
+// present is used with a warning: the lab works, but each new process in it pays for
+// translating its code again.
 func ensureQEMU(ctx context.Context, cfg Config) error {
 	if v, ok := installedQEMU(ctx); ok && v.atLeast(minQEMU) {
 		return nil
@@ -83,6 +84,11 @@ func ensureQEMU(ctx context.Context, cfg Config) error {
 	if os.Geteuid() == 0 {
 		if err := installQEMU(ctx, cfg); err != nil {
 			cfg.logf("installing QEMU >= %v: %v", minQEMU, err)
+			if _, ok := installedQEMU(ctx); !ok { // the release's own, then, rather than none
+				if err := ensureHostTools(ctx, cfg, []hostTool{{"qemu-system-x86_64", "qemu-system-x86"}}); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	v, ok := installedQEMU(ctx)
