@@ -15,8 +15,8 @@ type hostTool struct{ cmd, pkg string }
 // nodeTools build the node image; vmTools also the VM image.
 var nodeTools = []hostTool{{"debootstrap", "debootstrap"}, {"tar", "tar"}}
 
+// QEMU is not among them: ensureQEMU, which runs first, installs it at its minimum version.
 var vmTools = []hostTool{
-	{"qemu-system-x86_64", "qemu-system-x86"},
 	{"debootstrap", "debootstrap"},
 	{"cpio", "cpio"},
 	{"mkfs.ext4", "e2fsprogs"},
@@ -53,10 +53,23 @@ func ensureHostTools(ctx context.Context, cfg Config, tools []hostTool) error {
 			strings.Join(missing, " "))
 	}
 	cfg.logf("installing host tools: %s", strings.Join(missing, " "))
-	env := []string{"DEBIAN_FRONTEND=noninteractive"}
-	if err := run(ctx, env, "apt-get", "update", "-qq"); err != nil {
+	if err := aptUpdate(ctx); err != nil {
 		return err
 	}
-	args := append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)
-	return run(ctx, env, "apt-get", args...)
+	return aptInstall(ctx, "", missing...)
+}
+
+var aptEnv = []string{"DEBIAN_FRONTEND=noninteractive"}
+
+// aptUpdate reads the package indexes of every configured source.
+func aptUpdate(ctx context.Context) error { return run(ctx, aptEnv, "apt-get", "update", "-qq") }
+
+// aptInstall installs pkgs without their recommendations, from release (apt-get -t) when it
+// is not "".
+func aptInstall(ctx context.Context, release string, pkgs ...string) error {
+	args := []string{"install", "-y", "-qq", "--no-install-recommends"}
+	if release != "" {
+		args = append(args, "-t", release)
+	}
+	return run(ctx, aptEnv, "apt-get", append(args, pkgs...)...)
 }

@@ -14,10 +14,11 @@ import (
 // CPU time in that VM. QEMU before 8.0 keys each translated block of x86 code by its virtual
 // address. Every process maps its libraries at an address of its own (ASLR), so a new process
 // translates again every code path it runs for the first time: in the lab, a fresh
-// process's first 8 connections took 0.38-0.57 s on QEMU 7.2, 0.22-0.33 s with ASLR off, and
-// its second 8 took 0.18-0.40 s. From 8.0 a block is keyed by its physical page (CF_PCREL),
-// so every process that maps the same library page reuses it, as a real CPU needs no
-// translation at all: 0.20-0.34 s for the first 8 on QEMU 10.0 (docs/benchmarks.md).
+// process's first 4 + 4 connections took 0.38-0.57 s on QEMU 7.2 (its second 4 + 4, 0.22-0.40
+// s), and 0.22-0.29 s with ASLR off once an earlier process had run at the same addresses.
+// From 8.0 a block is keyed by its physical page (CF_PCREL), so every process that maps the
+// same library page reuses it, and a real CPU needs no translation at all: 0.20-0.34 s for
+// the first 4 + 4 on QEMU 10.0 (docs/benchmarks.md, "The first round and QEMU").
 // Debian bookworm ships 7.2, and its backports 10.0.
 var minQEMU = qemuVersion{8, 0}
 
@@ -115,11 +116,10 @@ func installQEMU(ctx context.Context, cfg Config) error {
 	if err := os.WriteFile(backportsSourcesFile, []byte(line), 0o644); err != nil {
 		return err
 	}
-	env := []string{"DEBIAN_FRONTEND=noninteractive"}
-	if err := run(ctx, env, "apt-get", "update", "-qq"); err != nil {
+	if err := aptUpdate(ctx); err != nil {
 		os.Remove(backportsSourcesFile) // a release without backports: leave apt as it was
 		return err
 	}
 	cfg.logf("installing qemu-system-x86 from %s-backports (QEMU >= %v)", codename, minQEMU)
-	return run(ctx, env, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "-t", codename+"-backports", "qemu-system-x86")
+	return aptInstall(ctx, codename+"-backports", "qemu-system-x86")
 }
