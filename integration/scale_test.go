@@ -197,7 +197,7 @@ func TestBenchConnect8(t *testing.T) {
 		name   string
 		server *Node
 	}{{"intra", lab.Node("a2")}, {"inter", lab.Node("b1")}}
-	type sample struct{ s, cpuMS, sysMS, ctxsw []float64 }
+	type sample struct{ s, cpuMS, sysMS, ctxsw, caller, busiest []float64 }
 	got := map[string]*sample{}
 	for pair := 0; pair < benchPairs(); pair++ {
 		for _, c := range cases {
@@ -211,13 +211,15 @@ func TestBenchConnect8(t *testing.T) {
 				if got[k] == nil {
 					got[k] = &sample{}
 				}
-				var cpu, sys, sw float64
+				var cpu, sys, sw, caller, busiest float64
 				for _, out := range []string{r.res.serverOut, r.res.clientOut} {
 					ph := kv.First(out, "connect-phases:")
 					cpu, sys, sw = cpu+ph.Float("setup_cpu_ms"), sys+ph.Float("setup_sys_ms"), sw+ph.Float("setup_ctxsw")
+					caller, busiest = caller+ph.Float("setup_ctxsw_caller"), busiest+ph.Float("setup_ctxsw_busiest")
 				}
 				g := got[k]
 				g.s, g.cpuMS, g.sysMS, g.ctxsw = append(g.s, r.worst("total_s")), append(g.cpuMS, cpu), append(g.sysMS, sys), append(g.ctxsw, sw)
+				g.caller, g.busiest = append(g.caller, caller), append(g.busiest, busiest)
 			}
 		}
 	}
@@ -225,17 +227,17 @@ func TestBenchConnect8(t *testing.T) {
 	var figs []figure
 	for _, c := range cases {
 		m := got["mpib "+c.name]
-		note := fmt.Sprintf("a1 <-> %s, first round; CPU of both processes %.0f ms (%.0f in the kernel), %.0f context switches",
-			c.server.Name(), median(m.cpuMS), median(m.sysMS), median(m.ctxsw))
+		note := fmt.Sprintf("a1 <-> %s, first round; CPU of both processes %.0f ms (%.0f in the kernel), %.0f context switches (%.0f of the calling threads, %.0f of each process's busiest other thread, summed)",
+			c.server.Name(), median(m.cpuMS), median(m.sysMS), median(m.ctxsw), median(m.caller), median(m.busiest))
 		f := figure{Name: "connect", Key: "comms=8 case=" + c.name, Plugin: median(m.s), Unit: "s", Note: note}
 		if n := got["netib "+c.name]; n != nil {
 			f = ratioFigure("connect", f.Key, "s", m.s, n.s)
-			f.Note = note + fmt.Sprintf("; reference: net_ib's port (nccl-rdma-sharp-plugins, one rail) %.0f ms of CPU (%.0f), %.0f context switches",
-				median(n.cpuMS), median(n.sysMS), median(n.ctxsw))
+			f.Note = note + fmt.Sprintf("; reference: net_ib's port (nccl-rdma-sharp-plugins, one rail) %.0f ms of CPU (%.0f), %.0f context switches (%.0f, %.0f)",
+				median(n.cpuMS), median(n.sysMS), median(n.ctxsw), median(n.caller), median(n.busiest))
 			line += fmt.Sprintf(" netib_%s_s=%.3f", c.name, median(n.s))
-			evidence("connect-netib:", "case=%s mpib_s=%.3f netib_s=%.3f ratio=%.3f ci_low=%.3f ci_high=%.3f mpib_cpu_ms=%.0f netib_cpu_ms=%.0f mpib_ctxsw=%.0f netib_ctxsw=%.0f pairs=%d mpib_sys_ms=%.0f netib_sys_ms=%.0f",
+			evidence("connect-netib:", "case=%s mpib_s=%.3f netib_s=%.3f ratio=%.3f ci_low=%.3f ci_high=%.3f mpib_cpu_ms=%.0f netib_cpu_ms=%.0f mpib_ctxsw=%.0f netib_ctxsw=%.0f pairs=%d mpib_sys_ms=%.0f netib_sys_ms=%.0f mpib_ctxsw_caller=%.0f netib_ctxsw_caller=%.0f mpib_ctxsw_busiest=%.0f netib_ctxsw_busiest=%.0f",
 				c.name, f.Plugin, f.Ref, f.Ratio, f.CILow, f.CIHigh, median(m.cpuMS), median(n.cpuMS), median(m.ctxsw), median(n.ctxsw), f.Pairs,
-				median(m.sysMS), median(n.sysMS))
+				median(m.sysMS), median(n.sysMS), median(m.caller), median(n.caller), median(m.busiest), median(n.busiest))
 		}
 		figs = append(figs, f)
 	}

@@ -295,7 +295,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       break;
     case OPT_MODE:
       if (nt_mode_parse(a, &o->mode) != 0) {
-        NT_BAD("unknown --mode '%s' (verify, bw, lat, badhandle, garbage-peer)", a);
+        NT_BAD("unknown --mode '%s' (%s)", a, nt_mode_list());
       }
       break;
     case OPT_TIMEOUT:

@@ -55,6 +55,24 @@ void nt_out_close(void);
  * minus this is, the plugin added. */
 extern int nt_threads_driver;
 int nt_thread_count(void);
+/* This process's threads and the context switches (voluntary and not) each has made so far,
+ * from /proc/self/task: the connect mode's account of which threads switched during a setup. */
+#define NT_MAX_TASKS 512
+struct nt_tasks {
+  int n;
+  int tid[NT_MAX_TASKS];
+  long ctxsw[NT_MAX_TASKS];
+};
+int nt_tasks_read(struct nt_tasks *t); /* -1 when /proc/self/task cannot be read */
+/* What happened between two readings: the threads that appeared, and the context switches of
+ * the calling thread (caller_tid) and of the busiest other thread. A thread that ended between
+ * them is in neither reading, and its switches in neither figure. */
+struct nt_tasks_change {
+  int created;
+  long caller, busiest;
+};
+void nt_tasks_change(const struct nt_tasks *before, const struct nt_tasks *after, int caller_tid,
+                     struct nt_tasks_change *c);
 /* Page-aligned anonymous memory for buffers the plugin registers (NULL when mmap fails). */
 void *nt_alloc_region(size_t len);
 void nt_free_region(void *p, size_t len);
@@ -71,6 +89,7 @@ int nt_parse_int(const char *s, int lo, int hi, int *v);
 const char *nt_role_name(enum nt_role r);
 int nt_mode_parse(const char *name, enum nt_mode *m); /* --mode's names; -1 for none */
 const char *nt_mode_name(enum nt_mode m);
+const char *nt_mode_list(void);           /* every mode's name, comma-separated (a bad --mode's message) */
 int nt_mode_is_lifecycle(enum nt_mode m); /* lifecycle.c, hostile.c, silent.c */
 int nt_mode_is_scale(enum nt_mode m);     /* scale.c */
 

@@ -347,6 +347,9 @@ struct nt_sc_setup {
   double poll_cpu_ms; /* of which this thread's: the calls, the sweeps and their pauses */
   long minflt;        /* page faults the process took meanwhile (first touches of memory) */
   long ctxsw;         /* context switches of its threads, voluntary and not */
+  /* Which threads switched (nt_tasks_change): this one (the calls and its pauses), the
+   * busiest other one (a plugin's), and how many threads appeared meanwhile. */
+  struct nt_tasks_change tasks;
 };
 
 /* getrusage's sample for who (RUSAGE_SELF or RUSAGE_THREAD), zeros if it fails. */
@@ -672,9 +675,10 @@ static void nt_sc_phases_line(const struct nt_opts *o, int N, int round, const s
   }
   line[len] = '\0';
   nt_out("connect-phases: comms=%d role=%s round=%d lines=%d%s max_total_ms=%.1f mr_max_ms=%.1f setup_ms=%.1f "
-         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f setup_sys_ms=%.1f setup_minflt=%ld setup_ctxsw=%ld",
+         "setup_cpu_ms=%.1f poll_cpu_ms=%.1f setup_sys_ms=%.1f setup_minflt=%ld setup_ctxsw=%ld "
+         "setup_ctxsw_caller=%ld setup_ctxsw_busiest=%ld setup_threads_new=%d",
          N, nt_role_name(o->role), round, ph->lines, line, max_total, s->reg_max_ms, su->total_s * 1000, su->cpu_ms,
-         su->poll_cpu_ms, su->sys_ms, su->minflt, su->ctxsw);
+         su->poll_cpu_ms, su->sys_ms, su->minflt, su->ctxsw, su->tasks.caller, su->tasks.busiest, su->tasks.created);
 }
 
 static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, int round,
@@ -731,9 +735,14 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
   }
   nt_phase("scale-connect");
   nt_phases_take(&phases); /* from here on: this round's comms */
+  struct nt_tasks tasks0, tasks1;
+  int tasks_ok = nt_tasks_read(&tasks0) == 0;
   if (nt_sc_establish(o, n, oob, &s, &su) != 0) {
     nt_oob_abort(oob, "%s: connection setup of %d comms failed", nt_role_name(o->role), N);
     goto out;
+  }
+  if (tasks_ok && nt_tasks_read(&tasks1) == 0) {
+    nt_tasks_change(&tasks0, &tasks1, (int)gettid(), &su.tasks);
   }
   up = 1;
   nt_phases_take(&phases); /* each comm logs its line before connect/accept can return it */

@@ -2,6 +2,7 @@
  * The base layer of mpib-nettest: what every other file uses and that uses nothing of theirs
  * (time, output lines, the watchdog, number parsing, mode names, buffers, the forker).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -194,6 +195,65 @@ int nt_thread_count(void) {
   return (int)n;
 }
 
+/* One thread's context switches so far (its status file), -1 when it has ended. */
+static long nt_task_ctxsw(const char *tid) {
+  char path[320], line[256];
+  snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    return -1;
+  }
+  long vol = -1, nvol = -1, v;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1) {
+      vol = v;
+    } else if (sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1) {
+      nvol = v;
+    }
+  }
+  fclose(f);
+  return vol < 0 || nvol < 0 ? -1 : vol + nvol;
+}
+
+int nt_tasks_read(struct nt_tasks *t) {
+  t->n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) {
+    return -1;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && t->n < NT_MAX_TASKS) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') {
+      continue;
+    }
+    long sw = nt_task_ctxsw(e->d_name);
+    if (sw >= 0) {
+      t->tid[t->n] = atoi(e->d_name);
+      t->ctxsw[t->n++] = sw;
+    }
+  }
+  closedir(d);
+  return 0;
+}
+
+void nt_tasks_change(const struct nt_tasks *before, const struct nt_tasks *after, int caller_tid,
+                     struct nt_tasks_change *c) {
+  memset(c, 0, sizeof(*c));
+  for (int i = 0; i < after->n; i++) {
+    int j = 0;
+    while (j < before->n && before->tid[j] != after->tid[i]) {
+      j++;
+    }
+    long sw = after->ctxsw[i] - (j < before->n ? before->ctxsw[j] : 0);
+    c->created += j == before->n;
+    if (after->tid[i] == caller_tid) {
+      c->caller = sw;
+    } else if (sw > c->busiest) {
+      c->busiest = sw;
+    }
+  }
+}
+
 void *nt_alloc_region(size_t len) {
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? NULL : p;
@@ -368,6 +428,20 @@ int nt_mode_parse(const char *name, enum nt_mode *m) {
     }
   }
   return -1;
+}
+
+const char *nt_mode_list(void) {
+  static char list[512];
+  if (list[0] == '\0') {
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof(nt_modes) / sizeof(nt_modes[0]); i++) {
+      if (i > 0 && nt_modes[i].mode == nt_modes[i - 1].mode) {
+        continue; /* an alias: the table lists it after its mode's name */
+      }
+      len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", len ? ", " : "", nt_modes[i].name);
+    }
+  }
+  return list;
 }
 
 const char *nt_mode_name(enum nt_mode m) {

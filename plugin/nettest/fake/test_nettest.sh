@@ -86,6 +86,10 @@ pair lat 0 0 -- --mode lat --iters 200 --warmup 10 --sizes 8,4096 --timeout-s 20
 has lat c.out '^nettest-lat: size=8 iters=200 avg_us=[0-9.]+ p50_us=[0-9.]+ p99_us=[0-9.]+ rtt_avg_us='
 has lat s.out 'nettest-result: role=server mode=lat messages=400 .*verified=true'
 
+pair connect 0 0 -- --mode connect --comms 3 --timeout-s 20
+has connect c.out '^nettest-connect: comms=3 total_s=[0-9.]+ .*verified=true role=client'
+has connect s.out '^connect-phases: comms=3 role=server round=1 lines=0 .* setup_ctxsw=[0-9]+ setup_ctxsw_caller=[0-9]+ setup_ctxsw_busiest=[0-9]+ setup_threads_new=[0-9]+$'
+
 pair badhandle 0 0 -- --mode badhandle --timeout-s 10
 has badhandle c.out '^nettest-badinput: case=handle rc=[1-9]'
 pair garbage 0 0 -- --mode garbage-peer --timeout-s 10
@@ -138,6 +142,7 @@ usage --role server --oob-listen nowhere
 usage --role client --oob-connect 127.0.0.1:1 --multi 9
 usage --role client --oob-connect 127.0.0.1:1 --window 0
 usage --role client --oob-connect 127.0.0.1:1 --mode nope
+if grep -q "unknown --mode 'nope' (verify, bw, lat, .*connect, resources)" "$TMP/usage.err"; then ok "a bad --mode lists every mode"; else bad "a bad --mode: $(cat "$TMP/usage.err")"; fi
 usage --role client --oob-connect 127.0.0.1:1 --max-size 2G
 usage --role client --oob-connect 127.0.0.1:1 --sizes 1,x
 usage --role client --oob-connect 127.0.0.1:1 --abi 13
