@@ -61,7 +61,7 @@ static void read_cases(void) {
   CHECK(pthread_create(&th, NULL, waiter, NULL) == 0, "pthread_create");
   for (int i = 0; i < 3; i++) usleep(1000);
   CHECK(nt_tasks_read(&b) == 0 && b.n == a.n + 1, "second reading: n=%d, want %d", b.n, a.n + 1);
-  nt_tasks_change(&a, &b, (int)gettid(), &c);
+  nt_tasks_change(&a, &b, nt_gettid(), &c);
   CHECK(c.created == 1, "created=%d, want 1", c.created);
   CHECK(c.caller >= 3, "caller=%ld: three sleeps are three switches", c.caller);
   pthread_mutex_lock(&mu);

@@ -64,6 +64,7 @@ struct nt_tasks {
   long ctxsw[NT_MAX_TASKS];
 };
 int nt_tasks_read(struct nt_tasks *t); /* -1 when /proc/self/task cannot be read */
+int nt_gettid(void); /* the calling thread's id (glibc before 2.30, the release build's 2.28, has no gettid) */
 /* What happened between two readings: the threads that appeared, and the context switches of
  * the calling thread (caller_tid) and of the busiest other thread. A thread that ended between
  * them is in neither reading, and its switches in neither figure. */

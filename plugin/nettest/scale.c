@@ -742,7 +742,7 @@ static int nt_scale_round(struct nt_opts *o, struct nt_net *n, struct nt_oob *oo
     goto out;
   }
   if (tasks_ok && nt_tasks_read(&tasks1) == 0) {
-    nt_tasks_change(&tasks0, &tasks1, (int)gettid(), &su.tasks);
+    nt_tasks_change(&tasks0, &tasks1, nt_gettid(), &su.tasks);
   }
   up = 1;
   nt_phases_take(&phases); /* each comm logs its line before connect/accept can return it */

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -235,6 +236,8 @@ int nt_tasks_read(struct nt_tasks *t) {
   closedir(d);
   return 0;
 }
+
+int nt_gettid(void) { return (int)syscall(SYS_gettid); }
 
 void nt_tasks_change(const struct nt_tasks *before, const struct nt_tasks *after, int caller_tid,
                      struct nt_tasks_change *c) {
