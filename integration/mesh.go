@@ -103,7 +103,8 @@ func (t *Topology) StartMesh(ctx context.Context) (*Mesh, error) {
 	for _, step := range []struct {
 		name string
 		fn   func(context.Context) error
-	}{{"namespaces", m.makeNamespaces}, {"runners", m.startLightRunners}, {"cables", m.addLinks}, {"gids", m.waitGIDs}} {
+	}{{"namespaces", m.makeNamespaces}, {"neighbours", m.forgetNeighbours}, {"runners", m.startLightRunners},
+		{"cables", m.addLinks}, {"gids", m.waitGIDs}} {
 		t0 := time.Now()
 		if err := step.fn(ctx); err != nil {
 			_ = m.Close(context.WithoutCancel(ctx))
@@ -137,6 +138,29 @@ func (m *Mesh) makeNamespaces(ctx context.Context) error {
 		return fmt.Errorf("mesh nodes: %w", err)
 	}
 	return nil
+}
+
+// forgetNeighbours drops what the containers and the router remember of the namespace nodes'
+// SOUT addresses. Each mesh makes those nodes anew, with new MACs, and an entry a container
+// kept from the previous mesh still names the old one: a STALE entry can keep it sending to
+// a port that no longer exists for longer than a test waits (a2's TCP connect to a3 timed out
+// after 30 s so). With the entries gone, the first packet asks again and the new node answers.
+func (m *Mesh) forgetNeighbours(ctx context.Context) error {
+	var addrs []string
+	for _, ms := range meshNodeSpecs {
+		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d", islandOctet(ms.island), ms.host))
+	}
+	script := "for a in " + strings.Join(addrs, " ") + "; do ip neigh flush to \"$a\"; done"
+	nodes := []*Node{m.topo.router}
+	for _, name := range []string{"a1", "a2", "b1", "b2"} {
+		nodes = append(nodes, m.topo.nodes[name])
+	}
+	return forEach(len(nodes), func(i int) error {
+		if err := nodes[i].run(ctx, "sh", "-c", script); err != nil {
+			return fmt.Errorf("%s: forgetting the old mesh nodes' neighbour entries: %w", nodes[i].Name(), err)
+		}
+		return nil
+	})
 }
 
 // rxe adds the script lines that make rxe device dev on a netdev of the node's namespace (in

@@ -36,7 +36,8 @@ func TestMeshStripeFailover(t *testing.T) {
 	defer fp.killUnlessStopped()
 	for _, r := range cables {
 		if err := waitRailTraffic(ctx, a2, r, 1<<20, fp.srv, fp.cli); err != nil {
-			t.Fatalf("no traffic on a2's %s before the cut (is the SUP rail striped?): %v", a2.Dev(r), err)
+			s, c := fp.stop(ctx, time.Now())
+			t.Fatalf("no traffic on a2's %s before the cut (is the SUP rail striped?): %v\nserver %s\nclient %s", a2.Dev(r), err, s, c)
 		}
 	}
 	before, err := a2.RailCounters(ctx, SOUT)
