@@ -32,6 +32,18 @@ type meshNodeSpec struct {
 
 var meshNodeSpecs = []meshNodeSpec{{"a3", "A", 13}, {"b3", "B", 13}, {"b4", "B", 14}}
 
+// soutAddr is the node's SOUT address, numbered as the containers' (nodeSpec.ip).
+func (ms meshNodeSpec) soutAddr() string { return nodeSpec{island: ms.island, host: ms.host}.ip(SOUT) }
+
+// soutMAC is the MAC of the node's SOUT port, derived from its address as Docker derives a
+// container's (02:42:<address>; here 02:4d): each mesh makes the node anew, and a neighbour
+// entry the containers and the router kept from the previous mesh must still name it. With a
+// new MAC each time, a STALE entry naming the old one kept a2's TCP connect to a3 failing for
+// 30 s.
+func (ms meshNodeSpec) soutMAC() string {
+	return fmt.Sprintf("02:4d:0a:00:%02x:%02x", islandOctet(ms.island), ms.host)
+}
+
 // meshLinkSpec is one cable: its two ends and their addresses with the cable's prefix.
 // parallel marks a second cable between the same two nodes (its rails end in "P").
 type meshLinkSpec struct {
@@ -103,8 +115,7 @@ func (t *Topology) StartMesh(ctx context.Context) (*Mesh, error) {
 	for _, step := range []struct {
 		name string
 		fn   func(context.Context) error
-	}{{"namespaces", m.makeNamespaces}, {"neighbours", m.forgetNeighbours}, {"runners", m.startLightRunners},
-		{"cables", m.addLinks}, {"gids", m.waitGIDs}} {
+	}{{"namespaces", m.makeNamespaces}, {"runners", m.startLightRunners}, {"cables", m.addLinks}, {"gids", m.waitGIDs}} {
 		t0 := time.Now()
 		if err := step.fn(ctx); err != nil {
 			_ = m.Close(context.WithoutCancel(ctx))
@@ -126,10 +137,10 @@ func (m *Mesh) makeNamespaces(ctx context.Context) error {
 	for _, ms := range meshNodeSpecs {
 		bridge := "br-" + m.topo.nets[netKey(SOUT, ms.island)].ID[:12]
 		host := "mpib-" + ms.name + "-s" // the veth end in the engine host's namespace
-		sout := fmt.Sprintf("10.0.%d.%d", islandOctet(ms.island), ms.host)
+		sout := ms.soutAddr()
 		other := map[string]string{"A": "10.0.2.0/24 via " + routerA, "B": "10.0.1.0/24 via " + routerB}[ms.island]
 		fmt.Fprintf(&s, "ip netns add mpib-%s; ip -n mpib-%[1]s link set lo up\n", ms.name)
-		fmt.Fprintf(&s, "nsenter -t 1 -n ip link add %s type veth peer name sout netns mpib-%s\n", host, ms.name)
+		fmt.Fprintf(&s, "nsenter -t 1 -n ip link add %s type veth peer name sout address %s netns mpib-%s\n", host, ms.soutMAC(), ms.name)
 		fmt.Fprintf(&s, "nsenter -t 1 -n ip link set %s master %s up\n", host, bridge)
 		fmt.Fprintf(&s, "ip -n mpib-%[1]s addr add %[2]s/24 dev sout; ip -n mpib-%[1]s link set sout up; ip -n mpib-%[1]s route add %[3]s\n", ms.name, sout, other)
 		m.rxe(&s, ms.name, ms.name+"_sout", "sout")
@@ -138,29 +149,6 @@ func (m *Mesh) makeNamespaces(ctx context.Context) error {
 		return fmt.Errorf("mesh nodes: %w", err)
 	}
 	return nil
-}
-
-// forgetNeighbours drops what the containers and the router remember of the namespace nodes'
-// SOUT addresses. Each mesh makes those nodes anew, with new MACs, and an entry a container
-// kept from the previous mesh still names the old one: a STALE entry can keep it sending to
-// a port that no longer exists for longer than a test waits (a2's TCP connect to a3 timed out
-// after 30 s so). With the entries gone, the first packet asks again and the new node answers.
-func (m *Mesh) forgetNeighbours(ctx context.Context) error {
-	var addrs []string
-	for _, ms := range meshNodeSpecs {
-		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d", islandOctet(ms.island), ms.host))
-	}
-	script := "for a in " + strings.Join(addrs, " ") + "; do ip neigh flush to \"$a\"; done"
-	nodes := []*Node{m.topo.router}
-	for _, name := range []string{"a1", "a2", "b1", "b2"} {
-		nodes = append(nodes, m.topo.nodes[name])
-	}
-	return forEach(len(nodes), func(i int) error {
-		if err := nodes[i].run(ctx, "sh", "-c", script); err != nil {
-			return fmt.Errorf("%s: forgetting the old mesh nodes' neighbour entries: %w", nodes[i].Name(), err)
-		}
-		return nil
-	})
 }
 
 // rxe adds the script lines that make rxe device dev on a netdev of the node's namespace (in
@@ -183,7 +171,7 @@ func (m *Mesh) startLightRunners(ctx context.Context) error {
 			return err
 		}
 		nodes[i] = &Node{name: ms.name, topo: m.topo, runner: r, rails: []Rail{SOUT},
-			ip:  map[Rail]string{SOUT: fmt.Sprintf("10.0.%d.%d", islandOctet(ms.island), ms.host)},
+			ip:  map[Rail]string{SOUT: ms.soutAddr()},
 			dev: map[Rail]string{SOUT: ms.name + "_sout"}, netdev: map[Rail]string{SOUT: "sout"}, gid: map[Rail]int{}}
 		return nil
 	})
