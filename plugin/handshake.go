@@ -84,7 +84,11 @@ func handshake(ctx context.Context, c net.Conn, p prepared) (*C.struct_mpib_comm
 		}
 		return nil, err
 	}
-	adoptComm(comm, c)
+	standby := p.isSend && comm.rail[0].join_wait != 0 // NCCL does not have the comm yet
+	lc := adoptComm(comm, c)
+	if standby {
+		queueStandby(lc)
+	}
 	return comm, nil
 }
 
@@ -175,11 +179,17 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 	if err != nil {
 		return comm, err
 	}
-	if rc != 0 {
+	if rc != 0 && rc != C.MPIB_CONNECT_JOIN_NOW {
 		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
 	}
-	if err := exchangeAck(c, peer); err != nil {
+	peerJoinNow, err := exchangeAck(c, peer, rc == C.MPIB_CONNECT_JOIN_NOW)
+	if err != nil {
 		return comm, err
+	}
+	if rc == C.MPIB_CONNECT_JOIN_NOW || peerJoinNow {
+		if err := joinStandbyNow(ctx, c, comm, p.isSend, peer); err != nil {
+			return comm, err
+		}
 	}
 	ph.mark(&ph.ack)
 	registerWithAgent(comm, p.local, peer, p.path, p.sup, p.isSend)

@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -54,6 +55,7 @@ type liveComm struct {
 	conn      net.Conn
 	closing   atomic.Bool
 	watchDone chan struct{}
+	standbyMu sync.Mutex // held while its standby rail is built (standby.go): a close waits
 }
 
 var registry struct {
@@ -153,7 +155,7 @@ func reclaimOwnedBy(c *netCtx) {
 }
 
 // adoptComm registers a freshly connected comm and starts watching its control socket.
-func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
+func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) *liveComm {
 	conn.SetDeadline(time.Time{})
 	lc := &liveComm{comm: comm, conn: conn, watchDone: make(chan struct{})}
 	registry.mu.Lock()
@@ -171,6 +173,7 @@ func adoptComm(comm *C.struct_mpib_comm, conn net.Conn) {
 		defer recoverGoroutine("comm liveness watcher")
 		lc.watch()
 	}()
+	return lc
 }
 
 // fenceRecordSize is the size of a receiver's fence record ('R' messages), confirmRecordSize
@@ -186,16 +189,24 @@ const (
 // of a rail, 1 + 1 + fenceRecordSize bytes, also sent by RDMA when a rail can carry it; see
 // post_record), 'C' rail record (the sender's confirm record of a rail, 1 + 1 +
 // confirmRecordSize bytes, likewise; see post_confirm) and 'F' (its side failed for good: fail
-// the requests waiting on it now).
+// the requests waiting on it now). Its control plane writes two about a standby rail
+// (standby.go): 'J' rail info (the sender's QPs, 1 + 1 + joinInfoSize bytes) and 'K' rail (the
+// receiver took them).
 // Anything else, or the end of the stream, means the peer is gone (or misbehaves).
 func (lc *liveComm) watch() {
 	defer close(lc.watchDone)
 	var b [10]byte
-	var rec [max(fenceRecordSize, confirmRecordSize)]byte
+	var rec [max(fenceRecordSize, confirmRecordSize, joinInfoSize)]byte
 	var err error
 	for {
-		if _, err = io.ReadFull(lc.conn, b[:1]); err != nil || (b[0] != 'N' && b[0] != 'R' && b[0] != 'C') {
+		if _, err = io.ReadFull(lc.conn, b[:1]); err != nil || !strings.ContainsRune("NRCJK", rune(b[0])) {
 			break
+		}
+		if b[0] == 'J' || b[0] == 'K' {
+			if err = lc.watchJoin(b[0], rec[:joinInfoSize]); err != nil {
+				break
+			}
+			continue
 		}
 		if b[0] == 'R' || b[0] == 'C' {
 			size := fenceRecordSize
@@ -245,6 +256,34 @@ func (lc *liveComm) watch() {
 		lc.conn.RemoteAddr(), err)
 }
 
+// watchJoin reads the rest of a 'J' or 'K' message (watch) into buf and hands it to the data
+// path: a receiver stages the sender's standby QPs and answers 'K'; a sender records the
+// answer. Its sender's recovery then brings the rail up.
+func (lc *liveComm) watchJoin(kind byte, buf []byte) error {
+	var rail [1]byte
+	if _, err := io.ReadFull(lc.conn, rail[:]); err != nil {
+		return err
+	}
+	var info *C.struct_mpib_join_info
+	if kind == 'J' {
+		if _, err := io.ReadFull(lc.conn, buf); err != nil {
+			return err
+		}
+		info = (*C.struct_mpib_join_info)(unsafe.Pointer(&buf[0]))
+	}
+	if lc.closing.Load() {
+		return nil
+	}
+	if (kind == 'J') == (lc.comm.is_send != 0) || C.mpib_comm_join_peer(lc.comm, C.int(rail[0]), info) != 0 {
+		warnf("peer %v: an unexpected standby rail message %q for rail %d: ignored", lc.conn.RemoteAddr(), kind, rail[0])
+		return nil
+	}
+	if kind == 'J' && C.mpib_comm_ctrl_send(lc.comm, unsafe.Pointer(&[]byte{'K', rail[0]}[0]), 2) != 0 {
+		warnf("peer %v: answering its standby rail's QPs failed; it will not join", lc.conn.RemoteAddr())
+	}
+	return nil
+}
+
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
 // comm after the last finalize, closes the devices. inGoroutine: called from one of MPIB's
 // goroutines, which frees the resources in a verbs slot; NCCL's threads (closeSend/closeRecv,
@@ -255,8 +294,10 @@ func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	delete(registry.comms, comm)
 	registry.mu.Unlock()
 	if lc != nil {
-		C.mpib_comm_set_ctrl_fd(comm, -1) // the socket closes below
 		lc.closing.Store(true)
+		lc.standbyMu.Lock()               // a standby rail being built (standby.go) is finished first
+		C.mpib_comm_set_ctrl_fd(comm, -1) // the socket closes below
+		lc.standbyMu.Unlock()
 		lc.conn.Close()
 		<-lc.watchDone
 	}

@@ -50,19 +50,22 @@ func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Met
 }
 
 // exchangeAck is the handshake's last step: each end says its QPs are up (RTS), and waits
-// until the peer's are, before the comm goes to NCCL.
-func exchangeAck(c net.Conn, peer netip.Addr) error {
-	if _, err := c.Write(wire.EncodeAck()); err != nil {
-		return fmt.Errorf("ready to %v: %w", peer, err)
+// until the peer's are, before the comm goes to NCCL. joinNow says that none of this end's
+// rails came up while a standby rail waits (mpib_comm_connect's MPIB_CONNECT_JOIN_NOW); it
+// returns the peer's.
+func exchangeAck(c net.Conn, peer netip.Addr, joinNow bool) (bool, error) {
+	if _, err := c.Write(wire.EncodeAck(joinNow)); err != nil {
+		return false, fmt.Errorf("ready to %v: %w", peer, err)
 	}
 	ack := make([]byte, wire.AckSize)
 	if _, err := io.ReadFull(c, ack); err != nil {
-		return fmt.Errorf("ready from %v: %w", peer, err)
+		return false, fmt.Errorf("ready from %v: %w", peer, err)
 	}
-	if err := wire.CheckAck(ack); err != nil {
-		return fmt.Errorf("peer %v: %w", peer, err)
+	theirs, err := wire.CheckAck(ack)
+	if err != nil {
+		return false, fmt.Errorf("peer %v: %w", peer, err)
 	}
-	return nil
+	return theirs, nil
 }
 
 // checkPeer verifies that both ends agree on everything that shapes the wire protocol.
@@ -78,6 +81,9 @@ func checkPeer(mine, theirs wire.Metadata) error {
 	}
 	if mine.SupLanes != theirs.SupLanes {
 		return fmt.Errorf("SUP lanes differ: local %d, peer %d (the hello's SUP pairs decide them on both ends)", mine.SupLanes, theirs.SupLanes)
+	}
+	if mine.Deferred != 0 && theirs.Deferred != 0 {
+		return errors.New("both ends deferred their standby rail (only a sender does)")
 	}
 	if theirs.BufAddr == 0 {
 		return errors.New("peer advertised a null buffer")
@@ -126,6 +132,7 @@ func metadataFromC(info *C.struct_mpib_conn_info, mode int, path topo.PathClass,
 		}
 	}
 	m.SupLanes = uint8(info.sup_lanes)
+	m.Deferred = uint8(info.deferred)
 	for i := range m.Lane {
 		li := &info.lane[i]
 		m.Lane[i] = wire.LaneInfo{GID: *(*[16]byte)(unsafe.Pointer(&li.gid[0])), MTU: uint32(li.mtu), RKey: uint32(li.rkey),
@@ -156,6 +163,7 @@ func metadataToC(m wire.Metadata) C.struct_mpib_conn_info {
 		}
 	}
 	info.sup_lanes = C.uint32_t(m.SupLanes)
+	info.deferred = C.uint32_t(m.Deferred)
 	for i, l := range m.Lane {
 		li := &info.lane[i]
 		*(*[16]byte)(unsafe.Pointer(&li.gid[0])) = l.GID

@@ -241,6 +241,12 @@ struct mpib_rail_ctl {
   uint64_t acks, acks_seen, progress_ns, slow_ns;
   int watch_busy;              /* the last watch tick found signalled writes outstanding */
   struct mpib_rebuild rebuild; /* DOWN: the QPs being rebuilt for the next generation */
+  /* A standby rail that joins after the handshake (docs/failover.md, "The standby rail"):
+   * join_wait is the data path's (the rail is DOWN and never tried until it joins); the control
+   * plane sets join_built (sender: its QPs exist) and join_arrived (sender: the receiver took
+   * them; receiver: the sender's are in comm->join_peer) with release. */
+  int join_wait;
+  int join_built, join_arrived;
 };
 
 struct mpib_qp {
@@ -260,6 +266,15 @@ struct mpib_rail_info {
   struct ibv_ece ece;
   uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
 };
+/* What a standby rail's sender sends when its QPs exist ('J' on the control socket): the part
+ * of its mpib_rail_info the handshake could not carry. */
+struct mpib_join_info {
+  uint32_t rkey;
+  uint32_t nqps;
+  uint8_t ece_valid;
+  struct ibv_ece ece;
+  uint32_t qpn[MPIB_MAX_QPS_PER_RAIL];
+};
 /* A striped SUP lane's facts (lanes 2..; the rail's QP numbers stay in its mpib_rail_info). */
 struct mpib_lane_info {
   uint8_t gid[16];
@@ -275,6 +290,7 @@ struct mpib_conn_info {
   uint64_t buf_addr;  /* sender: its CTS FIFO; receiver: its size records */
   uint32_t sup_lanes; /* 0 without SUP QPs, else 1 + the striped lanes */
   struct mpib_lane_info lane[MPIB_MAX_STRIPE - 1];
+  uint32_t deferred; /* rails (bit r) whose QPs come after the handshake: rkey, ECE and QPNs are 0 */
 };
 
 /* Per-connection choices made by the control plane before the QPs exist. */
@@ -290,6 +306,7 @@ struct mpib_conn_params {
   int sup_lanes;
   int lane_port[MPIB_MAX_STRIPE - 1];
   int lane_gid_index[MPIB_MAX_STRIPE - 1];
+  uint32_t defer_rails; /* sender: rails (bit r) built after the handshake (the standby rail) */
 };
 
 typedef struct mpib_cts mpib_cts_row[MPIB_MAX_RECVS];
@@ -332,7 +349,8 @@ struct mpib_comm {
   uint64_t fifo_head; /* sequence number of the next request */
   uint32_t force_sup_bw;
   struct mpib_rail_ctl rail[MPIB_NRAILS];
-  struct mpib_rail_info rem_rail[MPIB_NLANES]; /* the peer's QPs per lane, kept to rebuild a rail */
+  struct mpib_rail_info rem_rail[MPIB_NLANES];  /* the peer's QPs per lane, kept to rebuild a rail */
+  struct mpib_join_info join_peer[MPIB_NRAILS]; /* receiver: a standby rail's sender QPs, staged */
   enum ibv_mtu rail_mtu[MPIB_NLANES];
   int ctrl_fd; /* the TCP control socket (owned by Go): tells the peer this side failed */
 
@@ -539,6 +557,27 @@ static inline int mpib_lane_count(const struct mpib_comm *c, int rail) {
 }
 static inline int mpib_lane(int rail, int i) { return i == 0 ? rail : MPIB_NRAILS + i - 1; }
 static inline int mpib_lane_rail(int lane) { return lane == MPIB_RAIL_SOUT ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP; }
+
+/* A standby rail waiting for its join (join_wait): 1 once it may be brought up. Called on the
+ * thread that owns the data path (or by the handshake, before NCCL has the comm): the receiver
+ * installs the sender's QPs, rkey and ECE the control plane staged ('J'); the sender needs its
+ * own QPs built and the receiver's word that it took them ('K'). The rail stays DOWN: the
+ * sender's recovery brings it up like any rail out of service. */
+static inline int mpib_join_take(struct mpib_comm *c, int r) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  if (!rc->join_wait) return 1;
+  if (!__atomic_load_n(&rc->join_arrived, __ATOMIC_ACQUIRE)) return 0;
+  if (c->is_send && !__atomic_load_n(&rc->join_built, __ATOMIC_ACQUIRE)) return 0;
+  if (!c->is_send) { /* a standby rail has one lane: its first, whose index is the rail's */
+    const struct mpib_join_info *j = &c->join_peer[r];
+    c->rem_rail[r].rkey = c->rem_rkey[r] = j->rkey;
+    c->rem_rail[r].ece_valid = j->ece_valid;
+    c->rem_rail[r].ece = j->ece;
+    memcpy(c->rem_rail[r].qpn, j->qpn, sizeof j->qpn);
+  }
+  rc->join_wait = 0;
+  return 1;
+}
 
 /* Whether a device under any of the rail's lanes died (IBV_EVENT_DEVICE_FATAL), or reported
  * its port down (async events; set by mpib_events.c, read without a lock). Both run several

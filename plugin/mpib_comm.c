@@ -250,6 +250,18 @@ static int use_sup_ports(struct mpib_comm *c, const struct mpib_conn_params *p) 
   return 0;
 }
 
+/* A standby rail whose QPs are built after the handshake (mpib_comm_build_deferred): for now
+ * only its address, which the handshake carries. It is DOWN, and never tried, until it joins. */
+static int defer_rail(struct mpib_comm *c, int r) {
+  struct mpib_nic *d = c->nic[r]; /* a standby rail has one lane */
+  if (mpib_lane_count(c, r) != 1) return -EINVAL;
+  if (ibv_query_gid(d->ctx, d->port, c->gid_index[r], &c->gid[r]) != 0) return -EADDRNOTAVAIL;
+  c->rail[r].state = MPIB_RAIL_DOWN;
+  c->rail[r].since_ns = mpib_now_ns();
+  c->rail[r].join_wait = 1;
+  return 0;
+}
+
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   if (p->dev < 0 || p->dev >= mpib_g.nfdevs) {
     MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
@@ -294,7 +306,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   }
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
-    int rc = rail_setup(c, r);
+    int rc = (p->defer_rails & (1u << r)) ? defer_rail(c, r) : rail_setup(c, r);
     if (rc) {
       MPIB_WARN("%s rail: connection setup failed: %s", mpib_rail_name(r), strerror(-rc));
       mpib_comm_destroy(c);
@@ -319,6 +331,11 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
     info->nqps[r] = c->nqps[r];
     if (c->nqps[r] == 0) continue;
     mpib_local_rail_info(c, r, &info->rail[r]);
+    if (c->rail[r].join_wait && !c->qps[base].qp) { /* its rkey, ECE and QPs come with its join */
+      info->deferred |= 1u << r;
+      base += (int)c->nqps[r];
+      continue;
+    }
     info->rail[r].rkey = c->inbox_mr[r]->rkey;
     rail_ece(c, r, base, &info->rail[r]);
     for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
@@ -362,7 +379,24 @@ static void remote_lane(struct mpib_comm *c, int r, int i, const struct mpib_con
   c->rail_mtu[l] = mtu;
 }
 
-/* One rail's QPs to the peer's, each against its lane's address: 0 or the first QP's -errno. */
+/* Rail r's QPs (from c->qps[base]) to the peer's, as kept in c->rem_rail: 0 or the first QP's
+ * -errno. */
+static int rail_qps_connect(struct mpib_comm *c, int r, int base) {
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    const struct mpib_qp *q = &c->qps[base + i];
+    int rc = mpib_qp_connect(c, q->qp, q->lane, c->rem_rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
+                             mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
+    if (rc) {
+      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", mpib_rail_name(r), q->qp->qp_num,
+                c->rem_rail[r].qpn[i], strerror(-rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* One rail's QPs to the peer's, each against its lane's address: 0, the first QP's -errno, or 1
+ * for a standby rail that joins later (either end builds its QPs after the handshake). */
 static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_conn_info *remote) {
   for (int i = 0; i < mpib_lane_count(c, r); i++) {
     int l = mpib_lane(r, i);
@@ -370,19 +404,18 @@ static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_
     if (c->nic[l]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(c->rem_rail[l].gid);
   }
   c->path_ack_ns[r] = mpib_path_progress(c->nic[mpib_lane(r, 0)], c->rem_rail[mpib_lane(r, 0)].gid);
-  if (mpib_rail_fatal(c, r)) return -ENODEV;
-  for (uint32_t i = 0; i < c->nqps[r]; i++) {
-    const struct mpib_qp *q = &c->qps[base + i];
-    int rc = mpib_qp_connect(c, q->qp, q->lane, remote->rail[r].qpn[i], &c->rem_rail[q->lane], c->rail_mtu[q->lane],
-                             mpib_qp_traffic_class(c), mpib_gen_psn(c->rail[r].gen));
-    if (rc) {
-      MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", mpib_rail_name(r), q->qp->qp_num,
-                remote->rail[r].qpn[i], strerror(-rc));
-      return rc;
-    }
+  if (c->rail[r].join_wait || (remote->deferred & (1u << r))) { /* a standby rail: up after its join */
+    c->rail[r].state = MPIB_RAIL_DOWN;
+    c->rail[r].since_ns = mpib_now_ns();
+    c->rail[r].join_wait = 1;
+    if (c->cts_rail == r) c->cts_rail = 1 - r;
+    return 1;
   }
-  return 0;
+  if (mpib_rail_fatal(c, r)) return -ENODEV;
+  return rail_qps_connect(c, r, base);
 }
+
+static void start_degraded(struct mpib_comm *c, int down, int err);
 
 /* Brings the comm's QPs up against the peer's. A rail that cannot come up (its port is down:
  * RoCE cannot resolve the peer's address; its device died) does not fail the connection when
@@ -397,7 +430,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     c->tc = remote->tc; /* both ends use the sender's class and level */
     c->sl = remote->sl;
   }
-  int base = 0, up = 0, down = -1, err = 0;
+  int base = 0, up = 0, waiting = 0, down = -1, err = 0;
   if (remote->sup_lanes != (c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0)) return -EPROTO;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (c->nqps[r] == 0) continue;
@@ -406,13 +439,21 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
     base += (int)c->nqps[r];
     if (rc == 0) {
       up++;
+    } else if (rc == 1) {
+      waiting++;
     } else {
       down = r;
       err = rc;
     }
   }
   if (down < 0) return 0;
-  if (up == 0 || !mpib_g.failover) return err;
+  if ((up == 0 && waiting == 0) || !mpib_g.failover) return err;
+  start_degraded(c, down, err);
+  return up ? 0 : MPIB_CONNECT_JOIN_NOW;
+}
+
+/* Rail `down` could not come up at connect: the comm starts with it out of service. */
+static void start_degraded(struct mpib_comm *c, int down, int err) {
   struct mpib_rail_ctl *rc = &c->rail[down];
   rc->state = mpib_rail_fatal(c, down) ? MPIB_RAIL_DEAD : MPIB_RAIL_DOWN;
   rc->since_ns = mpib_now_ns();
@@ -421,7 +462,6 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
   MPIB_INFO("%s comm: connection started degraded: the %s rail could not come up (%s); everything rides %s until it "
             "joins",
             c->is_send ? "send" : "recv", mpib_rail_name(down), strerror(-err), mpib_rail_name(1 - down));
-  return 0;
 }
 
 int mpib_rail_base(const struct mpib_comm *c, int r) { return r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT]; }
@@ -499,6 +539,51 @@ int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p) {
   }
   c->path_class = path_class;
   c->cts_rail = mpib_cts_rail(c->mode, path_class, c->nqps[MPIB_RAIL_SUP]);
+  return 0;
+}
+
+int mpib_comm_build_deferred(struct mpib_comm *c, int r) {
+  if (r < 0 || r >= MPIB_NRAILS || !c->is_send || !c->rail[r].join_wait || c->qps[mpib_rail_base(c, r)].qp)
+    return -EINVAL;
+  int rc = rail_setup(c, r);
+  if (rc) {
+    rail_qps_destroy(c, r);
+    rail_destroy(c, r);
+    return rc;
+  }
+  __atomic_store_n(&c->rail[r].join_built, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+void mpib_comm_join_info(const struct mpib_comm *c, int r, struct mpib_join_info *out) {
+  memset(out, 0, sizeof *out);
+  int base = mpib_rail_base(c, r);
+  out->rkey = c->inbox_mr[r]->rkey;
+  out->nqps = c->nqps[r];
+  for (uint32_t i = 0; i < c->nqps[r]; i++) out->qpn[i] = c->qps[base + i].qp->qp_num;
+  if (mpib_g.ece_enable && mpib_ibv_query_ece(c->qps[base].qp, &out->ece) == 0) out->ece_valid = 1;
+}
+
+int mpib_comm_join_peer(struct mpib_comm *c, int r, const struct mpib_join_info *in) {
+  if (r < 0 || r >= MPIB_NRAILS || c->nqps[r] == 0 || __atomic_load_n(&c->rail[r].join_arrived, __ATOMIC_ACQUIRE))
+    return -EPROTO;
+  if (!c->is_send) {
+    if (in == NULL || in->nqps != c->nqps[r]) return -EPROTO;
+    c->join_peer[r] = *in;
+  }
+  __atomic_store_n(&c->rail[r].join_arrived, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+int mpib_comm_join_now(struct mpib_comm *c, int r) {
+  if (!mpib_join_take(c, r)) return -EPROTO;
+  if (c->nic[r]->link_layer == IBV_LINK_LAYER_ETHERNET) mpib_neigh_warm(c->rem_rail[r].gid);
+  if (mpib_rail_fatal(c, r)) return -ENODEV;
+  int rc = rail_qps_connect(c, r, mpib_rail_base(c, r));
+  if (rc) return rc;
+  c->rail[r].state = MPIB_RAIL_UP;
+  c->rail[r].since_ns = mpib_now_ns();
+  if (c->rail[c->cts_rail].state != MPIB_RAIL_UP) c->cts_rail = r;
   return 0;
 }
 

@@ -22,8 +22,24 @@ int mpib_comm_set_path(struct mpib_comm *c, const struct mpib_conn_params *p);
 /* What this side tells the peer in the handshake. */
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info);
 /* Brings the QPs up against the peer's (with failover, a rail that cannot come up while the
- * other did starts out of service instead of failing the connection). */
+ * other did starts out of service instead of failing the connection). A standby rail either end
+ * defers (params' defer_rails, the peer's info's deferred) stays DOWN until it joins. Returns 0,
+ * a negative errno, or MPIB_CONNECT_JOIN_NOW: no rail came up but a standby rail waits, which
+ * the handshake joins at once (mpib_comm_join_now on both ends). */
+#define MPIB_CONNECT_JOIN_NOW 1
 int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote);
+
+/* The standby rail's join (docs/failover.md, "The standby rail"). The sender builds the rail's
+ * lanes and QPs (on failure nothing of them is left and the rail keeps waiting), sends their
+ * mpib_join_info ('J'); the receiver stages it (mpib_comm_join_peer) and answers ('K'), which
+ * the sender records (mpib_comm_join_peer with NULL). From then on the sender's recovery brings
+ * the rail up like any rail out of service; or, in the handshake, mpib_comm_join_now on both
+ * ends brings it up at once. The first three run on the control plane's threads while the data
+ * path runs: they touch only the waiting rail, and publish with release (mpib_join_take). */
+int mpib_comm_build_deferred(struct mpib_comm *c, int r);
+void mpib_comm_join_info(const struct mpib_comm *c, int r, struct mpib_join_info *out);
+int mpib_comm_join_peer(struct mpib_comm *c, int r, const struct mpib_join_info *in);
+int mpib_comm_join_now(struct mpib_comm *c, int r);
 /* Removes a rail the peer cannot reach (its QPs never leave INIT). */
 void mpib_comm_drop_rail(struct mpib_comm *c, int rail);
 

@@ -152,6 +152,12 @@ static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
   ctrl_wait_sent(c);
 }
 
+int mpib_comm_ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
+  if (c->ctrl_fd < 0) return -ENOTCONN;
+  ctrl_send_wait(c, msg, len);
+  return __atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) ? -EAGAIN : 0;
+}
+
 /* The peer's requests would otherwise wait for their own timeouts: one byte on the control
  * socket makes its watcher fail them at once (lifecycle.go). */
 static void notify_peer_failed(struct mpib_comm *c) { ctrl_send(c, "F", 1); }
@@ -685,6 +691,7 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   case MPIB_RAIL_DOWN: {
     int e;
     if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
+    if (!mpib_join_take(c, r)) return ncclSuccess; /* a standby rail: tried once it joined */
     uint64_t port_back = 0;
     for (int l = 0; l < mpib_lane_count(c, r); l++) { /* the latest change of any of its ports */
       uint64_t t = __atomic_load_n(&c->nic[mpib_lane(r, l)]->port_change_ns, __ATOMIC_RELAXED);
@@ -767,6 +774,7 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   if (mpib_rail_fatal(c, r)) return recv_refuse(c, r, gen, 1, "its device died");
+  if (!mpib_join_take(c, r)) return recv_refuse(c, r, gen, 0, "the sender's QPs of this standby rail have not arrived");
   if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
     rc->state = MPIB_RAIL_DOWN;    /* never came up at connect): what is queued on it dies with the reset */
     ncclResult_t res = recv_leave_cts_rail(c, r);

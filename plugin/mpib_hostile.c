@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "mpib_clock.h"
+#include "mpib_slots.h"
 
 static int hostile_done;
 
@@ -90,7 +91,7 @@ void mpib_hostile_before_post(struct mpib_comm *c, int slot, int nreqs, int size
   if (mode == NULL || !c->is_send || __atomic_load_n(&hostile_done, __ATOMIC_RELAXED)) return;
   int read = strcmp(mode, "remote-read") == 0, overwrite = strcmp(mode, "size-overwrite") == 0;
   if (!(read || (overwrite && !size_in_imm)) || __atomic_exchange_n(&hostile_done, 1, __ATOMIC_RELAXED)) return;
-  int rail = c->nqps[MPIB_RAIL_SOUT] ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
+  int rail = mpib_rail_usable(c, MPIB_RAIL_SOUT) ? MPIB_RAIL_SOUT : MPIB_RAIL_SUP;
   if (read) hostile_remote_read(c, slot, rail);
   else hostile_size_overwrite(c, slot, rail, nreqs);
 }

@@ -586,7 +586,7 @@ static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_
 static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* mpib_completion_now reads the clock afresh for this call's completions */
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!c->cq[rail] || !rail_busy(c, rail)) continue;
+    if (!rail_busy(c, rail) || !c->cq[rail]) continue; /* a standby rail's CQ may be built meanwhile */
     for (int i = 0, lanes = mpib_lane_count(c, rail); i < lanes; i++) {
       int lane = mpib_lane(rail, i);
       if (i > 0 && !rail_busy(c, rail)) break; /* an earlier lane's completion took the rail out */

@@ -5,6 +5,7 @@ package main
 
 /*
 #include "mpib.h"
+#include "mpib_device.h"
 */
 import "C"
 
@@ -51,7 +52,39 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 		prefix[rail] = interfacePrefixLen(addr)
 	}
 	p.tc = C.int(connectionTC(trafficClass))
+	if standbyDeferred(cfg, isSend, path, withSup, supPortsUp(dev, &p)) {
+		p.defer_rails = 1 << 0
+	}
 	return p, prefix, nil
+}
+
+// standbyDeferred says whether a sender builds its SOUT rail after the handshake, as a standby
+// that joins the connection once the process's setups are done (standby.go; docs/failover.md,
+// "The standby rail"): only where SOUT carries nothing while SUP works (vanilla mode inside
+// the island, no MPIB_FORCE_SUP_BW split) and is there for failover alone, with a ride-through
+// to cover a SUP failure before it joins, and only while SUP's ports are up (a connection whose
+// SUP cannot come up starts on SOUT, built now, as before). The receiver follows the sender's
+// metadata; its SOUT QPs come from the listener's spare.
+func standbyDeferred(cfg config.Config, isSend bool, path topo.PathClass, withSup, supUp bool) bool {
+	vanillaSplit := cfg.ForceSupBW < 0 || cfg.ForceSupBW == 1024
+	return cfg.StandbyDefer && isSend && cfg.Mode == 0 && path == topo.IntraIsland && withSup && supUp && vanillaSplit &&
+		cfg.Failover && cfg.StallTimeoutMS > 0
+}
+
+// supPortsUp says whether every SUP port p's lanes use is up (no IBV_EVENT_PORT_ERR since it
+// last came up).
+func supPortsUp(dev int, p *C.struct_mpib_conn_params) bool {
+	f := &C.mpib_g.fdev[dev]
+	ports := []C.int{p.sup_port}
+	for i := 1; i < int(p.sup_lanes); i++ {
+		ports = append(ports, p.lane_port[i-1])
+	}
+	for _, port := range ports {
+		if C.mpib_sup_port_down(f.sup_nic[port]) != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // stripeParams sets a striped connection's further SUP lanes: each lane's port and its GID

@@ -215,6 +215,7 @@ var handshakesInFlight atomic.Int32
 func handshakeBegins() { handshakesInFlight.Add(1) }
 
 func handshakeEnds() {
+	lastHandshakeEnd.Store(time.Now().UnixNano())
 	handshakesInFlight.Add(-1)
 	noteActivity()
 }

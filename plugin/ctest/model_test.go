@@ -117,18 +117,22 @@ func TestFailoverModel(t *testing.T) {
 	if last == nil {
 		return
 	}
-	for _, key := range []string{"wrong_bytes", "undelivered_sends", "hangs", "leaks", "unordered_flushes", "unexpected_errors", "not_dead", "spurious_failovers"} {
+	for _, key := range []string{"wrong_bytes", "undelivered_sends", "hangs", "leaks", "unordered_flushes", "unexpected_errors", "not_dead", "spurious_failovers", "standby_early"} {
 		if sum[key] != 0 {
 			t.Errorf("%s=%d, want 0", key, sum[key])
 		}
+	}
+	if sum["standby_schedules"] == 0 {
+		t.Error("standby_schedules=0: no schedule had a standby rail join")
 	}
 	if sum["schedules"] < int64(minSchedules) {
 		t.Errorf("schedules=%d, want at least %d", sum["schedules"], minSchedules)
 	}
 	maxFaults := last["max_faults"]
-	fmt.Printf("model: schedules=%d max_faults=%s fault_kinds=%s lanes=%s wrong_bytes=%d undelivered_sends=%d hangs=%d errors=%d leaks=%d seconds=%d unordered_flushes=%d unexpected_errors=%d not_dead=%d shards=%d spurious_failovers=%d\n",
+	fmt.Printf("model: schedules=%d max_faults=%s fault_kinds=%s lanes=%s wrong_bytes=%d undelivered_sends=%d hangs=%d errors=%d leaks=%d seconds=%d unordered_flushes=%d unexpected_errors=%d not_dead=%d shards=%d spurious_failovers=%d standby_schedules=%d standby_early=%d\n",
 		sum["schedules"], maxFaults, last["fault_kinds"], last["lanes"], sum["wrong_bytes"], sum["undelivered_sends"], sum["hangs"],
-		sum["errors"], sum["leaks"], sum["seconds"]/int64(shards), sum["unordered_flushes"], sum["unexpected_errors"], sum["not_dead"], shards, sum["spurious_failovers"])
+		sum["errors"], sum["leaks"], sum["seconds"]/int64(shards), sum["unordered_flushes"], sum["unexpected_errors"], sum["not_dead"], shards, sum["spurious_failovers"],
+		sum["standby_schedules"], sum["standby_early"])
 }
 
 // TestFailoverModelSanitized runs the checker briefly under AddressSanitizer and
@@ -185,6 +189,8 @@ var mutants = []mutant{
 	// a dying device acknowledged before the sender read the record, completes the send and is
 	// never replayed, while the receiver drops the fenced rail's completion.
 	{"confirm-misses-posted-after-record", "mpib_policy.h", "  if (slot_seq >= next_seq) return acked;\n", "  (void)next_seq;\n"},
+	// A standby rail's recovery starts before it joined (the sender has no QPs of it yet).
+	{"standby-tried-before-join", "mpib_failover.c", "    if (!mpib_join_take(c, r)) return ncclSuccess; /* a standby rail: tried once it joined */\n", ""},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
 	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }

@@ -528,6 +528,30 @@ static void dump(struct mpib_comm *s, struct mpib_comm *r, long sp, long sd, lon
  * starts with the rail DOWN; -1: none. */
 static int degraded_side = -1, degraded_rail;
 
+/* A standby SOUT rail (mpib_comm_connect with the sender's rail deferred): both ends start with
+ * it DOWN, waiting for its join, which the control plane completes at step standby_join_at
+ * (the sender's QPs built and taken by the receiver: standby.go); -1: no standby. */
+static int standby_join_at = -1;
+
+static void standby_start(struct mpib_comm *s, struct mpib_comm *r) {
+  struct mpib_comm *both[2] = {s, r};
+  for (int k = 0; k < 2; k++) {
+    struct mpib_rail_ctl *rc = &both[k]->rail[MPIB_RAIL_SOUT];
+    rc->state = MPIB_RAIL_DOWN;
+    rc->since_ns = fake_now;
+    rc->join_wait = 1;
+    fq[k * 2 + MPIB_RAIL_SOUT].err = 1; /* not built, or never left INIT: drops what arrives */
+  }
+  r->cts_rail = MPIB_RAIL_SUP;
+}
+
+static void standby_join(struct mpib_comm *s, struct mpib_comm *r) {
+  r->join_peer[MPIB_RAIL_SOUT] = (struct mpib_join_info){.nqps = r->nqps[MPIB_RAIL_SOUT]};
+  __atomic_store_n(&r->rail[MPIB_RAIL_SOUT].join_arrived, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->rail[MPIB_RAIL_SOUT].join_built, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->rail[MPIB_RAIL_SOUT].join_arrived, 1, __ATOMIC_RELEASE);
+}
+
 static struct outcome run(const struct fault *f, int nf) {
   fabric_reset();
   prof_n = prof_overflow = 0;
@@ -542,6 +566,7 @@ static struct outcome run(const struct fault *f, int nf) {
     d->rail[degraded_rail].retry_at_ns = fake_now + mpib_g.recovery_backoff_ms * 1000000ull;
     if (d->cts_rail == degraded_rail) d->cts_rail = 1 - degraded_rail;
   }
+  if (standby_join_at >= 0) standby_start(s, r);
   struct mpib_mr mh = {.mr = {&fake_mr, &fake_mr}};
   struct mpib_request *sopen[NSRC], *ropen[NBUF];
   long sposted = 0, sdone = 0, rposted = 0, rdone = 0;
@@ -549,6 +574,7 @@ static struct outcome run(const struct fault *f, int nf) {
   int step;
   for (step = 0; step < MAX_STEPS; step++) {
     apply_faults(f, nf, step);
+    if (step == standby_join_at) standby_join(s, r);
     if (!o.recv_error && recv_side(r, &mh, ropen, &rposted, &rdone) != 0) o.recv_error = step + 1;
     if (!o.send_error && send_side(s, &mh, sopen, &sposted, &sdone) != 0) o.send_error = step + 1;
     if (sdone >= NMSG && rdone >= NMSG) break;
@@ -681,6 +707,27 @@ int main(void) {
       }
   degraded_side = -1;
   printf("replay-model: degraded_starts=%d completed=%d\n", degraded, degraded - degraded_bad);
+  /* Standby rails: SOUT joins at some step, before any traffic or during it, with SUP faulted
+   * before, across or after the join, healing or never; the transfer completes every time. */
+  static const int joins[] = {0, 50, 300, 1500};
+  static const struct fault sup_faults[] = {{MPIB_RAIL_SUP, FWD | REV, 20, 300},
+                                            {MPIB_RAIL_SUP, FWD | REV, 100, 2500},
+                                            {MPIB_RAIL_SUP, REV, 400, 600},
+                                            {MPIB_RAIL_SUP, FWD, 400, MAX_STEPS}};
+  int standbys = 0, standby_bad = 0;
+  for (size_t j = 0; j < sizeof joins / sizeof joins[0]; j++)
+    for (int k = -1; k < (int)(sizeof sup_faults / sizeof sup_faults[0]); k++) {
+      standby_join_at = joins[j];
+      long wrong0 = wrong_bytes, stray0 = stray_bytes;
+      struct outcome o = run(k < 0 ? NULL : &sup_faults[k], k < 0 ? 0 : 1);
+      standbys++;
+      if ((!o.completed || wrong_bytes != wrong0 || stray_bytes != stray0) && standby_bad++ < 4)
+        fprintf(stderr, "FAIL standby join at %d, SUP fault %d: completed=%d hang=%d send_error=%d recv_error=%d\n",
+                joins[j], k, o.completed, o.hang, o.send_error, o.recv_error);
+    }
+  standby_join_at = -1;
+  printf("replay-model: standby_joins=%d completed=%d\n", standbys, standbys - standby_bad);
+  CHECK(standby_bad == 0, "%d of %d standby joins did not complete", standby_bad, standbys);
   CHECK(degraded_bad == 0, "%d of %d degraded starts did not complete", degraded_bad, degraded);
   CHECK(permanent_bad == 0, "%d of %d permanent outages did not fail both ends within the stall timeout", permanent_bad,
         permanent);

@@ -180,8 +180,16 @@ int mpib_rail_to_error(struct mpib_comm *c, int rail) {
 }
 
 /* RESET then INIT..RTS against the peer's same QPs: the queue and its completions are gone. */
+/* Rebuilds of a standby rail before it joined: the real one has no QPs on the sender, and on
+ * the receiver no peer QPs to connect to. */
+static long standby_early;
+
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) {
   int side = side_of(c);
+  if (c->rail[rail].join_wait) {
+    standby_early++;
+    return -EPROTO;
+  }
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     struct fqp *f = fqp_of(c->qps[mpib_rail_base(c, rail) + i].qp);
     qp_discard(f);
@@ -545,6 +553,8 @@ struct schedule {
   int small_sq;   /* data QPs' send queues hold SMALL_SQ work requests: back-pressure happens */
   int at_end;     /* NCCL posts nothing after the first fault starts: the end of a collective,
                    * with every send completed and nothing of the sender's left to test */
+  int standby;    /* > 0: SOUT is a standby rail that joins at this step (standby.go: built
+                   * after the handshake), DOWN on both ends until then */
 };
 
 /* Targets of each kind: how many, and the fault for index i. */
@@ -578,8 +588,8 @@ static struct fault make_fault(int kind, int i, int at, int len) {
 }
 
 static void describe(const struct schedule *s, char *out, size_t n) {
-  int k = snprintf(out, n, "recv_every=%d test_every=%d host_only=%d small_sq=%d at_end=%d", s->recv_every,
-                   s->test_every, s->host_only, s->small_sq, s->at_end);
+  int k = snprintf(out, n, "recv_every=%d test_every=%d host_only=%d small_sq=%d at_end=%d standby=%d", s->recv_every,
+                   s->test_every, s->host_only, s->small_sq, s->at_end, s->standby);
   for (int i = 0; i < s->nf && k < (int)n; i++) {
     const struct fault *f = &s->f[i];
     k += snprintf(out + k, n - (size_t)k, " %s(side=%d target=%d dirs=%d at=%d len=%d)", kind_names[f->kind], f->side,
@@ -790,7 +800,8 @@ enum { HANG_BOUND = 2500, SETTLE = 600 };
 struct outcome {
   long wrong, unordered, undelivered;
   int hang, error, bad_error, not_dead, leaks, steps;
-  int spurious; /* rails failed over in a schedule with no fault */
+  int spurious;       /* rails failed over in a schedule with no fault */
+  long standby_early; /* a standby rail rebuilt before its join */
 };
 
 static void fabric_reset(void) {
@@ -866,12 +877,37 @@ static void dump(struct mpib_comm *s, struct mpib_comm *r) {
           (unsigned long long)s->cts[s->fifo_head % 32][0].seq, (unsigned long long)s->fifo_head + 1);
 }
 
+/* The standby SOUT rail as mpib_comm_connect leaves it when the sender deferred it: DOWN and
+ * waiting on both ends, its QPs dropping what arrives (the sender's do not exist yet, the
+ * receiver's never left INIT), the receiver without the sender's rkey and its CTS on SUP. */
+static void standby_start(struct mpib_comm *sc, struct mpib_comm *rc) {
+  struct mpib_comm *both[2] = {sc, rc};
+  for (int side = 0; side < 2; side++) {
+    struct mpib_rail_ctl *r = &both[side]->rail[MPIB_RAIL_SOUT];
+    r->state = MPIB_RAIL_DOWN;
+    r->since_ns = fake_now;
+    r->join_wait = 1;
+    fq[qp_id(side, 0)].err = 1;
+  }
+  rc->rem_rkey[MPIB_RAIL_SOUT] = rc->rem_rail[MPIB_RAIL_SOUT].rkey = 0;
+  rc->cts_rail = MPIB_RAIL_SUP;
+}
+
+/* The control plane's join: the sender's QPs built and sent ('J'), the receiver's answer ('K'). */
+static void standby_join(struct mpib_comm *sc, struct mpib_comm *rc) {
+  rc->join_peer[MPIB_RAIL_SOUT] = (struct mpib_join_info){.rkey = fake_mr.rkey, .nqps = rc->nqps[MPIB_RAIL_SOUT]};
+  __atomic_store_n(&rc->rail[MPIB_RAIL_SOUT].join_arrived, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&sc->rail[MPIB_RAIL_SOUT].join_built, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&sc->rail[MPIB_RAIL_SOUT].join_arrived, 1, __ATOMIC_RELEASE);
+}
+
 static struct outcome run(const struct schedule *s) {
   fabric_reset();
   fake_now = 10000000000ull;
   struct mpib_comm *sc = make_comm(SEND, s->small_sq), *rc = make_comm(RECV, s->small_sq);
   sc->rem_addr = (uint64_t)(uintptr_t)rc->sizes;
   rc->rem_addr = (uint64_t)(uintptr_t)sc->cts;
+  if (s->standby) standby_start(sc, rc);
   int horizon = SETTLE;
   for (int i = 0; i < s->nf; i++) {
     int end = s->f[i].at + (is_fatal_once(s->f[i].kind) ? 0 : s->f[i].len);
@@ -879,11 +915,12 @@ static struct outcome run(const struct schedule *s) {
   }
   int stop_posting = s->at_end && s->nf ? s->f[0].at : horizon;
   struct outcome o = {0};
-  long wrong0 = wrong_bytes, unordered0 = unordered;
+  long wrong0 = wrong_bytes, unordered0 = unordered, early0 = standby_early;
   int step;
   for (step = 0; step < horizon + HANG_BOUND; step++) {
     int posting = step < horizon && step < stop_posting;
     apply_faults(s, step);
+    if (s->standby && step == s->standby) standby_join(sc, rc);
     struct end *re = &ends[RECV], *se = &ends[SEND];
     if (!stopped[RECV] && step % s->recv_every == 0 && recv_side(rc, posting, s->host_only) != 0) {
       re->error = 1, re->error_step = step;
@@ -933,9 +970,12 @@ static struct outcome run(const struct schedule *s) {
     }
     o.leaks = in_use(sc) + in_use(rc); /* every request was tested to completion */
   }
-  for (int r = 0; r < MPIB_NRAILS && s->nf == 0; r++) /* nothing failed: no rail may have left service */
-    o.spurious += (sc->rail[r].gen != 1 || sc->rail[r].state != MPIB_RAIL_UP) +
-                  (rc->rail[r].gen != 1 || rc->rail[r].state != MPIB_RAIL_UP);
+  for (int r = 0; r < MPIB_NRAILS && s->nf == 0; r++) {       /* nothing failed: no rail may have left service */
+    uint32_t gen = s->standby && r == MPIB_RAIL_SOUT ? 2 : 1; /* a standby came into service once */
+    o.spurious += (sc->rail[r].gen != gen || sc->rail[r].state != MPIB_RAIL_UP) +
+                  (rc->rail[r].gen != gen || rc->rail[r].state != MPIB_RAIL_UP);
+  }
+  o.standby_early = standby_early - early0;
   o.wrong = wrong_bytes - wrong0;
   o.unordered = unordered - unordered0;
   mpib_comm_close(sc);
@@ -947,7 +987,7 @@ static struct outcome run(const struct schedule *s) {
 
 static int failed(const struct outcome *o) {
   return o->wrong || o->unordered || o->undelivered || o->hang || o->bad_error || o->not_dead || o->leaks ||
-         o->spurious;
+         o->spurious || o->standby_early;
 }
 
 /* ---- the schedules explored ---- */
@@ -1018,11 +1058,13 @@ static struct schedule random_schedule(uint64_t seed) {
   }
   s.test_every = 1 + (int)(rng_next(&x) % 3);
   s.host_only = (int)(rng_next(&x) % 2);
+  if (rng_next(&x) % 3 == 0) s.standby = 1 + (int)(rng_next(&x) % 250); /* a third: before, among, after the faults */
   return s;
 }
 
 struct totals {
   long schedules, wrong, unordered, undelivered, hangs, errors, bad_errors, not_dead, leaks, spurious;
+  long standby, standby_early;
 };
 
 static int check_one(const struct schedule *s, const char *id, struct totals *t, int report) {
@@ -1031,14 +1073,15 @@ static int check_one(const struct schedule *s, const char *id, struct totals *t,
   t->wrong += o.wrong, t->unordered += o.unordered, t->undelivered += o.undelivered;
   t->hangs += o.hang, t->errors += o.error, t->bad_errors += o.bad_error, t->not_dead += o.not_dead,
       t->leaks += o.leaks, t->spurious += o.spurious;
+  t->standby += s->standby > 0, t->standby_early += o.standby_early;
   if (!failed(&o)) return 0;
   if (report) {
     char d[512];
     describe(s, d, sizeof d);
     printf("model-fail: schedule=%s steps=%d wrong_bytes=%ld unordered_flushes=%ld undelivered_sends=%ld hang=%d "
-           "error=%d error_allowed=%d not_dead=%d leaks=%d spurious_failovers=%d faults: %s\n",
+           "error=%d error_allowed=%d not_dead=%d leaks=%d spurious_failovers=%d standby_early=%ld faults: %s\n",
            id, o.steps, o.wrong, o.unordered, o.undelivered, o.hang, o.error, !o.bad_error, o.not_dead, o.leaks,
-           o.spurious, d);
+           o.spurious, o.standby_early, d);
   }
   return o.steps > 0 ? o.steps : 1;
 }
@@ -1140,10 +1183,10 @@ int main(int argc, char **argv) {
   printf(
       "model: schedules=%ld max_faults=%d fault_kinds=%s lanes=2 wrong_bytes=%ld undelivered_sends=%ld hangs=%ld "
       "errors=%ld leaks=%ld seconds=%.0f unordered_flushes=%ld unexpected_errors=%ld not_dead=%ld enumerated=%ld/%ld "
-      "completed_sends=%ld completed_recvs=%ld spurious_failovers=%ld\n",
+      "completed_sends=%ld completed_recvs=%ld spurious_failovers=%ld standby_schedules=%ld standby_early=%ld\n",
       t.schedules, done > enumerated ? MAXF : 2, kinds, t.wrong, t.undelivered, t.hangs, t.errors, t.leaks,
       seconds() - t0, t.unordered, t.bad_errors, t.not_dead, enumerated, total, completed_sends, completed_recvs,
-      t.spurious);
+      t.spurious, t.standby, t.standby_early);
   if (first_failure) {
     printf("model-first-failure: none schedules=%ld\n", done);
     return 0;

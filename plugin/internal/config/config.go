@@ -43,6 +43,7 @@ var Knobs = []Knob{
 	{"MPIB_RECOVERY_BACKOFF_MS", "250", "first retry of a failed rail after this long, doubling per failed attempt (a port that comes back up is retried at once)"},
 	{"MPIB_RECOVERY_BACKOFF_MAX_MS", "2000", "the longest wait between retries of a failed rail; retries never stop"},
 	{"MPIB_FAILOVER_TIMEOUT_MS", "5000", "how long the sender waits for the receiver's answer to a recovery attempt before it retries, and for its fence record before it logs the wait (it keeps waiting: a dead peer is caught by the control socket)"},
+	{"MPIB_STANDBY_DEFER", "1", "1: a vanilla-mode sender inside the island builds its SOUT rail (a standby there, used only when SUP fails) after the process's connection setups are done, and it joins the connection then; until it joins a SUP failure rides through. 0: built with the connection, as net_ib builds every device's QPs (docs/failover.md, the standby rail)"},
 	{"MPIB_STALL_TIMEOUT_MS", "30000", "how long a connection none of whose rails works (both faulted, or the only one of an inter-island connection) stalls, retrying them, before it fails on both ends; 0 fails it at once (docs/failover.md, ride-through)"},
 	{"MPIB_IB_TC", "(unset)", "traffic class of the connection (the IP TOS byte on RoCE); wins over NCCL_IB_TC and NCCL's per-communicator class"},
 	{"MPIB_IB_SL", "(unset)", "service level of the connection; wins over NCCL_IB_SL"},
@@ -129,6 +130,7 @@ type Config struct {
 	StallTimeoutMS     int // MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once)
 	DetectMS           int // MPIB_DETECT_MS: the no-progress watch's limit (0: off)
 	GDRFlushDisable    bool
+	StandbyDefer       bool // MPIB_STANDBY_DEFER: a vanilla intra-island sender builds its standby SOUT rail after the setup
 }
 
 // GIDPolicy steers the RoCE GID auto-selection (net_ib's NCCL_IB_ROCE_VERSION_NUM,
@@ -171,6 +173,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		UseInline:          p.int("NCCL_IB_USE_INLINE", 1, 0, 1) == 1,
 		WholeMsgMax:        p.int("MPIB_WHOLE_MSG_MAX", 65536, 0, 1<<30),
 		GDRFlushDisable:    p.int("NCCL_GDR_FLUSH_DISABLE", 0, 0, 1) == 1,
+		StandbyDefer:       p.int("MPIB_STANDBY_DEFER", 1, 0, 1) == 1,
 		GID:                p.gidPolicy(),
 	}
 	c.RelaxedOrdering = p.first(2, 0, 2, "MPIB_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING") >= 1

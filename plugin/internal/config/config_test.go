@@ -31,6 +31,7 @@ func TestParseDefaults(t *testing.T) {
 		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 6, DetectMS: 600, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
 		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000, StallTimeoutMS: 30000,
+		StandbyDefer: true,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -175,6 +176,8 @@ func TestNCCLKnobPrecedence(t *testing.T) {
 		{"ECE off", []string{"NCCL_IB_ECE_ENABLE", "0"}, func(c Config) any { return c.ECE }, false},
 		{"inline off", []string{"NCCL_IB_USE_INLINE", "0"}, func(c Config) any { return c.UseInline }, false},
 		{"flush disable", []string{"NCCL_GDR_FLUSH_DISABLE", "1"}, func(c Config) any { return c.GDRFlushDisable }, true},
+		{"standby deferred by default", nil, func(c Config) any { return c.StandbyDefer }, true},
+		{"standby built at connect", []string{"MPIB_STANDBY_DEFER", "0"}, func(c Config) any { return c.StandbyDefer }, false},
 		{"RoCE v1", []string{"NCCL_IB_ROCE_VERSION_NUM", "1"}, func(c Config) any { return c.GID.RoCEVersion }, 1},
 		{"IPv6 family and range", []string{"NCCL_IB_ADDR_FAMILY", "AF_INET6", "NCCL_IB_ADDR_RANGE", "fd00::1/64"},
 			func(c Config) any { return c.GID }, GIDPolicy{RoCEVersion: 2, IPv6: true, Range: netip.MustParsePrefix("fd00::/64")}},

@@ -13,15 +13,17 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	// Version is every message's: 5: up to MaxPairs SUP pairs in the hello (striping); 4: SUP
+	// Version is every message's: 6: a sender's standby rail joins after the handshake
+	// (Metadata.Deferred, the ack's flag, 'J'/'K' on the control socket); 5: up to MaxPairs
+	// SUP pairs in the hello (striping); 4: SUP
 	// port addresses and the relay flag in the handle, the SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
 	// 2: traffic class/SL, LID, link layer, SUP prefix and ECE.
-	Version       = 5
+	Version       = 6
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
 	metadataMagic = 0x4D49504D // "MPIM"
 	ackMagic      = 0x4149504D // "MPIA"
-	AckSize       = 4
+	AckSize       = 8
 	MaxQPsPerRail = 16
 	Rails         = 2
 	laneSize      = 16 + 4 + 4 + 2 + 1 + 1
@@ -30,15 +32,27 @@ const (
 	maxIBMTUEnum  = 5 // IBV_MTU_4096
 )
 
-// Ack is sent once a side's QPs are ready to receive.
-func EncodeAck() []byte { return binary.LittleEndian.AppendUint32(nil, ackMagic) }
+// ackJoinNow is the ack's flag for a side none of whose rails came up while a standby rail
+// waits for its join (Metadata.Deferred): both ends then join it before the comm goes to NCCL.
+const ackJoinNow = 1
 
-// CheckAck validates an ack.
-func CheckAck(b []byte) error {
-	if len(b) != AckSize || binary.LittleEndian.Uint32(b) != ackMagic {
-		return fmt.Errorf("%w: bad ready acknowledgement % x", ErrMalformed, b)
+// EncodeAck is sent once a side's QPs are ready to receive. Layout: magic u32 | flags u8 |
+// reserved [3].
+func EncodeAck(joinNow bool) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, ackMagic)
+	flags := byte(0)
+	if joinNow {
+		flags = ackJoinNow
 	}
-	return nil
+	return append(b, flags, 0, 0, 0)
+}
+
+// CheckAck validates an ack and returns its join-now flag.
+func CheckAck(b []byte) (joinNow bool, err error) {
+	if len(b) != AckSize || binary.LittleEndian.Uint32(b) != ackMagic || b[4]&^ackJoinNow != 0 || b[5]|b[6]|b[7] != 0 {
+		return false, fmt.Errorf("%w: bad ready acknowledgement % x", ErrMalformed, b)
+	}
+	return b[4] == ackJoinNow, nil
 }
 
 // Link layers as libibverbs numbers them (IBV_LINK_LAYER_*).
@@ -78,11 +92,13 @@ type RailInfo struct {
 // Layout: magic u32 | version u16 | size u16 | mode u8 | path class u8 | traffic class u8 |
 // service level u8 | nqps [2]u32 | buffer address u64 | rails [2]{gid [16], mtu u32,
 // rkey u32, lid u16, link layer u8, prefix length u8, ece {valid u32, vendor u32, options u32,
-// comp mask u32}, qpn [16]u32} | SUP lanes u8 | reserved [3] | lanes [MaxPairs-1]{gid [16],
+// comp mask u32}, qpn [16]u32} | SUP lanes u8 | deferred u8 | reserved [2] | lanes [MaxPairs-1]{gid [16],
 // mtu u32, rkey u32, lid u16, link layer u8, prefix length u8}. The traffic class and service
 // level are the sending side's: both ends of a connection use the sender's (as net_ib does).
 // SupLanes is 0 without SUP QPs, else the SUP pairs (1 without striping); lanes past
-// SupLanes - 1 are zero.
+// SupLanes - 1 are zero. Deferred (bit 0: SOUT, the only rail that may) says that the
+// sender builds that rail's QPs after the handshake (its standby rail: rkey, ECE and QPNs are
+// zero here and come in a 'J' message); it needs SUP QPs beside it.
 type Metadata struct {
 	Mode      uint8
 	PathClass uint8
@@ -91,6 +107,7 @@ type Metadata struct {
 	BufAddr   uint64
 	Rail      [Rails]RailInfo
 	SupLanes  uint8
+	Deferred  uint8
 	Lane      [MaxPairs - 1]LaneInfo
 }
 
@@ -118,7 +135,7 @@ func EncodeMetadata(m Metadata) []byte {
 			b = binary.LittleEndian.AppendUint32(b, q)
 		}
 	}
-	b = append(b, m.SupLanes, 0, 0, 0)
+	b = append(b, m.SupLanes, m.Deferred, 0, 0)
 	for _, l := range m.Lane {
 		b = appendLane(b, l)
 	}
@@ -201,11 +218,13 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 
 // decodeLanes reads and checks the striped lanes that end the metadata.
 func decodeLanes(m *Metadata, b []byte) error {
-	m.SupLanes = b[0]
-	if b[1]|b[2]|b[3] != 0 {
-		return fmt.Errorf("%w: metadata reserved bytes % x after the rails", ErrMalformed, b[1:4])
+	m.SupLanes, m.Deferred = b[0], b[1]
+	if b[2]|b[3] != 0 {
+		return fmt.Errorf("%w: metadata reserved bytes % x after the rails", ErrMalformed, b[2:4])
 	}
 	switch {
+	case m.Deferred&^1 != 0 || (m.Deferred != 0 && m.NQPs[1] == 0):
+		return fmt.Errorf("%w: deferred rails %#x with %d SUP QPs (only SOUT may be, beside SUP)", ErrMalformed, m.Deferred, m.NQPs[1])
 	case m.NQPs[1] == 0 && m.SupLanes != 0:
 		return fmt.Errorf("%w: %d SUP lanes without SUP QPs", ErrMalformed, m.SupLanes)
 	case m.NQPs[1] > 0 && (m.SupLanes < 1 || m.SupLanes > MaxPairs || uint32(m.SupLanes) > m.NQPs[1]):

@@ -31,11 +31,42 @@ func sampleMetadata() Metadata {
 const laneOff = 28 + Rails*railSize + 4
 
 func TestAck(t *testing.T) {
-	if err := CheckAck(EncodeAck()); err != nil {
-		t.Error(err)
+	for _, joinNow := range []bool{false, true} {
+		got, err := CheckAck(EncodeAck(joinNow))
+		if err != nil || got != joinNow {
+			t.Errorf("EncodeAck(%v) read back as %v, %v", joinNow, got, err)
+		}
 	}
-	if err := CheckAck([]byte("GET ")); err == nil {
-		t.Error("garbage ack accepted")
+	bad := map[string][]byte{
+		"garbage":       []byte("GET HTTP"),
+		"version 5 ack": EncodeAck(false)[:4],
+		"unknown flag":  append(EncodeAck(false)[:4], 2, 0, 0, 0),
+		"reserved byte": append(EncodeAck(true)[:5], 0, 1, 0),
+	}
+	for name, b := range bad {
+		if _, err := CheckAck(b); err == nil {
+			t.Errorf("%s (% x) accepted as an ack", name, b)
+		}
+	}
+}
+
+func TestMetadataDeferred(t *testing.T) {
+	m := sampleMetadata()
+	m.Deferred = 1
+	got, err := DecodeMetadata(EncodeMetadata(m))
+	if err != nil || got.Deferred != 1 {
+		t.Fatalf("a deferred SOUT rail read back as %d, %v", got.Deferred, err)
+	}
+	for name, mut := range map[string]func(*Metadata){
+		"SUP deferred":              func(m *Metadata) { m.Deferred = 2 },
+		"SOUT deferred without SUP": func(m *Metadata) { m.NQPs[1], m.SupLanes, m.Lane = 0, 0, [MaxPairs - 1]LaneInfo{} },
+	} {
+		bad := sampleMetadata()
+		bad.Deferred = 1
+		mut(&bad)
+		if _, err := DecodeMetadata(EncodeMetadata(bad)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }
 
@@ -63,7 +94,7 @@ func TestMetadataRejects(t *testing.T) {
 		{"no SOUT QPs", 12, 0}, {"MTU code", 28 + 16, 9}, {"link layer", 28 + 26, 3},
 		{"ECE flag", 28 + 28, 2}, {"prefix length", 28 + 27, 129},
 		{"no SUP lanes with SUP QPs", laneOff - 4, 0}, {"5 SUP lanes", laneOff - 4, 5},
-		{"more lanes than SUP QPs", laneOff - 4, 4}, {"reserved after the rails", laneOff - 3, 1},
+		{"more lanes than SUP QPs", laneOff - 4, 4}, {"reserved after the rails", laneOff - 2, 1}, {"SUP deferred", laneOff - 3, 2},
 		{"lane MTU code", laneOff + 16, 9}, {"lane link layer", laneOff + 26, 0}, {"lane prefix", laneOff + 27, 129},
 		{"a lane past the count", laneOff + laneSize + 20, 1},
 	}
@@ -103,9 +134,10 @@ func FuzzDecodeMetadata(f *testing.F) {
 }
 
 func FuzzCheckAck(f *testing.F) {
-	f.Add(EncodeAck())
+	f.Add(EncodeAck(false))
+	f.Add(EncodeAck(true))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if CheckAck(b) == nil && !bytes.Equal(b, EncodeAck()) {
+		if joinNow, err := CheckAck(b); err == nil && !bytes.Equal(b, EncodeAck(joinNow)) {
 			t.Fatalf("accepted % x as an ack", b)
 		}
 	})

@@ -1,0 +1,176 @@
+// standby.go: the standby rail that joins a connection after its handshake (docs/failover.md,
+// "The standby rail"). A vanilla intra-island sender builds its SOUT rail, which carries
+// nothing while SUP works, only once the process's connection setups are done
+// (queueStandby: no handshake running for standbyQuiet, or standbyMaxWait after the
+// connection was made), one connection at a time in a verbs slot, and sends its QPs on the
+// control socket ('J'); the receiver's watcher stages them and answers ('K', watchJoin in
+// lifecycle.go); the sender's recovery then brings the rail up as it does any rail out of
+// service. A connection none of whose rails came up at connect joins it in the handshake
+// instead (joinStandbyNow).
+
+package main
+
+/*
+#include "mpib.h"
+#include "mpib_comm.h"
+#include "mpib_failover.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// standbyQuiet is how long no handshake may have run before the standby rails are built;
+// standbyMaxWait bounds the wait behind a stream of handshakes that never pauses. Until its
+// standby joins, a connection whose SUP fails rides through (docs/failover.md).
+const (
+	standbyQuiet   = 20 * time.Millisecond
+	standbyMaxWait = 2 * time.Second
+)
+
+// joinInfoSize is a 'J' message's payload: the sender's struct mpib_join_info (both ends run
+// the same plugin version on the same architecture, as for the fence records).
+const joinInfoSize = C.sizeof_struct_mpib_join_info
+
+var standby struct {
+	mu      sync.Mutex
+	queue   []standbyJob
+	running bool
+}
+
+type standbyJob struct {
+	lc     *liveComm
+	queued time.Time
+}
+
+// lastHandshakeEnd is when the last handshake ended (unix nanoseconds; handshakeEnds).
+var lastHandshakeEnd atomic.Int64
+
+// queueStandby has the standby builder join lc's standby rail once the setups are done.
+func queueStandby(lc *liveComm) {
+	standby.mu.Lock()
+	standby.queue = append(standby.queue, standbyJob{lc: lc, queued: time.Now()})
+	start := !standby.running
+	standby.running = true
+	standby.mu.Unlock()
+	if start {
+		go func() {
+			defer recoverGoroutine("standby rails")
+			runStandby()
+		}()
+	}
+}
+
+// runStandby builds the queued standby rails, oldest first, and ends with the queue.
+func runStandby() {
+	for {
+		standby.mu.Lock()
+		if len(standby.queue) == 0 {
+			standby.running = false
+			standby.mu.Unlock()
+			return
+		}
+		job := standby.queue[0]
+		standby.queue = standby.queue[1:]
+		standby.mu.Unlock()
+		waitSetupsDone(job.queued)
+		if err := job.lc.buildStandby(); err != nil {
+			warnf("connection to %v: its standby SOUT rail could not be built: %v; a SUP failure rides through until SUP is back", job.lc.conn.RemoteAddr(), err)
+		}
+	}
+}
+
+// waitSetupsDone returns once no handshake has run for standbyQuiet, or standbyMaxWait after
+// queued.
+func waitSetupsDone(queued time.Time) {
+	for {
+		now := time.Now()
+		idle := now.Sub(time.Unix(0, lastHandshakeEnd.Load()))
+		if (handshakesInFlight.Load() == 0 && idle >= standbyQuiet) || now.Sub(queued) >= standbyMaxWait {
+			return
+		}
+		time.Sleep(max(standbyQuiet-idle, time.Millisecond))
+	}
+}
+
+// buildStandby builds lc's standby rail and sends its QPs to the receiver ('J'); the
+// receiver's 'K' (watchJoin) completes the join. Nothing happens once NCCL closed the comm.
+func (lc *liveComm) buildStandby() error {
+	lc.standbyMu.Lock()
+	defer lc.standbyMu.Unlock()
+	if lc.closing.Load() {
+		return nil
+	}
+	rc, err := withVerbsSlot(context.Background(), func() C.int { return C.mpib_comm_build_deferred(lc.comm, 0) })
+	if err == nil && rc != 0 {
+		err = fmt.Errorf("building its QPs failed (%d)", int(rc))
+	}
+	if err != nil {
+		return err
+	}
+	if rc := C.mpib_comm_ctrl_send(lc.comm, unsafe.Pointer(&joinMessage(lc.comm, 0)[0]), 2+joinInfoSize); rc != 0 {
+		return fmt.Errorf("sending its QPs on the control socket failed (%d)", int(rc))
+	}
+	return nil
+}
+
+// joinMessage is rail r's 'J' message: the kind, the rail and the sender's join info.
+func joinMessage(comm *C.struct_mpib_comm, r int) []byte {
+	var info C.struct_mpib_join_info
+	C.mpib_comm_join_info(comm, C.int(r), &info)
+	msg := []byte{'J', byte(r)}
+	return append(msg, unsafe.Slice((*byte)(unsafe.Pointer(&info)), joinInfoSize)...)
+}
+
+// joinStandbyNow joins the standby rail in the handshake, on its socket, when no rail came up
+// at connect on one end or both (the ack's flag): the sender builds its QPs and sends them
+// ('J'), the receiver brings its QPs up against them and answers ('K'), then the sender brings
+// its own up. The comm then starts on the standby rail, the other one out of service
+// (docs/failover.md, degraded start).
+func joinStandbyNow(ctx context.Context, c net.Conn, comm *C.struct_mpib_comm, isSend bool, peer netip.Addr) error {
+	const r = 0
+	if comm.rail[r].join_wait == 0 {
+		return fmt.Errorf("no rail to %v came up, and none waits to join", peer)
+	}
+	if !isSend {
+		msg := make([]byte, 2+joinInfoSize)
+		if _, err := io.ReadFull(c, msg); err != nil {
+			return fmt.Errorf("standby rail's QPs from %v: %w", peer, err)
+		}
+		if msg[0] != 'J' || msg[1] != r || C.mpib_comm_join_peer(comm, r, (*C.struct_mpib_join_info)(unsafe.Pointer(&msg[2]))) != 0 {
+			return fmt.Errorf("peer %v: not a standby rail's QPs (% x...)", peer, msg[:2])
+		}
+		if rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_join_now(comm, r) }); err != nil || rc != 0 {
+			return errors.Join(err, fmt.Errorf("bringing the standby SOUT rail to %v up failed (%d)", peer, int(rc)))
+		}
+		_, err := c.Write([]byte{'K', r})
+		return err
+	}
+	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_build_deferred(comm, r) })
+	if err != nil || rc != 0 {
+		return errors.Join(err, fmt.Errorf("building the standby SOUT rail for %v failed (%d)", peer, int(rc)))
+	}
+	if _, err := c.Write(joinMessage(comm, r)); err != nil {
+		return fmt.Errorf("standby rail's QPs to %v: %w", peer, err)
+	}
+	ack := make([]byte, 2)
+	if _, err := io.ReadFull(c, ack); err != nil || ack[0] != 'K' || ack[1] != r {
+		return errors.Join(err, fmt.Errorf("peer %v did not take the standby rail's QPs (% x)", peer, ack))
+	}
+	C.mpib_comm_join_peer(comm, r, nil)
+	if rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_join_now(comm, r) }); err != nil || rc != 0 {
+		return errors.Join(err, fmt.Errorf("bringing the standby SOUT rail to %v up failed (%d)", peer, int(rc)))
+	}
+	infof("send comm to %v: no rail came up at connect; its standby SOUT rail joined in the handshake", peer)
+	return nil
+}
