@@ -203,8 +203,12 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 		}
 		supPort = strings.Join(names, "+")
 	}
-	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d, %v",
+	standby := ""
+	if comm.rail[0].join_wait != 0 {
+		standby = ", SOUT a standby that joins after the setups"
+	}
+	infof("%s comm %v <-> %v: %v, SOUT QPs %d, SUP QPs %d, CTS on %s, SUP pair %v on %s, traffic class %d, SL %d%s, %v",
 		map[bool]string{true: "send", false: "recv"}[p.isSend], p.local, peer, p.path, int(comm.nqps[0]), int(comm.nqps[1]),
-		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), ph)
+		[]string{"SOUT", "SUP"}[comm.cts_rail], p.sup, supPort, int(comm.tc), int(comm.sl), standby, ph)
 	return comm, nil
 }

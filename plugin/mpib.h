@@ -247,6 +247,7 @@ struct mpib_rail_ctl {
    * them; receiver: the sender's are in comm->join_peer) with release. */
   int join_wait;
   int join_built, join_arrived;
+  uint64_t joining; /* sender: when the standby took its join, until it is UP (logged as a join) */
 };
 
 struct mpib_qp {

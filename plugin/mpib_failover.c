@@ -659,8 +659,14 @@ ncclResult_t mpib_failover_probe_done(struct mpib_comm *c, int r) {
   if (rc->state != MPIB_RAIL_PROBING || --rc->probes > 0) return ncclSuccess;
   rc->state = MPIB_RAIL_UP;
   mpib_publish_rail_state(c, r);
-  MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", mpib_rail_name(r),
-            (unsigned long long)mpib_wall_ms(), rc->gen, rc->attempts);
+  if (rc->joining) /* a standby rail's first time in service is no recovery */
+    MPIB_INFO("standby: rail=%s side=send joined_ms=%llu gen=%u after %llu ms (after %u failed attempt(s))",
+              mpib_rail_name(r), (unsigned long long)mpib_wall_ms(), rc->gen,
+              (unsigned long long)((mpib_now_ns() - rc->joining) / 1000000ull), rc->attempts);
+  else
+    MPIB_WARN("recovery: rail=%s side=send restored_ms=%llu gen=%u (after %u failed attempt(s))", mpib_rail_name(r),
+              (unsigned long long)mpib_wall_ms(), rc->gen, rc->attempts);
+  rc->joining = 0;
   rc->attempts = 0;
   stall_end(c, r);
   return post_notice(c, r, MPIB_NOTICE_UP);
@@ -691,7 +697,10 @@ static ncclResult_t send_rail_tick(struct mpib_comm *c, int r, uint64_t now) {
   case MPIB_RAIL_DOWN: {
     int e;
     if (rc->rebuild.running) return mpib_rail_rebuild_poll(c, r, &e) ? send_rebuilt(c, r, e, now) : ncclSuccess;
-    if (!mpib_join_take(c, r)) return ncclSuccess; /* a standby rail: tried once it joined */
+    if (rc->join_wait) { /* a standby rail: tried once it joined */
+      if (!mpib_join_take(c, r)) return ncclSuccess;
+      rc->joining = now;
+    }
     uint64_t port_back = 0;
     for (int l = 0; l < mpib_lane_count(c, r); l++) { /* the latest change of any of its ports */
       uint64_t t = __atomic_load_n(&c->nic[mpib_lane(r, l)]->port_change_ns, __ATOMIC_RELAXED);

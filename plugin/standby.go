@@ -30,11 +30,13 @@ import (
 	"unsafe"
 )
 
-// standbyQuiet is how long no handshake may have run before the standby rails are built;
-// standbyMaxWait bounds the wait behind a stream of handshakes that never pauses. Until its
-// standby joins, a connection whose SUP fails rides through (docs/failover.md).
+// standbyQuiet is how long no handshake may have run before the standby rails are built: a
+// burst's connections arrive milliseconds apart (NCCL connects every channel's peers at once),
+// and its last ones wait for the peer's too. standbyMaxWait bounds the wait behind a stream of
+// handshakes that never pauses. Until its standby joins, a connection whose SUP fails rides
+// through (docs/failover.md).
 const (
-	standbyQuiet   = 20 * time.Millisecond
+	standbyQuiet   = 100 * time.Millisecond
 	standbyMaxWait = 2 * time.Second
 )
 

@@ -190,7 +190,7 @@ var mutants = []mutant{
 	// never replayed, while the receiver drops the fenced rail's completion.
 	{"confirm-misses-posted-after-record", "mpib_policy.h", "  if (slot_seq >= next_seq) return acked;\n", "  (void)next_seq;\n"},
 	// A standby rail's recovery starts before it joined (the sender has no QPs of it yet).
-	{"standby-tried-before-join", "mpib_failover.c", "    if (!mpib_join_take(c, r)) return ncclSuccess; /* a standby rail: tried once it joined */\n", ""},
+	{"standby-tried-before-join", "mpib_failover.c", "      if (!mpib_join_take(c, r)) return ncclSuccess;\n", ""},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
 	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }
