@@ -105,3 +105,57 @@ func txMbpsOver(ctx context.Context, t *testing.T, n *Node, r Rail, d time.Durat
 	}
 	return float64(c1.TxBytes-c0.TxBytes) * 8 / time.Since(t0).Seconds() / 1e6
 }
+
+// TestFaultSupDownAtInitReceiver: the same with the ends swapped: a2 sends to a1, whose SUP
+// link is down. The sender's SUP port is up, so it defers its standby SOUT rail (standby.go),
+// and then neither end's SUP comes up at connect (a1's port is down; a2's RTR cannot resolve
+// a1's address). Both ends say so in the ready acknowledgement and join the standby in the
+// handshake; the transfer runs on SOUT, and SUP joins once the link is back. Line:
+//
+//	fault: case=sup-down-at-init-receiver rail=SUP pair=a2-a1 mode=vanilla joined_at_connect=true continued_on=SOUT sup_back_ms=N verified=true nccl_errors=0
+//
+// sup_back_ms runs from the link's return to downInitBytes counted on a2's SUP netdev.
+func TestFaultSupDownAtInitReceiver(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer restoreLab(t, a1)
+	if _, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", linkDownCmd(a1, SUP)); err != nil || code != 0 {
+		t.Fatalf("taking %s down: %v exit %d %s", a1.Netdev(SUP), err, code, errOut)
+	}
+	fp := startFaultPair(ctx, t, a1, a2, faultEnv(a1, "vanilla"), faultEnv(a2, "vanilla"),
+		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "1M")
+	defer fp.killUnlessStopped()
+	if err := waitRailTraffic(ctx, a2, SOUT, downInitBytes, fp.srv, fp.cli); err != nil {
+		s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
+		t.Fatalf("a2 -> a1 with a1's SUP link down at init: no SOUT traffic: %v\nserver %s\nclient %s", err, s, c)
+	}
+	if _, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up"); err != nil {
+		t.Fatalf("bringing %s up: %v", a1.Netdev(SUP), err)
+	}
+	up := time.Now()
+	limit := currentFaultLimits().recoverMS
+	bctx, bcancel := context.WithTimeout(ctx, time.Duration(limit)*time.Millisecond+10*time.Second)
+	backErr := waitRailTraffic(bctx, a2, SUP, downInitBytes, fp.srv, fp.cli)
+	bcancel()
+	backMS := time.Since(up).Milliseconds()
+	if backErr != nil {
+		backMS = -1
+	}
+	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
+	m := resultRe.FindStringSubmatch(s.out)
+	verifiedOK := s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
+	joined := strings.Contains(c.err, "standby SOUT rail joined in the handshake")
+	nerr := ncclErrors(s.err, c.err)
+	evidence("fault:", "case=sup-down-at-init-receiver rail=SUP pair=a2-a1 mode=vanilla joined_at_connect=%v continued_on=SOUT sup_back_ms=%d verified=%v nccl_errors=%d",
+		joined, backMS, verifiedOK, nerr)
+	switch {
+	case !verifiedOK || nerr != 0:
+		t.Errorf("the transfer did not end verified without NCCL errors:\nserver %s\nclient %s", s, c)
+	case !joined:
+		t.Errorf("a2's log does not show its standby joined in the handshake:\n%s", stderrExcerpt(c.err))
+	case backErr != nil:
+		t.Errorf("SUP carried no MiB within %d ms of its link's return (%v):\nclient %s", limit+10000, backErr, c)
+	}
+}

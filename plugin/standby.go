@@ -173,6 +173,6 @@ func joinStandbyNow(ctx context.Context, c net.Conn, comm *C.struct_mpib_comm, i
 	if rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_join_now(comm, r) }); err != nil || rc != 0 {
 		return errors.Join(err, fmt.Errorf("bringing the standby SOUT rail to %v up failed (%d)", peer, int(rc)))
 	}
-	infof("send comm to %v: no rail came up at connect; its standby SOUT rail joined in the handshake", peer)
+	warnf("send comm to %v: no rail came up at connect; its standby SOUT rail joined in the handshake", peer)
 	return nil
 }
