@@ -21,17 +21,24 @@ import (
 // are a1's rate on each over 2 s before the link came up and after SUP carried again.
 const downInitBytes = 1 << 20
 
+// startWithSupDown takes down's SUP link down (up again when the test ends) and then starts a
+// verified vanilla transfer from client to server.
+func startWithSupDown(ctx context.Context, t *testing.T, down, server, client *Node) *faultPair {
+	t.Helper()
+	t.Cleanup(func() { restoreLab(t, down) })
+	if _, errOut, code, err := down.Exec(ctx, nil, "sh", "-c", linkDownCmd(down, SUP)); err != nil || code != 0 {
+		t.Fatalf("taking %s down: %v exit %d %s", down.Netdev(SUP), err, code, errOut)
+	}
+	return startFaultPair(ctx, t, server, client, faultEnv(server, "vanilla"), faultEnv(client, "vanilla"),
+		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "1M")
+}
+
 func TestFaultSupDownAtInit(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	defer restoreLab(t, a1)
-	if _, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", linkDownCmd(a1, SUP)); err != nil || code != 0 {
-		t.Fatalf("taking %s down: %v exit %d %s", a1.Netdev(SUP), err, code, errOut)
-	}
-	fp := startFaultPair(ctx, t, a2, a1, faultEnv(a2, "vanilla"), faultEnv(a1, "vanilla"),
-		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "1M")
+	fp := startWithSupDown(ctx, t, a1, a2, a1)
 	defer fp.killUnlessStopped()
 	t0 := time.Now()
 	if err := waitRailTraffic(ctx, a1, SOUT, downInitBytes, fp.srv, fp.cli); err != nil {
@@ -120,12 +127,7 @@ func TestFaultSupDownAtInitReceiver(t *testing.T) {
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	defer restoreLab(t, a1)
-	if _, errOut, code, err := a1.Exec(ctx, nil, "sh", "-c", linkDownCmd(a1, SUP)); err != nil || code != 0 {
-		t.Fatalf("taking %s down: %v exit %d %s", a1.Netdev(SUP), err, code, errOut)
-	}
-	fp := startFaultPair(ctx, t, a1, a2, faultEnv(a1, "vanilla"), faultEnv(a2, "vanilla"),
-		"--mode", "verify", "--bytes", "1000G", "--timeout-s", "30", "--max-size", "1M")
+	fp := startWithSupDown(ctx, t, a1, a1, a2)
 	defer fp.killUnlessStopped()
 	if err := waitRailTraffic(ctx, a2, SOUT, downInitBytes, fp.srv, fp.cli); err != nil {
 		s, c := fp.stop(ctx, time.Now().Add(30*time.Second))

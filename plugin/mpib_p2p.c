@@ -586,7 +586,9 @@ static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_
 static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* mpib_completion_now reads the clock afresh for this call's completions */
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
-    if (!rail_busy(c, rail) || !c->cq[rail]) continue; /* a standby rail's CQ may be built meanwhile */
+    /* A busy rail has its CQs: the busy test never reads the CQ pointer, which a waiting standby
+     * rail's builder sets on another thread (mpib_comm_build_deferred). */
+    if (!rail_busy(c, rail)) continue;
     for (int i = 0, lanes = mpib_lane_count(c, rail); i < lanes; i++) {
       int lane = mpib_lane(rail, i);
       if (i > 0 && !rail_busy(c, rail)) break; /* an earlier lane's completion took the rail out */
