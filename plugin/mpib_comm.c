@@ -250,15 +250,22 @@ static int use_sup_ports(struct mpib_comm *c, const struct mpib_conn_params *p) 
   return 0;
 }
 
+/* Rail r is a standby that waits for its join: DOWN, never tried until it joins, and not the
+ * CTS rail meanwhile. */
+static void standby_wait(struct mpib_comm *c, int r) {
+  c->rail[r].state = MPIB_RAIL_DOWN;
+  c->rail[r].since_ns = mpib_now_ns();
+  c->rail[r].join_wait = 1;
+  if (c->cts_rail == r) c->cts_rail = 1 - r;
+}
+
 /* A standby rail whose QPs are built after the handshake (mpib_comm_build_deferred): for now
- * only its address, which the handshake carries. It is DOWN, and never tried, until it joins. */
+ * only its address, which the handshake carries. */
 static int defer_rail(struct mpib_comm *c, int r) {
   struct mpib_nic *d = c->nic[r]; /* a standby rail has one lane */
   if (mpib_lane_count(c, r) != 1) return -EINVAL;
   if (ibv_query_gid(d->ctx, d->port, c->gid_index[r], &c->gid[r]) != 0) return -EADDRNOTAVAIL;
-  c->rail[r].state = MPIB_RAIL_DOWN;
-  c->rail[r].since_ns = mpib_now_ns();
-  c->rail[r].join_wait = 1;
+  standby_wait(c, r);
   return 0;
 }
 
@@ -316,9 +323,13 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   return c;
 }
 
-static void rail_ece(const struct mpib_comm *c, int rail, int base, struct mpib_rail_info *ri) {
-  if (!mpib_g.ece_enable || c->nqps[rail] == 0) return;
-  if (mpib_ibv_query_ece(c->qps[base].qp, &ri->ece) == 0) ri->ece_valid = 1;
+/* What only rail r's built objects say (its QPs from c->qps[base]): the rkey of its inbox,
+ * its ECE options and its QP numbers. */
+static void rail_objects_info(const struct mpib_comm *c, int r, int base, uint32_t *rkey, struct ibv_ece *ece,
+                              uint8_t *ece_valid, uint32_t qpn[MPIB_MAX_QPS_PER_RAIL]) {
+  *rkey = c->inbox_mr[r]->rkey;
+  if (mpib_g.ece_enable && mpib_ibv_query_ece(c->qps[base].qp, ece) == 0) *ece_valid = 1;
+  for (uint32_t i = 0; i < c->nqps[r]; i++) qpn[i] = c->qps[base + i].qp->qp_num;
 }
 
 void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
@@ -336,9 +347,8 @@ void mpib_comm_local_info(struct mpib_comm *c, struct mpib_conn_info *info) {
       base += (int)c->nqps[r];
       continue;
     }
-    info->rail[r].rkey = c->inbox_mr[r]->rkey;
-    rail_ece(c, r, base, &info->rail[r]);
-    for (uint32_t i = 0; i < c->nqps[r]; i++) info->rail[r].qpn[i] = c->qps[base + i].qp->qp_num;
+    struct mpib_rail_info *ri = &info->rail[r];
+    rail_objects_info(c, r, base, &ri->rkey, &ri->ece, &ri->ece_valid, ri->qpn);
     base += (int)c->nqps[r];
   }
   info->sup_lanes = c->nqps[MPIB_RAIL_SUP] ? (uint32_t)c->sup_lanes : 0;
@@ -405,10 +415,7 @@ static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_
   }
   c->path_ack_ns[r] = mpib_path_progress(c->nic[mpib_lane(r, 0)], c->rem_rail[mpib_lane(r, 0)].gid);
   if (c->rail[r].join_wait || (remote->deferred & (1u << r))) { /* a standby rail: up after its join */
-    c->rail[r].state = MPIB_RAIL_DOWN;
-    c->rail[r].since_ns = mpib_now_ns();
-    c->rail[r].join_wait = 1;
-    if (c->cts_rail == r) c->cts_rail = 1 - r;
+    standby_wait(c, r);
     return 1;
   }
   if (mpib_rail_fatal(c, r)) return -ENODEV;
@@ -557,11 +564,8 @@ int mpib_comm_build_deferred(struct mpib_comm *c, int r) {
 
 void mpib_comm_join_info(const struct mpib_comm *c, int r, struct mpib_join_info *out) {
   memset(out, 0, sizeof *out);
-  int base = mpib_rail_base(c, r);
-  out->rkey = c->inbox_mr[r]->rkey;
   out->nqps = c->nqps[r];
-  for (uint32_t i = 0; i < c->nqps[r]; i++) out->qpn[i] = c->qps[base + i].qp->qp_num;
-  if (mpib_g.ece_enable && mpib_ibv_query_ece(c->qps[base].qp, &out->ece) == 0) out->ece_valid = 1;
+  rail_objects_info(c, r, mpib_rail_base(c, r), &out->rkey, &out->ece, &out->ece_valid, out->qpn);
 }
 
 int mpib_comm_join_peer(struct mpib_comm *c, int r, const struct mpib_join_info *in) {

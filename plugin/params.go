@@ -52,7 +52,7 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 		prefix[rail] = interfacePrefixLen(addr)
 	}
 	p.tc = C.int(connectionTC(trafficClass))
-	if standbyDeferred(cfg, isSend, path, withSup, supPortsUp(dev, &p)) {
+	if standbyDeferred(cfg, isSend, path, withSup, func() bool { return supPortsUp(dev, &p) }) {
 		p.defer_rails = 1 << 0
 	}
 	return p, prefix, nil
@@ -64,11 +64,12 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 // the island, no MPIB_FORCE_SUP_BW split) and is there for failover alone, with a ride-through
 // to cover a SUP failure before it joins, and only while SUP's ports are up (a connection whose
 // SUP cannot come up starts on SOUT, built now, as before). The receiver follows the sender's
-// metadata; its SOUT QPs come from the listener's spare.
-func standbyDeferred(cfg config.Config, isSend bool, path topo.PathClass, withSup, supUp bool) bool {
+// metadata; its SOUT QPs come from the listener's spare. supUp reads the ports' state, asked
+// last: only for a connection everything else defers.
+func standbyDeferred(cfg config.Config, isSend bool, path topo.PathClass, withSup bool, supUp func() bool) bool {
 	vanillaSplit := cfg.ForceSupBW < 0 || cfg.ForceSupBW == 1024
-	return cfg.StandbyDefer && isSend && cfg.Mode == 0 && path == topo.IntraIsland && withSup && supUp && vanillaSplit &&
-		cfg.Failover && cfg.StallTimeoutMS > 0
+	return cfg.StandbyDefer && isSend && cfg.Mode == 0 && path == topo.IntraIsland && withSup && vanillaSplit &&
+		cfg.Failover && cfg.StallTimeoutMS > 0 && supUp()
 }
 
 // supPortsUp says whether every SUP port p's lanes use is up (no IBV_EVENT_PORT_ERR since it

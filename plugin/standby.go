@@ -93,15 +93,22 @@ func runStandby() {
 }
 
 // waitSetupsDone returns once no handshake has run for standbyQuiet, or standbyMaxWait after
-// queued.
+// queued. It sleeps until the quiet period could end, a whole one while handshakes run: it
+// wakes a few times per burst, not every millisecond of it.
 func waitSetupsDone(queued time.Time) {
 	for {
 		now := time.Now()
 		idle := now.Sub(time.Unix(0, lastHandshakeEnd.Load()))
-		if (handshakesInFlight.Load() == 0 && idle >= standbyQuiet) || now.Sub(queued) >= standbyMaxWait {
+		running := handshakesInFlight.Load() > 0
+		left := standbyMaxWait - now.Sub(queued)
+		if (!running && idle >= standbyQuiet) || left <= 0 {
 			return
 		}
-		time.Sleep(max(standbyQuiet-idle, time.Millisecond))
+		wait := standbyQuiet - idle
+		if running {
+			wait = standbyQuiet
+		}
+		time.Sleep(min(max(wait, time.Millisecond), left))
 	}
 }
 

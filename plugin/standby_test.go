@@ -35,7 +35,7 @@ func TestStandbyDeferred(t *testing.T) {
 		if tt.mut != nil {
 			tt.mut(&cfg)
 		}
-		if got := standbyDeferred(cfg, tt.isSend, tt.path, tt.withSup, tt.sup); got != tt.want {
+		if got := standbyDeferred(cfg, tt.isSend, tt.path, tt.withSup, func() bool { return tt.sup }); got != tt.want {
 			t.Errorf("%s: standbyDeferred = %v, want %v", tt.name, got, tt.want)
 		}
 	}
