@@ -536,11 +536,26 @@ static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type)
   }
   if (c->req_free_n == 0) return NULL;
   struct mpib_request *r = &c->reqs[c->req_free[--c->req_free_n]];
-  memset(r, 0, offsetof(struct mpib_request, sizes)); /* one per message: the arrays are irecv's to set */
-  r->type = type;
+  /* Every field before the arrays (irecv's to set), one store each: the callers' own stores
+   * then replace most of them, where a memset of the whole head would stay. */
   r->comm = c;
+  r->type = type;
+  r->done = 0;
+  r->seq = 0;
+  r->nreqs = 0;
+  r->data = NULL;
+  r->size = 0;
+  r->tag = 0;
+  r->mh = NULL;
+  r->expected_mask = r->have_mask = r->wrote_rails = 0;
+  r->flush_lanes = r->flush_redo = 0;
+  r->flush_addr = NULL;
+  r->flush_failed_ns = 0;
+  r->prof_phandle = NULL;
   return r;
 }
+_Static_assert(offsetof(struct mpib_request, sizes) == 112,
+               "a field was added to struct mpib_request: mpib_req_alloc must set it");
 
 /* Gives a request back to its comm's pool; freeing a free one does nothing. */
 static inline void mpib_req_free(struct mpib_request *r) {

@@ -33,8 +33,8 @@
 
 static ncclResult_t progress(struct mpib_comm *c);
 
-/* Runs on every call that finds nothing to do: with both devices alive and the peer there it
- * costs three loads, in line. */
+/* Runs on calls that find nothing to do (every 16th poll of test and isend): with both devices
+ * alive and the peer there it costs a few loads, in line. */
 static inline ncclResult_t comm_health(struct mpib_comm *c) {
   if (!mpib_rail_fatal(c, MPIB_RAIL_SOUT) && !mpib_rail_fatal(c, MPIB_RAIL_SUP) &&
       !__atomic_load_n(&c->peer_gone_ns, __ATOMIC_ACQUIRE) && !c->stall_since_ns)
@@ -70,11 +70,13 @@ static uint32_t mpib_policy_sup_bw(struct mpib_comm *c) {
   if (c->rail[MPIB_RAIL_SUP].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SUP) ||
       mpib_rail_fatal(c, MPIB_RAIL_SUP))
     return 0;
+  uint32_t guarded = mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
+  if (guarded == MPIB_SUP_BW_MAX) return guarded; /* all on SUP already: SOUT's state changes nothing */
   if ((c->rail[MPIB_RAIL_SOUT].state != MPIB_RAIL_UP || mpib_rail_port_down(c, MPIB_RAIL_SOUT) ||
        mpib_rail_fatal(c, MPIB_RAIL_SOUT)) &&
       c->nqps[MPIB_RAIL_SUP])
     return MPIB_SUP_BW_MAX;
-  return mpib_guard_sup_bw(bw, c->path_class, c->sup_relay, c->nqps[MPIB_RAIL_SUP]);
+  return guarded;
 }
 
 /* The agent telemetry of a planned slot: its bytes and requests per rail, which its
@@ -219,9 +221,11 @@ static ncclResult_t cts_still_landing(struct mpib_comm *c, int slot) {
 }
 
 /* An isend that found no CTS in its slot yet: NCCL calls again. Every 16th such call polls
- * (keepalives and failover move on a sender NCCL only asks to send). */
+ * and checks the comm's health (keepalives and failover move on a sender NCCL only asks to
+ * send). */
 static ncclResult_t cts_not_there(struct mpib_comm *c) {
-  ncclResult_t res = (++c->cts_waits & 15) == 0 ? progress(c) : ncclSuccess;
+  if ((++c->cts_waits & 15) != 0) return ncclSuccess;
+  ncclResult_t res = progress(c);
   return res != ncclSuccess ? res : comm_health(c);
 }
 
@@ -535,8 +539,8 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
  * neither does a failed one (its CQ is emptied when it is rebuilt). */
 static int rail_busy(const struct mpib_comm *c, int rail) {
   int st = c->rail[rail].state;
-  if (st == MPIB_RAIL_DOWN || st == MPIB_RAIL_DEAD) return 0;
-  return c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0) || st == MPIB_RAIL_FENCING;
+  if (c->pending[rail] > 0 || (c->srq[rail] && c->recvs_open > 0)) return st != MPIB_RAIL_DOWN && st != MPIB_RAIL_DEAD;
+  return st == MPIB_RAIL_FENCING;
 }
 
 /* One completion of lane `lane` of rail `rail`: a receive used up that lane's SRQ. */
@@ -568,6 +572,7 @@ static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_
   int n;
   do {
     n = ibv_poll_cq(c->cq[lane], 16, wcs);
+    if (n == 0) return ncclSuccess;
     if (n < 0) {
       if (c->rail[rail].state != MPIB_RAIL_UP) return ncclSuccess;
       return mpib_failover_rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
@@ -616,6 +621,13 @@ static ncclResult_t progress(struct mpib_comm *c) {
   return mpib_failover_tick(c);
 }
 
+/* Whether a test that found its request still open checks the comm's health: every 16th
+ * poll (what it finds takes effect within microseconds while NCCL keeps testing), and every
+ * test of a flush, which polls only when a lane must read again. */
+static inline int health_due(const struct mpib_comm *c, const struct mpib_request *req) {
+  return (c->idle_polls & 15) == 0 || req->type == MPIB_REQ_FLUSH;
+}
+
 ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   struct mpib_request *req = request;
   struct mpib_comm *c = req->comm;
@@ -633,7 +645,7 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
       if (res == ncclSuccess && !req->done && req->flush_redo) res = progress(c);
     }
     if (res != ncclSuccess) return res;
-    if (!req->done) return comm_health(c);
+    if (!req->done) return health_due(c, req) ? comm_health(c) : ncclSuccess;
   }
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
