@@ -17,14 +17,35 @@ type CallCost struct {
 	Ir    int64
 }
 
+// Arc is one caller-callee pair of the call graph, by function name.
+type Arc struct{ Caller, Callee string }
+
 // ParseCalls reads a callgrind output file (events: Ir) and sums, per callee name,
-// the call counts and inclusive costs of every call arc. Names are decompressed: callgrind
-// writes "cfn=(7) name" the first time and "cfn=(7)" afterwards. A cost line starts with one
-// column per position ("positions: line", or "instr line" with --dump-instr=yes).
+// the call counts and inclusive costs of every call arc (ParseArcs, summed over callers).
 func ParseCalls(r io.Reader) (map[string]CallCost, error) {
-	names := map[string]string{} // "(7)" -> name
+	arcs, err := ParseArcs(r)
+	if err != nil {
+		return nil, err
+	}
 	costs := map[string]CallCost{}
-	callee, pendingCalls, npos := "", int64(-1), 1
+	for arc, cc := range arcs {
+		c := costs[arc.Callee]
+		c.Calls += cc.Calls
+		c.Ir += cc.Ir
+		costs[arc.Callee] = c
+	}
+	return costs, nil
+}
+
+// ParseArcs reads a callgrind output file (events: Ir) and sums, per caller and callee, the
+// call counts and inclusive costs of its call arcs. Names are decompressed: callgrind writes
+// "cfn=(7) name" the first time and "cfn=(7)" afterwards, and fn= and cfn= share the ids. A
+// cost line starts with one column per position ("positions: line", or "instr line" with
+// --dump-instr=yes).
+func ParseArcs(r io.Reader) (map[Arc]CallCost, error) {
+	names := map[string]string{} // "(7)" -> name
+	costs := map[Arc]CallCost{}
+	caller, callee, pendingCalls, npos := "", "", int64(-1), 1
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	line := 0
@@ -50,6 +71,8 @@ func ParseCalls(r io.Reader) (map[string]CallCost, error) {
 			}
 			if strings.HasPrefix(text, "cfn=") {
 				callee = name
+			} else {
+				caller = name
 			}
 		case strings.HasPrefix(text, "calls="):
 			fields := strings.Fields(strings.TrimPrefix(text, "calls="))
@@ -71,10 +94,11 @@ func ParseCalls(r io.Reader) (map[string]CallCost, error) {
 			if err != nil {
 				return nil, fmt.Errorf("line %d: bad call cost %q", line, text)
 			}
-			c := costs[callee]
+			arc := Arc{Caller: caller, Callee: callee}
+			c := costs[arc]
 			c.Calls += pendingCalls
 			c.Ir += ir
-			costs[callee] = c
+			costs[arc] = c
 			pendingCalls = -1
 		}
 	}

@@ -52,6 +52,13 @@ func TestParseCalls(t *testing.T) {
 	require.Equal(t, CallCost{Calls: 4, Ir: 1210}, got["isend_v10"])
 	require.Equal(t, CallCost{Calls: 12, Ir: 1700}, got["mpib_test"])
 
+	arcs, err := ParseArcs(strings.NewReader(callgrindSample))
+	require.NoError(t, err)
+	require.Equal(t, CallCost{Calls: 3, Ir: 900}, arcs[Arc{Caller: "run_bw", Callee: "isend_v10"}])
+	require.Equal(t, CallCost{Calls: 1, Ir: 310}, arcs[Arc{Caller: "drain", Callee: "isend_v10"}])
+	require.Equal(t, CallCost{Calls: 2, Ir: 200}, arcs[Arc{Caller: "drain", Callee: "mpib_test"}])
+	require.Len(t, arcs, 4)
+
 	_, err = ParseCalls(strings.NewReader("events: Ir\nfn=(1) main\n0 10\n"))
 	require.ErrorContains(t, err, "no call arcs")
 	_, err = ParseCalls(strings.NewReader("cfn=(1) f\ncalls=x 0\n0 1\n"))
