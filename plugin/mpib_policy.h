@@ -228,16 +228,15 @@ static inline uint32_t mpib_cts_rkey(const struct mpib_cts *e, int lane) {
 }
 
 /* Copies a CTS element out of the FIFO once, so that every decision is made on one set of
- * values: reading a field again later could see a newer store than the checksum did. */
+ * values: reading a field again later could see a newer store than the checksum did. Four
+ * volatile 16-byte loads (one vector move each), not a load and a store per field; volatile,
+ * so that the compiler never reads the FIFO again in place of the copy. */
+typedef uint64_t mpib_cts_quarter __attribute__((vector_size(16), may_alias));
+_Static_assert(sizeof(struct mpib_cts) == 4 * sizeof(mpib_cts_quarter), "a CTS element is four quarters");
 static inline void mpib_cts_snapshot(const volatile struct mpib_cts *src, struct mpib_cts *dst) {
-  dst->addr = src->addr;
-  dst->size = src->size;
-  for (int i = 0; i < MPIB_NRAILS; i++) dst->rkey[i] = src->rkey[i];
-  for (int i = 0; i < MPIB_MAX_STRIPE - 1; i++) dst->stripe_rkey[i] = src->stripe_rkey[i];
-  dst->tag = src->tag;
-  dst->nreqs = src->nreqs;
-  dst->seq = src->seq;
-  dst->check = src->check;
+  const volatile mpib_cts_quarter *from = (const volatile mpib_cts_quarter *)src;
+  mpib_cts_quarter *to = (mpib_cts_quarter *)dst;
+  for (int i = 0; i < 4; i++) to[i] = from[i];
 }
 
 /* Whether a snapshot is the complete element for request sequence `want`. */
