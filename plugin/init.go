@@ -52,6 +52,11 @@ func initPlugin() C.int {
 		warnf("%v", err)
 		return C.int(resInvalidUsage)
 	}
+	if path, err := startGoTrace(cfg.GoTrace, cfg.GoTraceS); err != nil {
+		warnf("%v: no trace", err)
+	} else if path != "" {
+		infof("MPIB_GO_TRACE: tracing the control plane into %s for %d s", path, cfg.GoTraceS)
+	}
 	oob, err := interfaceIPv4(cfg.OOBInterface)
 	if err != nil {
 		warnf("MPIB_OOB_IF=%s: %v", cfg.OOBInterface, err)
@@ -181,7 +186,11 @@ func mpibGoFinalize(ctxID C.uint64_t) (rc C.int) {
 	if plugin.refs > 0 {
 		plugin.refs--
 	}
+	last := plugin.refs == 0
 	plugin.mu.Unlock()
+	if last {
+		stopGoTrace()
+	}
 	closeDevicesIfUnused()
 	return C.int(resSuccess)
 }

@@ -50,6 +50,8 @@ var Knobs = []Knob{
 	{"MPIB_RELAXED_ORDERING", "(unset)", "1 = register memory with relaxed ordering, 0 = strict; wins over NCCL_IB_PCI_RELAXED_ORDERING"},
 	{"MPIB_FORCE_FLUSH", "0", "1 = build the loopback flush QPs and flush even without GPUDirect (testing)"},
 	{"MPIB_HANDSHAKE_TIMEOUT_MS", "120000", "deadline for one connection's TCP handshake"},
+	{"MPIB_GO_TRACE", "(unset)", "a path prefix: the process writes the Go runtime's execution trace of the plugin's control plane (goroutines and what woke them, syscalls and cgo calls, the runtime's threads) to PREFIX.PID.trace, from its first init for MPIB_GO_TRACE_S seconds or until its last finalize, for `go tool trace`: where a slow connection setup waits (docs/benchmarks.md). The data path is C and never appears in it"},
+	{"MPIB_GO_TRACE_S", "10", "how many seconds MPIB_GO_TRACE records (1..3600)"},
 	{"MPIB_WHOLE_MSG_MAX", "65536", "a receive slot of at most this many bytes goes whole to one rail (a deficit counter keeps the byte share at the weight); larger ones are cut by the weight; 0 = always cut"},
 	{"NCCL_IB_TIMEOUT", "20", "as in net_ib, when MPIB_IB_TIMEOUT is unset"},
 	{"NCCL_IB_RETRY_CNT", "6", "as in net_ib, when MPIB_IB_RETRY_CNT is unset (net_ib's default is 7)"},
@@ -130,7 +132,9 @@ type Config struct {
 	StallTimeoutMS     int // MPIB_STALL_TIMEOUT_MS: how long a connection with no working rail waits for one (0: fail at once)
 	DetectMS           int // MPIB_DETECT_MS: the no-progress watch's limit (0: off)
 	GDRFlushDisable    bool
-	StandbyDefer       bool // MPIB_STANDBY_DEFER: a vanilla intra-island sender builds its standby SOUT rail after the setup
+	StandbyDefer       bool   // MPIB_STANDBY_DEFER: a vanilla intra-island sender builds its standby SOUT rail after the setup
+	GoTrace            string // MPIB_GO_TRACE: the execution trace's path prefix ("": none)
+	GoTraceS           int    // MPIB_GO_TRACE_S: how long it records
 }
 
 // GIDPolicy steers the RoCE GID auto-selection (net_ib's NCCL_IB_ROCE_VERSION_NUM,
@@ -174,6 +178,8 @@ func Parse(getenv func(string) string) (Config, error) {
 		WholeMsgMax:        p.int("MPIB_WHOLE_MSG_MAX", 65536, 0, 1<<30),
 		GDRFlushDisable:    p.int("NCCL_GDR_FLUSH_DISABLE", 0, 0, 1) == 1,
 		StandbyDefer:       p.int("MPIB_STANDBY_DEFER", 1, 0, 1) == 1,
+		GoTrace:            p.str("MPIB_GO_TRACE", ""),
+		GoTraceS:           p.int("MPIB_GO_TRACE_S", 10, 1, 3600),
 		GID:                p.gidPolicy(),
 	}
 	c.RelaxedOrdering = p.first(2, 0, 2, "MPIB_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING") >= 1

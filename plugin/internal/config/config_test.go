@@ -31,7 +31,7 @@ func TestParseDefaults(t *testing.T) {
 		AgentStaleMS: 500, IBTimeout: 20, IBRetryCnt: 6, DetectMS: 600, IBTC: -1, IBSL: -1, FifoTC: -1, RelaxedOrdering: true,
 		HandshakeTimeoutMS: 120000, ECE: true, GID: GIDPolicy{RoCEVersion: 2}, UseInline: true, WholeMsgMax: 65536,
 		Failover: true, RecoveryBackoffMS: 250, RecoveryBackoffMax: 2000, FailoverTimeoutMS: 5000, StallTimeoutMS: 30000,
-		StandbyDefer: true,
+		StandbyDefer: true, GoTraceS: 10,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -61,6 +61,7 @@ func TestParseErrors(t *testing.T) {
 		{"mode 2", append(append([]string{}, base...), "MPIB_MODE", "2"), "MPIB_MODE=\"2\""},
 		{"prefix 33", append(append([]string{}, base...), "MPIB_ISLAND_PREFIX_LEN", "33"), "0..32"},
 		{"qps 0", append(append([]string{}, base...), "MPIB_SUP_QP", "0"), "MPIB_SUP_QP"},
+		{"trace 0 s", append(append([]string{}, base...), "MPIB_GO_TRACE", "/tmp/t", "MPIB_GO_TRACE_S", "0"), "MPIB_GO_TRACE_S"},
 		{"force 1025", append(append([]string{}, base...), "MPIB_FORCE_SUP_BW", "1025"), "0..1024"},
 		{"gid text", append(append([]string{}, base...), "MPIB_GID_INDEX_SUP", "x"), "MPIB_GID_INDEX_SUP"},
 		{"two SOUT ports", []string{"MPIB_HCA_SOUT", "a+b", "MPIB_HCA_SUP", "x", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT entry 0 (\"a+b\"): a fused device has one SOUT port"},
@@ -178,6 +179,7 @@ func TestNCCLKnobPrecedence(t *testing.T) {
 		{"flush disable", []string{"NCCL_GDR_FLUSH_DISABLE", "1"}, func(c Config) any { return c.GDRFlushDisable }, true},
 		{"standby deferred by default", nil, func(c Config) any { return c.StandbyDefer }, true},
 		{"standby built at connect", []string{"MPIB_STANDBY_DEFER", "0"}, func(c Config) any { return c.StandbyDefer }, false},
+		{"Go trace", []string{"MPIB_GO_TRACE", " /tmp/mpib ", "MPIB_GO_TRACE_S", "3"}, func(c Config) any { return [2]any{c.GoTrace, c.GoTraceS} }, [2]any{"/tmp/mpib", 3}},
 		{"RoCE v1", []string{"NCCL_IB_ROCE_VERSION_NUM", "1"}, func(c Config) any { return c.GID.RoCEVersion }, 1},
 		{"IPv6 family and range", []string{"NCCL_IB_ADDR_FAMILY", "AF_INET6", "NCCL_IB_ADDR_RANGE", "fd00::1/64"},
 			func(c Config) any { return c.GID }, GIDPolicy{RoCEVersion: 2, IPv6: true, Range: netip.MustParsePrefix("fd00::/64")}},
