@@ -21,25 +21,29 @@ ncclResult_t mpib_failover_probe_done(struct mpib_comm *c, int r);
 ncclResult_t mpib_failover_tick(struct mpib_comm *c);
 
 /* Whether a sender's tick has nothing to move, only a new fault to notice: every rail with
- * QPs in service, no fence record of its generation arrived (either copy), and no control
- * write or replay waiting. Then noticing a fault the completions do not report (a port going
- * down) waits at most 15 progress calls, microseconds while NCCL polls; the no-progress watch
- * and the port events take milliseconds. A record that has arrived is never left for later: a
- * write of the fenced rail acknowledged after the control plane answered the record (a dying
- * device's responder places writes for a while) is confirmed only by the data path's answer,
- * and the call that polled its acknowledgement may be NCCL's last. A sender NCCL stops calling
- * needs no tick: a record that arrives then is answered by the control plane
+ * QPs in service, no control write or replay waiting, and, when `records` (the call polled a
+ * completion), no fence record of a rail's generation arrived (either copy). Then noticing a
+ * fault the completions do not report (a port going down) waits at most 15 progress calls,
+ * microseconds while NCCL polls; the no-progress watch and the port events take milliseconds.
+ * So does a record that arrived while the calls polled nothing: NCCL calls again while a
+ * request is open. One that arrived by a call that polled a completion is never left for
+ * later: a write of the fenced rail acknowledged after the control plane answered the record (a
+ * dying device's responder places writes for a while) is confirmed only by the data path's
+ * answer, and the call that polled its acknowledgement may be NCCL's last. A sender NCCL stops
+ * calling needs no tick: a record that arrives then is answered by the control plane
  * (mpib_comm_answer_record) from acknowledgements that are all in. A receiver is never quiet: a
  * notice that arrives while a receive is open is the data path's to answer (the control plane
  * answers only an idle receiver), and the call that completes the last open receive may be the
  * last call NCCL makes. */
-static inline int mpib_failover_quiet(struct mpib_comm *c) {
+static inline int mpib_failover_quiet(struct mpib_comm *c, int records) {
   if (!c->is_send) return 0;
   for (int r = 0; r < MPIB_NRAILS; r++) {
     if (!c->nqps[r]) continue;
+    if (c->rail[r].state != MPIB_RAIL_UP) return 0;
+    if (!records) continue;
     const volatile struct mpib_fence_rec *rdma = mpib_fence_area(c, r), *tcp = &c->tcp_rec[r];
     uint32_t gen = c->rail[r].gen;
-    if (c->rail[r].state != MPIB_RAIL_UP || rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;
+    if (rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;
   }
   return !__atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) && !c->ctrl_rdma_due && !c->replays_waiting;
 }

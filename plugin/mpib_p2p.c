@@ -565,14 +565,17 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, c
   return ncclSuccess; /* a signalled CTS or control write */
 }
 
-/* Handles what one lane's CQ yields, 16 at a time while it fills the batch; a failing poll
- * fails the rail. In line in progress: one call level less on every test. */
-static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_comm *c, int rail, int lane) {
+/* Handles what one lane's CQ yields, 16 at a time while it fills the batch, and counts it in
+ * *seen; a failing poll fails the rail. In line in progress: one call level less on every
+ * test. */
+static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_comm *c, int rail, int lane,
+                                                                    int *seen) {
   struct ibv_wc wcs[16];
   int n;
   do {
     n = ibv_poll_cq(c->cq[lane], 16, wcs);
     if (n == 0) return ncclSuccess;
+    *seen += n;
     if (n < 0) {
       if (c->rail[rail].state != MPIB_RAIL_UP) return ncclSuccess;
       return mpib_failover_rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
@@ -590,6 +593,7 @@ static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_
  * its lanes were polled in the same call). */
 static ncclResult_t progress(struct mpib_comm *c) {
   c->tele_now_ns = 0; /* mpib_completion_now reads the clock afresh for this call's completions */
+  int seen = 0;
   for (int rail = 0; rail < MPIB_NRAILS; rail++) {
     /* A busy rail has its CQs: the busy test never reads the CQ pointer, which a waiting standby
      * rail's builder sets on another thread (mpib_comm_build_deferred). */
@@ -598,7 +602,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
       int lane = mpib_lane(rail, i);
       if (i > 0 && !rail_busy(c, rail)) break; /* an earlier lane's completion took the rail out */
       if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) continue; /* a dead device's CQ is never polled */
-      ncclResult_t res = poll_lane(c, rail, lane);
+      ncclResult_t res = poll_lane(c, rail, lane, &seen);
       if (res != ncclSuccess) return res;
     }
     if (c->srq[rail]) { /* a receiver: refilled after all its lanes' receives were consumed */
@@ -615,7 +619,7 @@ static ncclResult_t progress(struct mpib_comm *c) {
     }
     if (res == ncclSuccess) res = mpib_watch_tick(c);
     if (res != ncclSuccess) return res;
-  } else if (mpib_failover_quiet(c)) {
+  } else if (mpib_failover_quiet(c, seen > 0)) {
     return ncclSuccess;
   }
   return mpib_failover_tick(c);

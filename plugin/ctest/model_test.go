@@ -181,10 +181,10 @@ var mutants = []mutant{
 		"  (void)send(c->ctrl_fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);"},
 	// A slot posted on a rail out of service (flushed after its fence was settled).
 	{"post-on-fenced-rail", "mpib_p2p.c", "  return c->rail[rail].state == MPIB_RAIL_UP || !mpib_g.failover;", "  return 1;"},
-	// A quiet sender leaves a fence record that arrived for a later tick: a write of the fenced
-	// rail a dying device acknowledged after the control plane answered is never confirmed
-	// when the call that polled it was NCCL's last.
-	{"quiet-sender-leaves-record", "mpib_failover.h", " || rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;", ") return 0;"},
+	// A quiet sender leaves a fence record that arrived for a later tick even when the call
+	// polled a completion: a write of the fenced rail a dying device acknowledged after the
+	// control plane answered is never confirmed when the call that polled it was NCCL's last.
+	{"quiet-sender-leaves-record", "mpib_failover.h", "    if (rdma->fence_gen == gen || tcp->fence_gen == gen) return 0;\n", ""},
 	// No confirm for a receive posted after the fence record: its write on the fenced rail, which
 	// a dying device acknowledged before the sender read the record, completes the send and is
 	// never replayed, while the receiver drops the fenced rail's completion.
