@@ -35,6 +35,7 @@ func mpibGoInit(trafficClass C.int, ctxOut *C.uint64_t) (rc C.int) {
 	if plugin.refs == 0 && !plugin.devicesOpen {
 		startConnectDispatcher()
 		if rc := initPlugin(); rc != C.int(resSuccess) {
+			stopGoTrace() // NCCL finalizes no plugin whose init failed
 			return rc
 		}
 	}
