@@ -575,11 +575,11 @@ static inline __attribute__((always_inline)) ncclResult_t poll_lane(struct mpib_
   do {
     n = ibv_poll_cq(c->cq[lane], 16, wcs);
     if (n == 0) return ncclSuccess;
-    *seen += n;
     if (n < 0) {
       if (c->rail[rail].state != MPIB_RAIL_UP) return ncclSuccess;
       return mpib_failover_rail_fail(c, rail, "completion-error", "ibv_poll_cq failed");
     }
+    *seen += n;
     for (int i = 0; i < n; i++) {
       ncclResult_t res = handle_completion(c, rail, lane, &wcs[i]);
       if (res != ncclSuccess) return res;
