@@ -47,16 +47,7 @@ func TestFaultSupDownAtInit(t *testing.T) {
 	}
 	soutMS := time.Since(t0).Milliseconds()
 	soutMbps := txMbpsOver(ctx, t, a1, SOUT, 2*time.Second)
-	upMS, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up")
-	if err != nil {
-		t.Fatalf("bringing %s up: %v", a1.Netdev(SUP), err)
-	}
-	up := time.Now()
-	limit := currentFaultLimits().recoverMS
-	bctx, bcancel := context.WithTimeout(ctx, time.Duration(limit)*time.Millisecond+10*time.Second)
-	backErr := waitRailTraffic(bctx, a1, SUP, downInitBytes, fp.srv, fp.cli)
-	bcancel()
-	backMS := time.Since(up).Milliseconds()
+	upMS, backMS, backErr, limit := supBack(ctx, t, fp, a1, a1)
 	supMbps := txMbpsOver(ctx, t, a1, SUP, 2*time.Second)
 	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
 	m := resultRe.FindStringSubmatch(s.out)
@@ -72,9 +63,6 @@ func TestFaultSupDownAtInit(t *testing.T) {
 			}
 		}
 		t.Logf("rail events:\n%s", strings.Join(lines, "\n"))
-	}
-	if backErr != nil {
-		backMS = -1
 	}
 	// The send comm's SUP recovery after the link came up (node clock): the rail joined.
 	joinMS := int64(-1)
@@ -95,6 +83,25 @@ func TestFaultSupDownAtInit(t *testing.T) {
 		t.Errorf("SUP joined the connection %d ms after its link came up and carried 1 MiB after %d ms (%v): want it joined within %d ms\nclient %s",
 			joinMS, backMS, backErr, limit, c)
 	}
+}
+
+// supBack brings down's SUP link up again and waits, for the recovery limit and 10 s more,
+// until watch's SUP netdev has sent downInitBytes: the link's return on down's clock (ms), how
+// long after it that took (-1 when it did not happen), why not, and the limit (ms).
+func supBack(ctx context.Context, t *testing.T, fp *faultPair, down, watch *Node) (upMS, backMS int64, backErr error, limit int64) {
+	t.Helper()
+	upMS, err := nodeStamp(ctx, down, "ip link set dev "+down.Netdev(SUP)+" up")
+	if err != nil {
+		t.Fatalf("bringing %s up: %v", down.Netdev(SUP), err)
+	}
+	up := time.Now()
+	limit = currentFaultLimits().recoverMS
+	bctx, bcancel := context.WithTimeout(ctx, time.Duration(limit)*time.Millisecond+10*time.Second)
+	defer bcancel()
+	if backErr = waitRailTraffic(bctx, watch, SUP, downInitBytes, fp.srv, fp.cli); backErr != nil {
+		return upMS, -1, backErr, limit
+	}
+	return upMS, time.Since(up).Milliseconds(), nil, limit
 }
 
 // txMbpsOver is what node n sent on rail r over d, in Mbit/s.
@@ -133,18 +140,7 @@ func TestFaultSupDownAtInitReceiver(t *testing.T) {
 		s, c := fp.stop(ctx, time.Now().Add(30*time.Second))
 		t.Fatalf("a2 -> a1 with a1's SUP link down at init: no SOUT traffic: %v\nserver %s\nclient %s", err, s, c)
 	}
-	if _, err := nodeStamp(ctx, a1, "ip link set dev "+a1.Netdev(SUP)+" up"); err != nil {
-		t.Fatalf("bringing %s up: %v", a1.Netdev(SUP), err)
-	}
-	up := time.Now()
-	limit := currentFaultLimits().recoverMS
-	bctx, bcancel := context.WithTimeout(ctx, time.Duration(limit)*time.Millisecond+10*time.Second)
-	backErr := waitRailTraffic(bctx, a2, SUP, downInitBytes, fp.srv, fp.cli)
-	bcancel()
-	backMS := time.Since(up).Milliseconds()
-	if backErr != nil {
-		backMS = -1
-	}
+	_, backMS, backErr, limit := supBack(ctx, t, fp, a1, a2)
 	s, c := fp.stop(ctx, time.Now().Add(60*time.Second))
 	m := resultRe.FindStringSubmatch(s.out)
 	verifiedOK := s.code == 0 && c.code == 0 && m != nil && m[4] == "true"
