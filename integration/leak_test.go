@@ -31,9 +31,10 @@ import (
 // event thread): the driver's thread count minus the threads it had before it loaded the
 // plugin (threads_driver). at_rest is the most after a round's close in the final rounds,
 // burst_max the most seen in any round (sampled every millisecond of connection setup), growth
-// the final rounds' least minus the baseline rounds' median (leakstat.RestThreads: the
-// connect-close leak line's threads_growth is that figure too); each the worse of the two
-// processes. docs/configuration.md ("Threads") states the bounds.
+// what both halves of the measured rounds added at rest over the baseline rounds' median
+// (leakstat.RestThreads: a thread per connection adds in both, a thread the Go runtime keeps
+// after a busy moment steps up once; the connect-close leak line's threads_growth is that
+// figure too); each the worse of the two processes. docs/configuration.md ("Threads") states the bounds.
 
 const maxRSSGrowthKiB = 1024
 

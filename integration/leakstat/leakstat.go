@@ -56,36 +56,40 @@ func (g *Growth) Add(first, last Sample) {
 // Round is a process's thread count at rest after one reported round.
 type Round struct{ Round, Threads int }
 
-// RestThreads reads a process's threads at rest over the rounds: atRest is the most in the
-// final window (the reported rounds after base, as many as the baseline window has), growth
-// the final window's least minus the baseline window's median (the reported rounds from
-// base/4 to base). The plugin ends its idle threads when it goes idle, and the Go runtime may
-// start one again for its own work (a GC cycle, a timer) before the driver reads the count, or
-// have ended one more: a round's count at rest is mostly one figure, now and then one more or
-// one less, so neither two single samples nor two windows' upper medians tell growth. A thread
-// that stays is in every report after it: it raises the final window's least above what the
-// baseline mostly read. Both are 0 when either window is empty.
+// RestThreads reads a process's threads at rest over the rounds. atRest is the most in the
+// final window (the last reported rounds, as many as the baseline window has). growth is what
+// both halves of the measured rounds (the reported rounds after base) added (RecurringGrowth):
+// the baseline's level is its window's median (the reported rounds from base/4 to base), each
+// half's level its least. The plugin ends its idle threads when it goes idle, and the Go
+// runtime may start one again for its own work (a GC cycle, a timer) before the driver reads
+// the count, or have ended one more: a round's count at rest is mostly one figure, now and
+// then one more or one less, and it may step up once and stay (a thread the runtime keeps).
+// A thread leaked per connection, or per round, is in every report after it: it raises both
+// halves' least. With one measured report there are no halves: growth is its count minus the
+// baseline's level. Both are 0 when either window is empty.
 func RestThreads(rs []Round, base int) (atRest, growth int) {
-	var baseline, final []int
+	var baseline, measured []int
 	for _, r := range rs {
 		if r.Round >= base/4 && r.Round <= base {
 			baseline = append(baseline, r.Threads)
 		} else if r.Round > base {
-			final = append(final, r.Threads)
+			measured = append(measured, r.Threads)
 		}
 	}
-	if len(final) > len(baseline) && len(baseline) > 0 {
-		final = final[len(final)-len(baseline):]
-	}
-	if len(baseline) == 0 || len(final) == 0 {
+	if len(baseline) == 0 || len(measured) == 0 {
 		return 0, 0
 	}
-	sorted := slices.Sorted(slices.Values(baseline))
-	return slices.Max(final), slices.Min(final) - sorted[(len(sorted)-1)/2]
+	final := measured[max(len(measured)-len(baseline), 0):]
+	level := slices.Sorted(slices.Values(baseline))[(len(baseline)-1)/2]
+	if len(measured) == 1 {
+		return measured[0], measured[0] - level
+	}
+	half := len(measured) / 2
+	return slices.Max(final), RecurringGrowth(level, slices.Min(measured[:half]), slices.Min(measured[half:]))
 }
 
-// RecurringGrowth is the thread growth the failover/recovery verdict counts: what both halves
-// of the cycles added (the least of the two steps, 0 when either half added none). A thread
+// RecurringGrowth is the thread growth the leak verdicts count: what both halves of the
+// cycles added (the least of the two steps, 0 when either half added none). A thread
 // leaked per cycle, or per few cycles, adds in both halves. The Go runtime's idle pool does
 // not: it keeps the threads of its busiest moment so far, so the count steps up once when such
 // a moment comes and stays.
