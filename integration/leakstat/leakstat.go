@@ -35,12 +35,12 @@ func MinSample(a, b Sample, first bool) Sample {
 		MRs: min(a.MRs, b.MRs), RSSKiB: min(a.RSSKiB, b.RSSKiB)}
 }
 
-// Growth is the worst (largest) growth over the processes. Threads is the verdict's figure
-// (each test says how it reads it); ThreadsStep is the plain difference of the two samples,
-// printed beside it.
+// Growth is the worst (largest) growth over the processes. Threads and RSSKiB are the
+// verdict's figures (each test says how it reads them); ThreadsStep and RSSStepKiB are the
+// plain differences of the two samples, printed beside them.
 type Growth struct {
 	FDs, QPs, MRs, Threads, ThreadsStep int
-	RSSKiB                              int64
+	RSSKiB, RSSStepKiB                  int64
 }
 
 // Add takes one process's growth from first to last into g.
@@ -51,6 +51,7 @@ func (g *Growth) Add(first, last Sample) {
 	g.Threads = max(g.Threads, last.Threads-first.Threads)
 	g.ThreadsStep = max(g.ThreadsStep, last.Threads-first.Threads)
 	g.RSSKiB = max(g.RSSKiB, last.RSSKiB-first.RSSKiB)
+	g.RSSStepKiB = max(g.RSSStepKiB, last.RSSKiB-first.RSSKiB)
 }
 
 // Round is a process's thread count at rest after one reported round.
@@ -95,6 +96,20 @@ func RestThreads(rs []Round, base int) (atRest, growth int) {
 // a moment comes and stays.
 func RecurringGrowth(first, middle, last int) int {
 	return max(min(middle-first, last-middle), 0)
+}
+
+// RecurringRSS is the RSS growth (KiB) the failover/recovery verdict counts: what the
+// measured cycles add at the lesser of their two halves' rates (first to middle over n1
+// cycles, middle to last over n2), 0 when either half added none. Memory leaked per cycle
+// grows both halves at its rate and counts whole. A step once does not: the Go heap touching
+// again the pages a trim gave back (plugin/threads.go) or a collection's work buffers, after
+// which the heap reuses what it holds.
+func RecurringRSS(first, middle, last int64, n1, n2 int) int64 {
+	if n1 <= 0 || n2 <= 0 {
+		return max(last-first, 0)
+	}
+	rate := min(float64(middle-first)/float64(n1), float64(last-middle)/float64(n2))
+	return max(int64(rate*float64(n1+n2)), 0)
 }
 
 var cycleLineRe = regexp.MustCompile(`cycle \d+: down (\d+) failover (\d+) up (\d+) recovery (\d+) ms`)

@@ -37,6 +37,27 @@ func TestRestThreads(t *testing.T) {
 	}
 }
 
+func TestRecurringRSS(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		first, middle, last int64
+		n1, n2              int
+		want                int64
+	}{
+		{"a step once in the first half (the lab's failover run)", 15980, 16508, 16508, 8, 5, 0},
+		{"a step once in the second half", 16000, 16000, 16600, 8, 5, 0},
+		{"flat", 16296, 16296, 16296, 8, 5, 0},
+		{"100 KiB a cycle", 16000, 16800, 17300, 8, 5, 1300},
+		{"a leak at 100 KiB a cycle beside a 600 KiB step", 16000, 17400, 17900, 8, 5, 1300},
+		{"shrinking", 16500, 16400, 16300, 8, 5, 0},
+		{"no halves", 16000, 16000, 16700, 0, 5, 700},
+	} {
+		if got := RecurringRSS(tc.first, tc.middle, tc.last, tc.n1, tc.n2); got != tc.want {
+			t.Errorf("%s: %d KiB, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestMinSample(t *testing.T) {
 	probes := []Sample{{FDs: 19, Threads: 10, RSSKiB: 15268, MRs: 2}, {FDs: 19, Threads: 9, RSSKiB: 15300, MRs: 2}, {FDs: 20, Threads: 9, RSSKiB: 15270, MRs: 2}}
 	var got Sample
@@ -59,7 +80,7 @@ func TestGrowth(t *testing.T) {
 	g.Threads = -1 << 30
 	g.Add(Sample{FDs: 20, Threads: 9, QPs: 4, MRs: 8, RSSKiB: 15000}, Sample{FDs: 20, Threads: 10, QPs: 4, MRs: 8, RSSKiB: 15400})
 	g.Add(Sample{FDs: 18, Threads: 9, QPs: 4, MRs: 8, RSSKiB: 14000}, Sample{FDs: 19, Threads: 8, QPs: 6, MRs: 7, RSSKiB: 13900})
-	if want := (Growth{FDs: 1, QPs: 2, MRs: 0, Threads: 1, ThreadsStep: 1, RSSKiB: 400}); g != want {
+	if want := (Growth{FDs: 1, QPs: 2, MRs: 0, Threads: 1, ThreadsStep: 1, RSSKiB: 400, RSSStepKiB: 400}); g != want {
 		t.Errorf("growth over two processes: %+v, want %+v", g, want)
 	}
 }
