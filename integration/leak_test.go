@@ -34,7 +34,8 @@ import (
 // what both halves of the measured rounds added at rest over the baseline rounds' median
 // (leakstat.RestThreads: a thread per connection adds in both, a thread the Go runtime keeps
 // after a busy moment steps up once; the connect-close leak line's threads_growth is that
-// figure too); each the worse of the two processes. docs/configuration.md ("Threads") states the bounds.
+// figure too); each the worse of the two processes. docs/configuration.md ("Threads") states
+// the bounds.
 
 const maxRSSGrowthKiB = 1024
 

@@ -891,7 +891,7 @@ static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
   return ncclSuccess;
 }
 
-/* Runs on every progress call, every 16th on a settled sender (mpib_failover_settled, progress in
+/* Runs on every progress call, every 16th on a quiet sender (mpib_failover_quiet, progress in
  * mpib_p2p.c). With every rail UP it checks a load or two per rail: the port state, and the
  * peer's record (sender) or notice and confirm (receiver) words. */
 ncclResult_t mpib_failover_tick(struct mpib_comm *c) {

@@ -8,15 +8,20 @@ import (
 	"testing"
 )
 
+// stopTrimTimer stops the trim's timer, which noteActivity armed: whether it was pending.
+func stopTrimTimer() bool {
+	trim.mu.Lock()
+	defer trim.mu.Unlock()
+	return trim.timer.Stop()
+}
+
 // A trim gives the heap's free pages back to the kernel: after 16 MiB of garbage that the
 // runtime collected but kept (freed, not released), the pages it holds free drop to less than
 // half (to none at the collection; the trim's own goroutines then free a few stacks).
 func TestTrimReleasesHeap(t *testing.T) {
 	defer func() {
-		noteActivity()
-		trim.mu.Lock()
-		trim.timer.Stop()
-		trim.mu.Unlock()
+		noteActivity() // the Ps back for the tests after this one
+		stopTrimTimer()
 	}()
 	held := func() uint64 {
 		var m runtime.MemStats
@@ -49,18 +54,13 @@ func TestTrimWaitsForHandshakes(t *testing.T) {
 	if !procsOwned {
 		t.Skip("GOMAXPROCS is set in the environment: MPIB leaves it alone, and this test reads it")
 	}
-	stopTimer := func() bool {
-		trim.mu.Lock()
-		defer trim.mu.Unlock()
-		return trim.timer.Stop()
-	}
 	inFlight := true
 	defer func() {
 		if inFlight { // a failure before the handshake's end: the tests after this one see none
 			handshakesInFlight.Add(-1)
 		}
 		noteActivity() // the Ps back for the tests after this one
-		stopTimer()
+		stopTrimTimer()
 	}()
 	handshakeBegins()
 	noteActivity()
@@ -70,7 +70,7 @@ func TestTrimWaitsForHandshakes(t *testing.T) {
 	if trim.atRest || runtime.GOMAXPROCS(0) != controlPlaneProcs {
 		t.Fatalf("trimmed with a handshake in flight: at rest %v, GOMAXPROCS %d", trim.atRest, runtime.GOMAXPROCS(0))
 	}
-	if !stopTimer() {
+	if !stopTrimTimer() {
 		t.Fatal("a trim deferred by a handshake in flight was not armed again")
 	}
 	handshakeEnds()
