@@ -392,8 +392,9 @@ func TestBenchScale512(t *testing.T) {
 	a1, a2, done := scaleBenchNodes(t, n)
 	defer done()
 	evidence("scale:", "limits a1: %s", nodeLimits(t, a1))
-	// --report-every 1: the leak line too, read at rest after the close (the threads line).
-	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute, "--report-every", "1")
+	// --report-every 1: the leak line too, read at rest after the close (the threads line);
+	// --call-stats: what the calling thread went through in each call (blocked, descheduled).
+	r := runScale(t, a2, a1, "resources", n, 1, 15*time.Minute, "--report-every", "1", "--call-stats")
 	for i, side := range []string{"server a2", "client a1"} {
 		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-resources:"))
 		evidence("scale:", "%s %v", side, hasLine([]string{r.res.serverOut, r.res.clientOut}[i], "nettest-connect:"))
@@ -403,7 +404,8 @@ func TestBenchScale512(t *testing.T) {
 	}
 	perConn := math.Max(r.resources[0].Float("per_conn_kib"), r.resources[1].Float("per_conn_kib"))
 	evidence("resources:", "conns=%d per_conn_kib=%.0f verified=true", n, perConn)
-	evidence("connect:", "comms=%d total_s=%.3f longest_call_ms=%.1f", n, r.worst("total_s"), r.worst("longest_call_ms"))
+	evidence("connect:", "comms=%d total_s=%.3f longest_call_ms=%.1f calls_blocked=%.0f longest_own_ms=%.1f", n, r.worst("total_s"),
+		r.worst("longest_call_ms"), r.worst("calls_blocked"), r.worst("longest_own_ms"))
 	// The threads MPIB added (the driver's own subtracted): at rest after every comm closed,
 	// the most while they were set up, and at rest after minus before the first listen.
 	var atRest, burst, growth float64
@@ -431,9 +433,11 @@ func TestBenchScale512(t *testing.T) {
 				r.resources[0]["rss_connected_kib"], r.resources[1]["threads_before"], r.resources[1]["threads_connected"],
 				r.resources[1]["threads_closed"], r.resources[1]["fds_before"], r.resources[1]["fds_connected"], r.resources[1]["fds_closed"])},
 		{Name: "connect", Key: fmt.Sprintf("comms=%d", n), Plugin: r.worst("total_s"), Unit: "s",
-			Note: fmt.Sprintf("longest single call %.1f ms; by kind: first connect %.1f, connect poll %.1f, connect returning the comm %.1f, accept poll %.1f, accept returning the comm %.1f",
+			Note: fmt.Sprintf("longest single call %.1f ms; by kind: first connect %.1f, connect poll %.1f, connect returning the comm %.1f, accept poll %.1f, accept returning the comm %.1f; "+
+				"calls that blocked %.0f (longest %.1f ms), descheduled %.0f; the longest call's share that was the plugin's %.1f ms (never descheduled: %.1f ms; CPU time %.1f ms)",
 				r.worst("longest_call_ms"), r.worst("connect_first_ms"), r.worst("connect_poll_ms"), r.worst("connect_done_ms"),
-				r.worst("accept_poll_ms"), r.worst("accept_done_ms"))},
+				r.worst("accept_poll_ms"), r.worst("accept_done_ms"), r.worst("calls_blocked"), r.worst("longest_blocked_ms"),
+				r.worst("calls_descheduled"), r.worst("longest_own_ms"), r.worst("longest_unswitched_ms"), r.worst("longest_call_cpu_ms"))},
 	})
 }
 

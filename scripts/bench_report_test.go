@@ -42,7 +42,7 @@ func TestBenchReportTable(t *testing.T) {
 	for _, want := range []string{
 		"| P1 | size=1048576 | 0.910 [0.850, 0.970] | 7 | 140.2 mbps | 154.1 mbps | ib_write_bw --tx-depth 8: 0.990 [0.950, 1.020] (141.0 mbps) |",
 		"| P3 | size=8 preposted=true | 1.400 [1.300, 1.500] | 7 |",
-		"| P4 | size=4096 mode=advanced | - | - | 1,500 instructions | - | - | watch |",
+		"| P4 | size=4096 mode=advanced | - | - | 1,500 instructions | - | - | <= 1,000 instructions; advanced <= vanilla + 150 |",
 		"| mesh-bw | pair=b1-b3 path=routed via=b2 | 0.930 [0.900, 0.960] | 3 | 21.5 mbps | 23.1 mbps | - | >= 0.95 direct, >= 0.90 routed",
 		"<!-- results:end -->\ntail\n",
 	} {

@@ -76,6 +76,8 @@ static void nt_usage(FILE *f) {
              "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
              "  --report-every K      connect, resources: print the per-round lines every K rounds\n"
              "  --rdma-res            connect, resources: count this process's QPs/MRs (rdma res) per report\n"
+             "  --call-stats          connect, resources: the calling thread's CPU and context switches in each\n"
+             "                        connect/accept call (two syscalls more per call)\n"
              "  --round-gate F        connect, resources: before each round after the first, create F.ready\n"
              "                        and wait until F exists (a test changes the node meanwhile)\n"
              "  --prepost             lat: keep --window receives posted, the next before each send\n"
@@ -193,6 +195,7 @@ enum {
   OPT_IDLEUS, /* fault watch (xfer.c) */
   OPT_REPORTEVERY,
   OPT_RDMARES,
+  OPT_CALLSTATS,
   OPT_ROUNDGATE, /* scale.c leak checks, address changes */
   OPT_DEVS,      /* several devices in one process */
   OPT_PARALLEL   /* several connections of one device */
@@ -237,6 +240,7 @@ static const struct option nt_long_opts[] = {{"role", required_argument, 0, OPT_
                                              {"round-gate", required_argument, 0, OPT_ROUNDGATE},
                                              {"idle-us", required_argument, 0, OPT_IDLEUS},
                                              {"rdma-res", no_argument, 0, OPT_RDMARES},
+                                             {"call-stats", no_argument, 0, OPT_CALLSTATS},
                                              {"devs", required_argument, 0, OPT_DEVS},
                                              {"parallel", required_argument, 0, OPT_PARALLEL},
                                              {0, 0, 0, 0}};
@@ -455,6 +459,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       break;
     case OPT_RDMARES: o->rdma_res = 1; break;
+    case OPT_CALLSTATS: o->call_stats = 1; break;
     case OPT_ROUNDGATE: o->round_gate = a; break;
     case OPT_HELP: nt_usage(stdout); return 1;
     case OPT_PROFILER: o->profiler = 1; break;
@@ -536,8 +541,8 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
   if (nt_watch.idle_us > 0 && o->mode != NT_VERIFY && o->mode != NT_BW) {
     NT_BAD("--idle-us applies to verify and bw only");
   }
-  if ((o->report_every || o->rdma_res || o->round_gate) && !nt_mode_is_scale(o->mode)) {
-    NT_BAD("--report-every, --rdma-res and --round-gate apply to the connect and resources modes only");
+  if ((o->report_every || o->rdma_res || o->round_gate || o->call_stats) && !nt_mode_is_scale(o->mode)) {
+    NT_BAD("--report-every, --rdma-res, --round-gate and --call-stats apply to the connect and resources modes only");
   }
   if (o->prepost && o->mode != NT_LAT) {
     NT_BAD("--prepost applies to lat only");

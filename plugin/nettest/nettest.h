@@ -110,6 +110,7 @@ struct nt_opts {
   int rounds;             /* --rounds: scale modes repeat the whole cycle (leak check across rounds) */
   int report_every;       /* --report-every: scale modes print the per-round lines every K rounds */
   int rdma_res;           /* --rdma-res: scale modes count this process's QPs and MRs (rdma res) per report */
+  int call_stats;         /* --call-stats: scale modes sample the calling thread's rusage around each call */
   const char *round_gate; /* --round-gate: scale modes wait for this file before each later round */
 };
 

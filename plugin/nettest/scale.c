@@ -22,6 +22,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <stdarg.h>
@@ -334,6 +335,26 @@ static int nt_sc_swap_handles(struct nt_opts *o, struct nt_oob *oob, struct nt_s
   return 0;
 }
 
+/* --call-stats: what the calling thread went through inside each connect and accept call,
+ * sampled after the call and after the previous call or pause (two syscalls more per call, so
+ * off by default): its context switches (getrusage) and, from /proc/thread-self/schedstat, its
+ * time on a CPU and its time runnable but kept off one (the scheduler's run delay). A call
+ * with a voluntary switch waited for something (a lock, a sleep, I/O): blocked. One with an
+ * involuntary switch or run delay was descheduled: the kernel ran another thread on its CPU,
+ * which on the lab's two emulated CPUs is often the plugin's own handshakes or the peer. A
+ * call's own time is its wall time less its run delay: what the plugin made it take. The
+ * samples span a little more than the call (the sampling itself, the loop between calls), and
+ * run delay in that margin is counted as the call's own time, never subtracted: own time is
+ * an upper bound. Without schedstat (a kernel without CONFIG_SCHED_INFO) the times read -1. */
+struct nt_call_stats {
+  int on, schedstat_fd;
+  struct rusage last;
+  uint64_t last_cpu_ns, last_wait_ns;
+  double last_at;                                            /* nt_now() before the last sample was taken */
+  uint64_t blocked, descheduled;                             /* calls */
+  double blocked_ms, unswitched_ms, cpu_ms, wait_ms, own_ms; /* the longest of each */
+};
+
 struct nt_sc_setup {
   double total_s, longest_connect_ms, longest_accept_ms;
   int longest_connect_i, longest_accept_i;
@@ -350,6 +371,7 @@ struct nt_sc_setup {
   /* Which threads switched (nt_tasks_change): this one (the calls and its pauses), the
    * busiest other one (a plugin's), and how many threads appeared meanwhile. */
   struct nt_tasks_change tasks;
+  struct nt_call_stats calls;
 };
 
 /* getrusage's sample for who (RUSAGE_SELF or RUSAGE_THREAD), zeros if it fails. */
@@ -373,10 +395,81 @@ static double nt_ru_ms(const struct rusage *ru, double *sys_ms) {
 
 static void nt_max(double *m, double v) { *m = v > *m ? v : *m; }
 
-/* One thread, every pending connect and accept per sweep, until all returned a comm. */
-static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s,
-                           struct nt_sc_setup *r) {
-  memset(r, 0, sizeof(*r));
+/* The calling thread's time on a CPU and its run delay, in ns (nt_call_stats); -1 when
+ * schedstat cannot be read. */
+static int nt_schedstat(int fd, uint64_t *cpu_ns, uint64_t *wait_ns) {
+  char buf[128];
+  ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+  if (n <= 0) {
+    return -1;
+  }
+  buf[n] = '\0';
+  return sscanf(buf, "%" SCNu64 " %" SCNu64, cpu_ns, wait_ns) == 2 ? 0 : -1;
+}
+
+static void nt_calls_open(struct nt_call_stats *cs, int on) {
+  memset(cs, 0, sizeof(*cs));
+  cs->on = on;
+  cs->schedstat_fd = on ? open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC) : -1;
+  if (on && cs->schedstat_fd < 0) {
+    nt_err("--call-stats: /proc/thread-self/schedstat: %s; the calls' times read -1", strerror(errno));
+    cs->cpu_ms = cs->wait_ms = cs->own_ms = -1;
+  }
+}
+
+static void nt_calls_close(struct nt_call_stats *cs) {
+  if (cs->schedstat_fd >= 0) {
+    close(cs->schedstat_fd);
+    cs->schedstat_fd = -1;
+  }
+}
+
+/* Starts the next call's sample where the thread did something else than calls (a pause). */
+static void nt_calls_resume(struct nt_call_stats *cs) {
+  if (cs->on) {
+    cs->last_at = nt_now();
+    cs->last = nt_rusage(RUSAGE_THREAD);
+    nt_schedstat(cs->schedstat_fd, &cs->last_cpu_ns, &cs->last_wait_ns);
+  }
+}
+
+/* Accounts for a call that took wall_ms (nt_call_stats). */
+static void nt_calls_add(struct nt_call_stats *cs, double wall_ms) {
+  if (!cs->on) {
+    return;
+  }
+  double at = nt_now();
+  struct rusage now = nt_rusage(RUSAGE_THREAD);
+  long voluntary = now.ru_nvcsw - cs->last.ru_nvcsw, involuntary = now.ru_nivcsw - cs->last.ru_nivcsw;
+  cs->last = now;
+  double wait_ms = 0;
+  uint64_t cpu_ns, wait_ns;
+  if (nt_schedstat(cs->schedstat_fd, &cpu_ns, &wait_ns) == 0) {
+    double span_ms = (nt_now() - cs->last_at) * 1000; /* the samples' span: the call and a margin */
+    wait_ms = (double)(wait_ns - cs->last_wait_ns) / 1e6;
+    double wait_in_call = wait_ms - (span_ms - wall_ms); /* what the margin cannot hold */
+    nt_max(&cs->cpu_ms, (double)(cpu_ns - cs->last_cpu_ns) / 1e6);
+    nt_max(&cs->wait_ms, wait_ms);
+    nt_max(&cs->own_ms, wait_in_call > 0 ? wall_ms - wait_in_call : wall_ms);
+    cs->last_cpu_ns = cpu_ns, cs->last_wait_ns = wait_ns;
+  }
+  cs->last_at = at;
+  if (voluntary > 0) {
+    cs->blocked++;
+    nt_max(&cs->blocked_ms, wall_ms);
+  }
+  if (involuntary > 0 || wait_ms > 0) {
+    cs->descheduled++;
+  }
+  if (voluntary == 0 && involuntary == 0) {
+    nt_max(&cs->unswitched_ms, wall_ms);
+  }
+}
+
+/* One thread, every pending connect and accept per sweep, until all returned a comm (r was
+ * cleared, its call stats opened). */
+static int nt_sc_sweep(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s,
+                       struct nt_sc_setup *r) {
   int ndone = 0, total = 2 * s->n;
   uint8_t *started = calloc((size_t)s->n, 1);
   if (started == NULL) {
@@ -391,11 +484,13 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
       r->threads_peak = th > r->threads_peak ? th : r->threads_peak;
       sampled = nt_now();
     }
+    nt_calls_resume(&r->calls);
     for (int i = 0; i < s->n; i++) {
       if (s->scomm[i] == NULL) {
         double a = nt_now();
         ncclResult_t rc = nt_net_connect(n, o->dev, s->peer[i], &s->scomm[i]);
         double ms = (nt_now() - a) * 1000;
+        nt_calls_add(&r->calls, ms);
         r->connect_calls++;
         if (ms > r->longest_connect_ms) {
           r->longest_connect_ms = ms;
@@ -416,6 +511,7 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
         double a = nt_now();
         ncclResult_t rc = nt_net_accept(n, s->lcomm[i], &s->rcomm[i]);
         double ms = (nt_now() - a) * 1000;
+        nt_calls_add(&r->calls, ms);
         r->accept_calls++;
         if (ms > r->longest_accept_ms) {
           r->longest_accept_ms = ms;
@@ -467,6 +563,16 @@ static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *o
   r->poll_cpu_ms = nt_ru_ms(&th1, NULL) - nt_ru_ms(&th0, NULL);
   free(started);
   return 0;
+}
+
+/* nt_sc_sweep with its figures cleared first. */
+static int nt_sc_establish(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_sc *s,
+                           struct nt_sc_setup *r) {
+  memset(r, 0, sizeof(*r));
+  nt_calls_open(&r->calls, o->call_stats);
+  int rc = nt_sc_sweep(o, n, oob, s, r);
+  nt_calls_close(&r->calls);
+  return rc;
 }
 
 struct nt_sc_data {
@@ -845,13 +951,23 @@ out:
            (mi.uordblks + mi.hblkhd) / 1024, (mi.arena + mi.hblkhd) / 1024, nt_threads_driver, peak);
   }
   double longest = su.longest_connect_ms > su.longest_accept_ms ? su.longest_connect_ms : su.longest_accept_ms;
+  char calls[256] = "";
+  if (su.calls.on) {
+    snprintf(calls, sizeof(calls),
+             " calls_blocked=%" PRIu64 " calls_descheduled=%" PRIu64
+             " longest_blocked_ms=%.1f longest_unswitched_ms=%.1f longest_call_cpu_ms=%.1f longest_call_wait_ms=%.1f"
+             " longest_own_ms=%.1f",
+             su.calls.blocked, su.calls.descheduled, su.calls.blocked_ms, su.calls.unswitched_ms, su.calls.cpu_ms,
+             su.calls.wait_ms, su.calls.own_ms);
+  }
   nt_out("nettest-connect: comms=%d total_s=%.3f longest_call_ms=%.1f verified=%s role=%s longest_connect_ms=%.1f "
          "longest_accept_ms=%.1f connect_calls=%" PRIu64 " accept_calls=%" PRIu64 " sweeps=%" PRIu64
          " listen_s=%.3f data_s=%.3f close_s=%.3f size=%zu count=%" PRIu64 " round=%d"
-         " connect_first_ms=%.1f connect_poll_ms=%.1f connect_done_ms=%.1f accept_poll_ms=%.1f accept_done_ms=%.1f",
+         " connect_first_ms=%.1f connect_poll_ms=%.1f connect_done_ms=%.1f accept_poll_ms=%.1f accept_done_ms=%.1f%s",
          N, su.total_s, longest, verified ? "true" : "false", nt_role_name(o->role), su.longest_connect_ms,
          su.longest_accept_ms, su.connect_calls, su.accept_calls, su.sweeps, listen_s, d.seconds, close_s, size, count,
-         round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms, su.accept_done_ms);
+         round, su.connect_first_ms, su.connect_poll_ms, su.connect_done_ms, su.accept_poll_ms, su.accept_done_ms,
+         calls);
   nt_sc_phases_line(o, N, round, &phases, &s, &su);
   nt_out("nettest-resources: conns=%d per_conn_kib=%ld verified=%s role=%s rss_before_kib=%ld rss_listen_kib=%ld "
          "rss_connected_kib=%ld rss_data_kib=%ld rss_closed_kib=%ld hwm_kib=%ld fds_before=%d fds_listen=%d "

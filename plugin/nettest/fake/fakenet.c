@@ -11,6 +11,7 @@
  *   FAKENET_OVERRUN_MSG=N    write 16 bytes past the end of the N-th message received
  *   FAKENET_BAD_SIZE_MSG=N   report size+1 for the N-th message received
  *   FAKENET_HANG_FINALIZE=1  finalize never returns (the driver's watchdog must end it)
+ *   FAKENET_CONNECT_SLEEP_MS=N  connect sleeps N ms first: a call that blocks (--call-stats)
  * Devices (environment): FAKENET_NDEV=N (1..8, default 1) devices, fake0..fake<N-1>, all on
  * the same loopback TCP (mpib-nettest --devs tests); the device index changes nothing else.
  * Build: gcc -shared -fPIC -Iplugin -o build/libnccl-net-fake.so plugin/nettest/fake/fakenet.c
@@ -37,7 +38,7 @@ static ncclDebugLogger_t fk_log;
 #define FK_WARN(...) fk_log(NCCL_LOG_WARN, NCCL_NET, __FILE__, __LINE__, "NET/FAKE " __VA_ARGS__)
 #define FK_INFO(...) fk_log(NCCL_LOG_INFO, NCCL_NET, __FILE__, __LINE__, "NET/FAKE " __VA_ARGS__)
 
-static long fk_corrupt = -1, fk_overrun = -1, fk_badsize = -1;
+static long fk_corrupt = -1, fk_overrun = -1, fk_badsize = -1, fk_connect_sleep_ms = -1;
 
 struct fk_req {
   int used, is_send, done, n;
@@ -95,6 +96,7 @@ static ncclResult_t fk_init(ncclDebugLogger_t logger) {
   fk_corrupt = fk_env("FAKENET_CORRUPT_MSG");
   fk_overrun = fk_env("FAKENET_OVERRUN_MSG");
   fk_badsize = fk_env("FAKENET_BAD_SIZE_MSG");
+  fk_connect_sleep_ms = fk_env("FAKENET_CONNECT_SLEEP_MS");
   FK_INFO("init ok");
   return ncclSuccess;
 }
@@ -192,6 +194,9 @@ static ncclResult_t fk_connect(void *ctx, int dev, void *handle, void **scomm, n
   if (m != FK_MAGIC) {
     FK_WARN("connect: handle has a bad magic 0x%llx", (unsigned long long)m);
     return ncclInvalidArgument;
+  }
+  if (fk_connect_sleep_ms > 0) {
+    usleep((useconds_t)fk_connect_sleep_ms * 1000);
   }
   struct sockaddr_in sa = {.sin_family = AF_INET};
   memcpy(&sa.sin_addr.s_addr, (uint8_t *)handle + 8, 4);

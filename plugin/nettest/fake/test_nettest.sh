@@ -90,6 +90,12 @@ pair connect 0 0 -- --mode connect --comms 3 --timeout-s 20
 has connect c.out '^nettest-connect: comms=3 total_s=[0-9.]+ .*verified=true role=client'
 has connect s.out '^connect-phases: comms=3 role=server round=1 lines=0 .* setup_ctxsw=[0-9]+ setup_ctxsw_caller=[0-9]+ setup_ctxsw_busiest=[0-9]+ setup_threads_new=[0-9]+$'
 
+# --call-stats on kernel counters: a connect that sleeps 30 ms blocked, for at least that long.
+pair callstats 0 0 -- --mode connect --comms 2 --timeout-s 20 --call-stats
+has callstats c.out '^nettest-connect: .* calls_blocked=[0-9]+ calls_descheduled=[0-9]+ longest_blocked_ms=[0-9.]+ longest_unswitched_ms=[0-9.]+ longest_call_cpu_ms=[0-9.]+ longest_call_wait_ms=[0-9.]+ longest_own_ms=[0-9.]+$'
+pair callstats-blocked 0 0 S:FAKENET_CONNECT_SLEEP_MS=30 -- --mode connect --comms 2 --timeout-s 20 --call-stats
+has callstats-blocked s.out ' calls_blocked=[1-9][0-9]* .*longest_blocked_ms=([3-9][0-9]|[1-9][0-9]{2,})\.[0-9] .*longest_own_ms=([3-9][0-9]|[1-9][0-9]{2,})\.[0-9]$'
+
 pair badhandle 0 0 -- --mode badhandle --timeout-s 10
 has badhandle c.out '^nettest-badinput: case=handle rc=[1-9]'
 pair garbage 0 0 -- --mode garbage-peer --timeout-s 10
