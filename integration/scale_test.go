@@ -109,6 +109,20 @@ func (r scaleResult) worst(key string) float64 {
 	return math.Max(r.connect[0].Float(key), r.connect[1].Float(key))
 }
 
+// worstOfRound is worst for round n's nettest-connect lines (1 = worst); NaN when a side
+// printed no line for that round.
+func (r scaleResult) worstOfRound(n int, key string) float64 {
+	v := math.Inf(-1)
+	for _, out := range []string{r.res.serverOut, r.res.clientOut} {
+		lines := kv.Lines(out, "nettest-connect:")
+		if len(lines) < n {
+			return math.NaN()
+		}
+		v = math.Max(v, lines[n-1].Float(key))
+	}
+	return v
+}
+
 // nodeLimits reports what a node allows a process: fds, locked memory, and the rxe device's
 // object limits (which bound how many connections a device can carry).
 func nodeLimits(t *testing.T, n *Node) string {
@@ -178,7 +192,8 @@ func TestScaleConnect(t *testing.T) {
 }
 
 // TestBenchConnect8: TestScaleConnect's setup of 4 + 4 comms (the first of two rounds, the
-// worst side), inside island A (a1 <-> a2) and across islands (a1 <-> b1), benchPairs() times,
+// worst side; the second round's beside it, as a connect-netib: line with round=2: the
+// setups after a process's first), inside island A (a1 <-> a2) and across islands (a1 <-> b1), benchPairs() times,
 // each beside the net_ib reference when it is built (harness_netib_test.go; which of the two
 // goes first alternates). Prints the medians in CI's connect: line (with the reference's
 // fields added) and, per case, the ratio to the reference with its interval and both
@@ -197,7 +212,7 @@ func TestBenchConnect8(t *testing.T) {
 		name   string
 		server *Node
 	}{{"intra", lab.Node("a2")}, {"inter", lab.Node("b1")}}
-	type sample struct{ s, cpuMS, sysMS, ctxsw, caller, busiest []float64 }
+	type sample struct{ s, second, cpuMS, sysMS, ctxsw, caller, busiest []float64 }
 	got := map[string]*sample{}
 	for pair := 0; pair < benchPairs(); pair++ {
 		for _, c := range cases {
@@ -219,12 +234,13 @@ func TestBenchConnect8(t *testing.T) {
 				}
 				g := got[k]
 				g.s, g.cpuMS, g.sysMS, g.ctxsw = append(g.s, r.worst("total_s")), append(g.cpuMS, cpu), append(g.sysMS, sys), append(g.ctxsw, sw)
+				g.second = append(g.second, r.worstOfRound(2, "total_s"))
 				g.caller, g.busiest = append(g.caller, caller), append(g.busiest, busiest)
 			}
 		}
 	}
 	line := fmt.Sprintf("comms=8 intra_s=%.3f inter_s=%.3f pairs=%d", median(got["mpib intra"].s), median(got["mpib inter"].s), benchPairs())
-	var figs []figure
+	var figs, seconds []figure
 	for _, c := range cases {
 		m := got["mpib "+c.name]
 		note := fmt.Sprintf("a1 <-> %s, first round; CPU of both processes %.0f ms (%.0f in the kernel), %.0f context switches (%.0f of the calling threads, %.0f of each process's busiest other thread, summed)",
@@ -238,11 +254,16 @@ func TestBenchConnect8(t *testing.T) {
 			evidence("connect-netib:", "case=%s mpib_s=%.3f netib_s=%.3f ratio=%.3f ci_low=%.3f ci_high=%.3f mpib_cpu_ms=%.0f netib_cpu_ms=%.0f mpib_ctxsw=%.0f netib_ctxsw=%.0f pairs=%d mpib_sys_ms=%.0f netib_sys_ms=%.0f mpib_ctxsw_caller=%.0f netib_ctxsw_caller=%.0f mpib_ctxsw_busiest=%.0f netib_ctxsw_busiest=%.0f",
 				c.name, f.Plugin, f.Ref, f.Ratio, f.CILow, f.CIHigh, median(m.cpuMS), median(n.cpuMS), median(m.ctxsw), median(n.ctxsw), f.Pairs,
 				median(m.sysMS), median(n.sysMS), median(m.caller), median(n.caller), median(m.busiest), median(n.busiest))
+			second := ratioFigure("connect", f.Key+" round=2", "s", m.second, n.second)
+			second.Note = fmt.Sprintf("a1 <-> %s, the second round of the same processes, after the first closed and they came to rest: the setups after a process's first", c.server.Name())
+			seconds = append(seconds, second)
+			evidence("connect-netib:", "case=%s round=2 mpib_s=%.3f netib_s=%.3f ratio=%.3f ci_low=%.3f ci_high=%.3f pairs=%d",
+				c.name, second.Plugin, second.Ref, second.Ratio, second.CILow, second.CIHigh, second.Pairs)
 		}
 		figs = append(figs, f)
 	}
 	evidence("connect:", "%s", line)
-	saveFigures(t, "connect8", figs)
+	saveFigures(t, "connect8", append(figs, seconds...))
 }
 
 // TestAddressChange: addresses change while jobs run (an operator renumbering a rail, a DHCP
