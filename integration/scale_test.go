@@ -109,8 +109,8 @@ func (r scaleResult) worst(key string) float64 {
 	return math.Max(r.connect[0].Float(key), r.connect[1].Float(key))
 }
 
-// worstOfRound is worst for round n's nettest-connect lines (1 = worst); NaN when a side
-// printed no line for that round.
+// worstOfRound is worst over round n's nettest-connect lines (worst reads round 1's); NaN
+// when a side printed no line for round n.
 func (r scaleResult) worstOfRound(n int, key string) float64 {
 	v := math.Inf(-1)
 	for _, out := range []string{r.res.serverOut, r.res.clientOut} {
@@ -192,11 +192,11 @@ func TestScaleConnect(t *testing.T) {
 }
 
 // TestBenchConnect8: TestScaleConnect's setup of 4 + 4 comms (the first of two rounds, the
-// worst side; the second round's beside it, as a connect-netib: line with round=2: the
-// setups after a process's first), inside island A (a1 <-> a2) and across islands (a1 <-> b1), benchPairs() times,
-// each beside the net_ib reference when it is built (harness_netib_test.go; which of the two
-// goes first alternates). Prints the medians in CI's connect: line (with the reference's
-// fields added) and, per case, the ratio to the reference with its interval and both
+// worst side; the second round beside it: the setups after a process's first), inside island
+// A (a1 <-> a2) and across islands (a1 <-> b1), benchPairs() times, each beside the net_ib
+// reference when it is built (harness_netib_test.go; which of the two goes first alternates).
+// Prints the medians in CI's connect: line (with the second round's and the reference's
+// fields added) and, per case and round, the ratio to the reference with its interval and both
 // plugins' CPU time and context switches (both processes of the pair, from the driver's
 // connect-phases: line): the VM's two CPUs are shared by both processes, so a setup's CPU
 // is what sets its time there.
@@ -239,7 +239,8 @@ func TestBenchConnect8(t *testing.T) {
 			}
 		}
 	}
-	line := fmt.Sprintf("comms=8 intra_s=%.3f inter_s=%.3f pairs=%d", median(got["mpib intra"].s), median(got["mpib inter"].s), benchPairs())
+	line := fmt.Sprintf("comms=8 intra_s=%.3f inter_s=%.3f pairs=%d intra_round2_s=%.3f inter_round2_s=%.3f", median(got["mpib intra"].s),
+		median(got["mpib inter"].s), benchPairs(), median(got["mpib intra"].second), median(got["mpib inter"].second))
 	var figs, seconds []figure
 	for _, c := range cases {
 		m := got["mpib "+c.name]

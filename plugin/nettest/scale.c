@@ -340,12 +340,12 @@ static int nt_sc_swap_handles(struct nt_opts *o, struct nt_oob *oob, struct nt_s
  * off by default): its context switches (getrusage) and, from /proc/thread-self/schedstat, its
  * time on a CPU and its time runnable but kept off one (the scheduler's run delay). A call
  * with a voluntary switch waited for something (a lock, a sleep, I/O): blocked. One with an
- * involuntary switch or run delay was descheduled: the kernel ran another thread on its CPU,
- * which on the lab's two emulated CPUs is often the plugin's own handshakes or the peer. A
- * call's own time is its wall time less its run delay: what the plugin made it take. The
- * samples span a little more than the call (the sampling itself, the loop between calls), and
- * run delay in that margin is counted as the call's own time, never subtracted: own time is
- * an upper bound. Without schedstat (a kernel without CONFIG_SCHED_INFO) the times read -1. */
+ * involuntary switch or run delay in the call was descheduled: the kernel ran another thread
+ * on its CPU, which on the lab's two emulated CPUs is often the plugin's own handshakes or the
+ * peer. A call's own time is its wall time less its run delay: what the plugin made it take.
+ * The samples span a little more than the call (the sampling itself, the loop between calls),
+ * and run delay that margin can hold is taken as outside the call, never subtracted: own time
+ * is an upper bound. Without schedstat (a kernel without CONFIG_SCHED_INFO) the times read -1. */
 struct nt_call_stats {
   int on, schedstat_fd;
   struct rusage last;
@@ -442,12 +442,12 @@ static void nt_calls_add(struct nt_call_stats *cs, double wall_ms) {
   struct rusage now = nt_rusage(RUSAGE_THREAD);
   long voluntary = now.ru_nvcsw - cs->last.ru_nvcsw, involuntary = now.ru_nivcsw - cs->last.ru_nivcsw;
   cs->last = now;
-  double wait_ms = 0;
+  double wait_in_call = 0;
   uint64_t cpu_ns, wait_ns;
   if (nt_schedstat(cs->schedstat_fd, &cpu_ns, &wait_ns) == 0) {
     double span_ms = (nt_now() - cs->last_at) * 1000; /* the samples' span: the call and a margin */
-    wait_ms = (double)(wait_ns - cs->last_wait_ns) / 1e6;
-    double wait_in_call = wait_ms - (span_ms - wall_ms); /* what the margin cannot hold */
+    double wait_ms = (double)(wait_ns - cs->last_wait_ns) / 1e6;
+    wait_in_call = wait_ms - (span_ms - wall_ms); /* what the margin cannot hold */
     nt_max(&cs->cpu_ms, (double)(cpu_ns - cs->last_cpu_ns) / 1e6);
     nt_max(&cs->wait_ms, wait_ms);
     nt_max(&cs->own_ms, wait_in_call > 0 ? wall_ms - wait_in_call : wall_ms);
@@ -458,7 +458,7 @@ static void nt_calls_add(struct nt_call_stats *cs, double wall_ms) {
     cs->blocked++;
     nt_max(&cs->blocked_ms, wall_ms);
   }
-  if (involuntary > 0 || wait_ms > 0) {
+  if (involuntary > 0 || wait_in_call > 0) {
     cs->descheduled++;
   }
   if (voluntary == 0 && involuntary == 0) {
