@@ -456,7 +456,7 @@ func TestBenchScale512(t *testing.T) {
 				r.resources[1]["threads_closed"], r.resources[1]["fds_before"], r.resources[1]["fds_connected"], r.resources[1]["fds_closed"])},
 		{Name: "connect", Key: fmt.Sprintf("comms=%d", n), Plugin: r.worst("total_s"), Unit: "s",
 			Note: fmt.Sprintf("longest single call %.1f ms; by kind: first connect %.1f, connect poll %.1f, connect returning the comm %.1f, accept poll %.1f, accept returning the comm %.1f; "+
-				"calls that blocked %.0f (longest %.1f ms), descheduled %.0f; the longest call's share that was the plugin's %.1f ms (never descheduled: %.1f ms; CPU time %.1f ms)",
+				"calls that blocked %.0f (longest %.1f ms), descheduled %.0f; the most a call took less its run delay %.1f ms (the longest never descheduled: %.1f ms; the most CPU time: %.1f ms)",
 				r.worst("longest_call_ms"), r.worst("connect_first_ms"), r.worst("connect_poll_ms"), r.worst("connect_done_ms"),
 				r.worst("accept_poll_ms"), r.worst("accept_done_ms"), r.worst("calls_blocked"), r.worst("longest_blocked_ms"),
 				r.worst("calls_descheduled"), r.worst("longest_own_ms"), r.worst("longest_unswitched_ms"), r.worst("longest_call_cpu_ms"))},
