@@ -98,7 +98,8 @@ ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle
   }
 }
 
-/* Never calls into Go: the control plane queues finished handshakes on the listen comm. */
+/* Never calls into Go, nor waits for it: the control plane queues finished handshakes on the
+ * listen comm without a lock (mpib_handoff.c). */
 ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm) {
   struct mpib_listen_comm *lc = listenComm;
   struct mpib_comm *comm = NULL;
@@ -109,7 +110,7 @@ ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_
     MPIB_WARN("accept on a NULL listen comm");
     return ncclInvalidArgument;
   }
-  if (__atomic_load_n(&lc->ready, __ATOMIC_ACQUIRE) == 0 || !mpib_listen_pop(lc, &comm, &result)) {
+  if (__atomic_load_n(&lc->ready, __ATOMIC_ACQUIRE) == 0 || !mpib_listen_try_pop(lc, &comm, &result)) {
     if (!__atomic_load_n(&lc->closed, __ATOMIC_ACQUIRE)) return ncclSuccess; /* nothing finished yet */
     MPIB_WARN("accept on a closed or finalized listen comm");
     return ncclInvalidArgument;

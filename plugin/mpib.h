@@ -485,10 +485,11 @@ struct mpib_ready {
  * finished for it, oldest first. */
 struct mpib_listen_comm {
   uint64_t id;
-  int ready;  /* queued handshakes: accept takes the lock only when this is not 0 */
-  int closed; /* the control plane closed the listener (finalize): accept then fails */
-  pthread_mutex_t mu;
-  struct mpib_ready *head, *tail;
+  int ready;                 /* queued handshakes: accept tries the lock only when this is not 0 */
+  int closed;                /* the control plane closed the listener (finalize): accept then fails */
+  struct mpib_ready *pushed; /* newest first: the control plane pushes without a lock */
+  pthread_mutex_t mu;        /* the takers' (accept tries it, the listener's close drains under it) */
+  struct mpib_ready *taken;  /* taken from pushed, oldest first (mu) */
 };
 
 /* Connect attempts in flight, one entry each. The handle NCCL keeps between connect() calls

@@ -16,10 +16,18 @@
 #include "mpib_clock.h"
 #include "mpib_handoff.h"
 
+/* No lock here is ever taken by both NCCL's calls and a thread of the control plane: a lock
+ * holder the kernel deschedules would hold NCCL's proxy thread with it (a connect() that waited
+ * 23 ms behind the dispatcher in the lab's 512-comm run). The free entries and the connect queue
+ * are lock-free stacks; a listen comm's queue is pushed lock-free, and accept() only tries the
+ * lock its takers share. */
 static struct mpib_pending pending_tab[MPIB_PENDING_MAX];
-static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t pending_free[MPIB_PENDING_MAX]; /* freed entries (index + 1), a stack */
-static uint32_t pending_nfree, pending_used;    /* entries on the stack; entries ever handed out */
+/* The free entries, a stack: its top is tag << 32 | index + 1 (0: empty), the tag counting every
+ * change so that a pop that read a stale next cannot succeed (ABA); pending_next holds, under
+ * each free entry, the one freed before it. */
+static uint64_t pending_free_top;
+static uint32_t pending_next[MPIB_PENDING_MAX];
+static uint32_t pending_used; /* entries ever handed out: the table's high-water mark */
 
 static uint64_t pending_word(uint32_t gen, int state) { return (uint64_t)gen << 32 | (uint32_t)state; }
 
@@ -50,12 +58,40 @@ static int pending_key_matches(const struct mpib_pending *p, const void *handle)
   return 1;
 }
 
+static uint64_t free_top(uint64_t top, uint32_t idx1) { return ((top >> 32) + 1) << 32 | idx1; }
+
+static uint32_t pending_pop_free(void) {
+  uint64_t top = __atomic_load_n(&pending_free_top, __ATOMIC_ACQUIRE);
+  for (;;) {
+    uint32_t idx1 = (uint32_t)top;
+    if (idx1 == 0) return 0;
+    uint32_t next = __atomic_load_n(&pending_next[idx1 - 1], __ATOMIC_RELAXED);
+    if (__atomic_compare_exchange_n(&pending_free_top, &top, free_top(top, next), 1, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return idx1;
+  }
+}
+
+static void pending_push_free(uint32_t idx1) {
+  uint64_t top = __atomic_load_n(&pending_free_top, __ATOMIC_RELAXED);
+  do {
+    __atomic_store_n(&pending_next[idx1 - 1], (uint32_t)top, __ATOMIC_RELAXED);
+  } while (!__atomic_compare_exchange_n(&pending_free_top, &top, free_top(top, idx1), 1, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED));
+}
+
+/* A free entry, else one never used yet: index + 1, 0 when the table is full. */
+static uint32_t pending_alloc(void) {
+  uint32_t idx1 = pending_pop_free();
+  if (idx1) return idx1;
+  uint32_t used = __atomic_load_n(&pending_used, __ATOMIC_RELAXED);
+  while (used < MPIB_PENDING_MAX &&
+         !__atomic_compare_exchange_n(&pending_used, &used, used + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  return used < MPIB_PENDING_MAX ? used + 1 : 0;
+}
+
 uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen) {
-  uint32_t idx1 = 0;
-  pthread_mutex_lock(&pending_mu);
-  if (pending_nfree > 0) idx1 = pending_free[--pending_nfree];
-  else if (pending_used < MPIB_PENDING_MAX) idx1 = ++pending_used;
-  pthread_mutex_unlock(&pending_mu);
+  uint32_t idx1 = pending_alloc();
   if (idx1 == 0) return 0;
   struct mpib_pending *p = &pending_tab[idx1 - 1];
   uint32_t last = (uint32_t)(__atomic_load_n(&p->word, __ATOMIC_RELAXED) >> 32);
@@ -88,9 +124,7 @@ int mpib_pending_take(uint32_t idx1, uint32_t gen, struct mpib_comm **comm, int 
     return 0;
   *comm = p->comm;
   *result = p->result;
-  pthread_mutex_lock(&pending_mu);
-  pending_free[pending_nfree++] = idx1;
-  pthread_mutex_unlock(&pending_mu);
+  pending_push_free(idx1);
   return 1;
 }
 
@@ -112,20 +146,26 @@ int mpib_pending_poll(const void *handle, struct mpib_comm **comm, int *result) 
   return mpib_pending_take(idx1, gen, comm, result) ? 2 : 0;
 }
 
+/* The connect queue: connect() pushes onto creq_pushed (newest first, lock-free); the
+ * dispatcher takes the whole stack at once and keeps it, oldest first, in creq_taken. creq_mu is
+ * the control plane's alone (the eventfd's creation, the taken list). */
+static struct mpib_connect_req *creq_pushed;
 static pthread_mutex_t creq_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct mpib_connect_req *creq_head, *creq_tail;
+static struct mpib_connect_req *creq_taken;
 static int creq_fd = -1;
 
 int mpib_connect_queue_open(void) {
   pthread_mutex_lock(&creq_mu);
-  if (creq_fd < 0) creq_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (__atomic_load_n(&creq_fd, __ATOMIC_RELAXED) < 0)
+    __atomic_store_n(&creq_fd, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), __ATOMIC_RELEASE);
   int fd = creq_fd;
   pthread_mutex_unlock(&creq_mu);
   return fd;
 }
 
 int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle) {
-  if (__atomic_load_n(&creq_fd, __ATOMIC_RELAXED) < 0) return 0;
+  int fd = __atomic_load_n(&creq_fd, __ATOMIC_ACQUIRE);
+  if (fd < 0) return 0;
   struct mpib_connect_req *q = malloc(sizeof *q);
   if (!q) return 0;
   uint32_t gen = 0, idx1 = mpib_pending_acquire(handle, &gen);
@@ -137,24 +177,31 @@ int mpib_connect_enqueue(uint64_t ctx, int dev, int traffic_class, void *handle)
   memcpy(q->handle, handle, sizeof q->handle);
   memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET, &idx1, 4); /* the next connect() polls the entry */
   memcpy((uint8_t *)handle + MPIB_HANDLE_PENDING_OFFSET + 4, &gen, 4);
-  pthread_mutex_lock(&creq_mu);
-  if (creq_tail) creq_tail->next = q;
-  else creq_head = q;
-  creq_tail = q;
+  q->next = __atomic_load_n(&creq_pushed, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&creq_pushed, &q->next, q, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {}
   uint64_t one = 1;
-  ssize_t n = write(creq_fd, &one, sizeof one); /* wakes the dispatcher; EAGAIN: it is awake already */
+  ssize_t n = write(fd, &one, sizeof one); /* wakes the dispatcher; EAGAIN: it is awake already */
   (void)n;
-  pthread_mutex_unlock(&creq_mu);
   return 1;
+}
+
+/* A stack (newest first) reversed: oldest first. */
+static struct mpib_connect_req *creq_reversed(struct mpib_connect_req *q) {
+  struct mpib_connect_req *out = NULL;
+  while (q) {
+    struct mpib_connect_req *next = q->next;
+    q->next = out;
+    out = q;
+    q = next;
+  }
+  return out;
 }
 
 int mpib_connect_dequeue(struct mpib_connect_req *out) {
   pthread_mutex_lock(&creq_mu);
-  struct mpib_connect_req *q = creq_head;
-  if (q) {
-    creq_head = q->next;
-    if (!creq_head) creq_tail = NULL;
-  }
+  if (!creq_taken) creq_taken = creq_reversed(__atomic_exchange_n(&creq_pushed, NULL, __ATOMIC_ACQUIRE));
+  struct mpib_connect_req *q = creq_taken;
+  if (q) creq_taken = q->next;
   pthread_mutex_unlock(&creq_mu);
   if (!q) return 0;
   *out = *q;
@@ -183,29 +230,46 @@ int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int re
   struct mpib_ready *r = malloc(sizeof *r);
   if (!r) return -ENOMEM;
   *r = (struct mpib_ready){.comm = comm, .result = result};
-  pthread_mutex_lock(&lc->mu);
-  if (lc->tail) lc->tail->next = r;
-  else lc->head = r;
-  lc->tail = r;
-  __atomic_add_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&lc->mu);
+  r->next = __atomic_load_n(&lc->pushed, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&lc->pushed, &r->next, r, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {}
+  __atomic_add_fetch(&lc->ready, 1, __ATOMIC_RELEASE); /* after the push: a taker that sees it finds it */
   return 0;
 }
 
 void mpib_listen_close(struct mpib_listen_comm *lc) { __atomic_store_n(&lc->closed, 1, __ATOMIC_RELEASE); }
 
-int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
-  pthread_mutex_lock(&lc->mu);
-  struct mpib_ready *r = lc->head;
-  if (r) {
-    lc->head = r->next;
-    if (!lc->head) lc->tail = NULL;
-    __atomic_sub_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
+/* The oldest finished handshake, with lc->mu held. */
+static int listen_take(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
+  if (!lc->taken) {
+    struct mpib_ready *q = __atomic_exchange_n(&lc->pushed, NULL, __ATOMIC_ACQUIRE), *oldest_first = NULL;
+    while (q) { /* pushed newest first */
+      struct mpib_ready *next = q->next;
+      q->next = oldest_first;
+      oldest_first = q;
+      q = next;
+    }
+    lc->taken = oldest_first;
   }
-  pthread_mutex_unlock(&lc->mu);
+  struct mpib_ready *r = lc->taken;
   if (!r) return 0;
+  lc->taken = r->next;
+  __atomic_sub_fetch(&lc->ready, 1, __ATOMIC_RELEASE);
   *comm = r->comm;
   *result = r->result;
   free(r);
   return 1;
+}
+
+int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
+  pthread_mutex_lock(&lc->mu);
+  int got = listen_take(lc, comm, result);
+  pthread_mutex_unlock(&lc->mu);
+  return got;
+}
+
+int mpib_listen_try_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result) {
+  if (pthread_mutex_trylock(&lc->mu) != 0) return 0;
+  int got = listen_take(lc, comm, result);
+  pthread_mutex_unlock(&lc->mu);
+  return got;
 }

@@ -40,5 +40,7 @@ int mpib_listen_push(struct mpib_listen_comm *lc, struct mpib_comm *comm, int re
 void mpib_listen_close(struct mpib_listen_comm *lc);
 /* Takes the oldest finished handshake: 1, or 0 when none is queued. */
 int mpib_listen_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result);
+/* mpib_listen_pop for accept(): 0 also while another taker holds the queue (NCCL calls again). */
+int mpib_listen_try_pop(struct mpib_listen_comm *lc, struct mpib_comm **comm, int *result);
 
 #endif

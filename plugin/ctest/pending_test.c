@@ -150,12 +150,151 @@ static void test_listen_queue(void) {
   mpib_listen_comm_free(lc);
 }
 
+/* Four threads take and free entries at once, 5,000 times each, through the lock-free free
+ * stack: no entry is ever held by two of them, and none is lost (the table's high-water mark
+ * stays at the most held at once). */
+#define CHURN_THREADS 4
+static uint32_t churn_owner[MPIB_PENDING_MAX];
+static int churn_dups;
+static void *churn(void *arg) {
+  uint32_t me = (uint32_t)(uintptr_t)arg;
+  for (int i = 0; i < 5000; i++) {
+    uint32_t gen = 0, idx1 = mpib_pending_acquire(honest_key, &gen);
+    uint32_t free_owner = 0;
+    if (idx1 == 0 ||
+        !__atomic_compare_exchange_n(&churn_owner[idx1 - 1], &free_owner, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      __atomic_add_fetch(&churn_dups, 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    mpib_pending_finish(idx1, gen, (struct mpib_comm *)(uintptr_t)0x20, 0);
+    __atomic_store_n(&churn_owner[idx1 - 1], 0, __ATOMIC_RELEASE);
+    struct mpib_comm *comm;
+    int result;
+    if (!mpib_pending_take(idx1, gen, &comm, &result)) __atomic_add_fetch(&churn_dups, 1, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+static void test_pending_concurrent_free_list(void) {
+  pthread_t t[CHURN_THREADS];
+  for (int i = 0; i < CHURN_THREADS; i++) pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i + 1));
+  for (int i = 0; i < CHURN_THREADS; i++) pthread_join(t[i], NULL);
+  CHECK(churn_dups == 0, "%d entries handed out twice at once, lost or not taken", churn_dups);
+  /* Every entry is free again: as many acquires as threads find entries below the high-water
+   * mark the threads could reach (the earlier tests hold none). */
+  uint32_t held[CHURN_THREADS + 8], gens[CHURN_THREADS + 8], most = 0;
+  for (int i = 0; i < CHURN_THREADS + 8; i++) {
+    held[i] = mpib_pending_acquire(honest_key, &gens[i]);
+    most = held[i] > most ? held[i] : most;
+  }
+  CHECK(most <= CHURN_THREADS + 8 + 4, "entries leaked from the free list: entry %u handed out", most);
+  for (int i = 0; i < CHURN_THREADS + 8; i++) {
+    struct mpib_comm *comm;
+    int result;
+    mpib_pending_finish(held[i], gens[i], NULL, 0);
+    mpib_pending_take(held[i], gens[i], &comm, &result);
+  }
+}
+
+/* Connects queued from three threads at once reach the dispatcher each exactly once, each
+ * thread's in the order it queued them. */
+#define CQ_THREADS 3
+#define CQ_EACH 300
+static void *queue_connects(void *arg) {
+  int producer = (int)(uintptr_t)arg;
+  for (int i = 0; i < CQ_EACH; i++) {
+    uint8_t handle[128] = {0};
+    if (!mpib_connect_enqueue((uint64_t)producer, i, 0, handle)) return (void *)1;
+  }
+  return NULL;
+}
+
+static void test_connect_queue(void) {
+  CHECK(mpib_connect_queue_open() >= 0, "the connect queue's eventfd");
+  pthread_t t[CQ_THREADS];
+  for (int i = 0; i < CQ_THREADS; i++) pthread_create(&t[i], NULL, queue_connects, (void *)(uintptr_t)i);
+  int next[CQ_THREADS] = {0}, got = 0, bad = 0, done = 0;
+  while (done < CQ_THREADS || got < CQ_THREADS * CQ_EACH) { /* the dispatcher, while they queue */
+    struct mpib_connect_req req;
+    if (!mpib_connect_dequeue(&req)) {
+      if (done < CQ_THREADS) {
+        for (int i = 0; i < CQ_THREADS; i++) pthread_join(t[i], NULL);
+        done = CQ_THREADS;
+        continue;
+      }
+      break;
+    }
+    got++;
+    if (req.ctx >= CQ_THREADS || req.dev != next[req.ctx]++) bad++;
+    struct mpib_comm *comm;
+    int result;
+    mpib_pending_finish(req.idx1, req.gen, NULL, 0);
+    mpib_pending_take(req.idx1, req.gen, &comm, &result);
+  }
+  CHECK(got == CQ_THREADS * CQ_EACH && bad == 0, "dequeued %d of %d, %d out of order", got, CQ_THREADS * CQ_EACH, bad);
+}
+
+/* accept() never waits for the queue's lock: while another taker holds it, it finds nothing
+ * (NCCL calls again), and then gets the handshake. */
+static void test_listen_try_pop(void) {
+  struct mpib_listen_comm *lc = mpib_listen_comm_new(8);
+  struct mpib_comm *comm = NULL, *c1 = (struct mpib_comm *)(uintptr_t)0x100;
+  int result = -1;
+  CHECK(mpib_listen_push(lc, c1, 0) == 0 && lc->ready == 1, "pushed");
+  pthread_mutex_lock(&lc->mu);
+  CHECK(mpib_listen_try_pop(lc, &comm, &result) == 0 && lc->ready == 1, "the lock held: nothing, and nothing lost");
+  pthread_mutex_unlock(&lc->mu);
+  CHECK(mpib_listen_try_pop(lc, &comm, &result) == 1 && comm == c1, "then the handshake");
+  mpib_listen_comm_free(lc);
+}
+
+/* Handshakes pushed from three threads at once, accept() taking them meanwhile: each once,
+ * each thread's in the order it pushed them. */
+struct lq_arg {
+  struct mpib_listen_comm *lc;
+  int producer;
+};
+static void *push_handshakes(void *arg) {
+  struct lq_arg *a = arg;
+  for (int i = 0; i < CQ_EACH; i++)
+    mpib_listen_push(a->lc, (struct mpib_comm *)(uintptr_t)(0x1000 + i * 8), a->producer);
+  return NULL;
+}
+
+static void test_listen_concurrent(void) {
+  struct mpib_listen_comm *lc = mpib_listen_comm_new(9);
+  pthread_t t[CQ_THREADS];
+  struct lq_arg args[CQ_THREADS];
+  for (int i = 0; i < CQ_THREADS; i++) {
+    args[i] = (struct lq_arg){lc, i};
+    pthread_create(&t[i], NULL, push_handshakes, &args[i]);
+  }
+  int next[CQ_THREADS] = {0}, got = 0, bad = 0;
+  for (int spins = 0; got < CQ_THREADS * CQ_EACH && spins < 100000000; spins++) {
+    struct mpib_comm *comm;
+    int producer;
+    if (!mpib_listen_try_pop(lc, &comm, &producer)) continue;
+    got++;
+    if (producer < 0 || producer >= CQ_THREADS ||
+        comm != (struct mpib_comm *)(uintptr_t)(0x1000 + next[producer]++ * 8))
+      bad++;
+  }
+  for (int i = 0; i < CQ_THREADS; i++) pthread_join(t[i], NULL);
+  CHECK(got == CQ_THREADS * CQ_EACH && bad == 0 && lc->ready == 0, "accepted %d of %d, %d out of order, ready %d", got,
+        CQ_THREADS * CQ_EACH, bad, lc->ready);
+  mpib_listen_comm_free(lc);
+}
+
 int main(void) {
   test_pending_lifecycle();
   test_pending_bad_handles();
   test_pending_forged_key();
   test_pending_race();
+  test_pending_concurrent_free_list();
+  test_connect_queue();
   test_listen_queue();
+  test_listen_try_pop();
+  test_listen_concurrent();
   if (failures == 0) printf("pending_test: ok\n");
   return failures != 0;
 }
