@@ -89,6 +89,21 @@ func RestThreads(rs []Round, base int) (atRest, growth int) {
 	return slices.Max(final), RecurringGrowth(level, slices.Min(measured[:half]), slices.Min(measured[half:]))
 }
 
+// BurstThreads reads the most threads a process held while its rounds' connections were set
+// up (one peak per reported round): the most in any round, and the median round's (the lower
+// middle one). A thread per connection, or one that a burst starts and never ends, raises
+// every round's peak and so the median; the Go runtime's hand-offs of its processors while
+// calls sit in the kernel raise one round now and then (in the lab, one round of a run at 21
+// where the others stay at 12-17), which moves the most but not the median. Both are 0
+// without rounds.
+func BurstThreads(peaks []int) (most, median int) {
+	if len(peaks) == 0 {
+		return 0, 0
+	}
+	sorted := slices.Sorted(slices.Values(peaks))
+	return sorted[len(sorted)-1], sorted[(len(sorted)-1)/2]
+}
+
 // RecurringGrowth is the thread growth the leak verdicts count: what both halves of the
 // cycles added (the least of the two steps, 0 when either half added none). A thread
 // leaked per cycle, or per few cycles, adds in both halves. The Go runtime's idle pool does

@@ -37,6 +37,26 @@ func TestRestThreads(t *testing.T) {
 	}
 }
 
+func TestBurstThreads(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		peaks        []int
+		most, median int
+	}{
+		{"a run with one round the runtime pushed up (the lab's leak run, client)",
+			[]int{12, 14, 21, 16, 15, 12, 13, 13, 13, 13, 13}, 21, 13},
+		{"a thread per connection: every round 10 higher", []int{22, 24, 31, 26, 25, 22, 23, 23, 23, 23, 23}, 31, 23},
+		{"a thread a round that is never ended", []int{12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22}, 22, 17},
+		{"an even count takes the lower middle", []int{12, 20, 13, 14}, 20, 13},
+		{"one round", []int{15}, 15, 15},
+		{"no rounds", nil, 0, 0},
+	} {
+		if most, median := BurstThreads(tc.peaks); most != tc.most || median != tc.median {
+			t.Errorf("%s: most %d, median %d; want %d, %d", tc.name, most, median, tc.most, tc.median)
+		}
+	}
+}
+
 func TestRecurringRSS(t *testing.T) {
 	for _, tc := range []struct {
 		name                string
