@@ -89,6 +89,7 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 		args []string
 	}{
 		{"multi4-split", 0, []string{"--multi", "4"}},
+		{"abi7", 7, nil},
 		{"abi8", 8, nil},
 		{"abi9", 9, nil},
 		{"abi10", 10, nil},
@@ -124,12 +125,14 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 	}
 }
 
-// propsByABI is what each table's properties must show of MPIB's fused device 0: v8 has no
-// vProps, and v9+ list the device alone (it is a device of its own, not a virtual one); v11
+// propsByABI is what each table's properties must show of MPIB's fused device 0: v7 has no
+// regIsGlobal (the driver prints 0; speed and port are read after ptrSupport, where a v8
+// layout would have put regIsGlobal and speed), v8 has no vProps, and v9+ list the device alone (it is a device of its own, not a virtual one); v11
 // adds maxMultiRequestSize, v12 railId (the device's position) and planeId (none): see
 // docs/nccl-loading.md.
 var propsByABI = map[int][]string{
-	8:  {"vProps=none", "maxMultiRequestSize=-1"},
+	7:  {"speed=10000 port=1 ", "regIsGlobal=0", "maxRecvs=8 ", "vProps=none", "maxMultiRequestSize=-1"},
+	8:  {"speed=10000 port=1 ", "regIsGlobal=1", "vProps=none", "maxMultiRequestSize=-1"},
 	9:  {"vProps=1:[0]", "maxMultiRequestSize=-1"},
 	10: {"vProps=1:[0]", "maxMultiRequestSize=-1"},
 	11: {"vProps=1:[0]", "maxMultiRequestSize=8"},

@@ -1,5 +1,5 @@
-/* ncclNetPlugin_v8 (NCCL 2.19..2.22): v9 with int sizes in isend/irecv and the v8
- * properties (no forceFlush, vProps or size limits). NCCL 2.19..2.22 calls the exported
+/* ncclNetPlugin_v8 (NCCL 2.20..2.22): v9 with int sizes in isend/irecv and the v8
+ * properties (no forceFlush, vProps or size limits). NCCL 2.20..2.22 calls the exported
  * table. */
 #include "mpib_api.h"
 #include "mpib_flush.h"
@@ -14,13 +14,12 @@ static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t *props) {
   return ncclSuccess;
 }
 
-static ncclResult_t isend_v8(void *sendComm, void *data, int size, int tag, void *mhandle, void **request) {
+ncclResult_t mpib_v8_isend(void *sendComm, void *data, int size, int tag, void *mhandle, void **request) {
   if (size < 0) return ncclInvalidArgument;
   return mpib_isend(sendComm, data, (size_t)size, tag, mhandle, NULL, request);
 }
 
-static ncclResult_t irecv_v8(void *recvComm, int n, void **data, int *sizes, int *tags, void **mhandles,
-                             void **request) {
+ncclResult_t mpib_v8_irecv(void *recvComm, int n, void **data, int *sizes, int *tags, void **mhandles, void **request) {
   size_t sz[MPIB_MAX_RECVS];
   if (n < 1 || n > MPIB_MAX_RECVS) return ncclInvalidArgument;
   for (int i = 0; i < n; i++) sz[i] = sizes[i] < 0 ? 0 : (size_t)sizes[i];
@@ -38,8 +37,8 @@ __attribute__((visibility("default"))) const ncclNet_v8_t ncclNetPlugin_v8 = {
     .regMr = mpib_reg_mr_v8,
     .regMrDmaBuf = mpib_reg_mr_dmabuf,
     .deregMr = mpib_dereg_mr_api,
-    .isend = isend_v8,
-    .irecv = irecv_v8,
+    .isend = mpib_v8_isend,
+    .irecv = mpib_v8_irecv,
     .iflush = mpib_iflush,
     .test = mpib_test,
     .closeSend = mpib_close_send,

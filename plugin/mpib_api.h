@@ -69,16 +69,27 @@ ncclResult_t mpib_v10_get_properties(int dev, ncclNetProperties_v9_t *props);
 ncclResult_t mpib_v9_init(ncclDebugLogger_t logger);
 ncclResult_t mpib_v9_connect(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm);
 
-/* The fields every properties version from v8 on shares by name (a macro because each
+/* abi_v8.c: isend and irecv with int sizes, which v7 reuses. */
+ncclResult_t mpib_v8_isend(void *sendComm, void *data, int size, int tag, void *mhandle, void **request);
+ncclResult_t mpib_v8_irecv(void *recvComm, int n, void **data, int *sizes, int *tags, void **mhandles, void **request);
+
+/* The fields every properties version from v7 on shares by name (a macro because each
  * version is its own struct type). */
-#define MPIB_COPY_PROPS_V8(dst, src)                                                         \
+#define MPIB_COPY_PROPS_V7(dst, src)                                                         \
   do {                                                                                       \
     (dst)->name = (src)->name, (dst)->pciPath = (src)->pciPath, (dst)->guid = (src)->guid;   \
-    (dst)->ptrSupport = (src)->ptrSupport, (dst)->regIsGlobal = (src)->regIsGlobal;          \
+    (dst)->ptrSupport = (src)->ptrSupport;                                                   \
     (dst)->speed = (src)->speed, (dst)->port = (src)->port, (dst)->latency = (src)->latency; \
     (dst)->maxComms = (src)->maxComms, (dst)->maxRecvs = (src)->maxRecvs;                    \
     (dst)->netDeviceType = (src)->netDeviceType;                                             \
     (dst)->netDeviceVersion = (src)->netDeviceVersion;                                       \
+  } while (0)
+
+/* v8 on add regIsGlobal. */
+#define MPIB_COPY_PROPS_V8(dst, src)         \
+  do {                                       \
+    MPIB_COPY_PROPS_V7(dst, src);            \
+    (dst)->regIsGlobal = (src)->regIsGlobal; \
   } while (0)
 
 /* v9..v11 add forceFlush, a 4-entry vProps and the size limits. */

@@ -1,9 +1,9 @@
 /*
  * The NCCL net plugin ABI, declared by MPIB from NCCL's published plugin interface
- * (ext-net/example/nccl/net_v8.h .. src/include/plugin/net/net_v12.h) and the net-plugin part
+ * (ext-net/example/nccl/net_v7.h .. src/include/plugin/net/net_v12.h) and the net-plugin part
  * of the profiler interface (src/include/plugin/profiler/net_ib_v1.h).
  * Field order and types are facts of the ABI; the _Static_asserts pin them.
- *   v8  = NCCL 2.19..2.22   v9 = 2.23..2.25   v10 = 2.26..2.27   v11 = 2.28..2.29
+ *   v7 = NCCL 2.19   v8 = 2.20..2.22   v9 = 2.23..2.25   v10 = 2.26..2.27   v11 = 2.28..2.29
  *   v12 = 2.30.3+
  */
 #ifndef MPIB_NCCL_ABI_H
@@ -107,6 +107,21 @@ typedef struct {
   int trafficClass;    /* NCCL_NET_TRAFFIC_CLASS_UNDEF: the plugin's default */
 } ncclNetCommConfig_t; /* identical in v10, v11 and v12 (ncclNetCommConfig_v12_t) */
 
+/* v7: v8 without regIsGlobal. */
+typedef struct {
+  char *name;
+  char *pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+} ncclNetProperties_v7_t;
+
 typedef struct {
   char *name;
   char *pciPath;
@@ -199,6 +214,29 @@ typedef struct {
   uint32_t algo;
   uint32_t proto;
 } ncclNetAttr_v11_t; /* identical in v12 (ncclNetAttr_v12_t) */
+
+/* v7: v8 with the v7 properties and an int size in regMr. */
+typedef struct {
+  const char *name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int *ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t *props);
+  ncclResult_t (*listen)(int dev, void *handle, void **listenComm);
+  ncclResult_t (*connect)(int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm);
+  ncclResult_t (*accept)(void *listenComm, void **recvComm, ncclNetDeviceHandle_t **recvDevComm);
+  ncclResult_t (*regMr)(void *comm, void *data, int size, int type, void **mhandle);
+  ncclResult_t (*regMrDmaBuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd, void **mhandle);
+  ncclResult_t (*deregMr)(void *comm, void *mhandle);
+  ncclResult_t (*isend)(void *sendComm, void *data, int size, int tag, void *mhandle, void **request);
+  ncclResult_t (*irecv)(void *recvComm, int n, void **data, int *sizes, int *tags, void **mhandles, void **request);
+  ncclResult_t (*iflush)(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request);
+  ncclResult_t (*test)(void *request, int *done, int *sizes);
+  ncclResult_t (*closeSend)(void *sendComm);
+  ncclResult_t (*closeRecv)(void *recvComm);
+  ncclResult_t (*closeListen)(void *listenComm);
+  ncclResult_t (*getDeviceMr)(void *comm, void *mhandle, void **dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void *recvComm, int n, void *request);
+} ncclNet_v7_t;
 
 typedef struct {
   const char *name;
@@ -326,6 +364,10 @@ typedef struct {
 } ncclNet_v12_t;
 
 /* Layout pins (x86_64 / aarch64 LP64). */
+_Static_assert(sizeof(ncclNetProperties_v7_t) == 56, "v7 properties size");
+_Static_assert(offsetof(ncclNetProperties_v7_t, speed) == 28, "v7 speed offset");
+_Static_assert(sizeof(ncclNet_v7_t) == 19 * sizeof(void *), "v7 table size");
+_Static_assert(offsetof(ncclNet_v7_t, irecvConsumed) == offsetof(ncclNet_v8_t, irecvConsumed), "v7 = v8 members");
 _Static_assert(sizeof(ncclNetProperties_v8_t) == 64, "v8 properties size");
 _Static_assert(offsetof(ncclNetProperties_v9_t, vProps) == 64, "v9 vProps offset");
 _Static_assert(offsetof(ncclNetProperties_v9_t, maxP2pBytes) == 88, "v9 maxP2pBytes offset");

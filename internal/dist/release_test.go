@@ -106,7 +106,7 @@ func checkExports(t *testing.T, so []byte) {
 		}
 	}
 	sort.Strings(got)
-	want := []string{"ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "ncclNetPlugin_v8", "ncclNetPlugin_v9"}
+	want := []string{"ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "ncclNetPlugin_v7", "ncclNetPlugin_v8", "ncclNetPlugin_v9"}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("the plugin exports %v, want %v", got, want)
 	}

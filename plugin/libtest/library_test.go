@@ -38,7 +38,7 @@ func TestExportsOnlyPluginTables(t *testing.T) {
 		}
 	}
 	sort.Strings(syms)
-	want := []string{"ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "ncclNetPlugin_v8", "ncclNetPlugin_v9"}
+	want := []string{"ncclNetPlugin_v10", "ncclNetPlugin_v11", "ncclNetPlugin_v12", "ncclNetPlugin_v7", "ncclNetPlugin_v8", "ncclNetPlugin_v9"}
 	if strings.Join(syms, ",") != strings.Join(want, ",") {
 		t.Fatalf("exported symbols = %v, want exactly %v", syms, want)
 	}

@@ -40,7 +40,7 @@ static void nt_usage(FILE *f) {
              "processes. The client sends, the server receives (lat: ping-pong).\n"
              "\n"
              "  --plugin PATH         plugin to dlopen (default libnccl-net-mpib.so)\n"
-             "  --abi N               ncclNetPlugin_vN to use: 8..12 (default 11)\n"
+             "  --abi N               ncclNetPlugin_vN to use: 7..12 (default 11)\n"
              "  --profiler            v10+: pass a profiler callback that checks the plugin's events\n"
              "  --dev N               plugin device (default 0)\n"
              "  --parallel N          N connection pairs of --dev at once, one thread each, side channels\n"

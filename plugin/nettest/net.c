@@ -4,6 +4,7 @@
  * checking stand-in for NCCL's profiler callback (--profiler).
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -286,7 +287,7 @@ static const char *nt_sym_names[] = {NULL,
                                      NULL,
                                      NULL,
                                      NULL,
-                                     NULL,
+                                     "ncclNetPlugin_v7",
                                      "ncclNetPlugin_v8",
                                      "ncclNetPlugin_v9",
                                      "ncclNetPlugin_v10",
@@ -340,6 +341,11 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
   }
   n->abi = abi;
   switch (abi) {
+  case 7:
+    n->t.v7 = t;
+    NT_REQUIRE_COMMON(n->t.v7);
+    n->name = n->t.v7->name;
+    break;
   case 8:
     n->t.v8 = t;
     NT_REQUIRE_COMMON(n->t.v8);
@@ -374,7 +380,8 @@ int nt_net_load(struct nt_net *n, const char *path, int abi, char *err, size_t e
 
 /* Dispatch a call with the same arguments in every version. */
 #define NT_CALL(n, fn, ...)                       \
-  ((n)->abi == 8    ? (n)->t.v8->fn(__VA_ARGS__)  \
+  ((n)->abi == 7    ? (n)->t.v7->fn(__VA_ARGS__)  \
+   : (n)->abi == 8  ? (n)->t.v8->fn(__VA_ARGS__)  \
    : (n)->abi == 9  ? (n)->t.v9->fn(__VA_ARGS__)  \
    : (n)->abi == 10 ? (n)->t.v10->fn(__VA_ARGS__) \
    : (n)->abi == 11 ? (n)->t.v11->fn(__VA_ARGS__) \
@@ -384,6 +391,7 @@ ncclResult_t nt_net_init(struct nt_net *n, uint64_t comm_id) {
   ncclNetCommConfig_t config = {.trafficClass = n->traffic_class};
   ncclProfilerCallback_t prof = n->profiler ? nt_prof_callback : NULL;
   switch (n->abi) {
+  case 7: return n->t.v7->init(nt_logger);
   case 8: return n->t.v8->init(nt_logger);
   case 9: return n->t.v9->init(nt_logger);
   case 10: return n->t.v10->init(nt_logger, prof);
@@ -397,13 +405,20 @@ ncclResult_t nt_net_devices(struct nt_net *n, int *ndev) { return NT_CALL(n, dev
 static void nt_copy_str(char *dst, size_t len, const char *src) { snprintf(dst, len, "%s", src ? src : "(null)"); }
 
 /* The fields every properties version shares by name (each version is its own type). */
-#define NT_PROPS_V8(p, v)                                                                             \
-  do {                                                                                                \
-    nt_copy_str((p)->name, sizeof((p)->name), (v)->name);                                             \
-    nt_copy_str((p)->pci_path, sizeof((p)->pci_path), (v)->pciPath);                                  \
-    (p)->guid = (v)->guid, (p)->ptr_support = (v)->ptrSupport, (p)->reg_is_global = (v)->regIsGlobal; \
-    (p)->speed = (v)->speed, (p)->port = (v)->port, (p)->latency = (v)->latency;                      \
-    (p)->max_comms = (v)->maxComms, (p)->max_recvs = (v)->maxRecvs;                                   \
+#define NT_PROPS_V7(p, v)                                                        \
+  do {                                                                           \
+    nt_copy_str((p)->name, sizeof((p)->name), (v)->name);                        \
+    nt_copy_str((p)->pci_path, sizeof((p)->pci_path), (v)->pciPath);             \
+    (p)->guid = (v)->guid, (p)->ptr_support = (v)->ptrSupport;                   \
+    (p)->speed = (v)->speed, (p)->port = (v)->port, (p)->latency = (v)->latency; \
+    (p)->max_comms = (v)->maxComms, (p)->max_recvs = (v)->maxRecvs;              \
+  } while (0)
+
+/* v8 adds regIsGlobal. */
+#define NT_PROPS_V8(p, v)                  \
+  do {                                     \
+    NT_PROPS_V7(p, v);                     \
+    (p)->reg_is_global = (v)->regIsGlobal; \
   } while (0)
 
 /* v9 adds forceFlush, vProps (4 entries until v11, 8 in v12) and the size limits. */
@@ -422,7 +437,11 @@ ncclResult_t nt_net_props(struct nt_net *n, int dev, struct nt_props *p) {
   p->vndevs = -1;                 /* v8: no vProps */
   p->max_multi_request_size = -1; /* before v11 */
   ncclResult_t rc;
-  if (n->abi == 8) {
+  if (n->abi == 7) {
+    ncclNetProperties_v7_t v = {0};
+    rc = n->t.v7->getProperties(dev, &v);
+    NT_PROPS_V7(p, &v);
+  } else if (n->abi == 8) {
     ncclNetProperties_v8_t v = {0};
     rc = n->t.v8->getProperties(dev, &v);
     NT_PROPS_V8(p, &v);
@@ -489,6 +508,7 @@ void nt_props_format(const struct nt_props *p, char *buf, size_t len) {
 
 ncclResult_t nt_net_listen(struct nt_net *n, int dev, void *handle, void **lcomm) {
   switch (n->abi) {
+  case 7: return n->t.v7->listen(dev, handle, lcomm);
   case 8: return n->t.v8->listen(dev, handle, lcomm);
   case 9: return n->t.v9->listen(dev, handle, lcomm);
   case 10: return n->t.v10->listen(dev, handle, lcomm);
@@ -501,6 +521,7 @@ ncclResult_t nt_net_connect(struct nt_net *n, int dev, void *handle, void **scom
   ncclNetDeviceHandle_t *dh = NULL;
   ncclNetCommConfig_t config = {.trafficClass = n->traffic_class}; /* v10: per connect */
   switch (n->abi) {
+  case 7: return n->t.v7->connect(dev, handle, scomm, &dh);
   case 8: return n->t.v8->connect(dev, handle, scomm, &dh);
   case 9: return n->t.v9->connect(dev, handle, scomm, &dh);
   case 10: return n->t.v10->connect(dev, &config, handle, scomm, &dh);
@@ -515,6 +536,10 @@ ncclResult_t nt_net_accept(struct nt_net *n, void *lcomm, void **rcomm) {
 }
 
 ncclResult_t nt_net_regmr(struct nt_net *n, void *comm, void *data, size_t size, void **mh) {
+  if (n->abi == 7) { /* an int size, as NCCL 2.19 passes it */
+    if (size > INT_MAX) return ncclInvalidArgument;
+    return n->t.v7->regMr(comm, data, (int)size, NCCL_PTR_HOST, mh);
+  }
   return NT_CALL(n, regMr, comm, data, size, NCCL_PTR_HOST, mh);
 }
 
@@ -522,6 +547,7 @@ ncclResult_t nt_net_deregmr(struct nt_net *n, void *comm, void *mh) { return NT_
 
 ncclResult_t nt_net_isend(struct nt_net *n, void *scomm, void *data, size_t size, int tag, void *mh, void **req) {
   switch (n->abi) {
+  case 7: return n->t.v7->isend(scomm, data, (int)size, tag, mh, req);
   case 8: return n->t.v8->isend(scomm, data, (int)size, tag, mh, req);
   case 9: return n->t.v9->isend(scomm, data, size, tag, mh, req);
   case 10: return n->t.v10->isend(scomm, data, size, tag, mh, nt_prof_send_phandle, req);
@@ -536,12 +562,13 @@ ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, s
   for (int i = 0; i < NT_MAX_MULTI; i++) {
     phandles[i] = nt_prof_recv_phandle(i);
   }
-  if (n->abi == 8) {
+  if (n->abi <= 8) {
     int isz[NT_MAX_MULTI];
     for (int i = 0; i < cnt && i < NT_MAX_MULTI; i++) {
       isz[i] = (int)sizes[i];
     }
-    return n->t.v8->irecv(rcomm, cnt, data, isz, tags, mhs, req);
+    return n->abi == 7 ? n->t.v7->irecv(rcomm, cnt, data, isz, tags, mhs, req)
+                       : n->t.v8->irecv(rcomm, cnt, data, isz, tags, mhs, req);
   }
   if (n->abi == 9) {
     return n->t.v9->irecv(rcomm, cnt, data, sizes, tags, mhs, req);
@@ -557,6 +584,7 @@ ncclResult_t nt_net_irecv(struct nt_net *n, void *rcomm, int cnt, void **data, s
 
 int nt_net_has_iflush(const struct nt_net *n) {
   switch (n->abi) {
+  case 7: return n->t.v7->iflush != NULL;
   case 8: return n->t.v8->iflush != NULL;
   case 9: return n->t.v9->iflush != NULL;
   case 10: return n->t.v10->iflush != NULL;

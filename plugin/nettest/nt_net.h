@@ -22,7 +22,7 @@ struct nt_props {
   int has_rail_plane, rail_id, plane_id; /* v12 */
 };
 
-#define NT_ABI_MIN 8
+#define NT_ABI_MIN 7
 #define NT_ABI_MAX 12
 #define NT_ABI_DEFAULT 11 /* what NCCL 2.28..2.29 load */
 
@@ -30,6 +30,7 @@ struct nt_net {
   int abi;
   const char *name;
   union {
+    const ncclNet_v7_t *v7;
     const ncclNet_v8_t *v8;
     const ncclNet_v9_t *v9;
     const ncclNet_v10_t *v10;

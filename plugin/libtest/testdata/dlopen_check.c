@@ -26,12 +26,14 @@ int main(int argc, char **argv) {
   if (argc != 2) return 2;
   void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   CHECK(h != NULL, dlerror());
+  const ncclNet_v7_t *v7 = dlsym(h, "ncclNetPlugin_v7");
   const ncclNet_v8_t *v8 = dlsym(h, "ncclNetPlugin_v8");
   const ncclNet_v9_t *v9 = dlsym(h, "ncclNetPlugin_v9");
   const ncclNet_v10_t *v10 = dlsym(h, "ncclNetPlugin_v10");
   const ncclNet_v11_t *v11 = dlsym(h, "ncclNetPlugin_v11");
   const ncclNet_v12_t *v12 = dlsym(h, "ncclNetPlugin_v12");
-  CHECK(v8 && v9 && v10 && v11 && v12, "all of ncclNetPlugin_v8..v12 resolve");
+  CHECK(v7 && v8 && v9 && v10 && v11 && v12, "all of ncclNetPlugin_v7..v12 resolve");
+  CHECK_COMMON(v7);
   CHECK_COMMON(v8);
   CHECK_COMMON(v9);
   CHECK_COMMON(v10);
@@ -44,6 +46,10 @@ int main(int argc, char **argv) {
   CHECK(v11->init == v12->init && v11->isend == v12->isend && v11->irecv == v12->irecv &&
             (void *)v11->getProperties != (void *)v12->getProperties,
         "v11 shares v12's entry points except getProperties");
+  /* v7 is v8 but for getProperties and regMr's int size. */
+  CHECK(v7->init == v8->init && v7->isend == v8->isend && v7->irecv == v8->irecv &&
+            (void *)v7->getProperties != (void *)v8->getProperties && (void *)v7->regMr != (void *)v8->regMr,
+        "v7 shares v8's entry points except getProperties and regMr");
   CHECK(dlsym(h, "mpibGoInit") == NULL, "cgo exports stay hidden");
   printf("dlopen_check: ok\n");
   return 0;

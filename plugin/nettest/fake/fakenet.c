@@ -583,3 +583,40 @@ const ncclNet_v8_t ncclNetPlugin_v8 = {
     .closeRecv = fk_close,
     .closeListen = fk_close_listen,
 };
+
+/* v7 adapters: v8 without regIsGlobal, an int size in regMr. */
+static ncclResult_t fk_props_v7(int dev, ncclNetProperties_v7_t *p) {
+  ncclNetProperties_v8_t v;
+  ncclResult_t rc = fk_props_v8(dev, &v);
+  memset(p, 0, sizeof(*p));
+  p->name = v.name;
+  p->pciPath = v.pciPath;
+  p->ptrSupport = v.ptrSupport;
+  p->speed = v.speed;
+  p->latency = v.latency;
+  p->maxComms = v.maxComms;
+  p->maxRecvs = v.maxRecvs;
+  return rc;
+}
+static ncclResult_t fk_regmr_v7(void *comm, void *data, int size, int type, void **mh) {
+  return size < 0 ? ncclInvalidArgument : fk_regmr(comm, data, (size_t)size, type, mh);
+}
+
+const ncclNet_v7_t ncclNetPlugin_v7 = {
+    .name = "FAKE",
+    .init = fk_init,
+    .devices = fk_devices,
+    .getProperties = fk_props_v7,
+    .listen = fk_listen,
+    .connect = fk_connect_v8,
+    .accept = fk_accept,
+    .regMr = fk_regmr_v7,
+    .deregMr = fk_deregmr,
+    .isend = fk_isend_v8,
+    .irecv = fk_irecv_v8,
+    .iflush = fk_iflush,
+    .test = fk_test,
+    .closeSend = fk_close,
+    .closeRecv = fk_close,
+    .closeListen = fk_close_listen,
+};

@@ -58,6 +58,8 @@ pair verify-bytes 0 0 -- --mode verify --bytes 64M --multi 4 --max-size 8M --ful
 has verify-bytes s.out 'verified=true'
 pair verify-abi8 0 0 -- --abi 8 --mode verify --count 100 --multi 2 --max-size 64K --timeout-s 20
 has verify-abi8 s.out 'verified=true'
+pair verify-abi7 0 0 -- --abi 7 --mode verify --count 100 --multi 2 --max-size 64K --timeout-s 20
+has verify-abi7 s.out 'verified=true'
 # The fake emits no profiler events: the callback path and the report line, not MPIB's events.
 pair verify-profiler 0 0 -- --abi 11 --profiler --mode verify --count 20 --max-size 64K --timeout-s 20
 has verify-profiler s.out '^nettest-profiler: starts=0 stops=0 open=0 bad=0 '
@@ -152,6 +154,7 @@ if grep -q "unknown --mode 'nope' (verify, bw, lat, .*connect, resources)" "$TMP
 usage --role client --oob-connect 127.0.0.1:1 --max-size 2G
 usage --role client --oob-connect 127.0.0.1:1 --sizes 1,x
 usage --role client --oob-connect 127.0.0.1:1 --abi 13
+usage --role client --oob-connect 127.0.0.1:1 --abi 6
 usage --role client --oob-connect 127.0.0.1:1 --abi 9 --profiler
 usage --role client --oob-connect 127.0.0.1:1 --bogus
 usage --role client --oob-connect 127.0.0.1:1 extra
