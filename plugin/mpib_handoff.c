@@ -108,10 +108,14 @@ uint32_t mpib_pending_acquire(const void *handle, uint32_t *gen) {
 
 void mpib_pending_finish(uint32_t idx1, uint32_t gen, struct mpib_comm *comm, int result) {
   struct mpib_pending *p = &pending_tab[idx1 - 1];
+  uint64_t running = pending_word(gen, MPIB_PENDING_RUNNING);
+  /* Only the attempt's own generation, still running, is written: a finish that came late for
+   * an entry already taken and armed again must not overwrite the next attempt's result. Its
+   * one finisher is the only writer while it runs, so the check holds until the swap. */
+  if (__atomic_load_n(&p->word, __ATOMIC_ACQUIRE) != running) return;
   p->comm = comm;
   p->result = result;
-  uint64_t want = pending_word(gen, MPIB_PENDING_RUNNING);
-  __atomic_compare_exchange_n(&p->word, &want, pending_word(gen, MPIB_PENDING_DONE), 0, __ATOMIC_RELEASE,
+  __atomic_compare_exchange_n(&p->word, &running, pending_word(gen, MPIB_PENDING_DONE), 0, __ATOMIC_RELEASE,
                               __ATOMIC_RELAXED);
 }
 

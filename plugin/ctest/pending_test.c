@@ -46,12 +46,15 @@ static void test_pending_lifecycle(void) {
   uint32_t gen2 = 0, idx2 = mpib_pending_acquire(honest_key, &gen2);
   CHECK(idx2 == idx1 && gen2 == gen + 1, "reuse: entry %u gen %u, want %u gen %u", idx2, gen2, idx1, gen + 1);
   CHECK(mpib_pending_poll(handle, &comm, &result) == 0, "the stale handle does not see the new attempt");
+  uint8_t h2[128];
+  name_entry(h2, idx2, gen2);
+  mpib_pending_finish(idx1, gen, fake, 0); /* the old attempt's finish, come late */
+  CHECK(mpib_pending_poll(h2, &comm, &result) == 1, "a late finish of the old generation leaves the new one running");
   mpib_pending_finish(idx2, gen2, NULL, 6 /* ncclRemoteError */);
+  mpib_pending_finish(idx1, gen, fake, 0); /* and once more, after the new one ended */
   CHECK(mpib_pending_poll(handle, &comm, &result) == 0, "nor take its result");
   CHECK(mpib_pending_take(idx2, gen2, &comm, &result) == 1 && comm == NULL && result == 6,
         "a reclaim takes an uncollected error (got %d)", result);
-  uint8_t h2[128];
-  name_entry(h2, idx2, gen2);
   CHECK(mpib_pending_poll(h2, &comm, &result) == 0, "after the reclaim NCCL's poll gets nothing");
 }
 
