@@ -275,6 +275,18 @@ static ncclResult_t wait_for_room(struct mpib_comm *c, uint64_t seq, uint32_t nr
   return res;
 }
 
+/* The slot's previous sequence (32 back) was posted and is not confirmed yet: the receiver has
+ * it and may already have sent the CTS of the next one there, but the sender's requests, split
+ * and CTS snapshot of that slot stay until its acknowledgements are in, since a failover
+ * replays from them. The new sequence waits, as for a CTS not yet there: matching it into the
+ * held slot would post the old requests with the new ones (net_ib clears a slot when it posts
+ * it; MPIB keeps it for the replay). */
+static ncclResult_t slot_still_held(struct mpib_comm *c, int slot) {
+  ncclResult_t res = progress(c);
+  if (res != ncclSuccess || !c->slot_posted_seq1[slot]) return res;
+  return comm_health(c);
+}
+
 /* isend once the slot's CTS may be there (or no rail works): match the tag, check the request,
  * post the slot when it is complete. Kept out of line so that the calls that find no CTS,
  * most of them while the receiver is behind, pay for a few loads and not for its frame. */
@@ -286,6 +298,7 @@ static __attribute__((noinline)) ncclResult_t isend_slot(struct mpib_comm *c, vo
   }
   int slot = (int)(c->fifo_head % MPIB_MAX_REQUESTS);
   uint64_t want = c->fifo_head + 1;
+  if (c->slot_posted_seq1[slot]) return slot_still_held(c, slot);
   if (c->cts_snap_seq[slot] != want) { /* the slot's CTS is read and checked once */
     ncclResult_t res = snapshot_cts(c, slot, want);
     if (res != ncclSuccess || c->cts_snap_seq[slot] != want) return res;
