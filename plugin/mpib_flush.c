@@ -136,6 +136,10 @@ ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
     if (res != ncclSuccess) return res;
   }
   req->done = req->flush_lanes == 0 && req->flush_redo == 0;
+  if (req->done && --c->flushes_open <= 0) { /* the last open flush: no read left to wait for */
+    c->flushes_open = 0;
+    c->flush_open_rails = 0;
+  }
   return ncclSuccess;
 }
 
@@ -146,10 +150,17 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   for (int r = 0; r < n; r++) {
     if (sizes[r] > 0) last = r;
   }
-  if (!mpib_g.flush_enabled || last < 0 || c->flush_due == 0) return ncclSuccess;
+  /* The rails to read on: those that wrote receives completed since the last flush was posted,
+   * and while a flush is still reading, its rails too. The receive this iflush is for may be
+   * one an open flush covers (it completed before that flush's reads were posted), and only
+   * their completion orders its bytes: answering "nothing to flush" then would hand NCCL a
+   * buffer whose bytes may not be visible yet. A new read behind the open ones orders them
+   * all (net_ib reads on every iflush; MPIB skips the read only when nothing is left to order). */
+  uint32_t rails = c->flush_due | (c->flushes_open > 0 ? c->flush_open_rails : 0);
+  if (!mpib_g.flush_enabled || last < 0 || rails == 0) return ncclSuccess;
   struct mpib_mr *mh = mhandles[last];
   for (int rail = 0; rail < MPIB_NRAILS; rail++)
-    if ((c->flush_due & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
+    if ((rails & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
   struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_FLUSH);
   if (!req) {
     MPIB_WARN("no free request for a flush");
@@ -159,7 +170,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   req->mh = mh;
   for (int lane = 0; lane < MPIB_NLANES; lane++) { /* every lane of a rail that wrote: each NIC orders its own */
     int rail = mpib_lane_rail(lane);
-    if (!(c->flush_due & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
+    if (!(rails & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
     req->flush_redo |= 1u << lane; /* posted now, or by test() when the lane cannot take it yet */
   }
   c->flush_due = 0;
@@ -168,6 +179,8 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
     mpib_req_free(req);
     return res;
   }
+  c->flushes_open++;
+  c->flush_open_rails |= rails;
   *request = req;
   return ncclSuccess;
 }

@@ -131,6 +131,51 @@ static ncclResult_t flush(struct mpib_comm *c, uint32_t due, void **req) {
   return mpib_iflush(c, 1, &data, &size, &mhp, req);
 }
 
+/* A flush that failed: NCCL aborts the comm after an error; the next case starts afresh. */
+static void abandon(struct mpib_comm *c, void *req) {
+  ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
+  c->flushes_open = 0;
+  c->flush_open_rails = 0;
+}
+
+static void free_comm(struct mpib_comm *c) {
+  free(c->flush_buf);
+  free(c->cts);
+  free(c->reqs);
+  free(c);
+}
+
+/* Two receives complete, then NCCL flushes each (NCCL_NET_SHARED_COMMS: two connections'
+ * receives on one comm, flushed in no common order). The first iflush reads; the second finds
+ * nothing due since, but its bytes are ordered only once that read completes, so it waits for
+ * a read too, not "nothing to flush" at once. With no flush open and nothing due, nothing is
+ * read; an open flush's rails join the rails due. */
+static void open_flush_orders_later_receives(void) {
+  enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP };
+  struct mpib_comm *c = recv_comm();
+  void *first = NULL, *second = NULL, *third = (void *)1;
+  int done = 0;
+  reset();
+  CHECK(flush(c, U, &first) == ncclSuccess && first != NULL && nreads[MPIB_RAIL_SUP] == 1, "the first flush reads");
+  CHECK(flush(c, 0, &second) == ncclSuccess && second != NULL && nreads[MPIB_RAIL_SUP] == 2,
+        "the second receive's flush, the first still reading: want a read of its own, got request %p and %d reads",
+        second, nreads[MPIB_RAIL_SUP]);
+  CHECK(second != NULL && mpib_test(second, &done, NULL) == ncclSuccess && !done, "done before any read completed");
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  done = 0;
+  CHECK(mpib_test(first, &done, NULL) == ncclSuccess && done, "the first flush completes");
+  done = 0;
+  CHECK(second != NULL && mpib_test(second, &done, NULL) == ncclSuccess && done, "the second flush completes");
+  CHECK(flush(c, 0, &third) == ncclSuccess && third == NULL && nreads[MPIB_RAIL_SUP] == 0,
+        "no flush open, nothing due: nothing to read (request %p, %d reads)", third, nreads[MPIB_RAIL_SUP]);
+  CHECK(flush(c, U, &first) == ncclSuccess && flush(c, O, &second) == ncclSuccess && nreads[MPIB_RAIL_SOUT] == 1 &&
+            nreads[MPIB_RAIL_SUP] == 2,
+        "SOUT due while SUP's flush reads: reads on both (SOUT %d, SUP %d)", nreads[MPIB_RAIL_SOUT],
+        nreads[MPIB_RAIL_SUP]);
+  printf("flush: open-flush-covers-later-iflush=%s\n", failures ? "false" : "true");
+  free_comm(c);
+}
+
 int main(void) {
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
@@ -151,7 +196,7 @@ int main(void) {
         res, done);
   printf("flush: fatal-during-flush rail=SUP wrote=SUP outcome=%s hang=false\n",
          res != ncclSuccess ? "error" : "completed");
-  ((struct mpib_request *)req)->type = MPIB_REQ_FREE; /* NCCL aborts the comm after an error */
+  abandon(c, req);
 
   reset();
   c->failure_reported = 0;
@@ -173,7 +218,8 @@ int main(void) {
   CHECK(flush(c, O | U, &req) == ncclSuccess && nreads[0] == 1 && nreads[1] == 1, "both rails wrote: a read on each");
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
   void *other = NULL;
-  CHECK(flush(c, U, &other) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 2, "a second flush's read queued behind it");
+  CHECK(flush(c, U, &other) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 2 && nreads[MPIB_RAIL_SOUT] == 1,
+        "a second flush's read queued behind it, and one on SOUT, a rail of the flush still open");
   /* the first read fails on a live device, the second is flushed */
   complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
   done = 0;
@@ -189,6 +235,7 @@ int main(void) {
   CHECK(mpib_test(other, &done, NULL) == ncclSuccess && !done && nreads[MPIB_RAIL_SUP] == 2,
         "the other flush's read, lost with the QP's error, is posted again too (%d reads)", nreads[MPIB_RAIL_SUP]);
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
   done = 0;
   CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "the reset QP orders the first flush");
   done = 0;
@@ -207,7 +254,7 @@ int main(void) {
     res = mpib_test(req, &done, NULL);
   CHECK(res == ncclSystemError && !done,
         "a lane that cannot read for the stall timeout fails the flush (res %d done %d)", res, done);
-  ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
+  abandon(c, req);
   reset_fails = 0;
   c->failure_reported = 0;
 
@@ -228,9 +275,7 @@ int main(void) {
         "SUP port 2: the reads name the MRs of SOUT (10) and SUP port 2 (13): %u %u", read_rkey[MPIB_RAIL_SOUT],
         read_rkey[MPIB_RAIL_SUP]);
   printf("flush: sup_port=2 sout_rkey=%u sup_rkey=%u\n", read_rkey[MPIB_RAIL_SOUT], read_rkey[MPIB_RAIL_SUP]);
-  free(c->flush_buf);
-  free(c->cts);
-  free(c->reqs);
-  free(c);
+  free_comm(c);
+  open_flush_orders_later_receives();
   return failures ? 1 : 0;
 }
