@@ -1,23 +1,32 @@
 /* ncclNetPlugin_v12 (NCCL 2.30.3+), MPIB's native table: every older table is a shim over
  * these entry points (mpib_api.h). v12 = v11's members with an 8-entry vProps and
  * railId/planeId. NCCL 2.30.3+ calls the exported table. */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "mpib_api.h"
 #include "mpib_flush.h"
 #include "mpib_p2p.h"
 
-/* The per-communicator context: the control plane's context id and the communicator id. */
+/* The per-communicator context: the communicator's net config, the control plane's context id
+ * and the communicator id. The config comes first, and is the context as far as NCCL knows:
+ * NCCL 2.29 and 2.30 hand the net plugin's context to their own InfiniBand RMA/GIN code, which
+ * reads it as an ncclNetCommConfig_t and (2.30) writes the RMA's traffic class into it
+ * (ncclIbSetTrafficClass), as net_ib's context is exactly that config. Anything else first
+ * would be read as the class and overwritten. */
 struct mpib_ctx {
+  ncclNetCommConfig_t config;
   uint64_t id;
   uint64_t comm_id;
 };
+_Static_assert(offsetof(struct mpib_ctx, config) == 0, "NCCL's IB RMA/GIN reads the context as its net config");
 
 ncclResult_t mpib_v12_init(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logger,
                            ncclProfilerCallback_t prof) {
   struct mpib_ctx *c = calloc(1, sizeof *c);
   if (!c) return ncclSystemError;
-  ncclResult_t res = mpib_init(logger, prof, config ? config->trafficClass : MPIB_TC_UNDEF, &c->id);
+  c->config.trafficClass = config ? config->trafficClass : MPIB_TC_UNDEF;
+  ncclResult_t res = mpib_init(logger, prof, c->config.trafficClass, &c->id);
   if (res != ncclSuccess) {
     free(c);
     return res;
@@ -66,9 +75,11 @@ ncclResult_t mpib_v12_listen(void *ctx, int dev, void *handle, void **listenComm
   return mpib_listen(((struct mpib_ctx *)ctx)->id, dev, handle, listenComm);
 }
 
-/* The traffic class is the context's (init's config): v12 connect has no config. */
+/* The traffic class is the context's config as it is now (v12 connect has no config of its
+ * own): init's, or what NCCL's IB RMA wrote there since, as net_ib's connect reads it. */
 ncclResult_t mpib_v12_connect(void *ctx, int dev, void *handle, void **sendComm, ncclNetDeviceHandle_t **sendDevComm) {
-  return mpib_connect(((struct mpib_ctx *)ctx)->id, dev, MPIB_TC_UNDEF, handle, sendComm, sendDevComm);
+  struct mpib_ctx *c = ctx;
+  return mpib_connect(c->id, dev, c->config.trafficClass, handle, sendComm, sendDevComm);
 }
 
 ncclResult_t mpib_v12_set_net_attr(void *ctx, ncclNetAttr_v11_t *attr) {
