@@ -310,14 +310,14 @@ func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	closeDevicesIfUnused()
 }
 
-// closeDevicesIfUnused closes the devices once no context and no comm needs them.
+// closeDevicesIfUnused closes the devices once no context and no comm needs them. Every comm
+// counts until its verbs resources are freed, NCCL's and those only MPIB's goroutines hold (a
+// handshake's, a listener's spare, one being freed in a verbs slot after a finalize that did
+// not wait for it): each path that frees one calls this after, and the last closes them.
 func closeDevicesIfUnused() {
 	plugin.mu.Lock()
 	defer plugin.mu.Unlock()
-	registry.mu.Lock()
-	live := len(registry.comms)
-	registry.mu.Unlock()
-	if plugin.refs == 0 && live == 0 && plugin.devicesOpen {
+	if plugin.refs == 0 && C.mpib_comms_alive() == 0 && plugin.devicesOpen {
 		closeAgentSegment()
 		plugin.warming.Wait()
 		C.mpib_nic_close_all()

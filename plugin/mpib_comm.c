@@ -269,6 +269,12 @@ static int defer_rail(struct mpib_comm *c, int r) {
   return 0;
 }
 
+/* Comms created and not destroyed yet, whoever holds them (NCCL, a handshake, a listener's
+ * spare, a goroutine freeing one): the devices and the agent segment stay open while any is. */
+static int comms_alive;
+
+int mpib_comms_alive(void) { return __atomic_load_n(&comms_alive, __ATOMIC_ACQUIRE); }
+
 struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
   if (p->dev < 0 || p->dev >= mpib_g.nfdevs) {
     MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
@@ -282,6 +288,7 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
     page_free(c, sizeof *c);
     return NULL;
   }
+  __atomic_add_fetch(&comms_alive, 1, __ATOMIC_RELEASE); /* mpib_comm_destroy counts it out, on every path */
   c->nreqs_pool = p->is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV;
   c->reqs = page_alloc((size_t)c->nreqs_pool * sizeof *c->reqs);
   c->cts = page_alloc(MPIB_NIC_AREA);
@@ -603,6 +610,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   page_free(c->flush_buf, MPIB_PAGE);
   pthread_mutex_destroy(&c->ctrl_mu);
   page_free(c, sizeof *c);
+  __atomic_sub_fetch(&comms_alive, 1, __ATOMIC_RELEASE);
 }
 
 void mpib_comm_peer_gone(struct mpib_comm *c) { __atomic_store_n(&c->peer_gone_ns, mpib_now_ns(), __ATOMIC_RELEASE); }

@@ -58,6 +58,9 @@ void mpib_comm_peer_failed(struct mpib_comm *c);
 
 /* Frees everything the comm holds but its agent slot. */
 void mpib_comm_destroy(struct mpib_comm *c);
+/* How many comms exist (created, not destroyed yet), on any thread: the devices close only
+ * when none does (lifecycle.go, closeDevicesIfUnused). */
+int mpib_comms_alive(void);
 /* The comm's end, and every close of a comm the control plane built goes here: its last
  * telemetry published and its agent slot released, then mpib_comm_destroy. Inline so that the
  * message path's tests and model checker, which link no verbs and bring their own

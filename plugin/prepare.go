@@ -147,5 +147,6 @@ func (p prepared) discard(inGoroutine bool) {
 		destroyInGoroutine(p.comm)
 	} else {
 		C.mpib_comm_close(p.comm)
+		closeDevicesIfUnused()
 	}
 }

@@ -114,6 +114,7 @@ func inVerbsSlot(fn func()) {
 func destroyInGoroutine(comm *C.struct_mpib_comm) {
 	if comm != nil {
 		inVerbsSlot(func() { C.mpib_comm_close(comm) })
+		closeDevicesIfUnused() // after the last finalize, the last comm closes the devices
 	}
 }
 
