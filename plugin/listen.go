@@ -125,8 +125,11 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	go l.acceptLoop()
 	go func() {
 		defer owner.wg.Done()
+		// A spare always arrives, a failed one after a panic too: its first taker waits for it.
+		p := prepared{dev: l.dev, err: errors.New("building the spare receiver failed (see the panic above)")}
+		defer func() { l.spare <- p }()
 		defer recoverGoroutine("listen: building the spare receiver")
-		l.spare <- prepareSpare(owner.ctx, l.dev)
+		p = prepareSpare(owner.ctx, l.dev)
 	}()
 	l.unhook = context.AfterFunc(owner.ctx, func() {
 		defer recoverGoroutine("listener: closing at finalize")

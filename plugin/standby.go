@@ -66,11 +66,31 @@ func queueStandby(lc *liveComm) {
 	standby.running = true
 	standby.mu.Unlock()
 	if start {
-		go func() {
-			defer recoverGoroutine("standby rails")
-			runStandby()
-		}()
+		startStandby()
 	}
+}
+
+// startStandby runs the builder; one that ends by a panic hands the queue left to a new one,
+// so later connections still get their standby.
+func startStandby() {
+	go func() {
+		ended := false
+		defer func() {
+			if ended {
+				return
+			}
+			standby.mu.Lock()
+			restart := len(standby.queue) > 0
+			standby.running = restart
+			standby.mu.Unlock()
+			if restart {
+				startStandby()
+			}
+		}()
+		defer recoverGoroutine("standby rails")
+		runStandby()
+		ended = true
+	}()
 }
 
 // runStandby builds the queued standby rails, oldest first, and ends with the queue.
