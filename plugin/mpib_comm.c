@@ -487,7 +487,11 @@ static void rebuild_wait(struct mpib_comm *c, int r) {
   b->running = 0;
 }
 
-void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) { c->ctrl_fd = fd; }
+void mpib_comm_set_ctrl_fd(struct mpib_comm *c, int fd) {
+  pthread_mutex_lock(&c->ctrl_mu); /* no send under the lock uses the old socket after this */
+  c->ctrl_fd = fd;
+  pthread_mutex_unlock(&c->ctrl_mu);
+}
 
 void mpib_comm_tcp_notice(struct mpib_comm *c, int rail, uint64_t word) {
   if (rail >= 0 && rail < MPIB_NRAILS) __atomic_store_n(&c->tcp_notice[rail], word, __ATOMIC_RELEASE);

@@ -94,8 +94,10 @@ ncclResult_t mpib_failover_health_check(struct mpib_comm *c) {
 }
 
 /* Sends what a short write left on the control socket; 0 once nothing is left. The socket is
- * non-blocking for the data path: a full one keeps the bytes for a later progress call. */
+ * non-blocking for the data path: a full one keeps the bytes for a later progress call. A comm
+ * whose socket is gone (closing: mpib_comm_set_ctrl_fd) drops them: nothing will send them. */
 static int ctrl_flush_locked(struct mpib_comm *c) {
+  if (c->ctrl_fd < 0) c->ctrl_out_n = 0;
   while (c->ctrl_out_n > 0) {
     ssize_t n = send(c->ctrl_fd, c->ctrl_out, c->ctrl_out_n, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n <= 0) return -1;
@@ -139,10 +141,10 @@ static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
 static void ctrl_wait_sent(struct mpib_comm *c) {
   for (int i = 0; i < 200; i++) {
     pthread_mutex_lock(&c->ctrl_mu);
-    int left = ctrl_flush_locked(c) != 0;
+    int left = ctrl_flush_locked(c) != 0, fd = c->ctrl_fd;
     pthread_mutex_unlock(&c->ctrl_mu);
     if (!left) return;
-    struct pollfd p = {.fd = c->ctrl_fd, .events = POLLOUT};
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
     (void)poll(&p, 1, 10);
   }
 }
