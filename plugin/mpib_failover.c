@@ -477,7 +477,8 @@ static int confirm_build(struct mpib_comm *c, int r, const struct mpib_fence_rec
   memset(st, 0, sizeof *st);
   st->gen = rec->fence_gen;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
-    uint64_t w = __atomic_load_n(&c->slot_ack[slot][r], __ATOMIC_ACQUIRE), seq1 = mpib_ack_seq1(w);
+    uint64_t w = __atomic_load_n(&c->slot_ack[slot][r], __ATOMIC_ACQUIRE),
+             seq1 = mpib_ack_seq1_near(w, rec->next_seq + 1);
     uint32_t ranges =
         seq1 ? mpib_confirm_ranges(rec->open_seq1[slot], rec->have[slot], rec->next_seq, seq1 - 1, mpib_ack_ranges(w))
              : 0;

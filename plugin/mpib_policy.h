@@ -445,6 +445,18 @@ static inline uint64_t mpib_ack_word(uint64_t seq1, uint32_t full, uint32_t acke
   return w;
 }
 static inline uint64_t mpib_ack_seq1(uint64_t w) { return w >> 24; }
+/* The whole seq + 1 of an ack word `w`, which keeps its low 40 bits: the one nearest `near`
+ * (the receiver's next_seq + 1, within MPIB_MAX_REQUESTS of every slot its record can name).
+ * A comm passes 2^40 slots after 13 days at a million messages a second. 0 for a slot never
+ * posted (its word is 0: a posted slot's full mask is never 0). */
+static inline uint64_t mpib_ack_seq1_near(uint64_t w, uint64_t near) {
+  const uint64_t span = 1ull << 40, mask = span - 1;
+  if (w == 0) return 0;
+  uint64_t x = (near & ~mask) | mpib_ack_seq1(w);
+  if (x < near && near - x > span / 2) return x + span;
+  if (x > near && x - near > span / 2 && x >= span) return x - span;
+  return x;
+}
 static inline uint32_t mpib_ack_full(uint64_t w) { return (uint32_t)(w >> 20) & 3u; }
 static inline uint32_t mpib_ack_ranges(uint64_t w) { return (uint32_t)(w >> 18) & 3u; }
 static inline uint32_t mpib_ack_imm_size(uint64_t w) { return (w >> 16) & 1u ? (uint32_t)(w & 0xFFFFu) : 0xFFFFFFFFu; }

@@ -422,6 +422,28 @@ static void test_whole_message(void) {
   EXPECT_EQ("512 alternates", seq[0] * 1000 + seq[1] * 100 + seq[2] * 10 + seq[3], 1010);
 }
 
+/* mpib_ack_seq1_near: the 40 bits an ack word keeps of seq + 1, made whole again near the
+ * receiver's next_seq + 1, across the wrap of the 40 bits both ways. */
+static void test_ack_seq1_near(void) {
+  const uint64_t span = 1ull << 40;
+  struct {
+    uint64_t seq1, near;
+  } cases[] = {
+      {5, 10},                       /* no wrap yet */
+      {40, 10},                      /* posted after the record's next_seq */
+      {span - 2, span + 3},          /* the slot before the wrap, the receiver past it */
+      {span + 1, span - 3},          /* the slot past the wrap, the receiver before it */
+      {span, span + 7},              /* seq + 1 = 2^40: its 40 bits are 0, the word is not */
+      {3 * span + 7, 3 * span + 30}, /* a later wrap */
+      {5 * span - 31, 5 * span + 1}, /* the oldest slot a record can name, across a wrap */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t w = mpib_ack_word(cases[i].seq1, 1u << MPIB_RAIL_SUP, 0, 100);
+    EXPECT_EQ("ack word's seq1 made whole", mpib_ack_seq1_near(w, cases[i].near), cases[i].seq1);
+  }
+  EXPECT_EQ("a slot never posted", mpib_ack_seq1_near(0, 12345), 0);
+}
+
 static void test_sq_admits(void) {
   EXPECT_EQ("empty queue, a grouped slot", mpib_sq_admits(0, 9, 79, 7), 1);
   EXPECT_EQ("eight grouped slots fill the data places", mpib_sq_admits(63, 9, 79, 7), 1);
@@ -446,6 +468,7 @@ static void test_lane_cq_depth(void) {
 }
 
 int main(void) {
+  test_ack_seq1_near();
   test_sq_admits();
   test_lane_cq_depth();
   test_recv_ranges();
