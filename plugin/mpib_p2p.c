@@ -432,9 +432,14 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     req->sizes[r] = 0;
     req->posted[r] = sizes[r];
   }
-  /* Every MPIB_CTS_SIGNAL_EVERY-th CTS signalled keeps the CTS QP's send queue drained. */
+  /* Every MPIB_CTS_SIGNAL_EVERY-th CTS signalled keeps the CTS QP's send queue drained. The
+   * comm stops reading as idle before the CTS can reach the sender: the control plane answers a
+   * FAIL for an idle receiver with "nothing open", and the sender then replays all a failed rail
+   * carried of this receive, which its data path, not fenced yet, may already have taken. */
   int rail = c->cts_rail;
   int rc = 0;
+  uint64_t idle = c->recv_idle_seq1; /* written by this thread only */
+  __atomic_store_n(&c->recv_idle_seq1, 0, __ATOMIC_RELEASE);
   if (c->stall_since_ns && !mpib_rail_usable(c, rail)) { /* written when a rail is back */
     c->cts_repost_due = 1;
     c->cts_repost_from = 0;
@@ -442,12 +447,14 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
     rc = mpib_post_cts(c, slot, rail, n, slot % MPIB_CTS_SIGNAL_EVERY == 0);
   }
   if (rc == ENOMEM) { /* the CTS QP's send queue is full: NCCL calls again, after its completions */
+    __atomic_store_n(&c->recv_idle_seq1, idle, __ATOMIC_RELEASE); /* nothing was posted */
     mpib_req_free(req);
     return progress(c);
   }
   if (rc) {
     MPIB_WARN("%s rail: posting the CTS failed: %s", mpib_rail_name(rail), strerror(rc));
     if (!mpib_g.failover || !mpib_rail_usable(c, 1 - rail)) {
+      __atomic_store_n(&c->recv_idle_seq1, idle, __ATOMIC_RELEASE);
       mpib_req_free(req);
       return ncclSystemError;
     }
@@ -455,7 +462,6 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   c->slot_reqs[slot][0] = req;
   c->fifo_head++;
   c->recvs_open++;
-  __atomic_store_n(&c->recv_idle_seq1, 0, __ATOMIC_RELEASE);
   if (mpib_profiling()) mpib_prof_recv_posted(c, req, phandles, sizes);
   ncclResult_t res = rc ? mpib_failover_rail_fail(c, rail, "completion-error", "posting the CTS failed") : ncclSuccess;
   if (res == ncclSuccess) res = srq_refill_all(c);
