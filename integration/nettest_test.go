@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpib/mpib/integration/kv"
 )
 
 // The plugin on soft-RoCE, driven by mpib-nettest (C, dlopen, as NCCL's proxy). Rail bytes
@@ -94,7 +97,7 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 		{"abi9", 9, nil},
 		{"abi10", 10, nil},
 		{"abi11", 11, nil},
-		{"abi12", 12, nil},
+		{"abi12", 12, []string{"--mr-cache-check"}},
 		{"abi12-profiler", 12, []string{"--profiler", "--multi", "4"}},
 		{"flush", 0, nil},
 	}
@@ -118,6 +121,9 @@ func TestPluginMultiRecvAndABIs(t *testing.T) {
 			if strings.Contains(c.name, "profiler") {
 				checkProfilerEvents(t, res, payload)
 			}
+			if slices.Contains(c.args, "--mr-cache-check") {
+				checkMRCache(t, res)
+			}
 			if c.name == "flush" && !regexp.MustCompile(`flushes=[1-9]`).MatchString(res.serverOut) {
 				t.Errorf("MPIB_FORCE_FLUSH=1 but the receiver completed no flush request:\n%s", res.serverOut)
 			}
@@ -137,6 +143,24 @@ var propsByABI = map[int][]string{
 	10: {"vProps=1:[0]", "maxMultiRequestSize=-1"},
 	11: {"vProps=1:[0]", "maxMultiRequestSize=8"},
 	12: {"vProps=1:[0]", "maxMultiRequestSize=8 railId=0 planeId=-1"},
+}
+
+// checkMRCache: on both sides a second regMr of the registered buffer, and one of a range inside
+// it, returned the buffer's own handle (MPIB's registration cache, as net_ib's), and their
+// deregMr left the buffer registered: the verified transfer after them used it. Prints
+//
+//	mr-cache: pair=a1-a2 same_handle=true inside_handle=true reg_ms=X verified=true
+func checkMRCache(t *testing.T, res pairResult) {
+	t.Helper()
+	var regMS float64
+	for _, out := range []string{res.serverOut, res.clientOut} {
+		mr := kv.First(out, "nettest-mr:")
+		if mr == nil || mr["same_handle"] != "true" || mr["inside_handle"] != "true" || mr["dereg_rc"] != "0" {
+			t.Fatalf("a regMr inside a registered buffer was not served by its registration: %v\n%s", mr, out)
+		}
+		regMS = max(regMS, mr.Float("reg_ms"))
+	}
+	evidence("mr-cache:", "pair=a1-a2 same_handle=true inside_handle=true reg_ms=%.3f verified=true", regMS)
 }
 
 // checkABI: both sides moved the verified bytes through ncclNetPlugin_vN and read its

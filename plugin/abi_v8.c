@@ -1,5 +1,5 @@
-/* ncclNetPlugin_v8 (NCCL 2.20..2.22): v9 with int sizes in isend/irecv and the v8
- * properties (no forceFlush, vProps or size limits). NCCL 2.20..2.22 calls the exported
+/* ncclNetPlugin_v8 (NCCL 2.20..2.23): v9 with int sizes in isend/irecv and the v8
+ * properties (no forceFlush, vProps or size limits). NCCL 2.20..2.23 calls the exported
  * table. */
 #include "mpib_api.h"
 #include "mpib_flush.h"

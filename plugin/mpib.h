@@ -177,6 +177,15 @@ extern struct mpib_global mpib_g;
 struct mpib_mr {
   struct ibv_mr *mr[MPIB_MR_SLOTS];
   int fdev;
+  /* The registration cache (mpib_device.c, mpib_reg_mr): the span registered, whether by
+   * DMA-BUF, how many regMr calls hold it, and its place in its device's cache (in_cache 0
+   * once the devices closed under it: it is then only its holders'). */
+  uintptr_t start;
+  size_t len;
+  int dmabuf;
+  int refs;
+  int in_cache;
+  struct mpib_mr *next;
 };
 
 enum { MPIB_REQ_FREE = 0, MPIB_REQ_SEND, MPIB_REQ_RECV, MPIB_REQ_FLUSH };

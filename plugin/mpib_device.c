@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,8 +144,11 @@ out:
   return rc;
 }
 
+static void mr_cache_forget(void);
+
 void mpib_nic_close_all(void) {
   mpib_g.nfdevs = 0;
+  mr_cache_forget();
   mpib_events_stop(); /* before the contexts close: the thread reads their events */
   for (int n = 0; n < MPIB_MAX_NICS; n++) {
     struct mpib_nic *d = &mpib_g.nic[n];
@@ -251,11 +255,24 @@ void mpib_gid_table_read(int nic, uint8_t *gids, int *types, int n) {
   }
 }
 
-int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
-  if (dev < 0 || dev >= mpib_g.nfdevs) return -ENODEV;
-  struct mpib_mr *mh = calloc(1, sizeof *mh);
-  if (!mh) return -ENOMEM;
-  mh->fdev = dev;
+/* The registration cache, per fused device, as net_ib's (ncclIbMrCache): NCCL registers a user
+ * buffer per operation (2.20..2.23, on its proxy thread: the flag regIsGlobal tells it
+ * registration is cheap) and per peer connection (2.24+), and each regMr of a range inside a
+ * registration held already takes that one (a reference) instead of pinning the pages again on
+ * every NIC of the device. A host or CUDA buffer is registered over its whole pages; a DMA-BUF
+ * one as asked (its offset names the buffer), served again only for a range inside it. One
+ * lock for every device: registration is not on the message path. */
+static struct mpib_mr *mr_cache[MPIB_MAX_DEVS];
+static pthread_mutex_t mr_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct mpib_mr *mr_cache_find(int dev, uintptr_t data, size_t size, int dmabuf) {
+  for (struct mpib_mr *mh = mr_cache[dev]; mh; mh = mh->next)
+    if (mh->dmabuf == dmabuf && mpib_mr_serves(mh->start, mh->len, data, size)) return mh;
+  return NULL;
+}
+
+/* A new registration of [start, start + len) on every working NIC of the device. */
+static int mr_register(int dev, void *start, size_t len, int fd, uint64_t offset, struct mpib_mr *mh) {
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (mpib_g.relaxed_ordering) access |= IBV_ACCESS_RELAXED_ORDERING;
   const struct mpib_fdev *f = &mpib_g.fdev[dev];
@@ -265,28 +282,80 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
      * the rails that work (the data path never posts on a dead rail). */
     if (!d->pd || __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE)) continue;
     if (fd >= 0) {
-      mh->mr[slot] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd, access);
+      mh->mr[slot] = mpib_ibv_reg_dmabuf_mr(d->pd, offset, len, (uint64_t)(uintptr_t)start, fd, access);
     } else {
-      mh->mr[slot] = mpib_ibv_reg_mr_compat(d->pd, data, size, access);
+      mh->mr[slot] = mpib_ibv_reg_mr_compat(d->pd, start, len, access);
     }
     if (!mh->mr[slot]) {
       int rc = errno ? -errno : -ENOMEM;
       MPIB_WARN("%s rail (%s): memory registration of %zu bytes at %p failed: %s", mpib_rail_name(d->role), d->name,
-                size, data, strerror(-rc));
-      mpib_dereg_mr(mh);
+                len, start, strerror(-rc));
       return rc;
     }
   }
-  *out = mh;
   return 0;
 }
 
-int mpib_dereg_mr(struct mpib_mr *mh) {
+static int mr_free(struct mpib_mr *mh) {
   int rc = 0;
-  if (!mh) return 0;
   for (int slot = 0; slot < MPIB_MR_SLOTS; slot++) {
     if (mh->mr[slot] && ibv_dereg_mr(mh->mr[slot])) rc = -EIO;
   }
   free(mh);
   return rc;
+}
+
+int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
+  if (dev < 0 || dev >= mpib_g.nfdevs) return -ENODEV;
+  int dmabuf = fd >= 0;
+  uintptr_t start = (uintptr_t)data;
+  size_t len = size;
+  if (!dmabuf) mpib_mr_span((uintptr_t)data, size, MPIB_PAGE, &start, &len);
+  pthread_mutex_lock(&mr_cache_mu);
+  struct mpib_mr *mh = mr_cache_find(dev, (uintptr_t)data, size, dmabuf);
+  if (mh) {
+    mh->refs++;
+    pthread_mutex_unlock(&mr_cache_mu);
+    *out = mh;
+    return 0;
+  }
+  int rc = -ENOMEM;
+  mh = calloc(1, sizeof *mh);
+  if (mh) {
+    *mh = (struct mpib_mr){.fdev = dev, .start = start, .len = len, .dmabuf = dmabuf, .refs = 1, .in_cache = 1};
+    rc = mr_register(dev, (void *)start, len, fd, offset, mh);
+  }
+  if (rc == 0) {
+    mh->next = mr_cache[dev];
+    mr_cache[dev] = mh;
+    *out = mh;
+  } else if (mh) {
+    mr_free(mh);
+  }
+  pthread_mutex_unlock(&mr_cache_mu);
+  return rc;
+}
+
+int mpib_dereg_mr(struct mpib_mr *mh) {
+  if (!mh) return 0;
+  pthread_mutex_lock(&mr_cache_mu);
+  int last = --mh->refs == 0;
+  if (last && mh->in_cache) {
+    struct mpib_mr **p = &mr_cache[mh->fdev];
+    while (*p != mh) p = &(*p)->next;
+    *p = mh->next;
+  }
+  pthread_mutex_unlock(&mr_cache_mu);
+  return last ? mr_free(mh) : 0;
+}
+
+/* The devices close: registrations still held are their holders' alone from now on (a
+ * deregMr frees them), and none serves a registration made after the devices open again. */
+static void mr_cache_forget(void) {
+  pthread_mutex_lock(&mr_cache_mu);
+  for (int dev = 0; dev < MPIB_MAX_DEVS; dev++) {
+    for (struct mpib_mr *mh = mr_cache[dev]; mh; mh = mh->next) mh->in_cache = 0;
+    mr_cache[dev] = NULL;
+  }
+  pthread_mutex_unlock(&mr_cache_mu);
 }

@@ -435,6 +435,20 @@ static inline uint64_t mpib_confirm_check(const volatile struct mpib_confirm_rec
   return h;
 }
 
+/* The registration cache (mpib_device.c): a buffer [data, data + size) is registered over the
+ * pages that hold it, [*start, *start + *len), so a later regMr of any range inside them (NCCL
+ * registers a user buffer per operation, and per peer, as net_ib's cache expects) is served by
+ * the same registration. page is a power of two. */
+static inline void mpib_mr_span(uintptr_t data, size_t size, size_t page, uintptr_t *start, size_t *len) {
+  *start = data & ~(uintptr_t)(page - 1);
+  *len = (data + size - *start + page - 1) & ~(page - 1);
+  if (*len == 0) *len = page; /* a 0-byte registration still names its page */
+}
+/* Whether a registration of [start, start + len) serves [data, data + size). */
+static inline int mpib_mr_serves(uintptr_t start, size_t len, uintptr_t data, size_t size) {
+  return data >= start && size <= len && data - start <= len - size;
+}
+
 /* Sender: one slot's latest post and its acknowledgements on one rail, in one word the control
  * plane's thread can read while the data path writes it: seq + 1 (bits 24..63), the slot's full
  * range mask (20..21), the ranges acknowledged on the rail (18..19), whether the immediate

@@ -3,7 +3,7 @@
  * (ext-net/example/nccl/net_v7.h .. src/include/plugin/net/net_v12.h) and the net-plugin part
  * of the profiler interface (src/include/plugin/profiler/net_ib_v1.h).
  * Field order and types are facts of the ABI; the _Static_asserts pin them.
- *   v7 = NCCL 2.19   v8 = 2.20..2.22   v9 = 2.23..2.25   v10 = 2.26..2.27   v11 = 2.28..2.29
+ *   v7 = NCCL 2.19   v8 = 2.20..2.23   v9 = 2.24..2.25   v10 = 2.26..2.27   v11 = 2.28..2.29
  *   v12 = 2.30.3+
  */
 #ifndef MPIB_NCCL_ABI_H

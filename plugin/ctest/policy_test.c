@@ -444,6 +444,43 @@ static void test_ack_seq1_near(void) {
   EXPECT_EQ("a slot never posted", mpib_ack_seq1_near(0, 12345), 0);
 }
 
+/* The registration cache's span and match (mpib_device.c, mpib_reg_mr): whole pages around a
+ * buffer; a range is served only when it lies wholly inside a registration. */
+static void test_mr_span(void) {
+  struct {
+    uintptr_t data;
+    size_t size, start, len;
+  } spans[] = {
+      {0x10000, 4096, 0x10000, 4096},                                    /* one whole page */
+      {0x10010, 100, 0x10000, 4096},                                     /* inside one page */
+      {0x10ff0, 32, 0x10000, 8192},                                      /* across a page boundary */
+      {0x10000, 1 << 20, 0x10000, 1 << 20}, {0x10800, 0, 0x10000, 4096}, /* 0 bytes: its page */
+  };
+  for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++) {
+    uintptr_t start = 0;
+    size_t len = 0;
+    mpib_mr_span(spans[i].data, spans[i].size, 4096, &start, &len);
+    EXPECT_EQ("mr span start", start, spans[i].start);
+    EXPECT_EQ("mr span length", len, spans[i].len);
+  }
+  struct {
+    uintptr_t data;
+    size_t size;
+    int served;
+  } serves[] = {
+      {0x10000, 8192, 1}, /* the whole registration */
+      {0x10100, 100, 1},  /* inside */
+      {0x11f00, 256, 1},  /* up to its last byte */
+      {0x11f00, 257, 0},  /* one byte past it */
+      {0xff00, 512, 0},   /* starting before it */
+      {0x12000, 1, 0},    /* just after it */
+      {0x10000, 0, 1},
+  };
+  for (size_t i = 0; i < sizeof serves / sizeof serves[0]; i++)
+    EXPECT_EQ("registration [0x10000, +8192) serves", mpib_mr_serves(0x10000, 8192, serves[i].data, serves[i].size),
+              serves[i].served);
+}
+
 static void test_sq_admits(void) {
   EXPECT_EQ("empty queue, a grouped slot", mpib_sq_admits(0, 9, 79, 7), 1);
   EXPECT_EQ("eight grouped slots fill the data places", mpib_sq_admits(63, 9, 79, 7), 1);
@@ -469,6 +506,7 @@ static void test_lane_cq_depth(void) {
 
 int main(void) {
   test_ack_seq1_near();
+  test_mr_span();
   test_sq_admits();
   test_lane_cq_depth();
   test_recv_ranges();

@@ -95,6 +95,29 @@ int nt_recv_result(struct nt_oob *oob, int timeout_s, struct nt_peer_result *r) 
 
 /* ---- verify ---- */
 
+/* --mr-cache-check: regMr of the whole region again and of a range inside it, then deregMr of
+ * both, before the transfer uses the first handle. A plugin with a registration cache (MPIB,
+ * net_ib) serves both from the region's registration; the transfer then proves the region is
+ * still registered after those deregMr calls. Prints
+ *   nettest-mr: role=R same_handle=B inside_handle=B reg_ms=X dereg_rc=N */
+static int nt_mr_cache_check(struct nt_opts *o, struct nt_net *n, struct nt_region *r) {
+  void *again = NULL, *inside = NULL;
+  double t = nt_now();
+  ncclResult_t rc1 = nt_net_regmr(n, r->comm, r->p, r->len, &again);
+  ncclResult_t rc2 = nt_net_regmr(n, r->comm, r->p + 100, r->len > 4096 ? r->len - 4096 : 1, &inside);
+  double reg_ms = (nt_now() - t) * 1000;
+  int dereg_rc = 0;
+  if (again != NULL) dereg_rc |= nt_net_deregmr(n, r->comm, again);
+  if (inside != NULL) dereg_rc |= nt_net_deregmr(n, r->comm, inside);
+  nt_out("nettest-mr: role=%s same_handle=%s inside_handle=%s reg_ms=%.3f dereg_rc=%d", nt_role_name(o->role),
+         again == r->mh ? "true" : "false", inside == r->mh ? "true" : "false", reg_ms, dereg_rc);
+  if (rc1 != ncclSuccess || rc2 != ncclSuccess || dereg_rc != 0) {
+    nt_err("--mr-cache-check: regMr rc=%d,%d deregMr rc=%d", rc1, rc2, dereg_rc);
+    return -1;
+  }
+  return 0;
+}
+
 int nt_verify_run(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struct nt_conn *c) {
   int sender = o->role == NT_CLIENT;
   struct nt_xfer x = {.net = n,
@@ -111,6 +134,11 @@ int nt_verify_run(struct nt_opts *o, struct nt_net *n, struct nt_oob *oob, struc
   struct nt_region r;
   if (nt_region_setup(n, x.comm, x.stride * (size_t)x.k * (size_t)x.window, &r) != 0) {
     nt_oob_abort(oob, "%s: buffer registration failed", nt_role_name(o->role));
+    return NT_EXIT_FAIL;
+  }
+  if (o->mr_cache_check && nt_mr_cache_check(o, n, &r) != 0) {
+    nt_oob_abort(oob, "%s: --mr-cache-check failed", nt_role_name(o->role));
+    nt_region_free(n, &r);
     return NT_EXIT_FAIL;
   }
   x.region = r.p;

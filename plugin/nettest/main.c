@@ -66,6 +66,8 @@ static void nt_usage(FILE *f) {
              "  --warmup N            bw: (default 4), lat: (default 100) untimed iterations\n"
              "  --verify on|off       bw/lat: sampled payload checks (default on)\n"
              "  --full-canary         verify: check the whole buffer tail after every message\n"
+             "  --mr-cache-check      verify: register the buffer again, and a range inside it, and\n"
+             "                        deregister both before the transfer (nettest-mr line)\n"
              "  --mem-limit SIZE      buffer memory per side; lowers the window (default 1G)\n"
              "  --stats-file PATH     also write the result lines to PATH\n"
              "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
@@ -178,6 +180,7 @@ enum {
   OPT_WARMUP,
   OPT_VERIFY,
   OPT_FULLCAN,
+  OPT_MRCACHE,
   OPT_MEM,
   OPT_STATS,
   OPT_COUNTER,
@@ -222,6 +225,7 @@ static const struct option nt_long_opts[] = {{"role", required_argument, 0, OPT_
                                              {"warmup", required_argument, 0, OPT_WARMUP},
                                              {"verify", required_argument, 0, OPT_VERIFY},
                                              {"full-canary", no_argument, 0, OPT_FULLCAN},
+                                             {"mr-cache-check", no_argument, 0, OPT_MRCACHE},
                                              {"mem-limit", required_argument, 0, OPT_MEM},
                                              {"stats-file", required_argument, 0, OPT_STATS},
                                              {"counter", required_argument, 0, OPT_COUNTER},
@@ -382,6 +386,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
       }
       break;
     case OPT_FULLCAN: o->full_canary = 1; break;
+    case OPT_MRCACHE: o->mr_cache_check = 1; break;
     case OPT_MEM:
       if (nt_parse_size(a, &v) != 0 || v < 4096) {
         NT_BAD("bad --mem-limit '%s'", a);

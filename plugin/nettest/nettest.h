@@ -93,8 +93,9 @@ struct nt_opts {
   uint64_t iters, warmup;
   int iters_set, warmup_set;
   double seconds;
-  int verify;      /* bw/lat: sampled verification on (default) or off */
-  int full_canary; /* verify: check the whole canary area after every message */
+  int verify;         /* bw/lat: sampled verification on (default) or off */
+  int full_canary;    /* verify: check the whole canary area after every message */
+  int mr_cache_check; /* verify: register the buffer again and a range inside it first (nettest-mr) */
   size_t mem_limit;
   const char *stats_file;
   struct nt_counter counters[NT_MAX_COUNTERS];
