@@ -141,8 +141,8 @@ var propsByABI = map[int][]string{
 	8:  {"speed=10000 port=1 ", "regIsGlobal=1", "vProps=none", "maxMultiRequestSize=-1"},
 	9:  {"vProps=1:[0]", "maxMultiRequestSize=-1"},
 	10: {"vProps=1:[0]", "maxMultiRequestSize=-1"},
-	11: {"vProps=1:[0]", "maxMultiRequestSize=8"},
-	12: {"vProps=1:[0]", "maxMultiRequestSize=8 railId=0 planeId=-1"},
+	11: {"vProps=1:[0]", "maxMultiRequestSize=1"},
+	12: {"vProps=1:[0]", "maxMultiRequestSize=1 railId=0 planeId=-1"},
 }
 
 // checkMRCache: on both sides a second regMr of the registered buffer, and one of a range inside

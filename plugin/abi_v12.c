@@ -63,7 +63,7 @@ ncclResult_t mpib_v12_get_properties(int dev, ncclNetProperties_v12_t *props) {
                                      .netDeviceType = NCCL_NET_DEVICE_HOST,
                                      .maxP2pBytes = INT32_MAX,
                                      .maxCollBytes = INT32_MAX,
-                                     .maxMultiRequestSize = MPIB_MAX_RECVS,
+                                     .maxMultiRequestSize = 1, /* as net_ib: MPIB has no multi-requests */
                                      .railId = (int16_t)p.rail_id,
                                      .planeId = (int16_t)p.plane_id};
   props->vProps.ndevs = p.ndevs;
