@@ -7,7 +7,8 @@
 # Environment: NVCC_GENCODE (default: sm_90), CUDA_HOME (default /usr/local/cuda).
 #
 # Releases before 2.27 do not compile against CUDA 13 as released. Where the tree still uses
-# what CUDA 13 removed, the script edits the tree in place (each edit only once):
+# what CUDA 13 removed, the script edits the tree in place (each edit only once; a tree that
+# already chooses the form by CUDA version, 2.27+, is left as it is):
 #   - src/misc/strongstream.cc: cudaStreamGetCaptureInfo_v2 and the three-argument
 #     cudaStreamUpdateCaptureDependencies become the CUDA 13 forms, edge data nullptr;
 #   - src/include/cudawrap.h: the unversioned PFN_cu* typedefs it declares are mapped to the
@@ -29,6 +30,7 @@ echo "nccl-build-check: source=$src cuda_major=$major"
 edit_strongstream() {
   local f=$src/src/misc/strongstream.cc
   grep -q 'cudaStreamGetCaptureInfo_v2' "$f" || return 0
+  grep -q 'cudaStreamGetCaptureInfo_v3' "$f" && return 0 # 2.27+: chooses by CUDA version itself
   sed -i -e 's/cudaStreamGetCaptureInfo_v2(stream, &status, &gid, &graph->graph, nullptr, nullptr)/cudaStreamGetCaptureInfo(stream, \&status, \&gid, \&graph->graph, nullptr, nullptr, nullptr)/' \
     -e 's/cudaStreamGetCaptureInfo_v2(b, &status, &bGraphId, nullptr, &bNodes, &bCount)/cudaStreamGetCaptureInfo(b, \&status, \&bGraphId, nullptr, \&bNodes, nullptr, \&bCount)/' \
     -e 's/cudaStreamUpdateCaptureDependencies(a, bg->tipNodes, bg->tipCount,/cudaStreamUpdateCaptureDependencies(a, bg->tipNodes, nullptr, bg->tipCount,/' "$f"
