@@ -119,9 +119,16 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		warnf("listen: out of memory")
 		return C.int(resSystemError)
 	}
+	if registry.ctxs[owner.id] != owner { // finalized meanwhile: endNetCtx waits for no goroutine of it
+		registry.mu.Unlock()
+		C.mpib_listen_comm_free(l.lc)
+		ln.Close()
+		warnf("listen: the context was finalized meanwhile")
+		return C.int(resInvalidUsage)
+	}
 	registry.listeners[id] = l
-	registry.mu.Unlock()
 	owner.wg.Add(2)
+	registry.mu.Unlock()
 	go l.acceptLoop()
 	go func() {
 		defer owner.wg.Done()
