@@ -103,14 +103,17 @@ static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *r
   return 0;
 }
 
-/* Posts again the request's reads that failed or were lost; past the deadline, fails it. */
-static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req) {
+/* Posts again the request's reads that failed or were lost; past the deadline (test() only:
+ * iflush leaves a lane that cannot take its read now to test(), since a request whose other
+ * reads are out cannot be freed), fails it. */
+static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req, int deadline) {
   for (int lane = 0; lane < MPIB_NLANES; lane++) {
     if (!(req->flush_redo & (1u << lane))) continue;
     int e = post_flush_read(c, lane, req);
     if (e == 0) continue;
     if (!req->flush_failed_ns) req->flush_failed_ns = mpib_now_ns();
-    if (mpib_now_ns() - req->flush_failed_ns <= mpib_g.stall_timeout_ms * 1000000ull) continue; /* next test() */
+    if (!deadline || mpib_now_ns() - req->flush_failed_ns <= mpib_g.stall_timeout_ms * 1000000ull)
+      continue; /* next test() */
     MPIB_WARN(
         "recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
         "cannot be ordered before the GPU reads them",
@@ -132,15 +135,25 @@ ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
     flush_poll_lane(c, lane);
   }
   if (req->flush_redo) {
-    ncclResult_t res = flush_retry(c, req);
+    ncclResult_t res = flush_retry(c, req, 1);
     if (res != ncclSuccess) return res;
   }
   req->done = req->flush_lanes == 0 && req->flush_redo == 0;
-  if (req->done && --c->flushes_open <= 0) { /* the last open flush: no read left to wait for */
-    c->flushes_open = 0;
-    c->flush_open_rails = 0;
-  }
+  if (req->done && c->flushes_open > 0) c->flushes_open--;
   return ncclSuccess;
+}
+
+/* The rails of the flushes still open with a read outstanding, or to post again, on a lane:
+ * the receives they cover are ordered once those reads complete. */
+static uint32_t open_flush_rails(const struct mpib_comm *c) {
+  uint32_t lanes = 0, rails = 0;
+  for (int i = 0; i < c->nreqs_pool; i++) {
+    const struct mpib_request *r = &c->reqs[i];
+    if (r->type == MPIB_REQ_FLUSH && !r->done) lanes |= r->flush_lanes | r->flush_redo;
+  }
+  for (int lane = 0; lane < MPIB_NLANES; lane++)
+    if (lanes & (1u << lane)) rails |= 1u << mpib_lane_rail(lane);
+  return rails;
 }
 
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
@@ -151,12 +164,14 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
     if (sizes[r] > 0) last = r;
   }
   /* The rails to read on: those that wrote receives completed since the last flush was posted,
-   * and while a flush is still reading, its rails too. The receive this iflush is for may be
-   * one an open flush covers (it completed before that flush's reads were posted), and only
-   * their completion orders its bytes: answering "nothing to flush" then would hand NCCL a
-   * buffer whose bytes may not be visible yet. A new read behind the open ones orders them
-   * all (net_ib reads on every iflush; MPIB skips the read only when nothing is left to order). */
-  uint32_t rails = c->flush_due | (c->flushes_open > 0 ? c->flush_open_rails : 0);
+   * and the rails where an open flush still reads. The receive this iflush is for may be one
+   * an open flush covers (it completed before that flush's reads were posted), and only their
+   * completion orders its bytes: answering "nothing to flush" then would hand NCCL a buffer
+   * whose bytes may not be visible yet. A new read behind the open ones orders them all
+   * (net_ib reads on every iflush; MPIB skips the read only when nothing is left to order). A
+   * rail whose reads all completed is not read again: a rail failed over since then does not
+   * fail this flush. */
+  uint32_t rails = c->flush_due | (c->flushes_open > 0 ? open_flush_rails(c) : 0);
   if (!mpib_g.flush_enabled || last < 0 || rails == 0) return ncclSuccess;
   struct mpib_mr *mh = mhandles[last];
   for (int rail = 0; rail < MPIB_NRAILS; rail++)
@@ -174,13 +189,8 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
     req->flush_redo |= 1u << lane; /* posted now, or by test() when the lane cannot take it yet */
   }
   c->flush_due = 0;
-  ncclResult_t res = flush_retry(c, req);
-  if (res != ncclSuccess) {
-    mpib_req_free(req);
-    return res;
-  }
+  (void)flush_retry(c, req, 0); /* a lane that cannot read now: test() posts it or fails the flush */
   c->flushes_open++;
-  c->flush_open_rails |= rails;
   *request = req;
   return ncclSuccess;
 }
