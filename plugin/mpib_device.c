@@ -312,6 +312,10 @@ int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struc
   size_t len = size;
   if (!dmabuf) mpib_mr_span((uintptr_t)data, size, MPIB_PAGE, &start, &len);
   pthread_mutex_lock(&mr_cache_mu);
+  if (dev >= mpib_g.nfdevs) { /* the devices closed meanwhile (mpib_nic_close_all) */
+    pthread_mutex_unlock(&mr_cache_mu);
+    return -ENODEV;
+  }
   struct mpib_mr *mh = mr_cache_find(dev, (uintptr_t)data, size, dmabuf);
   if (mh) {
     mh->refs++;
