@@ -301,13 +301,8 @@ func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 		lc.conn.Close()
 		<-lc.watchDone
 	}
-	if inGoroutine {
-		destroyInGoroutine(comm)
-	} else {
-		C.mpib_comm_close(comm)
-	}
+	freeComm(comm, inGoroutine)
 	noteActivity() // the watcher's exit may have made the runtime start a thread
-	closeDevicesIfUnused()
 }
 
 // closeDevicesIfUnused closes the devices once no context and no comm needs them. Every comm

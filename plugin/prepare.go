@@ -140,13 +140,7 @@ func receiver(ctx context.Context, dev int, takeSpare func() (prepared, bool), l
 // discard frees the comm of a prepared receiver no handshake will take (a listener's spare at
 // its close). inGoroutine: see closeComm.
 func (p prepared) discard(inGoroutine bool) {
-	if p.comm == nil {
-		return
-	}
-	if inGoroutine {
-		destroyInGoroutine(p.comm)
-	} else {
-		C.mpib_comm_close(p.comm)
-		closeDevicesIfUnused()
+	if p.comm != nil {
+		freeComm(p.comm, inGoroutine)
 	}
 }

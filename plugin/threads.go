@@ -109,12 +109,22 @@ func inVerbsSlot(fn func()) {
 	withVerbsSlot(context.Background(), func() struct{} { fn(); return struct{}{} })
 }
 
-// destroyInGoroutine frees a comm's verbs resources from a goroutine (see inVerbsSlot); NCCL's
-// threads call C.mpib_comm_close themselves.
+// freeComm frees a comm's verbs resources: from one of MPIB's goroutines (inGoroutine) in a
+// verbs slot, on NCCL's threads in the call. Then, after the last finalize, the last comm
+// closes the devices (outside the slot: closing them takes plugin.mu).
+func freeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
+	if inGoroutine {
+		inVerbsSlot(func() { C.mpib_comm_close(comm) })
+	} else {
+		C.mpib_comm_close(comm)
+	}
+	closeDevicesIfUnused()
+}
+
+// destroyInGoroutine frees a comm's verbs resources from a goroutine (freeComm).
 func destroyInGoroutine(comm *C.struct_mpib_comm) {
 	if comm != nil {
-		inVerbsSlot(func() { C.mpib_comm_close(comm) })
-		closeDevicesIfUnused() // after the last finalize, the last comm closes the devices
+		freeComm(comm, true)
 	}
 }
 
