@@ -306,13 +306,12 @@ static int mr_free(struct mpib_mr *mh) {
 }
 
 int mpib_reg_mr(int dev, void *data, size_t size, int fd, uint64_t offset, struct mpib_mr **out) {
-  if (dev < 0 || dev >= mpib_g.nfdevs) return -ENODEV;
   int dmabuf = fd >= 0;
   uintptr_t start = (uintptr_t)data;
   size_t len = size;
   if (!dmabuf) mpib_mr_span((uintptr_t)data, size, MPIB_PAGE, &start, &len);
   pthread_mutex_lock(&mr_cache_mu);
-  if (dev >= mpib_g.nfdevs) { /* the devices closed meanwhile (mpib_nic_close_all) */
+  if (dev < 0 || dev >= mpib_g.nfdevs) { /* checked under the lock: mpib_nic_close_all forgets the cache */
     pthread_mutex_unlock(&mr_cache_mu);
     return -ENODEV;
   }
