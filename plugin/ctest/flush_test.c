@@ -131,6 +131,13 @@ static ncclResult_t flush(struct mpib_comm *c, uint32_t due, void **req) {
   return mpib_iflush(c, 1, &data, &size, &mhp, req);
 }
 
+/* What test() says of a flush request: 1 done, 0 still open, -1 an error. */
+static int tested(void *req) {
+  int done = 0;
+  if (mpib_test(req, &done, NULL) != ncclSuccess) return -1;
+  return done;
+}
+
 /* A flush that failed: NCCL aborts the comm after an error; the next case starts afresh. */
 static void abandon(struct mpib_comm *c, void *req) {
   ((struct mpib_request *)req)->type = MPIB_REQ_FREE;
@@ -153,18 +160,15 @@ static void open_flush_orders_later_receives(void) {
   enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP };
   struct mpib_comm *c = recv_comm();
   void *first = NULL, *second = NULL, *third = (void *)1;
-  int done = 0;
   reset();
   CHECK(flush(c, U, &first) == ncclSuccess && first != NULL && nreads[MPIB_RAIL_SUP] == 1, "the first flush reads");
   CHECK(flush(c, 0, &second) == ncclSuccess && second != NULL && nreads[MPIB_RAIL_SUP] == 2,
         "the second receive's flush, the first still reading: want a read of its own, got request %p and %d reads",
         second, nreads[MPIB_RAIL_SUP]);
-  CHECK(second != NULL && mpib_test(second, &done, NULL) == ncclSuccess && !done, "done before any read completed");
+  CHECK(second != NULL && tested(second) == 0, "done before any read completed");
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(first, &done, NULL) == ncclSuccess && done, "the first flush completes");
-  done = 0;
-  CHECK(second != NULL && mpib_test(second, &done, NULL) == ncclSuccess && done, "the second flush completes");
+  CHECK(tested(first) == 1, "the first flush completes");
+  CHECK(second != NULL && tested(second) == 1, "the second flush completes");
   CHECK(flush(c, 0, &third) == ncclSuccess && third == NULL && nreads[MPIB_RAIL_SUP] == 0,
         "no flush open, nothing due: nothing to read (request %p, %d reads)", third, nreads[MPIB_RAIL_SUP]);
   CHECK(flush(c, U, &first) == ncclSuccess && flush(c, O, &second) == ncclSuccess && nreads[MPIB_RAIL_SOUT] == 1 &&
@@ -173,10 +177,8 @@ static void open_flush_orders_later_receives(void) {
         nreads[MPIB_RAIL_SUP]);
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(first, &done, NULL) == ncclSuccess && done, "both flushes complete");
-  done = 0;
-  CHECK(mpib_test(second, &done, NULL) == ncclSuccess && done, "both flushes complete");
+  CHECK(tested(first) == 1, "both flushes complete");
+  CHECK(tested(second) == 1, "both flushes complete");
 
   /* A rail whose reads of an open flush all completed is not read again: its device dying
    * afterwards does not fail a flush of bytes only the other rail wrote. */
@@ -184,18 +186,15 @@ static void open_flush_orders_later_receives(void) {
   CHECK(flush(c, O | U, &first) == ncclSuccess && nreads[MPIB_RAIL_SOUT] == 1 && nreads[MPIB_RAIL_SUP] == 1,
         "a flush on both rails");
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(first, &done, NULL) == ncclSuccess && !done, "SOUT's read is still out");
+  CHECK(tested(first) == 0, "SOUT's read is still out");
   mpib_g.nic[MPIB_RAIL_SUP].fatal = 1;
   second = NULL;
   CHECK(flush(c, O, &second) == ncclSuccess && second != NULL && nreads[MPIB_RAIL_SOUT] == 2,
         "SUP died after its read completed: SOUT's bytes flush on SOUT (request %p, SOUT reads %d)", second,
         nreads[MPIB_RAIL_SOUT]);
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(first, &done, NULL) == ncclSuccess && done, "the first flush completes on SOUT");
-  done = 0;
-  CHECK(second != NULL && mpib_test(second, &done, NULL) == ncclSuccess && done, "the second flush completes");
+  CHECK(tested(first) == 1, "the first flush completes on SOUT");
+  CHECK(second != NULL && tested(second) == 1, "the second flush completes");
   mpib_g.nic[MPIB_RAIL_SUP].fatal = 0;
   printf("flush: open-flush-covers-later-iflush=%s\n", failures ? "false" : "true");
   free_comm(c);
@@ -229,8 +228,7 @@ int main(void) {
   CHECK(flush(c, O, &req) == ncclSuccess && req != NULL && nreads[MPIB_RAIL_SOUT] == 1 && nreads[MPIB_RAIL_SUP] == 0,
         "idle dead SUP: read on SOUT only");
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "idle dead SUP: the flush completes on SOUT");
+  CHECK(tested(req) == 1, "idle dead SUP: the flush completes on SOUT");
   printf("flush: fatal-during-flush rail=SUP wrote=SOUT outcome=completed hang=false\n");
 
   reset();
@@ -247,8 +245,7 @@ int main(void) {
         "a second flush's read queued behind it, and one on SOUT, a rail of the flush still open");
   /* the first read fails on a live device, the second is flushed */
   complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
-  done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && !done, "a failed read never completes the flush");
+  CHECK(tested(req) == 0, "a failed read never completes the flush");
   CHECK(resets[MPIB_RAIL_SUP] == 1 && reset_access[MPIB_RAIL_SUP] == IBV_ACCESS_REMOTE_READ,
         "the flush QP is reset once, granting REMOTE_READ (resets %d, access %#x)", resets[MPIB_RAIL_SUP],
         reset_access[MPIB_RAIL_SUP]);
@@ -261,10 +258,8 @@ int main(void) {
         "the other flush's read, lost with the QP's error, is posted again too (%d reads)", nreads[MPIB_RAIL_SUP]);
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "the reset QP orders the first flush");
-  done = 0;
-  CHECK(mpib_test(other, &done, NULL) == ncclSuccess && done, "and the second");
+  CHECK(tested(req) == 1, "the reset QP orders the first flush");
+  CHECK(tested(other) == 1, "and the second");
   printf("flush: failed-read reposted=true resets=%d access=REMOTE_READ counted_done_with_failed_read=false\n",
          resets[MPIB_RAIL_SUP]);
 
@@ -292,8 +287,7 @@ int main(void) {
         read_rkey[MPIB_RAIL_SUP]);
   complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
   complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
-  done = 0;
-  CHECK(mpib_test(req, &done, NULL) == ncclSuccess && done, "port 0's flush completes");
+  CHECK(tested(req) == 1, "port 0's flush completes");
   c->sup_port = c->lane_port[MPIB_RAIL_SUP] = 2;
   reset();
   CHECK(flush(c, O | U, &req) == ncclSuccess && read_rkey[MPIB_RAIL_SOUT] == 10 && read_rkey[MPIB_RAIL_SUP] == 13,
