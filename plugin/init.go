@@ -53,6 +53,9 @@ func initPlugin() C.int {
 		warnf("%v", err)
 		return C.int(resInvalidUsage)
 	}
+	for _, ignored := range config.Unknown(os.Environ()) {
+		warnf("%s", ignored)
+	}
 	if path, err := startGoTrace(cfg.GoTrace, cfg.GoTraceS); err != nil {
 		warnf("%v: no trace", err)
 	} else if path != "" {

@@ -167,9 +167,9 @@ func Parse(getenv func(string) string) (Config, error) {
 		RecoveryBackoffMax: p.int("MPIB_RECOVERY_BACKOFF_MAX_MS", 2000, 1, 3600000),
 		FailoverTimeoutMS:  p.int("MPIB_FAILOVER_TIMEOUT_MS", 5000, 100, 3600000),
 		StallTimeoutMS:     p.int("MPIB_STALL_TIMEOUT_MS", 30000, 0, 3600000),
-		IBTC:               p.first(-1, 0, 255, "MPIB_IB_TC", "NCCL_IB_TC"),
-		IBSL:               p.first(-1, 0, 15, "MPIB_IB_SL", "NCCL_IB_SL"),
-		FifoTC:             p.int("NCCL_IB_FIFO_TC", -1, 0, 255),
+		IBTC:               p.first(-1, -1, 255, "MPIB_IB_TC", "NCCL_IB_TC"),
+		IBSL:               p.first(-1, -1, 15, "MPIB_IB_SL", "NCCL_IB_SL"),
+		FifoTC:             p.int("NCCL_IB_FIFO_TC", -1, -1, 255),
 		ForceFlush:         p.int("MPIB_FORCE_FLUSH", 0, 0, 1) == 1,
 		HandshakeTimeoutMS: p.int("MPIB_HANDSHAKE_TIMEOUT_MS", 120000, 100, 3600000),
 		PKeyIndex:          p.int("NCCL_IB_PKEY", 0, 0, 65535),
@@ -259,11 +259,15 @@ func (p *parser) int(name string, def, min, max int) int {
 	return n
 }
 
-// first reads the first of names that is set (MPIB_* before its NCCL_* equivalent).
+// first reads the first of names that is set (MPIB_* before its NCCL_* equivalent). Where
+// the default is -1, -1 is "unset", as NCCL reads its own (NCCL_IB_GID_INDEX=-1 is net_ib's
+// default): the next name is read.
 func (p *parser) first(def, min, max int, names ...string) int {
 	for _, n := range names {
 		if strings.TrimSpace(p.getenv(n)) != "" {
-			return p.int(n, def, min, max)
+			if v := p.int(n, def, min, max); v != -1 || def != -1 {
+				return v
+			}
 		}
 	}
 	return def
@@ -336,7 +340,7 @@ type hcaEntry struct {
 // carries the device's ids) NAME[:PORT[:RAIL[:PLANE]]], SUP's NAME[:PORT] or several of them
 // joined by '+' (one per cable of a mesh).
 func (p *parser) hcaList(hcaVar, gidVar string, withIDs bool) []hcaEntry {
-	gidIndex := p.first(-1, 0, 255, gidVar, "NCCL_IB_GID_INDEX")
+	gidIndex := p.first(-1, -1, 255, gidVar, "NCCL_IB_GID_INDEX")
 	v := strings.TrimSpace(p.getenv(hcaVar))
 	if v == "" {
 		p.fail(hcaVar + " is required (HCA names, e.g. mlx5_0 or mlx5_0:1, or a comma-separated list, one per fused device)")
@@ -436,4 +440,94 @@ func parseHCA(s string, withIDs bool) (hcaEntry, string) {
 		}
 	}
 	return e, ""
+}
+
+// toolVariables are the MPIB_* names (a trailing '_': every name it begins) that MPIB's own
+// tools read, never the plugin: the lab, the benchmarks and tests, mpib-nettest, the model
+// checker. Unknown passes them over.
+var toolVariables = []string{"MPIB_LAB_", "MPIB_BENCH", "MPIB_BENCH_", "MPIB_MODEL_", "MPIB_TEST_", "MPIB_NETTEST_",
+	"MPIB_DEMO", "MPIB_DEMO_", "MPIB_LEAKS", "MPIB_LEAK_", "MPIB_FUZZTIME", "MPIB_CALLGRIND_DIR", "MPIB_NETIB_REF_SRC",
+	"MPIB_RECORD_TRACE", "MPIB_SCALE", "MPIB_FAULTS", "MPIB_HOSTILE_", "MPIB_CONGESTION_", "MPIB_SHM_VECTORS",
+	"MPIB_PRODUCT_LIB"}
+
+// Unknown says, for each MPIB_* variable of environ (KEY=VALUE entries, as os.Environ) that
+// is neither a knob nor one of MPIB's tools', that it is ignored and which knobs it may mean:
+// Parse reads only the names it knows, so a misspelt one (MPIB_SOUT_QPS) would otherwise
+// leave its default in place without a word.
+func Unknown(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "MPIB_") || isKnob(name) || isToolVariable(name) {
+			continue
+		}
+		line := name + " is not an MPIB setting and is ignored"
+		if near := nearKnobs(name); len(near) > 0 {
+			line += " (did you mean " + strings.Join(near, " or ") + "?)"
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+func isKnob(name string) bool {
+	for _, k := range Knobs {
+		if k.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func isToolVariable(name string) bool {
+	for _, t := range toolVariables {
+		if name == t || (strings.HasSuffix(t, "_") && strings.HasPrefix(name, t)) {
+			return true
+		}
+	}
+	return false
+}
+
+// nearKnobs are the MPIB_* knobs closest to name: those it begins or that begin it (a
+// missing or extra suffix), else those at the smallest edit distance up to 3.
+func nearKnobs(name string) []string {
+	var near []string
+	best := 4
+	for _, k := range Knobs {
+		if !strings.HasPrefix(k.Name, "MPIB_") {
+			continue
+		}
+		d := editDistance(name, k.Name)
+		if strings.HasPrefix(k.Name, name+"_") || strings.HasPrefix(name, k.Name+"_") {
+			d = 0
+		}
+		switch {
+		case d < best:
+			best, near = d, []string{k.Name}
+		case d == best:
+			near = append(near, k.Name)
+		}
+	}
+	return near
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

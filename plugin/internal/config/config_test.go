@@ -4,7 +4,9 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -226,5 +228,69 @@ func TestConfigurationDocListsEveryKnob(t *testing.T) {
 		if !strings.Contains(string(doc), row) {
 			t.Errorf("docs/configuration.md lacks the row %q", row)
 		}
+	}
+}
+
+func TestUnknownNamesMisspeltKnobs(t *testing.T) {
+	got := Unknown([]string{"PATH=/bin", "MPIB_MODE=0", "MPIB_SOUT_QPS=4", "MPIB_GID_INDEX=3", "MPIB_ISLAND_PREFIX=16",
+		"MPIB_LAB_MODE=tcg", "MPIB_BENCH=1", "MPIB_BENCH_PAIRS=7", "MPIB_TEST_HOSTILE=x", "MPIB_ZZZZZZZZZZZZ=1", "NCCL_IB_HCA=mlx5",
+		"MPIB_DETECT_MS"})
+	want := []string{
+		"MPIB_SOUT_QPS is not an MPIB setting and is ignored (did you mean MPIB_SOUT_QP?)",
+		"MPIB_GID_INDEX is not an MPIB setting and is ignored (did you mean MPIB_GID_INDEX_SOUT or MPIB_GID_INDEX_SUP?)",
+		"MPIB_ISLAND_PREFIX is not an MPIB setting and is ignored (did you mean MPIB_ISLAND_PREFIX_LEN?)",
+		"MPIB_ZZZZZZZZZZZZ is not an MPIB setting and is ignored",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Unknown:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// Every MPIB_* name the repository's Go and C code reads is a knob or one of the tools':
+// a new tool variable that the list misses would make every plugin process warn about it.
+func TestToolVariablesCoverTheRepository(t *testing.T) {
+	quoted := regexp.MustCompile(`"(MPIB_[A-Z0-9_]*[A-Z0-9])"`)
+	seen := map[string]string{}
+	for _, dir := range []string{"../../..", "../../../integration", "../../../internal", "../../../plugin", "../../../plugin/nettest",
+		"../../../plugin/ctest", "../../../agent/go/doctor"} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*"))
+		for _, f := range files {
+			if ext := filepath.Ext(f); ext != ".go" && ext != ".c" && ext != ".h" {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range quoted.FindAllStringSubmatch(string(b), -1) {
+				seen[m[1]] = f
+			}
+		}
+	}
+	if len(seen) < 20 {
+		t.Fatalf("found only %d MPIB_* names: the scan is looking in the wrong place", len(seen))
+	}
+	for name, f := range seen {
+		if !isKnob(name) && !isToolVariable(name) {
+			t.Errorf("%s (read in %s) is neither a knob nor in toolVariables", name, f)
+		}
+	}
+}
+
+func TestMinusOneIsUnsetAsInNCCL(t *testing.T) {
+	c, err := Parse(env(append(append([]string{}, base...), "NCCL_IB_GID_INDEX", "-1", "NCCL_IB_TC", "-1", "NCCL_IB_SL", "-1",
+		"NCCL_IB_FIFO_TC", "-1")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Devices[0].Sout.GIDIndex != -1 || c.IBTC != -1 || c.IBSL != -1 || c.FifoTC != -1 {
+		t.Errorf("-1 read as %d %d %d %d, want unset (-1)", c.Devices[0].Sout.GIDIndex, c.IBTC, c.IBSL, c.FifoTC)
+	}
+	c, err = Parse(env(append(append([]string{}, base...), "MPIB_IB_TC", "-1", "NCCL_IB_TC", "106")...))
+	if err != nil || c.IBTC != 106 {
+		t.Errorf("MPIB_IB_TC=-1 NCCL_IB_TC=106: class %d (%v), want NCCL's 106", c.IBTC, err)
+	}
+	if _, err := Parse(env(append(append([]string{}, base...), "NCCL_IB_TC", "-2")...)); err == nil {
+		t.Error("NCCL_IB_TC=-2 accepted")
 	}
 }
