@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Run nccl-tests (all_reduce_perf, sendrecv_perf) under mpirun with the MPIB plugin on a real
-# cluster. Every MPIB_* variable in the environment is passed to every rank.
+# cluster. Every MPIB_* and NCCL_* variable in the environment is passed to every rank (mpirun
+# gives remote ranks only what -x names: an NCCL_IB_TC set here would reach this node's ranks
+# alone), and NCCL_NET=MPIB makes a rank whose MPIB finds no device fail instead of measuring
+# net_ib (set NCCL_NET yourself to choose otherwise).
 #
 #   scripts/launch_nccl.sh --hostfile hosts --hca-sout mlx5_0 --hca-sup mlx5_1 [options] [-- test args]
 #   scripts/launch_nccl.sh --hostfile hosts --hca-sout mlx5_0,...,mlx5_7 --hca-sup mlx5_8,...,mlx5_15 ...
@@ -93,8 +96,11 @@ if [[ $dry == 0 ]]; then
   command -v mpirun >/dev/null || die "mpirun not found"
 fi
 
-# Every MPIB_* variable of this environment, sorted, each passed with -x.
-mpib_vars=$(env | sed -n 's/^\(MPIB_[A-Z0-9_]*\)=.*/\1/p' | sort)
+# Every MPIB_* and NCCL_* variable of this environment, sorted, each passed with -x; the
+# NCCL ones this script sets itself are left to its values.
+export NCCL_NET=${NCCL_NET:-MPIB}
+mpib_vars=$(env | sed -n 's/^\(\(MPIB\|NCCL\)_[A-Za-z0-9_]*\)=.*/\1/p' |
+  grep -Ev '^NCCL_(NET_PLUGIN|DEBUG|DEBUG_SUBSYS|SOCKET_IFNAME)$' | sort)
 xargs_list=(-x NCCL_NET_PLUGIN=mpib -x "LD_LIBRARY_PATH=$plugin_abs:${LD_LIBRARY_PATH:-}" -x "NCCL_DEBUG=$debug"
             -x "NCCL_DEBUG_SUBSYS=INIT,NET" -x "NCCL_SOCKET_IFNAME=$oob_if")
 for v in $mpib_vars; do xargs_list+=(-x "$v"); done

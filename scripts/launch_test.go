@@ -119,3 +119,27 @@ func TestLaunchHelp(t *testing.T) {
 		t.Fatalf("help: exit %d\n%s", code, out)
 	}
 }
+
+// TestLaunchForwardsNCCLSettings: the NCCL_IB_* settings MPIB reads (a lossless RoCE class,
+// the GID index) reach the remote ranks too, and NCCL is pinned to MPIB unless NCCL_NET is set.
+func TestLaunchForwardsNCCLSettings(t *testing.T) {
+	hf := hostfile(t, "node1\nnode2\n")
+	args := []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "eth0", "--dry-run"}
+	out, code := runLaunch(t, []string{"NCCL_IB_TC=106", "NCCL_IB_GID_INDEX=3", "NCCL_DEBUG=INFO"}, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	for _, want := range []string{"-x NCCL_IB_TC ", "-x NCCL_IB_GID_INDEX ", "-x NCCL_NET ", "NCCL_NET=MPIB ", "NCCL_IB_TC=106 ",
+		"-x NCCL_DEBUG=WARN "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "-x NCCL_DEBUG ") {
+		t.Errorf("NCCL_DEBUG forwarded beside the script's own -x NCCL_DEBUG=...:\n%s", out)
+	}
+	out, _ = runLaunch(t, []string{"NCCL_NET=IB"}, args...)
+	if !strings.Contains(out, "NCCL_NET=IB ") || strings.Contains(out, "NCCL_NET=MPIB") {
+		t.Errorf("a user's NCCL_NET=IB must win:\n%s", out)
+	}
+}
