@@ -202,8 +202,12 @@ int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, ch
     close(fd);
     return -e;
   }
+  /* Guarded before its first access (shm_map_new reads the header): a file truncated from
+   * here on faults into zero pages that the poll detaches, not into the process's death. */
+  int guard = shm_guard_add(mem, (size_t)h->total_size);
   struct shm_map *m = shm_map_new(mem, (size_t)h->total_size, h->nslots, h->npeers);
   if (m == NULL) {
+    shm_guard_remove(&guard);
     munmap(mem, (size_t)h->total_size);
     close(fd);
     shm_err(err, errlen, "mpib shm %s: io: out of memory", path);
@@ -212,8 +216,8 @@ int shm_map_file(const char *path, struct shm_map **out, struct stat *st_out, ch
   m->fd = fd;
   m->dev = st.st_dev;
   m->ino = st.st_ino;
+  m->guard = guard;
   (void)shm_lock_byte(fd, SHM_LOCK_ATTACH, F_RDLCK); /* best effort: only agents' create reads it */
-  m->guard = shm_guard_add(m->hdr, m->map_size);
   *out = m;
   return 0;
 }
