@@ -117,6 +117,7 @@ static void shm_unclaim(struct shm_map *m, uint32_t slot, uint32_t pid) {
   }
   uint64_t mine = SHM_STATE_ACTIVE | (uint64_t)pid << 32;
   atomic_compare_exchange_strong_explicit(&m->slots[slot].owner, &mine, 0, memory_order_acq_rel, memory_order_relaxed);
+  shm_map_hold(m, slot, 0);
   shm_lock_byte(m->fd, shm_slot_lock_off(slot), F_UNLCK);
 }
 
@@ -151,6 +152,9 @@ void shm_unbind(mpib_shm *shm, uint32_t id) {
 static int shm_take(mpib_shm *shm, int mi, uint32_t i, uint32_t id) {
   struct shm_map *m = atomic_load_explicit(&shm->maps[mi - 1], memory_order_relaxed);
   off_t off = shm_slot_lock_off(i);
+  if (shm_map_holds(m, i)) {
+    return -EBUSY; /* ours already, for another connection: its lease stays */
+  }
   if (!shm->conns[id].used) {
     shm_lock_byte(m->fd, off, F_UNLCK);
     return -ENOENT;
@@ -167,6 +171,8 @@ static int shm_take(mpib_shm *shm, int mi, uint32_t i, uint32_t id) {
     return -EBUSY;
   }
   shm_slot_fill(s, d, d->pid);
+  shm_map_hold(m, i, 1);
+  shm_peer_cache_reset(m, i);
   atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)d->pid << 32, memory_order_release);
   int waited = shm_waiting(shm, id);
   uint64_t old = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
@@ -195,7 +201,7 @@ int shm_search(mpib_shm *shm, int mi, uint32_t id, struct shm_budget *b) {
     b->probes--;
     uint32_t i = m->cursor;
     m->cursor = i + 1 < m->nslots ? i + 1 : 0;
-    if (atomic_load_explicit(&m->slots[i].owner, memory_order_relaxed) != 0) {
+    if (atomic_load_explicit(&m->slots[i].owner, memory_order_relaxed) != 0 || shm_map_holds(m, i)) {
       continue;
     }
     b->locks--;

@@ -19,7 +19,8 @@
  * matches) are rate-limited per segment: up to SHM_PEER_RESCAN_BURST at once, then one per
  * SHM_PEER_RESCAN_NS. An agent that changes peers_epoch on every read then costs a few scans
  * per interval, not one of npeers entries per read; a table that stops changing applies
- * within one interval. A slot's first scan for a registration (a new gen) is never limited. */
+ * within one interval. A slot's first scan for a registration (its claim leaves the slot's
+ * cache unprimed) is never limited; a slot gen that changes while the slot is ours is. */
 #define SHM_PEER_RESCAN_NS 100000000ull
 #define SHM_PEER_RESCAN_BURST 8u
 
@@ -126,8 +127,15 @@ static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, 
   uint64_t tag = ((uint64_t)shm_peers_epoch(m, now) << 32) | gen;
   struct peer_cache *c = &m->cache[slot];
   *tag_out = tag;
-  if (atomic_load_explicit(&c->tag, memory_order_acquire) == tag) {
+  uint64_t cached = atomic_load_explicit(&c->tag, memory_order_acquire);
+  if (cached == tag) {
     return atomic_load_explicit(&c->idx, memory_order_relaxed);
+  }
+  /* The slot's gen is written once, by the claim, which leaves the cache unprimed. A gen that
+   * moves under a primed cache was written by someone else: its scans wait for the limiter,
+   * as peers_epoch's do, so that a writer flipping it cannot make every read scan. */
+  if (cached != SHM_CACHE_UNPRIMED && (uint32_t)cached != gen && !shm_rescan_granted(m, now)) {
+    return SHM_NO_PEER;
   }
   uint32_t idx = shm_peer_scan(m, ip);
   shm_peer_cache_put(c, tag, idx);

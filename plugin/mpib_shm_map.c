@@ -139,11 +139,14 @@ static int shm_open_file(const char *path, char *err, size_t errlen) {
 struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t npeers) {
   struct shm_map *m = calloc(1, sizeof(*m));
   struct peer_cache *cache = calloc(nslots, sizeof(*cache));
-  if (m == NULL || cache == NULL) {
+  _Atomic uint64_t *held = calloc((nslots + 63) / 64, sizeof(*held));
+  if (m == NULL || cache == NULL || held == NULL) {
     free(m);
     free(cache);
+    free(held);
     return NULL;
   }
+  m->held = held;
   m->hdr = mem;
   m->slots = (struct shm_slot *)((uint8_t *)mem + SHM_HEADER_SIZE);
   m->peers = (struct shm_rec *)((uint8_t *)mem + SHM_HEADER_SIZE + (size_t)nslots * SHM_SLOT_SIZE);
@@ -153,7 +156,7 @@ struct shm_map *shm_map_new(void *mem, size_t size, uint32_t nslots, uint32_t np
   m->cache = cache;
   m->fd = -1;
   for (uint32_t i = 0; i < nslots; i++) {
-    atomic_init(&cache[i].tag, UINT64_MAX); /* never a valid (epoch, gen) tag: gen 0 is unused */
+    atomic_init(&cache[i].tag, SHM_CACHE_UNPRIMED);
     atomic_init(&cache[i].idx, SHM_NO_PEER);
   }
   m->guard = -1;
@@ -231,6 +234,7 @@ void shm_map_free(struct shm_map *m) {
     close(m->fd);
   }
   free(m->cache);
+  free(m->held);
   free(m);
 }
 

@@ -29,6 +29,11 @@ struct shm_map {
   uint32_t nslots; /* copies validated at open: the header is never trusted again */
   uint32_t npeers;
   struct peer_cache *cache;
+  /* The slots this process holds, one bit each (written under mu): a slot whose owner word
+   * was cleared or rewritten under its holder (a file rewritten in place, an agent's reclaim)
+   * reads free, and our own lease never stops us, so only this keeps two of our connections
+   * off one slot. */
+  _Atomic uint64_t *held;
   int fd; /* the segment file (its OFD holds our locks); -1 for an image */
   dev_t dev;
   ino_t ino;
@@ -56,6 +61,26 @@ MPIB_SHM_HIDDEN void shm_map_free(struct shm_map *m);
 /* Replaces the map's pages with anonymous zero pages and closes its file (dropping every lock
  * of this handle on it), keeping the addresses valid for a data path that may still read. */
 MPIB_SHM_HIDDEN void shm_map_retire(struct shm_map *m);
+
+/* The tag of a slot's peer cache that its claim left for the first read to fill: never a
+ * valid (epoch, gen) tag (gen 0 is unused). */
+#define SHM_CACHE_UNPRIMED UINT64_MAX
+
+/* Empties slot i's peer cache for the connection that claims it (its first read scans). */
+static inline void shm_peer_cache_reset(struct shm_map *m, uint32_t i) {
+  atomic_store_explicit(&m->cache[i].tag, SHM_CACHE_UNPRIMED, memory_order_release);
+}
+
+/* Whether this process holds slot i of m (shm_map_hold). */
+static inline int shm_map_holds(const struct shm_map *m, uint32_t i) {
+  return (atomic_load_explicit(&m->held[i / 64], memory_order_relaxed) >> (i % 64)) & 1;
+}
+/* Marks slot i held (hold 1) or not (under mu). */
+static inline void shm_map_hold(struct shm_map *m, uint32_t i, int hold) {
+  uint64_t bit = 1ull << (i % 64);
+  if (hold) atomic_fetch_or_explicit(&m->held[i / 64], bit, memory_order_relaxed);
+  else atomic_fetch_and_explicit(&m->held[i / 64], ~bit, memory_order_relaxed);
+}
 
 /* Whether the SIGBUS guard found m's file truncated. */
 static inline int shm_map_faulted(const struct shm_map *m) { return shm_guard_faulted(m->guard); }
