@@ -64,17 +64,20 @@ static void shm_detach(mpib_shm *shm, struct shm_map *cur, char *msg, size_t msg
       shm->unbound++;
     }
   }
-  /* The truncated file stays at the path: remember it as refused until it changes. */
+  /* The truncated file stays at the path: remember it as refused until it changes. A file
+   * that kept its size faulted for want of memory in its file system (a sparse file in a
+   * full /dev/shm): said so, since "truncated" would send the operator looking for a writer. */
   struct stat tst;
+  int full = fstat(cur->fd, &tst) == 0 && (uint64_t)tst.st_size >= cur->map_size;
   if (fstatat(AT_FDCWD, shm->path, &tst, AT_SYMLINK_NOFOLLOW) == 0 && tst.st_dev == cur->dev &&
       tst.st_ino == cur->ino) {
     shm_refuse(shm, EINVAL, &tst);
   }
   shm_map_retire(cur);
-  shm_say(shm, msg, msglen,
-          "agent segment %s was truncated: detached, vanilla policy until a valid segment "
-          "appears",
-          shm->path);
+  shm_say(shm, msg, msglen, "agent segment %s %s: detached, vanilla policy until a valid segment appears", shm->path,
+          full ? "could not be read although it kept its size (is its file system full? /dev/shm in a container is "
+                 "64 MiB by default)"
+               : "was truncated");
 }
 
 /* Gives slots of map index mi (the current one) to waiting connections within one budget,
