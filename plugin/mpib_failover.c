@@ -311,14 +311,19 @@ static int ride_through_possible(const struct mpib_comm *c) {
   return mpib_g.failover && mpib_g.stall_timeout_ms > 0 && c->ctrl_fd >= 0;
 }
 
-static ncclResult_t ride_through(struct mpib_comm *c, int r, const char *reason, const char *detail) {
-  struct mpib_rail_ctl *rc = &c->rail[r];
-  int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
-  if (retrying) rc->attempts++;
+/* No rail of the connection works from now: its stall (and the stall's deadline) starts. */
+static void stall_begin(struct mpib_comm *c) {
   if (!c->stall_since_ns) {
     c->stall_since_ns = mpib_now_ns();
     if (!c->stall_since_ns) c->stall_since_ns = 1;
   }
+}
+
+static ncclResult_t ride_through(struct mpib_comm *c, int r, const char *reason, const char *detail) {
+  struct mpib_rail_ctl *rc = &c->rail[r];
+  int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
+  if (retrying) rc->attempts++;
+  stall_begin(c);
   if (!retrying || rc->attempts <= 3)
     MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): no rail works; "
               "requests stall up to MPIB_STALL_TIMEOUT_MS=%llu for one to come back",
@@ -789,6 +794,7 @@ static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint6
   if (!mpib_join_take(c, r)) return recv_refuse(c, r, gen, 0, "the sender's QPs of this standby rail have not arrived");
   if (rc->state == MPIB_RAIL_UP) { /* the sender rebuilds a rail this side never saw fail (its end */
     rc->state = MPIB_RAIL_DOWN;    /* never came up at connect): what is queued on it dies with the reset */
+    if (!mpib_rail_usable(c, 1 - r)) stall_begin(c); /* as the sender's: its deadline, and its end when r is back */
     ncclResult_t res = recv_leave_cts_rail(c, r);
     if (res != ncclSuccess) return res;
   }

@@ -440,7 +440,7 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   int rc = 0;
   uint64_t idle = c->recv_idle_seq1; /* written by this thread only */
   __atomic_store_n(&c->recv_idle_seq1, 0, __ATOMIC_RELEASE);
-  if (c->stall_since_ns && !mpib_rail_usable(c, rail)) { /* written when a rail is back */
+  if (mpib_g.failover && !mpib_rail_usable(c, rail)) { /* rebuilding, or out: written when a rail is back */
     c->cts_repost_due = 1;
     c->cts_repost_from = 0;
   } else {

@@ -22,12 +22,24 @@ int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn) { return (v
 ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
   return (void)c, (void)req, ncclInternalError;
 }
-/* No rebuild thread here: a recovery would take its in-line path (these programs keep recovery
- * off with a long back-off; the lab's fault tests run the thread). */
+/* No rebuild thread here: a recovery takes its in-line path (these programs keep recovery off
+ * with a long back-off; the lab's fault tests run the thread), unless the program sets
+ * stub_rebuild: STUB_REBUILD_RUNS starts a rebuild that is still running at every poll (its QPs
+ * between RESET and RTS), STUB_REBUILD_DONE has the next poll find it finished. */
+enum { STUB_REBUILD_INLINE, STUB_REBUILD_RUNS, STUB_REBUILD_DONE };
+static int stub_rebuild;
 int mpib_rail_rebuild_start(struct mpib_comm *c, int rail, uint32_t psn) {
-  return (void)c, (void)rail, (void)psn, -EAGAIN;
+  (void)psn;
+  if (stub_rebuild == STUB_REBUILD_INLINE) return -EAGAIN;
+  c->rail[rail].rebuild.running = 1;
+  return 0;
 }
-int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) { return (void)c, (void)rail, *err = -EAGAIN, 1; }
+int mpib_rail_rebuild_poll(struct mpib_comm *c, int rail, int *err) {
+  if (stub_rebuild == STUB_REBUILD_RUNS) return 0;
+  c->rail[rail].rebuild.running = 0;
+  *err = stub_rebuild == STUB_REBUILD_DONE ? 0 : -EAGAIN;
+  return 1;
+}
 const char *ibv_wc_status_str(enum ibv_wc_status status) { return (void)status, "fake"; }
 void mpib_prof_send_posting(struct mpib_comm *c, int slot, int rail, uint32_t mask, const size_t *sout) {
   (void)c, (void)slot, (void)rail, (void)mask, (void)sout;
@@ -42,10 +54,10 @@ void mpib_prof_recv_rail_done(struct mpib_request *req, int rail) { (void)req, (
  * rail, QP r on qp[r] and cq[r] of the program's fake context ctx, whose provider posts with
  * post_send and polls with poll_cq; registrations mr, both rails in service, no agent slot.
  * The program sets the policy it tests. */
-static struct mpib_comm *fake_send_comm(struct ibv_context *ctx,
-                                        int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **),
-                                        int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *), struct ibv_qp *qp,
-                                        struct ibv_cq *cq, struct ibv_mr *mr) {
+static __attribute__((unused)) struct mpib_comm *
+fake_send_comm(struct ibv_context *ctx, int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **),
+               int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *), struct ibv_qp *qp, struct ibv_cq *cq,
+               struct ibv_mr *mr) {
   ctx->ops.post_send = post_send;
   ctx->ops.poll_cq = poll_cq;
   struct mpib_comm *c = calloc(1, sizeof *c);

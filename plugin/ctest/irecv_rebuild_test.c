@@ -1,0 +1,135 @@
+//go:build ignore
+// link: ../mpib_p2p.c ../mpib_failover.c ../mpib_watch.c ../mpib_slots.c ../mpib_shm_*.c shm_agent.c shm_decode.c
+
+/* A receive posted while the CTS rail's QPs are being rebuilt, on fake verbs. A one-rail
+ * receiver (vanilla inter-island) is idle when the sender finds its rail failed: the
+ * receiver's control plane answers the sender's FAIL, the sender rebuilds and its RECOVER
+ * replaces the FAIL in the notice word, so the receiver's data path, which never saw the
+ * FAIL, rebuilds a rail it holds UP. Its rebuild runs on a thread of its own; the provider
+ * refuses a post on a QP below RTS (rxe does; another may take it while the thread modifies
+ * the QP). Checks:
+ *   - the receive posted during the rebuild is taken (a request, no error) and its CTS is
+ *     held back, not posted on the QP being rebuilt;
+ *   - the connection stalls (no rail works) from the rebuild on, so the stall's deadline
+ *     applies to the receiver too;
+ *   - when the rail is back, both open receives' CTS go out on it and the stall ends. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../mpib.h"
+#include "../mpib_p2p.h"
+#include "../mpib_profiler.h"
+#include "../mpib_slots.h"
+
+#include "check.h"
+
+struct mpib_global mpib_g;
+ncclProfilerCallback_t mpib_prof_fn;
+uint64_t mpib_now_ns(void) { return 5000000000ull; }
+void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
+  (void)level, (void)file, (void)line, (void)fmt;
+}
+#include "p2p_stubs.h"
+
+static struct ibv_context ctx;
+static struct ibv_qp qp;
+static struct ibv_cq cq;
+static struct ibv_mr mr;
+static struct mpib_comm *comm;
+static int posts, posts_while_rebuilding;
+
+static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+  (void)q;
+  if (comm->rail[MPIB_RAIL_SOUT].rebuild.running) { /* the QP is between RESET and RTS */
+    posts_while_rebuilding++;
+    *bad = wr;
+    return EINVAL;
+  }
+  posts++;
+  return 0;
+}
+static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) { return (void)c, (void)n, (void)wc, 0; }
+
+/* A vanilla inter-island receive comm: SOUT only, one QP, UP at generation 1, idle. */
+static struct mpib_comm *recv_comm(void) {
+  ctx.ops.post_send = fake_post_send;
+  ctx.ops.poll_cq = fake_poll_cq;
+  qp.context = cq.context = &ctx;
+  struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
+  c->sup_lanes = 1;
+  c->mode = MPIB_MODE_VANILLA;
+  c->path_class = MPIB_PATH_INTER_ISLAND;
+  c->nreqs_pool = MPIB_REQ_POOL_RECV;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->sq_depth = MPIB_SEND_WR_RECEIVER;
+  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
+  memset(c->cts, 0, MPIB_CTS_AREA);
+  c->sizes = calloc(1, MPIB_SIZES_AREA);
+  c->ctrl_fd = open("/dev/null", O_WRONLY); /* the control socket: its messages are not read here */
+  c->shm_slot = -1;
+  c->recv_idle_seq1 = 1;
+  c->cts_rail = MPIB_RAIL_SOUT;
+  c->nqps[MPIB_RAIL_SOUT] = 1;
+  c->qps[0] = (struct mpib_qp){.qp = &qp, .rail = MPIB_RAIL_SOUT, .lane = 0};
+  c->cq[0] = &cq;
+  c->stage_mr[0] = &mr;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
+  return c;
+}
+
+static void *post_receive(struct mpib_comm *c, struct mpib_mr *mh, char *buf, ncclResult_t *res) {
+  void *data[1] = {buf}, *mhs[1] = {mh}, *req = NULL;
+  size_t sizes[1] = {4096};
+  int tags[1] = {7};
+  *res = mpib_irecv(c, 1, data, sizes, tags, mhs, NULL, &req);
+  return req;
+}
+
+int main(void) {
+  mpib_g.failover = 1;
+  mpib_g.stall_timeout_ms = 30000;
+  mpib_g.recovery_backoff_ms = 250;
+  mpib_g.recovery_backoff_max_ms = 2000;
+  mpib_g.failover_timeout_ms = 5000;
+  stub_rebuild = STUB_REBUILD_RUNS;
+  struct mpib_comm *c = comm = recv_comm();
+  struct mpib_mr mh = {.mr = {&mr}, .fdev = 0};
+  static char buf[2][4096];
+  ncclResult_t res;
+  int done = 0;
+
+  void *first = post_receive(c, &mh, buf[0], &res);
+  CHECK(res == ncclSuccess && first != NULL && posts == 1, "the first receive: res %d, request %p, %d CTS posted", res,
+        first, posts);
+  __atomic_store_n(&c->tcp_notice[MPIB_RAIL_SOUT], mpib_notice_encode(2, MPIB_NOTICE_RECOVER), __ATOMIC_RELEASE);
+  res = mpib_test(first, &done, NULL);
+  CHECK(res == ncclSuccess && !done && c->rail[MPIB_RAIL_SOUT].rebuild.running,
+        "the sender's RECOVER starts the receiver's rebuild: res %d done %d running %d", res, done,
+        c->rail[MPIB_RAIL_SOUT].rebuild.running);
+  CHECK(c->stall_since_ns != 0, "no rail works while the only one is rebuilt, yet the connection does not stall");
+
+  void *second = post_receive(c, &mh, buf[1], &res);
+  CHECK(res == ncclSuccess && second != NULL, "a receive posted during the rebuild: res %d, request %p", res, second);
+  CHECK(posts_while_rebuilding == 0, "%d CTS posted on the QP being rebuilt", posts_while_rebuilding);
+
+  stub_rebuild = STUB_REBUILD_DONE;
+  res = mpib_test(first, &done, NULL);
+  CHECK(res == ncclSuccess && c->rail[MPIB_RAIL_SOUT].state == MPIB_RAIL_RECOVERING,
+        "the rebuild finished: res %d, rail %s", res, mpib_rail_state_name(c->rail[MPIB_RAIL_SOUT].state));
+  int before = posts;
+  __atomic_store_n(&c->tcp_notice[MPIB_RAIL_SOUT], mpib_notice_encode(2, MPIB_NOTICE_UP), __ATOMIC_RELEASE);
+  res = mpib_test(first, &done, NULL);
+  CHECK(res == ncclSuccess && c->rail[MPIB_RAIL_SOUT].state == MPIB_RAIL_UP, "the sender's UP: res %d, rail %s", res,
+        mpib_rail_state_name(c->rail[MPIB_RAIL_SOUT].state));
+  CHECK(posts - before == 2, "back in service: %d CTS posted, want both open receives' (2)", posts - before);
+  CHECK(c->stall_since_ns == 0, "the stall did not end when the rail came back");
+  CHECK(posts_while_rebuilding == 0, "%d CTS posted on the QP being rebuilt", posts_while_rebuilding);
+  if (failures == 0) printf("irecv_rebuild: ok\n");
+  return failures != 0;
+}
