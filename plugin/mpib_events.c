@@ -43,6 +43,7 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   struct mpib_nic *d = &mpib_g.nic[nic];
   int rail = d->role;
   enum ibv_event_type t = ev->event_type;
+  if (!mpib_event_for_port(t, ev->element.port_num, d->port)) return; /* another port of the device */
   switch (t) {
   case IBV_EVENT_DEVICE_FATAL:
     __atomic_store_n(&d->fatal, 1, __ATOMIC_RELEASE);

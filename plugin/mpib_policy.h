@@ -256,6 +256,23 @@ static inline int mpib_flush_needed(int peermem, int dmabuf, int gdr_flush_disab
   return peermem || dmabuf;
 }
 
+/* Whether an async event of a device concerns the port a NIC of MPIB uses. The kernel gives
+ * every context of a device the events of all its ports, and two NICs may be two ports of one
+ * device (SOUT on port 1, SUP on port 2): a port's event is that port's alone. Events of the
+ * whole device (a fatal error, a QP's or a CQ's) concern every NIC. */
+static inline int mpib_event_for_port(enum ibv_event_type t, int event_port, int nic_port) {
+  switch (t) {
+  case IBV_EVENT_PORT_ACTIVE:
+  case IBV_EVENT_PORT_ERR:
+  case IBV_EVENT_LID_CHANGE:
+  case IBV_EVENT_PKEY_CHANGE:
+  case IBV_EVENT_SM_CHANGE:
+  case IBV_EVENT_CLIENT_REREGISTER:
+  case IBV_EVENT_GID_CHANGE: return event_port == nic_port;
+  default: return 1;
+  }
+}
+
 /* The 16-bit FLID (routable LID) an InfiniBand router-aware GID carries in bytes 4..5 (big
  * endian), used as the DLID when the peer is in another IB subnet. */
 static inline uint16_t mpib_gid_flid(const uint8_t gid[16]) { return (uint16_t)(gid[4] << 8 | gid[5]); }

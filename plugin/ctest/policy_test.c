@@ -504,7 +504,19 @@ static void test_lane_cq_depth(void) {
   EXPECT_EQ("sixteen receiver QPs", mpib_lane_cq_depth(112, 40, 16), 712);
 }
 
+static void test_event_for_port(void) {
+  EXPECT_EQ("port 1 down, the NIC on port 1", mpib_event_for_port(IBV_EVENT_PORT_ERR, 1, 1), 1);
+  EXPECT_EQ("port 2 down, the NIC on port 1", mpib_event_for_port(IBV_EVENT_PORT_ERR, 2, 1), 0);
+  EXPECT_EQ("port 2 active, the NIC on port 1", mpib_event_for_port(IBV_EVENT_PORT_ACTIVE, 2, 1), 0);
+  EXPECT_EQ("port 2 active, the NIC on port 2", mpib_event_for_port(IBV_EVENT_PORT_ACTIVE, 2, 2), 1);
+  EXPECT_EQ("port 2's GID table, the NIC on port 1", mpib_event_for_port(IBV_EVENT_GID_CHANGE, 2, 1), 0);
+  EXPECT_EQ("port 1's LID, the NIC on port 1", mpib_event_for_port(IBV_EVENT_LID_CHANGE, 1, 1), 1);
+  EXPECT_EQ("the device's fatal error, whatever the union holds", mpib_event_for_port(IBV_EVENT_DEVICE_FATAL, 7, 1), 1);
+  EXPECT_EQ("a QP's event", mpib_event_for_port(IBV_EVENT_QP_LAST_WQE_REACHED, 0, 2), 1);
+}
+
 int main(void) {
+  test_event_for_port();
   test_ack_seq1_near();
   test_mr_span();
   test_sq_admits();
