@@ -13,6 +13,7 @@ import (
 	"fmt"
 
 	"github.com/mpib/mpib/plugin/internal/config"
+	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
 )
@@ -28,7 +29,7 @@ func connParams(dev int, isSend bool, path topo.PathClass, trafficClass int, wit
 	p.dev, p.is_send, p.mode, p.path_class = C.int(dev), boolInt(isSend), C.int(cfg.Mode), C.int(path)
 	p.nqps[0] = C.uint32_t(cfg.SoutQPs)
 	if withSup {
-		p.nqps[1] = C.uint32_t(max(cfg.SupQPs, 1+len(supAt.stripe))) // a QP on each lane at least
+		p.nqps[1] = C.uint32_t(suppair.SupQPCount(cfg.SupQPs, 1+len(supAt.stripe))) // an equal count on each lane
 		p.sup_port = C.int(supAt.port)
 		if err := stripeParams(&p, dev, supAt.stripe); err != nil {
 			return p, prefix, err
@@ -108,8 +109,12 @@ func stripeParams(p *C.struct_mpib_conn_params, dev int, stripe []supLane) error
 
 var railNames = [2]string{"SOUT", "SUP"}
 
-// The C side's lanes and the hello's pairs must agree (a compile error otherwise).
-var _ = [1]struct{}{}[C.MPIB_MAX_STRIPE-wire.MaxPairs]
+// The C side's lanes and the hello's pairs must agree, and so must its QPs per rail and
+// suppair.SupQPCount's cap (a compile error otherwise).
+var (
+	_ = [1]struct{}{}[C.MPIB_MAX_STRIPE-wire.MaxPairs]
+	_ = [1]struct{}{}[C.MPIB_MAX_QPS_PER_RAIL-suppair.MaxQPsPerRail]
+)
 
 // connectionTC is the traffic class of a new send connection, with net_ib's precedence: the
 // environment (MPIB_IB_TC, then NCCL_IB_TC), then NCCL's per-communicator class, then 0.

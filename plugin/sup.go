@@ -30,7 +30,7 @@ import (
 // supPorts is a fused device's SUP ports as read now, with each port's GID index.
 type supPorts struct {
 	local suppair.Local
-	gid   []int // gid[i]: the GID index of local.Ports[i]
+	gid   map[int]int // the GID index of each port of local.Ports and local.Down, by port index
 }
 
 // supPortUse is the SUP port (its index in the fused device) a connection's SUP QPs are
@@ -64,58 +64,65 @@ func (s supPorts) use(p suppair.Plan) supPortUse {
 
 // gidOf is the GID index chosen for the device's SUP port with the given index.
 func (s supPorts) gidOf(index int) (int, bool) {
-	for i, port := range s.local.Ports {
-		if port.Index == index {
-			return s.gid[i], true
-		}
-	}
-	return 0, false
+	gid, ok := s.gid[index]
+	return gid, ok
 }
 
 // devSupPorts reads a fused device's SUP ports: each port's GID chosen by net_ib's rule (the
 // one its QPs use), described by the netdev that holds its address and that address's real
 // prefix there (not a global /24: /29../31 links must work). A device whose only port cannot
 // be described (InfiniBand, no IPv4 address) is unaddressed: its connections decide SUP by the
-// rails' subnets (checkSupMetadata). A down port is still described: its connections fail
-// over and back as always. Of several ports, those that cannot be described now (an address removed, a port
-// down: its async event, or down at init) are left out, so their peers get no pair on them;
-// when none can be, the device is unaddressed on its first port.
+// rails' subnets (checkSupMetadata). A device's only port is listed with the ports that are
+// up even when it is down: its connections fail over and back as always. Of several ports, those that cannot be
+// described now (an address removed) are left out, and those that are down (their async
+// event, or down at init) are listed as down (suppair.Local.Down): neither is advertised nor
+// chosen, so their peers get no new pair on them, but a pair a peer already chose on a down
+// one is accepted and starts degraded. When no port is up and described, the device is
+// unaddressed on its first port.
 func devSupPorts(dev int) supPorts {
 	f := &C.mpib_g.fdev[dev]
-	var out supPorts
+	out := supPorts{gid: map[int]int{}}
 	var firstWhy string
 	for i := range int(f.nsup) {
-		port, idx, why := describeSupPort(dev, i, int(f.sup_nic[i]))
-		if why != "" {
-			if firstWhy == "" {
-				firstWhy = why
-			}
+		port, idx, down, why := describeSupPort(dev, i, int(f.sup_nic[i]))
+		if why != "" && firstWhy == "" {
+			firstWhy = why
+		}
+		switch {
+		case down:
+			out.local.Down = append(out.local.Down, port)
+		case why == "":
+			out.local.Ports = append(out.local.Ports, port)
+		default:
 			continue
 		}
-		out.local.Ports = append(out.local.Ports, port)
-		out.gid = append(out.gid, idx)
+		out.gid[port.Index] = idx
 	}
 	if len(out.local.Ports) == 0 {
-		return supPorts{local: suppair.Local{Unaddressed: firstWhy}}
+		out.local.Unaddressed = firstWhy
 	}
 	return out
 }
 
 // describeSupPort is SUP port i of a device (NIC nic) described, with its GID index, or why
-// it cannot be.
-func describeSupPort(dev, i, nic int) (topo.Port, int, string) {
+// it cannot be. down: the port is described but, one of several, its link is down now (why
+// then says so).
+func describeSupPort(dev, i, nic int) (port topo.Port, gid int, down bool, why string) {
+	hca := plugin.cfg.Devices[dev].SupPorts[i].HCA
 	idx, addr, err := chooseGID(nic, plugin.cfg.Devices[dev].SupPorts[i].GIDIndex)
 	if err != nil {
-		return topo.Port{}, -1, fmt.Sprintf("no SUP GID on %s: %v", plugin.cfg.Devices[dev].SupPorts[i].HCA, err)
+		return topo.Port{}, -1, false, fmt.Sprintf("no SUP GID on %s: %v", hca, err)
 	}
 	ib := C.mpib_g.nic[nic].link_layer == C.IBV_LINK_LAYER_INFINIBAND
 	ifa := interfaceAddr(addr)
-	leftOutDown := len(plugin.cfg.Devices[dev].SupPorts) > 1 && C.mpib_sup_port_down(C.int(nic)) != 0
-	port, why := suppair.Describe(i, leftOutDown, ib, addr, ifa.bits(), ifa.dev)
+	port, why = suppair.Describe(i, false, ib, addr, ifa.bits(), ifa.dev)
 	if why != "" {
-		why = fmt.Sprintf("SUP port %s: %s", plugin.cfg.Devices[dev].SupPorts[i].HCA, why)
+		return topo.Port{}, -1, false, fmt.Sprintf("SUP port %s: %s", hca, why)
 	}
-	return port, idx, why
+	if len(plugin.cfg.Devices[dev].SupPorts) > 1 && C.mpib_sup_port_down(C.int(nic)) != 0 {
+		return port, idx, true, fmt.Sprintf("SUP port %s: the port is down", hca)
+	}
+	return port, idx, false, ""
 }
 
 // supWanted says whether a connection's mode and path want SUP QPs at all (the SOUT island

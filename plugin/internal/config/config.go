@@ -31,7 +31,7 @@ var Knobs = []Knob{
 	{"MPIB_ISLAND_PREFIX_LEN", "24", "SOUT IPv4 prefix length that defines an island (0..32)"},
 	{"MPIB_MODE", "0", "0 = vanilla (intra-island on SUP, inter-island on SOUT); 1 = advanced (agent hints)"},
 	{"MPIB_SOUT_QP", "1", "QPs per connection on SOUT (1..16), used round-robin per request"},
-	{"MPIB_SUP_QP", "1", "QPs per connection on SUP (1..16)"},
+	{"MPIB_SUP_QP", "1", "QPs per connection on SUP (1..16; a connection striped over several cables rounds it up to a multiple of its lanes, docs/mesh.md)"},
 	{"MPIB_SUP_RELAY", "0", "1 = the fabric forwards SUP (a relay node or router): advanced mode may then use SUP across islands, and a peer no SUP cable reaches is reached through a kernel route with a gateway on a SUP port; must be equal on every rank (checked at connect)"},
 	{"MPIB_FORCE_SUP_BW", "(unset)", "test override of the policy: SUP share in parts per 1024 (0..1024) for every request"},
 	{"MPIB_SHM_PATH", "/dev/shm/mpib-hints-EUID", "agent hint segment (advanced mode), one per user (EUID: the effective uid); see docs/shm-format.md"},

@@ -10,6 +10,7 @@ package suppair
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/mpib/mpib/plugin/internal/gid"
@@ -18,19 +19,37 @@ import (
 )
 
 // Local is one side's SUP ports as read now: every port of the fused device that could be
-// described (MPIB_HCA_SUP names up to MaxSupPorts per device, joined by '+').
+// described (MPIB_HCA_SUP names up to MaxSupPorts per device, joined by '+'), at most
+// MaxSupPorts in Ports and Down together.
 type Local struct {
-	Ports []topo.Port // the described ports: IPv4 address and real prefix, at most MaxSupPorts
+	Ports []topo.Port // the described ports that are up: IPv4 address and real prefix
+	// Down is the described ports of a device with several, whose link is down now. A listener
+	// does not advertise them and a connector does not choose them (their peers are reached on
+	// another cable, through a relay or on SOUT), but an acceptor accepts a pair naming one: the
+	// connector chose it from a handle written while it was up, or its own end of the cable has
+	// not seen the link go down yet. The connection then starts degraded on that port, as on a
+	// device's only port (docs/failover.md, "Degraded start"), rather than being refused.
+	Down []topo.Port
 	// Unaddressed, when set, says why the SUP port cannot be described (Ports is then empty):
 	// the connection decides SUP as before wire version 4 (UnaddressedReachable).
 	Unaddressed string
 }
 
+// all is every described port, up or down, in the device's port order: what an acceptor
+// accepts a pair on, and what the checks of a device's port list look at.
+func (l Local) all() []topo.Port {
+	ports := append(slices.Clone(l.Ports), l.Down...)
+	slices.SortFunc(ports, func(a, b topo.Port) int { return a.Index - b.Index })
+	return ports
+}
+
 // Describe turns one SUP port's facts into a described port, or says why it cannot be one:
 // left out because it is down (leftOutDown: the caller's rule, a mesh device's port whose link
-// is down; a device's only port is described down too, its connections fail over and back),
-// InfiniBand (no IP subnet), a GID whose address is not IPv4, an address no netdev of this
-// namespace holds (bits 0: prefix unknown), or one the handle could not carry.
+// is down, which is neither advertised nor chosen; a device's only port is described down too,
+// its connections fail over and back), InfiniBand (no IP subnet), a GID whose address is not
+// IPv4, an address no netdev of this namespace holds (bits 0: prefix unknown), or one the
+// handle could not carry. The plugin describes a mesh port that is down with leftOutDown false
+// and lists it in Local.Down, since an acceptor still accepts a pair on it.
 func Describe(index int, leftOutDown, infiniband bool, addr netip.Addr, bits int, netdev string) (topo.Port, string) {
 	switch {
 	case leftOutDown:
@@ -158,7 +177,8 @@ func b2i(b bool) int {
 // mismatch is an error the caller reports after sending its hello, so that the listener fails
 // too instead of waiting. When ChooseSupPairs finds several direct pairs (parallel cables, a
 // port's two functions) the plan stripes over those that use distinct ports on both sides
-// (stripePairs), the first pair first.
+// (stripePairs), the first pair first. Our ports that are down are checked with the others
+// (a port list is valid or not whatever its links' states) but not chosen.
 func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (Plan, error) {
 	if h.SupRelay != relay {
 		return Plan{}, &RelayMismatch{Ours: relay, Theirs: h.SupRelay, Side: "connecting"}
@@ -168,6 +188,9 @@ func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (P
 	}
 	if l.Unaddressed != "" || h.SupUnaddressed {
 		return Plan{Kind: wire.PairUnaddressed}, nil
+	}
+	if err := topo.CheckPorts(l.all()); err != nil {
+		return Plan{}, fmt.Errorf("choosing the SUP pair: %w", err)
 	}
 	c, err := topo.ChooseSupPairs(l.Ports, peerAddrs(h.SupAddrs()), routes, relay)
 	if err != nil {
@@ -259,14 +282,14 @@ func Accept(adv wire.Handle, hello wire.Hello, l Local, routes []topo.Route, rel
 }
 
 // acceptPair checks one pair of a hello: an address our handle advertised, which our port
-// still has and reaches the peer's from (CheckAcceptedPair).
+// still has, up or down, and reaches the peer's from (CheckAcceptedPair).
 func acceptPair(adv wire.Handle, hp wire.HelloPair, l Local, routes []topo.Route, relay bool) (topo.Pair, error) {
 	if !adv.HasSupAddr(hp.Peer) {
 		return topo.Pair{}, fmt.Errorf("SUP pair %v (ours) - %v (peer) refused: our handle did not advertise %v (it advertised %s)",
 			hp.Peer, hp.Local, hp.Peer, advertised(adv))
 	}
 	theirs := topo.PeerAddr{Addr: hp.Local.Addr, Bits: hp.Local.Bits}
-	return topo.CheckAcceptedPair(l.Ports, hp.Peer, theirs, routes, relay)
+	return topo.CheckAcceptedPair(l.all(), hp.Peer, theirs, routes, relay)
 }
 
 // CheckPeerGID checks that the peer's SUP GID in its metadata is the address the pair names:
@@ -319,8 +342,9 @@ func peerAddrs(s []wire.SupAddr) []topo.PeerAddr {
 	return out
 }
 
+// portOf is our port with the given index, up or down.
 func portOf(l Local, index int) topo.Port {
-	for _, p := range l.Ports {
+	for _, p := range l.all() {
 		if p.Index == index {
 			return p
 		}
@@ -337,4 +361,22 @@ func advertised(h wire.Handle) string {
 		s[i] = a.String()
 	}
 	return "[" + strings.Join(s, ", ") + "]"
+}
+
+// MaxQPsPerRail is the most QPs a rail has (MPIB_MAX_QPS_PER_RAIL, checked by the plugin's
+// build).
+const MaxQPsPerRail = 16
+
+// SupQPCount is the SUP rail's QP count for a connection whose SUP rail has lanes lanes
+// (1 + len(Plan.Stripe)) and MPIB_SUP_QP set to configured: configured rounded up to a
+// multiple of lanes, at most MaxQPsPerRail (then the largest multiple below it). QP q sits on
+// lane q mod lanes and messages go round-robin over the QPs, so only a multiple gives every
+// cable an equal share. Both ends compute it from the same plan and setting, so they agree.
+func SupQPCount(configured, lanes int) int {
+	lanes = max(lanes, 1)
+	n := (max(configured, 1) + lanes - 1) / lanes * lanes
+	if n > MaxQPsPerRail {
+		n = MaxQPsPerRail / lanes * lanes
+	}
+	return n
 }

@@ -476,3 +476,174 @@ func TestCheckPeerLaneGID(t *testing.T) {
 		t.Error("a lane the plan does not have: no error")
 	}
 }
+
+// A listener's SUP port that goes down between listen and accept: the connector chose a pair
+// on it from the handle, and the acceptor accepts it on the port it now holds as down (the
+// connection starts degraded there, as on a device's only port). A port that is gone
+// altogether (its address removed) is still refused.
+func TestAcceptOnPortDownSinceListen(t *testing.T) {
+	q0, q1 := port(0, "b_q0", "10.9.12.2/30"), port(1, "b_q1", "10.9.21.2/30")
+	p0, p1 := port(0, "a_p0", "10.9.12.1/30"), port(1, "a_p1", "10.9.21.1/30")
+	tests := []struct {
+		name      string
+		connector Local
+		atAccept  Local
+		want      string // the acceptor's plan, or "refused"
+		lanePorts []int  // the acceptor's port of each lane
+	}{
+		{"the pair's port down", local(p0), Local{Ports: []topo.Port{q1}, Down: []topo.Port{q0}},
+			"direct 10.9.12.2/30 -> 10.9.12.1", []int{0}},
+		{"the first lane's port down", local(p0, p1), Local{Ports: []topo.Port{q1}, Down: []topo.Port{q0}},
+			"direct 10.9.12.2/30 -> 10.9.12.1 + 10.9.21.2/30 -> 10.9.21.1", []int{0, 1}},
+		{"the striped lane's port down", local(p0, p1), Local{Ports: []topo.Port{q0}, Down: []topo.Port{q1}},
+			"direct 10.9.12.2/30 -> 10.9.12.1 + 10.9.21.2/30 -> 10.9.21.1", []int{0, 1}},
+		{"every port down", local(p0), Local{Down: []topo.Port{q0, q1}, Unaddressed: "SUP port b_q0: the port is down"},
+			"direct 10.9.12.2/30 -> 10.9.12.1", []int{0}},
+		{"the pair's port gone", local(p0), local(q1), "refused", nil},
+	}
+	for _, tt := range tests {
+		adv := wire.Handle{Addr: netip.MustParseAddrPort("10.0.1.12:40000"), Nonce: 5}
+		Advertise(&adv, local(q0, q1), false)
+		conn, err := Connect(adv, tt.connector, nil, false, true)
+		if err != nil || !conn.SUP() {
+			t.Fatalf("%s: the connector's plan %v, %v", tt.name, conn, err)
+		}
+		acc, err := Accept(adv, conn.Hello(5, false), tt.atAccept, nil, false, true)
+		if tt.want == "refused" {
+			if err == nil || !strings.Contains(err.Error(), "stale") {
+				t.Errorf("%s: %v, %v; want a refusal saying stale", tt.name, acc, err)
+			}
+			continue
+		}
+		if err != nil || acc.String() != tt.want {
+			t.Errorf("%s: %v, %v; want %s", tt.name, acc, err, tt.want)
+			continue
+		}
+		if err := (outcome{conn: conn, acc: acc}).agree(); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+		got := []int{acc.Port.Index}
+		for _, l := range acc.Stripe {
+			got = append(got, l.Port.Index)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tt.lanePorts) || acc.Port.Addr != acc.Pair.Local {
+			t.Errorf("%s: lanes on ports %v (first %v), want %v", tt.name, got, acc.Port, tt.lanePorts)
+		}
+	}
+}
+
+// The relay variant: b1 reaches b3 through b2, and b3's port towards b2 (the pair's port and
+// its route's egress) went down after b3 listened.
+func TestAcceptRoutedOnPortDownSinceListen(t *testing.T) {
+	toB2, toB4 := port(0, "to-b2", "10.9.123.3/24"), port(1, "to-b4", "10.9.134.3/24")
+	b1 := side{local(port(0, "to-b2", "10.9.112.1/24"), port(1, "to-b4", "10.9.141.1/24")),
+		[]topo.Route{route("10.9.123.0/24", "10.9.112.2", "to-b2")}, true}
+	b3Routes := []topo.Route{route("10.9.112.0/24", "10.9.123.2", "to-b2")}
+	adv := wire.Handle{Nonce: 5}
+	Advertise(&adv, local(toB2, toB4), true)
+	conn, err := Connect(adv, b1.l, b1.routes, true, true)
+	if err != nil || conn.String() != "routed 10.9.112.1/24 -> 10.9.123.3 via 10.9.112.2" {
+		t.Fatalf("b1>b3: %v, %v", conn, err)
+	}
+	acc, err := Accept(adv, conn.Hello(5, true), Local{Ports: []topo.Port{toB4}, Down: []topo.Port{toB2}}, b3Routes, true, true)
+	if err != nil || acc.String() != "routed 10.9.123.3/24 -> 10.9.112.1 via 10.9.123.2" || acc.Port != toB2 {
+		t.Errorf("b3 accepting on its down port to b2: %v on %v, %v", acc, acc.Port, err)
+	}
+}
+
+// A port that is down is neither advertised nor chosen by the connector: its peers are
+// reached on another cable.
+func TestDownPortNotChosen(t *testing.T) {
+	p0, p1 := port(0, "a_p0", "10.9.12.1/30"), port(1, "a_p1", "10.9.21.1/30")
+	withDown := Local{Ports: []topo.Port{p1}, Down: []topo.Port{p0}}
+	var h wire.Handle
+	Advertise(&h, withDown, false)
+	if h.NSup != 1 || h.Sup[0].Addr != p1.Addr {
+		t.Errorf("advertised %v, want only %v", h.SupAddrs(), p1)
+	}
+	peer := wire.Handle{}
+	Advertise(&peer, local(port(0, "b_q0", "10.9.12.2/30"), port(1, "b_q1", "10.9.21.2/30")), false)
+	plan, err := Connect(peer, withDown, nil, false, true)
+	if err != nil || plan.String() != "direct 10.9.21.1/30 -> 10.9.21.2" {
+		t.Errorf("connecting with port 0 down: %v, %v", plan, err)
+	}
+}
+
+// Two SUP ports of one device on one subnet (a flat mesh): every pair would look proven,
+// cabled or not. Both ends refuse, naming the ports and docs/mesh.md.
+func TestPortsSharingASubnetRefused(t *testing.T) {
+	flatA := local(port(0, "a_p0", "10.9.0.1/24"), port(1, "a_p1", "10.9.0.2/24"))
+	flatB := local(port(0, "b_q0", "10.9.0.3/24"), port(1, "b_q1", "10.9.0.4/24"))
+	oneB := local(port(0, "b_q0", "10.9.0.3/24"))
+	tests := []struct {
+		name                string
+		listener, connector Local
+		connErr, accErr     bool
+	}{
+		{"both flat", flatB, flatA, true, false}, // the connector names no pair: nothing to check
+		{"the connector flat", oneB, flatA, true, false},
+		{"the listener flat", flatB, local(port(0, "a_p0", "10.9.0.1/24")), true, false},
+		{"the connector's down port shares the subnet", oneB,
+			Local{Ports: []topo.Port{port(0, "a_p0", "10.9.0.1/24")}, Down: []topo.Port{port(1, "a_p1", "10.9.0.2/24")}}, true, false},
+	}
+	for _, tt := range tests {
+		o := handshake(t, side{l: tt.listener}, side{l: tt.connector}, true)
+		for _, c := range []struct {
+			err  error
+			want bool
+		}{{o.connErr, tt.connErr}, {o.accErr, tt.accErr}} {
+			if (c.err != nil) != c.want || (c.err != nil && (!strings.Contains(c.err.Error(), "share a subnet") ||
+				!strings.Contains(c.err.Error(), "docs/mesh.md"))) {
+				t.Errorf("%s: errors %v / %v", tt.name, o.connErr, o.accErr)
+			}
+		}
+		if o.conn.SUP() {
+			t.Errorf("%s: the connector chose %v", tt.name, o.conn)
+		}
+	}
+	// The acceptor checks its own ports (a connector that could not see them, e.g. from an
+	// older handle, named a pair on one).
+	adv := wire.Handle{}
+	Advertise(&adv, flatB, false)
+	hello := wire.Hello{Nonce: 1, Kind: wire.PairAddressed, Local: wire.SupAddr{Addr: netip.MustParseAddr("10.9.0.1"), Bits: 24},
+		Peer: netip.MustParseAddr("10.9.0.3")}
+	if p, err := Accept(adv, hello, flatB, nil, false, true); err == nil || !strings.Contains(err.Error(), "share a subnet") {
+		t.Errorf("accepting on a flat device: %v, %v", p, err)
+	}
+}
+
+// A /32 SUP address holds no peer: no direct pair, and the reason says why and what to do.
+func TestSlash32Reason(t *testing.T) {
+	o := handshake(t, side{l: local(port(0, "b_q0", "10.9.12.2/32"))}, side{l: local(port(0, "a_p0", "10.9.12.1/32"))}, true)
+	if o.connErr != nil || o.accErr != nil || o.conn.SUP() || o.acc.SUP() {
+		t.Fatalf("/32 both ends: %+v", o)
+	}
+	if !strings.Contains(o.conn.Why, "/32 address") || !strings.Contains(o.conn.Why, "use /31") {
+		t.Errorf("the connector's reason %q does not explain the /32", o.conn.Why)
+	}
+}
+
+// The SUP rail's QP count: MPIB_SUP_QP rounded up to a multiple of the lanes, so that each
+// lane (QP q on lane q mod lanes, messages round-robin over the QPs) carries an equal share.
+func TestSupQPCount(t *testing.T) {
+	for _, c := range []struct{ configured, lanes, want int }{
+		{1, 1, 1},
+		{3, 1, 3},
+		{16, 1, 16},
+		{1, 2, 2}, // a QP on each lane at least
+		{2, 2, 2},
+		{3, 2, 4},
+		{5, 4, 8},
+		{4, 3, 6},
+		{16, 2, 16},
+		{15, 2, 16},
+		{16, 3, 15}, // 18 is beyond the rail's 16: the largest multiple that fits
+		{14, 4, 16},
+		{16, 4, 16},
+	} {
+		got := SupQPCount(c.configured, c.lanes)
+		if got != c.want || got%c.lanes != 0 || got > MaxQPsPerRail {
+			t.Errorf("SupQPCount(%d, %d) = %d, want %d", c.configured, c.lanes, got, c.want)
+		}
+	}
+}

@@ -119,9 +119,10 @@ func (c Choice) String() string {
 // address order) and gives one pair. A route alone never enables SUP: relay off means none.
 //
 // Invalid input (more than MaxSupPorts on either side, an invalid address or prefix length, a
-// repeated port or address) is an error; the Choice is then none with the error as reason.
+// repeated port or address, two ports or two peer addresses whose subnets overlap) is an error;
+// the Choice is then none with the error as reason.
 func ChooseSupPairs(local []Port, peer []PeerAddr, routes []Route, relay bool) (Choice, error) {
-	if err := checkPorts(local); err != nil {
+	if err := CheckPorts(local); err != nil {
 		return Choice{Reason: err.Error()}, err
 	}
 	if err := checkPeerAddrs(peer); err != nil {
@@ -131,7 +132,7 @@ func ChooseSupPairs(local []Port, peer []PeerAddr, routes []Route, relay bool) (
 		return Choice{Kind: PathDirect, Pairs: pairs}, nil
 	}
 	why := fmt.Sprintf("peer SUP addresses %s share no subnet with our SUP ports %s",
-		listAddrs(peer), listPorts(local))
+		listAddrs(peer), listPorts(local)) + slash32Hint(local, peer)
 	if !relay {
 		return Choice{Reason: why + " (MPIB_SUP_RELAY is off)"}, nil
 	}
@@ -147,7 +148,7 @@ func ChooseSupPairs(local []Port, peer []PeerAddr, routes []Route, relay bool) (
 // a peer we cannot reach from that port directly or, with relay, by our own route (our replies
 // must leave on that port too). It returns the pair from our side.
 func CheckAcceptedPair(local []Port, ours netip.Addr, theirs PeerAddr, routes []Route, relay bool) (Pair, error) {
-	if err := checkPorts(local); err != nil {
+	if err := CheckPorts(local); err != nil {
 		return Pair{}, err
 	}
 	if err := checkPeerAddrs([]PeerAddr{theirs}); err != nil {
@@ -268,8 +269,11 @@ func portByName(local []Port, dev string) int {
 	return -1
 }
 
-// checkPorts refuses a port list the choice cannot be trusted on.
-func checkPorts(local []Port) error {
+// CheckPorts refuses a fused device's port list the choice cannot be trusted on: too many
+// ports, an invalid address, a repeated index, address or netdev, or two ports whose subnets
+// overlap (docs/mesh.md: one subnet per cable). Overlapping subnets put each port's address in
+// the other's subnet, so every pair on either port would look proven, cabled to the peer or not.
+func CheckPorts(local []Port) error {
 	if len(local) > MaxSupPorts {
 		return fmt.Errorf("%d SUP ports: at most %d per fused device", len(local), MaxSupPorts)
 	}
@@ -280,6 +284,9 @@ func checkPorts(local []Port) error {
 		for _, o := range local[:i] {
 			if o.Index == l.Index || o.Addr == l.Addr || (l.Name != "" && o.Name == l.Name) {
 				return fmt.Errorf("SUP ports %s (index %d) and %s (index %d) repeat an index, address or netdev", o, o.Index, l, l.Index)
+			}
+			if subnetsOverlap(o.Addr, o.Bits, l.Addr, l.Bits) {
+				return fmt.Errorf("SUP ports %s and %s of one device share a subnet: each cable needs a subnet of its own (docs/mesh.md)", o, l)
 			}
 		}
 	}
@@ -299,9 +306,41 @@ func checkPeerAddrs(peer []PeerAddr) error {
 			if o.Addr == p.Addr {
 				return fmt.Errorf("peer names SUP address %v twice", p.Addr)
 			}
+			if subnetsOverlap(o.Addr, o.Bits, p.Addr, p.Bits) {
+				return fmt.Errorf("peer SUP addresses %s and %s share a subnet: each cable needs a subnet of its own (docs/mesh.md)", o, p)
+			}
 		}
 	}
 	return nil
+}
+
+// subnetsOverlap says whether two addresses' subnets overlap; a prefix length of 0 (unknown)
+// cannot tell and says no.
+func subnetsOverlap(a netip.Addr, aBits uint8, b netip.Addr, bBits uint8) bool {
+	pa, err1 := a.Prefix(int(aBits))
+	pb, err2 := b.Prefix(int(bBits))
+	return err1 == nil && err2 == nil && aBits != 0 && bBits != 0 && pa.Overlaps(pb)
+}
+
+// slash32Hint is the part of a no-pair reason that names the /32 addresses on either side: a
+// /32 subnet holds no other address, so its port is in no direct pair (a relay's route may
+// still use it).
+func slash32Hint(local []Port, peer []PeerAddr) string {
+	var s []string
+	for _, l := range local {
+		if l.Addr.Is4() && l.Bits == 32 {
+			s = append(s, l.String())
+		}
+	}
+	for _, p := range peer {
+		if p.Addr.Is4() && p.Bits == 32 {
+			s = append(s, "peer "+p.String())
+		}
+	}
+	if len(s) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%s: a /32 address: use /31 or a shared subnet per cable (docs/mesh.md))", strings.Join(s, ", "))
 }
 
 var errBadAddr = errors.New("invalid address")

@@ -175,7 +175,8 @@ func TestLabPairsAccepted(t *testing.T) {
 }
 
 // A /24 matcher on island A pairs a port with an address on another cable: a3's /29 port to a1
-// and its /29 port to a2 share 10.9.13.0/24. The real prefixes must not.
+// and its /29 port to a2 share 10.9.13.0/24. The real prefixes must not. (Read as /24s, a3's
+// ports would share a subnet, which CheckPorts refuses: the trap is shown by the matching alone.)
 func TestSlash24Trap(t *testing.T) {
 	as24 := func(ports []Port) []Port {
 		out := slices.Clone(ports)
@@ -190,7 +191,7 @@ func TestSlash24Trap(t *testing.T) {
 		{"a2", "a3", "port 2 10.9.13.10 -> 10.9.13.3"}, // a2's parallel cable, a3's cable to a1
 	}
 	for _, tt := range tests {
-		trap := choose(t, as24(labMeshA[tt.from]), advertise(as24(labMeshA[tt.to])), nil, false)
+		trap := Choice{Kind: PathDirect, Pairs: directPairs(as24(labMeshA[tt.from]), advertise(as24(labMeshA[tt.to])))}
 		if !strings.Contains(trap.String(), tt.wrong) {
 			t.Fatalf("fixture lost its trap: a /24 matcher %s>%s gives %s, expected it to include %s", tt.from, tt.to, trap, tt.wrong)
 		}
@@ -316,11 +317,11 @@ func TestSlash31Link(t *testing.T) {
 }
 
 // Several direct pairs to one peer are all used (striping), e.g. a DGX Spark port's two PCI
-// functions, both on the cable's subnet: each local function to each of the peer's.
+// functions, each on a subnet of its own (docs/mesh.md): each local function to the peer's.
 func TestStripeOverPortFunctions(t *testing.T) {
-	s1 := []Port{port(0, "f0", "10.9.50.1/24"), port(1, "f1", "10.9.50.3/24")}
-	s2 := []Port{port(0, "f0", "10.9.50.2/24"), port(1, "f1", "10.9.50.4/24")}
-	want := "direct: port 0 10.9.50.1 -> 10.9.50.2, port 0 10.9.50.1 -> 10.9.50.4, port 1 10.9.50.3 -> 10.9.50.2, port 1 10.9.50.3 -> 10.9.50.4"
+	s1 := []Port{port(0, "f0", "10.9.50.1/24"), port(1, "f1", "10.9.51.1/24")}
+	s2 := []Port{port(0, "f0", "10.9.50.2/24"), port(1, "f1", "10.9.51.2/24")}
+	want := "direct: port 0 10.9.50.1 -> 10.9.50.2, port 1 10.9.51.1 -> 10.9.51.2"
 	if got := choose(t, s1, advertise(s2), nil, false).String(); got != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
@@ -420,5 +421,86 @@ func TestChooseSupPairsRejects(t *testing.T) {
 	}
 	if _, err := CheckAcceptedPair(nine, nine[0].Addr, nineAddrs[0], nil, false); err == nil {
 		t.Error("CheckAcceptedPair took 9 local ports")
+	}
+}
+
+// Two ports of one device whose subnets overlap make every pair on them look proven, cabled
+// or not: refused on either side (ours, or the peer's handle), naming both and docs/mesh.md.
+func TestPortsSharingASubnet(t *testing.T) {
+	unknown := Port{Index: 1, Name: "sup1", Addr: netip.MustParseAddr("10.9.0.2")}
+	tests := []struct {
+		name  string
+		ports []Port
+		share bool
+	}{
+		{"one /24, two ports", []Port{port(0, "sup0", "10.9.0.1/24"), port(1, "sup1", "10.9.0.2/24")}, true},
+		{"a /29 inside the other's /24", []Port{port(0, "sup0", "10.9.13.1/24"), port(1, "sup1", "10.9.13.9/29")}, true},
+		{"two /29s of one /24", []Port{port(0, "sup0", "10.9.13.1/29"), port(1, "sup1", "10.9.13.9/29")}, false},
+		{"two /30s", []Port{port(0, "sup0", "10.9.12.1/30"), port(1, "sup1", "10.9.13.1/30")}, false},
+		{"two /31s side by side", []Port{port(0, "sup0", "10.9.200.0/31"), port(1, "sup1", "10.9.200.2/31")}, false},
+		{"one port", []Port{port(0, "sup0", "10.9.0.1/24")}, false},
+		{"a prefix unknown (cannot tell)", []Port{port(0, "sup0", "10.9.0.1/24"), unknown}, false},
+	}
+	peer := []PeerAddr{{netip.MustParseAddr("10.9.99.2"), 24}}
+	for _, tt := range tests {
+		_, errOurs := ChooseSupPairs(tt.ports, peer, nil, false)
+		_, errAccept := CheckAcceptedPair(tt.ports, tt.ports[0].Addr, peer[0], nil, false)
+		_, errPeer := ChooseSupPairs([]Port{port(0, "x", "10.9.98.1/24")}, advertise(tt.ports), nil, false)
+		for _, c := range []struct {
+			side string
+			err  error
+		}{{"ours", errOurs}, {"accepting", errAccept}, {"the peer's", errPeer}} {
+			if !tt.share {
+				if c.err != nil && strings.Contains(c.err.Error(), "share a subnet") {
+					t.Errorf("%s, %s: %v", tt.name, c.side, c.err)
+				}
+				continue
+			}
+			if c.err == nil {
+				t.Errorf("%s, %s: no error", tt.name, c.side)
+				continue
+			}
+			for _, w := range []string{"share a subnet", "docs/mesh.md", tt.ports[0].Addr.String(), tt.ports[1].Addr.String()} {
+				if !strings.Contains(c.err.Error(), w) {
+					t.Errorf("%s, %s: %q does not say %q", tt.name, c.side, c.err, w)
+				}
+			}
+		}
+	}
+}
+
+// A /32 address holds no other: its port is in no direct pair, and the reason says so. With
+// relay, a route through a gateway on it still gives a routed pair.
+func TestSlash32(t *testing.T) {
+	a := netip.MustParseAddr
+	tests := []struct {
+		name   string
+		local  Port
+		peer   PeerAddr
+		routes []Route
+		relay  bool
+		want   string // the choice, or a reason that mentions the /32 ("hint") or not ("no hint")
+	}{
+		{"/32 both ends", port(0, "p", "10.9.12.1/32"), PeerAddr{a("10.9.12.2"), 32}, nil, false, "hint"},
+		{"our /32, the peer's /24 holding it", port(0, "p", "10.9.12.1/32"), PeerAddr{a("10.9.12.2"), 24}, nil, false, "hint"},
+		{"our /24, the peer's /32 in it", port(0, "p", "10.9.12.1/24"), PeerAddr{a("10.9.12.2"), 32}, nil, true, "hint"},
+		{"two /24s, no /32", port(0, "p", "10.9.12.1/24"), PeerAddr{a("10.9.13.2"), 24}, nil, false, "no hint"},
+		{"/32 routed through a gateway", port(0, "p", "10.9.12.1/32"), PeerAddr{a("10.9.34.2"), 32},
+			[]Route{route("10.9.34.0/24", "10.9.12.2", "p")}, true, "routed: port 0 10.9.12.1 -> 10.9.34.2 via 10.9.12.2"},
+	}
+	for _, tt := range tests {
+		c := choose(t, []Port{tt.local}, []PeerAddr{tt.peer}, tt.routes, tt.relay)
+		hint := strings.Contains(c.Reason, "a /32 address") && strings.Contains(c.Reason, "use /31") &&
+			strings.Contains(c.Reason, "docs/mesh.md")
+		switch tt.want {
+		case "hint", "no hint":
+			if c.Kind != PathNone || hint != (tt.want == "hint") {
+				t.Errorf("%s: %s", tt.name, c)
+			}
+		default:
+			if c.String() != tt.want {
+				t.Errorf("%s: %s, want %s", tt.name, c, tt.want)
+			}
+		}
 	}
 }

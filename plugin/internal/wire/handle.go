@@ -40,7 +40,9 @@ const (
 	handleFlags        = flagRelay | flagSupUnaddressed
 
 	// MinSupPrefixLen and MaxSupPrefixLen bound a SUP address's prefix length: a direct-attach
-	// link's subnet is /8 at the widest (a /31 or /32 is a point-to-point link).
+	// link's subnet is /8 at the widest and /31 (a point-to-point link) at the narrowest. A /32
+	// is carried too, but its subnet holds no peer: its port is in no direct pair, only in a
+	// routed one (MPIB_SUP_RELAY=1, a route through a gateway on it).
 	MinSupPrefixLen = 8
 	MaxSupPrefixLen = 32
 )
