@@ -385,9 +385,10 @@ struct mpib_comm {
    * rail can carry them; the checksum rejects a copy torn by the control plane's write). */
   struct mpib_fence_rec tcp_rec[MPIB_NRAILS];
   /* Receiver: the sender's confirm records that came over the control socket, and the
-   * checksum of the last one applied, per rail. */
+   * checksum of the last one applied from each copy (RDMA, control socket), per rail: the two
+   * copies may hold two different records for good, each applied once. */
   struct mpib_confirm_rec tcp_confirm[MPIB_NRAILS];
-  uint64_t confirm_seen[MPIB_NRAILS];
+  uint64_t confirm_seen[MPIB_NRAILS][2];
   /* Sender, per slot and rail: what its latest post was acknowledged for (mpib_ack_word; kept
    * after the slot completed). Written by the data path's thread with atomic stores, read by
    * the control plane's thread too: it answers a fence record that arrives while NCCL has no

@@ -854,16 +854,20 @@ static ncclResult_t recv_notice(struct mpib_comm *c, int r, uint64_t word, uint6
 }
 
 /* Receiver: the sender's confirm record of rail r (the RDMA copy or the control socket's),
- * when it is complete and not the last one applied; 1 then. Applying one is idempotent: a
- * confirm names a receive by its sequence number, and ranges already arrived arrive again
- * harmlessly (both the data path and the control plane may send one). */
-static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out) {
+ * when it is complete and not the last one applied from that copy; 1 then, and *copy says
+ * which. Applying one is idempotent: a confirm names a receive by its sequence number, and
+ * ranges already arrived arrive again harmlessly (both the data path and the control plane may
+ * send one). */
+static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out, int *copy) {
   volatile struct mpib_confirm_rec *in[2] = {mpib_confirm_area(c, r), &c->tcp_confirm[r]};
   for (int k = 0; k < 2; k++) {
-    if (in[k]->check == c->confirm_seen[r] || in[k]->gen == 0) continue;
+    if (in[k]->check == c->confirm_seen[r][k] || in[k]->gen == 0) continue;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     memcpy(out, (const void *)in[k], sizeof *out);
-    if (out->check == mpib_confirm_check(out) && out->check != c->confirm_seen[r]) return 1;
+    if (out->check == mpib_confirm_check(out) && out->check != c->confirm_seen[r][k]) {
+      *copy = k;
+      return 1;
+    }
   }
   return 0;
 }
@@ -877,8 +881,9 @@ static int read_confirm(struct mpib_comm *c, int r, struct mpib_confirm_rec *out
 static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
   struct mpib_confirm_rec rec;
   if (c->rail[r].state == MPIB_RAIL_UP || c->rail[r].state == MPIB_RAIL_FENCING) return ncclSuccess;
-  if (!read_confirm(c, r, &rec)) return ncclSuccess;
-  c->confirm_seen[r] = rec.check;
+  int copy;
+  if (!read_confirm(c, r, &rec, &copy)) return ncclSuccess;
+  c->confirm_seen[r][copy] = rec.check;
   for (int slot = 0; slot < MPIB_MAX_REQUESTS; slot++) {
     struct mpib_request *req = c->slot_reqs[slot][0];
     if (!rec.seq1[slot] || req == NULL || req->seq + 1 != rec.seq1[slot]) continue;

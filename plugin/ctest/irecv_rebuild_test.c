@@ -14,7 +14,6 @@
  *     applies to the receiver too;
  *   - when the rail is back, both open receives' CTS go out on it and the stall ends. */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,34 +54,6 @@ static int fake_post_send(struct ibv_qp *q, struct ibv_send_wr *wr, struct ibv_s
 }
 static int fake_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc) { return (void)c, (void)n, (void)wc, 0; }
 
-/* A vanilla inter-island receive comm: SOUT only, one QP, UP at generation 1, idle. */
-static struct mpib_comm *recv_comm(void) {
-  ctx.ops.post_send = fake_post_send;
-  ctx.ops.poll_cq = fake_poll_cq;
-  qp.context = cq.context = &ctx;
-  struct mpib_comm *c = calloc(1, sizeof *c);
-  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
-  c->sup_lanes = 1;
-  c->mode = MPIB_MODE_VANILLA;
-  c->path_class = MPIB_PATH_INTER_ISLAND;
-  c->nreqs_pool = MPIB_REQ_POOL_RECV;
-  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
-  c->sq_depth = MPIB_SEND_WR_RECEIVER;
-  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
-  memset(c->cts, 0, MPIB_CTS_AREA);
-  c->sizes = calloc(1, MPIB_SIZES_AREA);
-  c->ctrl_fd = open("/dev/null", O_WRONLY); /* the control socket: its messages are not read here */
-  c->shm_slot = -1;
-  c->recv_idle_seq1 = 1;
-  c->cts_rail = MPIB_RAIL_SOUT;
-  c->nqps[MPIB_RAIL_SOUT] = 1;
-  c->qps[0] = (struct mpib_qp){.qp = &qp, .rail = MPIB_RAIL_SOUT, .lane = 0};
-  c->cq[0] = &cq;
-  c->stage_mr[0] = &mr;
-  for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
-  return c;
-}
-
 static void *post_receive(struct mpib_comm *c, struct mpib_mr *mh, char *buf, ncclResult_t *res) {
   void *data[1] = {buf}, *mhs[1] = {mh}, *req = NULL;
   size_t sizes[1] = {4096};
@@ -98,7 +69,7 @@ int main(void) {
   mpib_g.recovery_backoff_max_ms = 2000;
   mpib_g.failover_timeout_ms = 5000;
   stub_rebuild = STUB_REBUILD_RUNS;
-  struct mpib_comm *c = comm = recv_comm();
+  struct mpib_comm *c = comm = fake_recv_comm(&ctx, fake_post_send, fake_poll_cq, &qp, &cq, &mr);
   struct mpib_mr mh = {.mr = {&mr}, .fdev = 0};
   static char buf[2][4096];
   ncclResult_t res;

@@ -8,6 +8,7 @@
 #define MPIB_CTEST_P2P_STUBS_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,6 +85,39 @@ fake_send_comm(struct ibv_context *ctx, int (*post_send)(struct ibv_qp *, struct
     c->stage_mr[r] = mr;
     c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   }
+  return c;
+}
+
+/* A vanilla inter-island receive comm of fused device 0: SOUT only, one QP on qp and cq of
+ * the program's fake context ctx (provider as above), registrations mr, UP at generation 1,
+ * idle, its control socket /dev/null (its messages are not read here). */
+static __attribute__((unused)) struct mpib_comm *
+fake_recv_comm(struct ibv_context *ctx, int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **),
+               int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *), struct ibv_qp *qp, struct ibv_cq *cq,
+               struct ibv_mr *mr) {
+  ctx->ops.post_send = post_send;
+  ctx->ops.poll_cq = poll_cq;
+  qp->context = cq->context = ctx;
+  struct mpib_comm *c = calloc(1, sizeof *c);
+  for (int n = 0; n < MPIB_NRAILS; n++) c->nic[n] = &mpib_g.nic[n];
+  c->sup_lanes = 1;
+  c->mode = MPIB_MODE_VANILLA;
+  c->path_class = MPIB_PATH_INTER_ISLAND;
+  c->nreqs_pool = MPIB_REQ_POOL_RECV;
+  c->reqs = calloc((size_t)c->nreqs_pool, sizeof *c->reqs);
+  c->sq_depth = MPIB_SEND_WR_RECEIVER;
+  c->cts = aligned_alloc(64, (MPIB_CTS_AREA + 63) / 64 * 64);
+  memset(c->cts, 0, MPIB_CTS_AREA);
+  c->sizes = calloc(1, MPIB_SIZES_AREA);
+  c->ctrl_fd = open("/dev/null", O_WRONLY);
+  c->shm_slot = -1;
+  c->recv_idle_seq1 = 1;
+  c->cts_rail = MPIB_RAIL_SOUT;
+  c->nqps[MPIB_RAIL_SOUT] = 1;
+  c->qps[0] = (struct mpib_qp){.qp = qp, .rail = MPIB_RAIL_SOUT, .lane = 0};
+  c->cq[0] = cq;
+  c->stage_mr[0] = mr;
+  for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   return c;
 }
 
