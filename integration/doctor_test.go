@@ -86,10 +86,14 @@ func doctorFaults(ctx context.Context, t *testing.T, a1, a2, b1 *Node) {
 			doctorRestore(t, a2, "ip route replace "+subnet+" dev "+dev+" proto kernel scope link src "+ip, false)
 		})
 		mustRun(ctx, t, a2, "ip route del "+subnet+" dev "+dev)
+		// RoCE resolves a peer from the port's own netdev: without a route there the kernel
+		// sends on-link, and a policy-routing table the doctor cannot see may hold one. So a
+		// missing route is not a problem; the traffic test, when there is one, decides.
 		res := doctorPair(ctx, t, a1, a2, doctorEnv(a1), doctorEnv(a2), 0)
-		doctorCase(t, "no-route", res.peerCode, res.peerOut, "problem=no-route device=0 rail=SUP")
-		if !strings.Contains(res.listenOut, "problem=no-route device=0 rail=SUP port="+a2.Dev(SUP)+":1 node=a2 peer_address="+a1.IP(SUP)) {
-			t.Errorf("the listener did not name a2's missing route to a1's SUP address\n%s", res)
+		flagged := strings.Contains(res.listenOut+res.peerOut, "problem=no-route")
+		evidence("doctor:", "case=no-route-on-link flagged=%t exit=%d", flagged, res.peerCode)
+		if flagged {
+			t.Errorf("a SUP netdev without its subnet's route was called a problem\n%s", res)
 		}
 	})
 	t.Run("island", func(t *testing.T) {

@@ -27,6 +27,9 @@ var (
 	ParseConfig = config.Parse
 	// ErrInvalidConfig marks a configuration error ParseConfig returns.
 	ErrInvalidConfig = config.ErrInvalid
+	// UnknownSettings words, for each MPIB_* variable of an environment (os.Environ) that the
+	// plugin does not read, the warning its init logs.
+	UnknownSettings = config.Unknown
 )
 
 // GID selection (package gid).

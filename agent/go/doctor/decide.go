@@ -89,15 +89,19 @@ func GIDTypeName(e rules.GIDEntry) string {
 	return "IB"
 }
 
-// LookupRoute is the route the kernel's main table takes to addr: the longest matching
-// prefix, the first of equals (the kernel's metric order is not in /proc/net/route's
+// LookupRoute is the route the kernel takes to addr from a port whose netdev is netdev: a
+// RoCE v2 address is resolved bound to the GID's netdev, and a bound lookup passes over the
+// routes out of other netdevs. Of the main table's routes on netdev, the longest matching
+// prefix wins, the first of equals (the kernel's metric order is not in /proc/net/route's
 // columns we read). Default routes count only when withDefault: a SUP fabric has none that
-// RoCE would use (package topo leaves them out too).
-func LookupRoute(routes []rules.Route, addr netip.Addr, withDefault bool) (rules.Route, bool) {
+// RoCE would use (package topo leaves them out too). Not found says nothing about
+// reachability: a policy-routing table (ip rule), which /proc/net/route does not show, may
+// hold the route, and with none at all the kernel sends a bound lookup on-link.
+func LookupRoute(routes []rules.Route, netdev string, addr netip.Addr, withDefault bool) (rules.Route, bool) {
 	var best rules.Route
 	found := false
 	for _, r := range routes {
-		if (!withDefault && r.IsDefault()) || !r.Dst.Contains(addr) {
+		if r.Dev != netdev || (!withDefault && r.IsDefault()) || !r.Dst.Contains(addr) {
 			continue
 		}
 		if !found || r.Dst.Bits() > best.Dst.Bits() {
@@ -163,6 +167,18 @@ func SplittingPrefix(a, b netip.Addr) int {
 
 // StateProblem says whether a port's state keeps it from carrying traffic.
 func StateProblem(state string) bool { return state != "ACTIVE" }
+
+// PortDownIsProblem says whether a port that is down stands in the node's way, given its
+// device's number of SUP ports and how many of them are up. SOUT always does: no device works
+// without it. A SUP port does unless another SUP port of the device is up: the plugin leaves
+// a mesh's down port out and pairs its connections over the others.
+func PortDownIsProblem(rail string, supPorts, supUp int) bool {
+	return rail != "SUP" || supPorts < 2 || supUp == 0
+}
+
+// PKeyFits says whether NCCL_IB_PKEY's index lies inside a port's P_Key table of entries
+// entries (the plugin's init opens no device otherwise); an unread table (0) fits.
+func PKeyFits(index, entries int) bool { return entries == 0 || index < entries }
 
 // isNvidiaGPU: NVIDIA's vendor id (0x10de) and a display class, VGA (0x0300xx) or 3D
 // controller (0x0302xx, the data-centre parts); NVSwitches and audio functions are not GPUs.

@@ -84,32 +84,73 @@ func TestLookupRoute(t *testing.T) {
 	routes := []rules.Route{
 		rt("0.0.0.0/0", "10.0.1.1", "eth0"), rt("10.0.1.0/24", "", "eth0"), rt("10.0.2.0/24", "10.0.1.1", "eth0"),
 		rt("10.9.1.0/24", "", "eth1"), rt("10.9.0.0/16", "10.9.1.254", "eth1"), rt("10.9.1.128/25", "", "eth5"),
+		rt("10.9.1.0/24", "", "eth3"), rt("10.0.0.0/8", "10.0.1.1", "eth0"), rt("10.0.0.0/8", "10.0.3.1", "eth2"),
 	}
 	for _, c := range []struct {
-		addr        string
-		withDefault bool
-		dev, via    string
-		found       bool
+		netdev, addr string
+		withDefault  bool
+		dev, via     string
+		found        bool
 	}{
-		{"10.0.1.12", true, "eth0", "", true},
-		{"10.0.2.11", false, "eth0", "10.0.1.1", true},
-		{"10.9.1.12", false, "eth1", "", true},
-		{"10.9.1.200", false, "eth5", "", true}, // the longest prefix wins, whatever its netdev
-		{"10.9.7.1", false, "eth1", "10.9.1.254", true},
-		{"192.168.0.1", false, "", "", false},
-		{"192.168.0.1", true, "eth0", "10.0.1.1", true},
+		{"eth0", "10.0.1.12", true, "eth0", "", true},
+		{"eth0", "10.0.2.11", false, "eth0", "10.0.1.1", true},
+		{"eth1", "10.9.1.12", false, "eth1", "", true},
+		{"eth1", "10.9.1.200", false, "eth1", "", true}, // eth5's longer prefix is not eth1's
+		{"eth5", "10.9.1.200", false, "eth5", "", true},
+		{"eth1", "10.9.7.1", false, "eth1", "10.9.1.254", true},
+		{"eth3", "10.9.1.11", false, "eth3", "", true},         // two NICs on one subnet: each its own route
+		{"eth2", "10.0.4.11", false, "eth2", "10.0.3.1", true}, // rail-optimized: one supernet route per NIC
+		{"eth0", "10.0.4.11", false, "eth0", "10.0.1.1", true},
+		{"eth3", "10.9.7.1", false, "", "", false}, // only other netdevs' routes match
+		{"eth0", "192.168.0.1", false, "", "", false},
+		{"eth0", "192.168.0.1", true, "eth0", "10.0.1.1", true},
+		{"eth1", "192.168.0.1", true, "", "", false},
 	} {
-		r, ok := LookupRoute(routes, netip.MustParseAddr(c.addr), c.withDefault)
+		r, ok := LookupRoute(routes, c.netdev, netip.MustParseAddr(c.addr), c.withDefault)
 		via := ""
 		if r.Via.IsValid() {
 			via = r.Via.String()
 		}
 		if ok != c.found || r.Dev != c.dev || via != c.via {
-			t.Errorf("LookupRoute(%s, default=%v) = %v %v, want dev %q via %q found %v", c.addr, c.withDefault, r, ok, c.dev, c.via, c.found)
+			t.Errorf("LookupRoute(%s, %s, default=%v) = %v %v, want dev %q via %q found %v", c.netdev, c.addr, c.withDefault, r, ok, c.dev, c.via, c.found)
 		}
 	}
 	if got := RoutesOn(routes, "eth1"); len(got) != 2 || got[0] != "10.9.1.0/24" || got[1] != "10.9.0.0/16:via:10.9.1.254" {
 		t.Errorf("RoutesOn(eth1) = %v", got)
+	}
+}
+
+func TestPortDownIsProblem(t *testing.T) {
+	for _, c := range []struct {
+		rail         string
+		supPorts, up int
+		want         bool
+	}{
+		{"SOUT", 1, 1, true},
+		{"SOUT", 3, 3, true},
+		{"SUP", 1, 0, true},  // a device's only SUP port
+		{"SUP", 3, 2, false}, // a mesh runs on the ports that are up
+		{"SUP", 3, 1, false},
+		{"SUP", 3, 0, true}, // every SUP port down
+		{"SUP", 2, 0, true},
+	} {
+		if got := PortDownIsProblem(c.rail, c.supPorts, c.up); got != c.want {
+			t.Errorf("PortDownIsProblem(%s, %d ports, %d up) = %v, want %v", c.rail, c.supPorts, c.up, got, c.want)
+		}
+	}
+}
+
+func TestPKeyFits(t *testing.T) {
+	for _, c := range []struct {
+		index, entries int
+		want           bool
+	}{
+		{0, 1, true}, {1, 1, false}, {5, 128, true}, {127, 128, true}, {128, 128, false},
+		{3, 0, true}, // the table could not be read: no verdict
+	} {
+		if got := PKeyFits(c.index, c.entries); got != c.want {
+			t.Errorf("PKeyFits(%d, %d entries) = %v, want %v", c.index, c.entries, got, c.want)
+		}
 	}
 }
 
@@ -157,8 +198,9 @@ func TestMTUMismatch(t *testing.T) {
 	}{
 		{Port{ActiveMTU: 4096, NetdevMTU: 9000}, Port{ActiveMTU: 4096, NetdevMTU: 9000}, false},
 		{Port{ActiveMTU: 1024, NetdevMTU: 1500}, Port{ActiveMTU: 512, NetdevMTU: 1000}, true},
-		{Port{ActiveMTU: 4096, NetdevMTU: 9000}, Port{ActiveMTU: 4096, NetdevMTU: 4200}, true}, // same IB MTU, frames differ
-		{Port{ActiveMTU: 0}, Port{ActiveMTU: 4096, NetdevMTU: 9000}, false},                    // InfiniBand: unknown
+		{Port{ActiveMTU: 4096, NetdevMTU: 9000}, Port{ActiveMTU: 4096, NetdevMTU: 9216}, false}, // RoCE frames fit both
+		{Port{ActiveMTU: 4096, NetdevMTU: 9000}, Port{ActiveMTU: 4096, NetdevMTU: 4200}, false},
+		{Port{ActiveMTU: 0}, Port{ActiveMTU: 4096, NetdevMTU: 9000}, false}, // InfiniBand: unknown
 	} {
 		if got := MTUMismatch(c.a, c.b); got != c.want {
 			t.Errorf("MTUMismatch(%+v, %+v) = %v, want %v", c.a, c.b, got, c.want)

@@ -31,7 +31,7 @@ func WriteJSON(w io.Writer, doc Document) error {
 	return err
 }
 
-// WriteReport prints a node's lines: the node, each port, each problem.
+// WriteReport prints a node's lines: the node, each port, each problem, each note.
 func WriteReport(w io.Writer, r Report) {
 	if r.Config == "" {
 		fmt.Fprintln(w, NodeLine(r))
@@ -44,6 +44,9 @@ func WriteReport(w io.Writer, r Report) {
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintln(w, ProblemLine(p))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, NoteLine(n))
 	}
 }
 
@@ -105,9 +108,14 @@ func PortLine(r Report, dev int, p Port) string {
 }
 
 // ProblemLine is one problem: "doctor: problem=KIND [device= rail= port=] FACTS want=WANT: FIX".
-func ProblemLine(p Problem) string {
+func ProblemLine(p Problem) string { return findingLine("problem", p) }
+
+// NoteLine is one note, as a problem line with note= for problem=.
+func NoteLine(n Problem) string { return findingLine("note", n) }
+
+func findingLine(label string, p Problem) string {
 	var b strings.Builder
-	b.WriteString("doctor: problem=" + p.Kind)
+	b.WriteString("doctor: " + label + "=" + p.Kind)
 	if p.Device >= 0 {
 		b.WriteString(" device=" + strconv.Itoa(p.Device))
 	}

@@ -1,7 +1,9 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -32,7 +34,8 @@ func Inspect(h Host, getenv func(string) string) Report {
 			Fix: strings.TrimPrefix(err.Error(), rules.ErrInvalidConfig.Error()+": ")})
 		return r
 	}
-	r.Settings = Settings{Mode: cfg.Mode, IslandPrefixLen: cfg.IslandPrefixLen, SupRelay: cfg.SupRelay}
+	r.Settings = Settings{Mode: cfg.Mode, IslandPrefixLen: cfg.IslandPrefixLen, SupRelay: cfg.SupRelay,
+		SoutQPs: cfg.SoutQPs, SupQPs: cfg.SupQPs}
 	in := &inspection{host: h, cfg: cfg, report: &r}
 	if in.addrs, err = h.Addrs(); err != nil {
 		in.problem(Problem{Kind: KindOOB, Device: -1, Facts: []string{"error=" + noSpace(err.Error())},
@@ -55,6 +58,19 @@ func Inspect(h Host, getenv func(string) string) Report {
 }
 
 func (in *inspection) problem(p Problem) { in.report.Problems = append(in.report.Problems, p) }
+
+// ConfigNotes are the notes on the MPIB_* variables the plugin ignores, from the lines the
+// plugin's config.Unknown gives (each begins with the variable's name). They are notes, not
+// problems: the plugin runs on, with the default of the setting that was meant.
+func ConfigNotes(ignored []string) []Problem {
+	out := make([]Problem, 0, len(ignored))
+	for _, line := range ignored {
+		name, _, _ := strings.Cut(line, " ")
+		out = append(out, Problem{Kind: KindConfig, Device: -1, Facts: []string{"variable=" + name},
+			Want: "only MPIB_* variables the plugin reads", Fix: line + ": correct its name or unset it"})
+	}
+	return out
+}
 
 // oob finds MPIB_OOB_IF's first IPv4 address (the plugin's interfaceIPv4) and its island.
 func (in *inspection) oob() {
@@ -84,7 +100,8 @@ func (in *inspection) oob() {
 		Fix:  "set MPIB_OOB_IF to the SOUT fabric's interface (ip -4 -o addr lists them)"})
 }
 
-// device inspects fused device d: its SOUT port, its SUP ports, their nearest GPU.
+// device inspects fused device d: its SOUT port, its SUP ports, their link states, their
+// nearest GPU.
 func (in *inspection) device(d int, dev rules.Device) {
 	out := Device{Index: d, Sout: in.port(d, "SOUT", dev.Sout)}
 	for _, r := range dev.SupPorts {
@@ -92,11 +109,33 @@ func (in *inspection) device(d int, dev rules.Device) {
 		in.supChecks(d, len(out.Sup), len(dev.SupPorts), &p)
 		out.Sup = append(out.Sup, p)
 	}
+	up := 0
+	for _, p := range out.Sup {
+		if p.Found && !StateProblem(p.State) {
+			up++
+		}
+	}
+	for _, p := range append([]Port{out.Sout}, out.Sup...) {
+		if p.Found && StateProblem(p.State) && PortDownIsProblem(p.Rail, len(out.Sup), up) {
+			in.problem(Problem{Kind: KindPortDown, Device: d, Rail: p.Rail, Port: p.Name(),
+				Facts: []string{"state=" + p.State, "phys_state=" + p.PhysState}, Want: "state ACTIVE", Fix: downFix(p)})
+		}
+	}
 	in.gpuChecks(d, &out)
 	in.report.Devices = append(in.report.Devices, out)
 }
 
-// port reads one HCA port: existence, link state, GID choice, netdev, MTU, PCI place.
+// downFix is what brings a port up.
+func downFix(p Port) string {
+	fix := "check the cable and the switch port"
+	if p.LinkLayer == "Ethernet" {
+		fix = "bring the netdev up (ip link set dev " + orName(p.Netdev, "NETDEV") + " up), then " + fix
+	}
+	return fix
+}
+
+// port reads one HCA port: existence, verbs device, link state, GID choice, netdev, MTU,
+// P_Key table, PCI place.
 func (in *inspection) port(d int, rail string, r rules.Rail) Port {
 	p := Port{Rail: rail, HCA: r.HCA, Port: r.Port, GIDIndex: -1, NUMA: -1}
 	if _, err := os.Stat(in.host.path("sys/class/infiniband", r.HCA)); err != nil {
@@ -106,6 +145,7 @@ func (in *inspection) port(d int, rail string, r rules.Rail) Port {
 			Fix:   "fix MPIB_HCA_" + rail + " (ibv_devices or ls /sys/class/infiniband lists the names)"})
 		return p
 	}
+	in.verbs(d, &p)
 	if _, err := os.Stat(in.host.path(portDir(r.HCA, r.Port))); err != nil {
 		in.problem(Problem{Kind: KindNoDevice, Device: d, Rail: rail, Port: p.Name(),
 			Facts: []string{"ports=" + listOrNone(in.ports(r.HCA))},
@@ -116,20 +156,52 @@ func (in *inspection) port(d int, rail string, r rules.Rail) Port {
 	p.Found = true
 	in.host.readPortState(&p)
 	in.gid(d, r, &p)
-	if StateProblem(p.State) {
-		fix := "check the cable and the switch port"
-		if p.LinkLayer == "Ethernet" {
-			fix = "bring the netdev up (ip link set dev " + orName(p.Netdev, "NETDEV") + " up), then " + fix
-		}
-		in.problem(Problem{Kind: KindPortDown, Device: d, Rail: rail, Port: p.Name(),
-			Facts: []string{"state=" + p.State, "phys_state=" + p.PhysState}, Want: "state ACTIVE", Fix: fix})
-	}
+	in.pkey(d, &p)
 	pci := in.host.readPCI(r.HCA)
 	p.pciPath, p.NUMA = pci.Path, pci.NUMA
 	if pci.Path != "" {
 		p.PCI = filepath.Base(pci.Path)
 	}
 	return p
+}
+
+// verbs checks that the plugin can open the HCA's verbs device: libibverbs lists a device
+// only when it finds its /dev/infiniband/uverbsN, and ibv_open_device opens that node
+// read-write, so a container without it leaves the plugin with no device (NCCL falls back).
+func (in *inspection) verbs(d int, p *Port) {
+	name := in.host.verbsDevice(p.HCA)
+	if name == "" {
+		in.problem(Problem{Kind: KindNoDevice, Device: d, Rail: p.Rail, Port: p.Name(), Facts: []string{"verbs=none"},
+			Want: p.HCA + "'s verbs device (/dev/infiniband/uverbsN)", Fix: "load ib_uverbs (modprobe ib_uverbs)"})
+		return
+	}
+	node := "/dev/infiniband/" + name
+	err := in.host.openVerbs(name)
+	if err == nil {
+		return
+	}
+	fix := "give the job's user read and write access to " + node + " (the kernel makes it mode 0666)"
+	if errors.Is(err, fs.ErrNotExist) {
+		fix = "mount /dev/infiniband into the container (docker --device=/dev/infiniband, or request the RDMA device plugin's resource in Kubernetes)"
+	}
+	in.problem(Problem{Kind: KindNoDevice, Device: d, Rail: p.Rail, Port: p.Name(),
+		Facts: []string{"verbs=" + node, "error=" + noSpace(err.Error())},
+		Want:  "read-write access to " + p.HCA + "'s verbs device (libibverbs lists no device whose node is missing, and opens it read-write)",
+		Fix:   fix})
+}
+
+// pkey checks NCCL_IB_PKEY against the port's P_Key table: an index beyond it makes the
+// plugin's init open no device.
+func (in *inspection) pkey(d int, p *Port) {
+	entries := in.host.pkeyEntries(p.HCA, p.Port)
+	if PKeyFits(in.cfg.PKeyIndex, entries) {
+		return
+	}
+	in.problem(Problem{Kind: KindConfig, Device: d, Rail: p.Rail, Port: p.Name(),
+		Facts: []string{"pkey_index=" + itoa(in.cfg.PKeyIndex), "pkeys=" + itoa(entries)},
+		Want:  "a P_Key index inside the port's table (NCCL_IB_PKEY is an index into it)",
+		Fix: fmt.Sprintf("set NCCL_IB_PKEY below %d (ls /%s/pkeys), or unset it for index 0",
+			entries, portDir(p.HCA, p.Port))})
 }
 
 // ports lists an HCA's port numbers.
@@ -208,9 +280,10 @@ func indexName(i int) string {
 	return strconv.Itoa(i)
 }
 
-// supChecks describes a SUP port as the plugin advertises it and checks that its subnet has
-// a route leaving on its netdev (RoCE v2 follows the kernel's route; with none, the QP cannot
-// reach RTR).
+// supChecks describes a SUP port as the plugin advertises it and lists the routes that leave
+// on its netdev. A subnet without a route there is no problem of the node: the kernel resolves
+// RoCE v2 bound to the netdev, which finds a route in a policy-routing table (not in
+// /proc/net/route) or, with none, sends on-link.
 func (in *inspection) supChecks(d, i, nports int, p *Port) {
 	if !p.GIDOK {
 		return // the gid problem says why; what follows needs the right GID
@@ -224,21 +297,6 @@ func (in *inspection) supChecks(d, i, nports int, p *Port) {
 			Facts: []string{"address=" + p.Addr.String(), "netdev=" + orNone(p.Netdev)},
 			Want:  "a SUP port the plugin can advertise (" + why + ")",
 			Fix:   "give the SUP netdev its IPv4 address and use its RoCE v2 GID; until then peers decide SUP by the island alone"})
-	}
-	// A port that is down has lost its connected route with its link: port-down says so.
-	if !p.Addr.Is4() || p.PrefixLen == 0 || p.PrefixLen == 32 || p.Netdev == "" || StateProblem(p.State) {
-		return
-	}
-	subnet, _ := p.Addr.Prefix(p.PrefixLen)
-	if rt, ok := LookupRoute(in.report.Routes, subnet.Addr(), false); !ok || rt.Dev != p.Netdev {
-		via := "none"
-		if ok {
-			via = rt.Dev
-		}
-		in.problem(Problem{Kind: KindNoRoute, Device: d, Rail: "SUP", Port: p.Name(),
-			Facts: []string{"subnet=" + subnet.String(), "netdev=" + p.Netdev, "route_dev=" + via},
-			Want:  "a route to " + subnet.String() + " leaving on " + p.Netdev,
-			Fix:   fmt.Sprintf("ip route replace %s dev %s proto kernel scope link src %s", subnet, p.Netdev, p.Addr)})
 	}
 }
 

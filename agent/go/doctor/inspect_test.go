@@ -2,10 +2,16 @@ package doctor
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpib/mpib/plugin/rules"
 )
 
 // Tests over the fixture trees of testdata (mkfixtures.sh says what each one is).
@@ -90,6 +96,11 @@ func TestInspectProblems(t *testing.T) {
 			[]string{"numa/SUP", "numa/SUP"}, "doctor: problem=numa device=0 rail=SUP port=mlx5_3:1 numa=1 gpu=0000:1b:00.0 gpu_numa=0 want="},
 		{"OOB interface without IPv4", "roce-2dev", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=eth9"},
 			[]string{"oob-if/"}, "doctor: problem=oob-if oob_if=eth9 want=MPIB_OOB_IF naming the SOUT interface"},
+		{"P_Key index beyond the ports' tables", "roce-2dev", append([]string{"NCCL_IB_PKEY=1"}, roce2dev...),
+			[]string{"config/SOUT", "config/SUP", "config/SOUT", "config/SUP"},
+			"doctor: problem=config device=0 rail=SOUT port=mlx5_0:1 pkey_index=1 pkeys=1 want=a P_Key index inside the port's table (NCCL_IB_PKEY is an index into it): set NCCL_IB_PKEY below 1 (ls /sys/class/infiniband/mlx5_0/ports/1/pkeys), or unset it for index 0"},
+		{"the only SUP port of a device down", "roce-mesh", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_9", "MPIB_OOB_IF=eth0"},
+			[]string{"port-down/SUP"}, "doctor: problem=port-down device=0 rail=SUP port=mlx5_9:1 state=DOWN"},
 		{"SUP link down, SOUT on InfiniBand", "ib-sup-down", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=ib0"},
 			[]string{"port-down/SUP"},
 			"doctor: problem=port-down device=0 rail=SUP port=mlx5_1:1 state=DOWN phys_state=Disabled want=state ACTIVE: bring the netdev up (ip link set dev eth1 up)"},
@@ -121,28 +132,162 @@ func TestInspectInfiniBand(t *testing.T) {
 	}
 }
 
-// A SUP subnet whose connected route is gone (ip route del) is found on the node alone.
-func TestInspectNoRoute(t *testing.T) {
-	b, err := os.ReadFile("testdata/roce-2dev/proc/net/route")
+// routeFile writes routes as /proc/net/route lists them (little-endian, as the fixtures).
+func routeFile(t *testing.T, routes ...rules.Route) string {
+	t.Helper()
+	le := func(a netip.Addr) uint32 { return binary.LittleEndian.Uint32(a.AsSlice()) }
+	var b strings.Builder
+	b.WriteString("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n")
+	for _, r := range routes {
+		mask := netip.AddrFrom4([4]byte{})
+		if bits := r.Dst.Bits(); bits > 0 {
+			m := ^uint32(0) << (32 - bits)
+			mask = netip.AddrFrom4([4]byte{byte(m >> 24), byte(m >> 16), byte(m >> 8), byte(m)})
+		}
+		gw, flags := uint32(0), 1
+		if r.Via.IsValid() {
+			gw, flags = le(r.Via), 3
+		}
+		fmt.Fprintf(&b, "%s\t%08X\t%08X\t%04X\t0\t0\t0\t%08X\t0\t0\t0\n", r.Dev, le(r.Dst.Addr()), gw, flags, le(mask))
+	}
+	file := filepath.Join(t.TempDir(), "route")
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// The SUP subnet check takes only the routes that leave on the port's netdev: the kernel
+// resolves a RoCE v2 address bound to the GID's netdev. A subnet with no route there is no
+// problem of the node (a policy-routing table may hold one; /proc/net/route shows the main
+// table only).
+func TestInspectRoutes(t *testing.T) {
+	own := []rules.Route{rt("10.0.1.0/24", "", "eth0"), rt("10.0.2.0/24", "10.0.1.1", "eth0"), rt("10.0.3.0/24", "", "eth2"),
+		rt("10.9.3.0/24", "", "eth3")}
+	for _, c := range []struct {
+		name   string
+		routes []rules.Route
+		line   string // a line the output must have
+	}{
+		{"another SUP NIC on the same subnet, its route listed first", append(append([]rules.Route{}, own...),
+			rt("10.9.1.0/24", "", "eth3"), rt("10.9.1.0/24", "", "eth1")),
+			"doctor: device=0 rail=SUP port=mlx5_1:1 state=ACTIVE"},
+		{"the connected route gone", own, " routes=none\n"},
+		{"the SUP subnet only through SOUT", append(append([]rules.Route{}, own...), rt("10.9.0.0/16", "10.0.1.1", "eth0")),
+			"rail=SUP port=mlx5_1:1 state=ACTIVE"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := FixtureHost("testdata/roce-2dev", "n1")
+			h.RouteFile = routeFile(t, c.routes...)
+			r := Inspect(h, envOf(roce2dev...))
+			if len(r.Problems) != 0 || !strings.Contains(lines(r), c.line) {
+				t.Errorf("problems %v, want none and a line with %q\n%s", kinds(r.Problems), c.line, lines(r))
+			}
+		})
+	}
+}
+
+// fixtureWithout is a fixture tree without the given paths: a temporary root whose entries
+// link to the fixture's, with real directories only on the way to what is left out.
+func fixtureWithout(t *testing.T, fixture string, hidden ...string) string {
+	t.Helper()
+	src, err := filepath.Abs(filepath.Join("testdata", fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kept []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(l, "eth1\t") {
-			kept = append(kept, l)
+	root := t.TempDir()
+	onTheWay := func(rel string) bool {
+		for _, h := range hidden {
+			if strings.HasPrefix(h, rel+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	var mirror func(rel string)
+	mirror = func(rel string) {
+		ents, err := os.ReadDir(filepath.Join(src, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			p := filepath.Join(rel, e.Name())
+			switch {
+			case slices.Contains(hidden, p):
+			case onTheWay(p):
+				if err := os.Mkdir(filepath.Join(root, p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				mirror(p)
+			default:
+				if err := os.Symlink(filepath.Join(src, p), filepath.Join(root, p)); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
-	file := filepath.Join(t.TempDir(), "route")
-	if err := os.WriteFile(file, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+	mirror("")
+	return root
+}
+
+// libibverbs lists only the devices whose /dev/infiniband/uverbsN it finds, and opens that
+// node read-write: a container without it leaves the plugin with no device.
+func TestInspectVerbsDevice(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		hidden []string
+		want   []string
+		line   string
+	}{
+		{"no /dev/infiniband in the container", []string{"dev"}, []string{"no-device/SOUT", "no-device/SUP"},
+			"doctor: problem=no-device device=0 rail=SOUT port=mlx5_0:1 verbs=/dev/infiniband/uverbs0 error=no_such_file_or_directory want=read-write access to mlx5_0's verbs device (libibverbs lists no device whose node is missing, and opens it read-write): mount /dev/infiniband into the container (docker --device=/dev/infiniband, or request the RDMA device plugin's resource in Kubernetes)"},
+		{"one node missing", []string{"dev/infiniband/uverbs1"}, []string{"no-device/SUP"},
+			"doctor: problem=no-device device=0 rail=SUP port=mlx5_1:1 verbs=/dev/infiniband/uverbs1 error=no_such_file_or_directory"},
+		{"ib_uverbs not loaded", []string{"sys/class/infiniband_verbs"}, []string{"no-device/SOUT", "no-device/SUP"},
+			"doctor: problem=no-device device=0 rail=SUP port=mlx5_1:1 verbs=none want=mlx5_1's verbs device (/dev/infiniband/uverbsN): load ib_uverbs (modprobe ib_uverbs)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := Inspect(FixtureHost(fixtureWithout(t, "roce-2dev", c.hidden...), "n1"), envOf(oneDev...))
+			if got := strings.Join(kinds(r.Problems), " "); got != strings.Join(c.want, " ") || !strings.Contains(lines(r), c.line) {
+				t.Errorf("problems %q, want %q with\n%s\nin\n%s", got, strings.Join(c.want, " "), c.line, lines(r))
+			}
+		})
+	}
+}
+
+// A node the job's user may not open is found too (root opens any file: nothing to test).
+func TestInspectVerbsUnopenable(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root opens a file of any mode")
+	}
+	root := fixtureWithout(t, "roce-2dev", "dev/infiniband/uverbs1")
+	if err := os.WriteFile(filepath.Join(root, "dev/infiniband/uverbs1"), nil, 0o400); err != nil {
 		t.Fatal(err)
 	}
-	h := FixtureHost("testdata/roce-2dev", "n1")
-	h.RouteFile = file
-	r := Inspect(h, envOf(roce2dev...))
-	want := "doctor: problem=no-route device=0 rail=SUP port=mlx5_1:1 subnet=10.9.1.0/24 netdev=eth1 route_dev=none want=a route to 10.9.1.0/24 leaving on eth1: ip route replace 10.9.1.0/24 dev eth1 proto kernel scope link src 10.9.1.11"
-	if got := strings.Join(kinds(r.Problems), " "); got != "no-route/SUP" || !strings.Contains(lines(r), want) {
-		t.Errorf("problems %q, want no-route/SUP with\n%s\nin\n%s", got, want, lines(r))
+	r := Inspect(FixtureHost(root, "n1"), envOf(oneDev...))
+	want := "doctor: problem=no-device device=0 rail=SUP port=mlx5_1:1 verbs=/dev/infiniband/uverbs1 error=permission_denied want=read-write access to mlx5_1's verbs device (libibverbs lists no device whose node is missing, and opens it read-write): give the job's user read and write access to /dev/infiniband/uverbs1 (the kernel makes it mode 0666)"
+	if got := strings.Join(kinds(r.Problems), " "); got != "no-device/SUP" || !strings.Contains(lines(r), want) {
+		t.Errorf("problems %q, want no-device/SUP with\n%s\nin\n%s", got, want, lines(r))
+	}
+}
+
+var meshEnv = []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_8+mlx5_9+mlx5_10", "MPIB_OOB_IF=eth0"}
+
+// A mesh device runs on its SUP ports that are up: one neighbour's link down is no node problem.
+func TestInspectMesh(t *testing.T) {
+	r := inspectFixture(t, "roce-mesh", meshEnv...)
+	if len(r.Problems) != 0 || Exit(r, nil) != ExitHealthy {
+		t.Fatalf("problems %v, want none\n%s", kinds(r.Problems), lines(r))
+	}
+	var described []bool
+	for _, p := range r.Devices[0].Sup {
+		described = append(described, p.Described)
+	}
+	if !slices.Equal(described, []bool{true, false, true}) {
+		t.Errorf("described %v, want the down mlx5_9 left out", described)
+	}
+	if !strings.Contains(lines(r), "doctor: device=0 rail=SUP port=mlx5_9:1 state=DOWN") {
+		t.Errorf("no line for the down port\n%s", lines(r))
 	}
 }
 
@@ -159,5 +304,29 @@ func TestInspectInvalidConfig(t *testing.T) {
 		if out := lines(r); !strings.HasPrefix(out, "doctor: problem=config want=a valid MPIB configuration: MPIB_") {
 			t.Errorf("%v: %s", env, out)
 		}
+	}
+}
+
+// An MPIB_* name the plugin ignores is a note: printed, never counted against the node.
+func TestConfigNotes(t *testing.T) {
+	r := inspectFixture(t, "roce-2dev", roce2dev...)
+	r.Notes = ConfigNotes([]string{ // as config.Unknown words them
+		"MPIB_SOUT_QPS is not an MPIB setting and is ignored (did you mean MPIB_SOUT_QP?)",
+		"MPIB_COLOUR is not an MPIB setting and is ignored",
+	})
+	out := lines(r)
+	for _, want := range []string{
+		"doctor: note=config variable=MPIB_SOUT_QPS want=only MPIB_* variables the plugin reads: MPIB_SOUT_QPS is not an MPIB setting and is ignored (did you mean MPIB_SOUT_QP?): correct its name or unset it\n",
+		"doctor: note=config variable=MPIB_COLOUR want=only MPIB_* variables the plugin reads: MPIB_COLOUR is not an MPIB setting and is ignored: correct its name or unset it\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no line\n%s\nin\n%s", want, out)
+		}
+	}
+	if len(r.Problems) != 0 || Exit(r, nil) != ExitHealthy {
+		t.Errorf("notes made the node unhealthy: problems %v, exit %d", kinds(r.Problems), Exit(r, nil))
+	}
+	if len(ConfigNotes(nil)) != 0 {
+		t.Errorf("notes from no ignored variable")
 	}
 }

@@ -17,7 +17,7 @@ type PairRail struct {
 	Rail      string  `json:"rail"`
 	Class     string  `json:"class"` // intra-island, inter-island or unknown
 	Used      bool    `json:"used"`  // the configured mode carries data on the rail between the two
-	Path      string  `json:"path"`  // direct, routed or none
+	Path      string  `json:"path"`  // direct, routed, none, or (SOUT) unknown: no route seen
 	MTU       [2]int  `json:"mtu"`   // A's and B's active MTU (0 unknown)
 	SpeedMbps int     `json:"speed_mbps"`
 	Reachable string  `json:"reachable"` // true, false or unknown
@@ -69,24 +69,29 @@ func (c *pairCheck) problem(p Problem) { c.problems = append(c.problems, p) }
 // both prints a fact of both nodes, "key=A/B".
 func (c *pairCheck) both(key string, a, b any) string { return fmt.Sprintf("%s=%v/%v", key, a, b) }
 
-// settings: the two nodes must classify and split alike.
+// settings: the two nodes must classify and split alike, and build as many QPs per rail (the
+// plugin's handshake refuses a connection whose ends differ).
 func (c *pairCheck) settings() {
 	sa, sb := c.a.Settings, c.b.Settings
 	if sa == sb {
 		return
 	}
 	c.problem(Problem{Kind: KindSettings, Device: -1, Facts: []string{c.both("mode", sa.Mode, sb.Mode),
-		c.both("island_prefix_len", sa.IslandPrefixLen, sb.IslandPrefixLen), c.both("sup_relay", boolInt(sa.SupRelay), boolInt(sb.SupRelay))},
-		Want: "the same MPIB_MODE, MPIB_ISLAND_PREFIX_LEN and MPIB_SUP_RELAY on every node",
+		c.both("island_prefix_len", sa.IslandPrefixLen, sb.IslandPrefixLen), c.both("sup_relay", boolInt(sa.SupRelay), boolInt(sb.SupRelay)),
+		c.both("sout_qp", sa.SoutQPs, sb.SoutQPs), c.both("sup_qp", sa.SupQPs, sb.SupQPs)},
+		Want: "the same MPIB_MODE, MPIB_ISLAND_PREFIX_LEN, MPIB_SUP_RELAY, MPIB_SOUT_QP and MPIB_SUP_QP on every node",
 		Fix:  "pass one environment to every rank (scripts/launch_nccl.sh passes every MPIB_* on)"})
 }
 
 // sout checks device d's SOUT rail: both ends present, each end's route to the other's GID
-// address leaving on its SOUT netdev, the same MTU. SOUT always exists; vanilla mode carries
-// data on it between islands.
+// address on its SOUT netdev, the same MTU. SOUT always exists; vanilla mode carries data on
+// it between islands.
 func (c *pairCheck) sout(d int) {
 	pa, pb := c.a.Devices[d].Sout, c.b.Devices[d].Sout
 	pr := c.rail(d, "SOUT", pa, pb)
+	if pr.Reachable != "false" {
+		c.mtu(d, "SOUT", pa, pb)
+	}
 	pr.Used = c.class != rules.IntraIsland.String() || c.a.Mode == 1
 	pr.Path = "none"
 	if pr.Reachable == "false" {
@@ -98,18 +103,18 @@ func (c *pairCheck) sout(d int) {
 			Want: "SOUT GIDs of one address family on both nodes", Fix: "set NCCL_IB_ADDR_FAMILY alike on every node"})
 		pr.Reachable, pr.Why = "false", "address families differ"
 	}
-	fwd, okA := c.routeCheck(d, "SOUT", c.a, pa, pb.Addr, true)
-	_, okB := c.routeCheck(d, "SOUT", c.b, pb, pa.Addr, true)
+	fwd, whyA := routePath(c.a, pa, pb.Addr, true)
+	_, whyB := routePath(c.b, pb, pa.Addr, true)
 	pr.Path = fwd
-	if !okA || !okB {
-		pr.Reachable, pr.Why = "false", "no route"
+	if pr.Why == "" {
+		pr.Why = orName(whyA, whyB)
 	}
 	pr.test = pr.Reachable == "unknown"
 	c.rails = append(c.rails, pr)
 }
 
-// rail starts a PairRail from both ends' ports; an end that is missing or whose GID does not
-// fit makes the rail unreachable (its own problem line says why).
+// rail starts a PairRail from both ends' ports; an end that is missing, down or whose GID does
+// not fit makes the rail unreachable (its own problem line says why).
 func (c *pairCheck) rail(d int, rail string, pa, pb Port) PairRail {
 	pr := PairRail{Pair: c.name, Device: d, Rail: rail, Class: c.class, MTU: [2]int{pa.ActiveMTU, pb.ActiveMTU},
 		SpeedMbps: minKnown(pa.SpeedMbps, pb.SpeedMbps), Reachable: "unknown", Mbps: -1}
@@ -129,12 +134,11 @@ func (c *pairCheck) rail(d int, rail string, pa, pb Port) PairRail {
 			return pr
 		}
 	}
-	c.mtu(d, rail, pa, pb)
 	return pr
 }
 
-// mtu flags two ends of a rail whose active MTUs, or whose RoCE netdevs' MTUs, differ: the
-// QPs run at the smaller one and the larger side's frames are dropped by the smaller.
+// mtu flags two ends of a rail whose active MTUs differ: the plugin runs the QPs at the
+// smaller, so one end is set below what the rail could carry.
 func (c *pairCheck) mtu(d int, rail string, pa, pb Port) {
 	if !MTUMismatch(pa, pb) {
 		return
@@ -146,101 +150,127 @@ func (c *pairCheck) mtu(d int, rail string, pa, pb Port) {
 		Fix:  "set the same MTU on both netdevs (ip link set dev NETDEV mtu N) and on the switch ports between them"})
 }
 
-// MTUMismatch: both ends known and different, in the active MTU or the netdev's.
+// MTUMismatch: both ends' active MTUs known and different. RoCE netdev MTUs that differ
+// under one active MTU (9000 and 9216 both give 4096) carry the same frames.
 func MTUMismatch(a, b Port) bool {
-	differ := func(x, y int) bool { return x > 0 && y > 0 && x != y }
-	return differ(a.ActiveMTU, b.ActiveMTU) || differ(a.NetdevMTU, b.NetdevMTU)
+	return a.ActiveMTU > 0 && b.ActiveMTU > 0 && a.ActiveMTU != b.ActiveMTU
 }
 
-// routeCheck: from's kernel route to the peer's address must exist and leave on from's port
-// netdev. It returns the path (direct: on-link, routed: through a gateway) and whether it
-// holds; a failure is a no-route problem of the node from.
-func (c *pairCheck) routeCheck(d int, rail string, from Report, p Port, to netip.Addr, withDefault bool) (string, bool) {
+// routePath is how from's kernel sends from port p to a peer's address: direct (on-link) or
+// routed (through a gateway) by the longest route on p's netdev; unknown, with why, when no
+// route there matches (a policy-routing table may hold one: /proc/net/route is the main table).
+func routePath(from Report, p Port, to netip.Addr, withDefault bool) (path, why string) {
 	if !to.Is4() || p.Netdev == "" {
-		return "direct", true // /proc/net/route is IPv4 only; InfiniBand has no netdev route
+		return "direct", "" // /proc/net/route is IPv4 only; InfiniBand has no netdev route
 	}
-	rt, ok := LookupRoute(from.Routes, to, withDefault)
-	if ok && rt.Dev == p.Netdev {
-		if rt.Via.IsValid() {
-			return "routed", true
-		}
-		return "direct", true
+	rt, ok := LookupRoute(from.Routes, p.Netdev, to, withDefault)
+	switch {
+	case !ok:
+		return "unknown", fmt.Sprintf("no route to %s leaves on %s in %s's main table (a policy-routing table may hold one)",
+			to, p.Netdev, from.Node)
+	case rt.Via.IsValid():
+		return "routed", ""
 	}
-	dev := "none"
-	if ok {
-		dev = rt.Dev
-	}
-	c.problem(Problem{Kind: KindNoRoute, Device: d, Rail: rail, Port: p.Name(),
-		Facts: []string{"node=" + from.Node, "peer_address=" + to.String(), "netdev=" + p.Netdev, "route_dev=" + dev},
-		Want:  "a route to " + to.String() + " leaving on " + p.Netdev,
-		Fix:   "add the route on " + from.Node + " (ip route replace PREFIX dev " + p.Netdev + ", with via GATEWAY where the fabric is routed)"})
-	return "none", false
+	return "direct", ""
 }
 
-// sup checks device d's SUP rail: the plugin's SUP pair verdict (rules.ChooseSupPairs) from
-// each end, routes for the chosen pairs, the MTU, and whether the island prefix agrees with
+// sup checks device d's SUP rail on the ports a connection between the two would pair (of a
+// mesh device's, those up and described): the plugin's SUP pair verdict (rules.ChooseSupPairs)
+// from each end, routes and MTU for the chosen pair, and whether the island prefix agrees with
 // what SUP reaches.
 func (c *pairCheck) sup(d int) {
 	da, db := c.a.Devices[d], c.b.Devices[d]
 	if len(da.Sup) == 0 || len(db.Sup) == 0 {
 		return
 	}
-	pr := c.rail(d, "SUP", da.Sup[0], db.Sup[0])
+	la, lb := pairable(da.Sup), pairable(db.Sup)
+	addressed := da.Sup[la[0]].Described && db.Sup[lb[0]].Described
+	var choice rules.Choice
+	var err error
+	pa, pb := da.Sup[la[0]], db.Sup[lb[0]]
+	if addressed {
+		choice, err = rules.ChooseSupPairs(supPorts(da.Sup, la), peerAddrs(db.Sup, lb), routesIf(c.a), c.a.SupRelay)
+		if len(choice.Pairs) > 0 {
+			pa, pb = da.Sup[choice.Pairs[0].Port], portWithAddr(db.Sup, choice.Pairs[0].Peer)
+		}
+	}
+	pr := c.rail(d, "SUP", pa, pb)
 	wanted := c.known && SupWanted(c.pathClass, c.a.Settings)
 	pr.Path, pr.Used = "none", wanted
-	if pr.Reachable == "false" || !c.addressed(da, db) {
-		if pr.Reachable != "false" {
-			pr.Why = "a SUP port is unaddressed: the island alone decides"
-		}
-		c.rails = append(c.rails, pr)
-		return
+	if pr.Reachable != "false" && (!addressed || len(choice.Pairs) > 0) {
+		c.mtu(d, "SUP", pa, pb)
 	}
-	choice, err := rules.ChooseSupPairs(supPorts(da), peerAddrs(db), routesIf(c.a), c.a.SupRelay)
-	if err != nil {
+	switch {
+	case pr.Reachable == "false":
+	case !addressed:
+		pr.Why = "a SUP port is unaddressed: the island alone decides"
+	case err != nil:
 		pr.Reachable, pr.Why = "false", noNewline(err.Error())
-		c.rails = append(c.rails, pr)
-		return
+	default:
+		pr.Path = choice.Kind.String()
+		c.supVerdict(d, &pr, wanted, choice)
 	}
-	pr.Path = choice.Kind.String()
-	c.islandCheck(d, da, db, choice)
+	c.rails = append(c.rails, pr)
+}
+
+// supVerdict judges an addressed SUP rail by the pair chosen over the ports up now; the island
+// check and a pair that only a down port would give take every port the address plan joins.
+func (c *pairCheck) supVerdict(d int, pr *PairRail, wanted bool, choice rules.Choice) {
+	da, db := c.a.Devices[d], c.b.Devices[d]
+	ca, cb := cabled(da.Sup), cabled(db.Sup)
+	plan, err := rules.ChooseSupPairs(supPorts(da.Sup, ca), peerAddrs(db.Sup, cb), routesIf(c.a), c.a.SupRelay)
+	if err != nil {
+		plan = choice
+	}
+	c.islandCheck(d, da, db, plan)
 	switch {
 	case !wanted:
 		pr.Why = c.class + ": no SUP QPs in this mode"
 	case choice.Kind == rules.PathNone:
 		pr.Reachable, pr.Why = "false", noSpace(choice.Reason)
+		if why := c.downCables(d, da, db, plan); why != "" {
+			pr.Why = why
+		}
 	default:
-		pr.test = c.supRoutes(d, da, db, choice)
-		if !pr.test {
-			pr.Reachable, pr.Why = "false", "no route"
-		}
+		pr.test, pr.Why = true, c.supRoutes(da, db, choice)
 	}
-	c.rails = append(c.rails, pr)
 }
 
-// addressed: every SUP port of both devices is described (IPv4 with a known prefix).
-func (c *pairCheck) addressed(da, db Device) bool {
-	for _, p := range append(append([]Port{}, da.Sup...), db.Sup...) {
-		if !p.Described {
-			return false
+// downCables raises port-down for each port that is down on a pair the address plan gives
+// (a mesh device runs on its other ports, so only the pair that needs one finds it down), and
+// says why the rail has no pair; "" when no down port explains it.
+func (c *pairCheck) downCables(d int, da, db Device, plan rules.Choice) string {
+	why := ""
+	for _, pair := range plan.Pairs {
+		ends := []struct {
+			node, other string
+			p           Port
+		}{{c.a.Node, c.b.Node, da.Sup[pair.Port]}, {c.b.Node, c.a.Node, portWithAddr(db.Sup, pair.Peer)}}
+		for _, e := range ends {
+			if !StateProblem(e.p.State) {
+				continue
+			}
+			c.problem(Problem{Kind: KindPortDown, Device: d, Rail: "SUP", Port: e.p.Name(),
+				Facts: []string{"node=" + e.node, "state=" + e.p.State, "phys_state=" + e.p.PhysState},
+				Want:  "state ACTIVE on the SUP port cabled to " + e.other, Fix: downFix(e.p)})
+			why = e.node + " " + e.p.Name() + " is " + e.p.State
 		}
 	}
-	return true
+	return why
 }
 
-// supRoutes checks both ends' kernel routes for each chosen pair (a's view; b's reversed).
-func (c *pairCheck) supRoutes(d int, da, db Device, choice rules.Choice) bool {
-	ok := true
+// supRoutes checks both ends' kernel routes for each chosen pair (a's view; b's reversed) and
+// says why one is unknown, "" when every one is seen.
+func (c *pairCheck) supRoutes(da, db Device, choice rules.Choice) string {
 	for _, pair := range choice.Pairs {
-		pa := da.Sup[pair.Port]
-		pb, found := portWithAddr(db.Sup, pair.Peer)
-		if !found {
-			continue
+		pa, pb := da.Sup[pair.Port], portWithAddr(db.Sup, pair.Peer)
+		_, whyA := routePath(c.a, pa, pb.Addr, c.a.SupRelay)
+		_, whyB := routePath(c.b, pb, pa.Addr, c.b.SupRelay)
+		if why := orName(whyA, whyB); why != "" {
+			return why
 		}
-		_, okA := c.routeCheck(d, "SUP", c.a, pa, pb.Addr, c.a.SupRelay)
-		_, okB := c.routeCheck(d, "SUP", c.b, pb, pa.Addr, c.b.SupRelay)
-		ok = ok && okA && okB
 	}
-	return ok
+	return ""
 }
 
 // islandCheck: an island prefix that puts two nodes in one island whose SUP ports share no
@@ -266,18 +296,48 @@ func (c *pairCheck) islandCheck(d int, da, db Device, choice rules.Choice) {
 	}
 }
 
-func supPorts(d Device) []rules.SupPort {
-	out := make([]rules.SupPort, len(d.Sup))
-	for i, p := range d.Sup {
-		out[i] = rules.SupPort{Index: i, Name: p.Netdev, Addr: p.Addr, Bits: uint8(p.PrefixLen)}
+// pairable lists, by index, the SUP ports a connection can pair: of several, those the plugin
+// describes now (it leaves a down or unaddressable port out), else the first, as the plugin
+// then uses it; a device's only port as it is.
+func pairable(sup []Port) []int {
+	var out []int
+	for i, p := range sup {
+		if len(sup) > 1 && p.Described {
+			out = append(out, i)
+		}
+	}
+	if len(out) == 0 {
+		return []int{0}
 	}
 	return out
 }
 
-func peerAddrs(d Device) []rules.PeerAddr {
-	out := make([]rules.PeerAddr, len(d.Sup))
-	for i, p := range d.Sup {
-		out[i] = rules.PeerAddr{Addr: p.Addr, Bits: uint8(p.PrefixLen)}
+// cabled lists, by index, the SUP ports the address plan joins: those pairable now and those
+// left out only for a link that is down.
+func cabled(sup []Port) []int {
+	var out []int
+	for i, p := range sup {
+		if p.Described || (StateProblem(p.State) && p.GIDOK && p.Addr.Is4() && p.PrefixLen > 0) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// supPorts are the ports of sup at the indexes idx, as the plugin describes them.
+func supPorts(sup []Port, idx []int) []rules.SupPort {
+	out := make([]rules.SupPort, len(idx))
+	for k, i := range idx {
+		out[k] = rules.SupPort{Index: i, Name: sup[i].Netdev, Addr: sup[i].Addr, Bits: uint8(sup[i].PrefixLen)}
+	}
+	return out
+}
+
+// peerAddrs are the addresses of the ports of sup at the indexes idx, as a handle carries them.
+func peerAddrs(sup []Port, idx []int) []rules.PeerAddr {
+	out := make([]rules.PeerAddr, len(idx))
+	for k, i := range idx {
+		out[k] = rules.PeerAddr{Addr: sup[i].Addr, Bits: uint8(sup[i].PrefixLen)}
 	}
 	return out
 }
@@ -290,13 +350,15 @@ func routesIf(r Report) []rules.Route {
 	return nil
 }
 
-func portWithAddr(ps []Port, a netip.Addr) (Port, bool) {
+// portWithAddr is the port of ps that holds address a (a pair's peer end); the zero Port
+// when none does.
+func portWithAddr(ps []Port, a netip.Addr) Port {
 	for _, p := range ps {
 		if p.Addr == a {
-			return p, true
+			return p
 		}
 	}
-	return Port{}, false
+	return Port{}
 }
 
 func supList(d Device) string {

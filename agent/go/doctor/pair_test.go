@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,13 +91,15 @@ func TestComparePair(t *testing.T) {
 		}(), []string{"mtu/SUP"}, []string{
 			"rail=SUP class=intra-island used=true path=direct mtu=4096/512",
 			"doctor: problem=mtu device=0 rail=SUP port=mlx5_1:1/mlx5_1:1 mtu=4096/512 netdev_mtu=9000/1000 netdev=eth1/eth1 want=one MTU on both ends of the rail"}},
-		{"SUP peer without a route", a1, twin(t, a2, "a2", "10.0.1.12", "10.9.1.12", noSupRoute), []string{"no-route/SUP"}, []string{
-			"rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=false mbps=none speed_mbps=200000 why=no_route",
-			"doctor: problem=no-route device=0 rail=SUP port=mlx5_1:1 node=a2 peer_address=10.9.1.11 netdev=eth1 route_dev=none want=a route to 10.9.1.11 leaving on eth1"}},
-		{"SOUT peer without a route", a1, twin(t, b1, "b1", "10.0.2.11", "10.9.2.11", []rules.Route{rt("10.0.2.0/24", "", "eth0")}),
-			[]string{"no-route/SOUT"}, []string{"doctor: problem=no-route device=0 rail=SOUT port=mlx5_0:1 node=b1 peer_address=10.0.1.11 netdev=eth0 route_dev=none"}},
+		{"SUP peer without a route on its SUP netdev", a1, twin(t, a2, "a2", "10.0.1.12", "10.9.1.12", noSupRoute), nil, []string{
+			"rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000 why=no_route_to_10.9.1.11_leaves_on_eth1_in_a2's_main_table_(a_policy-routing_table_may_hold_one)"}},
+		{"SOUT peer without a route on its SOUT netdev", a1, twin(t, b1, "b1", "10.0.2.11", "10.9.2.11", []rules.Route{rt("10.0.2.0/24", "", "eth0")}),
+			nil, []string{"rail=SOUT class=inter-island used=true path=routed mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000 why=no_route_to_10.0.1.11_leaves_on_eth0_in_b1's_main_table"}},
 		{"settings differ", a1, func() Report { r := a2; r.Mode = 1; return r }(), []string{"settings/"}, []string{
-			"doctor: problem=settings mode=0/1 island_prefix_len=24/24 sup_relay=0/0 want=the same MPIB_MODE"}},
+			"doctor: problem=settings mode=0/1 island_prefix_len=24/24 sup_relay=0/0 sout_qp=1/1 sup_qp=1/1 want=the same MPIB_MODE"}},
+		{"QP counts differ", a1, twin(t, inspectFixture(t, "roce-2dev", append([]string{"MPIB_SOUT_QP=4"}, oneDev...)...), "a2", "10.0.1.12", "10.9.1.12", nil),
+			[]string{"settings/"}, []string{
+				"doctor: problem=settings mode=0/0 island_prefix_len=24/24 sup_relay=0/0 sout_qp=1/4 sup_qp=1/1 want=the same MPIB_MODE, MPIB_ISLAND_PREFIX_LEN, MPIB_SUP_RELAY, MPIB_SOUT_QP and MPIB_SUP_QP on every node"}},
 		{"SUP port down on one end", a1, func() Report {
 			r := twin(t, a2, "a2", "10.0.1.12", "10.9.1.12", nil)
 			r.Devices[0].Sup[0].State = "DOWN"
@@ -113,6 +116,88 @@ func TestComparePair(t *testing.T) {
 				if !strings.Contains(out, l) {
 					t.Errorf("no line with\n%s\nin\n%s", l, out)
 				}
+			}
+		})
+	}
+}
+
+// The route to a peer is looked up among those leaving on the port's netdev, as the kernel
+// does for a RoCE v2 address bound to the GID's netdev: a rail-optimized SOUT fabric has one
+// route to the SOUT supernet per NIC, each through its own leaf.
+func TestComparePairRailRoutes(t *testing.T) {
+	base := inspectFixture(t, "roce-2dev", roce2dev...)
+	a := twin(t, base, "a1", "10.0.1.11", "10.9.1.11", nil)
+	b := twin(t, base, "b1", "10.0.2.11", "10.9.2.11", nil)
+	a.Devices[1].Sout.Addr, b.Devices[1].Sout.Addr = netip.MustParseAddr("10.0.3.11"), netip.MustParseAddr("10.0.4.11")
+	b.Devices[1].Sup[0].Addr = netip.MustParseAddr("10.9.4.11")
+	a.Routes = []rules.Route{rt("10.0.1.0/24", "", "eth0"), rt("10.0.3.0/24", "", "eth2"),
+		rt("10.0.0.0/8", "10.0.1.1", "eth0"), rt("10.0.0.0/8", "10.0.3.1", "eth2")}
+	b.Routes = []rules.Route{rt("10.0.2.0/24", "", "eth0"), rt("10.0.4.0/24", "", "eth2"),
+		rt("10.0.0.0/8", "10.0.2.1", "eth0"), rt("10.0.0.0/8", "10.0.4.1", "eth2")}
+	rails, problems := ComparePair(a, b)
+	out := pairOutput(rails, problems)
+	if len(problems) != 0 {
+		t.Errorf("problems %v, want none\n%s", kinds(problems), out)
+	}
+	for _, want := range []string{
+		"doctor: pair=a1-b1 device=0 rail=SOUT class=inter-island used=true path=routed mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000\n",
+		"doctor: pair=a1-b1 device=1 rail=SOUT class=inter-island used=true path=routed mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no line\n%s\nin\n%s", want, out)
+		}
+	}
+}
+
+// meshPeer is the mesh fixture's report as a neighbour: its name, SOUT address and SUP ports,
+// each "ADDRESS/PREFIX", "DOWN" after it for a port whose link is down (and whose connected
+// route is gone with it).
+func meshPeer(t *testing.T, r Report, node, sout string, sup ...string) Report {
+	t.Helper()
+	c := twin(t, r, node, sout, "10.9.99.1", []rules.Route{rt("10.0.1.0/24", "", "eth0")})
+	for i, s := range sup {
+		f := strings.Fields(s)
+		p := &c.Devices[0].Sup[i]
+		pfx := netip.MustParsePrefix(f[0])
+		p.Addr, p.PrefixLen, p.State, p.Described = pfx.Addr(), pfx.Bits(), "ACTIVE", true
+		if len(f) > 1 {
+			p.State, p.Described = f[1], false
+			continue
+		}
+		c.Routes = append(c.Routes, rules.Route{Dst: pfx.Masked(), Dev: p.Netdev})
+	}
+	return c
+}
+
+// A mesh pair is judged on the ports the two ends can pair: a port whose link is down is
+// left out, and only a pair that needs it finds it down.
+func TestComparePairMesh(t *testing.T) {
+	n1 := inspectFixture(t, "roce-mesh", meshEnv...)
+	if len(n1.Problems) != 0 {
+		t.Fatalf("fixture problems: %v", kinds(n1.Problems))
+	}
+	for _, c := range []struct {
+		name     string
+		peer     Report
+		problems []string
+		line     string
+		test     bool
+	}{
+		{"cabled to a port that is up", meshPeer(t, n1, "n2", "10.0.1.12", "10.9.12.1/31", "10.9.15.0/31", "10.9.16.0/31"), nil,
+			"doctor: pair=n1-n2 device=0 rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=100000\n", true},
+		{"the peer's first port down, cabled to its second", meshPeer(t, n1, "n3", "10.0.1.13", "10.9.17.0/31 DOWN", "10.9.14.1/31", "10.9.18.0/31"), nil,
+			"doctor: pair=n1-n3 device=0 rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=100000\n", true},
+		{"cabled to the port that is down", meshPeer(t, n1, "n4", "10.0.1.14", "10.9.13.1/31", "10.9.19.0/31", "10.9.20.0/31"), []string{"port-down/SUP"},
+			"doctor: problem=port-down device=0 rail=SUP port=mlx5_9:1 node=n1 state=DOWN phys_state=Disabled want=state ACTIVE on the SUP port cabled to n4: bring the netdev up (ip link set dev eth9 up), then check the cable and the switch port", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rails, problems := ComparePair(n1, c.peer)
+			out := pairOutput(rails, problems)
+			if got := strings.Join(kinds(problems), " "); got != strings.Join(c.problems, " ") || !strings.Contains(out, c.line) {
+				t.Errorf("problems %q, want %q with\n%s\nin\n%s", got, strings.Join(c.problems, " "), c.line, out)
+			}
+			if sup := rails[len(rails)-1]; sup.Rail != "SUP" || sup.test != c.test {
+				t.Errorf("SUP rail %+v: traffic test %v, want %v", sup, sup.test, c.test)
 			}
 		})
 	}
@@ -136,5 +221,31 @@ func TestPeerProblems(t *testing.T) {
 	got := PeerProblems(r)
 	if len(got) != 1 || strings.Join(got[0].Facts, " ") != "node=a2 state=DOWN" || r.Problems[0].Facts[0] != "state=DOWN" {
 		t.Errorf("PeerProblems = %+v (the peer's report must stay as it was: %+v)", got, r.Problems)
+	}
+}
+
+func TestPairableAndCabled(t *testing.T) {
+	up := Port{State: "ACTIVE", GIDOK: true, Addr: netip.MustParseAddr("10.9.12.0"), PrefixLen: 31, Described: true}
+	down := Port{State: "DOWN", GIDOK: true, Addr: netip.MustParseAddr("10.9.13.0"), PrefixLen: 31}
+	noAddr := Port{State: "ACTIVE", GIDOK: true, Addr: netip.MustParseAddr("fe80::1")}
+	for _, c := range []struct {
+		name             string
+		sup              []Port
+		pairable, cabled []int
+	}{
+		{"one port up", []Port{up}, []int{0}, []int{0}},
+		{"one port down", []Port{down}, []int{0}, []int{0}},
+		{"one port unaddressed", []Port{noAddr}, []int{0}, nil},
+		{"mesh, the middle port down", []Port{up, down, up}, []int{0, 2}, []int{0, 1, 2}},
+		{"mesh, the first port down", []Port{down, up}, []int{1}, []int{0, 1}},
+		{"mesh, every port down", []Port{down, down}, []int{0}, []int{0, 1}},
+		{"mesh, one port unaddressed", []Port{noAddr, up}, []int{1}, []int{1}},
+	} {
+		if got := pairable(c.sup); !slices.Equal(got, c.pairable) {
+			t.Errorf("%s: pairable = %v, want %v", c.name, got, c.pairable)
+		}
+		if got := cabled(c.sup); !slices.Equal(got, c.cabled) {
+			t.Errorf("%s: cabled = %v, want %v", c.name, got, c.cabled)
+		}
 	}
 }

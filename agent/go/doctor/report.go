@@ -14,8 +14,9 @@ import (
 	"github.com/mpib/mpib/plugin/rules"
 )
 
-// Version is the report's JSON format version; the peer exchange refuses another.
-const Version = 1
+// Version is the report's JSON format version; the peer exchange refuses another, so that
+// two doctors never compare a field one of them lacks.
+const Version = 2
 
 // Report is one node's findings: what --json prints, and what two nodes exchange.
 type Report struct {
@@ -28,14 +29,20 @@ type Report struct {
 	GPUs     []GPU         `json:"gpus"`
 	Routes   []rules.Route `json:"routes"` // the main IPv4 table, as /proc/net/route shows it
 	Problems []Problem     `json:"problems"`
-	Nettest  Nettest       `json:"nettest"`
+	// Notes are findings that stand in no job's way, so Exit does not count them: each
+	// MPIB_* variable the plugin ignores (kind config).
+	Notes   []Problem `json:"notes,omitempty"`
+	Nettest Nettest   `json:"nettest"`
 }
 
-// Settings are the configuration values a pair of nodes must agree on.
+// Settings are the configuration values a pair of nodes must agree on: the plugin's
+// handshake refuses a connection whose two ends build different QP counts.
 type Settings struct {
 	Mode            int  `json:"mode"`
 	IslandPrefixLen int  `json:"island_prefix_len"`
 	SupRelay        bool `json:"sup_relay"`
+	SoutQPs         int  `json:"sout_qp"` // MPIB_SOUT_QP
+	SupQPs          int  `json:"sup_qp"`  // MPIB_SUP_QP
 }
 
 // OOB is the control-path interface (MPIB_OOB_IF), its IPv4 address and the island that
@@ -112,17 +119,17 @@ type Problem struct {
 
 // Problem kinds.
 const (
-	KindConfig   = "config"    // config.Parse refused the environment (exit 2)
+	KindConfig   = "config"    // config.Parse refused the environment (exit 2), NCCL_IB_PKEY does not fit a port; a note: an ignored MPIB_* name
 	KindOOB      = "oob-if"    // MPIB_OOB_IF missing or without IPv4
-	KindNoDevice = "no-device" // the HCA or its port does not exist
-	KindPortDown = "port-down" // the port is not ACTIVE
+	KindNoDevice = "no-device" // the HCA or its port does not exist, or its verbs device cannot be opened here
+	KindPortDown = "port-down" // the port is not ACTIVE (a mesh's SUP port: all of them are, or a pair needs it)
 	KindGID      = "gid"       // no usable GID, or the configured one is of the wrong kind
 	KindSupAddr  = "sup-address"
-	KindNoRoute  = "no-route" // a SUP subnet, or a peer's rail address, has no route on the rail
+	KindNoRoute  = "no-route" // the routing table cannot be read
 	KindNUMA     = "numa"     // NIC on another NUMA node than its device's GPU
-	KindMTU      = "mtu"      // the two ends of a rail disagree (peer mode)
+	KindMTU      = "mtu"      // the two ends of a rail have different active MTUs (peer mode)
 	KindIsland   = "island"   // the island prefix merges islands whose SUP cannot meet, or splits one
-	KindSettings = "settings" // the two nodes' MPIB_MODE, MPIB_ISLAND_PREFIX_LEN or MPIB_SUP_RELAY differ
+	KindSettings = "settings" // the two nodes' Settings differ
 	KindDevices  = "devices"  // the two nodes have different device counts
 	KindPeer     = "peer"     // the exchange with the other node failed
 	KindTraffic  = "traffic"  // mpib-nettest could not move verified data on a rail

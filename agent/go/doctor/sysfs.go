@@ -198,6 +198,46 @@ func gidType(s string, infiniband bool) int {
 	return rules.GIDTypeRoCEv1
 }
 
+// pkeyEntries is the size of a port's P_Key table: the entries of ports/N/pkeys; 0 when it
+// cannot be read.
+func (h Host) pkeyEntries(hca string, port int) int {
+	ents, _ := os.ReadDir(h.path(portDir(hca, port), "pkeys"))
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// verbsDevice is an HCA's uverbs device, the uverbsN of /sys/class/infiniband_verbs whose
+// ibdev names it (a soft-RoCE device has no PCI parent to find it under); "" when none does
+// (ib_uverbs is not loaded).
+func (h Host) verbsDevice(hca string) string {
+	ents, _ := os.ReadDir(h.path("sys/class/infiniband_verbs"))
+	for _, e := range ents {
+		if name, err := h.readLine("sys/class/infiniband_verbs", e.Name(), "ibdev"); err == nil && name == hca {
+			return e.Name()
+		}
+	}
+	return ""
+}
+
+// openVerbs opens /dev/infiniband/NAME under the root read-write, as ibv_open_device does
+// (libibverbs lists a device only when its node is there); the error's cause, or nil.
+func (h Host) openVerbs(name string) error {
+	f, err := os.OpenFile(h.path("dev/infiniband", name), os.O_RDWR, 0)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return pe.Err
+		}
+		return err
+	}
+	return f.Close()
+}
+
 // netdevMTU reads /sys/class/net/DEV/mtu; 0 when unknown.
 func (h Host) netdevMTU(dev string) int {
 	if dev == "" {

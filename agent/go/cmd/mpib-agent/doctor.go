@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mpib/mpib/agent/go/doctor"
+	"github.com/mpib/mpib/plugin/rules"
 )
 
 // mpib-agent doctor: the preflight check of docs/deploying.md ("Before the first job").
@@ -20,11 +21,12 @@ import (
 const doctorUsage = `usage: mpib-agent doctor [--json] [--listen ADDR:PORT | --peer HOST:PORT] [flags]
 
 Checks this node against the MPIB_* / NCCL_IB_* environment a job would use: every fused
-device's SOUT and SUP ports (link state, MTU, GID the plugin would pick, PCI place, NUMA
-node, nearest GPU), the island of MPIB_OOB_IF's address, the SUP routes. With --listen on
-one node and --peer on another, the two exchange reports and check what needs both ends
-(island, MTU per rail, routes per rail), then run mpib-nettest per rail when it is found
-(the doctor's port + 1, + 2, ... carry its side channels).
+device's SOUT and SUP ports (link state, MTU, GID the plugin would pick, verbs device,
+P_Key index, PCI place, NUMA node, nearest GPU), the island of MPIB_OOB_IF's address, the
+SUP routes. With --listen on one node and --peer on another, the two exchange reports and
+check what needs both ends (settings, island, MTU per rail, routes per rail), then run
+mpib-nettest per rail when it is found (the doctor's port + 1, + 2, ... carry its side
+channels).
 `
 
 // doctorFlags are the command line's values.
@@ -93,6 +95,7 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 	}
 	host.Nettest = doctor.FindNettest(f.nettest, f.plugin)
 	mine := doctor.Inspect(host, os.Getenv)
+	mine.Notes = append(mine.Notes, doctor.ConfigNotes(rules.UnknownSettings(os.Environ()))...)
 	doc := doctor.Document{Report: mine}
 	if f.listen != "" || f.peer != "" {
 		runPair(&doc, f, stderr)

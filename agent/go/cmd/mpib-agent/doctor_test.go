@@ -42,6 +42,8 @@ func TestDoctorExitStatus(t *testing.T) {
 		has  string
 	}{
 		{"healthy", []string{"MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=eth0"}, nil, 0, " problems=0 exit=0\n"},
+		{"a misspelt setting is a note", []string{"MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=eth0", "MPIB_SOUT_QPS=4"}, nil, 0,
+			"doctor: note=config variable=MPIB_SOUT_QPS"},
 		{"wrong HCA name", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=nosuch", "MPIB_OOB_IF=eth0"}, nil, 1, "doctor: problem=no-device device=0 rail=SUP port=nosuch:1"},
 		{"invalid configuration", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_OOB_IF=eth0"}, nil, 2, "doctor: problem=config want=a valid MPIB configuration: MPIB_HCA_SUP is required"},
 		{"--listen and --peer", nil, []string{"--listen", ":1", "--peer", "h:1"}, 2, ""},

@@ -8,6 +8,12 @@
 #              GPU's PCIe switch: healthy with MPIB_HCA_SOUT=mlx5_0,mlx5_2 MPIB_HCA_SUP=mlx5_1,mlx5_3
 #   ib-sup-down one device: SOUT on InfiniBand (ib0 for the control path), SUP RoCE with its
 #              link down; no GPU
+#   roce-mesh  one device on a direct-attach mesh, no GPU: SOUT mlx5_0 (eth0), SUP
+#              mlx5_8+mlx5_9+mlx5_10, each on a /31 to one neighbour (eth8 10.9.12.0,
+#              eth9 10.9.13.0, eth10 10.9.14.0), mlx5_9's link down
+#
+# Every HCA has its verbs device (sys/class/infiniband_verbs/uverbsN, and a regular file
+# standing in for dev/infiniband/uverbsN: the doctor only opens it) and a one-entry P_Key table.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,16 +26,31 @@ dev() {
 	ln -s "../../../devices/$path" "$root/sys/bus/pci/devices/$bdf"
 }
 
+# verbs ROOT PCIPATH NAME: the HCA's uverbs device, the next free uverbsN.
+verbs() {
+	local root=$1 path=$2 name=$3 n v
+	mkdir -p "$root/sys/class/infiniband_verbs" "$root/dev/infiniband"
+	echo 6 >"$root/sys/class/infiniband_verbs/abi_version"
+	n=$(find "$root/sys/class/infiniband_verbs" -mindepth 1 -maxdepth 1 -name 'uverbs*' | wc -l)
+	v=$root/sys/devices/$path/infiniband_verbs/uverbs$n
+	mkdir -p "$v"; echo "$name" >"$v/ibdev"
+	ln -s "../../devices/$path/infiniband_verbs/uverbs$n" "$root/sys/class/infiniband_verbs/uverbs$n"
+	: >"$root/dev/infiniband/uverbs$n"
+}
+
 # hca ROOT PCIPATH NAME LINKLAYER STATE PHYS RATE: an RDMA device with port 1.
 hca() {
 	local root=$1 path=$2 name=$3 ll=$4 state=$5 phys=$6 rate=$7
 	local d=$root/sys/devices/$path/infiniband/$name
-	mkdir -p "$d/ports/1/gids" "$d/ports/1/gid_attrs/types" "$d/ports/1/gid_attrs/ndevs" "$root/sys/class/infiniband"
+	mkdir -p "$d/ports/1/gids" "$d/ports/1/gid_attrs/types" "$d/ports/1/gid_attrs/ndevs" "$d/ports/1/pkeys" \
+		"$root/sys/class/infiniband"
 	ln -s "../../../${path##*/}" "$d/device"
 	ln -s "../../devices/$path/infiniband/$name" "$root/sys/class/infiniband/$name"
 	echo "$ll" >"$d/ports/1/link_layer"; echo "$state" >"$d/ports/1/state"
 	echo "$phys" >"$d/ports/1/phys_state"; echo "$rate" >"$d/ports/1/rate"
 	for i in 0 1 2 3 4 5 6 7; do echo 0000:0000:0000:0000:0000:0000:0000:0000 >"$d/ports/1/gids/$i"; done
+	echo 0xffff >"$d/ports/1/pkeys/0"
+	verbs "$root" "$path" "$name"
 }
 
 # gid ROOT PCIPATH NAME INDEX GID TYPE NDEV
@@ -57,7 +78,7 @@ netdev() {
 route_header=$'Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT'
 route() { printf '%s\t%s\t%s\t%s\t0\t0\t0\t%s\t0\t0\t0\n' "$@"; }
 
-rm -rf roce-2dev ib-sup-down
+rm -rf roce-2dev ib-sup-down roce-mesh
 
 r=roce-2dev
 sw0=pci0000:17/0000:17:01.0/0000:18:00.0
@@ -128,4 +149,35 @@ cat >$r/ip-addr <<'ADDRS'
 lo 127.0.0.1/8
 ib0 10.0.1.11/24
 eth1 10.9.1.11/24
+ADDRS
+
+r=roce-mesh
+mp=pci0000:5a/0000:5a:00.0
+dev $r $mp 0x8086 0x060400 0
+for f in 0000:5b:00.0 0000:5b:00.1 0000:5c:00.0 0000:5c:00.1; do dev $r $mp/$f 0x15b3 0x020000 0; done
+hca $r $mp/0000:5b:00.0 mlx5_0 Ethernet "4: ACTIVE" "5: LinkUp" "100 Gb/sec (4X EDR)"
+hca $r $mp/0000:5b:00.1 mlx5_8 Ethernet "4: ACTIVE" "5: LinkUp" "100 Gb/sec (4X EDR)"
+hca $r $mp/0000:5c:00.0 mlx5_9 Ethernet "1: DOWN" "3: Disabled" "100 Gb/sec (4X EDR)"
+hca $r $mp/0000:5c:00.1 mlx5_10 Ethernet "4: ACTIVE" "5: LinkUp" "100 Gb/sec (4X EDR)"
+netdev $r $mp/0000:5b:00.0 eth0 9000
+netdev $r $mp/0000:5b:00.1 eth8 9000
+netdev $r $mp/0000:5c:00.0 eth9 9000
+netdev $r $mp/0000:5c:00.1 eth10 9000
+roce $r $mp/0000:5b:00.0 mlx5_0 eth0 0a00:27ff:fe00:0020 0a00:010b    # 10.0.1.11
+roce $r $mp/0000:5b:00.1 mlx5_8 eth8 0a00:27ff:fe00:0028 0a09:0c00    # 10.9.12.0
+roce $r $mp/0000:5c:00.0 mlx5_9 eth9 0a00:27ff:fe00:0029 0a09:0d00    # 10.9.13.0
+roce $r $mp/0000:5c:00.1 mlx5_10 eth10 0a00:27ff:fe00:002a 0a09:0e00  # 10.9.14.0
+mkdir -p $r/proc/net
+{
+	echo "$route_header"
+	route eth0 0001000A 00000000 0001 00FFFFFF    # 10.0.1.0/24
+	route eth8 000C090A 00000000 0001 FEFFFFFF    # 10.9.12.0/31
+	route eth10 000E090A 00000000 0001 FEFFFFFF   # 10.9.14.0/31; eth9's left with its link
+} >$r/proc/net/route
+cat >$r/ip-addr <<'ADDRS'
+lo 127.0.0.1/8
+eth0 10.0.1.11/24
+eth8 10.9.12.0/31
+eth9 10.9.13.0/31
+eth10 10.9.14.0/31
 ADDRS
