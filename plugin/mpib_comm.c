@@ -14,6 +14,7 @@
 #include "mpib.h"
 #include "mpib_clock.h"
 #include "mpib_comm.h"
+#include "mpib_device.h"
 #include "mpib_progress.h"
 #include "mpib_qp.h"
 #include "mpib_srq.h"
@@ -99,6 +100,25 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                          IBV_QP_MAX_QP_RD_ATOMIC);
   return -rc;
+}
+
+/* After a port flap the kernel may have re-added a lane's GID at another index: find the same
+ * address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. On the thread
+ * that owns the lane's QPs for now (a rail's rebuild, or the comm's for its flush loopback). */
+int mpib_lane_gid_refresh(struct mpib_comm *c, int l) {
+  uint8_t gid[16];
+  int type;
+  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0) return 0;
+  int n = c->nic[l]->gid_tbl_len;
+  for (int i = 0; i < n; i++) { /* the type it had at connect time is not kept: RoCE v2, as chosen */
+    if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && type == IBV_GID_TYPE_ROCE_V2 &&
+        memcmp(gid, c->gid[l].raw, 16) == 0) {
+      MPIB_INFO("%s rail: its GID moved from index %d to %d", mpib_rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
+      c->gid_index[l] = i;
+      return 0;
+    }
+  }
+  return -EADDRNOTAVAIL;
 }
 
 /* Memory of this comm's own: access as given (remote access only where the peer must write). */

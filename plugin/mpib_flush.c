@@ -64,14 +64,18 @@ static void flush_poll_lane(struct mpib_comm *c, int lane) {
 }
 
 /* The lane's loopback QP after a read failed on it (it is in the error state): its completions
- * handled, reset and connected to itself again; every read it still had is posted again. On
- * the thread that owns the comm, so no rebuild thread races a flush. 0 or -errno. */
+ * handled, reset and connected to itself again at the lane's GID's index now (a port flap may
+ * have moved it); every read it still had is posted again. On the thread that owns the comm;
+ * while the lane's rail is being rebuilt, whose thread moves that index too, it waits
+ * (-EAGAIN: posted again later). 0 or -errno. */
 static int flush_qp_reset(struct mpib_comm *c, int lane) {
   struct ibv_qp *qp = c->flush_qp[lane];
+  if (c->rail[mpib_lane_rail(lane)].rebuild.running) return -EAGAIN;
   flush_poll_lane(c, lane);
   int rc = mpib_qp_reset_to_init(c, qp, lane, MPIB_FLUSH_QP_ACCESS);
   lane_reads_lost(c, lane);
   if (rc) return rc;
+  if (c->nic[lane]->link_layer == IBV_LINK_LAYER_ETHERNET && (rc = mpib_lane_gid_refresh(c, lane)) != 0) return rc;
   struct mpib_rail_info self;
   mpib_local_rail_info(c, lane, &self);
   rc = mpib_qp_connect(c, qp, lane, qp->qp_num, &self, c->nic[lane]->active_mtu, c->tc, 0);

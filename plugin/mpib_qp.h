@@ -18,6 +18,9 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
 /* A QP back to INIT through RESET (what it had queued is discarded), granting `access` to the
  * peer (MPIB_DATA_QP_ACCESS or MPIB_FLUSH_QP_ACCESS: what the QP was created with). */
 int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane, int access);
+/* The lane's GID index again after its GID moved in the table (RoCE, a port flap): 0, or
+ * -EADDRNOTAVAIL while the address is not back. */
+int mpib_lane_gid_refresh(struct mpib_comm *c, int lane);
 /* This lane's own address, as the peer would see it (for the loopback flush QP). */
 void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri);
 /* The class of the comm's QPs' packets (the receiver's may follow NCCL_IB_FIFO_TC). */

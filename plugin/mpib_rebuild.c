@@ -27,31 +27,11 @@ int mpib_rail_to_error(struct mpib_comm *c, int r) {
 
 /* Brings a failed rail's QPs back: RESET, INIT, then RTR/RTS against the same remote QPs
  * (the peer does the same with the same psn). */
-/* After a port flap the kernel may have re-added the rail's GID at another index: find the
- * same address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. */
-static int refresh_gid_index(struct mpib_comm *c, int l) {
-  uint8_t gid[16];
-  int type, want_type;
-  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &want_type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0)
-    return 0;
-  /* The original type is what the entry had at connect time; without it, take RoCE v2. */
-  want_type = IBV_GID_TYPE_ROCE_V2;
-  int n = c->nic[l]->gid_tbl_len;
-  for (int i = 0; i < n; i++) {
-    if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && type == want_type && memcmp(gid, c->gid[l].raw, 16) == 0) {
-      MPIB_INFO("%s rail: its GID moved from index %d to %d", mpib_rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
-      c->gid_index[l] = i;
-      return 0;
-    }
-  }
-  return -EADDRNOTAVAIL;
-}
-
 int mpib_rail_reconnect(struct mpib_comm *c, int r, uint32_t psn) {
   for (int i = 0; i < mpib_lane_count(c, r); i++) {
     int l = mpib_lane(r, i);
     if (c->nic[l]->link_layer != IBV_LINK_LAYER_ETHERNET) continue;
-    int rc = refresh_gid_index(c, l);
+    int rc = mpib_lane_gid_refresh(c, l);
     if (rc) return rc;
     mpib_neigh_warm(c->rem_rail[l].gid); /* a link that went down flushed the entry */
   }

@@ -49,9 +49,16 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
   reset_access[lane] = access;
   return reset_fails ? -EIO : 0;
 }
+static int connect_gid_index[MPIB_NRAILS]; /* the GID index of each lane's last connect */
 int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t rem_qpn,
                     const struct mpib_rail_info *rem, enum ibv_mtu mtu, uint8_t tc, uint32_t psn) {
-  return (void)c, (void)qp, (void)lane, (void)rem_qpn, (void)rem, (void)mtu, (void)tc, (void)psn, 0;
+  connect_gid_index[lane] = c->gid_index[lane];
+  return (void)qp, (void)rem_qpn, (void)rem, (void)mtu, (void)tc, (void)psn, 0;
+}
+static int gid_found_at = -1; /* where the lane's GID is in the table now (-1: where it was) */
+int mpib_lane_gid_refresh(struct mpib_comm *c, int lane) {
+  if (gid_found_at >= 0) c->gid_index[lane] = gid_found_at;
+  return 0;
 }
 void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_info *ri) {
   (void)c, (void)lane, memset(ri, 0, sizeof *ri);
@@ -200,6 +207,38 @@ static void open_flush_orders_later_receives(void) {
   free_comm(c);
 }
 
+/* A flush read fails after a port flap that moved the RoCE GID of its lane in the table: the
+ * loopback QP is connected again at the GID's new index, whether or not the data rail was
+ * rebuilt first (the index is the lane's, shared with its data QPs). While the data rail's
+ * rebuild runs (its thread moves that index), the flush QP waits for it. */
+static void flush_after_gid_move(void) {
+  enum { U = 1u << MPIB_RAIL_SUP };
+  struct mpib_comm *c = recv_comm();
+  void *req = NULL;
+  reset();
+  mpib_g.nic[MPIB_RAIL_SUP].link_layer = IBV_LINK_LAYER_ETHERNET;
+  c->gid_index[MPIB_RAIL_SUP] = 1;
+  CHECK(flush(c, U, &req) == ncclSuccess && req != NULL && nreads[MPIB_RAIL_SUP] == 1, "a flush on SUP");
+  gid_found_at = 3;
+  c->rail[MPIB_RAIL_SUP].rebuild.running = 1;
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR);
+  CHECK(tested(req) == 0 && resets[MPIB_RAIL_SUP] == 0 && nreads[MPIB_RAIL_SUP] == 0,
+        "the data rail is being rebuilt: the flush QP waits (resets %d, reads %d)", resets[MPIB_RAIL_SUP],
+        nreads[MPIB_RAIL_SUP]);
+  c->rail[MPIB_RAIL_SUP].rebuild.running = 0;
+  CHECK(tested(req) == 0 && resets[MPIB_RAIL_SUP] == 1 && nreads[MPIB_RAIL_SUP] == 1,
+        "the rebuild over: the flush QP is reset and reads again (resets %d, reads %d)", resets[MPIB_RAIL_SUP],
+        nreads[MPIB_RAIL_SUP]);
+  CHECK(connect_gid_index[MPIB_RAIL_SUP] == 3, "the flush QP connected at GID index %d, want the GID's new index 3",
+        connect_gid_index[MPIB_RAIL_SUP]);
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  CHECK(tested(req) == 1, "the flush completes");
+  printf("flush: gid-moved connect_index=%d\n", connect_gid_index[MPIB_RAIL_SUP]);
+  gid_found_at = -1;
+  mpib_g.nic[MPIB_RAIL_SUP].link_layer = 0;
+  free_comm(c);
+}
+
 int main(void) {
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
@@ -296,5 +335,6 @@ int main(void) {
   printf("flush: sup_port=2 sout_rkey=%u sup_rkey=%u\n", read_rkey[MPIB_RAIL_SOUT], read_rkey[MPIB_RAIL_SUP]);
   free_comm(c);
   open_flush_orders_later_receives();
+  flush_after_gid_move();
   return failures ? 1 : 0;
 }
