@@ -123,6 +123,12 @@ func ClosedLoopMove(w, target int, gain float64, maxStep int) int {
 	return clampW(w + min(max(m, -maxStep), maxStep))
 }
 
+// SegmentReplaced tells the loop that its HintWriter now writes another segment (a
+// re-created one: Segment.Attachment changed). Its connections registered again there, in
+// new slots with new generations, and nothing it wrote is there: it forgets every
+// connection, so that the next Tick starts each one as a new registration and writes it.
+func (p *ClosedLoop) SegmentReplaced() { clear(p.conns) }
+
 // State returns the loop's per-connection state, by slot.
 func (p *ClosedLoop) State() []ClosedLoopConn {
 	out := make([]ClosedLoopConn, 0, len(p.conns))

@@ -193,10 +193,11 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// Gone reports a slot write refused because the connection closed or the slot now holds
-// another registration: policies skip it.
+// Gone reports a slot write refused because the connection closed, the slot now holds
+// another registration, or the slot lies beyond a smaller segment that replaced the one the
+// connection was read from: policies skip it.
 func Gone(err error) bool {
-	return errors.Is(err, shm.ErrSlotInactive) || errors.Is(err, shm.ErrGenChanged)
+	return errors.Is(err, shm.ErrSlotInactive) || errors.Is(err, shm.ErrGenChanged) || errors.Is(err, shm.ErrSlotRange)
 }
 
 type slotGen struct{ slot, gen, value uint32 }
@@ -207,13 +208,24 @@ type slotGen struct{ slot, gen, value uint32 }
 //   - A key deleted from the file clears its hint: its connections return to the default.
 //   - conns entries are written for connections that register later too, and again when a
 //     slot key's slot is registered again.
+//   - After SegmentReplaced, the next Tick writes every default and conns entry again.
 type Static struct {
 	File string
 
-	w       *Weights // in force
-	stamp   string   // mtime+size of the last load attempt
-	written map[string]slotGen
-	missing map[string]bool // conns keys already reported as not (yet) connected
+	w            *Weights // in force
+	stamp        string   // mtime+size of the last load attempt
+	written      map[string]slotGen
+	missing      map[string]bool // conns keys already reported as not (yet) connected
+	defaultsLost bool            // the segment was replaced since the class and peer defaults were written
+}
+
+// SegmentReplaced tells the policy that its HintWriter now writes another segment (a
+// re-created one: Segment.Attachment changed). Nothing it wrote is there, and slot
+// generations start again, so it forgets what it wrote: the next Tick writes the class and
+// peer defaults and every conns entry again.
+func (p *Static) SegmentReplaced() {
+	p.written = map[string]slotGen{}
+	p.defaultsLost = p.w != nil
 }
 
 // Tick applies the weights to conns (the active slots). Notes are lines for the operator,
@@ -227,11 +239,16 @@ func (p *Static) Tick(hw HintWriter, conns []shm.Slot) (notes []string, warnings
 		}
 		r.warnings = append(r.warnings, fmt.Errorf("%w: keeping the last good weights", werr))
 	}
-	if nw != nil {
-		if err := p.load(hw, nw, &r); err != nil {
-			return r.notes, r.warnings, err
-		}
+	switch {
+	case nw != nil:
+		err = p.load(hw, nw, &r)
+	case p.defaultsLost:
+		err = writeDefaults(hw, p.w, &r)
 	}
+	if err != nil {
+		return r.notes, r.warnings, err
+	}
+	p.defaultsLost = false
 	err = p.applyConns(hw, conns, &r)
 	return r.notes, r.warnings, err
 }

@@ -149,11 +149,11 @@ func (s *Segment) ReleaseAgent() {
 
 // LeaseHeld reports whether a live process holds slot i's lease (spec 5.7).
 func (s *Segment) LeaseHeld(i uint32) (bool, error) {
-	if i >= s.h.NSlots {
-		return false, fmt.Errorf("slot %d: %w", i, ErrSlotRange)
-	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	if i >= s.h.NSlots { // under mu: Reattach may swap in a segment with fewer slots
+		return false, fmt.Errorf("slot %d: %w", i, ErrSlotRange)
+	}
 	return lockHeld(s.f, wire.SlotLockOff(i))
 }
 
@@ -164,20 +164,39 @@ func (s *Segment) GC() ([]uint32, error) {
 	var freed []uint32
 	err := s.locked(func(v wire.View) error {
 		for i := uint32(0); i < s.h.NSlots; i++ {
-			off := wire.SlotOff(i)
-			owner := v.U64(off + wire.SlOwner)
-			if owner == 0 {
+			if v.U64(wire.SlotOff(i)+wire.SlOwner) == 0 {
 				continue
 			}
-			held, err := lockHeld(s.f, wire.SlotLockOff(i))
+			ok, err := s.reclaim(v, i)
 			if err != nil {
 				return fmt.Errorf("gc %s: lease of slot %d: %w", s.path, i, err)
 			}
-			if !held && v.CAS64(off+wire.SlOwner, owner, 0) {
+			if ok {
 				freed = append(freed, i)
 			}
 		}
 		return nil
 	})
 	return freed, err
+}
+
+// reclaim frees slot i if its owner is dead. It takes the slot's lease itself, never waiting:
+// a lease it cannot take belongs to a live owner. While it holds the lease no plugin can
+// claim or release the slot (both happen under the lease), so a non-zero owner word read
+// then is a dead owner's, and is cleared. Checking the lease without taking it would race:
+// the owner word is not unique per registration (the same pid claims again), so a release
+// and a new claim between the check and the clear would free a live slot. Taking the lease
+// through s.f is sound because this open file description never holds a slot lease.
+func (s *Segment) reclaim(v wire.View, i uint32) (bool, error) {
+	off := wire.SlotLockOff(i)
+	if err := ofdLock(s.f, off, unix.F_WRLCK); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return false, nil
+		}
+		return false, err
+	}
+	defer func() { _ = ofdLock(s.f, off, unix.F_UNLCK) }()
+	owner := wire.SlotOff(i) + wire.SlOwner
+	seen := v.U64(owner)
+	return seen != 0 && v.CAS64(owner, seen, 0), nil
 }

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -34,8 +32,9 @@ type Segment struct {
 	ino   uint64
 	agent bool // holds the agent lock (spec 5.7)
 
-	gone     atomic.Bool
-	lastBeat atomic.Uint64 // the heartbeat value this Segment last stored
+	gone       atomic.Bool
+	lastBeat   atomic.Uint64 // the heartbeat value this Segment last stored
+	attachment atomic.Uint64 // counts the moves of Reattach (Attachment)
 }
 
 // Now returns CLOCK_MONOTONIC in nanoseconds, the segment's time base.
@@ -45,33 +44,11 @@ func Now() uint64 {
 	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec)
 }
 
-// DefaultPath is $MPIB_SHM_PATH, else /dev/shm/mpib-hints-EUID (the plugin's default too).
-func DefaultPath() string {
-	if p := os.Getenv("MPIB_SHM_PATH"); p != "" {
-		return p
-	}
-	return DefaultPathPrefix + strconv.Itoa(os.Geteuid())
-}
-
-// StaleFromEnv is MPIB_AGENT_STALE_MS (1..3600000, else the default 500 ms), read as the
-// plugin reads it.
-func StaleFromEnv() time.Duration {
-	ms := uint64(DefaultStaleMs)
-	if v, err := strconv.ParseUint(os.Getenv("MPIB_AGENT_STALE_MS"), 10, 64); err == nil && v >= 1 && v <= MaxStaleMs {
-		ms = v
-	}
-	return time.Duration(ms) * time.Millisecond
-}
-
-// BeatPeriod is how often an agent beats for a staleness limit: stale/4 (spec 5.2).
-func BeatPeriod(stale time.Duration) time.Duration {
-	return max(stale/4, time.Millisecond)
-}
-
-// Create makes a new zeroed segment at path with mode 0600 (spec 5.8) and opens it. It
-// refuses (ErrSegmentLive) to replace a segment that is live (an agent beats it, or a plugin
-// or agent holds it open) unless force is set; plugins then move to the new segment within
-// their poll period. A file at path owned by another user is always refused (ErrBadOwner).
+// Create makes a new zeroed segment at path with mode 0600 (spec 5.8), every page allocated
+// (a full file system fails it at once, wrapping ENOSPC), and opens it. It refuses
+// (ErrSegmentLive) to replace a segment that is live (an agent beats it, or a plugin or agent
+// holds it open) unless force is set; plugins then move to the new segment within their poll
+// period. A file at path owned by another user is always refused (ErrBadOwner).
 func Create(path string, nslots, npeers uint32, force bool) (*Segment, error) {
 	if nslots < 1 || nslots > MaxSlots || npeers > MaxPeers {
 		return nil, fmt.Errorf("create %s: %w: nslots=%d (1..%d) npeers=%d (0..%d)",
@@ -113,7 +90,7 @@ func Create(path string, nslots, npeers uint32, force bool) (*Segment, error) {
 	tmp := f.Name()
 	err = f.Chmod(0o600)
 	if err == nil {
-		err = f.Truncate(int64(size))
+		err = reserve(f, int64(size))
 	}
 	if err == nil {
 		_, err = f.WriteAt(hdr, 0)
@@ -127,6 +104,31 @@ func Create(path string, nslots, npeers uint32, force bool) (*Segment, error) {
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
 	return Open(path)
+}
+
+// fallocate allocates a file's first size bytes (a variable: tests make the file system full).
+var fallocate = func(fd int, size int64) error { return unix.Fallocate(fd, 0, 0, size) }
+
+// reserve sizes a new segment file to size zero bytes with every page allocated, so that a
+// full file system (a container's /dev/shm is 64 MiB by default) fails the create at once,
+// not the first touch of a page later: that is a SIGBUS in every process mapping the file. A
+// file system without fallocate gets the zeros written.
+func reserve(f *os.File, size int64) error {
+	err := fallocate(int(f.Fd()), size)
+	for errors.Is(err, unix.EINTR) { // tmpfs gives up a long allocation at any signal (Go's preemption sends some)
+		err = fallocate(int(f.Fd()), size)
+	}
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		_, err = f.WriteAt(make([]byte, size), 0)
+	}
+	switch {
+	case errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT):
+		return fmt.Errorf("cannot reserve the segment's %d bytes: %w (the file system is full: free space, "+
+			"give a container a larger /dev/shm (docker run --shm-size), or create fewer --slots/--peers)", size, err)
+	case err != nil:
+		return fmt.Errorf("reserve %d bytes: %w", size, err)
+	}
+	return nil
 }
 
 // Open maps an existing segment after the spec's validation (section 6). A symbolic link is
@@ -266,10 +268,16 @@ func (s *Segment) Replaced() bool {
 	return unix.Fstat(int(s.f.Fd()), &fst) == nil && uint64(fst.Size) < s.h.TotalSize
 }
 
+// Attachment names the file the Segment maps: 0 for the one Open mapped, one more after each
+// Reattach that moved. Slot indices, generations and hints belong to one attachment: a writer
+// that remembers what it wrote must forget it when the attachment changes (the new segment
+// holds none of it, and its generations start again at 1).
+func (s *Segment) Attachment() uint64 { return s.attachment.Load() }
+
 // Reattach moves the Segment to the segment now at its path when the file was replaced or
 // truncated (Replaced). An agent lock held on the old file is taken on the new one first
 // (ErrAgentRunning when another agent holds it: the Segment then stays where it was).
-// It reports whether it moved.
+// It reports whether it moved (Attachment then changed).
 func (s *Segment) Reattach() (bool, error) {
 	if !s.Replaced() {
 		return false, nil
@@ -290,6 +298,7 @@ func (s *Segment) Reattach() (bool, error) {
 	s.f, s.v, s.h, s.dev, s.ino = n.f, n.v, n.h, n.dev, n.ino
 	s.gone.Store(false)
 	s.lastBeat.Store(0)
+	s.attachment.Add(1)
 	_ = unix.Munmap(oldB)
 	oldF.Close()
 	return true, nil

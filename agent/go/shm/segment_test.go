@@ -6,7 +6,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func newSeg(t *testing.T, nslots, npeers uint32) *Segment {
@@ -110,5 +114,55 @@ func TestOpenRefuses(t *testing.T) {
 		t.Fatalf("0600 must open: %v", err)
 	} else {
 		s.Close()
+	}
+}
+
+// TestCreateFullFileSystem: a file system without room for the segment fails Create at once
+// with ENOSPC, naming the path and the size, and leaves no file behind (neither at the path
+// nor the temporary one), instead of a sparse file whose first touch of a page raises SIGBUS.
+func TestCreateFullFileSystem(t *testing.T) {
+	saved := fallocate
+	t.Cleanup(func() { fallocate = saved })
+	fallocate = func(int, int64) error { return unix.ENOSPC }
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hints")
+	_, err := Create(path, 8, 4, false)
+	size := strconv.FormatUint(TotalSize(8, 4), 10)
+	if !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), size) {
+		t.Fatalf("expected ENOSPC naming %s and %s bytes but got %v", path, size, err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("files left behind: %v", left)
+	}
+}
+
+// TestCreateReservesPages: the segment file's pages are allocated at create, not left sparse.
+func TestCreateReservesPages(t *testing.T) {
+	s := newSeg(t, 1024, 256)
+	var st unix.Stat_t
+	if err := unix.Stat(s.Path(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := st.Blocks*512, int64(TotalSize(1024, 256)); got < want {
+		t.Fatalf("%d bytes allocated of %d: the file is sparse", got, want)
+	}
+}
+
+// TestCreateWithoutFallocate: a file system without fallocate gets the segment's zeros written:
+// the file is still fully allocated and the segment usable.
+func TestCreateWithoutFallocate(t *testing.T) {
+	saved := fallocate
+	t.Cleanup(func() { fallocate = saved })
+	fallocate = func(int, int64) error { return unix.EOPNOTSUPP }
+	s := newSeg(t, 64, 16)
+	var st unix.Stat_t
+	if err := unix.Stat(s.Path(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(TotalSize(64, 16)); st.Size != want || st.Blocks*512 < want {
+		t.Fatalf("size %d, %d bytes allocated: want %d of both", st.Size, st.Blocks*512, want)
+	}
+	if h := s.Header(); h.NSlots != 64 || h.NPeers != 16 {
+		t.Fatalf("header: %+v", h)
 	}
 }

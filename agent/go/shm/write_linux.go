@@ -40,11 +40,11 @@ func (s *Segment) StopBeat() bool {
 // refused with a *GenChangedError (errors.Is ErrGenChanged), so a hint never lands on another
 // connection. A value above 1024 is written as 1024 and reported with a *ClampedError.
 func (s *Segment) SetSlotHint(slot, gen uint32, supBw uint32, valid bool) error {
-	if slot >= s.h.NSlots {
-		return fmt.Errorf("set slot %d hint: %w", slot, ErrSlotRange)
-	}
 	bw, cerr := clampErr(supBw)
 	err := s.locked(func(v wire.View) error {
+		if slot >= s.h.NSlots { // under mu: Reattach may swap in a segment with fewer slots
+			return fmt.Errorf("set slot %d hint: %w", slot, ErrSlotRange)
+		}
 		off := wire.SlotOff(slot)
 		if SlotState(uint32(v.U64(off+wire.SlOwner))) != StateActive {
 			return fmt.Errorf("set slot %d hint: %w", slot, ErrSlotInactive)

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 import mpib_agent
 from conftest import VECTORS, fake_die, fake_register, fake_release
+from mpib_agent._layout import STATE_ACTIVE
 from mpib_agent._segment import _lock_byte
 
 
@@ -150,6 +153,48 @@ def test_gc_lease_not_pid(seg: mpib_agent.Segment) -> None:
     fake_die(seg, 0)
     assert seg.gc() == [0]
     assert seg.connections() == []
+
+
+def test_gc_never_frees_a_reclaimed_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner word (ACTIVE | pid << 32) is not unique per registration: a plugin that
+    releases its slot and claims it again writes the same word. Here a live plugin (fixed pid
+    37) releases its slot just before the agent's lease check of gc() (whichever lock call
+    makes it) and claims it again just after: gc() must free nothing, and a slot the plugin
+    holds must read ACTIVE."""
+    from mpib_agent import _segment
+    from mpib_agent._plugin import ConnDesc, PluginProcess
+
+    agent = mpib_agent.create(str(tmp_path / "hints"), nslots=1, npeers=0)
+    plugin = PluginProcess(agent.path, pid=37)  # another process: its own open file description
+    slot = plugin.register(ConnDesc(conn_id=1))
+
+    def around_check(real: Callable[..., bool]) -> Callable[..., bool]:
+        def check(fd: int, off: int, *rest: int) -> bool:
+            if fd != agent._fd or off != _segment.slot_lock_off(slot) or rest[:1] == (fcntl.F_UNLCK,):
+                return real(fd, off, *rest)
+            if slot in plugin.slots:
+                plugin.release(slot)
+            r = real(fd, off, *rest)
+            try:
+                plugin.register(ConnDesc(conn_id=1))
+            except mpib_agent.SegmentError as e:
+                assert e.code == "slots_full"  # the agent holds the lease
+            return r
+
+        return check
+
+    monkeypatch.setattr(_segment, "_lock_held", around_check(_segment._lock_held))
+    monkeypatch.setattr(_segment, "_lock_byte", around_check(_segment._lock_byte))
+    try:
+        assert agent.gc() == []
+        if not plugin.slots:  # its claim met the agent's lease: the agent dropped it since
+            plugin.register(ConnDesc(conn_id=1))
+        for i in plugin.slots:
+            s = agent.slot(i)
+            assert (s.state, s.owner_pid) == (STATE_ACTIVE, 37), f"the leased slot reads {s}"
+    finally:
+        plugin.close()
+        agent.close()
 
 
 def test_set_slot_hint_gen_changed(seg: mpib_agent.Segment) -> None:
@@ -484,3 +529,27 @@ def test_completion_decode() -> None:
         2.0,
     )
     assert r[0].sup_completed_bps == 4000 and r[0].sup_latency_ns == 0  # busy went backwards: no latency
+
+
+def test_create_full_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without room for the segment fails create() at once with ENOSPC, naming
+    the path and the size, and leaves no file behind (neither at the path nor the temporary
+    one), instead of a sparse file whose first touch of a page raises SIGBUS."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = str(tmp_path / "hints")
+    with pytest.raises(OSError) as ei:
+        mpib_agent.create(path, nslots=8, npeers=4)
+    size = str(256 + 8 * 384 + 4 * 64)
+    assert ei.value.errno == errno.ENOSPC and path in str(ei.value) and size in str(ei.value), ei.value
+    assert os.listdir(tmp_path) == []
+
+
+def test_create_reserves_pages(tmp_path: Path) -> None:
+    """The segment file's pages are allocated at create, not left sparse."""
+    with mpib_agent.create(str(tmp_path / "hints"), nslots=1024, npeers=256) as s:
+        st = os.stat(s.path)
+        assert st.st_blocks * 512 >= s.header().total_size, "the file is sparse"

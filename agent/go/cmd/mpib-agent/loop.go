@@ -38,9 +38,11 @@ func (l *lockedWriter) printf(format string, args ...any) {
 // agentLoop is the one beating agent of the segment (spec 5.2, 5.7): it takes the agent lock
 // (a second loop, Go or Python, is refused), beats every MPIB_AGENT_STALE_MS/4 from its own
 // goroutine (a slow tick never lets the heartbeat go stale), follows the segment when it is
-// replaced or truncated, and calls tick every interval until SIGINT/SIGTERM. On the way out
-// it clears the heartbeat only if it is still its own. A SIGKILL leaves the heartbeat to go
-// stale after MPIB_AGENT_STALE_MS.
+// replaced or truncated, and calls tick every interval until SIGINT/SIGTERM. A tick never
+// overlaps a re-attachment: what it reads and what it writes belong to one segment, and a tick
+// that finds s.Attachment changed knows its policy's memory of what it wrote is void. On the
+// way out it clears the heartbeat only if it is still its own. A SIGKILL leaves the heartbeat
+// to go stale after MPIB_AGENT_STALE_MS.
 func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick func() error) error {
 	if err := s.AcquireAgent(); err != nil {
 		return err
@@ -50,8 +52,9 @@ func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick f
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
 	stop, beaterDone := make(chan struct{}), make(chan struct{})
+	var ticking sync.Mutex // held by a tick, and by the beater while it re-attaches
 	_ = s.Beat(shm.Now())
-	go beater(s, out, shm.BeatPeriod(shm.StaleFromEnv()), stop, beaterDone)
+	go beater(s, out, &ticking, shm.BeatPeriod(shm.StaleFromEnv()), stop, beaterDone)
 	defer func() {
 		close(stop)
 		<-beaterDone
@@ -60,10 +63,14 @@ func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick f
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if s.Err() == nil {
-			if err := tick(); err != nil && !errors.Is(err, shm.ErrSegmentGone) {
-				return err
-			}
+		ticking.Lock()
+		err := s.Err()
+		if err == nil {
+			err = tick()
+		}
+		ticking.Unlock()
+		if err != nil && !errors.Is(err, shm.ErrSegmentGone) {
+			return err
 		}
 		select {
 		case <-sig:
@@ -73,8 +80,10 @@ func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick f
 	}
 }
 
-// beater beats every period and, every 250 ms, follows a replaced or truncated segment.
-func beater(s *shm.Segment, out *lockedWriter, period time.Duration, stop, done chan struct{}) {
+// beater beats every period and, every 250 ms, follows a replaced or truncated segment. It
+// moves only while it holds ticking, so that no tick runs across the move, and never waits for
+// it: while a tick runs it looks again at the next beat.
+func beater(s *shm.Segment, out *lockedWriter, ticking *sync.Mutex, period time.Duration, stop, done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -87,11 +96,12 @@ func beater(s *shm.Segment, out *lockedWriter, period time.Duration, stop, done 
 		case <-t.C:
 		}
 		_ = s.Beat(shm.Now())
-		if time.Since(lastCheck) < 250*time.Millisecond {
+		if time.Since(lastCheck) < 250*time.Millisecond || !ticking.TryLock() {
 			continue
 		}
 		lastCheck = time.Now()
 		moved, err := s.Reattach()
+		ticking.Unlock()
 		switch {
 		case moved:
 			_ = s.Beat(shm.Now())
@@ -230,8 +240,24 @@ func cmdRun(args []string, w io.Writer) error {
 	})
 }
 
+// replacementWatch returns a function that reports whether s moved to another file
+// (Reattach) since its previous call.
+func replacementWatch(s *shm.Segment) func() bool {
+	seen := s.Attachment()
+	return func() bool {
+		a := s.Attachment()
+		moved := a != seen
+		seen = a
+		return moved
+	}
+}
+
 func closedLoopTick(s *shm.Segment, p *policy.ClosedLoop, out *lockedWriter) func() error {
+	replaced := replacementWatch(s)
 	return func() error {
+		if replaced() {
+			p.SegmentReplaced()
+		}
 		now := shm.Now()
 		conns, err := s.Connections()
 		if err != nil {
@@ -246,7 +272,11 @@ func closedLoopTick(s *shm.Segment, p *policy.ClosedLoop, out *lockedWriter) fun
 }
 
 func staticTick(s *shm.Segment, p *policy.Static, out *lockedWriter) func() error {
+	replaced := replacementWatch(s)
 	return func() error {
+		if replaced() {
+			p.SegmentReplaced()
+		}
 		conns, err := s.Connections()
 		if err != nil {
 			return err
@@ -267,7 +297,12 @@ func proportionalTick(s *shm.Segment, p *policy.Proportional, out *lockedWriter)
 	prev := shm.NewSample(shm.Now(), conns)
 	type written struct{ gen, bw uint32 }
 	last := map[uint32]written{}
+	replaced := replacementWatch(s)
 	return func() error {
+		if replaced() { // nothing written is in the new segment; its counters are not prev's
+			clear(last)
+			prev = shm.NewSample(shm.Now(), nil)
+		}
 		conns, err := s.Connections()
 		if err != nil {
 			return err

@@ -11,7 +11,16 @@ from typing import Callable, Dict, Tuple
 
 from ._cli_args import _UINT_RE, UsageError, _capacity, _duration_s, _fmt_ms
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
-from ._policy import Proportional, StaticWeights, agent_loop, gone, rate_sampler, rates, signal_setter
+from ._policy import (
+    Proportional,
+    StaticWeights,
+    agent_loop,
+    gone,
+    rate_sampler,
+    rates,
+    replacement_watch,
+    signal_setter,
+)
 from ._resolve import clamp
 from ._segment import Segment, beat_period_s, now_ns, open_segment
 from ._types import SegmentError
@@ -42,8 +51,11 @@ def _cmd_heartbeat(a: argparse.Namespace) -> int:
 
 def _static_tick(seg: Segment, path: str) -> Callable[[], None]:
     p = StaticWeights(path)
+    replaced = replacement_watch(seg)
 
     def tick() -> None:
+        if replaced():
+            p.segment_replaced()
         for n in p.tick(seg, seg.connections()):
             print(n, flush=True)
 
@@ -53,8 +65,12 @@ def _static_tick(seg: Segment, path: str) -> Callable[[], None]:
 def _proportional_tick(seg: Segment, p: Proportional) -> Callable[[], None]:
     state: Dict[str, object] = {"prev": {s.index: s for s in seg.connections()}, "t": now_ns()}
     last: Dict[int, Tuple[int, int]] = {}
+    replaced = replacement_watch(seg)
 
     def tick() -> None:
+        if replaced():  # nothing written is in the new segment; its counters are not prev's
+            last.clear()
+            state["prev"], state["t"] = {}, now_ns()
         conns = seg.connections()
         cur_t, cur = now_ns(), {s.index: s for s in conns}
         prev = state["prev"]
@@ -79,8 +95,11 @@ def _proportional_tick(seg: Segment, p: Proportional) -> Callable[[], None]:
 
 def _closed_loop_tick(seg: Segment, p: ClosedLoopPolicy) -> Callable[[], None]:
     next_sample = rate_sampler(seg)
+    replaced = replacement_watch(seg)
 
     def tick() -> None:
+        if replaced():
+            p.segment_replaced()
         cur, rs = next_sample()
         hints = p(rs)
         for slot, bw in hints.items():

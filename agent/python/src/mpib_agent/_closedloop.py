@@ -149,6 +149,13 @@ class ClosedLoopPolicy:
         self.note = note
         self.conns: Dict[int, ClosedLoopConn] = {}
 
+    def segment_replaced(self) -> None:
+        """Tells the policy that its segment was replaced (re-created at its path): its
+        connections registered again there, in new slots with new generations, and nothing it
+        wrote is there. It forgets every connection, so that the next call starts each one as
+        a new registration and returns its split."""
+        self.conns.clear()
+
     def _say(self, msg: str) -> None:
         if self.note is not None:
             self.note(msg)

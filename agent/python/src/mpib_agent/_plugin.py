@@ -9,7 +9,7 @@ one on a real segment file:
 - :meth:`register` claims a slot as spec 5.4 says: the slot's lease (an exclusive OFD lock on
   the slot's first byte) first, then the owner word. Python has no compare-and-swap; the lease
   makes the claim safe: every claimer (plugin or simulator) takes the lease before writing a
-  non-zero owner word, and agents reclaim only slots whose lease nobody holds (5.7);
+  non-zero owner word, and agents reclaim a slot only while holding its lease themselves (5.7);
 - :meth:`release` stores 0 into the owner word, then drops the lease;
 - :meth:`record_read` and :meth:`put_counters` write the telemetry of spec 4.3 and 5.3, one
   ``pwrite`` per field (aligned stores of the field's size);

@@ -50,14 +50,31 @@ class ConnRate:
         return self.sup_bps / t if t > 0 else 0.0
 
 
+def replacement_watch(seg: Segment) -> Callable[[], bool]:
+    """A function that reports whether seg moved to another file (``reattach``) since its
+    previous call."""
+    seen = seg.attachment
+
+    def replaced() -> bool:
+        nonlocal seen
+        moved, seen = seg.attachment != seen, seg.attachment
+        return moved
+
+    return replaced
+
+
 def rate_sampler(seg: Segment) -> Callable[[], Tuple[Dict[int, Slot], List[ConnRate]]]:
     """A function that samples seg's connections and returns them (by slot) with each one's
-    rates since the previous call (the first call: since rate_sampler was called)."""
+    rates since the previous call (the first call: since rate_sampler was called). After
+    seg moved to another file it returns no rates once: counters of two files do not pair."""
     prev: Dict[int, Slot] = {s.index: s for s in seg.connections()}
     prev_t = now_ns()
+    replaced = replacement_watch(seg)
 
     def next_sample() -> Tuple[Dict[int, Slot], List[ConnRate]]:
         nonlocal prev, prev_t
+        if replaced():
+            prev = {}
         cur_t = now_ns()
         cur = {s.index: s for s in seg.connections()}
         rs = rates(prev, cur, (cur_t - prev_t) / 1e9)
@@ -156,8 +173,10 @@ class SlotSkippedWarning(UserWarning):
 
 
 def gone(e: SegmentError) -> bool:
-    """A slot write refused because the connection closed or was replaced."""
-    return e.code in ("slot_inactive", "gen_changed")
+    """A slot write refused because the connection closed, the slot now holds another
+    registration, or the slot lies beyond a smaller segment that replaced the one the
+    connection was read from."""
+    return e.code in ("slot_inactive", "gen_changed", "slot_range")
 
 
 # ---- the agent loop -----------------------------------------------------------------------
@@ -165,11 +184,13 @@ def gone(e: SegmentError) -> bool:
 
 class _Beater(threading.Thread):
     """Beats every ``period`` seconds from its own thread (a slow policy never lets the
-    heartbeat go stale) and, every 250 ms, follows a replaced or truncated segment."""
+    heartbeat go stale) and, every 250 ms, follows a replaced or truncated segment. It moves
+    only while it holds ``ticking``, so that no tick runs across the move, and never waits
+    for it: while a tick runs it looks again at the next beat."""
 
-    def __init__(self, seg: Segment, period: float, note: Callable[[str], None]) -> None:
+    def __init__(self, seg: Segment, period: float, note: Callable[[str], None], ticking: threading.Lock) -> None:
         super().__init__(name="mpib-agent-beat", daemon=True)
-        self.seg, self.period, self.note = seg, period, note
+        self.seg, self.period, self.note, self.ticking = seg, period, note, ticking
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -179,11 +200,15 @@ class _Beater(threading.Thread):
                 self.seg.beat()
             except (SegmentError, OSError):
                 pass
-            if time.monotonic() - last_check < 0.25:
-                continue
+            if time.monotonic() - last_check < 0.25 or not self.ticking.acquire(blocking=False):
+                continue  # a tick runs: look at the next beat (never wait for it: beats go on)
             last_check = time.monotonic()
             try:
-                if self.seg.reattach():
+                try:
+                    moved = self.seg.reattach()
+                finally:
+                    self.ticking.release()
+                if moved:
                     self.seg.beat()
                     self.note(f"segment {self.seg.path} replaced: re-attached")
                     last_warn = ""
@@ -213,11 +238,14 @@ def agent_loop(
     (SegmentError("agent_running") when another agent, Go or Python, holds it), beats every
     ``beat_every`` s (default MPIB_AGENT_STALE_MS/4) from its own thread, and calls ``tick``
     every ``interval`` s (first at once when ``immediate``) until ``duration`` elapses,
-    ``stop`` is set, or KeyboardInterrupt. On the way out it clears the heartbeat only if it is
-    still its own, and drops the agent lock."""
+    ``stop`` is set, or KeyboardInterrupt. A tick never overlaps a re-attachment: what it reads
+    and what it writes belong to one segment, and a tick that finds ``seg.attachment`` changed
+    knows its policy's memory of what it wrote is void. On the way out it clears the heartbeat
+    only if it is still its own, and drops the agent lock."""
     stop = stop or threading.Event()
     seg.acquire_agent()
-    beater = _Beater(seg, beat_every if beat_every is not None else beat_period_s(), note)
+    ticking = threading.Lock()  # held by a tick, and by the beater while it re-attaches
+    beater = _Beater(seg, beat_every if beat_every is not None else beat_period_s(), note, ticking)
     try:
         seg.beat()
         beater.start()
@@ -228,12 +256,13 @@ def agent_loop(
             if duration is not None and now - t0 >= duration:
                 break
             if now >= next_tick:
-                if seg.err() is None:
-                    try:
-                        tick()
-                    except SegmentError as e:
-                        if e.code != "segment_gone":
-                            raise
+                with ticking:
+                    if seg.err() is None:
+                        try:
+                            tick()
+                        except SegmentError as e:
+                            if e.code != "segment_gone":
+                                raise
                 next_tick += interval
                 if next_tick < time.monotonic():
                     next_tick = time.monotonic() + interval
@@ -268,12 +297,19 @@ def run_policy(
     Each hint is written for the registration (gen) the rates were computed on; a connection
     that closed meanwhile is skipped with a SlotSkippedWarning. The heartbeat is beaten every
     ``beat_every`` s (default MPIB_AGENT_STALE_MS/4) from its own thread, so a slow callback
-    never makes plugins fall back. Runs until ``duration`` elapses, ``stop`` is set, or
-    KeyboardInterrupt; then clears its own heartbeat (plugins fall back to vanilla at once).
-    Raises SegmentError("agent_running") when another agent beats the segment."""
+    never makes plugins fall back. When the segment is replaced (re-created at its path), a
+    callback with a ``segment_replaced()`` method (:class:`ClosedLoopPolicy` has one) is told
+    before its next call, so that it returns every hint again: the new segment holds none.
+    Runs until ``duration`` elapses, ``stop`` is set, or KeyboardInterrupt; then clears its own
+    heartbeat (plugins fall back to vanilla at once). Raises SegmentError("agent_running") when
+    another agent beats the segment."""
     next_sample = rate_sampler(seg)
+    replaced = replacement_watch(seg)
+    forget = getattr(callback, "segment_replaced", None)
 
     def tick() -> None:
+        if replaced() and forget is not None:
+            forget()
         cur, rs = next_sample()
         hints = callback(rs)
         for slot, bw in (hints or {}).items():
@@ -431,7 +467,8 @@ class StaticWeights:
       last good weights stay in force and the failure is reported once (a warning).
     - A key deleted from the file clears its hint: its connections return to the default.
     - conns entries are written for connections that register later too, and again when a
-      slot key's slot is registered again."""
+      slot key's slot is registered again.
+    - After segment_replaced(), the next tick writes every default and conns entry again."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -439,6 +476,7 @@ class StaticWeights:
         self.stamp = ""
         self.written: Dict[str, Tuple[int, int, int]] = {}
         self.missing: Dict[str, bool] = {}
+        self.defaults_lost = False  # the segment was replaced since the class and peer defaults were written
 
     def _reload(self) -> Optional[Weights]:
         try:
@@ -463,6 +501,14 @@ class StaticWeights:
         except SegmentError as e:
             raise SegmentError("bad_weights", e.detail, self.path) from None
 
+    def segment_replaced(self) -> None:
+        """Tells the policy that ``seg`` is now another segment (a re-created one:
+        ``Segment.attachment`` changed). Nothing it wrote is there, and slot generations start
+        again, so it forgets what it wrote: the next tick writes the class and peer defaults
+        and every conns entry again."""
+        self.written = {}
+        self.defaults_lost = self.w is not None
+
     def tick(self, seg: Segment, conns: List[Slot]) -> List[str]:
         """Applies the weights; returns lines for the operator (warnings go to warnings)."""
         notes: List[str] = []
@@ -474,42 +520,52 @@ class StaticWeights:
             warnings.warn(f"{e}: keeping the last good weights", stacklevel=2)
             nw = None
         if nw is not None:
-            old = self.w or Weights()
-            for k in sorted(old.cls):
-                if k not in nw.cls:
-                    seg.set_class_hint(k, None)
-                    notes.append(f"policy: class {k} removed: cleared")
-            for k in sorted(old.peers):
-                if k not in nw.peers:
-                    ip, plen = parse_peer(k)
-                    seg.set_peer_hint(ip, None, prefix_len=plen)
-                    notes.append(f"policy: peer {k} removed: cleared")
-            for k in sorted(self.written):
-                if k not in nw.conns:
-                    slot, gen, _ = self.written[k]
-                    try:
-                        seg.set_slot_hint(slot, None, gen=gen)
-                    except SegmentError as e:
-                        if not gone(e):
-                            raise
-                    notes.append(f"policy: conn {k} removed: slot {slot} cleared")
-            for k in sorted(nw.cls):
-                seg.set_class_hint(k, nw.cls[k])
-            for k in sorted(nw.peers):
+            self._load(seg, nw, notes)
+        elif self.defaults_lost:
+            assert self.w is not None
+            _write_defaults(seg, self.w)
+        self.defaults_lost = False
+        self._apply_conns(seg, conns, notes)
+        return notes
+
+    def _load(self, seg: Segment, nw: Weights, notes: List[str]) -> None:
+        """Puts new weights in force: the hints of keys no longer in the file are cleared, the
+        class and peer defaults written; conns entries are left to _apply_conns."""
+        old = self.w or Weights()
+        for k in sorted(old.cls):
+            if k not in nw.cls:
+                seg.set_class_hint(k, None)
+                notes.append(f"policy: class {k} removed: cleared")
+        for k in sorted(old.peers):
+            if k not in nw.peers:
                 ip, plen = parse_peer(k)
-                seg.set_peer_hint(ip, nw.peers[k], prefix_len=plen)
-            self.w, self.written, self.missing = nw, {}, {}
-            notes.append(
-                f"policy: static weights loaded: {len(nw.cls)} class, {len(nw.peers)} peer, "
-                f"{len(nw.conns)} conn entries"
-            )
+                seg.set_peer_hint(ip, None, prefix_len=plen)
+                notes.append(f"policy: peer {k} removed: cleared")
+        for k in sorted(self.written):
+            if k not in nw.conns:
+                slot, gen, _ = self.written[k]
+                try:
+                    seg.set_slot_hint(slot, None, gen=gen)
+                except SegmentError as e:
+                    if not gone(e):
+                        raise
+                notes.append(f"policy: conn {k} removed: slot {slot} cleared")
+        _write_defaults(seg, nw)
+        self.w, self.written, self.missing = nw, {}, {}
+        notes.append(
+            f"policy: static weights loaded: {len(nw.cls)} class, {len(nw.peers)} peer, {len(nw.conns)} conn entries"
+        )
+
+    def _apply_conns(self, seg: Segment, conns: List[Slot], notes: List[str]) -> None:
+        """Writes the conns entries in force to the connections among conns that do not have
+        them yet: new ones, and slots registered again since."""
         assert self.w is not None
         for k in sorted(self.w.conns):
             c = parse_conn(k).find(conns)
             if c is None:
                 if not self.missing.get(k):
                     self.missing[k] = True
-                    warnings.warn(f"conn {k}: no such connection yet (applied when it appears)", stacklevel=2)
+                    warnings.warn(f"conn {k}: no such connection yet (applied when it appears)", stacklevel=3)
                 continue
             want = (c.index, c.gen, self.w.conns[k])
             if self.written.get(k) == want:
@@ -523,4 +579,12 @@ class StaticWeights:
             self.missing.pop(k, None)
             self.written[k] = want
             notes.append(f"policy: conn {k}: slot {c.index} (gen {c.gen}) sup_bw={clamp(want[2])[0]}")
-        return notes
+
+
+def _write_defaults(seg: Segment, w: Weights) -> None:
+    """Writes w's class and peer defaults."""
+    for k in sorted(w.cls):
+        seg.set_class_hint(k, w.cls[k])
+    for k in sorted(w.peers):
+        ip, plen = parse_peer(k)
+        seg.set_peer_hint(ip, w.peers[k], prefix_len=plen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -53,15 +54,33 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+# White space as the plugin trims its settings with (Go's strings.TrimSpace: unicode.IsSpace).
+# Python's str.strip() would also trim U+001C..U+001F.
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+_GO_ATOI = re.compile(r"[+-]?[0-9]+")  # what Go's strconv.Atoi accepts
+
+
+def _setting(name: str) -> str:
+    """An MPIB_* variable as the plugin reads its settings: leading and trailing white space
+    removed (as Go's strings.TrimSpace does)."""
+    return os.environ.get(name, "").strip(_GO_SPACE)
+
+
 def default_path() -> str:
-    """$MPIB_SHM_PATH, else /dev/shm/mpib-hints-EUID (the plugin's default too)."""
-    return os.environ.get("MPIB_SHM_PATH") or f"{DEFAULT_PATH_PREFIX}{os.geteuid()}"
+    """$MPIB_SHM_PATH (white space trimmed, as the plugin reads it), else
+    /dev/shm/mpib-hints-EUID (the plugin's default too)."""
+    return _setting("MPIB_SHM_PATH") or f"{DEFAULT_PATH_PREFIX}{os.geteuid()}"
 
 
 def stale_ns_from_env() -> int:
-    """MPIB_AGENT_STALE_MS (1..3600000, else 500) in ns, read as the plugin reads it."""
-    v = os.environ.get("MPIB_AGENT_STALE_MS", "")
-    ms = int(v) if v.isdigit() and v.isascii() and 1 <= int(v) <= MAX_STALE_MS else DEFAULT_STALE_MS
+    """MPIB_AGENT_STALE_MS in ns, read as the plugin reads it: white space trimmed, then a signed
+    decimal integer (Go's strconv.Atoi: " 100 " and "+100" are 100) in 1..3600000. Unset,
+    anything else or out of range: the default, 500 ms (the plugin refuses such a value)."""
+    v = _setting("MPIB_AGENT_STALE_MS")
+    ms = int(v) if _GO_ATOI.fullmatch(v) and 1 <= int(v) <= MAX_STALE_MS else DEFAULT_STALE_MS
     return ms * 1_000_000
 
 
@@ -277,6 +296,24 @@ def _open_nonblocking(p: str) -> int:
         raise
 
 
+def _reserve(fd: int, p: str, size: int) -> None:
+    """Sizes a new segment file to ``size`` zero bytes with every page allocated, so that a full
+    file system (a container's /dev/shm is 64 MiB by default) fails the create at once, not the
+    first touch of a page later: that is a SIGBUS in every process mapping the file. (glibc's
+    posix_fallocate writes the zeros on a file system without fallocate.)"""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(
+                e.errno,
+                f"create {p}: cannot reserve the segment's {size} bytes: {os.strerror(e.errno)} (the file system "
+                "is full: free space, give a container a larger /dev/shm (docker run --shm-size), "
+                "or create fewer --slots/--peers)",
+            ) from None
+        raise
+
+
 def _new_file(p: str, nslots: int, npeers: int, force: bool) -> None:
     """Makes the file ``create`` opens: refuses a bad geometry, another user's file and (unless
     ``force``) a live segment, then writes a zeroed segment with mode 0600 to a temporary file
@@ -318,7 +355,7 @@ def _new_file(p: str, nslots: int, npeers: int, force: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(p) + ".tmp", dir=d)
     try:
         os.fchmod(fd, 0o600)
-        os.ftruncate(fd, size)
+        _reserve(fd, p, size)
         os.pwrite(fd, bytes(head), 0)
         os.rename(tmp, p)
     except BaseException:

@@ -97,6 +97,7 @@ class Segment:
         self._io = threading.RLock()  # reattach() swaps the descriptor under it
         self._agent = False
         self._last_beat = 0
+        self._attachment = 0
 
     def __enter__(self) -> "Segment":
         return self
@@ -110,6 +111,14 @@ class Segment:
                 return
             os.close(self._fd)  # drops this Segment's locks
             self._fd = -1
+
+    @property
+    def attachment(self) -> int:
+        """Names the file this Segment reads: 0 for the one opened, one more after each
+        reattach() that moved. Slot indices, generations and hints belong to one attachment: a
+        writer that remembers what it wrote must forget it when this changes (the new segment
+        holds none of it, and its generations start again at 1)."""
+        return self._attachment
 
     @property
     def nslots(self) -> int:
@@ -228,8 +237,8 @@ class Segment:
             return out
 
     def slot(self, i: int) -> Slot:
-        self._check_slot(i)
         with self._io:
+            self._check_slot(i)
             img = View(self._v.read(0, slot_off(i + 1)))
             rec, _ = self._v.read_record(slot_off(i) + S_HINT)
             return decode_slot(img, i, rec)
@@ -269,6 +278,8 @@ class Segment:
     # -- writing hints ----------------------------------------------------------------------
 
     def _check_slot(self, i: int) -> None:
+        """Raises slot_range for an index beyond the segment; the caller holds ``_io``, since
+        reattach() may swap in a segment with fewer slots."""
         if not 0 <= i < self._h.nslots:
             raise SegmentError("slot_range", f"slot {i} of {self._h.nslots}", self.path)
 
@@ -287,10 +298,10 @@ class Segment:
         the write is refused with :class:`GenerationChanged`, so a hint never lands on another
         connection. Returns the stored value; a value above 1024 is stored as 1024 with a
         HintClampedWarning."""
-        self._check_slot(slot)
-        v = 0 if sup_bw is None else self._clamp(sup_bw)
         off = slot_off(slot)
         with self._lock():
+            self._check_slot(slot)
+            v = 0 if sup_bw is None else self._clamp(sup_bw)
             self._check_size()
             if self._v.u64(off + S_OWNER) & 0xFFFFFFFF != STATE_ACTIVE:
                 raise SegmentError("slot_inactive", f"slot {slot} is not active", self.path)
@@ -357,8 +368,8 @@ class Segment:
 
     def lease_held(self, i: int) -> bool:
         """Whether a live process holds slot i's lease (spec 5.7)."""
-        self._check_slot(i)
         with self._io:
+            self._check_slot(i)
             return _lock_held(self._fd, slot_lock_off(i))
 
     def gc(self) -> List[int]:
@@ -370,12 +381,30 @@ class Segment:
             self._check_size()
             img = View(self._v.read(0, slot_off(self._h.nslots)))
             for i in range(self._h.nslots):
-                off = slot_off(i)
-                owner = img.u64(off + S_OWNER)
-                if owner and not _lock_held(self._fd, slot_lock_off(i)) and self._v.u64(off + S_OWNER) == owner:
-                    self._v.put64(off + S_OWNER, 0)  # no CAS in Python: safe under the lock (spec 5.7)
+                if img.u64(slot_off(i) + S_OWNER) and self._reclaim(i):
                     freed.append(i)
         return freed
+
+    def _reclaim(self, i: int) -> bool:
+        """Frees slot i if its owner is dead (the caller holds the writer lock). It takes the
+        slot's lease itself, never waiting: a lease it cannot take belongs to a live owner.
+        While it holds the lease no plugin can claim or release the slot (both happen under
+        the lease), so a non-zero owner word read then is a dead owner's, and storing 0 needs
+        no compare-and-swap. Checking the lease without taking it would race: the owner word
+        is not unique per registration (the same pid claims again), so a release and a new
+        claim between the check and the store would free a live slot. This Segment's open
+        file description never holds a slot lease, so taking one through it is sound."""
+        lease = slot_lock_off(i)
+        if not _lock_byte(self._fd, lease, fcntl.F_WRLCK):
+            return False
+        try:
+            off = slot_off(i) + S_OWNER
+            if self._v.u64(off) == 0:
+                return False
+            self._v.put64(off, 0)
+            return True
+        finally:
+            _lock_byte(self._fd, lease, fcntl.F_UNLCK)
 
     # -- a replaced or truncated segment ----------------------------------------------------
 
@@ -393,7 +422,8 @@ class Segment:
     def reattach(self) -> bool:
         """Moves to the segment now at the path when the file was replaced or truncated. An
         agent lock held on the old file is taken on the new one first (SegmentError
-        agent_running when another agent holds it: nothing moves). Returns whether it moved."""
+        agent_running when another agent holds it: nothing moves). Returns whether it moved
+        (``attachment`` then changed)."""
         if not self.replaced():
             return False
         n = open_segment(self.path)
@@ -408,6 +438,7 @@ class Segment:
             self._fd, self._h, self._v = n._fd, n._h, n._v
             self._dev, self._ino = n._dev, n._ino
             self._last_beat = 0
+            self._attachment += 1
             n._fd = -1
             os.close(old)
         return True
