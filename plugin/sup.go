@@ -21,7 +21,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync/atomic"
 
+	"github.com/mpib/mpib/plugin/internal/config"
 	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
@@ -101,7 +103,24 @@ func devSupPorts(dev int) supPorts {
 	if len(out.local.Ports) == 0 {
 		out.local.Unaddressed = firstWhy
 	}
+	warnSharedSubnet(dev, append(append([]topo.Port{}, out.local.Ports...), out.local.Down...))
 	return out
+}
+
+// sharedSubnetWarned: the devices whose SUP ports were found sharing a subnet, said once each.
+var sharedSubnetWarned [config.MaxDevices]atomic.Bool
+
+// warnSharedSubnet says, once per device, that two of its SUP ports share a subnet: right for
+// a port's two PCI functions or parallel cables to one node, wrong on a mesh whose cables lead
+// to different nodes (topo.SharedSubnet).
+func warnSharedSubnet(dev int, ports []topo.Port) {
+	a, b, ok := topo.SharedSubnet(ports)
+	if !ok || sharedSubnetWarned[dev].Swap(true) {
+		return
+	}
+	warnf("fused device %d: SUP ports %s and %s share a subnet, so a peer in it is taken to be cabled to both: "+
+		"right where both lead to the same node, wrong on a mesh whose cables lead to different nodes (give each cable "+
+		"a subnet of its own, docs/mesh.md)", dev, a, b)
 }
 
 // describeSupPort is SUP port i of a device (NIC nic) described, with its GID index, or why

@@ -569,46 +569,14 @@ func TestDownPortNotChosen(t *testing.T) {
 	}
 }
 
-// Two SUP ports of one device on one subnet (a flat mesh): every pair would look proven,
-// cabled or not. Both ends refuse, naming the ports and docs/mesh.md.
-func TestPortsSharingASubnetRefused(t *testing.T) {
+// Ports of one device on one subnet (a port's two PCI functions, parallel cables) still pair
+// and stripe: both ends agree, as before the subnets were compared.
+func TestPortsSharingASubnetStillPair(t *testing.T) {
 	flatA := local(port(0, "a_p0", "10.9.0.1/24"), port(1, "a_p1", "10.9.0.2/24"))
 	flatB := local(port(0, "b_q0", "10.9.0.3/24"), port(1, "b_q1", "10.9.0.4/24"))
-	oneB := local(port(0, "b_q0", "10.9.0.3/24"))
-	tests := []struct {
-		name                string
-		listener, connector Local
-		connErr, accErr     bool
-	}{
-		{"both flat", flatB, flatA, true, false}, // the connector names no pair: nothing to check
-		{"the connector flat", oneB, flatA, true, false},
-		{"the listener flat", flatB, local(port(0, "a_p0", "10.9.0.1/24")), true, false},
-		{"the connector's down port shares the subnet", oneB,
-			Local{Ports: []topo.Port{port(0, "a_p0", "10.9.0.1/24")}, Down: []topo.Port{port(1, "a_p1", "10.9.0.2/24")}}, true, false},
-	}
-	for _, tt := range tests {
-		o := handshake(t, side{l: tt.listener}, side{l: tt.connector}, true)
-		for _, c := range []struct {
-			err  error
-			want bool
-		}{{o.connErr, tt.connErr}, {o.accErr, tt.accErr}} {
-			if (c.err != nil) != c.want || (c.err != nil && (!strings.Contains(c.err.Error(), "share a subnet") ||
-				!strings.Contains(c.err.Error(), "docs/mesh.md"))) {
-				t.Errorf("%s: errors %v / %v", tt.name, o.connErr, o.accErr)
-			}
-		}
-		if o.conn.SUP() {
-			t.Errorf("%s: the connector chose %v", tt.name, o.conn)
-		}
-	}
-	// The acceptor checks its own ports (a connector that could not see them, e.g. from an
-	// older handle, named a pair on one).
-	adv := wire.Handle{}
-	Advertise(&adv, flatB, false)
-	hello := wire.Hello{Nonce: 1, Kind: wire.PairAddressed, Local: wire.SupAddr{Addr: netip.MustParseAddr("10.9.0.1"), Bits: 24},
-		Peer: netip.MustParseAddr("10.9.0.3")}
-	if p, err := Accept(adv, hello, flatB, nil, false, true); err == nil || !strings.Contains(err.Error(), "share a subnet") {
-		t.Errorf("accepting on a flat device: %v, %v", p, err)
+	o := handshake(t, side{l: flatB}, side{l: flatA}, true)
+	if o.connErr != nil || o.accErr != nil || !o.conn.SUP() || !o.acc.SUP() || len(o.conn.Stripe) != len(o.acc.Stripe) {
+		t.Errorf("both flat: %+v", o)
 	}
 }
 

@@ -119,8 +119,7 @@ func (c Choice) String() string {
 // address order) and gives one pair. A route alone never enables SUP: relay off means none.
 //
 // Invalid input (more than MaxSupPorts on either side, an invalid address or prefix length, a
-// repeated port or address, two ports or two peer addresses whose subnets overlap) is an error;
-// the Choice is then none with the error as reason.
+// repeated port or address) is an error; the Choice is then none with the error as reason.
 func ChooseSupPairs(local []Port, peer []PeerAddr, routes []Route, relay bool) (Choice, error) {
 	if err := CheckPorts(local); err != nil {
 		return Choice{Reason: err.Error()}, err
@@ -270,9 +269,7 @@ func portByName(local []Port, dev string) int {
 }
 
 // CheckPorts refuses a fused device's port list the choice cannot be trusted on: too many
-// ports, an invalid address, a repeated index, address or netdev, or two ports whose subnets
-// overlap (docs/mesh.md: one subnet per cable). Overlapping subnets put each port's address in
-// the other's subnet, so every pair on either port would look proven, cabled to the peer or not.
+// ports, an invalid address, a repeated index, address or netdev.
 func CheckPorts(local []Port) error {
 	if len(local) > MaxSupPorts {
 		return fmt.Errorf("%d SUP ports: at most %d per fused device", len(local), MaxSupPorts)
@@ -284,9 +281,6 @@ func CheckPorts(local []Port) error {
 		for _, o := range local[:i] {
 			if o.Index == l.Index || o.Addr == l.Addr || (l.Name != "" && o.Name == l.Name) {
 				return fmt.Errorf("SUP ports %s (index %d) and %s (index %d) repeat an index, address or netdev", o, o.Index, l, l.Index)
-			}
-			if subnetsOverlap(o.Addr, o.Bits, l.Addr, l.Bits) {
-				return fmt.Errorf("SUP ports %s and %s of one device share a subnet: each cable needs a subnet of its own (docs/mesh.md)", o, l)
 			}
 		}
 	}
@@ -306,12 +300,25 @@ func checkPeerAddrs(peer []PeerAddr) error {
 			if o.Addr == p.Addr {
 				return fmt.Errorf("peer names SUP address %v twice", p.Addr)
 			}
-			if subnetsOverlap(o.Addr, o.Bits, p.Addr, p.Bits) {
-				return fmt.Errorf("peer SUP addresses %s and %s share a subnet: each cable needs a subnet of its own (docs/mesh.md)", o, p)
-			}
 		}
 	}
 	return nil
+}
+
+// SharedSubnet finds two ports of one device whose subnets overlap. Each port's address then
+// lies in the other's subnet, so every peer address in it pairs with both ports: right where
+// both lead to the same node (parallel cables, the two PCI functions of one port), wrong on a
+// mesh whose cables lead to different nodes, where a pair may name a port whose cable goes
+// elsewhere. The plugin warns (docs/mesh.md: one subnet per cable on a mesh).
+func SharedSubnet(local []Port) (a, b Port, ok bool) {
+	for i, l := range local {
+		for _, o := range local[:i] {
+			if subnetsOverlap(o.Addr, o.Bits, l.Addr, l.Bits) {
+				return o, l, true
+			}
+		}
+	}
+	return Port{}, Port{}, false
 }
 
 // subnetsOverlap says whether two addresses' subnets overlap; a prefix length of 0 (unknown)
