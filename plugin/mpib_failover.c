@@ -786,6 +786,23 @@ static ncclResult_t recv_rebuilt(struct mpib_comm *c, int r, int e, uint64_t now
   return post_record(c, r);
 }
 
+/* Receiver: the open slots' CTS still to write. On the CTS rail once it works (a repost a full
+ * queue cut short, or one held back while no rail worked); or on the other rail when that one
+ * works first while the CTS rail is out of service (its QPs reset or in error: nothing it
+ * queued can land after a newer CTS), which also ends the stall. */
+static ncclResult_t recv_repost_due(struct mpib_comm *c) {
+  int r = c->cts_rail;
+  if (!mpib_rail_usable(c, r) && c->rail[r].state != MPIB_RAIL_UP && mpib_rail_usable(c, 1 - r)) {
+    r = c->cts_rail = 1 - r;
+    c->cts_repost_from = 0;
+    stall_end(c, r);
+  }
+  if (!mpib_rail_usable(c, r)) return ncclSuccess;
+  int e = repost_open_cts(c, r, c->cts_repost_from);
+  if (e) return comm_failed(c, "reposting the CTS failed: ", strerror(e));
+  return ncclSuccess;
+}
+
 /* Receiver: the sender rebuilt rail r as generation gen; do the same, off this thread like the
  * sender (mpib_failover_tick polls the rebuild), and say so. */
 static ncclResult_t recv_recover(struct mpib_comm *c, int r, uint32_t gen, uint64_t now) {
@@ -947,9 +964,9 @@ ncclResult_t mpib_failover_tick(struct mpib_comm *c) {
     ncclResult_t res = ctrl_retry(c);
     if (res != ncclSuccess) return res;
   }
-  if (c->cts_repost_due && !c->is_send && mpib_rail_usable(c, c->cts_rail)) { /* a repost a full queue cut short */
-    int e = repost_open_cts(c, c->cts_rail, c->cts_repost_from);
-    if (e) return comm_failed(c, "reposting the CTS failed: ", strerror(e));
+  if (c->cts_repost_due && !c->is_send) {
+    ncclResult_t res = recv_repost_due(c);
+    if (res != ncclSuccess) return res;
   }
   return c->replays_waiting > 0 ? post_replays(c) : ncclSuccess;
 }

@@ -1,6 +1,7 @@
 /* Rail rebuild: a failed rail's QPs forced to the error state, then reset and reconnected to
  * the peer's same QPs (on a thread of their own). Called by failover (mpib_failover.c); offers
- * what mpib_rebuild.h declares; calls comm setup's QP helpers and the NICs' GID reads. */
+ * what mpib_rebuild.h declares; calls comm setup's QP helpers (the lanes' GID refresh among
+ * them) and the verbs shims' neighbour warm-up. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -8,7 +9,6 @@
 #include <string.h>
 
 #include "mpib.h"
-#include "mpib_device.h"
 #include "mpib_qp.h"
 #include "mpib_rebuild.h"
 #include "mpib_verbs.h"

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpib.h"
 #include "mpib_flush.h"
@@ -119,6 +120,15 @@ fake_recv_comm(struct ibv_context *ctx, int (*post_send)(struct ibv_qp *, struct
   c->stage_mr[0] = mr;
   for (int r = 0; r < MPIB_NRAILS; r++) c->rail[r] = (struct mpib_rail_ctl){.state = MPIB_RAIL_UP, .gen = 1};
   return c;
+}
+
+/* Frees a comm of fake_send_comm or fake_recv_comm. */
+static __attribute__((unused)) void fake_comm_free(struct mpib_comm *c) {
+  if (c->ctrl_fd >= 0) close(c->ctrl_fd);
+  free(c->reqs);
+  free(c->cts);
+  free(c->sizes);
+  free(c);
 }
 
 #endif

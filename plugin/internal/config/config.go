@@ -259,15 +259,12 @@ func (p *parser) int(name string, def, min, max int) int {
 	return n
 }
 
-// first reads the first of names that is set (MPIB_* before its NCCL_* equivalent). Where
-// the default is -1, -1 is "unset", as NCCL reads its own (NCCL_IB_GID_INDEX=-1 is net_ib's
-// default): the next name is read.
+// first reads the first of names that is set (MPIB_* before its NCCL_* equivalent): an MPIB_*
+// value wins, -1 (auto, as NCCL's own default) included.
 func (p *parser) first(def, min, max int, names ...string) int {
 	for _, n := range names {
 		if strings.TrimSpace(p.getenv(n)) != "" {
-			if v := p.int(n, def, min, max); v != -1 || def != -1 {
-				return v
-			}
+			return p.int(n, def, min, max)
 		}
 	}
 	return def

@@ -286,9 +286,10 @@ func TestMinusOneIsUnsetAsInNCCL(t *testing.T) {
 	if c.Devices[0].Sout.GIDIndex != -1 || c.IBTC != -1 || c.IBSL != -1 || c.FifoTC != -1 {
 		t.Errorf("-1 read as %d %d %d %d, want unset (-1)", c.Devices[0].Sout.GIDIndex, c.IBTC, c.IBSL, c.FifoTC)
 	}
-	c, err = Parse(env(append(append([]string{}, base...), "MPIB_IB_TC", "-1", "NCCL_IB_TC", "106")...))
-	if err != nil || c.IBTC != 106 {
-		t.Errorf("MPIB_IB_TC=-1 NCCL_IB_TC=106: class %d (%v), want NCCL's 106", c.IBTC, err)
+	c, err = Parse(env(append(append([]string{}, base...), "MPIB_GID_INDEX_SUP", "-1", "NCCL_IB_GID_INDEX", "3")...))
+	if err != nil || c.Devices[0].SupPorts[0].GIDIndex != -1 || c.Devices[0].Sout.GIDIndex != 3 {
+		t.Errorf("MPIB_GID_INDEX_SUP=-1 NCCL_IB_GID_INDEX=3: SUP %d SOUT %d (%v), want SUP auto (-1), SOUT 3", c.Devices[0].SupPorts[0].GIDIndex,
+			c.Devices[0].Sout.GIDIndex, err)
 	}
 	if _, err := Parse(env(append(append([]string{}, base...), "NCCL_IB_TC", "-2")...)); err == nil {
 		t.Error("NCCL_IB_TC=-2 accepted")

@@ -60,7 +60,8 @@ func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick f
 		<-beaterDone
 		s.StopBeat()
 	}()
-	t := time.NewTicker(interval)
+	next := time.Now()
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		ticking.Lock()
@@ -72,12 +73,26 @@ func agentLoop(s *shm.Segment, out *lockedWriter, interval time.Duration, tick f
 		if err != nil && !errors.Is(err, shm.ErrSegmentGone) {
 			return err
 		}
+		next = nextTick(next, time.Now(), interval)
+		t.Reset(time.Until(next))
 		select {
 		case <-sig:
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// nextTick is when the tick after one due at `due` runs, it having ended at `now`: an interval
+// after `due`, or an interval after `now` for a tick that overran its interval, as the Python
+// agent does. Ticks back to back would leave the beater no moment to take `ticking` and follow a
+// replaced segment.
+func nextTick(due, now time.Time, interval time.Duration) time.Time {
+	next := due.Add(interval)
+	if next.Before(now) {
+		next = now.Add(interval)
+	}
+	return next
 }
 
 // beater beats every period and, every 250 ms, follows a replaced or truncated segment. It
