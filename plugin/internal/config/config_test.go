@@ -267,6 +267,20 @@ func TestToolVariablesCoverTheRepository(t *testing.T) {
 			}
 		}
 	}
+	bare := regexp.MustCompile(`\bMPIB_[A-Z0-9_]*[A-Z0-9]\b`) // shell, Python and container files
+	for _, pattern := range []string{"../../../scripts/*.sh", "../../../.ci/run", "../../../containers/node/*",
+		"../../../agent/python/src/mpib_agent/*.py"} {
+		files, _ := filepath.Glob(pattern)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue // a directory
+			}
+			for _, name := range bare.FindAllString(string(b), -1) {
+				seen[name] = f
+			}
+		}
+	}
 	if len(seen) < 20 {
 		t.Fatalf("found only %d MPIB_* names: the scan is looking in the wrong place", len(seen))
 	}
