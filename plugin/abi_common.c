@@ -26,12 +26,21 @@ ncclResult_t mpib_devices(int *ndev) {
   return ncclSuccess;
 }
 
+/* How many fused devices name NIC nic as a SUP port. */
+static int sup_sharers(int nic) {
+  int n = 0;
+  for (int d = 0; d < mpib_g.nfdevs; d++)
+    for (int i = 0; i < mpib_g.fdev[d].nsup; i++) n += mpib_g.fdev[d].sup_nic[i] == nic;
+  return n;
+}
+
 /* The SUP speed of a fused device: a connection uses one of its SUP ports, so the slowest
- * whose speed is known (<= 0: none is). */
+ * whose speed is known (<= 0: none is), each port's speed its share among the devices naming
+ * it. */
 static int sup_speed_mbps(const struct mpib_fdev *f) {
   int slowest = 0;
   for (int i = 0; i < f->nsup; i++) {
-    int s = mpib_g.nic[f->sup_nic[i]].speed_mbps;
+    int s = mpib_sup_share_mbps(mpib_g.nic[f->sup_nic[i]].speed_mbps, sup_sharers(f->sup_nic[i]));
     if (s > 0 && (slowest == 0 || s < slowest)) slowest = s;
   }
   return slowest;

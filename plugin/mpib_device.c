@@ -14,6 +14,7 @@
 #include "mpib.h"
 #include "mpib_device.h"
 #include "mpib_events.h"
+#include "mpib_props.h"
 #include "mpib_verbs.h"
 
 struct mpib_global mpib_g = {.force_sup_bw = MPIB_NO_OVERRIDE};
@@ -48,6 +49,18 @@ static int port_speed_mbps(const struct ibv_port_attr *pa) {
   return lane * width;
 }
 
+/* The port's rate from sysfs (/sys/class/infiniband/NAME/ports/PORT/rate), 0 when unread. */
+static int sysfs_rate_mbps(const char *name, int port) {
+  char path[256], text[64] = {0};
+  snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/%d/rate", name, port);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  return mpib_rate_text_mbps(text);
+}
+
 /* Reads an open NIC's port into d: state (a down port fails unless may_be_down), link layer,
  * MTU, LID, speed, the device's limits, the GID table's length and the P_Key index. 0 or
  * -errno. */
@@ -68,6 +81,10 @@ static int port_setup(struct mpib_nic *d, int rail, int port, int pkey_index, in
   d->active_mtu = pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096 ? pa.active_mtu : IBV_MTU_1024;
   d->lid = pa.lid;
   d->speed_mbps = port_speed_mbps(&pa);
+  if (pa.active_speed == 128) { /* NDR, where the kernel caps the field: an XDR port reads so */
+    int rate = sysfs_rate_mbps(name, port);
+    if (rate > d->speed_mbps) d->speed_mbps = rate;
+  }
   if (pa.state != IBV_PORT_ACTIVE) {
     /* An unplugged SUP cable must not take the node's devices away (only SUP ports get here):
      * the port is opened down and treated as one that went down later. A mesh device leaves it

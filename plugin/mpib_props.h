@@ -3,6 +3,8 @@
 #ifndef MPIB_PROPS_H
 #define MPIB_PROPS_H
 
+#include <string.h>
+
 /* mpib_fused_speed_mbps is the speed getProperties advertises for the fused device (dev 0),
  * in Mbps, from the two rails' port speeds (<= 0: unknown). NCCL reads it as the NIC's
  * bandwidth: the graph search fits its channels into it and the tuner predicts every
@@ -22,6 +24,30 @@ static inline int mpib_fused_speed_mbps(int advanced, int sup_relay, int sout_mb
   if (advanced) return sout > 0 ? sout : sup;
   if (sout == 0 || sup == 0) return sout + sup; /* the known one */
   return sout < sup ? sout : sup;
+}
+
+/* A SUP port's speed as one of the fused devices naming it sees it: the devices' connections
+ * share the port (a SUP NIC named for two GPUs carries both GPUs' island traffic at once), so
+ * each gets its share. */
+static inline int mpib_sup_share_mbps(int port_mbps, int sharers) {
+  return port_mbps > 0 && sharers > 1 ? port_mbps / sharers : port_mbps;
+}
+
+/* Mbps from a port's sysfs rate ("800 Gb/sec (4X XDR)", "2.5 Gb/sec (1X SDR)"), 0 when the
+ * text does not read as one. The kernel caps the rate ibv_query_port reports at NDR, so an
+ * XDR port's true rate is only there (net_ib 2.30 asks ibv_query_port_speed instead). */
+static inline int mpib_rate_text_mbps(const char *t) {
+  long whole = 0, frac = 0, scale = 1;
+  int digits = 0;
+  for (; *t >= '0' && *t <= '9'; t++, digits++) {
+    whole = whole * 10 + (*t - '0');
+    if (whole > 2000000) return 0; /* beyond any link, and beyond an int of Mbps */
+  }
+  if (*t == '.')
+    for (t++; *t >= '0' && *t <= '9'; t++)
+      if (scale < 1000) frac = frac * 10 + (*t - '0'), scale *= 10;
+  if (digits == 0 || strncmp(t, " Gb/sec", 7) != 0) return 0;
+  return (int)(whole * 1000 + frac * 1000 / scale);
 }
 
 #endif

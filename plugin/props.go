@@ -14,6 +14,7 @@ import "C"
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -37,7 +38,7 @@ func fillProperties(cfg config.Config) {
 	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
 	for d, dev := range cfg.Devices {
 		f := &g.fdev[d]
-		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev))
+		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev, multiPortHCAs(cfg.Devices)))
 		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.sout_nic].ctx.device))
 		dd := C.mpib_data_direct(f.sout_nic) != 0
 		for i := range int(f.nsup) {
@@ -55,13 +56,44 @@ func fillProperties(cfg config.Config) {
 		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.fdev[0].prop_max_comms))
 }
 
-// propName is the device's name for NCCL: mpib[SOUT+SUP], every SUP port listed.
-func propName(dev config.Device) string {
-	names := []string{dev.Sout.HCA}
+// propName is the device's name for NCCL: mpib[SOUT+SUP], every SUP port listed, an HCA the
+// configuration names with more than one port (multiPort) as HCA:PORT. NCCL finds its
+// topology's net nodes by name: two devices of one name would be one node, and one device
+// would never be used.
+func propName(dev config.Device, multiPort map[string]bool) string {
+	name := func(r config.Rail) string {
+		if multiPort[r.HCA] {
+			return r.HCA + ":" + strconv.Itoa(r.Port)
+		}
+		return r.HCA
+	}
+	names := []string{name(dev.Sout)}
 	for _, r := range dev.SupPorts {
-		names = append(names, r.HCA)
+		names = append(names, name(r))
 	}
 	return "mpib[" + strings.Join(names, "+") + "]"
+}
+
+// multiPortHCAs are the HCAs the devices name with more than one port.
+func multiPortHCAs(devs []config.Device) map[string]bool {
+	ports := map[string]map[int]bool{}
+	add := func(r config.Rail) {
+		if ports[r.HCA] == nil {
+			ports[r.HCA] = map[int]bool{}
+		}
+		ports[r.HCA][r.Port] = true
+	}
+	for _, d := range devs {
+		add(d.Sout)
+		for _, r := range d.SupPorts {
+			add(r)
+		}
+	}
+	multi := map[string]bool{}
+	for hca, p := range ports {
+		multi[hca] = len(p) > 1
+	}
+	return multi
 }
 
 // gpuDirectLoaded reports whether a peer-memory module lets the NIC reach CUDA memory (the
@@ -83,8 +115,13 @@ func gpuDirectLoaded() bool {
 func placeOnPCI(d int, dev config.Device) int {
 	f := &C.mpib_g.fdev[d]
 	sout, _ := topo.ReadPCI(dev.Sout.HCA)
-	sup, _ := topo.ReadPCI(dev.Sup.HCA)
-	pl := topo.Place(sout, sup)
+	var sups []topo.RailPCI
+	for _, r := range dev.SupPorts {
+		p, _ := topo.ReadPCI(r.HCA)
+		sups = append(sups, p)
+	}
+	sup := sups[0]
+	pl := topo.PlaceAll(sout, sups)
 	f.prop_has_pci_path = 0
 	if pl.AdvertisePath != "" {
 		setCString(unsafe.Pointer(&f.prop_pci_path[0]), len(f.prop_pci_path), pl.AdvertisePath)

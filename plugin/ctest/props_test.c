@@ -30,6 +30,33 @@ int main(void) {
     int got = mpib_fused_speed_mbps(cases[i].advanced, cases[i].relay, cases[i].sout, cases[i].sup);
     CHECK(got == cases[i].want, "%s: got %d Mbps, want %d", cases[i].what, got, cases[i].want);
   }
+  static const struct {
+    const char *text;
+    int want;
+  } rates[] = {
+      {"800 Gb/sec (4X XDR)", 800000},
+      {"400 Gb/sec (4X NDR)", 400000},
+      {"2.5 Gb/sec (1X SDR)", 2500},
+      {"53.125 Gb/sec (2X HDR)", 53125},
+      {"10 Gb/sec (1X QDR)", 10000},
+      {"", 0},
+      {"Gb/sec", 0},
+      {"800 Mb/sec", 0},
+      {"99999999999 Gb/sec", 0},
+  };
+  for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+    int got = mpib_rate_text_mbps(rates[i].text);
+    CHECK(got == rates[i].want, "rate \"%s\": got %d Mbps, want %d", rates[i].text, got, rates[i].want);
+  }
+  static const struct {
+    int port, sharers, want;
+  } shares[] = {{400000, 1, 400000}, {400000, 2, 200000}, {400000, 0, 400000},
+                {0, 2, 0},           {-1, 2, -1},         {200000, 3, 66666}};
+  for (size_t i = 0; i < sizeof shares / sizeof shares[0]; i++) {
+    int got = mpib_sup_share_mbps(shares[i].port, shares[i].sharers);
+    CHECK(got == shares[i].want, "a %d Mbps SUP port shared by %d devices: got %d, want %d", shares[i].port,
+          shares[i].sharers, got, shares[i].want);
+  }
   if (failures == 0) printf("props: %zu cases passed\n", sizeof cases / sizeof cases[0]);
   return failures != 0;
 }

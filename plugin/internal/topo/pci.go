@@ -121,6 +121,29 @@ func isBusID(s string) bool {
 	return true
 }
 
+// PlaceAll places a device whose SUP rail may be any of several ports (a mesh): the path is
+// the first port's placement's, and GPUDirect is safe only when it is for every port whose
+// place is known and every one of them would advertise that same path (a GPU's verdict on the
+// advertised path must hold whichever port a connection uses).
+func PlaceAll(sout RailPCI, sups []RailPCI) Placement {
+	if len(sups) == 0 {
+		return Place(sout, RailPCI{NUMA: -1})
+	}
+	first := Place(sout, sups[0])
+	for i, sup := range sups[1:] {
+		p := Place(sout, sup)
+		if p.Relation == RelationUnknown || (p.GPUDirectSafe && p.AdvertisePath == first.AdvertisePath) {
+			continue
+		}
+		if first.GPUDirectSafe {
+			first.Reason += fmt.Sprintf("; SUP port %d (%s): %s", i+1, sup.Path, p.Reason)
+		}
+		first.GPUDirectSafe = false
+		first.Relation = max(first.Relation, p.Relation)
+	}
+	return first
+}
+
 // Place decides what to advertise for the fused SOUT+SUP device from the two rails' places.
 func Place(sout, sup RailPCI) Placement {
 	soutPos, soutOK := parsePosition(sout.Path)

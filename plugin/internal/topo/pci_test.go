@@ -102,6 +102,31 @@ func TestPlace(t *testing.T) {
 	}
 }
 
+// A mesh device's GPUDirect verdict holds for every SUP port a connection may use.
+func TestPlaceAll(t *testing.T) {
+	tests := []struct {
+		name        string
+		sups        []RailPCI
+		wantPath    string
+		wantGDRSafe bool
+	}{
+		{"one port: Place's verdict", []RailPCI{{nicA2, 0}}, nicA, true},
+		{"two ports under SOUT's switch", []RailPCI{{nicA2, 0}, {nicA1, 0}}, nicA, true},
+		{"the second port on the other socket", []RailPCI{{nicA2, 0}, {nicD, 1}}, nicA, false},
+		{"the second port under another switch", []RailPCI{{nicA2, 0}, {nicB, 0}}, nicA, false},
+		{"the second port would advertise another path", []RailPCI{{nicA2, 0}, {nicRoot, 0}}, nicA, false},
+		{"the second port's place unknown: the first's verdict", []RailPCI{{nicA2, 0}, {virtual, -1}}, nicA, true},
+		{"the first port unsafe", []RailPCI{{nicB, 0}, {nicA2, 0}}, nicA, false},
+	}
+	for _, tt := range tests {
+		p := PlaceAll(RailPCI{nicA, 0}, tt.sups)
+		if p.AdvertisePath != tt.wantPath || p.GPUDirectSafe != tt.wantGDRSafe {
+			t.Errorf("%s: PlaceAll = path %s, GPUDirect safe %v; want %s, %v (%s)", tt.name, p.AdvertisePath, p.GPUDirectSafe,
+				tt.wantPath, tt.wantGDRSafe, p.Reason)
+		}
+	}
+}
+
 // gpuWithinPXB is NCCL's default GPUDirect test for a PCIe GPU (paths.cc ncclTopoCheckGdr):
 // the path GPU->NIC stays below the CPU, i.e. both hang under one NCCL switch node.
 func gpuWithinPXB(gpu, nic pciPosition) bool {
