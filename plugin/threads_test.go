@@ -28,14 +28,19 @@ func TestTrimReleasesHeap(t *testing.T) {
 		runtime.ReadMemStats(&m)
 		return m.HeapIdle - m.HeapReleased
 	}
-	var keep [][]byte
-	for range 4096 {
-		keep = append(keep, make([]byte, 4096))
+	// The runtime's background scavenger may return the garbage itself before the trim can (a
+	// loaded machine gives it the time): the garbage is made again, a few times at most.
+	var before uint64
+	for try := 0; try < 5 && before < 4<<20; try++ {
+		var keep [][]byte
+		for range 4096 {
+			keep = append(keep, make([]byte, 4096))
+		}
+		runtime.KeepAlive(keep)
+		keep = nil
+		runtime.GC()
+		before = held()
 	}
-	runtime.KeepAlive(keep)
-	keep = nil
-	runtime.GC()
-	before := held()
 	if before < 4<<20 {
 		t.Fatalf("the test's 16 MiB of garbage left %d KiB free and held: nothing for a trim to release", before>>10)
 	}
