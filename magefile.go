@@ -236,15 +236,18 @@ func buildHostileTestPlugin() error {
 		"-o", filepath.Join(testOnlyDir, hostileTestPlugin), "./plugin")
 }
 
-// ensureBuildDeps installs the verbs headers when missing (as root), or names what is missing.
+// ensureBuildDeps installs what the build needs and is missing (a C compiler, the verbs
+// headers) as root, or names it.
 func ensureBuildDeps() error {
-	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err == nil {
+	pkgs := dist.MissingBuildPackages(exec.LookPath, os.Stat)
+	if len(pkgs) == 0 {
 		return nil
 	}
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("libibverbs-dev is missing: install it (apt-get install libibverbs-dev) or run as root")
+		return fmt.Errorf("the build needs %s: install them (apt-get install %s) or run as root", strings.Join(pkgs, ", "),
+			strings.Join(pkgs, " "))
 	}
-	return aptInstall("libibverbs-dev", "ibverbs-providers")
+	return aptInstall(pkgs...)
 }
 
 // aptInstall installs Debian packages non-interactively.

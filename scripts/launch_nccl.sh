@@ -101,7 +101,7 @@ fi
 export NCCL_NET=${NCCL_NET:-MPIB}
 mpib_vars=$(env | sed -n 's/^\(\(MPIB\|NCCL\)_[A-Za-z0-9_]*\)=.*/\1/p' |
   grep -Ev '^NCCL_(NET_PLUGIN|DEBUG|DEBUG_SUBSYS|SOCKET_IFNAME)$' | sort)
-xargs_list=(-x NCCL_NET_PLUGIN=mpib -x "LD_LIBRARY_PATH=$plugin_abs:${LD_LIBRARY_PATH:-}" -x "NCCL_DEBUG=$debug"
+xargs_list=(-x NCCL_NET_PLUGIN=mpib -x "LD_LIBRARY_PATH=$plugin_abs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" -x "NCCL_DEBUG=$debug"
             -x "NCCL_DEBUG_SUBSYS=INIT,NET" -x "NCCL_SOCKET_IFNAME=$oob_if")
 for v in $mpib_vars; do xargs_list+=(-x "$v"); done
 

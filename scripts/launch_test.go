@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -137,6 +138,9 @@ func TestLaunchForwardsNCCLSettings(t *testing.T) {
 	}
 	if strings.Contains(out, "-x NCCL_DEBUG ") {
 		t.Errorf("NCCL_DEBUG forwarded beside the script's own -x NCCL_DEBUG=...:\n%s", out)
+	}
+	if regexp.MustCompile(`LD_LIBRARY_PATH=\S*:(\s|$)`).MatchString(out) {
+		t.Errorf("LD_LIBRARY_PATH unset here: the ranks' must not end in ':' (the current directory):\n%s", out)
 	}
 	out, _ = runLaunch(t, []string{"NCCL_NET=IB"}, args...)
 	if !strings.Contains(out, "NCCL_NET=IB ") || strings.Contains(out, "NCCL_NET=MPIB") {

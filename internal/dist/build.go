@@ -65,7 +65,12 @@ func buildPython(c Config, tc Toolchain, env []string, rel Release, dst string) 
 // releaseDocs are copied into the release's docs/ (every file of docs/ besides).
 var releaseDocs = []string{"README.md"}
 
-// copyDocs copies docs/ and the README into the stage's docs/, and writes VERSION.
+// releaseScripts are the scripts docs/deploying.md has an operator run, copied into the
+// release's scripts/.
+var releaseScripts = []string{"scripts/launch_nccl.sh", "scripts/nccl_load_check.py"}
+
+// copyDocs copies docs/ and the README into the stage's docs/ and the operator's scripts into
+// its scripts/, and writes VERSION.
 func copyDocs(root, stage string, rel Release) error {
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*"))
 	if err != nil {
@@ -79,6 +84,11 @@ func copyDocs(root, stage string, rel Release) error {
 			continue // a folder under docs/: not part of the release
 		}
 		if err := copyFile(src, filepath.Join(stage, "docs", filepath.Base(src)), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, f := range releaseScripts {
+		if err := copyFile(filepath.Join(root, f), filepath.Join(stage, f), 0o755); err != nil {
 			return err
 		}
 	}

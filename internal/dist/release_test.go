@@ -52,8 +52,10 @@ func TestRelease(t *testing.T) {
 	version, commit := checkStamps(t, files, filepath.Base(tarballs[0]))
 	checkDeb(t, files, version, commit)
 	pyVersion := checkPython(t, files, version)
-	if !anyMatch(files, "docs/deploying.md") {
-		t.Errorf("the release has no docs/deploying.md")
+	for _, f := range append([]string{"docs/deploying.md"}, releaseScripts...) {
+		if !anyMatch(files, f) {
+			t.Errorf("the release has no %s", f)
+		}
 	}
 	if t.Failed() {
 		return

@@ -103,3 +103,18 @@ func run(log io.Writer, dir string, env []string, name string, args ...string) e
 	}
 	return nil
 }
+
+// MissingBuildPackages are the Debian packages a development build of the plugin still needs
+// (go run mage.go build): a C compiler for cgo and mpib-nettest (without one Go turns cgo off
+// and the c-shared build fails on "cgo is not enabled"), and the verbs headers. lookPath and
+// stat are exec.LookPath and os.Stat.
+func MissingBuildPackages(lookPath func(string) (string, error), stat func(string) (os.FileInfo, error)) []string {
+	var pkgs []string
+	if _, err := lookPath("gcc"); err != nil {
+		pkgs = append(pkgs, "gcc", "libc6-dev")
+	}
+	if _, err := stat("/usr/include/infiniband/verbs.h"); err != nil {
+		pkgs = append(pkgs, "libibverbs-dev", "ibverbs-providers")
+	}
+	return pkgs
+}
