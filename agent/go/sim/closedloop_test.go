@@ -224,7 +224,7 @@ func TestSimSegment(t *testing.T) {
 		{PID: 12, ConnID: 9, StartAfter: 3 * time.Second, Rails: [2]sim.Rail{sim.Gbps(10, 0), sim.Gbps(10, 0)}},
 	}
 	events := []sim.Event{{At: 2 * time.Second, Conn: 0, Rail: 1, State: shm.RailDown}}
-	s, err := sim.New(seg, sim.Config{Noise: -1}, conns, events)
+	s, err := sim.New(seg, sim.Config{Noise: -1, SupRelay: true}, conns, events) // conn 0 is inter-island
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,5 +278,67 @@ func TestSimSegment(t *testing.T) {
 	}
 	if got, _ := seg.Connections(); len(got) != 3 {
 		t.Fatalf("the third connection registers at 3 s: %d connections", len(got))
+	}
+}
+
+// TestInterIslandGuard: without a relay (MPIB_SUP_RELAY) the plugin forces an inter-island
+// connection's SUP share to 0 whatever the hint, so the simulator moves nothing on SUP and
+// counts the optimum all on SOUT; with a relay the hint applies.
+func TestInterIslandGuard(t *testing.T) {
+	for _, relay := range []bool{false, true} {
+		seg, err := shm.Create(filepath.Join(t.TempDir(), "seg"), 4, 0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns := []sim.Conn{{PathClass: shm.InterIsland, Rails: [2]sim.Rail{sim.Gbps(40, 0), sim.Gbps(40, 0)}}}
+		s, err := sim.New(seg, sim.Config{Noise: -1, SupRelay: relay}, conns, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := seg.SetSlotHint(s.Slot(0), 1, 512, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Run(time.Second, time.Second, func(uint64) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		sl, _ := seg.Slot(s.Slot(0))
+		opt, _ := s.OptimumOf(0)
+		wantSplit, wantOpt := uint32(0), uint32(0)
+		if relay {
+			wantSplit, wantOpt = 512, 512
+		}
+		if s.Split(0) != wantSplit || opt != wantOpt || (sl.Telemetry.SupBytes > 0) != relay || sl.Telemetry.LastSupBw != 512 {
+			t.Errorf("relay %v: split %d optimum %d, want %d and %d; %+v", relay, s.Split(0), opt, wantSplit, wantOpt, sl.Telemetry)
+		}
+		if d, o := s.Delivered(0), s.Optimal(0); math.Abs(d/o-1) > 0.001 {
+			t.Errorf("relay %v: delivered %.0f of optimal %.0f: the split in force is the optimum", relay, d, o)
+		}
+		s.Close()
+		seg.Close()
+	}
+}
+
+// TestNoiseMeanOne: the noise is a mean-one factor on the rate, so the static optimum scores
+// about 100 % of the noise-free optimum at any noise (exp(sd*Z) dividing the time scored
+// exp(sd²/2): 113 % at 0.5). 30000 steps at sd 0.5: the mean factor's sd is
+// sqrt((exp(0.25)-1)/30000) = 0.3 %, so 99..101 is three of them.
+func TestNoiseMeanOne(t *testing.T) {
+	seg, err := shm.Create(filepath.Join(t.TempDir(), "seg"), 4, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	conns := []sim.Conn{{Rails: [2]sim.Rail{sim.Gbps(100, 0), sim.Gbps(100, 0)}}}
+	s, err := sim.New(seg, sim.Config{Seed: 1, Noise: 0.5}, conns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Run(300*time.Second, 100*time.Millisecond, func(uint64) error { return seg.SetSlotHint(s.Slot(0), 1, 512, true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pct := 100 * s.Delivered(0) / s.Optimal(0); pct < 99 || pct > 101 {
+		t.Fatalf("static optimum at noise 0.5: %.2f %% of the optimum, want 99..101", pct)
 	}
 }

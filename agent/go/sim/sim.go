@@ -13,10 +13,15 @@
 //
 // Rail model, per connection: a message of MsgBytes is split by w = sup_bw (parts per 1024);
 // each rail that carries part of it takes latency + bytes*8/capacity, and the message takes
-// the longest of those (the rails run in parallel). A seeded multiplicative noise scales each
-// step's message time. A rail that is down or failed carries nothing: as the plugin fails
-// over, its share goes to the live rail whatever the hint says. Capacities and states change
-// at given times (Event).
+// the longest of those (the rails run in parallel). Each step multiplies the message rate by a
+// seeded log-normal factor exp(Noise*N(0,1) - Noise²/2), whose mean is 1 (the message time is
+// divided by it), so a policy at the optimum scores 100 % on average whatever the noise. A
+// rail that is down or failed carries nothing: as the plugin fails over, its share goes to the
+// live rail whatever the hint says. SUP does not reach another island unless the operator
+// declared a relay (Config.SupRelay, the plugin's MPIB_SUP_RELAY=1): an inter-island
+// connection without one carries nothing on SUP whatever the hint says, as the plugin's guard
+// forces its SUP share to 0, and its optimum is all on SOUT. Capacities and states change at
+// given times (Event).
 package sim
 
 import (
@@ -64,9 +69,12 @@ type Event struct {
 // Config are the simulator's knobs; zero values get the defaults.
 type Config struct {
 	Seed    int64
-	Noise   float64       // standard deviation of the log of the per-step time factor; default 0.03, <0: none
+	Noise   float64       // standard deviation of the log of the per-step rate factor (mean 1); default 0.03, <0: none
 	Step    time.Duration // simulation step; default 10 ms
 	StaleMs uint64        // the plugin's MPIB_AGENT_STALE_MS; default 500
+	// SupRelay is the plugin's MPIB_SUP_RELAY=1: SUP reaches other islands. Without it an
+	// inter-island connection's SUP carries nothing (the plugin builds no SUP QPs for it).
+	SupRelay bool
 }
 
 // Sim is one simulated plugin (several connections, any pids) on one segment.
@@ -85,6 +93,7 @@ type conn struct {
 	spec       Conn
 	rails      [2]Rail
 	state      [2]shm.RailState
+	supReaches bool // SUP reaches the peer: intra-island, or Config.SupRelay
 	slot       uint32
 	registered bool
 	bytes      [2]float64 // posted, not yet written (fractions)
@@ -140,7 +149,7 @@ func New(seg *shm.Segment, cfg Config, conns []Conn, events []Event) (*Sim, erro
 		if c.MsgBytes <= 0 {
 			c.MsgBytes = 4 << 20
 		}
-		s.conns = append(s.conns, &conn{spec: c, rails: c.Rails})
+		s.conns = append(s.conns, &conn{spec: c, rails: c.Rails, supReaches: c.PathClass == shm.IntraIsland || cfg.SupRelay})
 	}
 	s.events = append([]Event(nil), events...)
 	sort.SliceStable(s.events, func(a, b int) bool { return s.events[a].At < s.events[b].At })
@@ -267,8 +276,11 @@ func (s *Sim) OptimumOf(i int) (uint32, float64) {
 	return w, c.spec.MsgBytes / t
 }
 
+// up is whether each rail can carry bytes now: in service, with capacity, and for SUP,
+// reaching the peer (a SUP the guard keeps out counts as out of service).
 func (c *conn) up() [2]bool {
-	return [2]bool{c.state[0] == shm.RailUp && c.rails[0].Mbps > 0, c.state[1] == shm.RailUp && c.rails[1].Mbps > 0}
+	return [2]bool{c.state[0] == shm.RailUp && c.rails[0].Mbps > 0,
+		c.supReaches && c.state[1] == shm.RailUp && c.rails[1].Mbps > 0}
 }
 
 // Advance runs the simulation for d of virtual time, in steps.
@@ -309,7 +321,7 @@ func (s *Sim) step(dtNs uint64) error {
 			}
 		}
 		up := c.up()
-		switch { // failover: a rail out of service carries nothing
+		switch { // the guard and failover: a rail out of service carries nothing
 		case !up[0] && up[1]:
 			w = shm.SupBwMax
 		case up[0] && !up[1]:
@@ -323,14 +335,11 @@ func (s *Sim) step(dtNs uint64) error {
 		if math.IsInf(t, 1) || t <= 0 {
 			continue
 		}
-		noise := 1.0
-		if s.cfg.Noise > 0 {
-			noise = math.Exp(s.cfg.Noise * s.rng.NormFloat64())
-		}
-		t *= noise
+		slowdown := 1 / s.rateFactor()
+		t *= slowdown
 		sup := c.spec.MsgBytes * float64(w) / shm.SupBwMax
 		part := [2]float64{c.spec.MsgBytes - sup, sup}
-		if err := s.account(c, part, up, dt/t, noise, w); err != nil {
+		if err := s.account(c, part, up, dt/t, slowdown, w); err != nil {
 			return err
 		}
 		c.delivered += c.spec.MsgBytes * dt / t
@@ -339,14 +348,26 @@ func (s *Sim) step(dtNs uint64) error {
 	return nil
 }
 
+// rateFactor is a step's noise: a log-normal factor on the message rate with mean exactly 1
+// (E[exp(sd*Z)] = exp(sd²/2) for Z ~ N(0,1), hence the -sd²/2), so that noise moves a score
+// around 100 % of the noise-free optimum, never above it on average.
+func (s *Sim) rateFactor() float64 {
+	sd := s.cfg.Noise
+	if sd <= 0 {
+		return 1
+	}
+	return math.Exp(sd*s.rng.NormFloat64() - sd*sd/2)
+}
+
 // account publishes one step of connection c's traffic, msgs messages split into part, as the
 // plugin's telemetry flush does: per rail the bytes and requests posted and completed, the
 // time each completed request spent on the rail (its latency plus its part at the rail's
-// capacity, times the step's noise) and the rail's active time (the same: messages follow
-// each other, one request in flight per rail), the bytes in flight (one message's part while the rail
-// carries traffic: messages follow each other), the split applied and the wall clock. A
-// recv connection, like the plugin's, publishes only its posted bytes and requests.
-func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64, w uint32) error {
+// capacity, times the step's slowdown, 1 / its rate factor) and the rail's active time (the
+// same: messages follow each other, one request in flight per rail), the bytes in flight (one
+// message's part while the rail carries traffic: messages follow each other), the split
+// applied and the wall clock. A recv connection, like the plugin's, publishes only its posted
+// bytes and requests.
+func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, slowdown float64, w uint32) error {
 	var b emulate.TelemetryBatch
 	for r := 0; r < 2; r++ {
 		f := &c.tele[r]
@@ -355,7 +376,7 @@ func (s *Sim) account(c *conn, part [2]float64, up [2]bool, msgs, noise float64,
 			inflight = part[r]
 			f[0] += msgs * part[r] // completed bytes
 			f[1] += msgs           // completed requests
-			onRail := msgs * (c.rails[r].Latency.Seconds() + part[r]*8/(c.rails[r].Mbps*1e6)) * noise * 1e9
+			onRail := msgs * (c.rails[r].Latency.Seconds() + part[r]*8/(c.rails[r].Mbps*1e6)) * slowdown * 1e9
 			f[2] += onRail
 			f[3] += onRail // one request in flight on the rail at a time: active = busy
 		}

@@ -26,7 +26,7 @@ func TestCompletionTelemetry(t *testing.T) {
 	conns := []sim.Conn{{PathClass: shm.InterIsland, MsgBytes: msg,
 		Rails: [2]sim.Rail{{Mbps: 10000, Latency: 20 * time.Microsecond}, {Mbps: 30000, Latency: 50 * time.Microsecond}}}}
 	events := []sim.Event{{At: 2 * time.Second, Conn: 0, Rail: 1, Mbps: 30000, State: shm.RailDown}}
-	s, err := sim.New(seg, sim.Config{Noise: -1}, conns, events)
+	s, err := sim.New(seg, sim.Config{Noise: -1, SupRelay: true}, conns, events) // inter-island: SUP needs the relay
 	if err != nil {
 		t.Fatal(err)
 	}

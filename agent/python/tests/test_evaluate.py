@@ -4,11 +4,15 @@ them). The targets: the closed loop at 95 % of the optimum or more on every scen
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import mpib_agent
 from conftest import report
 from mpib_agent import evaluate as ev
 from mpib_agent._cli import main
@@ -86,3 +90,36 @@ def test_evaluate_callbacks(capsys: pytest.CaptureFixture[str]) -> None:
         assert "--policy" in capsys.readouterr().err
     assert main(["evaluate", "--scenarios", "nope", "--seeds", "1"]) == 2
     assert "scenario 'nope'" in capsys.readouterr().err
+
+
+def test_no_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--policy ,`` names no policy: a usage error (it was "io: max_workers must be greater
+    than 0", exit 1, or with --jobs 1 an empty table, exit 0)."""
+    for jobs in ([], ["--jobs", "1"]):
+        assert main(["evaluate", "--policy", ",", "--scenarios", "equal", "--seeds", "1"] + jobs) == 2
+        cap = capsys.readouterr()
+        assert "evaluate: usage: --policy: policy ',': no policy given" in cap.err and cap.out == ""
+    with pytest.raises(ValueError, match="at least one policy"):
+        ev.evaluate([], ev.scenario_specs("equal"), 1)
+
+
+def test_module_policy_from_a_console_script(tmp_path: Path) -> None:
+    """``module:NAME`` finds a module in the current directory when sys.path[0] is elsewhere,
+    as under the installed ``mpib-agent-py`` script (sys.path[0]: the venv's bin), in
+    evaluate (worker processes too) and replay."""
+    (tmp_path / "mymod_policy.py").write_text(
+        "def half(rates):\n    return {r.slot.index: 512 for r in rates if r.slot.is_send == 1}\n"
+    )
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    code = (
+        f"import sys; sys.path[0] = {str(bindir)!r}\n"
+        "from mpib_agent._cli import main\n"
+        "args = ['--policy', 'mymod_policy:half']\n"
+        "rc = main(['evaluate', '--scenarios', 'equal', '--seeds', '2', '--jobs', '2'] + args)\n"
+        f"sys.exit(rc or main(['replay', {str(LAB_TRACE)!r}] + args))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(mpib_agent.__file__).parents[1]))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "policy=mymod_policy:half scenario=equal seeds=2" in r.stdout and "replay: trace=" in r.stdout

@@ -3,10 +3,12 @@ when gymnasium or numpy is missing)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -18,6 +20,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 import mpib_agent  # noqa: E402
 from conftest import report  # noqa: E402
+from mpib_agent import sim  # noqa: E402
 from mpib_agent.gym import IDS, SplitEnv, SplitPerConnEnv, action_fractions, sup_bw  # noqa: E402
 
 
@@ -189,6 +192,21 @@ def test_failover() -> None:
     assert out["obs"]["completed_gbps"][0, 1] == 0 and out["optimum_split"].tolist() == [0.0]
     assert back["obs"]["rail_state"].tolist() == [[0, 0]] and back["obs"]["split"].tolist() == [683 / 1024]
     env.close()
+
+
+def test_inter_island_guard() -> None:
+    """example.json's second connection is inter-island: without sup_relay the plugin puts
+    nothing on its SUP whatever the action, and its optimum is all SOUT; with it the action
+    applies."""
+    example = Path(__file__).resolve().parents[3] / "testdata" / "scenarios" / "example.json"
+    for relay, want in ((False, 0.0), (True, 0.5)):
+        sc = dataclasses.replace(sim.scenario(str(example)), sup_relay=relay)
+        env = SplitPerConnEnv(sc)
+        env.reset(seed=1)
+        obs, _, _, _, info = env.step([0.5, 0.5])
+        assert obs["split"].tolist() == [0.5, want], relay
+        assert info["optimum_split"][1] == want and (obs["completed_gbps"][1, 1] > 0) == relay
+        env.close()
 
 
 def test_reward_is_live() -> None:

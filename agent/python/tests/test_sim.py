@@ -3,6 +3,8 @@ telemetry, rail states), its model, and its CLI."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import mpib_agent
-from mpib_agent import sim
+from mpib_agent import sim, trace
 from mpib_agent._cli import main
 from mpib_agent._plugin import ConnDesc, PluginProcess
 
@@ -102,6 +104,56 @@ def test_model() -> None:
     with pytest.raises(mpib_agent.SegmentError):
         sim.scenario("nope")
     assert list(sim.SCENARIOS) == ["equal", "2to1", "4to1", "fail", "shift"]
+
+
+def _static_half(rates):  # type: ignore[no-untyped-def]
+    """The exact optimum on equal rails: every send connection at 512."""
+    return {r.slot.index: 512 for r in rates if r.slot.is_send == 1}
+
+
+def test_noise_is_mean_one() -> None:
+    """The noise is a mean-one factor on the rate: the static optimum scores about 100 % of
+    the noise-free optimum at noise 0.5 (exp(sd*Z) dividing the time scored exp(sd**2/2),
+    112 %). 3 seeds of 300 s are 90000 ticks: the mean factor's sd is
+    sqrt((exp(0.25) - 1) / 90000) = 0.18 %, and the first interval at vanilla costs 0.08 %,
+    so 100.5 lies three sds above the expectation."""
+    sc = dataclasses.replace(sim.scenario("equal"), noise=0.5, duration=300)
+    pct = sum(trace.simulate(sc, _static_half, seed) for seed in (1, 2, 3)) / 3
+    assert 99.0 <= pct <= 100.5, pct
+
+
+def test_noise_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Noise above NOISE_MAX is refused where a scenario comes in (exp overflowed at 1000)."""
+    big = dataclasses.replace(sim.scenario("equal"), noise=1000.0)
+    with pytest.raises(ValueError, match="noise 1000.0: want 0..2"):
+        sim.Simulator(big, str(tmp_path / "hints"))
+    f = tmp_path / "big.json"
+    f.write_text(json.dumps({"noise": 2.5, "conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}}]}))
+    for cmd in (["sim", "--path", str(tmp_path / "h"), "--scenario"], ["evaluate", "--seeds", "1", "--scenarios"]):
+        assert main(cmd + [str(f)]) == 2
+        assert "noise: want a number from 0 to 2, got 2.5" in capsys.readouterr().err
+    f.write_text(json.dumps({"noise": 2, "duration": 1, "conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}}]}))
+    assert main(["evaluate", "--policy", "vanilla", "--seeds", "1", "--jobs", "1", "--scenarios", str(f)]) == 0
+    capsys.readouterr()
+
+
+def test_inter_island_guard(tmp_path: Path) -> None:
+    """Without sup_relay an inter-island connection's SUP carries nothing whatever the hint
+    (the plugin's guard), and its optimum is all SOUT; with sup_relay the hint applies."""
+    example = Path(__file__).resolve().parents[3] / "testdata" / "scenarios" / "example.json"
+    for relay, want in ((False, 0), (True, 512)):
+        sc = dataclasses.replace(sim.scenario(str(example)), sup_relay=relay)
+        p = str(tmp_path / f"hints-{relay}")
+        with sim.Simulator(sc, p, seed=1, nslots=16, npeers=0) as sm, mpib_agent.open_segment(p) as agent:
+            sm.agent = agent
+            inter = sm.conns[1]
+            assert inter.spec.path_class == 1
+            agent.set_slot_hint(inter.slot, 512, gen=inter.gen)
+            sm.advance(1.0)
+            tel = next(s for s in agent.connections() if s.index == inter.slot).telemetry
+            assert (inter.split, inter.optimum()[0], tel.applied_sup_bw) == (want, want, want), relay
+            assert (tel.sup_bytes > 0) == relay and tel.last_sup_bw == 512
+            assert inter.delivered == pytest.approx(inter.optimal, rel=0.05)  # the split in force is the best
 
 
 def test_multi_processes(tmp_path: Path) -> None:
@@ -270,6 +322,7 @@ def test_completion_telemetry(tmp_path: Path) -> None:
         ),
         (sim.Event(2.0, "sup", state="down"),),
         noise=0.0,
+        sup_relay=True,  # conn 0 is inter-island: SUP carries its share only through a relay
     )
     with sim.Simulator(sc, p, nslots=8, npeers=0) as sm, mpib_agent.open_segment(p) as agent:
         sm.agent = agent

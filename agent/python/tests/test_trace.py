@@ -97,6 +97,9 @@ BASE: Dict[str, Any] = {"duration": 10, "conns": [{"sout": {"gbps": 100}, "sup":
         ({"events": [{"t": 2, "rail": "rail3", "gbps": 1}]}, "events[0].rail: want one of sout, sup"),
         ({"events": [{"t": 2, "rail": "sup", "state": "gone"}]}, "events[0].state: want one of up, down, failed"),
         ({"events": [{"t": 2, "rail": "sup", "gbps": 1, "conn": 1}]}, "events[0].conn: connection 1"),
+        ({"noise": 2.01}, "noise: want a number from 0 to 2, got 2.01"),
+        ({"noise": 1000}, "noise: want a number from 0 to 2, got 1000"),
+        ({"sup_relay": "yes"}, "sup_relay: want true or false"),
     ],
 )
 def test_scenario_file_errors(patch: Dict[str, Any], msg: str) -> None:
@@ -127,6 +130,10 @@ def test_lab_trace_scenario() -> None:
     assert 0 < sc.events[0].t < sc.events[1].t < tr.duration
 
 
+TRUTH = '{"t": 0, "conns": [{"is_send": 1, "truth": {"sup_mbps": 5, %s}}]}'
+END = '{"t": 5}'
+
+
 @pytest.mark.parametrize(
     "lines, msg",
     [
@@ -139,14 +146,29 @@ def test_lab_trace_scenario() -> None:
         (['{"t": 0, "sout_mbps": 1}', '{"t": 5}'], "must give sout_mbps and sup_mbps"),
         (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1}'], "lasts 0 s"),
         (['{"t": 0, "sout_mbps": 1, "sup_mbps": 1, "sup_gbps": 1}'], ":1: a capacity point takes t, sout_mbps"),
+        (
+            ['{"noise": 1000}', '{"t": 0, "sout_mbps": 1, "sup_mbps": 1}', '{"t": 5}'],
+            "header noise: want a number from 0 to 2",
+        ),
+        (['{"t": 0, "conns": "abc"}', END], ':1: conns: want a list of objects (record --raw), got "abc"'),
+        (['{"t": 0}', '{"t": 1, "conns": [1, 2]}'], ":2: conns: want a list of objects (record --raw), got [1, 2]"),
+        ([TRUTH % '"sout_mbps": "x"', END], ':1: conns[0].truth.sout_mbps: want Mbit/s >= 0, got "x"'),
+        ([TRUTH % '"sout_mbps": -5', END], ":1: conns[0].truth.sout_mbps: want Mbit/s >= 0, got -5"),
+        (
+            [TRUTH % '"sout_mbps": 5, "sup_state": "off"', END],
+            ':1: conns[0].truth.sup_state: want one of up, down, failed, got "off"',
+        ),
+        (['{"t": 0, "conns": [{"is_send": 1, "truth": 7}]}', END], ":1: conns[0].truth: want an object, got 7"),
     ],
 )
-def test_trace_errors(tmp_path: Path, lines: List[str], msg: str) -> None:
+def test_trace_errors(tmp_path: Path, lines: List[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(SegmentError) as e:
         trace.trace_scenario(trace.read_trace(str(f)))
     assert e.value.code == "bad_trace" and msg in str(e.value), str(e.value)
+    assert main(["replay", str(f)]) == 1  # a failed operation, said in one line
+    assert capsys.readouterr().err.startswith("mpib-agent-py replay: bad_trace: ")
 
 
 def test_recorded_trace_replays(tmp_path: Path) -> None:
@@ -165,6 +187,26 @@ def test_recorded_trace_replays(tmp_path: Path) -> None:
     rs = trace.trace_scenario(tr)
     assert [(round(e.t, 1), e.rail, e.mbps) for e in rs.events] == [(29.5, "sup", 25_000), (59.5, "sout", 50_000)]
     assert abs(trace.simulate(rs, mpib_agent.ClosedLoopPolicy(), 3) - pct) < 2.0
+
+
+def test_recording_replays_with_its_model(tmp_path: Path) -> None:
+    """A recording's header carries its model (message size, latencies, noise), so 4to1
+    (1 MiB messages, 20 us on SOUT) replays as it ran: with the defaults (512 KiB, 5 us) its
+    vanilla run scored 29.3 live and 24.5 replayed."""
+    out = io.StringIO()
+    live = trace.simulate(sim.scenario("4to1"), evaluate.vanilla(), 1, record=out)
+    head = json.loads(out.getvalue().splitlines()[0])
+    assert head == {
+        "comment": "simulated: scenario 4to1",
+        "msg_bytes": 1 << 20,
+        "sout_latency_us": 20.0,
+        "sup_latency_us": 5.0,
+        "noise": 0.03,
+    }
+    f = tmp_path / "4to1.jsonl"
+    f.write_text(out.getvalue())
+    replayed = trace.simulate(trace.trace_scenario(trace.read_trace(str(f))), evaluate.vanilla(), 1)
+    assert abs(replayed - live) < 0.5, (live, replayed)
 
 
 def test_record_raw_with_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,7 +101,10 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
     jobs = _int("jobs", a.jobs) if a.jobs is not None else None
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: want 1 or more")
-    specs = evaluate.policy_specs(a.policy)
+    try:
+        specs = evaluate.policy_specs(a.policy)
+    except ValueError as e:
+        raise UsageError(f"--policy: {e}") from None
     for p in specs:
         _policy_spec(p)
     try:

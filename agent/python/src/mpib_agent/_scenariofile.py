@@ -14,7 +14,7 @@ from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 from ._layout import RAIL_STATES
 from ._types import SegmentError
-from .sim import GBIT, Conn, Event, Rail, Scenario
+from .sim import GBIT, NOISE_MAX, Conn, Event, Rail, Scenario
 
 _CLASSES = {"intra": 0, "inter": 1}
 
@@ -129,10 +129,12 @@ def _event(path: str, where: str, obj: Any, nconns: int, duration: float) -> Eve
 
 def scenario_from_dict(obj: Any, path: str = "<scenario>") -> Scenario:
     """A Scenario from the parsed JSON of a scenario file (``path`` names it in errors)."""
-    f = _Fields(path, "", obj, ("name", "description", "duration", "noise", "conns", "events"))
+    f = _Fields(path, "", obj, ("name", "description", "duration", "noise", "sup_relay", "conns", "events"))
     duration = f.num("duration", 30.0, positive=True)
     noise = f.num("noise", 0.03)
     assert duration is not None and noise is not None
+    if noise > NOISE_MAX:
+        f.fail(f"want a number from 0 to {NOISE_MAX:g}, got {json.dumps(f.obj['noise'])}", "noise")
     conns_raw = f.obj.get("conns")
     if not isinstance(conns_raw, list) or not conns_raw:
         f.fail("want a non-empty list of connections", "conns")
@@ -149,6 +151,7 @@ def scenario_from_dict(obj: Any, path: str = "<scenario>") -> Scenario:
         events=events,
         duration=duration,
         noise=noise,
+        sup_relay=f.flag("sup_relay", False),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -56,13 +57,19 @@ ALIASES = {"closed_loop": "closed-loop", "closedloop": "closed-loop", "none": "v
 
 def policy_factory(spec: str) -> Tuple[str, PolicyFactory]:
     """(name, factory) for a built-in name (or alias) or ``module:NAME``; ValueError saying
-    what is wrong otherwise."""
+    what is wrong otherwise. ``module`` is imported from ``sys.path`` with the current
+    directory added at its end when it is not there: ``python -m mpib_agent`` has it first,
+    the ``mpib-agent-py`` console script does not (its sys.path[0] is the script's directory),
+    and worker processes call this too."""
     name = ALIASES.get(spec, spec)
     if name in BUILTIN:
         return name, BUILTIN[name]
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
         raise ValueError(f"policy {spec!r}: want one of {', '.join(BUILTIN)}, all, or module:function")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
     try:
         obj = getattr(importlib.import_module(mod), attr)
     except ImportError as e:
@@ -77,8 +84,11 @@ def policy_factory(spec: str) -> Tuple[str, PolicyFactory]:
 
 
 def policy_specs(spec: str) -> List[str]:
-    """``all`` (the built-in policies) or a comma list."""
-    return list(BUILTIN) if spec == "all" else [p for p in spec.split(",") if p]
+    """``all`` (the built-in policies) or a comma list; ValueError when it names none."""
+    specs = list(BUILTIN) if spec == "all" else [p for p in spec.split(",") if p]
+    if not specs:
+        raise ValueError(f"policy {spec!r}: no policy given: want all, NAME[,NAME] or module:NAME")
+    return specs
 
 
 def scenario_specs(spec: str) -> List[Scenario]:
@@ -130,6 +140,8 @@ def evaluate(
     1..``seeds``, in ``jobs`` processes (default: the CPU count; 1 runs them here)."""
     if seeds < 1:
         raise ValueError(f"seeds {seeds}: want at least 1")
+    if not policies or not scenarios:
+        raise ValueError("evaluate: want at least one policy and one scenario")
     names = [policy_factory(p)[0] for p in policies]  # refuses a bad spec before any run
     work = [(p, sc, seed, interval) for p in policies for sc in scenarios for seed in range(1, seeds + 1)]
     jobs = jobs or os.cpu_count() or 1

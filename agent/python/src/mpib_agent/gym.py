@@ -42,7 +42,8 @@ of the step (two samples of the same ``gen``, as ``top --json`` computes them):
 - ``rail_state`` (int64, (n, 2)): 0 up, 1 down, 2 failed (an unknown state reads as 2);
 - ``split`` (float32, (n,)): the split the plugin applied to its last message as a fraction
   (``applied_sup_bw / 1024``: after failover, so 0 or 1 while a rail is out, whatever the
-  action).
+  action; and after the plugin's guard, so 0 on an inter-island connection unless the
+  scenario has ``sup_relay``).
 
 Rates are capped at 10 Tbit/s and latencies at 10 s (the spaces are bounded).
 

@@ -15,11 +15,16 @@ clock of each flush. It never beats: the heartbeat is the agent's.
 Rail model, per connection: messages of ``msg_bytes`` S, one after the other, split by
 w = sup_bw (parts per 1024). A rail that carries b bytes of a message takes
 ``latency + b*8/capacity``; the message takes the longest of those (the rails run in
-parallel). Each tick scales the message time by a seeded log-normal noise
-``exp(noise * N(0, 1))``. A rail that is ``down`` or ``failed`` (or has capacity 0) carries
+parallel). Each tick multiplies the message rate by a seeded log-normal factor
+``exp(noise * N(0, 1) - noise**2 / 2)``, whose mean is 1 (the message time is divided by it),
+so a policy at the optimum scores 100 % on average whatever the noise; ``noise`` is at most
+:data:`NOISE_MAX`. A rail that is ``down`` or ``failed`` (or has capacity 0) carries
 nothing: as the plugin fails over, its share goes to the live rail whatever the hint says.
-Events change a rail's capacity and state at given simulated times. The optimum at a moment
-is the best integer split 0..1024 for the noise-free model.
+SUP does not reach another island unless the scenario declares a relay (``sup_relay``, the
+plugin's MPIB_SUP_RELAY=1): an inter-island connection without one carries nothing on SUP
+whatever the hint says, as the plugin's guard forces its SUP share to 0. Events change a
+rail's capacity and state at given simulated times. The optimum at a moment is the best
+integer split 0..1024 for the noise-free model, over the rails the connection can use.
 
 Two clocks:
 
@@ -58,6 +63,7 @@ from ._types import SegmentError
 
 PID_BASE = 4242  # simulated process k has pid PID_BASE + k
 GBIT = 1000.0  # Mbit/s
+NOISE_MAX = 2.0  # the largest noise (sd of the log of the rate factor): exp stays finite
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,8 @@ class Scenario:
     conns: Tuple[Conn, ...]
     events: Tuple[Event, ...] = ()
     duration: float = 30.0  # simulated seconds
-    noise: float = 0.03  # sd of the log of the per-tick message-time factor
+    noise: float = 0.03  # sd of the log of the per-tick rate factor (mean 1); 0..NOISE_MAX
+    sup_relay: bool = False  # MPIB_SUP_RELAY=1: SUP reaches other islands (else inter-island SUP carries nothing)
 
     def changes(self) -> List[float]:
         """The distinct event times, sorted: the phases' boundaries."""
@@ -231,7 +238,8 @@ class SimConn:
     counters: Dict[str, int] = field(default_factory=dict)  # read telemetry, written at flush
     delivered: float = 0.0  # bytes moved since start
     optimal: float = 0.0  # bytes the best split would have moved (noise-free)
-    split: int = 0  # the split used in the last tick (after failover)
+    split: int = 0  # the split used in the last tick (after the guard and failover)
+    sup_reaches: bool = True  # SUP reaches the peer: intra-island, or the scenario's sup_relay
     opt_cache: Optional[Tuple[Tuple[float, float, bool, bool], Tuple[int, float]]] = None
 
     @property
@@ -243,7 +251,12 @@ class SimConn:
         return PID_BASE + self.spec.process
 
     def up(self) -> Tuple[bool, bool]:
-        return (self.state[0] == 0 and self.sout.mbps > 0, self.state[1] == 0 and self.sup.mbps > 0)
+        """Whether each rail (SOUT, SUP) can carry bytes now: in service, with capacity, and
+        for SUP, reaching the peer (a SUP the guard keeps out counts as out of service)."""
+        return (
+            self.state[0] == 0 and self.sout.mbps > 0,
+            self.sup_reaches and self.state[1] == 0 and self.sup.mbps > 0,
+        )
 
     def optimum(self) -> Tuple[int, float]:
         """The best split now and its throughput in bytes/s."""
@@ -256,15 +269,16 @@ class SimConn:
     def vanilla(self) -> int:
         return SUP_BW_MAX if self.spec.path_class == 0 else 0
 
-    def account(self, parts: Tuple[float, float], up: Tuple[bool, bool], msgs: float, noise: float) -> None:
+    def account(self, parts: Tuple[float, float], up: Tuple[bool, bool], msgs: float, slowdown: float) -> None:
         """Counts ``msgs`` messages split into ``parts`` (SOUT, SUP bytes) as the plugin's
         telemetry does: per rail the bytes and requests posted and completed, the time each
         completed request spent on the rail (its latency plus its part at the rail's capacity,
-        times the tick's noise), the rail's active time (the same: messages follow each other,
-        so a rail has one request in flight while it carries a part) and the bytes in flight
-        (one message's part while the rail carries traffic). A part newly in flight is posted before it
-        completes; one that left the pipe (a smaller split) completed without a new post,
-        unless its rail left service (failover: those bytes are lost on it)."""
+        times the tick's ``slowdown``, 1 / its rate factor), the rail's active time (the same:
+        messages follow each other, so a rail has one request in flight while it carries a
+        part) and the bytes in flight (one message's part while the rail carries traffic). A
+        part newly in flight is posted before it completes; one that left the pipe (a smaller
+        split) completed without a new post, unless its rail left service (failover: those
+        bytes are lost on it)."""
         for r, (part, rail) in enumerate(zip(parts, (self.sout, self.sup))):
             inflight = part if part > 0 else 0.0
             grow = inflight - self.inflight[r]
@@ -272,7 +286,7 @@ class SimConn:
             if part > 0:
                 done[0] += msgs * part
                 done[1] += msgs
-                on_rail_ns = msgs * (rail.latency_us * 1e-6 + part * 8 / (rail.mbps * 1e6)) * noise * 1e9
+                on_rail_ns = msgs * (rail.latency_us * 1e-6 + part * 8 / (rail.mbps * 1e6)) * slowdown * 1e9
                 done[2] += on_rail_ns
                 done[3] += on_rail_ns
                 self.posted[2 * r] += msgs * part
@@ -305,6 +319,8 @@ class Simulator:
         self.scenario = scenario(scenario_)
         if not tick > 0:
             raise ValueError(f"tick {tick!r}: want seconds above 0")
+        if not 0 <= self.scenario.noise <= NOISE_MAX:
+            raise ValueError(f"scenario {self.scenario.name}: noise {self.scenario.noise!r}: want 0..{NOISE_MAX:g}")
         for e in self.scenario.events:
             if (
                 e.rail not in ("sout", "sup")
@@ -327,7 +343,11 @@ class Simulator:
         self.stale_ns = stale_ns_from_env()
         self._beat_ns = int(beat_period_s(self.stale_ns) * 1e9)
         self._last_beat = -(1 << 62)  # the first virtual tick beats
-        self.conns = [SimConn(i, c, c.sout, c.sup) for i, c in enumerate(self.scenario.conns)]
+        relay = self.scenario.sup_relay
+        self.conns = [
+            SimConn(i, c, c.sout, c.sup, sup_reaches=c.path_class == 0 or relay)
+            for i, c in enumerate(self.scenario.conns)
+        ]
         self.events = sorted(self.scenario.events, key=lambda e: e.t)
         self.procs: Dict[int, PluginProcess] = {}
         self.readers: Dict[int, CachedResolver] = {}  # per process: its hint reads
@@ -452,22 +472,29 @@ class Simulator:
                 res = self.readers[c.spec.process].resolve(c.slot, now, self.stale_ns)
                 if res.applies:
                     w = res.sup_bw
-            if up[0] != up[1]:  # failover: a rail out of service carries nothing
+            if up[0] != up[1]:  # the guard and failover: a rail out of service carries nothing
                 w = SUP_BW_MAX if up[1] else 0
             c.split = w
             t_msg = msg_time(c.sout, c.sup, up, c.spec.msg_bytes, w)
             msgs = 0.0
             if 0 < t_msg < math.inf:
-                noise = 1.0
-                if self.scenario.noise > 0:
-                    noise = math.exp(self.scenario.noise * self.rng.gauss(0.0, 1.0))
-                msgs = dt / (t_msg * noise)
+                speed = self._rate_factor()
+                msgs = dt * speed / t_msg
                 b_sup = c.spec.msg_bytes * w / SUP_BW_MAX
-                c.account((c.spec.msg_bytes - b_sup, b_sup), up, msgs, noise)
+                c.account((c.spec.msg_bytes - b_sup, b_sup), up, msgs, 1.0 / speed)
                 c.delivered += msgs * c.spec.msg_bytes
             if res is not None:
                 PluginProcess.record_read(res, max(1, int(msgs)), now, c.counters)
         self.t += dt
+
+    def _rate_factor(self) -> float:
+        """The tick's noise: a log-normal factor on the message rate with mean exactly 1
+        (E[exp(sd*Z)] = exp(sd**2/2) for Z ~ N(0, 1), hence the -sd**2/2), so that noise
+        moves a score around 100 % of the noise-free optimum, never above it on average."""
+        sd = self.scenario.noise
+        if sd <= 0:
+            return 1.0
+        return math.exp(sd * self.rng.gauss(0.0, 1.0) - sd * sd / 2)
 
     def _flush(self) -> None:
         """Writes every connection's telemetry; a receive connection, like the plugin's,

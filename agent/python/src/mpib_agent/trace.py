@@ -2,7 +2,8 @@
 replays. The format (JSON Lines) is in docs/agent.md, "Traces"; in short, each line is one of
 
 - a **header** (no ``"t"``): ``{"comment": "...", "msg_bytes": 524288, "noise": 0.03,
-  "sout_latency_us": 5, "sup_latency_us": 5}``, every key optional;
+  "sout_latency_us": 5, "sup_latency_us": 5}``, every key optional (``noise`` at most
+  :data:`mpib_agent.sim.NOISE_MAX`); a :class:`Recorder` writes the recorded model there;
 - a **capacity point**: ``{"t": 16, "sout_mbps": 12.5, "sup_mbps": 6.25}`` (and optionally
   ``sout_state``/``sup_state``: up, down, failed): the rails from ``t`` on; a rail left out
   keeps its value; a line with ``t`` alone marks a time (the trace's end);
@@ -31,7 +32,7 @@ from ._policy import Policy
 from ._segment import create
 from ._types import SegmentError, Slot
 from ._watch import raw_sample
-from .sim import Conn, Event, Rail, Scenario, Simulator, drive
+from .sim import NOISE_MAX, Conn, Event, Rail, Scenario, Simulator, drive
 
 HEADER_KEYS = ("comment", "msg_bytes", "noise", "sout_latency_us", "sup_latency_us")
 POINT_KEYS = ("sout_mbps", "sup_mbps", "sout_state", "sup_state")
@@ -40,14 +41,25 @@ DEFAULT_MSG_BYTES = 512 << 10  # the lab's transfers (mpib-nettest --max-size 51
 
 class Recorder:
     """Writes a trace of a simulator on the virtual clock: pass it as ``on_interval`` to
-    :func:`mpib_agent.sim.drive`. Each record's ``t`` is simulated seconds."""
+    :func:`mpib_agent.sim.drive`. Each record's ``t`` is simulated seconds. The header holds
+    the scenario's noise and the message size and latencies of the connection a replay
+    follows (the send connection of the lowest slot, whose truth comes first in each record),
+    so that the trace replays with the model it was recorded with."""
 
     def __init__(self, out: IO[str], sim: Simulator, comment: str = "") -> None:
         self.out, self.sim = out, sim
         self._seg = sim.procs[next(iter(sim.procs))].seg if sim.procs else None
         self.prev: Dict[int, Slot] = {s.index: s for s in self._seg.connections()} if self._seg else {}
         self.prev_t = sim.t
-        head = {"comment": comment or f"simulated: scenario {sim.scenario.name}"}
+        head: Dict[str, Any] = {"comment": comment or f"simulated: scenario {sim.scenario.name}"}
+        first = min((c for c in sim.conns if c.spec.is_send), key=lambda c: c.slot, default=None)
+        if first is not None:
+            head.update(
+                msg_bytes=first.spec.msg_bytes,
+                sout_latency_us=first.sout.latency_us,
+                sup_latency_us=first.sup.latency_us,
+            )
+        head["noise"] = sim.scenario.noise
         out.write(json.dumps(head) + "\n")
 
     def __call__(self, sim: Simulator) -> None:
@@ -84,31 +96,45 @@ def _bad(path: str, line: int, msg: str) -> SegmentError:
     return SegmentError("bad_trace", f"{path}:{line}: {msg}")
 
 
-def _rate(path: str, n: int, obj: Dict[str, Any], key: str) -> Optional[float]:
+def _rate(path: str, n: int, obj: Dict[str, Any], key: str, where: str = "") -> Optional[float]:
     v = obj.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise _bad(path, n, f"{key}: want Mbit/s >= 0, got {json.dumps(v)}")
+        raise _bad(path, n, f"{where}{key}: want Mbit/s >= 0, got {json.dumps(v)}")
     return float(v)
 
 
-def _point(path: str, n: int, obj: Dict[str, Any], t: float) -> Point:
-    p = Point(t, _rate(path, n, obj, "sout_mbps"), _rate(path, n, obj, "sup_mbps"))
+def _point(path: str, n: int, obj: Dict[str, Any], t: float, where: str = "") -> Point:
+    """The rails in ``obj`` (a capacity point, or a record's truth: ``where`` names it in
+    errors) from ``t`` on."""
+    p = Point(t, _rate(path, n, obj, "sout_mbps", where), _rate(path, n, obj, "sup_mbps", where))
     for key in ("sout_state", "sup_state"):
         v = obj.get(key)
         if v is not None and v not in RAIL_STATES:
-            raise _bad(path, n, f"{key}: want one of {', '.join(RAIL_STATES)}, got {json.dumps(v)}")
+            raise _bad(path, n, f"{where}{key}: want one of {', '.join(RAIL_STATES)}, got {json.dumps(v)}")
         setattr(p, key, v)
     return p
 
 
-def _truth_point(rec: Dict[str, Any], t: float) -> Optional[Point]:
-    for c in rec.get("conns", []):
+def _truth_point(path: str, n: int, rec: Dict[str, Any], t: float) -> Optional[Point]:
+    """The rails from the truth of the record's first send connection that has one (from
+    ``t`` on). The record's shape is checked as far as a replay reads it: ``conns`` a list of
+    objects, each ``truth`` an object with valid rates and states."""
+    conns = rec["conns"]
+    if not isinstance(conns, list) or not all(isinstance(c, dict) for c in conns):
+        raise _bad(path, n, f"conns: want a list of objects (record --raw), got {json.dumps(conns)[:80]}")
+    found: Optional[Point] = None
+    for i, c in enumerate(conns):
         tr = c.get("truth")
-        if isinstance(tr, dict) and c.get("is_send") == 1:
-            return Point(t, tr.get("sout_mbps"), tr.get("sup_mbps"), tr.get("sout_state"), tr.get("sup_state"))
-    return None
+        if tr is None:
+            continue
+        if not isinstance(tr, dict):
+            raise _bad(path, n, f"conns[{i}].truth: want an object, got {json.dumps(tr)[:80]}")
+        p = _point(path, n, tr, t, f"conns[{i}].truth.")
+        if found is None and c.get("is_send") == 1:
+            found = p
+    return found
 
 
 def read_trace(path: str) -> Trace:
@@ -142,7 +168,7 @@ def read_trace(path: str) -> Trace:
             last = float(t) - t0
             if "conns" in obj:
                 # a record's truth holds over the interval it ends: from the previous record on
-                p = _truth_point(obj, tr.records[-1]["t"] if tr.records else last)
+                p = _truth_point(path, n, obj, tr.records[-1]["t"] if tr.records else last)
                 tr.records.append(dict(obj, t=last))
                 if p is not None:
                     truth.append(p)
@@ -158,10 +184,11 @@ def read_trace(path: str) -> Trace:
     return tr
 
 
-def _header_num(tr: Trace, key: str, default: float) -> float:
+def _header_num(tr: Trace, key: str, default: float, most: float = math.inf) -> float:
     v = tr.header.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise SegmentError("bad_trace", f"{tr.path}: header {key}: want a number >= 0, got {json.dumps(v)}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > most:
+        want = "a number >= 0" if most == math.inf else f"a number from 0 to {most:g}"
+        raise SegmentError("bad_trace", f"{tr.path}: header {key}: want {want}, got {json.dumps(v)}")
     return float(v)
 
 
@@ -212,7 +239,7 @@ def trace_scenario(tr: Trace) -> Scenario:
         (Conn(rails[0], rails[1], msg_bytes=msg),),
         tuple(events),
         duration=tr.duration,
-        noise=_header_num(tr, "noise", 0.03),
+        noise=_header_num(tr, "noise", 0.03, NOISE_MAX),
     )
 
 
