@@ -58,11 +58,7 @@ static void confirm(volatile struct mpib_confirm_rec *out, uint64_t gen) {
 }
 
 int main(void) {
-  mpib_g.failover = 1;
-  mpib_g.stall_timeout_ms = 30000;
-  mpib_g.recovery_backoff_ms = 250;
-  mpib_g.recovery_backoff_max_ms = 2000;
-  mpib_g.failover_timeout_ms = 5000;
+  fake_failover_defaults();
   c = fake_recv_comm(&ctx, fake_post_send, fake_poll_cq, &qp, &cq, &mr);
   struct mpib_mr mh = {.mr = {&mr}, .fdev = 0};
   static char buf[4096];

@@ -137,11 +137,7 @@ static void other_rail_first(void) {
 }
 
 int main(void) {
-  mpib_g.failover = 1;
-  mpib_g.stall_timeout_ms = 30000;
-  mpib_g.recovery_backoff_ms = 250;
-  mpib_g.recovery_backoff_max_ms = 2000;
-  mpib_g.failover_timeout_ms = 5000;
+  fake_failover_defaults();
   one_rail();
   other_rail_first();
   if (failures == 0) printf("irecv_rebuild: ok\n");

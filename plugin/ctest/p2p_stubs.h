@@ -122,6 +122,15 @@ fake_recv_comm(struct ibv_context *ctx, int (*post_send)(struct ibv_qp *, struct
   return c;
 }
 
+/* Failover on, with the configuration's defaults (docs/configuration.md). */
+static __attribute__((unused)) void fake_failover_defaults(void) {
+  mpib_g.failover = 1;
+  mpib_g.stall_timeout_ms = 30000;
+  mpib_g.recovery_backoff_ms = 250;
+  mpib_g.recovery_backoff_max_ms = 2000;
+  mpib_g.failover_timeout_ms = 5000;
+}
+
 /* Frees a comm of fake_send_comm or fake_recv_comm. */
 static __attribute__((unused)) void fake_comm_free(struct mpib_comm *c) {
   if (c->ctrl_fd >= 0) close(c->ctrl_fd);

@@ -244,22 +244,48 @@ static double reads_ns(mpib_shm *shm, uint32_t id, uint8_t *seg, int storm) {
   return best;
 }
 
-static void test_peers_epoch(const char *path) {
+/* A segment of 4 slots and NPEERS peer entries at path: the plugin's handle on it with one
+ * registered connection (its id and slot), and the agent's mapping of the file (size bytes),
+ * or 0 when something failed (checked). */
+struct storm_seg {
+  mpib_shm *shm;
+  int fd;
+  uint8_t *seg;
+  size_t size;
+  uint32_t nslots, id, slot;
+};
+
+static int storm_open(const char *path, struct storm_seg *g) {
   char err[512] = "";
-  const uint32_t nslots = 4;
-  CHECK(mpib_shm_create(path, nslots, NPEERS, err, sizeof(err)) == 0, "create: %s", err);
-  mpib_shm *shm = NULL;
-  CHECK(mpib_shm_open(path, &shm, err, sizeof(err)) == 0, "open: %s", err);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  size_t size = HDR + (size_t)nslots * SLOT + (size_t)NPEERS * PEER;
-  uint8_t *seg = fd < 0 ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  CHECK(seg != MAP_FAILED, "map: %s", strerror(errno));
-  if (seg == MAP_FAILED || shm == NULL) {
+  *g = (struct storm_seg){.nslots = 4, .fd = -1, .seg = MAP_FAILED};
+  CHECK(mpib_shm_create(path, g->nslots, NPEERS, err, sizeof(err)) == 0, "create: %s", err);
+  CHECK(mpib_shm_open(path, &g->shm, err, sizeof(err)) == 0, "open: %s", err);
+  g->fd = open(path, O_RDWR | O_CLOEXEC);
+  g->size = HDR + (size_t)g->nslots * SLOT + (size_t)NPEERS * PEER;
+  if (g->fd >= 0) g->seg = mmap(NULL, g->size, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
+  CHECK(g->seg != MAP_FAILED, "map: %s", strerror(errno));
+  if (g->seg == MAP_FAILED || g->shm == NULL) return 0;
+  mpib_conn_desc d = desc(1);
+  CHECK(mpib_shm_register(g->shm, &d, &g->id) == 0 && mpib_shm_conn_slot(g->shm, g->id, &g->slot, NULL) == 0,
+        "register");
+  return 1;
+}
+
+static void storm_close(struct storm_seg *g) {
+  munmap(g->seg, g->size);
+  close(g->fd);
+  mpib_shm_close(g->shm);
+}
+
+static void test_peers_epoch(const char *path) {
+  struct storm_seg g;
+  if (!storm_open(path, &g)) {
     return;
   }
-  mpib_conn_desc d = desc(1);
-  uint32_t id, slot;
-  CHECK(mpib_shm_register(shm, &d, &id) == 0 && mpib_shm_conn_slot(shm, id, &slot, NULL) == 0, "register");
+  mpib_shm *shm = g.shm;
+  uint8_t *seg = g.seg;
+  const uint32_t nslots = g.nslots;
+  uint32_t id = g.id, slot = g.slot;
   uint64_t t = mpib_shm_now_ns();
   mpib_shm_heartbeat(shm, t);
   const uint64_t stale = 1000000000000ull;
@@ -291,29 +317,20 @@ static void test_peers_epoch(const char *path) {
   printf("shm-contention: case=peers-epoch-storm npeers=%u reads=%u scans_at_one_instant=%u "
          "latest_applies_later=%s read_ns_quiet=%.0f read_ns_storm=%.0f\n",
          NPEERS, STORM_READS, fresh, later ? "true" : "false", quiet, storm);
-  munmap(seg, size);
-  close(fd);
-  mpib_shm_close(shm);
+  storm_close(&g);
 }
 
 /* A writer that bumps the slot's gen before every read (the owner wrote it once, at the claim)
  * costs no more scans than a peers_epoch storm. */
 static void test_gen_storm(const char *path) {
-  char err[512] = "";
-  const uint32_t nslots = 4;
-  CHECK(mpib_shm_create(path, nslots, NPEERS, err, sizeof(err)) == 0, "create: %s", err);
-  mpib_shm *shm = NULL;
-  CHECK(mpib_shm_open(path, &shm, err, sizeof(err)) == 0, "open: %s", err);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  size_t size = HDR + (size_t)nslots * SLOT + (size_t)NPEERS * PEER;
-  uint8_t *seg = fd < 0 ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  CHECK(seg != MAP_FAILED, "map: %s", strerror(errno));
-  if (seg == MAP_FAILED || shm == NULL) {
+  struct storm_seg g;
+  if (!storm_open(path, &g)) {
     return;
   }
-  mpib_conn_desc d = desc(1);
-  uint32_t id, slot;
-  CHECK(mpib_shm_register(shm, &d, &id) == 0 && mpib_shm_conn_slot(shm, id, &slot, NULL) == 0, "register");
+  mpib_shm *shm = g.shm;
+  uint8_t *seg = g.seg;
+  const uint32_t nslots = g.nslots;
+  uint32_t id = g.id, slot = g.slot;
   _Atomic uint32_t *gen = (_Atomic uint32_t *)(seg + HDR + (size_t)slot * SLOT + 8); /* spec 4.3: after owner */
   uint64_t t = mpib_shm_now_ns();
   mpib_shm_heartbeat(shm, t);
@@ -349,9 +366,7 @@ static void test_gen_storm(const char *path) {
   printf("shm-contention: case=slot-gen-storm npeers=%u reads=%u scans_at_one_instant=%u read_ns_quiet=%.0f "
          "read_ns_storm=%.0f\n",
          NPEERS, STORM_READS, fresh, quiet, best);
-  munmap(seg, size);
-  close(fd);
-  mpib_shm_close(shm);
+  storm_close(&g);
 }
 
 int main(void) {
