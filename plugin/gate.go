@@ -43,6 +43,10 @@ var unprovenLimits = admit.Limits{
 	// PerListener: a real peer writes its hello right after connecting, and its bytes protect
 	// it from eviction from then on, however many newer clients arrive.
 	PerListener: 32,
+	// PerSourceListener: on a full listener, a source keeps at most this many clients that
+	// have sent bytes (a real peer connects once per listener): one address cannot fill a
+	// listener with partial hellos and refuse the real peer.
+	PerSourceListener: 4,
 }
 
 // zeroByteGrace: a client that has sent nothing this long after its connection is dropped; a

@@ -117,21 +117,22 @@ static void ctrl_flush(struct mpib_comm *c) {
  * (lifecycle.go) frames messages by their kind byte, so a message is never cut or dropped in
  * part. One that does not fit behind a stuck socket is dropped whole: notices and records are
  * the newest state, also RDMA-written, and a later one supersedes it. */
-static void ctrl_queue_locked(struct mpib_comm *c, const void *msg, size_t len) {
+static int ctrl_queue_locked(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_out_n + len > sizeof c->ctrl_out) {
     MPIB_INFO("%s comm: the control socket has %u bytes unsent; a %zu-byte message is dropped",
               c->is_send ? "send" : "recv", c->ctrl_out_n, len);
-    return;
+    return -ENOBUFS;
   }
   memcpy(c->ctrl_out + c->ctrl_out_n, msg, len);
   c->ctrl_out_n += (uint32_t)len;
   (void)ctrl_flush_locked(c);
+  return 0;
 }
 
 static void ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_fd < 0) return;
   pthread_mutex_lock(&c->ctrl_mu);
-  ctrl_queue_locked(c, msg, len);
+  (void)ctrl_queue_locked(c, msg, len); /* a message dropped whole is superseded (above) */
   pthread_mutex_unlock(&c->ctrl_mu);
 }
 
@@ -156,7 +157,12 @@ static void ctrl_send_wait(struct mpib_comm *c, const void *msg, size_t len) {
 
 int mpib_comm_ctrl_send(struct mpib_comm *c, const void *msg, size_t len) {
   if (c->ctrl_fd < 0) return -ENOTCONN;
-  ctrl_send_wait(c, msg, len);
+  ctrl_wait_sent(c); /* room first: the queue drops a message it cannot take whole */
+  pthread_mutex_lock(&c->ctrl_mu);
+  int rc = c->ctrl_fd < 0 ? -ENOTCONN : ctrl_queue_locked(c, msg, len);
+  pthread_mutex_unlock(&c->ctrl_mu);
+  if (rc) return rc;
+  ctrl_wait_sent(c);
   return __atomic_load_n(&c->ctrl_out_n, __ATOMIC_RELAXED) ? -EAGAIN : 0;
 }
 
@@ -540,7 +546,7 @@ void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec_byte
   if (queued) {
     uint8_t msg[2 + sizeof st] = {'C', (uint8_t)rail};
     memcpy(msg + 2, &st, sizeof st);
-    ctrl_queue_locked(c, msg, sizeof msg);
+    (void)ctrl_queue_locked(c, msg, sizeof msg);
   }
   pthread_mutex_unlock(&c->ctrl_mu);
   if (queued) ctrl_wait_sent(c);

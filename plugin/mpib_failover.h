@@ -59,8 +59,9 @@ ncclResult_t mpib_failover_health_check(struct mpib_comm *c);
  * data path answers too, when NCCL calls it; a receiver applies either). */
 void mpib_comm_answer_record(struct mpib_comm *c, int rail, const void *rec);
 /* The control plane's own message on the control socket (a standby rail's join), queued whole
- * behind what the data path queued and sent before it returns (up to about 2 s): 0, -ENOTCONN
- * without a socket, -EAGAIN when it could not all be sent. */
+ * behind what the data path queued and sent before it returns (up to about 2 s each for room
+ * and for the send): 0, -ENOTCONN without a socket, -ENOBUFS when the queue could not take it
+ * whole (nothing of it is sent), -EAGAIN when it could not all be sent. */
 int mpib_comm_ctrl_send(struct mpib_comm *c, const void *msg, size_t len);
 /* Receiver: a notice that arrived over the control socket. A FAIL while no receive is open is
  * answered from the control plane's thread with a fence record that says so (nothing of the

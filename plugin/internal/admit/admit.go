@@ -5,9 +5,13 @@
 // and the clock and apply the answers.
 //
 // The contract these decisions keep: a client that has sent any byte (read by the listener, or
-// waiting in its socket) is never displaced, so a real peer whose hello arrived cannot be
-// closed by newer clients; only silent clients are, oldest first, so a newer client (a real
-// peer connecting now) always finds room as long as one silent client is held anywhere.
+// waiting in its socket) is not displaced, so a real peer whose hello arrived cannot be closed
+// by newer clients; silent clients are, oldest first, so a newer client (a real peer
+// connecting now) finds room as long as one silent client is held anywhere. One exception: a
+// source that holds more than PerSourceListener clients with bytes on one listener loses its
+// oldest of them when that listener is full. A real peer connects once per listener, so this
+// only ever hits a client that is not one; without it one address could fill a listener with
+// partial hellos for their whole deadline and refuse the real peer until NCCL gives up.
 package admit
 
 import (
@@ -20,6 +24,9 @@ type Limits struct {
 	Process     int // all listeners together: the descriptors spent on unproven clients
 	PerSource   int // from one source address, all listeners together
 	PerListener int // on one listener
+	// PerSourceListener: the clients with bytes one source keeps on a full listener (above,
+	// its oldest are displaced too); 0 for no such bound.
+	PerSourceListener int
 }
 
 // Client is one unproven client as the decisions see it.
@@ -45,9 +52,13 @@ func Displace(clients []Client, src netip.Addr, listener uint64, lim Limits, sen
 		return !s
 	}
 	var victims []int
+	evict := func(i int) {
+		gone[i] = true
+		victims = append(victims, i)
+	}
 	// One pass per limit, narrowest first: a victim chosen for the listener's limit also counts
 	// toward the source's and the process's.
-	for _, lim := range []struct {
+	for pass, l := range []struct {
 		max   int
 		match func(Client) bool
 	}{
@@ -55,28 +66,54 @@ func Displace(clients []Client, src netip.Addr, listener uint64, lim Limits, sen
 		{lim.PerSource, func(c Client) bool { return c.Src == src }},
 		{lim.Process, func(Client) bool { return true }},
 	} {
-		if lim.max <= 0 {
+		if l.max <= 0 {
 			continue
 		}
 		held := 0
 		for i, c := range clients {
-			if !gone[i] && lim.match(c) {
+			if !gone[i] && l.match(c) {
 				held++
 			}
 		}
-		for i := 0; held >= lim.max && i < len(clients); i++ {
-			if gone[i] || !lim.match(clients[i]) || !silent(i) {
+		for i := 0; held >= l.max && i < len(clients); i++ {
+			if gone[i] || !l.match(clients[i]) || !silent(i) {
 				continue
 			}
-			gone[i] = true
-			victims = append(victims, i)
+			evict(i)
 			held--
 		}
-		if held >= lim.max {
+		if pass == 0 && held >= l.max && lim.PerSourceListener > 0 {
+			held -= displaceCrowding(clients, gone, listener, held-l.max+1, lim.PerSourceListener, evict)
+		}
+		if held >= l.max {
 			return nil, false
 		}
 	}
 	return victims, true
+}
+
+// displaceCrowding evicts, oldest first, up to need clients of a full listener whose source
+// holds more than keep of the clients left there (all of which have sent bytes: the silent ones
+// went first), and says how many it evicted.
+func displaceCrowding(clients []Client, gone []bool, listener uint64, need, keep int, evict func(int)) int {
+	held := map[netip.Addr]int{}
+	for i, c := range clients {
+		if !gone[i] && c.Listener == listener {
+			held[c.Src]++
+		}
+	}
+	n := 0
+	for i, c := range clients {
+		if n == need {
+			break
+		}
+		if !gone[i] && c.Listener == listener && held[c.Src] > keep {
+			evict(i)
+			held[c.Src]--
+			n++
+		}
+	}
+	return n
 }
 
 // Deadline is how long after its connection a client may take to finish its hello: grace while

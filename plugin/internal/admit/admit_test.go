@@ -77,6 +77,38 @@ func TestDisplaceAsksLazily(t *testing.T) {
 	}
 }
 
+// One address cannot pin a listener with partial hellos: on the full listener a newer client
+// (a real peer, from another address or the same one) displaces that address's oldest client
+// beyond PerSourceListener, and a listener held by many addresses a few each stays full.
+func TestOneSourceCannotPinAListener(t *testing.T) {
+	lim := Limits{Process: 256, PerSource: 64, PerListener: 32, PerSourceListener: 4}
+	sent := func(int) bool { return true }
+	pinned := make([]Client, 32)
+	for i := range pinned {
+		pinned[i] = Client{Src: srcA, Listener: 7}
+	}
+	for _, peer := range []netip.Addr{srcB, srcA} {
+		got, ok := Displace(pinned, peer, 7, lim, sent)
+		if !ok || !slices.Equal(got, []int{0}) {
+			t.Errorf("a peer from %v on a listener one address fills with partial hellos: displaces %v (ok %v), want [0]", peer, got, ok)
+		}
+	}
+	if _, ok := Displace(pinned, srcB, 7, Limits{Process: 256, PerSource: 64, PerListener: 32}, sent); ok {
+		t.Error("without PerSourceListener the 32 partial hellos of one address should hold the listener")
+	}
+	var spread []Client
+	for i := range 32 { // eight addresses, four partial hellos each
+		spread = append(spread, Client{Src: netip.AddrFrom4([4]byte{10, 0, 9, byte(i % 8)}), Listener: 7})
+	}
+	if got, ok := Displace(spread, srcB, 7, lim, sent); ok {
+		t.Errorf("eight addresses with four partial hellos each: displaced %v; a client that has sent bytes stays", got)
+	}
+	other := append(append([]Client{}, pinned[:8]...), Client{Src: srcA, Listener: 8})
+	if got, ok := Displace(other, srcB, 8, lim, sent); !ok || len(got) != 0 {
+		t.Errorf("a listener with room displaces nothing: %v %v", got, ok)
+	}
+}
+
 func TestDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		sent        int
