@@ -103,7 +103,7 @@ func devSupPorts(dev int) supPorts {
 	if len(out.local.Ports) == 0 {
 		out.local.Unaddressed = firstWhy
 	}
-	warnSharedSubnet(dev, append(append([]topo.Port{}, out.local.Ports...), out.local.Down...))
+	warnSharedSubnet(dev, out.local)
 	return out
 }
 
@@ -113,8 +113,12 @@ var sharedSubnetWarned [config.MaxDevices]atomic.Bool
 // warnSharedSubnet says, once per device, that two of its SUP ports share a subnet: right for
 // a port's two PCI functions or parallel cables to one node, wrong on a mesh whose cables lead
 // to different nodes (topo.SharedSubnet).
-func warnSharedSubnet(dev int, ports []topo.Port) {
-	a, b, ok := topo.SharedSubnet(ports)
+// Every connection reads the ports; only the first finding is said, so the rest skip the search.
+func warnSharedSubnet(dev int, l suppair.Local) {
+	if sharedSubnetWarned[dev].Load() {
+		return
+	}
+	a, b, ok := topo.SharedSubnet(append(append([]topo.Port{}, l.Ports...), l.Down...))
 	if !ok || sharedSubnetWarned[dev].Swap(true) {
 		return
 	}
