@@ -117,51 +117,18 @@ static inline void rdma_write_wr(struct ibv_send_wr *wr, struct ibv_sge *sge, ui
 _Static_assert(sizeof(((struct ibv_send_wr *)0)->bind_mw) >= sizeof(((struct ibv_send_wr *)0)->tso),
                "rdma_write_wr clears the bind_mw/tso union through bind_mw");
 
-/* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
- * the last one (or a final write carrying the size records) with the immediate and
- * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
- * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
- * MPIB_POST_PARTIAL. */
-int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
-                    int replay) {
-  int nreqs = c->slot_matched[slot];
-  struct mpib_request **reqs = c->slot_reqs[slot];
-  const struct mpib_cts *cts = c->cts_snap[slot];
-  int qi = mpib_qp_index(rail, reqs[0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
-  if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
-  int lane = c->qps[qi].lane; /* its NIC: the registrations and the peer's rkeys of that port */
-  struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
-  struct ibv_sge sges[MPIB_MAX_RECVS + 1];
-  int nwr = 0;
-  for (int r = 0; r < nreqs; r++) {
-    size_t off, len;
-    range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
-    if (len == 0) continue;
-    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
-                                 .length = (uint32_t)len,
-                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
-    rdma_write_wr(&wrs[nwr], &sges[nwr], cts[r].addr + off, mpib_cts_rkey(&cts[r], lane));
-    nwr++;
-  }
-  struct ibv_send_wr *last;
-  if (p->size_in_imm && nwr == 1) {
-    last = &wrs[0]; /* the data write itself carries the immediate */
-  } else {
-    last = &wrs[nwr];
-    struct ibv_sge *records = NULL; /* the leader's final write carries the size records */
-    if (rail == p->leader && !p->size_in_imm) {
-      records = &sges[nwr];
-      *records = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
-                                  .length = (uint32_t)(nreqs * sizeof(int32_t)),
-                                  .lkey = c->stage_mr[lane]->lkey};
-    }
-    rdma_write_wr(last, records, c->rem_addr + (uint64_t)slot * sizeof c->sizes[0], c->rem_rkey[lane]);
-    nwr++;
-  }
+/* Finishes a rail's chain of a slot (the writes wrs[0] .. last, nwr of them) and posts it on QP
+ * qi: the last write carries the immediate and is signalled, the others are chained in order
+ * unsignalled. Records what the rail carries: range `rail` for an original chain, the lost
+ * `ranges` for a replay. 0, the errno of a post none of which went out, or MPIB_POST_PARTIAL. */
+static inline __attribute__((always_inline)) int chain_post(struct mpib_comm *c, int slot, int rail,
+                                                            const struct mpib_slot_plan *p, uint32_t ranges,
+                                                            int replay, int qi, struct ibv_send_wr *wrs,
+                                                            struct ibv_send_wr *last, int nwr) {
   last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   last->send_flags |= IBV_SEND_SIGNALED;
   last->imm_data = p->imm;
-  last->wr_id = mpib_wrid_data(c, rail, reqs[0]->seq, replay);
+  last->wr_id = mpib_wrid_data(c, rail, c->slot_reqs[slot][0]->seq, replay);
   if (nwr > 1) { /* the writes before the last: unsignalled, chained in order */
     uint64_t unsignalled = mpib_wrid_special(c, rail, MPIB_WR_UNSIGNALLED);
     for (int i = 0; i + 1 < nwr; i++) {
@@ -177,6 +144,75 @@ int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_s
   if (rc) return MPIB_POST_PARTIAL;
   c->pending[rail]++;
   return 0;
+}
+
+/* The chain of a lone request whose size travels in the immediate: one write, its part of the
+ * request's bytes (none: a zero-byte write to the size records' place, for the immediate
+ * alone). The common, latency-bound case: no loop and no records. */
+static int post_lone(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
+                     int replay, int qi) {
+  const struct mpib_request *req = c->slot_reqs[slot][0];
+  int lane = c->qps[qi].lane;
+  struct ibv_send_wr wr;
+  struct ibv_sge sge;
+  size_t off, len;
+  range_span(ranges, req->size, p->sout[0], &off, &len);
+  if (len > 0) {
+    const struct mpib_cts *cts = &c->cts_snap[slot][0];
+    sge = (struct ibv_sge){
+        .addr = (uintptr_t)req->data + off, .length = (uint32_t)len, .lkey = mpib_comm_mr(c, req->mh, lane)->lkey};
+    rdma_write_wr(&wr, &sge, cts->addr + off, mpib_cts_rkey(cts, lane));
+  } else {
+    rdma_write_wr(&wr, NULL, c->rem_addr + (uint64_t)slot * sizeof c->sizes[0], c->rem_rkey[lane]);
+  }
+  return chain_post(c, slot, rail, p, ranges, replay, qi, &wr, &wr, 1);
+}
+
+/* The chain of a grouped slot, or of a request too large for the immediate: a write per
+ * request part of `ranges`, then a final write with the immediate, which on the leader rail
+ * carries the size records. */
+static int post_grouped(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
+                        int replay, int qi) {
+  int nreqs = c->slot_matched[slot];
+  struct mpib_request **reqs = c->slot_reqs[slot];
+  const struct mpib_cts *cts = c->cts_snap[slot];
+  int lane = c->qps[qi].lane; /* its NIC: the registrations and the peer's rkeys of that port */
+  struct ibv_send_wr wrs[MPIB_MAX_RECVS + 1];
+  struct ibv_sge sges[MPIB_MAX_RECVS + 1];
+  int nwr = 0;
+  for (int r = 0; r < nreqs; r++) {
+    size_t off, len;
+    range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
+    if (len == 0) continue;
+    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
+                                 .length = (uint32_t)len,
+                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
+    rdma_write_wr(&wrs[nwr], &sges[nwr], cts[r].addr + off, mpib_cts_rkey(&cts[r], lane));
+    nwr++;
+  }
+  struct ibv_sge *records = NULL; /* the leader's final write carries the size records */
+  if (rail == p->leader && !p->size_in_imm) {
+    records = &sges[nwr];
+    *records = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
+                                .length = (uint32_t)(nreqs * sizeof(int32_t)),
+                                .lkey = c->stage_mr[lane]->lkey};
+  }
+  rdma_write_wr(&wrs[nwr], records, c->rem_addr + (uint64_t)slot * sizeof c->sizes[0], c->rem_rkey[lane]);
+  nwr++;
+  return chain_post(c, slot, rail, p, ranges, replay, qi, wrs, &wrs[nwr - 1], nwr);
+}
+
+/* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
+ * the last one (or a final write carrying the size records) with the immediate and
+ * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
+ * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
+ * MPIB_POST_PARTIAL. */
+int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
+                    int replay) {
+  int qi = mpib_qp_index(rail, c->slot_reqs[slot][0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
+  if (c->slot_matched[slot] == 1 && p->size_in_imm) return post_lone(c, slot, rail, p, ranges, replay, qi);
+  return post_grouped(c, slot, rail, p, ranges, replay, qi);
 }
 
 /* A range of the slot that could not go out on its rail waits for a replay (post_replays), on
