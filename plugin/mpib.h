@@ -412,7 +412,7 @@ struct mpib_comm {
   struct ibv_cq *flush_cq[MPIB_NLANES];
   struct ibv_mr *flush_mr[MPIB_NLANES];
   uint8_t *flush_buf;                /* one page, NIC-read */
-  uint32_t flush_due;                /* rails that wrote bytes of receives completed since the last flush */
+  uint32_t flush_due;                /* rails that wrote bytes of the receive test() returned last, until iflush */
   int flushes_open;                  /* flush requests posted and not done yet */
   uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the lane's flush QP: reset before its next use */
 

@@ -107,24 +107,34 @@ static int post_flush_read(struct mpib_comm *c, int lane, struct mpib_request *r
   return 0;
 }
 
-/* Posts again the request's reads that failed or were lost; past the deadline (test() only:
+/* Whether the request's reads have been failing for longer than MPIB_STALL_TIMEOUT_MS. */
+static int flush_overdue(const struct mpib_request *req) {
+  return req->flush_failed_ns && mpib_now_ns() - req->flush_failed_ns > mpib_g.stall_timeout_ms * 1000000ull;
+}
+
+static ncclResult_t flush_timed_out(struct mpib_comm *c, int lane, int err) {
+  MPIB_WARN(
+      "recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
+      "cannot be ordered before the GPU reads them",
+      mpib_rail_name(mpib_lane_rail(lane)), c->nic[lane]->name, (unsigned long long)mpib_g.stall_timeout_ms,
+      err ? strerror(-err) : "its reads keep failing");
+  c->failure_reported = 1;
+  return ncclSystemError;
+}
+
+/* Posts again the request's reads that failed or were lost. Past the deadline (test() only:
  * iflush leaves a lane that cannot take its read now to test(), since a request whose other
- * reads are out cannot be freed), fails it. */
+ * reads are out cannot be freed) it fails the request, whether the lane refuses the read or
+ * takes it and fails it again: a QP that resets and connects but whose reads keep failing (a
+ * port that stays down, a read the NIC refuses) would otherwise be retried for ever. */
 static ncclResult_t flush_retry(struct mpib_comm *c, struct mpib_request *req, int deadline) {
   for (int lane = 0; lane < MPIB_NLANES; lane++) {
     if (!(req->flush_redo & (1u << lane))) continue;
+    if (deadline && flush_overdue(req)) return flush_timed_out(c, lane, 0);
     int e = post_flush_read(c, lane, req);
     if (e == 0) continue;
     if (!req->flush_failed_ns) req->flush_failed_ns = mpib_now_ns();
-    if (!deadline || mpib_now_ns() - req->flush_failed_ns <= mpib_g.stall_timeout_ms * 1000000ull)
-      continue; /* next test() */
-    MPIB_WARN(
-        "recv comm: flush: the %s rail's NIC %s could not read back for MPIB_STALL_TIMEOUT_MS=%llu ms (%s): the receive's bytes "
-        "cannot be ordered before the GPU reads them",
-        mpib_rail_name(mpib_lane_rail(lane)), c->nic[lane]->name, (unsigned long long)mpib_g.stall_timeout_ms,
-        strerror(-e));
-    c->failure_reported = 1;
-    return ncclSystemError;
+    if (deadline && flush_overdue(req)) return flush_timed_out(c, lane, e);
   }
   return ncclSuccess;
 }
@@ -167,8 +177,10 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   for (int r = 0; r < n; r++) {
     if (sizes[r] > 0) last = r;
   }
-  /* The rails to read on: those that wrote receives completed since the last flush was posted,
-   * and the rails where an open flush still reads. The receive this iflush is for may be one
+  /* The rails to read on: those that wrote the receive test() returned last (flush_due: NCCL
+   * flushes a receive right after the test() that returned it, with no other call on the comm
+   * between, in every version from 2.19 to 2.30, net.cc's recvProxyProgress), and the rails
+   * where an open flush still reads. The receive this iflush is for may be one
    * an open flush covers (it completed before that flush's reads were posted), and only their
    * completion orders its bytes: answering "nothing to flush" then would hand NCCL a buffer
    * whose bytes may not be visible yet. A new read behind the open ones orders them all
@@ -177,9 +189,27 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
    * fail this flush. */
   uint32_t rails = c->flush_due | (c->flushes_open > 0 ? open_flush_rails(c) : 0);
   if (!mpib_g.flush_enabled || last < 0 || rails == 0) return ncclSuccess;
-  struct mpib_mr *mh = mhandles[last];
+  struct mpib_mr *mh = mhandles ? mhandles[last] : NULL;
+  if (mh == NULL || mh->fdev != c->fdev) {
+    MPIB_WARN("iflush of a %d-byte receive with %s", sizes[last],
+              mh ? "a memory handle registered on another device" : "no memory handle");
+    return ncclInvalidArgument;
+  }
   for (int rail = 0; rail < MPIB_NRAILS; rail++)
     if ((rails & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
+  uint32_t lanes = 0; /* every lane of a rail that wrote: each NIC orders its own */
+  for (int lane = 0; lane < MPIB_NLANES; lane++) {
+    if (!(rails & (1u << mpib_lane_rail(lane))) || !c->flush_qp[lane]) continue;
+    if (!mpib_comm_mr(c, mh, lane)) {
+      MPIB_WARN("iflush: the receive's buffer is not registered on %s, which wrote bytes of it", c->nic[lane]->name);
+      return ncclInvalidArgument;
+    }
+    lanes |= 1u << lane;
+  }
+  if (lanes == 0) { /* a rail that wrote has a flush QP on each of its lanes: a request with no read orders nothing */
+    MPIB_WARN("iflush: no flush QP on the rails that wrote (mask %u)", rails);
+    return ncclInternalError;
+  }
   struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_FLUSH);
   if (!req) {
     MPIB_WARN("no free request for a flush");
@@ -187,11 +217,7 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   }
   req->flush_addr = data[last];
   req->mh = mh;
-  for (int lane = 0; lane < MPIB_NLANES; lane++) { /* every lane of a rail that wrote: each NIC orders its own */
-    int rail = mpib_lane_rail(lane);
-    if (!(rails & (1u << rail)) || !c->flush_qp[lane] || !mpib_comm_mr(c, mh, lane)) continue;
-    req->flush_redo |= 1u << lane; /* posted now, or by test() when the lane cannot take it yet */
-  }
+  req->flush_redo = lanes; /* posted now, or by test() when the lane cannot take it yet */
   c->flush_due = 0;
   (void)flush_retry(c, req, 0); /* a lane that cannot read now: test() posts it or fails the flush */
   c->flushes_open++;

@@ -645,10 +645,12 @@ static ncclResult_t progress(struct mpib_comm *c) {
 }
 
 /* Whether a test that found its request still open checks the comm's health: every 16th
- * poll (what it finds takes effect within microseconds while NCCL keeps testing), and every
- * test of a flush, which polls only when a lane must read again. */
+ * poll (what it finds takes effect within microseconds while NCCL keeps testing). Never for a
+ * flush: its loopback reads need neither the peer nor the data rails, and mpib_flush_test
+ * reports what can stop them (a dead device under a lane, a lane that cannot read back); a
+ * flush of the job's last receive outlives a peer that has already finished and closed. */
 static inline int health_due(const struct mpib_comm *c, const struct mpib_request *req) {
-  return (c->idle_polls & 15) == 0 || req->type == MPIB_REQ_FLUSH;
+  return (c->idle_polls & 15) == 0 && req->type != MPIB_REQ_FLUSH;
 }
 
 ncclResult_t mpib_test(void *request, int *done, int *sizes) {
@@ -672,7 +674,13 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   }
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
-  if (sizes && req->type == MPIB_REQ_RECV) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));
+  if (req->type == MPIB_REQ_RECV) {
+    /* What NCCL's iflush right after this call must order: this receive's rails alone. A
+     * receive NCCL never flushes (LL and LL128, host memory, zero bytes) leaves nothing behind
+     * to be read on a rail that may have died since. */
+    c->flush_due = req->wrote_rails;
+    if (sizes) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));
+  }
   mpib_req_free(req);
   return ncclSuccess;
 }

@@ -122,9 +122,9 @@ _Static_assert(sizeof(((struct ibv_send_wr *)0)->bind_mw) >= sizeof(((struct ibv
  * unsignalled. Records what the rail carries: range `rail` for an original chain, the lost
  * `ranges` for a replay. 0, the errno of a post none of which went out, or MPIB_POST_PARTIAL. */
 static inline __attribute__((always_inline)) int chain_post(struct mpib_comm *c, int slot, int rail,
-                                                            const struct mpib_slot_plan *p, uint32_t ranges,
-                                                            int replay, int qi, struct ibv_send_wr *wrs,
-                                                            struct ibv_send_wr *last, int nwr) {
+                                                            const struct mpib_slot_plan *p, uint32_t ranges, int replay,
+                                                            int qi, struct ibv_send_wr *wrs, struct ibv_send_wr *last,
+                                                            int nwr) {
   last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   last->send_flags |= IBV_SEND_SIGNALED;
   last->imm_data = p->imm;
@@ -299,7 +299,6 @@ ncclResult_t mpib_recv_finish(struct mpib_comm *c, int rail, uint32_t slot, stru
     }
     req->sizes[r] = got;
   }
-  c->flush_due |= req->wrote_rails;
   req->done = 1;
   c->slot_reqs[slot][0] = NULL;
   if (--c->recvs_open == 0) __atomic_store_n(&c->recv_idle_seq1, c->fifo_head + 1, __ATOMIC_RELEASE);

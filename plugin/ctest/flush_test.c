@@ -12,7 +12,12 @@
  *   - a read that fails on a live device never completes the flush and never fails the rail:
  *     the flush QP is reset with its own access (REMOTE_READ, what a loopback read needs) and
  *     the read posted again; a reset also posts again another flush's read that the QP had;
- *   - a lane that cannot read again within MPIB_STALL_TIMEOUT_MS fails the flush;
+ *   - a lane that cannot read again within MPIB_STALL_TIMEOUT_MS fails the flush, whether its
+ *     QP cannot be reset or resets and fails every read;
+ *   - a receive NCCL does not flush leaves nothing for the next flush to read (a rail that
+ *     died since does not fail it);
+ *   - a missing or foreign memory handle is an error;
+ *   - a flush outlives a peer that finished and closed;
  *   - on a comm of a device's third SUP port, SUP's read names the buffer's MR on that port
  *     (a device-wide memory handle holds one MR per port: mpib_comm_mr). */
 #define _GNU_SOURCE
@@ -25,6 +30,7 @@
 #include "../mpib.h"
 #include "../mpib_flush.h"
 #include "../mpib_p2p.h"
+#include "../mpib_slots.h"
 
 #include "check.h"
 
@@ -239,6 +245,120 @@ static void flush_after_gid_move(void) {
   free_comm(c);
 }
 
+/* A lane whose QP resets and connects but whose every read fails again (a port that stays
+ * down, a read the NIC refuses): the flush fails with a message within MPIB_STALL_TIMEOUT_MS of
+ * the first failure, it does not reset and read again for ever. */
+static void reads_that_keep_failing(void) {
+  enum { U = 1u << MPIB_RAIL_SUP };
+  struct mpib_comm *c = recv_comm();
+  void *req = NULL;
+  reset();
+  mpib_g.stall_timeout_ms = 5000;
+  CHECK(flush(c, U, &req) == ncclSuccess && nreads[MPIB_RAIL_SUP] == 1, "a flush on SUP");
+  uint64_t start = now_ns;
+  int outcome = 0, cycles = 0;
+  for (; cycles < 200 && outcome == 0; cycles++, now_ns += 100000000ull) {
+    complete_reads(MPIB_RAIL_SUP, IBV_WC_RETRY_EXC_ERR); /* each read fails; each reset works */
+    outcome = tested(req);
+  }
+  double waited_s = (double)(now_ns - start) / 1e9;
+  CHECK(
+      outcome == -1 && waited_s <= 5.0 + 0.5,
+      "reads failing on a QP that resets fine: want an error within the 5 s stall timeout, got outcome %d after %.1f s "
+      "(%d resets)",
+      outcome, waited_s, resets[MPIB_RAIL_SUP]);
+  printf("flush: reads-keep-failing outcome=%s waited_s=%.1f resets=%d\n", outcome == -1 ? "error" : "open", waited_s,
+         resets[MPIB_RAIL_SUP]);
+  abandon(c, req);
+  free_comm(c);
+}
+
+/* A receive test() returns done (the request's rails in *wrote). */
+static void receive_done(struct mpib_comm *c, int slot, uint32_t wrote) {
+  struct mpib_request *r = mpib_req_alloc(c, MPIB_REQ_RECV);
+  r->nreqs = 1;
+  r->posted[0] = 4096;
+  r->wrote_rails = wrote;
+  c->slot_reqs[slot][0] = r;
+  c->recvs_open++;
+  CHECK(mpib_recv_finish(c, MPIB_RAIL_SUP, (uint32_t)slot, r, 4096) == ncclSuccess, "the receive completes");
+  CHECK(tested(r) == 1, "test() returns the receive");
+}
+
+/* NCCL flushes only the receives it must (Simple protocol, GPU memory, bytes): an LL receive
+ * that SUP wrote is tested and never flushed. SUP's device then dies (failover moves the
+ * traffic to SOUT), and the next receive, all on SOUT, is flushed: its flush reads on SOUT and
+ * completes; the dead rail's old receive is not its to order. */
+static void unflushed_receive_then_rail_dies(void) {
+  enum { O = 1u << MPIB_RAIL_SOUT, U = 1u << MPIB_RAIL_SUP };
+  static char buf[4096];
+  static struct ibv_mr port_mr[MPIB_MR_SLOTS];
+  static struct mpib_mr mh;
+  for (int slot = 0; slot < 4; slot++) mh.mr[slot] = &port_mr[slot];
+  struct mpib_comm *c = recv_comm();
+  reset();
+  receive_done(c, 0, U); /* LL: NCCL calls no iflush */
+  mpib_g.nic[MPIB_RAIL_SUP].fatal = 1;
+  receive_done(c, 1, O);
+  void *data = buf, *mhp = &mh, *req = NULL;
+  int size = (int)sizeof buf;
+  ncclResult_t res = mpib_iflush(c, 1, &data, &size, &mhp, &req);
+  CHECK(res == ncclSuccess && req != NULL && nreads[MPIB_RAIL_SOUT] == 1 && nreads[MPIB_RAIL_SUP] == 0,
+        "the flush of a receive SOUT wrote, after an unflushed receive of SUP's dead device: want a read on SOUT, got "
+        "res %d, request %p, reads SOUT %d SUP %d",
+        res, req, nreads[MPIB_RAIL_SOUT], nreads[MPIB_RAIL_SUP]);
+  if (req != NULL) {
+    complete_reads(MPIB_RAIL_SOUT, IBV_WC_SUCCESS);
+    CHECK(tested(req) == 1, "the flush completes on SOUT");
+  }
+  printf("flush: unflushed-receive-then-rail-dead outcome=%s\n", res == ncclSuccess ? "completed" : "error");
+  mpib_g.nic[MPIB_RAIL_SUP].fatal = 0;
+  free_comm(c);
+}
+
+/* The peer finished and closed (the job's last receive) while a flush of that receive still
+ * reads: the flush completes when its read does, it is not failed for the peer. */
+static void flush_outlives_the_peer(void) {
+  enum { U = 1u << MPIB_RAIL_SUP };
+  struct mpib_comm *c = recv_comm();
+  void *req = NULL;
+  reset();
+  CHECK(flush(c, U, &req) == ncclSuccess && req != NULL, "a flush on SUP");
+  c->peer_gone_ns = now_ns;
+  now_ns += 2000000000ull;
+  int before = tested(req);
+  complete_reads(MPIB_RAIL_SUP, IBV_WC_SUCCESS);
+  int after = tested(req);
+  CHECK(before == 0 && after == 1, "a flush with the peer gone 2 s: want open then done, got %d then %d", before,
+        after);
+  printf("flush: peer-gone outcome=%s\n", after == 1 ? "completed" : "error");
+  free_comm(c);
+}
+
+/* iflush checks the handle NCCL gives it: none, or one of another fused device, is an error
+ * with a message, never a crash or a flush that reads nothing. */
+static void flush_handle_checked(void) {
+  enum { U = 1u << MPIB_RAIL_SUP };
+  static char buf[4096];
+  static struct ibv_mr port_mr[MPIB_MR_SLOTS];
+  static struct mpib_mr other = {.fdev = 1}, unregistered;
+  for (int slot = 0; slot < 4; slot++) other.mr[slot] = &port_mr[slot];
+  unregistered.mr[0] = &port_mr[0]; /* SOUT only: no MR on the SUP port that wrote */
+  struct mpib_comm *c = recv_comm();
+  void *data = buf, *req = (void *)1, *none = NULL, *foreign = &other, *partial = &unregistered;
+  int size = (int)sizeof buf;
+  reset();
+  c->flush_due = U;
+  CHECK(mpib_iflush(c, 1, &data, &size, &none, &req) == ncclInvalidArgument && req == NULL,
+        "iflush without a memory handle: an error");
+  CHECK(mpib_iflush(c, 1, &data, &size, &foreign, &req) == ncclInvalidArgument && req == NULL,
+        "iflush with another device's handle: an error");
+  CHECK(mpib_iflush(c, 1, &data, &size, &partial, &req) == ncclInvalidArgument && req == NULL &&
+            nreads[MPIB_RAIL_SUP] == 0,
+        "iflush of a buffer with no MR on the lane that wrote: an error");
+  free_comm(c);
+}
+
 int main(void) {
   ctx.ops.post_send = fake_post_send;
   ctx.ops.poll_cq = fake_poll_cq;
@@ -336,5 +456,9 @@ int main(void) {
   free_comm(c);
   open_flush_orders_later_receives();
   flush_after_gid_move();
+  reads_that_keep_failing();
+  unflushed_receive_then_rail_dies();
+  flush_handle_checked();
+  flush_outlives_the_peer();
   return failures ? 1 : 0;
 }
