@@ -141,9 +141,3 @@ ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle) { return (ncclResult_t
 ncclResult_t mpib_close_send(void *sendComm) { return (ncclResult_t)mpibGoCloseComm(sendComm); }
 ncclResult_t mpib_close_recv(void *recvComm) { return (ncclResult_t)mpibGoCloseComm(recvComm); }
 ncclResult_t mpib_close_listen(void *listenComm) { return (ncclResult_t)mpibGoCloseListen(listenComm); }
-
-ncclResult_t mpib_get_device_mr(void *comm, void *mhandle, void **dptr_mhandle) {
-  (void)comm, (void)mhandle;
-  *dptr_mhandle = NULL; /* no device offload */
-  return ncclSuccess;
-}

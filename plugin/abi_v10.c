@@ -4,9 +4,18 @@
  * the exported table. */
 #include "mpib_api.h"
 #include "mpib_flush.h"
+#include "mpib_log.h"
 #include "mpib_p2p.h"
+#include "mpib_profiler.h"
 
+/* NCCL 2.26 resets its plugin state after the last communicator and calls init again: the
+ * process keeps its one context (there is no finalize to end the first). */
 ncclResult_t mpib_v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+  if (mpib_process_ctx != 0) {
+    mpib_log_set(logger);
+    mpib_prof_set(prof);
+    return ncclSuccess;
+  }
   return mpib_init(logger, prof, MPIB_TC_UNDEF, &mpib_process_ctx);
 }
 
@@ -48,7 +57,7 @@ __attribute__((visibility("default"))) const ncclNet_v10_t ncclNetPlugin_v10 = {
     .closeSend = mpib_close_send,
     .closeRecv = mpib_close_recv,
     .closeListen = mpib_close_listen,
-    .getDeviceMr = mpib_get_device_mr,
-    .irecvConsumed = mpib_irecv_consumed,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
     .makeVDevice = NULL,
 };

@@ -36,6 +36,6 @@ __attribute__((visibility("default"))) const ncclNet_v7_t ncclNetPlugin_v7 = {
     .closeSend = mpib_close_send,
     .closeRecv = mpib_close_recv,
     .closeListen = mpib_close_listen,
-    .getDeviceMr = mpib_get_device_mr,
-    .irecvConsumed = mpib_irecv_consumed,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
 };

@@ -1,7 +1,8 @@
 /* ncclNetPlugin_v9 (NCCL 2.24..2.25): v10 without the profiler, the connect config and the
  * profiler handles. forceFlush is the device's (v12's): 1 on mlx5 Data Direct devices, where
  * net_ib also forces it; otherwise NCCL asks for a flush exactly when the GPU needs one
- * (pre-sm90, C2C) and MPIB then performs a real loopback RDMA_READ. NCCL 2.24..2.25 calls
+ * (pre-sm90; C2C only from 2.27, so never on sm90 here) and MPIB then performs a real loopback
+ * RDMA_READ. NCCL 2.24..2.25 calls
  * the exported table. */
 #include "mpib_api.h"
 #include "mpib_flush.h"
@@ -40,7 +41,7 @@ __attribute__((visibility("default"))) const ncclNet_v9_t ncclNetPlugin_v9 = {
     .closeSend = mpib_close_send,
     .closeRecv = mpib_close_recv,
     .closeListen = mpib_close_listen,
-    .getDeviceMr = mpib_get_device_mr,
-    .irecvConsumed = mpib_irecv_consumed,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
     .makeVDevice = NULL,
 };

@@ -184,8 +184,16 @@ func interfaceIPv4(name string) (netip.Addr, error) {
 //export mpibGoFinalize
 func mpibGoFinalize(ctxID C.uint64_t) (rc C.int) {
 	defer recoverEntry("finalize", &rc)
+	finalizeCtx(uint64(ctxID))
+	return C.int(resSuccess)
+}
+
+// finalizeCtx ends an init's context, and the devices when nothing needs them any more.
+func finalizeCtx(id uint64) {
 	// Cancel and wait outside plugin.mu: the context's goroutines may need it to finish.
-	endNetCtx(uint64(ctxID))
+	if !endNetCtx(id) {
+		return // no init of ours counted it: the other contexts keep the devices
+	}
 	plugin.mu.Lock()
 	if plugin.refs > 0 {
 		plugin.refs--
@@ -196,5 +204,4 @@ func mpibGoFinalize(ctxID C.uint64_t) (rc C.int) {
 		stopGoTrace()
 	}
 	closeDevicesIfUnused()
-	return C.int(resSuccess)
 }

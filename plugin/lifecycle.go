@@ -104,17 +104,20 @@ type finalizedError struct{}
 func (finalizedError) Error() string { return "the NCCL communicator was finalized (or aborted)" }
 
 // endNetCtx cancels a context, waits for its goroutines and reclaims what NCCL did not collect.
-func endNetCtx(id uint64) {
+// It says whether the context was live: a finalize of an unknown one (NCCL 2.28.3 finalizes a
+// communicator whose init failed, with no context) ends nothing.
+func endNetCtx(id uint64) bool {
 	registry.mu.Lock()
 	c := registry.ctxs[id]
 	delete(registry.ctxs, id)
 	registry.mu.Unlock()
 	if c == nil {
-		return
+		return false
 	}
 	c.cancel(finalizedError{})
 	c.wg.Wait()
 	reclaimOwnedBy(c)
+	return true
 }
 
 // reclaimOwnedBy closes the listeners and destroys finished but uncollected attempts of a

@@ -29,7 +29,8 @@ struct mpib_props {
 /* Contexts: v11+ init once per communicator, each init returning a context that listen and
  * connect name and finalize ends (cancelling its handshakes). v8..v10 init once per process:
  * their calls share mpib_process_ctx. traffic_class is NCCL's per-communicator class, or
- * MPIB_TC_UNDEF. */
+ * MPIB_TC_UNDEF. Every table leaves getDeviceMr and irecvConsumed NULL, as net_ib's: they
+ * serve device offload, which MPIB does not do, and NCCL calls them only when set. */
 #define MPIB_TC_UNDEF NCCL_NET_TRAFFIC_CLASS_UNDEF
 extern uint64_t mpib_process_ctx;
 ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, int traffic_class, uint64_t *ctx);
@@ -47,7 +48,6 @@ ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle);
 ncclResult_t mpib_close_send(void *sendComm);
 ncclResult_t mpib_close_recv(void *recvComm);
 ncclResult_t mpib_close_listen(void *listenComm);
-ncclResult_t mpib_get_device_mr(void *comm, void *mhandle, void **dptr_mhandle);
 
 /* abi_v12.c: the native table's entry points that older tables reuse or convert from. */
 ncclResult_t mpib_v12_init(void **ctx, uint64_t commId, ncclNetCommConfig_t *config, ncclDebugLogger_t logger,
@@ -101,7 +101,7 @@ ncclResult_t mpib_v8_irecv(void *recvComm, int n, void **data, int *sizes, int *
     (dst)->maxP2pBytes = (src)->maxP2pBytes, (dst)->maxCollBytes = (src)->maxCollBytes; \
   } while (0)
 
-/* MPIB lists at most 2 devices, so the v12 list always fits the older 4 entries. */
+/* MPIB lists one device (its own), so the v12 list always fits the older 4 entries. */
 static inline void mpib_copy_vprops(ncclNetVDeviceProps_v9_t *dst, const ncclNetVDeviceProps_v12_t *src) {
   dst->ndevs = src->ndevs < NCCL_NET_MAX_DEVS_PER_NIC ? src->ndevs : NCCL_NET_MAX_DEVS_PER_NIC;
   for (int i = 0; i < dst->ndevs; i++) dst->devs[i] = src->devs[i];

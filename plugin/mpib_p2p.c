@@ -470,11 +470,6 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   return ncclSuccess;
 }
 
-ncclResult_t mpib_irecv_consumed(void *recvComm, int n, void *request) {
-  (void)recvComm, (void)n, (void)request;
-  return ncclSuccess; /* only meaningful for device offload, which MPIB does not do */
-}
-
 /* The agent telemetry of a send completion on `rail` at `now` (after the slot's own
  * bookkeeping), with the batch's publication when it is due: an original chain, which carried
  * the rail's own range, or a replay, which carried the lost `ranges`. Out of line: the

@@ -63,14 +63,12 @@ ncclResult_t mpib_dereg_mr_api(void *c, void *m) { return (void)c, (void)m, nccl
 ncclResult_t mpib_close_send(void *c) { return (void)c, ncclInternalError; }
 ncclResult_t mpib_close_recv(void *c) { return (void)c, ncclInternalError; }
 ncclResult_t mpib_close_listen(void *c) { return (void)c, ncclInternalError; }
-ncclResult_t mpib_get_device_mr(void *c, void *m, void **d) { return (void)c, (void)m, (void)d, ncclInternalError; }
 ncclResult_t mpib_isend(void *c, void *d, size_t s, int t, void *m, void *p, void **r) {
   return (void)c, (void)d, (void)s, (void)t, (void)m, (void)p, (void)r, ncclInternalError;
 }
 ncclResult_t mpib_irecv(void *c, int n, void **d, size_t *s, int *t, void **m, void **p, void **r) {
   return (void)c, (void)n, (void)d, (void)s, (void)t, (void)m, (void)p, (void)r, ncclInternalError;
 }
-ncclResult_t mpib_irecv_consumed(void *c, int n, void *r) { return (void)c, (void)n, (void)r, ncclInternalError; }
 ncclResult_t mpib_test(void *r, int *d, int *s) { return (void)r, (void)d, (void)s, ncclInternalError; }
 ncclResult_t mpib_iflush(void *c, int n, void **d, int *s, void **m, void **r) {
   return (void)c, (void)n, (void)d, (void)s, (void)m, (void)r, ncclInternalError;

@@ -19,8 +19,9 @@
   CHECK(t->init && t->devices && t->getProperties && t->listen && t->connect && t->accept,                          \
         #t " control entry points");                                                                                \
   CHECK(t->regMr && t->regMrDmaBuf && t->deregMr && t->isend && t->irecv && t->iflush && t->test && t->closeSend && \
-            t->closeRecv && t->closeListen && t->irecvConsumed,                                                     \
-        #t " data entry points")
+            t->closeRecv && t->closeListen,                                                                         \
+        #t " data entry points");                                                                                   \
+  CHECK(t->getDeviceMr == NULL && t->irecvConsumed == NULL, #t " device offload entry points absent, as net_ib's")
 
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
