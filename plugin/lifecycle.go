@@ -275,13 +275,28 @@ func (lc *liveComm) watchJoin(kind byte, buf []byte) error {
 		return nil
 	}
 	if (kind == 'J') == (lc.comm.is_send != 0) || C.mpib_comm_join_peer(lc.comm, C.int(rail[0]), info) != 0 {
-		warnf("peer %v: an unexpected standby rail message %q for rail %d: ignored", lc.conn.RemoteAddr(), kind, rail[0])
+		lc.unexpectedJoin(kind, rail[0])
 		return nil
 	}
 	if kind == 'J' && lc.ctrlSend([]byte{'K', rail[0]}) != 0 {
 		warnf("peer %v: answering its standby rail's QPs failed; it will not join", lc.conn.RemoteAddr())
 	}
 	return nil
+}
+
+// unexpectedJoins limits the lines about standby rail messages a peer should not have sent: a
+// buggy or hostile peer may send them in a loop, on any number of connections.
+var unexpectedJoins burstLog
+
+func (lc *liveComm) unexpectedJoin(kind, rail byte) {
+	switch n, total := unexpectedJoins.note(time.Now()); n {
+	case 0:
+	case 1:
+		warnf("peer %v: an unexpected standby rail message %q for rail %d: ignored (%d so far)", lc.conn.RemoteAddr(), kind, rail, total)
+	default:
+		warnf("%d unexpected standby rail messages from peers in the last second: ignored (%d so far; the last from %v, %q for rail %d)",
+			n, total, lc.conn.RemoteAddr(), kind, rail)
+	}
 }
 
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last

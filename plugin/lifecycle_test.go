@@ -6,6 +6,8 @@ package main
 import (
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,5 +99,58 @@ func TestCloseDoesNotWaitForAJoinToAPeerNotReading(t *testing.T) {
 	lc.stop()
 	if took := time.Since(start); took > 500*time.Millisecond {
 		t.Errorf("close took %v behind a standby join to a peer that does not read: want it at once", took.Round(time.Millisecond))
+	}
+}
+
+// tapLog sends the package's log lines to the returned function's count of lines containing
+// want, until the test ends.
+func tapLog(t *testing.T, want string) func() int {
+	var mu sync.Mutex
+	n := 0
+	logMu.Lock()
+	logTap = func(_ bool, line string) {
+		if strings.Contains(line, want) {
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}
+	}
+	logMu.Unlock()
+	t.Cleanup(func() {
+		logMu.Lock()
+		logTap = nil
+		logMu.Unlock()
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// A peer that floods its control socket with standby rail messages its side must not send
+// (here 'J', the sender's own kind, to a sender) gets them ignored, and logged at most about
+// once a second with their count, not once each.
+func TestUnexpectedJoinsAreRateLimited(t *testing.T) {
+	const flood = 2000
+	conn, peer := socketPair(t)
+	lines := tapLog(t, "unexpected standby rail message")
+	unexpectedJoins.mu.Lock()
+	unexpectedJoins.last = time.Time{} // a new burst, whatever ran before
+	unexpectedJoins.mu.Unlock()
+	lc := adoptFake(t, conn, true)
+	msg := make([]byte, 2+joinInfoSize)
+	msg[0] = 'J'
+	start := time.Now()
+	for range flood {
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peer.Close()
+	<-lc.watchDone
+	took := time.Since(start)
+	if n, most := lines(), 1+int(took/time.Second)+1; n == 0 || n > most {
+		t.Errorf("%d unexpected standby messages in %v were logged in %d lines: want 1 to %d", flood, took.Round(time.Millisecond), n, most)
 	}
 }

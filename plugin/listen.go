@@ -326,27 +326,14 @@ func (l *listener) readHello(ctx context.Context, p *pendingClient) (wire.Hello,
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one
 // line a second with the count since (a flood must not flood NCCL's log too).
-type dropLog struct {
-	mu     sync.Mutex
-	last   time.Time
-	unseen int
-	total  uint64
-}
+type dropLog struct{ burst burstLog }
 
 func (d *dropLog) note(addr net.Addr, why string) {
-	d.mu.Lock()
-	d.total++
-	d.unseen++
-	if time.Since(d.last) < time.Second {
-		d.mu.Unlock()
-		return
-	}
-	n, total := d.unseen, d.total
-	d.unseen, d.last = 0, time.Now()
-	d.mu.Unlock()
-	if n == 1 {
+	switch n, total := d.burst.note(time.Now()); n {
+	case 0:
+	case 1:
 		infof("listener %v: dropped a TCP client (%d so far): %s", addr, total, why)
-	} else {
+	default:
 		infof("listener %v: dropped %d TCP clients in the last second (%d so far; the last: %s)", addr, n, total, why)
 	}
 }
