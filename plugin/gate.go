@@ -101,7 +101,7 @@ func (p *pendingClient) sentLocked() bool {
 
 // gateAdmit counts a new client of l as unproven, displacing the oldest silent clients that
 // the limits require; nil when it was closed at once (every client it could displace has sent
-// bytes).
+// bytes, or l closed).
 func gateAdmit(l *listener, c net.Conn) *pendingClient {
 	p := &pendingClient{c: c, l: l, at: time.Now()}
 	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
@@ -114,19 +114,37 @@ func gateAdmit(l *listener, c net.Conn) *pendingClient {
 		c.Close()
 		return nil
 	}
-	gate.mu.Lock()
-	victims, ok := displaceLocked(p.src, l.id, unprovenLimits)
-	if ok {
-		gate.clients = append(gate.clients, p)
-	}
-	gate.mu.Unlock()
+	victims, err := gateEnter(p)
 	closeEvicted(victims, "evicted by a newer client: it had sent nothing")
-	if !ok {
+	if err != nil {
 		c.Close()
-		l.drops.note(l.ln.Addr(), "closed at once: every unproven client it could displace has sent bytes")
+		if !errors.Is(err, errListenerClosed) {
+			l.drops.note(l.ln.Addr(), err.Error())
+		}
 		return nil
 	}
 	return p
+}
+
+// errGateFull: a new client found no room and nothing it could displace.
+var errGateFull = errors.New("closed at once: every unproven client it could displace has sent bytes")
+
+// gateEnter adds p to the gate and returns the clients it displaces (closed by closeEvicted,
+// outside the lock); errGateFull or errListenerClosed when p is not admitted. A client whose
+// listener closed is never admitted: close ends l.ctx before gateEvictListener takes the lock,
+// so p is either here before that eviction (and evicted by it) or sees l.ctx ended.
+func gateEnter(p *pendingClient) ([]*pendingClient, error) {
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	if p.l.ctx.Err() != nil {
+		return nil, errListenerClosed
+	}
+	victims, ok := displaceLocked(p.src, p.l.id, unprovenLimits)
+	if !ok {
+		return nil, errGateFull
+	}
+	gate.clients = append(gate.clients, p)
+	return victims, nil
 }
 
 // displaceLocked removes the clients a new one from src on listener displaces and returns
