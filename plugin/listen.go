@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,12 +192,40 @@ func (l *listener) acceptLoop() {
 			infof("listener %v: accepting again after a resource shortage", l.ln.Addr())
 			backoff = 0
 		}
-		p := gateAdmit(l, c)
-		if p == nil {
-			continue
+		l.admit(c)
+	}
+}
+
+// admit counts a new client as unproven (gateAdmit) and starts serving it. A panic here (a bug
+// of ours) costs that client alone: it is closed and logged, and the accept loop goes on. The
+// gate is left as it was before the client came (gate.go: its lock discipline).
+func (l *listener) admit(c net.Conn) {
+	defer func() {
+		if r := recover(); r != nil {
+			gateForget(c)
+			c.Close()
+			l.admitPanicked(c.RemoteAddr(), r)
 		}
+	}()
+	if p := gateAdmit(l, c); p != nil {
 		l.owner.wg.Add(1)
 		go l.serve(p)
+	}
+}
+
+// admitPanics limits the lines about panics in admission: a bug that every client hits must
+// not write a stack per client of a flood.
+var admitPanics burstLog
+
+func (l *listener) admitPanicked(client net.Addr, r any) {
+	switch n, total := admitPanics.note(time.Now()); n {
+	case 0:
+	case 1:
+		warnf("listener %v: internal error admitting client %v: Go panic: %v (that client was closed; the listener goes on; %d so far; please report it with this stack)\n%s",
+			l.ln.Addr(), client, r, total, debug.Stack())
+	default:
+		warnf("listener %v: %d more Go panics admitting clients in the last second, each client closed (%d so far; the last: %v)",
+			l.ln.Addr(), n, total, r)
 	}
 }
 
@@ -225,6 +254,7 @@ func (l *listener) acceptFailed(err error, backoff time.Duration) time.Duration 
 // nobody would accept its result, and it was abandoned on purpose.
 func (l *listener) serve(p *pendingClient) {
 	defer l.owner.wg.Done()
+	defer recoverGoroutine("listener: serving a client")
 	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.ctx, p, l) })
 	if err != nil && l.ctx.Err() != nil {
 		return

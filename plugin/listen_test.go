@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
 // testListener is a listener on a loopback port, as listen makes one (its accept loop not
@@ -72,4 +74,63 @@ func TestAdmitAfterCloseClosesTheClient(t *testing.T) {
 	if !closedByServer(client, 2*time.Second) {
 		t.Error("the client of a closed listener was not closed")
 	}
+}
+
+// panicRaw is a socket that panics when asked anything: a stand-in for a bug of ours in
+// admission.
+type panicRaw struct{}
+
+func (panicRaw) Control(func(uintptr)) error    { panic("test: a socket that panics when asked") }
+func (panicRaw) Read(func(uintptr) bool) error  { panic("test: a socket that panics when read") }
+func (panicRaw) Write(func(uintptr) bool) error { panic("test: a socket that panics when written") }
+
+// A Go panic while one client is admitted (here in the gate, which asks its clients' sockets
+// whether they sent bytes) closes that client only: the gate's lock is free again, the accept
+// loop goes on, and the next client is served.
+func TestAdmissionPanicKeepsTheListener(t *testing.T) {
+	l := testListener(t)
+	l.owner.wg.Add(1)
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		l.acceptLoop()
+	}()
+	isFake := func(q *pendingClient) bool { _, ok := q.raw.(panicRaw); return ok }
+	gate.mu.Lock()
+	for range unprovenLimits.PerListener { // l is full: the next client must displace one
+		a, _ := net.Pipe()
+		gate.clients = append(gate.clients, &pendingClient{c: a, raw: panicRaw{}, l: l})
+	}
+	gate.mu.Unlock()
+	client, err := net.Dial("tcp4", l.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if !closedByServer(client, 2*time.Second) {
+		t.Error("the client whose admission panicked was not closed")
+	}
+	if !gate.mu.TryLock() {
+		gate.mu.Unlock() // for the cleanup and the tests after this one
+		t.Fatal("the gate's lock is held after a panic in admission: every listener's accept loop now blocks on it")
+	}
+	removeLocked(isFake)
+	gate.mu.Unlock()
+	select {
+	case <-loopDone:
+		t.Fatal("the accept loop ended on a panic admitting one client")
+	default:
+	}
+	next, err := net.Dial("tcp4", l.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	next.Write(make([]byte, wire.HelloSize)) // not a hello: refused, and closed
+	if !closedByServer(next, 3*time.Second) {
+		t.Error("a client after the panic was not served (its junk hello was not refused)")
+	}
+	l.close(true)
+	<-loopDone
+	l.owner.wg.Wait()
 }
