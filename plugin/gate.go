@@ -26,6 +26,11 @@ import (
 // arrived cannot be closed by newer clients, and a listener never marks itself served for a
 // closed socket. An evicted client stops counting at once, not when its goroutine next runs.
 // The limits and the choice of victim are admit.Displace's (plugin/internal/admit).
+//
+// Every section under gate.mu unlocks by defer (gateEnter, withGate, readHello's read), so a
+// panic in one (a bug of ours) leaves the lock free, and no section changes gate.clients before
+// its last step that can panic (admit.Displace decides, then its victims are taken out): the
+// accept loop recovers per client (listen.go, admit) and goes on with the gate as it was.
 
 var unprovenLimits = admit.Limits{
 	// Process bounds the descriptors all listeners together spend on unproven clients (the
@@ -101,7 +106,7 @@ func (p *pendingClient) sentLocked() bool {
 
 // gateAdmit counts a new client of l as unproven, displacing the oldest silent clients that
 // the limits require; nil when it was closed at once (every client it could displace has sent
-// bytes).
+// bytes, or l closed).
 func gateAdmit(l *listener, c net.Conn) *pendingClient {
 	p := &pendingClient{c: c, l: l, at: time.Now()}
 	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
@@ -114,19 +119,37 @@ func gateAdmit(l *listener, c net.Conn) *pendingClient {
 		c.Close()
 		return nil
 	}
-	gate.mu.Lock()
-	victims, ok := displaceLocked(p.src, l.id, unprovenLimits)
-	if ok {
-		gate.clients = append(gate.clients, p)
-	}
-	gate.mu.Unlock()
+	victims, err := gateEnter(p)
 	closeEvicted(victims, "evicted by a newer client: it had sent nothing")
-	if !ok {
+	if err != nil {
 		c.Close()
-		l.drops.note(l.ln.Addr(), "closed at once: every unproven client it could displace has sent bytes")
+		if !errors.Is(err, errListenerClosed) {
+			l.drops.note(l.ln.Addr(), err.Error())
+		}
 		return nil
 	}
 	return p
+}
+
+// errGateFull: a new client found no room and nothing it could displace.
+var errGateFull = errors.New("closed at once: every unproven client it could displace has sent bytes")
+
+// gateEnter adds p to the gate and returns the clients it displaces (closed by closeEvicted,
+// outside the lock); errGateFull or errListenerClosed when p is not admitted. A client whose
+// listener closed is never admitted: close ends l.ctx before gateEvictListener takes the lock,
+// so p is either here before that eviction (and evicted by it) or sees l.ctx ended.
+func gateEnter(p *pendingClient) ([]*pendingClient, error) {
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	if p.l.ctx.Err() != nil {
+		return nil, errListenerClosed
+	}
+	victims, ok := displaceLocked(p.src, p.l.id, unprovenLimits)
+	if !ok {
+		return nil, errGateFull
+	}
+	gate.clients = append(gate.clients, p)
+	return victims, nil
 }
 
 // displaceLocked removes the clients a new one from src on listener displaces and returns
@@ -170,39 +193,51 @@ func closeEvicted(victims []*pendingClient, why string) {
 	}
 }
 
+// withGate runs fn under gate.mu, unlocked on every path, a panic's too.
+func withGate(fn func()) {
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	fn()
+}
+
 // gateEvictOldestSilent evicts the process's oldest client that has sent nothing (the process
 // is out of descriptors); false when there is none.
 func gateEvictOldestSilent(why string) bool {
-	gate.mu.Lock()
-	victims, _ := displaceLocked(netip.Addr{}, 0, admit.Limits{Process: len(gate.clients)})
-	gate.mu.Unlock()
+	var victims []*pendingClient
+	withGate(func() { victims, _ = displaceLocked(netip.Addr{}, 0, admit.Limits{Process: len(gate.clients)}) })
 	closeEvicted(victims, why)
 	return len(victims) > 0
 }
 
 // gateEvictListener evicts all of l's unproven clients, whatever they sent (l closed).
 func gateEvictListener(l *listener, why string) {
-	gate.mu.Lock()
 	var victims []*pendingClient
-	removeLocked(func(q *pendingClient) bool {
-		if q.l != l {
-			return false
-		}
-		q.evicted = true
-		victims = append(victims, q)
-		return true
+	withGate(func() {
+		removeLocked(func(q *pendingClient) bool {
+			if q.l != l {
+				return false
+			}
+			q.evicted = true
+			victims = append(victims, q)
+			return true
+		})
 	})
-	gate.mu.Unlock()
 	closeEvicted(victims, why)
 }
 
 // release ends a client's unproven time after its hello failed (it closes the client itself).
 func (p *pendingClient) release() {
-	gate.mu.Lock()
-	if !p.out {
-		removeLocked(func(q *pendingClient) bool { return q == p })
-	}
-	gate.mu.Unlock()
+	withGate(func() {
+		if !p.out {
+			removeLocked(func(q *pendingClient) bool { return q == p })
+		}
+	})
+}
+
+// gateForget takes c's client, if the gate holds one, out of the gate: its admission failed
+// by a panic, and the accept loop closes it.
+func gateForget(c net.Conn) {
+	withGate(func() { removeLocked(func(q *pendingClient) bool { return q.c == c }) })
 }
 
 // readHello reads the client's hello into b (wire.HelloSize bytes). Each read happens under
@@ -253,7 +288,7 @@ func (p *pendingClient) readHello(b []byte, full time.Duration) error {
 }
 
 func (p *pendingClient) evictedNow() bool {
-	gate.mu.Lock()
-	defer gate.mu.Unlock()
-	return p.evicted
+	var evicted bool
+	withGate(func() { evicted = p.evicted })
+	return evicted
 }

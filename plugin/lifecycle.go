@@ -55,7 +55,7 @@ type liveComm struct {
 	conn      net.Conn
 	closing   atomic.Bool
 	watchDone chan struct{}
-	standbyMu sync.Mutex // held while its standby rail is built (standby.go): a close waits
+	standbyMu sync.Mutex // held while its standby rail is built and sent (standby.go): a close waits (stop)
 }
 
 var registry struct {
@@ -278,13 +278,28 @@ func (lc *liveComm) watchJoin(kind byte, buf []byte) error {
 		return nil
 	}
 	if (kind == 'J') == (lc.comm.is_send != 0) || C.mpib_comm_join_peer(lc.comm, C.int(rail[0]), info) != 0 {
-		warnf("peer %v: an unexpected standby rail message %q for rail %d: ignored", lc.conn.RemoteAddr(), kind, rail[0])
+		lc.unexpectedJoin(kind, rail[0])
 		return nil
 	}
-	if kind == 'J' && C.mpib_comm_ctrl_send(lc.comm, unsafe.Pointer(&[]byte{'K', rail[0]}[0]), 2) != 0 {
+	if kind == 'J' && lc.ctrlSend([]byte{'K', rail[0]}) != 0 {
 		warnf("peer %v: answering its standby rail's QPs failed; it will not join", lc.conn.RemoteAddr())
 	}
 	return nil
+}
+
+// unexpectedJoins limits the lines about standby rail messages a peer should not have sent: a
+// buggy or hostile peer may send them in a loop, on any number of connections.
+var unexpectedJoins burstLog
+
+func (lc *liveComm) unexpectedJoin(kind, rail byte) {
+	switch n, total := unexpectedJoins.note(time.Now()); n {
+	case 0:
+	case 1:
+		warnf("peer %v: an unexpected standby rail message %q for rail %d: ignored (%d so far)", lc.conn.RemoteAddr(), kind, rail, total)
+	default:
+		warnf("%d unexpected standby rail messages from peers in the last second: ignored (%d so far; the last from %v, %q for rail %d)",
+			n, total, lc.conn.RemoteAddr(), kind, rail)
+	}
 }
 
 // closeComm stops a comm's watcher and frees its verbs resources; then, when it was the last
@@ -297,15 +312,31 @@ func closeComm(comm *C.struct_mpib_comm, inGoroutine bool) {
 	delete(registry.comms, comm)
 	registry.mu.Unlock()
 	if lc != nil {
-		lc.closing.Store(true)
-		lc.standbyMu.Lock()               // a standby rail being built (standby.go) is finished first
-		C.mpib_comm_set_ctrl_fd(comm, -1) // the socket closes below
-		lc.standbyMu.Unlock()
-		lc.conn.Close()
-		<-lc.watchDone
+		lc.stop()
 	}
 	freeComm(comm, inGoroutine)
 	noteActivity() // the watcher's exit may have made the runtime start a thread
+}
+
+// stop ends every use of the comm but NCCL's, so that its memory can be freed: its watcher and
+// a standby rail being built (standby.go) are finished, and its control socket closed. The
+// socket leaves the comm first: a control-plane send on it (a standby's join, an answer) waits
+// for a peer that does not read, up to about 2 s per wait (mpib_comm_ctrl_send), and gives up
+// at once without the socket; the standby builder, which holds standbyMu through its send,
+// then ends at once too. The socket itself closes only after the builder ended: until then its
+// send may still poll it.
+func (lc *liveComm) stop() {
+	lc.closing.Store(true)
+	C.mpib_comm_set_ctrl_fd(lc.comm, -1)
+	lc.standbyMu.Lock() // the builder uses the comm's memory: it is finished first
+	lc.standbyMu.Unlock()
+	lc.conn.Close()
+	<-lc.watchDone
+}
+
+// ctrlSend sends msg whole on the control socket (mpib_comm_ctrl_send): 0 or its -errno.
+func (lc *liveComm) ctrlSend(msg []byte) C.int {
+	return C.mpib_comm_ctrl_send(lc.comm, unsafe.Pointer(&msg[0]), C.size_t(len(msg)))
 }
 
 // closeDevicesIfUnused closes the devices once no context and no comm needs them. Every comm

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,11 +37,15 @@ import (
 type listener struct {
 	id    uint64 // its registry id: the gate counts its unproven clients by it
 	owner *netCtx
-	dev   int // the fused device NCCL listened on: its connections' comms live there
-	ln    net.Listener
-	nonce uint64
-	adv   wire.Handle                // the handle it published: the SUP addresses a hello may name
-	lc    *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
+	// ctx is owner's context, also ended when the listener closes (cause errListenerClosed):
+	// its clients' hello reads and handshakes end with it, since nobody would accept their comm.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	dev    int // the fused device NCCL listened on: its connections' comms live there
+	ln     net.Listener
+	nonce  uint64
+	adv    wire.Handle                // the handle it published: the SUP addresses a hello may name
+	lc     *C.struct_mpib_listen_comm // NCCL's listen comm: finished handshakes queue there for accept
 
 	// spare is the first connection's receiver, built (SOUT only) right after listen while the
 	// handle travels to the peer; spareTaken says whether a handshake (or close) took it.
@@ -82,6 +87,9 @@ func helloTimeout() time.Duration {
 // listener (a port scan, a health probe, a stale rank): it is dropped, not reported to NCCL.
 var errNotAPeer = errors.New("not an MPIB peer of this listener")
 
+// errListenerClosed ends a listener's context: its clients' handshakes are abandoned.
+var errListenerClosed = errors.New("the listener closed")
+
 // errServedAlready marks a valid hello for a listener that served one already.
 var errServedAlready = errors.New("this listener's handle was used already (NCCL connects once per listen: a copied or replayed handle?): refused")
 
@@ -102,31 +110,25 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 		warnf("listen on %s (MPIB_OOB_IF=%s): %v", plugin.oobAddr, plugin.cfg.OOBInterface, err)
 		return C.int(resSystemError)
 	}
-	l := &listener{owner: owner, dev: int(dev), ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
-	l.adv = listenerHandle(l.dev, netip.MustParseAddrPort(ln.Addr().String()), l.nonce)
-	if err := wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize), l.adv); err != nil {
-		ln.Close() // a bug: suppair.Describe admits only addresses a handle carries
-		warnf("listen: %v", err)
-		return C.int(resInternalError)
-	}
-	registry.mu.Lock()
-	id := newID()
-	l.id = id
-	l.lc = C.mpib_listen_comm_new(C.uint64_t(id))
-	if l.lc == nil {
-		registry.mu.Unlock()
+	l := newListener(owner, int(dev), ln)
+	if l == nil {
 		ln.Close()
 		warnf("listen: out of memory")
 		return C.int(resSystemError)
 	}
+	if err := wire.EncodeHandle(unsafe.Slice((*byte)(handle), wire.HandleSize), l.adv); err != nil {
+		l.discard() // a bug: suppair.Describe admits only addresses a handle carries
+		warnf("listen: %v", err)
+		return C.int(resInternalError)
+	}
+	registry.mu.Lock()
 	if registry.ctxs[owner.id] != owner { // finalized meanwhile: endNetCtx waits for no goroutine of it
 		registry.mu.Unlock()
-		C.mpib_listen_comm_free(l.lc)
-		ln.Close()
+		l.discard()
 		warnf("listen: the context was finalized meanwhile")
 		return C.int(resInvalidUsage)
 	}
-	registry.listeners[id] = l
+	registry.listeners[l.id] = l
 	owner.wg.Add(2)
 	registry.mu.Unlock()
 	go l.acceptLoop()
@@ -144,6 +146,29 @@ func mpibGoListen(ctxID C.uint64_t, dev C.int, handle unsafe.Pointer, listenComm
 	})
 	*listenComm = unsafe.Pointer(l.lc)
 	return C.int(resSuccess)
+}
+
+// newListener is a listener of owner on ln for fused device dev, with its listen comm, not
+// registered yet (nothing runs for it); nil when out of memory.
+func newListener(owner *netCtx, dev int, ln net.Listener) *listener {
+	l := &listener{owner: owner, dev: dev, ln: ln, nonce: randomNonce(), spare: make(chan prepared, 1)}
+	l.adv = listenerHandle(l.dev, netip.MustParseAddrPort(ln.Addr().String()), l.nonce)
+	registry.mu.Lock()
+	l.id = newID()
+	registry.mu.Unlock()
+	l.lc = C.mpib_listen_comm_new(C.uint64_t(l.id))
+	if l.lc == nil {
+		return nil
+	}
+	l.ctx, l.cancel = context.WithCancelCause(owner.ctx)
+	return l
+}
+
+// discard frees a listener that was never registered, and closes its socket.
+func (l *listener) discard() {
+	l.cancel(errListenerClosed)
+	C.mpib_listen_comm_free(l.lc)
+	l.ln.Close()
 }
 
 // acceptLoop ends only when the listener closes. A failed accept (EMFILE, ENFILE, ENOBUFS,
@@ -167,12 +192,40 @@ func (l *listener) acceptLoop() {
 			infof("listener %v: accepting again after a resource shortage", l.ln.Addr())
 			backoff = 0
 		}
-		p := gateAdmit(l, c)
-		if p == nil {
-			continue
+		l.admit(c)
+	}
+}
+
+// admit counts a new client as unproven (gateAdmit) and starts serving it. A panic here (a bug
+// of ours) costs that client alone: it is closed and logged, and the accept loop goes on. The
+// gate is left as it was before the client came (gate.go: its lock discipline).
+func (l *listener) admit(c net.Conn) {
+	defer func() {
+		if r := recover(); r != nil {
+			gateForget(c)
+			c.Close()
+			l.admitPanicked(c.RemoteAddr(), r)
 		}
+	}()
+	if p := gateAdmit(l, c); p != nil {
 		l.owner.wg.Add(1)
 		go l.serve(p)
+	}
+}
+
+// admitPanics limits the lines about panics in admission: a bug that every client hits must
+// not write a stack per client of a flood.
+var admitPanics burstLog
+
+func (l *listener) admitPanicked(client net.Addr, r any) {
+	switch n, total := admitPanics.note(time.Now()); n {
+	case 0:
+	case 1:
+		warnf("listener %v: internal error admitting client %v: Go panic: %v (that client was closed; the listener goes on; %d so far; please report it with this stack)\n%s",
+			l.ln.Addr(), client, r, total, debug.Stack())
+	default:
+		warnf("listener %v: %d more Go panics admitting clients in the last second, each client closed (%d so far; the last: %v)",
+			l.ln.Addr(), n, total, r)
 	}
 }
 
@@ -196,10 +249,16 @@ func (l *listener) acceptFailed(err error, backoff time.Duration) time.Duration 
 	return backoff
 }
 
-// serve runs one incoming control connection and hands its comm to NCCL's next accept.
+// serve runs one incoming control connection and hands its comm to NCCL's next accept. A
+// handshake that failed because its listener closed (or its context ended) is not reported:
+// nobody would accept its result, and it was abandoned on purpose.
 func (l *listener) serve(p *pendingClient) {
 	defer l.owner.wg.Done()
-	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.owner.ctx, p, l) })
+	defer recoverGoroutine("listener: serving a client")
+	comm, err := guardHandshake(func() (*C.struct_mpib_comm, error) { return acceptHandshake(l.ctx, p, l) })
+	if err != nil && l.ctx.Err() != nil {
+		return
+	}
 	if errors.Is(err, errNotAPeer) {
 		l.drops.note(l.ln.Addr(), err.Error())
 		return
@@ -224,12 +283,13 @@ func (l *listener) serve(p *pendingClient) {
 }
 
 // close stops accepting and destroys handshakes that finished but were never accepted;
-// handshakes still running destroy their own comm when they find the listener closed.
+// handshakes still running are abandoned (l.ctx) and destroy their own comm.
 // inGoroutine: see closeComm.
 func (l *listener) close(inGoroutine bool) {
 	l.mu.Lock()
 	if !l.closed { // the first close happens before NCCL's closeListen frees lc
 		l.closed = true
+		l.cancel(errListenerClosed) // before gateEvictListener: see gateEnter
 		l.ln.Close()
 		C.mpib_listen_close(l.lc)
 	}
@@ -277,6 +337,9 @@ func mpibGoCloseListen(listenComm unsafe.Pointer) (rc C.int) {
 // SUP ports now, and runs the handshake.
 func acceptHandshake(ctx context.Context, p *pendingClient, l *listener) (*C.struct_mpib_comm, error) {
 	hello, err := l.readHello(ctx, p)
+	if err == nil && ctx.Err() != nil { // the listener closed as the hello came
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		p.c.Close()
 		return nil, err
@@ -326,27 +389,14 @@ func (l *listener) readHello(ctx context.Context, p *pendingClient) (wire.Hello,
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one
 // line a second with the count since (a flood must not flood NCCL's log too).
-type dropLog struct {
-	mu     sync.Mutex
-	last   time.Time
-	unseen int
-	total  uint64
-}
+type dropLog struct{ burst burstLog }
 
 func (d *dropLog) note(addr net.Addr, why string) {
-	d.mu.Lock()
-	d.total++
-	d.unseen++
-	if time.Since(d.last) < time.Second {
-		d.mu.Unlock()
-		return
-	}
-	n, total := d.unseen, d.total
-	d.unseen, d.last = 0, time.Now()
-	d.mu.Unlock()
-	if n == 1 {
+	switch n, total := d.burst.note(time.Now()); n {
+	case 0:
+	case 1:
 		infof("listener %v: dropped a TCP client (%d so far): %s", addr, total, why)
-	} else {
+	default:
 		infof("listener %v: dropped %d TCP clients in the last second (%d so far; the last: %s)", addr, n, total, why)
 	}
 }

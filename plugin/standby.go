@@ -133,7 +133,8 @@ func waitSetupsDone(queued time.Time) {
 }
 
 // buildStandby builds lc's standby rail and sends its QPs to the receiver ('J'); the
-// receiver's 'K' (watchJoin) completes the join. Nothing happens once NCCL closed the comm.
+// receiver's 'K' (watchJoin) completes the join. Nothing happens once NCCL closed the comm,
+// and a close during the send ends it (stop): no error then.
 func (lc *liveComm) buildStandby() error {
 	lc.standbyMu.Lock()
 	defer lc.standbyMu.Unlock()
@@ -147,7 +148,10 @@ func (lc *liveComm) buildStandby() error {
 	if err != nil {
 		return err
 	}
-	if rc := C.mpib_comm_ctrl_send(lc.comm, unsafe.Pointer(&joinMessage(lc.comm, 0)[0]), 2+joinInfoSize); rc != 0 {
+	if rc := lc.ctrlSend(joinMessage(lc.comm, 0)); rc != 0 {
+		if lc.closing.Load() { // NCCL closed the comm meanwhile: its socket left first (stop)
+			return nil
+		}
 		return fmt.Errorf("sending its QPs on the control socket failed (%d)", int(rc))
 	}
 	return nil
