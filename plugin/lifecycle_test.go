@@ -1,6 +1,6 @@
 // lifecycle_test.go: a context's finalize, and a comm's control socket after the handshake
-// (lifecycle.go): its close
-// against a peer that stopped reading, and what a peer's unexpected messages cost the log.
+// (lifecycle.go): its close against a peer that stopped reading, and what a peer's unexpected
+// messages cost the log.
 
 package main
 
