@@ -49,8 +49,10 @@ func runReceiverDeviceDeleted(t *testing.T, a1, a2 *Node, mode string) {
 	}
 	t.Cleanup(func() { fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
 	time.Sleep(4 * time.Second) // the transfer goes on over SOUT
-	evs := fp.events(ctx)
 	s, c := fp.stop(ctx, time.Now().Add(90*time.Second))
+	// The events are read once both processes have stopped, when their logs are complete: the
+	// receiver's failover line may come after the 4 s above on a loaded host.
+	evs := fp.events(ctx)
 	t.Logf("rdma link delete %s: %q", dev, fc.waitFile(ctx, rcFile, 90*time.Second))
 	m := resultRe.FindStringSubmatch(s.out)
 	hang := s.hung || c.hung

@@ -209,7 +209,7 @@ func silentHoldSeconds() int {
 // 32 silent TCP clients (connected, never a byte) on each listener and reopens every one the
 // server drops, while the client connects for real to each listener in turn, spread over the
 // hold. Before the gate (plugin/gate.go) the process's 256 unproven clients refused every new
-// client at once, the real peer included. Every real connection must succeed, each within 5 s.
+// client at once, the real peer included. Every real connection must succeed, each within 10 s.
 func TestHostileSilentHold(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
@@ -235,8 +235,13 @@ func TestHostileSilentHold(t *testing.T) {
 		t.Fatalf("a real connection failed while silent clients held the listeners (connected %d, accepted %d of %d):\n%s",
 			connected, accepted, listeners, res)
 	}
-	if connectMS < 0 || connectMS > 5000 {
-		t.Errorf("the slowest real connection took %d ms, want within 5000:\n%s", connectMS, res)
+	// The gate's failure is refusal (realOK above), not slowness: the bound only catches a
+	// connect that crawls. The lab's slowest connect is CPU-bound in the VM, 1237 ms in a
+	// recorded run beside the attacker's 250 reopens a second on two vCPUs, and a loaded 2-core
+	// host has put 4.8 s between a peer's TCP handshake and its hello (docs/security.md), so
+	// 10 s, twice that, not 5 s.
+	if connectMS < 0 || connectMS > 10000 {
+		t.Errorf("the slowest real connection took %d ms, want within 10000:\n%s", connectMS, res)
 	}
 	if held := atoiOr(kv.Field(res.clientOut, cp, "held_at_start"), 0); held < 8*32*3/4 {
 		t.Errorf("the attacker held only %d silent clients before the first real connect, want about %d: the case tested less than it says", held, 8*32)

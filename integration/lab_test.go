@@ -105,9 +105,10 @@ func TestLabShape(t *testing.T) {
 	res, err := WriteBW{Client: a1, Server: a2, Rail: SUP, Iters: 100}.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, res.ClientCode, res.Output)
+	// The wall clock is the check: perftest's figure comes from its cycle counter, which TCG
+	// does not keep honest under load (TestLabWriteBW), so it is only printed.
 	t.Logf("shaped to 25 Mbit/s: perftest %.3f Gb/s, wall %.1f s", res.Gbps, res.Wall.Seconds())
 	assert.GreaterOrEqual(t, res.Wall.Seconds(), 1.8, "the shaped transfer finished too fast")
-	assert.Less(t, res.Gbps, 0.035, "perftest saw more than the shaped rate")
 	require.NoError(t, tp.Shape(ctx, a1, SUP, ""))
 	out, err = a1.output(ctx, "tc", "qdisc", "show", "dev", a1.Netdev(SUP))
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -28,11 +29,17 @@ func TestMultiDeviceAgentRecords(t *testing.T) {
 		srv.Kill(context.Background())
 		cli.Kill(context.Background())
 	}()
-	var conns []deviceConn
+	// The send and the recv comm register their records one at a time, so a list may catch
+	// one of them: the records are taken once a send record is listed and two lists in a row
+	// agree, and the other lists (--dev 0, the Python CLI) follow them.
+	var conns, prev []deviceConn
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		if conns = listDev(ctx, t, goAgent, a1, 1); len(conns) > 0 {
+		conns = listDev(ctx, t, goAgent, a1, 1)
+		hasSend := slices.ContainsFunc(conns, func(c deviceConn) bool { return c.IsSend != 0 })
+		if hasSend && prev != nil && slices.Equal(conns, prev) {
 			break
 		}
+		prev = conns
 	}
 	other := listDev(ctx, t, goAgent, a1, 0)
 	py := listDev(ctx, t, pythonAgent, a1, 1)

@@ -231,15 +231,28 @@ func TestMultiDeviceFailover(t *testing.T) {
 			t.Fatalf("device %d: no traffic on %s before the fault: %v", d, r, err)
 		}
 	}
-	rate := func(from, to time.Time, b0, b1 uint64) float64 {
-		return float64(b1-b0) * 8 / to.Sub(from).Seconds() / 1e6
+	rate := func(from, to float64, b0, b1 uint64) float64 {
+		return float64(b1-b0) * 8 / (to - from) / 1e6
 	}
-	supTx := func() (uint64, time.Time) {
-		c, err := a1.Counters(ctx, SUP)
+	// supTx reads a1's SUP tx_bytes and the node's clock (/proc/uptime, s) in one cat, so the
+	// rates are taken on the clock the counter moves by: the host's clock after an exec
+	// returns would add the exec's latency (0.1 s idle, seconds under load) to one end of a
+	// 4 s window and not the other.
+	supTx := func() (uint64, float64) {
+		out, err := a1.output(ctx, "cat", "/proc/uptime", "/sys/class/net/"+a1.Netdev(SUP)+"/statistics/tx_bytes")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c.TxBytes, time.Now()
+		f := strings.Fields(out) // uptime, idle time, tx_bytes
+		if len(f) != 3 {
+			t.Fatalf("a1: uptime and SUP tx_bytes: %q", out)
+		}
+		at, err1 := strconv.ParseFloat(f[0], 64)
+		tx, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("a1: uptime and SUP tx_bytes: %q", out)
+		}
+		return tx, at
 	}
 	b0, t0 := supTx()
 	time.Sleep(4 * time.Second)

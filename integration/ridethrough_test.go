@@ -211,12 +211,13 @@ func TestFaultRideThrough(t *testing.T) {
 		if _, err := nodeStamp(ctx, b1, blackholePrep(b1.Netdev(SOUT))); err != nil {
 			t.Fatal(err)
 		}
-		ec := runErrorCase(t, b1, a1, SOUT, []string{"MPIB_STALL_TIMEOUT_MS=1500"}, func(ctx context.Context, fp *faultPair) (int64, error) {
+		const stallMS = 1500
+		ec := runErrorCase(t, b1, a1, SOUT, []string{fmt.Sprintf("MPIB_STALL_TIMEOUT_MS=%d", stallMS)}, func(ctx context.Context, fp *faultPair) (int64, error) {
 			return nodeStamp(ctx, b1, "tc actions change action gact drop index "+blackholeAction)
 		})
 		evidence("fault:", "case=stall-timeout pair=a1-b1 outage=permanent sender_error_ms=%d receiver_error_ms=%d hang=%v",
 			ec.senderMS, ec.receiverMS, ec.hang)
-		checkErrorCase(t, "stall-timeout", ec, true, true)
+		checkErrorCase(t, "stall-timeout", ec, stallMS, true, true)
 	})
 }
 
