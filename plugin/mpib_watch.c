@@ -64,6 +64,9 @@ ncclResult_t mpib_watch_tick(struct mpib_comm *c) {
     uint64_t last = rc->progress_ns;
     uint64_t path = c->path_ack_ns[r] ? __atomic_load_n(c->path_ack_ns[r], __ATOMIC_RELAXED) : 0;
     if (path > last) last = path;
+    /* Another comm on the path (another NCCL communicator's proxy thread) may have stored an
+     * acknowledgement after this tick read the clock: progress just now, not a wait. */
+    if (last >= now) continue;
     uint64_t limit = mpib_g.detect_ms * 1000000ull, widened = MPIB_WATCH_WIDEN * rc->slow_ns;
     if (widened > limit) limit = widened;
     if (now - last <= limit) continue;
