@@ -159,8 +159,9 @@ static int post_lone(struct mpib_comm *c, int slot, int rail, const struct mpib_
   range_span(ranges, req->size, p->sout[0], &off, &len);
   if (len > 0) {
     const struct mpib_cts *cts = &c->cts_snap[slot][0];
-    sge = (struct ibv_sge){
-        .addr = (uintptr_t)req->data + off, .length = (uint32_t)len, .lkey = mpib_comm_mr(c, req->mh, lane)->lkey};
+    const struct ibv_mr *mr = mpib_comm_mr(c, req->mh, lane);
+    if (mr == NULL) return ENODEV; /* registered after the lane's device died (mr_register skips it) */
+    sge = (struct ibv_sge){.addr = (uintptr_t)req->data + off, .length = (uint32_t)len, .lkey = mr->lkey};
     rdma_write_wr(&wr, &sge, cts->addr + off, mpib_cts_rkey(cts, lane));
   } else {
     rdma_write_wr(&wr, NULL, c->rem_addr + (uint64_t)slot * sizeof c->sizes[0], c->rem_rkey[lane]);
@@ -184,9 +185,9 @@ static int post_grouped(struct mpib_comm *c, int slot, int rail, const struct mp
     size_t off, len;
     range_span(ranges, reqs[r]->size, p->sout[r], &off, &len);
     if (len == 0) continue;
-    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off,
-                                 .length = (uint32_t)len,
-                                 .lkey = mpib_comm_mr(c, reqs[r]->mh, lane)->lkey};
+    const struct ibv_mr *mr = mpib_comm_mr(c, reqs[r]->mh, lane);
+    if (mr == NULL) return ENODEV; /* as post_lone's */
+    sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)reqs[r]->data + off, .length = (uint32_t)len, .lkey = mr->lkey};
     rdma_write_wr(&wrs[nwr], &sges[nwr], cts[r].addr + off, mpib_cts_rkey(&cts[r], lane));
     nwr++;
   }
@@ -205,8 +206,9 @@ static int post_grouped(struct mpib_comm *c, int slot, int rail, const struct mp
 /* Posts one rail's chain for a slot: a write per request part of the byte ranges `ranges`,
  * the last one (or a final write carrying the size records) with the immediate and
  * signalled. An original chain carries range `rail`; a replay carries the lost ranges on a
- * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, or
- * MPIB_POST_PARTIAL. */
+ * surviving rail. Returns 0, the errno of ibv_post_send when none of it was posted, ENODEV
+ * (none posted) when a request's buffer has no registration on the rail's NIC (registered after
+ * that device died), or MPIB_POST_PARTIAL. */
 int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
                     int replay) {
   int qi = mpib_qp_index(rail, c->slot_reqs[slot][0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
