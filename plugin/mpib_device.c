@@ -213,9 +213,16 @@ int mpib_data_direct(int nic) {
   return dd;
 }
 
-/* DMA-BUF is supported when the provider does not reject ibv_reg_dmabuf_mr outright. */
-int mpib_dmabuf_supported(void) {
-  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(mpib_g.nic[0].pd, 0, 0, 0, -1, 0);
+/* A NIC takes DMA-BUF registrations when its provider does not reject ibv_reg_dmabuf_mr
+ * outright: a probe with no file (fd -1) fails with EBADF where the provider has it, and with
+ * EOPNOTSUPP or EPROTONOSUPPORT where it has not (net_ib's test, ncclIbDmaBufSupport). The
+ * answer is the NIC's provider's: two NICs of one fused device may differ (rxe, siw, an older
+ * irdma beside an mlx5). */
+int mpib_nic_dmabuf_supported(int nic) {
+  struct ibv_pd *pd = mpib_g.nic[nic].pd;
+  if (pd == NULL) return 0;
+  errno = 0;
+  struct ibv_mr *mr = mpib_ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
   if (mr) {
     ibv_dereg_mr(mr);
     return 1;

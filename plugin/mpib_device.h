@@ -12,8 +12,10 @@
 int mpib_nic_open(int nic, int role, const char *name, int port, int pkey, int may_be_down);
 /* Closes every open NIC (the event thread stopped first). */
 void mpib_nic_close_all(void);
-/* Whether the verbs provider takes DMA-BUF registrations (1) or not (0). */
-int mpib_dmabuf_supported(void);
+/* Whether an open NIC's verbs provider takes DMA-BUF registrations (1) or not (0). A fused
+ * device registers a buffer on each of its NICs (mpib_reg_mr): it can take DMA-BUF only when
+ * all of them can (props.go). */
+int mpib_nic_dmabuf_supported(int nic);
 /* How many connections a fused device can hold (for NCCL's maxComms), given QPs per connection. */
 int mpib_max_comms(int dev, const uint32_t nqps[MPIB_NRAILS]);
 /* Whether a NIC is an mlx5 Data Direct device (net_ib then forces flushes). */

@@ -26,18 +26,19 @@ import (
 // setting (one for the process: any device that needs flushes turns them on).
 func fillProperties(cfg config.Config) {
 	g := &C.mpib_g
-	peermem, dmabuf := gpuDirectLoaded(), C.mpib_dmabuf_supported() != 0
-	support := C.NCCL_PTR_HOST
-	if peermem {
-		support |= C.NCCL_PTR_CUDA
-	}
-	if dmabuf {
-		support |= C.NCCL_PTR_DMABUF
-	}
-	dataDirect := false
+	peermem, nicDmabuf := gpuDirectLoaded(), nicsDmabuf()
+	anyDmabuf, dataDirect := false, false
 	nqps := [2]C.uint32_t{C.uint32_t(cfg.SoutQPs), C.uint32_t(cfg.SupQPs)}
 	for d, dev := range cfg.Devices {
 		f := &g.fdev[d]
+		support := C.NCCL_PTR_HOST
+		if peermem {
+			support |= C.NCCL_PTR_CUDA
+		}
+		if deviceDmabuf(d, nicDmabuf) {
+			support |= C.NCCL_PTR_DMABUF
+			anyDmabuf = true
+		}
 		setCString(unsafe.Pointer(&f.prop_name[0]), len(f.prop_name), propName(dev, multiPortHCAs(cfg.Devices)))
 		f.prop_guid = C.uint64_t(C.ibv_get_device_guid(g.nic[f.sout_nic].ctx.device))
 		dd := C.mpib_data_direct(f.sout_nic) != 0
@@ -49,11 +50,56 @@ func fillProperties(cfg config.Config) {
 		f.prop_ptr_support = C.int(support &^ placeOnPCI(d, dev))
 		f.prop_max_comms = C.mpib_max_comms(C.int(d), &nqps[0])
 	}
-	g.flush_enabled = C.mpib_flush_needed(boolInt(peermem), boolInt(dmabuf), boolInt(cfg.GDRFlushDisable),
+	g.flush_enabled = C.mpib_flush_needed(boolInt(peermem), boolInt(anyDmabuf), boolInt(cfg.GDRFlushDisable),
 		boolInt(cfg.ForceFlush || dataDirect))
 	infof("per connection: SOUT QPs %d, SUP QPs %d, CQ %d/%d, SRQ %d, send queue %d/%d entries (send/recv), host memory %d/%d KiB; up to %d connections per device (device limits)",
 		cfg.SoutQPs, cfg.SupQPs, C.MPIB_CQ_DEPTH_SENDER, C.MPIB_CQ_DEPTH, C.MPIB_SRQ_DEPTH, C.MPIB_SEND_WR_SENDER, C.MPIB_SEND_WR_RECEIVER,
 		C.mpib_comm_host_bytes(1)/1024, C.mpib_comm_host_bytes(0)/1024, int(g.fdev[0].prop_max_comms))
+}
+
+// nicsDmabuf is, per open NIC, whether its verbs provider takes DMA-BUF registrations (each
+// NIC probed on its own: a fused device may pair providers that differ).
+func nicsDmabuf() []bool {
+	ok := make([]bool, int(C.mpib_g.nnics))
+	for n := range ok {
+		ok[n] = C.mpib_nic_dmabuf_supported(C.int(n)) != 0
+	}
+	return ok
+}
+
+// deviceDmabuf is whether fused device d advertises NCCL_PTR_DMABUF, given nicsDmabuf's
+// answers; it says at INFO which of its NICs withhold it when others could take it.
+func deviceDmabuf(d int, nicOK []bool) bool {
+	f := &C.mpib_g.fdev[d]
+	nics := []int{int(f.sout_nic)}
+	for i := range int(f.nsup) {
+		nics = append(nics, int(f.sup_nic[i]))
+	}
+	lacking := dmabufLacking(nicOK, nics)
+	if len(lacking) > 0 && len(lacking) < len(nics) {
+		var names []string
+		for _, n := range lacking {
+			names = append(names, C.GoString(&C.mpib_g.nic[n].name[0]))
+		}
+		infof("device %d: DMA-BUF not advertised: %s cannot register DMA-BUF memory (its verbs provider refuses ibv_reg_dmabuf_mr)",
+			d, strings.Join(names, ", "))
+	}
+	return len(lacking) == 0
+}
+
+// dmabufLacking is the NICs of a fused device (nics: SOUT's, then each SUP port's) that cannot
+// take a DMA-BUF registration, in order; the device advertises DMA-BUF only when there is
+// none. regMrDmaBuf registers the buffer on every NIC of the device (mpib_reg_mr) and fails
+// when one refuses, and NCCL does not fall back to another registration: it aborts. nicOK is
+// nicsDmabuf's answer; a NIC beyond it is not open and cannot.
+func dmabufLacking(nicOK []bool, nics []int) []int {
+	var lacking []int
+	for _, n := range nics {
+		if n < 0 || n >= len(nicOK) || !nicOK[n] {
+			lacking = append(lacking, n)
+		}
+	}
+	return lacking
 }
 
 // propName is the device's name for NCCL: mpib[SOUT+SUP], every SUP port listed, an HCA the

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/mpib/mpib/plugin/internal/config"
@@ -39,6 +40,31 @@ func TestPropNamesDistinct(t *testing.T) {
 				t.Errorf("%s: device %d named %q, want %q (distinct)", tt.name, i, got, tt.want[i])
 			}
 			seen[got] = true
+		}
+	}
+}
+
+// A fused device advertises DMA-BUF only when every one of its NICs takes it: regMrDmaBuf
+// registers on SOUT and on each SUP port, and NCCL aborts when it fails.
+func TestDmabufLacking(t *testing.T) {
+	// NICs 0-1 mlx5 (DMA-BUF), 2 rxe (none), 3 mlx5; NIC 4 is not open.
+	nicOK := []bool{true, true, false, true}
+	tests := []struct {
+		name string
+		nics []int // SOUT, then the SUP ports
+		want []int
+	}{
+		{"SOUT and SUP both take it", []int{0, 1}, nil},
+		{"SUP lacks it (only NIC 0 was probed before)", []int{0, 2}, []int{2}},
+		{"SOUT lacks it", []int{2, 0}, []int{2}},
+		{"a mesh device, one SUP port of three lacks it", []int{0, 1, 3, 2}, []int{2}},
+		{"a mesh device, every port takes it", []int{1, 0, 3}, nil},
+		{"a NIC that is not open", []int{0, 4}, []int{4}},
+	}
+	for _, tt := range tests {
+		got := dmabufLacking(nicOK, tt.nics)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: NICs %v lacking DMA-BUF: got %v, want %v", tt.name, tt.nics, got, tt.want)
 		}
 	}
 }
