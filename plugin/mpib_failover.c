@@ -346,23 +346,47 @@ static void stall_end(struct mpib_comm *c, int r) {
   c->stall_since_ns = 0;
 }
 
+/* Rail r failed and no other rail can carry the connection (or MPIB_FAILOVER=0): it fails, and
+ * the peer is told. */
+static ncclResult_t no_rail_left(struct mpib_comm *c, int r, const char *reason, const char *detail) {
+  if (!c->failure_reported)
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): %s",
+              mpib_rail_name(r), c->is_send ? "send" : "recv", (unsigned long long)mpib_wall_ms(), reason,
+              c->rail[r].gen, detail, mpib_g.failover ? "no other rail can carry this connection" : "MPIB_FAILOVER=0");
+  c->failure_reported = 1;
+  notify_peer_failed(c);
+  return ncclRemoteError;
+}
+
+/* Rail r is out of service already (fenced and settled, DOWN or DEAD; its rebuild thread may be
+ * moving its QPs): nothing is fenced again, which would modify those QPs beside the thread and
+ * announce a generation the rebuild's RECOVER then repeats. Without a usable rail the
+ * connection stalls, or fails where it cannot ride through; the rail whose fault left none is
+ * still UP, and its own detection fails it. */
+static ncclResult_t rail_already_out(struct mpib_comm *c, int r, const char *reason, const char *detail) {
+  int s = 1 - r;
+  if (mpib_rail_usable(c, s)) return ncclSuccess;
+  if (!ride_through_possible(c) || !(rail_can_return(c, r) || rail_can_return(c, s)))
+    return no_rail_left(c, r, reason, detail);
+  if (!c->stall_since_ns)
+    MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): out of service "
+              "already, and no rail works; requests stall up to MPIB_STALL_TIMEOUT_MS=%llu for one to come back",
+              mpib_rail_name(r), c->is_send ? "send" : "recv", (unsigned long long)mpib_wall_ms(), reason,
+              c->rail[r].gen, detail, (unsigned long long)mpib_g.stall_timeout_ms);
+  stall_begin(c);
+  return ncclSuccess;
+}
+
 /* Takes rail r out of service for this connection. Without another usable rail (or with
  * MPIB_FAILOVER=0) the connection rides through (above) or fails, and the peer is told. */
 ncclResult_t mpib_failover_rail_fail(struct mpib_comm *c, int r, const char *reason, const char *detail) {
   struct mpib_rail_ctl *rc = &c->rail[r];
   int s = 1 - r;
   const char *side = c->is_send ? "send" : "recv";
+  if (rc->state == MPIB_RAIL_DOWN || rc->state == MPIB_RAIL_DEAD) return rail_already_out(c, r, reason, detail);
   if (!mpib_rail_usable(c, s) && ride_through_possible(c) && (rail_can_return(c, r) || rail_can_return(c, s)))
     return ride_through(c, r, reason, detail);
-  if (!mpib_g.failover || !mpib_rail_usable(c, s)) {
-    if (!c->failure_reported)
-      MPIB_WARN("failover: rail=%s side=%s decided_ms=%llu reason=%s continued_on=none gen=%u (%s): %s",
-                mpib_rail_name(r), side, (unsigned long long)mpib_wall_ms(), reason, rc->gen, detail,
-                mpib_g.failover ? "no other rail can carry this connection" : "MPIB_FAILOVER=0");
-    c->failure_reported = 1;
-    notify_peer_failed(c);
-    return ncclRemoteError;
-  }
+  if (!mpib_g.failover || !mpib_rail_usable(c, s)) return no_rail_left(c, r, reason, detail);
   int retrying = rc->state == MPIB_RAIL_RECOVERING || rc->state == MPIB_RAIL_PROBING;
   if (retrying) rc->attempts++;
   if (!retrying || rc->attempts <= 3)
