@@ -116,7 +116,7 @@ struct mpib_nic {
   enum ibv_mtu active_mtu;
   int speed_mbps;
   int link_layer;
-  uint16_t lid;
+  uint16_t lid; /* InfiniBand's; the event thread reads it again when it changes (mpib_events.c): atomic */
   uint16_t pkey_index;
   int max_qp, max_cq; /* device limits (ibv_query_device) */
   /* Set by the async-event thread (mpib_events.c), read by the data path. */

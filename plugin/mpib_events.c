@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -31,12 +32,16 @@ static int first_time(int nic, enum ibv_event_type t) {
   return __atomic_fetch_add(&event_counts[nic][i], 1, __ATOMIC_RELAXED) == 0;
 }
 
-/* A port opened down (a mesh device's unplugged cable, mpib_nic_open) reported no real MTU:
- * read it again when the port comes up, before connections may use it. */
-static void refresh_mtu(struct mpib_nic *d) {
+/* A port opened down (a mesh device's unplugged cable, mpib_nic_open) reported no real MTU, and
+ * on InfiniBand no LID (the subnet manager gives one when the port comes up); the subnet
+ * manager may also move a LID later. Read them again when the port comes up or its LID
+ * changes, before connections (and the flush loopback, which addresses its own LID) use them. */
+static void refresh_port(struct mpib_nic *d) {
   struct ibv_port_attr pa;
-  if (ibv_query_port(d->ctx, d->port, &pa) == 0 && pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096)
+  if (ibv_query_port(d->ctx, d->port, &pa) != 0) return;
+  if (pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096)
     __atomic_store_n(&d->active_mtu, pa.active_mtu, __ATOMIC_RELAXED);
+  __atomic_store_n(&d->lid, pa.lid, __ATOMIC_RELAXED);
 }
 
 static void handle_event(int nic, const struct ibv_async_event *ev) {
@@ -54,10 +59,18 @@ static void handle_event(int nic, const struct ibv_async_event *ev) {
   case IBV_EVENT_PORT_ERR:
   case IBV_EVENT_PORT_ACTIVE:
     __atomic_store_n(&d->port_change_ns, mpib_now_ns(), __ATOMIC_RELAXED);
-    if (t == IBV_EVENT_PORT_ACTIVE) refresh_mtu(d);
+    if (t == IBV_EVENT_PORT_ACTIVE) refresh_port(d);
     __atomic_store_n(&d->port_down, t == IBV_EVENT_PORT_ERR, __ATOMIC_RELEASE);
     MPIB_INFO("%s rail: device %s port %d is %s", mpib_rail_name(rail), d->name, ev->element.port_num,
               t == IBV_EVENT_PORT_ERR ? "down: traffic moves to the other rail where it can" : "active again");
+    return;
+  case IBV_EVENT_LID_CHANGE:
+  case IBV_EVENT_CLIENT_REREGISTER: /* the subnet manager (re)configured the port */
+    refresh_port(d);
+    if (first_time(nic, t))
+      MPIB_INFO("%s rail: device %s port %d: %s, LID now %u (logged once; every change is acted on)",
+                mpib_rail_name(rail), d->name, ev->element.port_num, ibv_event_type_str(t),
+                (unsigned)__atomic_load_n(&d->lid, __ATOMIC_RELAXED));
     return;
   case IBV_EVENT_GID_CHANGE: /* an address came or went: the next connect reads the GID table again */
     __atomic_add_fetch(&d->gid_gen, 1, __ATOMIC_RELEASE);
@@ -125,7 +138,12 @@ static void *event_loop(void *arg) {
   for (;;) {
     int n = poll(fds, (nfds_t)nfds, -1);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return NULL;
+    if (n < 0) {
+      MPIB_WARN("the NICs' event thread stopped (poll: %s): port and device events are no longer seen; a failed rail "
+                "is still found by its connections' no-progress watch",
+                strerror(errno));
+      return NULL;
+    }
     int reread = 0;
     if (fds[0].revents) {
       if (!drain_pipe()) return NULL;
@@ -151,7 +169,11 @@ static void *event_loop(void *arg) {
 /* Starts the thread with its pipe; called with ev.mu held. */
 static int start_thread_locked(void) {
   if (pipe2(ev.pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -errno;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited: process signals keep going to NCCL's threads */
   int rc = pthread_create(&ev.thread, NULL, event_loop, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     close(ev.pipe[0]);
     close(ev.pipe[1]);
