@@ -131,13 +131,25 @@ void mpib_local_rail_info(const struct mpib_comm *c, int lane, struct mpib_rail_
   memset(ri, 0, sizeof *ri);
   memcpy(ri->gid, c->gid[lane].raw, 16);
   ri->mtu = c->nic[lane]->active_mtu;
-  ri->lid = c->nic[lane]->lid;
+  ri->lid = __atomic_load_n(&c->nic[lane]->lid, __ATOMIC_RELAXED); /* the event thread updates it */
   ri->link_layer = (uint8_t)c->nic[lane]->link_layer;
 }
 
-/* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. */
+/* Whether a flush QP that could not connect to itself may wait for its first read: its port is
+ * down (a SUP cable unplugged at boot), or, on InfiniBand, it has no LID yet (the subnet
+ * manager never configured the port), so no address reaches it. A port that is up and
+ * addressed fails the comm as before. */
+static int flush_connect_can_wait(int port_down, int link_layer, uint16_t lid) {
+  return port_down || (link_layer == IBV_LINK_LAYER_INFINIBAND && lid == 0);
+}
+
+/* Loopback QP used by iflush: an RDMA_READ through the NIC orders prior GPU writes. On a lane
+ * whose port cannot take the connect now (flush_connect_can_wait) the QP stays in INIT, marked
+ * broken: the lane's first flush read resets and connects it (mpib_flush.c), with the port's
+ * LID then. The comm starts degraded on such a port instead of failing. */
 static int flush_setup(struct mpib_comm *c, int lane) {
-  c->flush_cq[lane] = ibv_create_cq(c->nic[lane]->ctx, 64, NULL, NULL, 0);
+  struct mpib_nic *d = c->nic[lane];
+  c->flush_cq[lane] = ibv_create_cq(d->ctx, 64, NULL, NULL, 0);
   if (!c->flush_cq[lane]) return -ENOMEM;
   c->flush_qp[lane] = create_rc_qp(c, lane, c->flush_cq[lane], NULL, 64, NULL, MPIB_FLUSH_QP_ACCESS);
   if (!c->flush_qp[lane]) return -ENOMEM;
@@ -145,8 +157,13 @@ static int flush_setup(struct mpib_comm *c, int lane) {
   if (!c->flush_mr[lane]) return -ENOMEM;
   struct mpib_rail_info self;
   mpib_local_rail_info(c, lane, &self);
-  return mpib_qp_connect(c, c->flush_qp[lane], lane, c->flush_qp[lane]->qp_num, &self, c->nic[lane]->active_mtu, c->tc,
-                         0);
+  int rc = mpib_qp_connect(c, c->flush_qp[lane], lane, c->flush_qp[lane]->qp_num, &self, d->active_mtu, c->tc, 0);
+  if (rc == 0 || !flush_connect_can_wait(__atomic_load_n(&d->port_down, __ATOMIC_RELAXED), d->link_layer, self.lid))
+    return rc;
+  MPIB_INFO("%s rail: %s port %d is down or has no LID: its flush QP connects at its first read",
+            mpib_rail_name(mpib_lane_rail(lane)), d->name, d->port);
+  c->flush_broken[lane] = 1;
+  return 0;
 }
 
 /* A QP back to INIT through RESET (what it had queued is discarded): 0 or -errno. */

@@ -1,0 +1,177 @@
+//go:build ignore
+// link: ../mpib_comm.c
+
+/* Comm setup (mpib_comm.c unchanged) on FAKE verbs: two NICs (SOUT and one SUP port) whose GID
+ * tables, port state, LID and QP transitions the test sets.
+ *   - flush loopback: a receiver with flush on is built on a SUP port that is down at init
+ *     (an InfiniBand port never given a LID, a RoCE port whose loopback cannot connect): that
+ *     lane's flush QP stays in INIT, marked broken (its first read connects it), and the comm
+ *     exists; a port that is up and addressed and cannot connect still fails the comm. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../mpib.h"
+#include "../mpib_comm.h"
+#include "../mpib_qp.h"
+
+#include "check.h"
+
+struct mpib_global mpib_g;
+uint64_t mpib_now_ns(void) { return 5000000000ull; }
+void mpib_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
+  (void)level, (void)file, (void)line, (void)fmt;
+}
+uint64_t *mpib_path_progress(const void *nic, const uint8_t gid[16]) { return (void)nic, (void)gid, NULL; }
+int mpib_neigh_warm(const uint8_t gid[16]) { return (void)gid, 0; }
+int mpib_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) { return (void)qp, (void)ece, EOPNOTSUPP; }
+int mpib_ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) { return (void)qp, (void)ece, EOPNOTSUPP; }
+
+/* ---- Fake NICs: NIC n's context is ctx[n]; its GID table is gids[n] (type -1: empty). ---- */
+#define NNICS 2
+#define TBL 320
+static struct ibv_context ctx[NNICS];
+static struct ibv_pd pd[NNICS];
+static uint8_t gids[NNICS][TBL][16];
+static int gid_types[NNICS][TBL];
+static int rtr_fails[NNICS]; /* errno a QP's RTR transition fails with on this NIC (0: it works) */
+
+static int nic_of(const struct ibv_context *c) { return (int)(c - ctx); }
+
+int mpib_nic_gid_entry(const struct mpib_nic *d, int index, uint8_t gid[16], int *type) {
+  int n = nic_of(d->ctx);
+  if (index < 0 || index >= TBL || gid_types[n][index] < 0) return -1;
+  memcpy(gid, gids[n][index], 16);
+  *type = gid_types[n][index];
+  return 0;
+}
+int ibv_query_gid(struct ibv_context *c, uint8_t port, int index, union ibv_gid *gid) {
+  (void)port;
+  if (index < 0 || index >= TBL) return EINVAL;
+  memcpy(gid->raw, gids[nic_of(c)][index], 16);
+  return 0;
+}
+
+static int fake_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
+  return (void)srq, (void)wr, *bad = NULL, 0;
+}
+struct ibv_cq *ibv_create_cq(struct ibv_context *c, int cqe, void *cq_context, struct ibv_comp_channel *channel,
+                             int comp_vector) {
+  (void)cqe, (void)cq_context, (void)channel, (void)comp_vector;
+  struct ibv_cq *cq = calloc(1, sizeof *cq);
+  cq->context = c;
+  return cq;
+}
+int ibv_destroy_cq(struct ibv_cq *cq) { return free(cq), 0; }
+struct ibv_srq *ibv_create_srq(struct ibv_pd *p, struct ibv_srq_init_attr *attr) {
+  (void)attr;
+  struct ibv_srq *srq = calloc(1, sizeof *srq);
+  srq->context = p->context;
+  return srq;
+}
+int ibv_destroy_srq(struct ibv_srq *srq) { return free(srq), 0; }
+static uint32_t next_qpn = 100;
+struct ibv_qp *ibv_create_qp(struct ibv_pd *p, struct ibv_qp_init_attr *attr) {
+  struct ibv_qp *qp = calloc(1, sizeof *qp);
+  qp->context = p->context;
+  qp->pd = p;
+  qp->send_cq = attr->send_cq;
+  qp->qp_num = next_qpn++;
+  qp->state = IBV_QPS_RESET;
+  return qp;
+}
+int ibv_destroy_qp(struct ibv_qp *qp) { return free(qp), 0; }
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
+  if (!(mask & IBV_QP_STATE)) return 0;
+  if (attr->qp_state == IBV_QPS_RTR && rtr_fails[nic_of(qp->context)]) return rtr_fails[nic_of(qp->context)];
+  qp->state = attr->qp_state;
+  return 0;
+}
+static struct ibv_mr *fake_mr(struct ibv_pd *p) {
+  struct ibv_mr *mr = calloc(1, sizeof *mr);
+  mr->context = p->context;
+  return mr;
+}
+#undef ibv_reg_mr
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *p, void *addr, size_t len, int access) {
+  return (void)addr, (void)len, (void)access, fake_mr(p);
+}
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *p, void *addr, size_t len, uint64_t iova, unsigned int access) {
+  return (void)addr, (void)len, (void)iova, (void)access, fake_mr(p);
+}
+int ibv_dereg_mr(struct ibv_mr *mr) { return free(mr), 0; }
+
+/* ---- The device: NIC 0 is SOUT, NIC 1 the SUP port, fused device 0. ---- */
+static void devices(int link_layer) {
+  memset(&mpib_g, 0, sizeof mpib_g);
+  memset(rtr_fails, 0, sizeof rtr_fails);
+  for (int n = 0; n < NNICS; n++) {
+    ctx[n].ops.post_srq_recv = fake_post_srq_recv;
+    pd[n].context = &ctx[n];
+    for (int i = 0; i < TBL; i++) gid_types[n][i] = -1;
+    struct mpib_nic *d = &mpib_g.nic[n];
+    snprintf(d->name, sizeof d->name, "fake%d", n);
+    d->role = n, d->ctx = &ctx[n], d->pd = &pd[n], d->port = 1, d->gid_tbl_len = TBL;
+    d->active_mtu = IBV_MTU_4096, d->link_layer = link_layer, d->lid = (uint16_t)(10 + n);
+    /* index 0: the port's GID (InfiniBand: subnet prefix and GUID; RoCE: an IPv4-mapped address) */
+    uint8_t g[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (uint8_t)(1 + n)};
+    if (link_layer == IBV_LINK_LAYER_ETHERNET) g[0] = 0, g[1] = 0, g[10] = 0xff, g[11] = 0xff, g[12] = 10;
+    memcpy(gids[n][0], g, 16);
+    gid_types[n][0] = link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
+  }
+  mpib_g.nnics = NNICS;
+  mpib_g.fdev[0] = (struct mpib_fdev){.sout_nic = 0, .nsup = 1, .sup_nic = {1}};
+  mpib_g.nfdevs = 1;
+  mpib_g.flush_enabled = 1;
+}
+
+static struct mpib_comm *recv_comm(void) {
+  struct mpib_conn_params p = {.dev = 0, .is_send = 0, .nqps = {1, 1}, .sup_lanes = 1};
+  return mpib_comm_create(&p);
+}
+
+/* ---- Flush loopback on a port down at init ---- */
+static void flush_case(const char *name, int link_layer, int sup_down, uint16_t sup_lid, int sup_rtr_err,
+                       int want_comm) {
+  devices(link_layer);
+  mpib_g.nic[1].port_down = sup_down;
+  mpib_g.nic[1].lid = sup_lid;
+  rtr_fails[1] = sup_rtr_err;
+  struct mpib_comm *c = recv_comm();
+  CHECK((c != NULL) == want_comm, "flush, %s: comm %s, want %s", name, c ? "built" : "failed",
+        want_comm ? "built" : "failed");
+  if (c == NULL || !want_comm) {
+    mpib_comm_destroy(c);
+    return;
+  }
+  int sup = MPIB_RAIL_SUP;
+  CHECK(c->flush_qp[0]->state == IBV_QPS_RTS && !c->flush_broken[0], "flush, %s: SOUT's flush QP state %d broken %d",
+        name, c->flush_qp[0]->state, c->flush_broken[0]);
+  CHECK(c->flush_qp[sup] != NULL && c->flush_qp[sup]->state == IBV_QPS_INIT && c->flush_broken[sup],
+        "flush, %s: SUP's flush QP %p state %d broken %d, want kept in INIT and broken (its first read connects it)",
+        name, (void *)c->flush_qp[sup], c->flush_qp[sup] ? (int)c->flush_qp[sup]->state : -1, c->flush_broken[sup]);
+  mpib_comm_destroy(c);
+}
+
+static void flush_tests(void) {
+  const int IB = IBV_LINK_LAYER_INFINIBAND, ROCE = IBV_LINK_LAYER_ETHERNET;
+  flush_case("InfiniBand SUP port down, LID 0", IB, 1, 0, 0, 1);
+  flush_case("InfiniBand SUP port reported up, still LID 0", IB, 0, 0, 0, 1);
+  flush_case("RoCE SUP port down, loopback RTR refused", ROCE, 1, 0, ENETUNREACH, 1);
+  flush_case("InfiniBand SUP port up with a LID, RTR refused", IB, 0, 11, EINVAL, 0);
+  flush_case("RoCE SUP port up, loopback RTR refused", ROCE, 0, 0, ENETUNREACH, 0);
+  /* all ports up: both flush QPs connected */
+  devices(IB);
+  struct mpib_comm *c = recv_comm();
+  CHECK(c && c->flush_qp[1]->state == IBV_QPS_RTS && !c->flush_broken[1], "flush, every port up: SUP's flush QP");
+  mpib_comm_destroy(c);
+}
+
+int main(void) {
+  flush_tests();
+  if (failures == 0) printf("comm_setup: ok\n");
+  return failures != 0;
+}
