@@ -20,6 +20,18 @@
 #include "mpib_srq.h"
 #include "mpib_verbs.h"
 
+/* What comm setup keeps of a comm beyond struct mpib_comm: mpib_comm_create allocates every
+ * comm as one of these, and only this file reads the rest. */
+struct comm_setup {
+  struct mpib_comm c; /* first: a comm's address is its setup's */
+  /* Each lane's GID type (IBV_GID_TYPE_*) at the index it was set up with, -1 when unknown
+   * (InfiniBand, or a library that cannot tell): the lane looks for its address again with this
+   * RoCE version after a port flap moves it (mpib_lane_gid_refresh). */
+  int gid_type[MPIB_NLANES];
+};
+
+static struct comm_setup *setup_of(struct mpib_comm *c) { return (struct comm_setup *)c; }
+
 /* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
  * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
  * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
@@ -102,23 +114,54 @@ int mpib_qp_connect(struct mpib_comm *c, struct ibv_qp *qp, int lane, uint32_t r
   return -rc;
 }
 
+/* The highest GID index an address handle can name (ibv_global_route.sgid_index is 8 bits;
+ * the control plane's choice obeys the same bound, gid.MaxIndex). */
+#define MPIB_GID_INDEX_MAX 255
+
+/* Whether a GID table entry (gid, type) is the lane's: its address with the RoCE version the
+ * lane was set up with. Both ends of a connection send the same version (v1 is an Ethernet
+ * frame, v2 a UDP datagram), and a port holds each address once per version: the twin of the
+ * other version would talk past the peer. A RoCE v1 entry may read as IBV_GID_TYPE_IB (older
+ * libraries, sysfs "IB/RoCE v1"): one wire format. An unknown type (-1) takes v2, the
+ * default choice. */
+static int gid_entry_is_lanes(const uint8_t lane_gid[16], int lane_type, const uint8_t gid[16], int type) {
+  int want_v2 = lane_type < 0 || lane_type == IBV_GID_TYPE_ROCE_V2;
+  return memcmp(gid, lane_gid, 16) == 0 && (type == IBV_GID_TYPE_ROCE_V2) == want_v2;
+}
+
 /* After a port flap the kernel may have re-added a lane's GID at another index: find the same
- * address of the same type again (0), or -EADDRNOTAVAIL while it is not back yet. On the thread
- * that owns the lane's QPs for now (a rail's rebuild, or the comm's for its flush loopback). */
+ * address of the same RoCE version again (0), or -EADDRNOTAVAIL while it is not back yet (or
+ * back only beyond the indexes an address handle can name). On the thread that owns the lane's
+ * QPs for now (a rail's rebuild, or the comm's for its flush loopback). */
 int mpib_lane_gid_refresh(struct mpib_comm *c, int l) {
+  const uint8_t *want = c->gid[l].raw;
+  int want_type = setup_of(c)->gid_type[l];
   uint8_t gid[16];
   int type;
-  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &type) == 0 && memcmp(gid, c->gid[l].raw, 16) == 0) return 0;
+  if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &type) == 0 && gid_entry_is_lanes(want, want_type, gid, type))
+    return 0;
   int n = c->nic[l]->gid_tbl_len;
-  for (int i = 0; i < n; i++) { /* the type it had at connect time is not kept: RoCE v2, as chosen */
-    if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && type == IBV_GID_TYPE_ROCE_V2 &&
-        memcmp(gid, c->gid[l].raw, 16) == 0) {
+  if (n > MPIB_GID_INDEX_MAX + 1) n = MPIB_GID_INDEX_MAX + 1;
+  for (int i = 0; i < n; i++) {
+    if (mpib_nic_gid_entry(c->nic[l], i, gid, &type) == 0 && gid_entry_is_lanes(want, want_type, gid, type)) {
       MPIB_INFO("%s rail: its GID moved from index %d to %d", mpib_rail_name(mpib_lane_rail(l)), c->gid_index[l], i);
       c->gid_index[l] = i;
       return 0;
     }
   }
   return -EADDRNOTAVAIL;
+}
+
+/* Reads the lane's address at its GID index, and on RoCE the entry's type (the RoCE version its
+ * packets use, which mpib_lane_gid_refresh keeps). 0 or -EADDRNOTAVAIL. */
+static int lane_gid_read(struct mpib_comm *c, int lane) {
+  struct mpib_nic *d = c->nic[lane];
+  int *type = &setup_of(c)->gid_type[lane];
+  if (d->link_layer == IBV_LINK_LAYER_ETHERNET &&
+      mpib_nic_gid_entry(d, c->gid_index[lane], c->gid[lane].raw, type) == 0)
+    return 0;
+  *type = -1;
+  return ibv_query_gid(d->ctx, d->port, c->gid_index[lane], &c->gid[lane]) != 0 ? -EADDRNOTAVAIL : 0;
 }
 
 /* Memory of this comm's own: access as given (remote access only where the peer must write). */
@@ -183,7 +226,8 @@ int mpib_qp_reset_to_init(const struct mpib_comm *c, struct ibv_qp *qp, int lane
 /* One lane's CQ (for qps QPs), CTS/size area registrations, SRQ (receiver) and flush loopback. */
 static int lane_setup(struct mpib_comm *c, int lane, uint32_t qps) {
   struct mpib_nic *d = c->nic[lane];
-  if (ibv_query_gid(d->ctx, d->port, c->gid_index[lane], &c->gid[lane]) != 0) return -EADDRNOTAVAIL;
+  int rc = lane_gid_read(c, lane);
+  if (rc) return rc;
   /* A failed QP completes every outstanding work request in error, signalled or not: the
    * sender's CQ holds a full send queue's worth besides the normal completions. */
   uint32_t depth = c->is_send ? mpib_lane_cq_depth(MPIB_CQ_DEPTH_SENDER, MPIB_SEND_WR_SENDER, qps)
@@ -205,7 +249,7 @@ static int lane_setup(struct mpib_comm *c, int lane, uint32_t qps) {
     sa.attr.max_sge = 1;
     c->srq[lane] = ibv_create_srq(d->pd, &sa);
     if (!c->srq[lane]) return -ENOMEM;
-    int rc = mpib_srq_refill(c, lane);
+    rc = mpib_srq_refill(c, lane);
     if (rc) return rc;
   }
   if (!c->is_send && mpib_g.flush_enabled) return flush_setup(c, lane);
@@ -255,7 +299,7 @@ static void page_free(void *p, size_t size) {
 /* Host memory one comm allocates (the verbs provider's queues come on top). */
 size_t mpib_comm_host_bytes(int is_send) {
   size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
-  return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+  return sizeof(struct comm_setup) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
 /* Points the comm's SUP lanes at ports of its device (before any SUP resource exists): the
@@ -299,9 +343,9 @@ static void standby_wait(struct mpib_comm *c, int r) {
 /* A standby rail whose QPs are built after the handshake (mpib_comm_build_deferred): for now
  * only its address, which the handshake carries. */
 static int defer_rail(struct mpib_comm *c, int r) {
-  struct mpib_nic *d = c->nic[r]; /* a standby rail has one lane */
-  if (mpib_lane_count(c, r) != 1) return -EINVAL;
-  if (ibv_query_gid(d->ctx, d->port, c->gid_index[r], &c->gid[r]) != 0) return -EADDRNOTAVAIL;
+  if (mpib_lane_count(c, r) != 1) return -EINVAL; /* a standby rail has one lane */
+  int rc = lane_gid_read(c, r);
+  if (rc) return rc;
   standby_wait(c, r);
   return 0;
 }
@@ -317,12 +361,13 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
     MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
     return NULL;
   }
-  struct mpib_comm *c = page_alloc(sizeof *c);
+  struct mpib_comm *c = page_alloc(sizeof(struct comm_setup));
   if (c == NULL) return NULL;
+  for (int l = 0; l < MPIB_NLANES; l++) setup_of(c)->gid_type[l] = -1; /* each lane's setup reads its own */
   c->fdev = p->dev;
   c->nic[MPIB_RAIL_SOUT] = &mpib_g.nic[mpib_g.fdev[p->dev].sout_nic];
   if (use_sup_ports(c, p)) {
-    page_free(c, sizeof *c);
+    page_free(c, sizeof(struct comm_setup));
     return NULL;
   }
   __atomic_add_fetch(&comms_alive, 1, __ATOMIC_RELEASE); /* mpib_comm_destroy counts it out, on every path */
@@ -650,7 +695,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   page_free(c->cts, MPIB_NIC_AREA);
   page_free(c->flush_buf, MPIB_PAGE);
   pthread_mutex_destroy(&c->ctrl_mu);
-  page_free(c, sizeof *c);
+  page_free(c, sizeof(struct comm_setup));
   __atomic_sub_fetch(&comms_alive, 1, __ATOMIC_RELEASE);
 }
 

@@ -6,7 +6,10 @@
  *   - flush loopback: a receiver with flush on is built on a SUP port that is down at init
  *     (an InfiniBand port never given a LID, a RoCE port whose loopback cannot connect): that
  *     lane's flush QP stays in INIT, marked broken (its first read connects it), and the comm
- *     exists; a port that is up and addressed and cannot connect still fails the comm. */
+ *     exists; a port that is up and addressed and cannot connect still fails the comm;
+ *   - GID refresh: after a port flap moves a RoCE lane's GID, the lane finds its address again
+ *     with the RoCE version it was set up with (v1 as well as v2: a v1-only port, a v1 twin
+ *     beside the v2 one, v1 read as type IB by older libraries), never beyond index 255. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
@@ -170,8 +173,58 @@ static void flush_tests(void) {
   mpib_comm_destroy(c);
 }
 
+/* ---- GID refresh after a port flap (RoCE, SOUT's lane 0) ---- */
+struct gid_slot {
+  int index, addr, type; /* addr: the last byte of 10.0.0.addr (IPv4-mapped) */
+};
+static void gid_set(int nic, const struct gid_slot *slots) {
+  for (int i = 1; i < TBL; i++) gid_types[nic][i] = -1;
+  for (const struct gid_slot *s = slots; s->index > 0; s++) {
+    uint8_t g[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, (uint8_t)s->addr};
+    memcpy(gids[nic][s->index], g, 16);
+    gid_types[nic][s->index] = s->type;
+  }
+}
+
+static void refresh_tests(void) {
+  const int V1 = IBV_GID_TYPE_ROCE_V1, V2 = IBV_GID_TYPE_ROCE_V2, IBT = IBV_GID_TYPE_IB;
+  struct {
+    const char *name;
+    struct gid_slot before[4];
+    int index; /* the lane's index at setup */
+    struct gid_slot after[4];
+    int want_rc, want_index;
+  } tests[] = {
+      {"v2 lane, its GID moved", {{2, 5, V1}, {3, 5, V2}}, 3, {{4, 5, V1}, {5, 5, V2}}, 0, 5},
+      {"v1 lane (ROCE_VERSION_NUM=1), v2 twin first", {{2, 5, V1}, {3, 5, V2}}, 2, {{4, 5, V2}, {5, 5, V1}}, 0, 5},
+      {"v1-only port", {{2, 5, V1}}, 2, {{6, 5, V1}}, 0, 6},
+      {"v1 lane, the twins swapped at its index", {{2, 5, V1}, {3, 5, V2}}, 2, {{2, 5, V2}, {3, 5, V1}}, 0, 3},
+      {"v1 read as type IB (older library)", {{2, 5, IBT}, {3, 5, V2}}, 2, {{4, 5, V2}, {7, 5, IBT}}, 0, 7},
+      {"nothing moved", {{2, 5, V1}, {3, 5, V2}}, 2, {{2, 5, V1}, {3, 5, V2}}, 0, 2},
+      {"v1 lane, only the v2 twin back", {{2, 5, V1}, {3, 5, V2}}, 2, {{4, 5, V2}}, -EADDRNOTAVAIL, 2},
+      {"back only beyond index 255", {{2, 5, V2}}, 2, {{300, 5, V2}}, -EADDRNOTAVAIL, 2},
+      {"another address at its index", {{2, 5, V2}}, 2, {{2, 6, V2}, {9, 5, V2}}, 0, 9},
+  };
+  for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {
+    devices(IBV_LINK_LAYER_ETHERNET);
+    mpib_g.flush_enabled = 0;
+    gid_set(0, tests[t].before);
+    struct mpib_conn_params p = {.dev = 0, .is_send = 1, .nqps = {1, 0}, .gid_index = {tests[t].index, 0}};
+    struct mpib_comm *c = mpib_comm_create(&p);
+    CHECK(c != NULL, "refresh, %s: no comm", tests[t].name);
+    if (c == NULL) continue;
+    gid_set(0, tests[t].after);
+    int rc = mpib_lane_gid_refresh(c, 0);
+    CHECK(rc == tests[t].want_rc && c->gid_index[0] == tests[t].want_index,
+          "refresh, %s: rc %d index %d, want rc %d index %d", tests[t].name, rc, c->gid_index[0], tests[t].want_rc,
+          tests[t].want_index);
+    mpib_comm_destroy(c);
+  }
+}
+
 int main(void) {
   flush_tests();
+  refresh_tests();
   if (failures == 0) printf("comm_setup: ok\n");
   return failures != 0;
 }
