@@ -350,6 +350,10 @@ struct mpib_comm {
   int mode, path_class, sup_relay, cts_rail;
   int gid_index[MPIB_NLANES];
   union ibv_gid gid[MPIB_NLANES];
+  /* Each lane's GID type (IBV_GID_TYPE_*) at the index it was set up with, -1 when unknown
+   * (InfiniBand, or a library that cannot tell): after a port flap moves the address the lane
+   * looks for it again with this RoCE version (mpib_lane_gid_refresh). */
+  int8_t gid_type[MPIB_NLANES];
   uint8_t tc, sl; /* of this connection's data QPs (the sender's) */
   uint32_t nqps[MPIB_NRAILS];
   struct mpib_qp qps[MPIB_MAX_QPS];

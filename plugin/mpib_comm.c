@@ -20,18 +20,6 @@
 #include "mpib_srq.h"
 #include "mpib_verbs.h"
 
-/* What comm setup keeps of a comm beyond struct mpib_comm: mpib_comm_create allocates every
- * comm as one of these, and only this file reads the rest. */
-struct comm_setup {
-  struct mpib_comm c; /* first: a comm's address is its setup's */
-  /* Each lane's GID type (IBV_GID_TYPE_*) at the index it was set up with, -1 when unknown
-   * (InfiniBand, or a library that cannot tell): the lane looks for its address again with this
-   * RoCE version after a port flap moves it (mpib_lane_gid_refresh). */
-  int gid_type[MPIB_NLANES];
-};
-
-static struct comm_setup *setup_of(struct mpib_comm *c) { return (struct comm_setup *)c; }
-
 /* Inline data lets the NIC take small payloads (CTS elements) from the work request itself
  * instead of a second DMA read (NCCL_IB_USE_INLINE). Only the receiver's QPs send inline (its
  * CTS writes). Asking for inline room widens every send queue entry, whether it is used or not:
@@ -135,7 +123,7 @@ static int gid_entry_is_lanes(const uint8_t lane_gid[16], int lane_type, const u
  * QPs for now (a rail's rebuild, or the comm's for its flush loopback). */
 int mpib_lane_gid_refresh(struct mpib_comm *c, int l) {
   const uint8_t *want = c->gid[l].raw;
-  int want_type = setup_of(c)->gid_type[l];
+  int want_type = c->gid_type[l];
   uint8_t gid[16];
   int type;
   if (mpib_nic_gid_entry(c->nic[l], c->gid_index[l], gid, &type) == 0 && gid_entry_is_lanes(want, want_type, gid, type))
@@ -156,11 +144,13 @@ int mpib_lane_gid_refresh(struct mpib_comm *c, int l) {
  * packets use, which mpib_lane_gid_refresh keeps). 0 or -EADDRNOTAVAIL. */
 static int lane_gid_read(struct mpib_comm *c, int lane) {
   struct mpib_nic *d = c->nic[lane];
-  int *type = &setup_of(c)->gid_type[lane];
+  int type;
   if (d->link_layer == IBV_LINK_LAYER_ETHERNET &&
-      mpib_nic_gid_entry(d, c->gid_index[lane], c->gid[lane].raw, type) == 0)
+      mpib_nic_gid_entry(d, c->gid_index[lane], c->gid[lane].raw, &type) == 0) {
+    c->gid_type[lane] = (int8_t)type;
     return 0;
-  *type = -1;
+  }
+  c->gid_type[lane] = -1;
   return ibv_query_gid(d->ctx, d->port, c->gid_index[lane], &c->gid[lane]) != 0 ? -EADDRNOTAVAIL : 0;
 }
 
@@ -299,7 +289,7 @@ static void page_free(void *p, size_t size) {
 /* Host memory one comm allocates (the verbs provider's queues come on top). */
 size_t mpib_comm_host_bytes(int is_send) {
   size_t pool = (size_t)(is_send ? MPIB_REQ_POOL_SEND : MPIB_REQ_POOL_RECV) * sizeof(struct mpib_request);
-  return sizeof(struct comm_setup) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
+  return sizeof(struct mpib_comm) + pool + MPIB_PAGE + ((MPIB_NIC_AREA + MPIB_PAGE - 1) & ~(size_t)(MPIB_PAGE - 1));
 }
 
 /* Points the comm's SUP lanes at ports of its device (before any SUP resource exists): the
@@ -361,13 +351,13 @@ struct mpib_comm *mpib_comm_create(const struct mpib_conn_params *p) {
     MPIB_WARN("connection on fused device %d: %d exist", p->dev, mpib_g.nfdevs);
     return NULL;
   }
-  struct mpib_comm *c = page_alloc(sizeof(struct comm_setup));
+  struct mpib_comm *c = page_alloc(sizeof *c);
   if (c == NULL) return NULL;
-  for (int l = 0; l < MPIB_NLANES; l++) setup_of(c)->gid_type[l] = -1; /* each lane's setup reads its own */
+  memset(c->gid_type, -1, sizeof c->gid_type); /* each lane's setup reads its own */
   c->fdev = p->dev;
   c->nic[MPIB_RAIL_SOUT] = &mpib_g.nic[mpib_g.fdev[p->dev].sout_nic];
   if (use_sup_ports(c, p)) {
-    page_free(c, sizeof(struct comm_setup));
+    page_free(c, sizeof *c);
     return NULL;
   }
   __atomic_add_fetch(&comms_alive, 1, __ATOMIC_RELEASE); /* mpib_comm_destroy counts it out, on every path */
@@ -695,7 +685,7 @@ void mpib_comm_destroy(struct mpib_comm *c) {
   page_free(c->cts, MPIB_NIC_AREA);
   page_free(c->flush_buf, MPIB_PAGE);
   pthread_mutex_destroy(&c->ctrl_mu);
-  page_free(c, sizeof(struct comm_setup));
+  page_free(c, sizeof *c);
   __atomic_sub_fetch(&comms_alive, 1, __ATOMIC_RELEASE);
 }
 
