@@ -45,12 +45,12 @@ type faultStep struct {
 	detectWant bool  // a failover of the data path is expected
 	recoverOK  bool  // the rail can come back in this process
 	note       string
-	holdBytes  uint64 // client tx on the other rail while the fault held
-	afterBytes uint64 // client tx on the rail from the restore to the next fault
-	cutTx      map[Rail]uint64
-	upTx       map[Rail]uint64
-	cutRunMS   int64 // the cut's uncertainty: half the run time of its command (glitch: the hole's shortest length)
-	upRunMS    int64 // the same for the restore (glitch: the hole's longest length)
+	holdBytes  uint64 // client tx on the other rail while the fault held (from the cut to the restore)
+	afterBytes uint64 // client tx on the rail in the faultTraffic after the sender's recovery (see backInService)
+	holdMS     int64  // the hold's window: the cut to the restore (-1: not measured)
+	afterMS    int64  // the after-recovery window's length (-1: not measured)
+	cutRunMS   int64  // the cut's uncertainty: half the run time of its command (glitch: the hole's shortest length)
+	upRunMS    int64  // the same for the restore (glitch: the hole's longest length)
 }
 
 // TestFaultFailover runs, per (rail, mode), one a1 -> a2 transfer with link-down, blackhole,
@@ -70,10 +70,32 @@ func TestFaultFailover(t *testing.T) {
 	}
 }
 
-// The timeline is fixed (no polling: every exec costs the emulated CPUs that carry the
-// traffic): a fault holds 2.5 s (detection <= 1 s, then 1.5 s on the other rail), then 4.5 s
-// for recovery (<= 3 s) and traffic on the rail again before the next fault.
-const faultHold, faultSettle = 2500 * time.Millisecond, 4500 * time.Millisecond
+// The timeline follows the plugin's own lines: a detection anywhere inside the lab suite's
+// bound (faultBounds: 5 s) must still leave faultTraffic of the transfer on the other rail
+// before the restore, and a recovery anywhere inside its bound (10 s) faultTraffic of traffic
+// on the rail before the next fault; a timeline of fixed length sized for the bounds would make
+// every step take 15 s or more. Each step is one script in the router (faultCtl.run) that
+// follows both ends' logs with bash built-ins (followLogs; an exec per poll would cost the
+// emulated CPUs that carry the traffic hundreds of ms each):
+//
+//   - a fault holds until the data path's failover line for it, then faultTraffic more on
+//     the other rail (heldOver): the restore comes at most faultBounds.detectMS + faultLogSlack
+//     after the cut when no line comes, and the check reports the missing detection;
+//   - after the restore, the rail's traffic is measured for faultTraffic from the sender's
+//     recovery line (backInService), waited for at most faultBounds.recoverMS + faultLogSlack,
+//     then measured all the same, and the check reports the missing recovery.
+//
+// The waits use the bounds also under MPIB_FAULTS=1: a late event is then reported against its
+// target, and the windows after it are still measured whole instead of failing with it.
+const (
+	faultTraffic = 1500 * time.Millisecond // traffic held on the other rail, and measured on the rail after its recovery
+	// faultLogSlack: a decision's line is written after the decision and read by the next poll
+	// (faultLogPoll), so a decision at the bound is still seen.
+	faultLogSlack = 500 * time.Millisecond
+	faultLogPoll  = 100 * time.Millisecond
+	// glitchSettle: the glitch's traffic before the next fault, also when it failed nothing over.
+	glitchSettle = 3 * time.Second
+)
 
 // faultSequence is one (rail, mode) sequence: its transfer, its fault control, and its steps.
 type faultSequence struct {
@@ -86,7 +108,6 @@ type faultSequence struct {
 	fc          *faultCtl
 	fp          *faultPair
 	steps       []*faultStep
-	prev        *faultStep // the last step with a restore, whose traffic after it is still counted
 }
 
 func runFaultSequence(t *testing.T, a1, a2 *Node, rail Rail, mode string) {
@@ -135,39 +156,115 @@ func (q *faultSequence) stamp(st *faultStep, what string, script string) fcStamp
 }
 
 func (q *faultSequence) begin(name string, detect, recover bool) *faultStep {
-	st := &faultStep{name: name, detectWant: detect, recoverOK: recover}
+	st := &faultStep{name: name, detectWant: detect, recoverOK: recover, holdMS: -1, afterMS: -1}
 	q.steps = append(q.steps, st)
 	return st
 }
 
-// closePrev records the rail's traffic between the previous fault's restore and now.
-func (q *faultSequence) closePrev(x fcStamp) {
-	if q.prev != nil && q.prev.upTx != nil {
-		q.prev.afterBytes = x.tx[q.rail] - q.prev.upTx[q.rail]
+// followLogs is the start of a step's router script (bash, for faultCtl.run): it opens the
+// plugin's logs of both ends through the nodes' root directories (/proc/PID/root: the router
+// shares the host's PID namespace), reads them to their end and sets f0, the count of the data
+// path's failover lines so far (the whole log is read once per step, before the cut's counters:
+// outside the windows). scan reads what was added since, with built-ins only (a partial
+// last line is kept until its end arrives), and keeps
+//
+//	fo:  the data path's failover lines of the rail: the client's send comm's, the server's
+//	     recv comm's (what measureStep reads detection from);
+//	out: 1 while the sender's last line of the rail is a failover, 0 after its recovery line or
+//	     when it has none (recovery is the sender's: measureStep).
+//
+// now sets NOW (unix ms), nap and napms sleep as a read timing out on a pipe nobody writes (a
+// `sleep` is a process start).
+func (q *faultSequence) followLogs() string {
+	logs := func(n *Node, role string) string {
+		return fmt.Sprintf("/proc/%d/root%s-%s.err", q.fc.pid[n.Name()], q.fp.base, role)
 	}
+	return fmt.Sprintf(`exec {pz}<> <(:); nap() { read -t "$1" -u $pz || true; }
+napms() { local s; printf -v s "%%d.%%03d" $(( $1 / 1000 )) $(( $1 %% 1000 )); nap $s; }
+now() { NOW=$(( %[1]s / 1000 )); }
+exec {lc}<%[2]s {ls}<%[3]s || { echo "cannot read the plugin logs %[2]s %[3]s"; exit 3; }
+pc= ps= fo=0 out=0
+scan() { local l
+	while :; do if IFS= read -r -u $lc l; then l=$pc$l; pc=
+		case $l in *"failover: rail=%[4]s side=send decided_ms="*) ((++fo)); out=1;; *"recovery: rail=%[4]s side=send restored_ms="*) out=0;; esac
+	else pc+=$l; break; fi; done
+	while :; do if IFS= read -r -u $ls l; then l=$ps$l; ps=
+		[[ $l == *"failover: rail=%[4]s side=recv decided_ms="* ]] && ((++fo))
+	else ps+=$l; break; fi; done
+	return 0; }
+scan; f0=$fo
+`, nowUS, logs(q.fp.client, "client"), logs(q.fp.server, "server"), q.rail)
 }
 
-// simple runs one fault whose cut and restore are each one command (one process start in the
-// node: under load a start can take hundreds of ms, so the moment is the midpoint of the
-// stamps around the command, ± half its run time, printed as *_err_ms, unless the script
-// times itself: fcStamp.window); unprep (routes back) runs in the restore's exec after its
-// last stamp (a process start costs hundreds of ms while the lab is busy).
+// heldOver waits, after the cut, for the data path's first failover line of the rail since
+// followLogs (at most faultBounds.detectMS + faultLogSlack), holds faultTraffic more when it
+// came (the transfer on the other rail), and prints the counters as TX_HOLD: the restore
+// follows at once.
+func (q *faultSequence) heldOver() string {
+	return fmt.Sprintf(`now; dl=$(( NOW + %[1]d ))
+until scan; now; (( fo > f0 || NOW > dl )); do nap %.3[2]f; done
+(( fo > f0 )) && napms %[3]d
+txnow TX_HOLD
+`, (faultBounds.detectMS + faultLogSlack.Milliseconds()), faultLogPoll.Seconds(), faultTraffic.Milliseconds())
+}
+
+// backInService waits, after the restore, until the sender is back on the rail (out == 0: its
+// recovery line, or no failover of it to recover from), at most faultBounds.recoverMS +
+// faultLogSlack, then measures the sender's traffic for faultTraffic between TX_UP and
+// TX_AFTER. A failover inside that measurement (a late detection: a flap's last down) before
+// the deadline starts the wait again, so the window is the faultTraffic after the last
+// recovery; past the deadline the measurement runs to its end whatever comes, and the check
+// reports what it holds. At most the deadline + faultTraffic + a poll.
+func (q *faultSequence) backInService() string {
+	return fmt.Sprintf(`now; dl=$(( NOW + %[1]d ))
+while :; do
+	until scan; now; (( !out || NOW > dl )); do nap %.3[2]f; done
+	txnow TX_UP; now; a=$NOW; ok=1
+	until now; (( NOW - a >= %[3]d )); do
+		r=$(( %[3]d - (NOW - a) )); napms $(( r < %[4]d ? r : %[4]d ))
+		scan; (( out && NOW <= dl )) && { ok=0; break; }
+	done
+	(( ok )) && break
+done
+txnow TX_AFTER
+`, (faultBounds.recoverMS + faultLogSlack.Milliseconds()), faultLogPoll.Seconds(), faultTraffic.Milliseconds(), faultLogPoll.Milliseconds())
+}
+
+// traffic reads the counters the script printed at from and to: rail r's bytes between them
+// and the window's length. A script that did not print them failed: the step stops the test.
+func (q *faultSequence) traffic(st *faultStep, x fcStamp, from, to string, r Rail) (uint64, int64) {
+	m0, tx0, ok0 := x.txMark(from)
+	m1, tx1, ok1 := x.txMark(to)
+	if !ok0 || !ok1 {
+		q.fail("%s: the step's script did not print its counters %s and %s: %q", st.name, from, to, x.out)
+	}
+	return tx1[r] - tx0[r], m1 - m0
+}
+
+const restoreSep = "--- restore"
+
+// simple runs one fault whose cut and restore are each one command, in one router script with
+// the waits between them (followLogs, heldOver, backInService). Each command is one process
+// start in the node: under load a start can take hundreds of ms, so the moment is the midpoint
+// of the stamps around the command, ± half its run time, printed as *_err_ms, unless the
+// script times itself: fcStamp.window; unprep (routes back) runs in the restore's nsenter
+// after its last stamp (a process start costs hundreds of ms while the lab is busy).
 func (q *faultSequence) simple(name string, on *Node, cut, restore, unprep string) {
 	st := q.begin(name, true, true)
-	x := q.stamp(st, "cut", q.fc.in(on, cut))
-	q.closePrev(x)
-	st.cut, st.cutRunMS = x.window()
-	st.cutTx = x.tx
-	time.Sleep(faultHold)
-	y := q.stamp(st, "restore", q.fc.around(on, restore, unprep))
-	st.up, st.upRunMS = y.window()
-	st.upTx = y.tx
-	st.holdBytes = y.tx[q.other] - x.tx[q.other]
-	q.prev = st
-	time.Sleep(faultSettle)
+	x := q.stamp(st, "cut and restore", q.followLogs()+"txnow TX_CUT\n"+q.fc.in(on, cut)+" || exit $?\n"+q.heldOver()+
+		"echo "+restoreSep+"\n"+q.fc.around(on, restore, unprep)+" || exit $?\n"+q.backInService())
+	c, r := x.split(restoreSep)
+	st.cut, st.cutRunMS = c.window()
+	st.up, st.upRunMS = r.window()
+	if st.up == 0 {
+		q.fail("%s: the restore did not report its moment: %q", name, x.out)
+	}
+	st.holdBytes, st.holdMS = q.traffic(st, x, "TX_CUT", "TX_HOLD", q.other)
+	st.afterBytes, st.afterMS = q.traffic(st, x, "TX_UP", "TX_AFTER", q.rail)
 }
 
-// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up.
+// flap: down/up 20 times (0.1 s down, 0.2 s up) in one exec; recovery counts from the last up,
+// and the rail's traffic is measured after it (backInService).
 // The changes go to one `ip -batch` started first and the pauses are bash read timeouts, not
 // `sleep` processes: a process start takes hundreds of ms in the loaded emulated VM, and an
 // `ip` per change made the 20 flaps take 20 s instead of 6. U is when the last up was handed
@@ -175,51 +272,50 @@ func (q *faultSequence) simple(name string, on *Node, cut, restore, unprep strin
 func (q *faultSequence) flap() {
 	st := q.begin("flap", true, true)
 	d := q.a1.Netdev(q.rail)
-	x := q.stamp(st, "flap", q.fc.in(q.a1, fmt.Sprintf(`exec {p}<> <(:); nap() { read -t $1 -u $p || true; }
+	x := q.stamp(st, "flap", q.followLogs()+q.fc.in(q.a1, fmt.Sprintf(`exec {p}<> <(:); nap() { read -t $1 -u $p || true; }
 		coproc IP { exec ip -force -batch - 2>&1; }
 		for i in $(seq 20); do echo "link set dev %[1]s down" >&${IP[1]}; nap 0.1; echo U=%[2]s; echo "link set dev %[1]s up" >&${IP[1]}; nap 0.2; done
 		exec {IP[1]}>&-; wait%[3]s`,
-		d, nowUS, routeBack(q.a1, q.rail))))
-	q.closePrev(x)
+		d, nowUS, routeBack(q.a1, q.rail)))+" || exit $?\n"+q.backInService())
 	st.cut, st.up = x.ms, x.mark("U", true)
-	y := q.stamp(st, "flap end", "true")
-	st.upTx = y.tx
-	q.prev = st
-	time.Sleep(faultSettle)
+	st.afterBytes, st.afterMS = q.traffic(st, x, "TX_UP", "TX_AFTER", q.rail)
 }
 
 // glitch: a 300 ms far-end black hole that heals by itself, switched by one tc process that
 // is already running (see glitchScript): U and V are the moments drop and pass were handed
-// to it, W when it had run both.
+// to it, W when it had run both. glitchSettle of traffic follows; where the glitch failed the
+// sender over and it is not back by then, the script waits for its recovery line until
+// faultBounds.recoverMS + faultLogSlack after the hole healed, so that a recovery inside the
+// bound is in the step's window (it ends at the next cut).
 func (q *faultSequence) glitch() {
 	st := q.begin("glitch", false, true)
-	x := q.stamp(st, "glitch", q.fc.in(q.a2, glitchScript(300*time.Millisecond)))
-	q.closePrev(x)
+	settle := fmt.Sprintf(`now; dl=$(( NOW + %[1]d )); napms %[2]d
+until scan; now; (( !out || NOW > dl )); do nap %.3[3]f; done
+`, faultBounds.recoverMS+faultLogSlack.Milliseconds(), glitchSettle.Milliseconds(), faultLogPoll.Seconds())
+	x := q.stamp(st, "glitch", q.followLogs()+q.fc.in(q.a2, glitchScript(300*time.Millisecond))+" || exit $?\n"+settle)
 	u, v, w := x.mark("U", false), x.mark("V", false), x.mark("W", false)
 	if u == 0 || v == 0 || w == 0 {
 		q.fail("glitch: the script did not report its moments: %q", x.out)
 	}
 	st.cut, st.up = u, v
 	st.cutRunMS, st.upRunMS = v-u, w-u // the hole's shortest and longest possible length
-	q.prev = nil
-	time.Sleep(3 * time.Second)
 }
 
 // deleteDevice is the last step: the rail's rxe device of a1 is deleted (it never comes back
 // in this process). The deletion waits for the processes' verbs contexts, so it runs in the
-// background in the router; its exit status lands in a file there. Then the transfer stops
-// and every step's window is closed.
+// background in the router; its exit status lands in a file there. The transfer goes on over
+// the other rail until faultTraffic after the failover line (heldOver), then it stops and every
+// step's window is closed.
 func (q *faultSequence) deleteDevice() (s, c exitInfo) {
 	st := q.begin("device-deleted", true, false)
 	st.note = "device-gone"
 	rcFile := q.fp.base + ".delrc"
 	dev := q.a1.Dev(q.rail)
-	x := q.stamp(st, "delete", fmt.Sprintf("nsenter -t %d -n bash -c '%s'", q.fc.pid[q.a1.Name()], deleteScript(dev, rcFile)))
-	st.cut, st.cutTx = x.ms, x.tx
+	x := q.stamp(st, "delete", q.followLogs()+"txnow TX_CUT\n"+
+		fmt.Sprintf("nsenter -t %d -n bash -c '%s'", q.fc.pid[q.a1.Name()], deleteScript(dev, rcFile))+" || exit $?\n"+q.heldOver())
+	st.cut = x.ms
 	q.t.Cleanup(func() { q.fc.waitFile(context.Background(), rcFile, 2*time.Minute) })
-	time.Sleep(faultHold)
-	y := q.stamp(st, "after delete", "true")
-	st.holdBytes = y.tx[q.other] - x.tx[q.other]
+	st.holdBytes, st.holdMS = q.traffic(st, x, "TX_CUT", "TX_HOLD", q.other)
 	s, c = q.fp.stop(q.ctx, time.Now().Add(90*time.Second))
 	drc := q.fc.waitFile(q.ctx, rcFile, 90*time.Second)
 	q.t.Logf("rdma link delete %s: %q", dev, drc)
@@ -228,7 +324,7 @@ func (q *faultSequence) deleteDevice() (s, c exitInfo) {
 	}
 	endMS, _ := strconv.ParseInt(kv.Field(s.out, "nettest-stall:", "end_ms"), 10, 64)
 	if endMS == 0 {
-		endMS = st.cut + faultHold.Milliseconds()
+		endMS, _, _ = x.txMark("TX_HOLD")
 	}
 	for i, x := range q.steps {
 		if i+1 < len(q.steps) {
@@ -348,8 +444,8 @@ func printStep(t *testing.T, fp *faultPair, st *faultStep, f stepFigures, rail R
 	if f.first != nil {
 		raw = f.first.ms - st.cut
 	}
-	t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d spurious_failovers=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d",
-		st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, f.spurious, st.holdBytes, st.afterBytes)
+	t.Logf("fault-detail: case=%s rail=%s mode=%s cut_ms=%d up_ms=%d end_ms=%d cut_err_ms=%d up_err_ms=%d detected_raw_ms=%d spurious_failovers=%d other_rail_tx_during_fault=%d rail_tx_after_recovery=%d hold_window_ms=%d after_window_ms=%d",
+		st.name, rail, mode, st.cut, st.up, st.end, st.cutRunMS, st.upRunMS, raw, f.spurious, st.holdBytes, st.afterBytes, st.holdMS, st.afterMS)
 }
 
 // checkStep holds the step's figures against the targets (or bounds, see faultLimits) and
@@ -390,7 +486,7 @@ func checkStep(t *testing.T, st *faultStep, f stepFigures, rail Rail, mode strin
 		t.Errorf("%s: a1 sent only %d bytes on %s while %s was cut: the transfer did not continue there", st.name, st.holdBytes, other, rail)
 	}
 	if !idle && st.recoverOK && st.afterBytes < 256<<10 {
-		t.Errorf("%s: a1 sent only %d bytes on %s in the 1.5 s after its recovery: the rail does not carry traffic again", st.name, st.afterBytes, rail)
+		t.Errorf("%s: a1 sent only %d bytes on %s in the %.1f s after its recovery: the rail does not carry traffic again", st.name, st.afterBytes, rail, faultTraffic.Seconds())
 	}
 }
 

@@ -40,9 +40,9 @@ func pluginEnv(n *Node, extra ...string) []string {
 // a hundred times slower than a real one: a 4 MiB message (verifyArgs) takes 80-700 ms on a
 // loaded lab, where it takes under 4 ms at 10 Gbit/s; past the limit the watch fails the rail
 // over and the split being judged is the failover's. The fault cases (faultEnv), the
-// multi-device and mesh tests keep the plugin's 600 ms: they measure detection, or cut links
-// the port events report at once (TestMeshPortFailover's uncut connection, judged on having
-// no rail event, takes this one).
+// multi-device failover and the mesh tests keep the plugin's 600 ms: they measure detection,
+// or cut links the port events report at once (TestMeshPortFailover's uncut connection,
+// judged on having no rail event, and TestMultiDeviceConcurrent's rate take this one).
 const labSplitDetect = "MPIB_DETECT_MS=3000"
 
 // labRetransmitTimeout is the lab's RC try, not the plugin's default (net_ib's 4.3 s): 268 ms

@@ -257,11 +257,45 @@ func (x fcStamp) mark(key string, last bool) int64 {
 	return v
 }
 
-// run prints the clock and the sender's tx bytes per rail, then runs script.
+// txMark returns the moment (unix ms) and the sender's tx bytes per rail of the last line
+// KEY=<µs> <rail> <bytes>... that the script printed with txnow (ok false: none).
+func (x fcStamp) txMark(key string) (ms int64, tx map[Rail]uint64, ok bool) {
+	for _, l := range strings.Split(x.out, "\n") {
+		s, found := strings.CutPrefix(strings.TrimSpace(l), key+"=")
+		f := strings.Fields(s)
+		if !found || len(f) != 1+2*len(Rails) {
+			continue
+		}
+		us, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		ms, tx, ok = us/1000, map[Rail]uint64{}, true
+		for i := 1; i+1 < len(f); i += 2 {
+			tx[Rail(f[i])], _ = strconv.ParseUint(f[i+1], 10, 64)
+		}
+	}
+	return ms, tx, ok
+}
+
+// split cuts a script's output at its line sep into the stamps of the commands before and
+// after it, each with its own marks (both halves run fc.in, whose T and E would otherwise be
+// read from the first half); the second's moment is its first T.
+func (x fcStamp) split(sep string) (before, after fcStamp) {
+	b, a, _ := strings.Cut(x.out, sep+"\n")
+	before, after = fcStamp{ms: x.ms, tx: x.tx, out: b}, fcStamp{out: a}
+	after.ms = after.mark("T", false)
+	return before, after
+}
+
+// run prints the clock and the sender's tx bytes per rail, then runs script. The script may
+// call `txnow KEY` to print the same at any moment, as one line KEY=<µs> SOUT <bytes> SUP
+// <bytes> (read back with fcStamp.txMark).
 func (fc *faultCtl) run(ctx context.Context, script string) (fcStamp, error) {
 	// Only bash builtins before the script: /proc/PID/net/dev is the node's own table.
-	full := fmt.Sprintf(`echo %s; while read -r name _ _ _ _ _ _ _ _ tx _; do case $name in %s:|%s:) echo ${name%%:} $tx;; esac; done </proc/%d/net/dev; echo ---; %s`,
-		nowUS, fc.netdevs[SOUT], fc.netdevs[SUP], fc.pid[fc.src.Name()], script)
+	full := fmt.Sprintf(`txnow() { local name tx l=$1=%[1]s; while read -r name _ _ _ _ _ _ _ _ tx _; do case $name in %[2]s:) l+=" %[5]s $tx";; %[3]s:) l+=" %[6]s $tx";; esac; done </proc/%[4]d/net/dev; echo "$l"; }
+echo %[1]s; while read -r name _ _ _ _ _ _ _ _ tx _; do case $name in %[2]s:|%[3]s:) echo ${name%%:} $tx;; esac; done </proc/%[4]d/net/dev; echo ---; %[7]s`,
+		nowUS, fc.netdevs[SOUT], fc.netdevs[SUP], fc.pid[fc.src.Name()], SOUT, SUP, script)
 	out, errOut, code, err := fc.lab.router.Exec(ctx, nil, "bash", "-c", full)
 	if err != nil {
 		return fcStamp{}, err

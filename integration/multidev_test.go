@@ -195,9 +195,14 @@ func TestMultiDeviceConcurrent(t *testing.T) {
 	ctx := context.Background()
 	mdShape(ctx, t, mdLinkKbit)
 	defer mdShape(ctx, t, 0)
-	one, _ := mdRun(ctx, t, []int{0}, []string{"MPIB_MODE=0"})
+	// The split-detect watch (labSplitDetect, 3 s), not the plugin's 600 ms: a 1 MiB message
+	// (--max-size 1M) takes ~670 ms to cross a 12.5 Mbit/s rail, so the 600 ms watch can fail a
+	// healthy SUP over in either run, and the ratio would then measure that failover, not two
+	// devices' rates.
+	env := []string{"MPIB_MODE=0", labSplitDetect}
+	one, _ := mdRun(ctx, t, []int{0}, env)
 	alone := mdMbps(t, one[0])
-	both, _ := mdRun(ctx, t, []int{0, 1}, []string{"MPIB_MODE=0"})
+	both, _ := mdRun(ctx, t, []int{0, 1}, env)
 	together := mdMbps(t, both[0]) + mdMbps(t, both[1])
 	ratio := together / alone
 	evidence("multidev:", "case=concurrent pair=a1-a2 devs=2 link_mbit=%.1f ratio=%.3f", float64(mdLinkKbit)/1000, ratio)
