@@ -26,6 +26,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 )
@@ -167,43 +168,127 @@ func joinMessage(comm *C.struct_mpib_comm, r int) []byte {
 
 // joinStandbyNow joins the standby rail in the handshake, on its socket, when no rail came up
 // at connect on one end or both (the ack's flag): the sender builds its QPs and sends them
-// ('J'), the receiver brings its QPs up against them and answers ('K'), then the sender brings
-// its own up. The comm then starts on the standby rail, the other one out of service
-// (docs/failover.md, degraded start).
+// ('J'), the receiver brings its QPs up against them and answers ('K'), the sender brings its
+// own up and says how that went ('R', or 'F' with the errno). The receiver returns its comm to
+// NCCL only on 'R': its first receive posts a CTS on this rail, which a sender QP not yet at
+// RTR would drop. The comm then starts on the standby rail, the other one out of service
+// (docs/failover.md, degraded start). The caller's deadline on c bounds every read.
 func joinStandbyNow(ctx context.Context, c net.Conn, comm *C.struct_mpib_comm, isSend bool, peer netip.Addr) error {
 	const r = 0
 	if comm.rail[r].join_wait == 0 {
 		return fmt.Errorf("no rail to %v came up, and none waits to join", peer)
 	}
+	inSlot := func(fn func() C.int) error {
+		rc, err := withVerbsSlot(ctx, fn)
+		if err == nil && rc != 0 {
+			err = syscall.Errno(-rc)
+		}
+		return err
+	}
+	ops := joinOps{
+		build: func() error { return inSlot(func() C.int { return C.mpib_comm_build_deferred(comm, r) }) },
+		info:  func() []byte { return joinMessage(comm, r) },
+		stage: func(info []byte) error {
+			var in *C.struct_mpib_join_info
+			if info != nil {
+				in = (*C.struct_mpib_join_info)(unsafe.Pointer(&info[0]))
+			}
+			if rc := C.mpib_comm_join_peer(comm, r, in); rc != 0 {
+				return syscall.Errno(-rc)
+			}
+			return nil
+		},
+		now: func() error { return inSlot(func() C.int { return C.mpib_comm_join_now(comm, r) }) },
+	}
+	if err := runJoinNow(c, r, isSend, ops, peer); err != nil {
+		return err
+	}
+	if isSend {
+		warnf("send comm to %v: no rail came up at connect; its standby SOUT rail joined in the handshake", peer)
+	}
+	return nil
+}
+
+// joinOps are the verbs steps of an in-handshake join, which runJoinNow sequences with the
+// peer: build the sender's QPs, its 'J' message, stage the peer's QPs (the receiver's the
+// 'J' payload, the sender's nil: the 'K' only says they are staged) and bring this end's up.
+type joinOps struct {
+	build func() error
+	info  func() []byte
+	stage func(info []byte) error
+	now   func() error
+}
+
+// runJoinNow is joinStandbyNow's exchange on c for rail r.
+func runJoinNow(c net.Conn, r byte, isSend bool, ops joinOps, peer netip.Addr) error {
 	if !isSend {
 		msg := make([]byte, 2+joinInfoSize)
 		if _, err := io.ReadFull(c, msg); err != nil {
 			return fmt.Errorf("standby rail's QPs from %v: %w", peer, err)
 		}
-		if msg[0] != 'J' || msg[1] != r || C.mpib_comm_join_peer(comm, r, (*C.struct_mpib_join_info)(unsafe.Pointer(&msg[2]))) != 0 {
+		if msg[0] != 'J' || msg[1] != r || ops.stage(msg[2:]) != nil {
 			return fmt.Errorf("peer %v: not a standby rail's QPs (% x...)", peer, msg[:2])
 		}
-		if rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_join_now(comm, r) }); err != nil || rc != 0 {
-			return errors.Join(err, fmt.Errorf("bringing the standby SOUT rail to %v up failed (%d)", peer, int(rc)))
+		if err := ops.now(); err != nil {
+			return fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err)
 		}
-		_, err := c.Write([]byte{'K', r})
-		return err
+		if _, err := c.Write([]byte{'K', r}); err != nil {
+			return err
+		}
+		done := make([]byte, joinDoneSize)
+		if _, err := io.ReadFull(c, done); err != nil {
+			return fmt.Errorf("peer %v: its end of the standby SOUT rail: %w", peer, err)
+		}
+		return joinDoneErr(done, r, peer)
 	}
-	rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_build_deferred(comm, r) })
-	if err != nil || rc != 0 {
-		return errors.Join(err, fmt.Errorf("building the standby SOUT rail for %v failed (%d)", peer, int(rc)))
+	if err := ops.build(); err != nil {
+		return fmt.Errorf("building the standby SOUT rail for %v failed: %w", peer, err)
 	}
-	if _, err := c.Write(joinMessage(comm, r)); err != nil {
+	if _, err := c.Write(ops.info()); err != nil {
 		return fmt.Errorf("standby rail's QPs to %v: %w", peer, err)
 	}
 	ack := make([]byte, 2)
 	if _, err := io.ReadFull(c, ack); err != nil || ack[0] != 'K' || ack[1] != r {
 		return errors.Join(err, fmt.Errorf("peer %v did not take the standby rail's QPs (% x)", peer, ack))
 	}
-	C.mpib_comm_join_peer(comm, r, nil)
-	if rc, err := withVerbsSlot(ctx, func() C.int { return C.mpib_comm_join_now(comm, r) }); err != nil || rc != 0 {
-		return errors.Join(err, fmt.Errorf("bringing the standby SOUT rail to %v up failed (%d)", peer, int(rc)))
+	ops.stage(nil)
+	err := ops.now()
+	if _, werr := c.Write(joinDoneMessage(r, err)); err == nil && werr != nil {
+		return fmt.Errorf("standby rail's readiness to %v: %w", peer, werr)
 	}
-	warnf("send comm to %v: no rail came up at connect; its standby SOUT rail joined in the handshake", peer)
+	if err != nil {
+		return fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err)
+	}
+	return nil
+}
+
+// joinDoneSize is the sender's last message of an in-handshake join: kind ('R' ready, 'F'
+// failed) | rail | errno (the failure's, 0 when it has none, e.g. the slot's wait ended).
+const joinDoneSize = 3
+
+// joinDoneMessage is the sender's last word of an in-handshake join of rail r: 'R' when its
+// QPs are up (err nil), else 'F' with err's errno.
+func joinDoneMessage(r byte, err error) []byte {
+	if err == nil {
+		return []byte{'R', r, 0}
+	}
+	var errno syscall.Errno
+	code := byte(0)
+	if errors.As(err, &errno) && errno < 256 {
+		code = byte(errno)
+	}
+	return []byte{'F', r, code}
+}
+
+// joinDoneErr reads the sender's last word of the join of rail r: nil for 'R' only.
+func joinDoneErr(b []byte, r byte, peer netip.Addr) error {
+	switch {
+	case len(b) != joinDoneSize || b[1] != r || (b[0] != 'R' && b[0] != 'F') || (b[0] == 'R' && b[2] != 0):
+		return fmt.Errorf("peer %v: not the end of a standby rail's join (% x)", peer, b)
+	case b[0] == 'F' && b[2] != 0:
+		return fmt.Errorf("peer %v could not bring its end of the standby SOUT rail up: %w", peer, syscall.Errno(b[2]))
+	case b[0] == 'F':
+		return fmt.Errorf("peer %v could not bring its end of the standby SOUT rail up", peer)
+	}
 	return nil
 }

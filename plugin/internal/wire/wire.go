@@ -13,12 +13,14 @@ import (
 var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
-	// Version is every message's: 6: a sender's standby rail joins after the handshake
+	// Version is every message's: 7: an in-handshake standby join ends with the sender's
+	// word on its QPs ('R' up, 'F' errno: the receiver returns its comm on 'R' alone);
+	// 6: a sender's standby rail joins after the handshake
 	// (Metadata.Deferred, the ack's flag, 'J'/'K' on the control socket); 5: up to MaxPairs
 	// SUP pairs in the hello (striping); 4: SUP
 	// port addresses and the relay flag in the handle, the SUP pair in the hello; 3: rail failover (replay immediates, fence records, notices);
 	// 2: traffic class/SL, LID, link layer, SUP prefix and ECE.
-	Version       = 6
+	Version       = 7
 	handleMagic   = 0x4849504D // "MPIH"
 	helloMagic    = 0x4C49504D // "MPIL"
 	metadataMagic = 0x4D49504D // "MPIM"
