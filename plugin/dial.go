@@ -26,6 +26,7 @@ import (
 	"github.com/mpib/mpib/plugin/internal/suppair"
 	"github.com/mpib/mpib/plugin/internal/topo"
 	"github.com/mpib/mpib/plugin/internal/wire"
+	"golang.org/x/sys/unix"
 )
 
 // connectHandshake is the sending side: decide the SUP pair, dial, hello, metadata, QPs to
@@ -183,10 +184,20 @@ func closedEarly(err error) error {
 // a second) dials again with a backoff of up to 200 ms until the handshake's deadline, as the
 // accept loop does, instead of failing the connection at once: a flood aimed at a listener
 // must not fail a real peer's own connect ("socket: too many open files").
+//
+// The socket binds the OOB address (the peer classifies us by it) without a port
+// (IP_BIND_ADDRESS_NO_PORT): the port is chosen at connect, by destination, as an unbound
+// connect's is (NCCL's own sockets never bind). A bind that takes a port holds it against
+// every destination, and a node whose 8 processes hold thousands of control connections each
+// (an all-to-all of a thousand GPUs) runs out of the ephemeral range (28,231 ports by
+// default) twice as fast.
 func dialControl(ctx context.Context, addr netip.AddrPort, deadline time.Time) (net.Conn, error) {
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Deadline: deadline}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: plugin.oobAddr.AsSlice()}, Deadline: deadline, Control: bindNoPort}
 	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 200*time.Millisecond) {
 		c, err := d.DialContext(ctx, "tcp4", addr.String())
+		if isPortShortage(err) {
+			return nil, fmt.Errorf("%w: this host is out of local TCP ports for %v (net.ipv4.ip_local_port_range, and connections in TIME_WAIT)", err, plugin.oobAddr)
+		}
 		if err == nil || !isFDShortage(err) || time.Now().Add(backoff).After(deadline) {
 			return c, err
 		}
@@ -196,4 +207,15 @@ func dialControl(ctx context.Context, addr netip.AddrPort, deadline time.Time) (
 		case <-time.After(backoff):
 		}
 	}
+}
+
+// bindNoPort is dialControl's socket option: bind the address, leave the port to connect.
+func bindNoPort(network, address string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }

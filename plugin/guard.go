@@ -62,11 +62,15 @@ func guardHandshake(fn func() (*C.struct_mpib_comm, error)) (comm *C.struct_mpib
 }
 
 // handshakeResult is what NCCL gets for a failed handshake: ncclInternalError for a caught
-// panic (a bug of ours), ncclRemoteError otherwise (the peer, the network or the fabric).
+// panic (a bug of ours), ncclSystemError for this host out of local ports (its limit, not the
+// peer's), ncclRemoteError otherwise (the peer, the network or the fabric).
 func handshakeResult(err error) C.ncclResult_t {
 	var pe *panicError
 	if errors.As(err, &pe) {
 		return resInternalError
+	}
+	if isPortShortage(err) {
+		return resSystemError
 	}
 	return resRemoteError
 }

@@ -1,7 +1,7 @@
 // netutil.go: small helpers that both sides of connection setup share, so that neither side's
 // file reaches into the other's: checkDevice (listen and connect check NCCL's device index),
-// handshakeTimeout, randomNonce (a listener's nonce, a connect attempt's id) and isFDShortage
-// (listen.go's accept loop backs off on it, dial.go's dial retries on it).
+// handshakeTimeout, randomNonce (a listener's nonce, a connect attempt's id), isFDShortage
+// (listen.go's accept loop backs off on it, dial.go's dial retries on it) and isPortShortage.
 
 package main
 
@@ -50,4 +50,10 @@ func randomNonce() uint64 {
 // ENFILE): a shortage that passes, which the accept loop and the connector's dial wait out.
 func isFDShortage(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// isPortShortage says whether err is the host out of local ports for a connection
+// (EADDRNOTAVAIL at connect, EADDRINUSE at bind): a local limit to name, not the peer's fault.
+func isPortShortage(err error) bool {
+	return errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EADDRINUSE)
 }
