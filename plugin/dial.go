@@ -209,13 +209,17 @@ func dialControl(ctx context.Context, addr netip.AddrPort, deadline time.Time) (
 	}
 }
 
-// bindNoPort is dialControl's socket option: bind the address, leave the port to connect.
+// bindNoPort is dialControl's socket option: bind the address, leave the port to connect. A
+// kernel without the option (before Linux 4.2) binds a port as before.
 func bindNoPort(network, address string, c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
 	}); err != nil {
 		return err
+	}
+	if errors.Is(serr, unix.ENOPROTOOPT) {
+		return nil
 	}
 	return serr
 }
