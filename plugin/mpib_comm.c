@@ -503,6 +503,11 @@ static int rail_connect(struct mpib_comm *c, int r, int base, const struct mpib_
 
 static void start_degraded(struct mpib_comm *c, int down, int err);
 
+/* mpib_comm_connect's answer when no rail failed: 0 with a rail up, MPIB_CONNECT_JOIN_NOW when
+ * every rail it has waits to join (a deferred SOUT beside a SUP both ends dropped for an
+ * unaddressed pair): the comm must not reach NCCL with no rail to carry it. */
+static int connect_result(int up, int waiting) { return up == 0 && waiting > 0 ? MPIB_CONNECT_JOIN_NOW : 0; }
+
 /* Brings the comm's QPs up against the peer's. A rail that cannot come up (its port is down:
  * RoCE cannot resolve the peer's address; its device died) does not fail the connection when
  * the other rail came up and failover is on: the comm starts with the rail DOWN, carries
@@ -532,7 +537,7 @@ int mpib_comm_connect(struct mpib_comm *c, const struct mpib_conn_info *remote) 
       err = rc;
     }
   }
-  if (down < 0) return 0;
+  if (down < 0) return connect_result(up, waiting);
   if ((up == 0 && waiting == 0) || !mpib_g.failover) return err;
   start_degraded(c, down, err);
   return up ? 0 : MPIB_CONNECT_JOIN_NOW;
@@ -670,7 +675,8 @@ int mpib_comm_join_now(struct mpib_comm *c, int r) {
   if (rc) return rc;
   c->rail[r].state = MPIB_RAIL_UP;
   c->rail[r].since_ns = mpib_now_ns();
-  if (c->rail[c->cts_rail].state != MPIB_RAIL_UP) c->cts_rail = r;
+  /* CTS moves here off a rail that is not up, or dropped (no QPs: its state stays UP) */
+  if (c->rail[c->cts_rail].state != MPIB_RAIL_UP || c->nqps[c->cts_rail] == 0) c->cts_rail = r;
   return 0;
 }
 
