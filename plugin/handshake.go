@@ -34,6 +34,8 @@ import (
 // as handshake). It classifies the path between c's two ends, checks the hello's SUP pair
 // against adv (the handle the listener published) and the device's SUP ports now, builds the
 // receiver (the listener's spare, from takeSpare, while it has one) and runs the handshake.
+// A failure before the metadata is told to the connector (refuse), which then fails at once
+// instead of dialing again.
 func acceptConnection(ctx context.Context, c net.Conn, dev int, adv wire.Handle, hello wire.Hello, takeSpare func() (prepared, bool), accepted time.Time) (*C.struct_mpib_comm, error) {
 	ph := newPhases(accepted)
 	ph.mark(&ph.hello)
@@ -43,14 +45,21 @@ func acceptConnection(ctx context.Context, c net.Conn, dev int, adv wire.Handle,
 	path, err := topo.Classify(local, peer, plugin.cfg.IslandPrefixLen)
 	var plan suppair.Plan
 	var supAt supPortUse
+	reason := wire.RefuseSetup
 	if err == nil {
+		reason = wire.RefusePair
 		plan, supAt, err = acceptorPlan(dev, adv, hello, peer, path)
 	}
 	if err != nil {
+		refuse(c, &refusal{reason, err})
 		c.Close()
 		return nil, err
 	}
-	return handshake(ctx, c, receiver(ctx, dev, takeSpare, local, peer, path, plan, supAt, ph))
+	p := receiver(ctx, dev, takeSpare, local, peer, path, plan, supAt, ph)
+	if p.err != nil {
+		refuse(c, &refusal{wire.RefuseSetup, p.err}) // handshake closes c and frees the comm
+	}
+	return handshake(ctx, c, p)
 }
 
 // acceptorPlan is acceptPlan (sup.go), except that a connection whose mode and path want no

@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"runtime/debug"
@@ -59,7 +60,8 @@ type listener struct {
 	// second one is a copied handle (refused with a message, never a second comm).
 	served atomic.Bool
 
-	drops dropLog
+	drops   dropLog
+	usedLog burstLog // hellos refused for errServedAlready
 
 	mu     sync.Mutex
 	closed bool
@@ -264,7 +266,7 @@ func (l *listener) serve(p *pendingClient) {
 		return
 	}
 	if errors.Is(err, errServedAlready) {
-		warnf("listener %v: %v", l.ln.Addr(), err)
+		l.noteUsedAlready(err)
 		return
 	}
 	rc := resSuccess
@@ -341,6 +343,7 @@ func acceptHandshake(ctx context.Context, p *pendingClient, l *listener) (*C.str
 		err = context.Cause(ctx)
 	}
 	if err != nil {
+		refuse(p.c, err)
 		p.c.Close()
 		return nil, err
 	}
@@ -376,15 +379,60 @@ func (l *listener) readHello(ctx context.Context, p *pendingClient) (wire.Hello,
 			l.ln.Addr(), c.RemoteAddr(), wait.Milliseconds(), admit.Deadline(0, zeroByteGrace, helloTimeout()))
 	}
 	if err == nil && hello.Nonce != l.nonce {
-		err = errors.New("its hello names another listener (a stale or misrouted handle)")
+		return hello, &refusal{wire.RefuseStale, fmt.Errorf("%w: client %v: its hello names another listener (a stale or misrouted handle)", errNotAPeer, c.RemoteAddr())}
 	}
 	if err != nil {
 		return hello, fmt.Errorf("%w: client %v: %v", errNotAPeer, c.RemoteAddr(), err)
 	}
 	if l.served.Swap(true) {
-		return hello, fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)
+		return hello, &refusal{wire.RefuseUsed, fmt.Errorf("client %v: %w", c.RemoteAddr(), errServedAlready)}
 	}
 	return hello, nil
+}
+
+// refusal is a listener's error that the connector is told (refuse): a hello turned down on
+// its merits, or an end of the connection the listener could not build after taking it.
+type refusal struct {
+	reason wire.RefuseReason
+	err    error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+// refusalLinger bounds how long refuse waits for the connector to read the refusal and close.
+const refusalLinger = time.Second
+
+// refuse tells the connector on c why the listener turns its connection down, when err is a
+// refusal; other errors (a gate eviction, a client that never proved it is a peer) close
+// without a word, which the connector takes as retryable. The connector's unread metadata is
+// drained before the caller's close, so that the close is a FIN, not a reset that may discard
+// the refusal before the connector reads it.
+func refuse(c net.Conn, err error) {
+	var r *refusal
+	if !errors.As(err, &r) {
+		return
+	}
+	c.SetDeadline(time.Now().Add(refusalLinger))
+	if _, werr := c.Write(wire.EncodeRefusal(r.reason, r.err.Error())); werr != nil {
+		return
+	}
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
+		tc.CloseWrite()
+	}
+	io.Copy(io.Discard, io.LimitReader(c, 4*wire.MetadataSize)) // until the connector closes
+}
+
+// noteUsedAlready reports a hello for a served listener: the first of a burst, then at most a
+// line a second (a replayed handle can be dialed at will).
+func (l *listener) noteUsedAlready(err error) {
+	switch n, total := l.usedLog.note(time.Now()); n {
+	case 0:
+	case 1:
+		warnf("listener %v: %v (%d so far)", l.ln.Addr(), err, total)
+	default:
+		warnf("listener %v: refused %d more hellos for a handle used already in the last second (%d so far; the last: %v)", l.ln.Addr(), n, total, err)
+	}
 }
 
 // dropLog reports dropped TCP clients: the first of a burst with its reason, then at most one

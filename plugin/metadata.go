@@ -1,6 +1,6 @@
 // metadata.go: the handshake's messages after the hello: each end's metadata (its QPs, GIDs and
-// buffer) exchanged and checked for agreement, its conversion to and from the C structs, and
-// the final ready ack. handshake.go's steps call them.
+// buffer) exchanged and checked for agreement, or the listener's refusal in its place, its
+// conversion to and from the C structs, and the final ready ack. handshake.go's steps call them.
 
 package main
 
@@ -23,18 +23,29 @@ import (
 
 // exchangeMetadata sends our metadata and reads the peer's (both ends write first, so neither
 // waits for the other) and checks that the two agree on the wire protocol (checkPeer). A
-// listener that closed the connection before answering is errClosedEarly.
+// listener that closed the connection before answering is errClosedEarly; one that refused it
+// (a refusal where its metadata would be) is errRefused, final.
 func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Metadata, error) {
 	if _, err := c.Write(wire.EncodeMetadata(mine)); err != nil {
 		return wire.Metadata{}, fmt.Errorf("metadata to %v: %w", peer, closedEarly(err))
 	}
 	buf := make([]byte, wire.MetadataSize)
-	if n, err := io.ReadFull(c, buf); err != nil {
+	n, err := io.ReadFull(c, buf[:wire.RefusalHeadSize])
+	if err == nil && wire.IsRefusal(buf) {
+		return wire.Metadata{}, readRefusal(c, buf[:wire.RefusalHeadSize], peer)
+	}
+	if err == nil {
+		var more int
+		more, err = io.ReadFull(c, buf[wire.RefusalHeadSize:])
+		n += more
+	}
+	if err != nil {
 		if n == 0 {
-			// The listener closes a connection whose hello it refused, or that it evicted
-			// before reading it (errClosedEarly), or its process ended.
+			// The listener closes a connection unanswered when its gate evicted us before
+			// reading our hello, or its process ended (errClosedEarly); a hello it turns down
+			// gets a refusal.
 			if err = closedEarly(err); errors.Is(err, errClosedEarly) {
-				err = fmt.Errorf("%w (the peer refused our hello, see its log, or evicted us before reading it, or its process ended)", err)
+				err = fmt.Errorf("%w (the peer evicted us before reading our hello, or its process ended)", err)
 			}
 		}
 		return wire.Metadata{}, fmt.Errorf("metadata from %v: %w", peer, err)
@@ -47,6 +58,22 @@ func exchangeMetadata(c net.Conn, mine wire.Metadata, peer netip.Addr) (wire.Met
 		return theirs, fmt.Errorf("peer %v: %w", peer, err)
 	}
 	return theirs, nil
+}
+
+// errRefused marks a connection its listener turned down on its merits after our hello
+// (wire.EncodeRefusal): dialing again would be refused again.
+var errRefused = errors.New("refused by the listener")
+
+// readRefusal reads the rest of a refusal whose head came where the metadata would be, and
+// returns it as errRefused with the listener's reason and words.
+func readRefusal(c net.Conn, head []byte, peer netip.Addr) error {
+	reason, n, err := wire.DecodeRefusalHead(head)
+	if err != nil {
+		return fmt.Errorf("peer %v: %w: %w", peer, errRefused, err)
+	}
+	text := make([]byte, n)
+	got, _ := io.ReadFull(c, text) // what came of the words is enough
+	return fmt.Errorf("peer %v: %w: %v: %q (its log says more)", peer, errRefused, reason, text[:got])
 }
 
 // exchangeAck is the handshake's last step: each end says its QPs are up (RTS), and waits

@@ -14,7 +14,8 @@ var ErrMalformed = errors.New("malformed MPIB control message")
 
 const (
 	// Version is every message's: 7: an in-handshake standby join ends with the sender's
-	// word on its QPs ('R' up, 'F' errno: the receiver returns its comm on 'R' alone);
+	// word on its QPs ('R' up, 'F' errno: the receiver returns its comm on 'R' alone), and a
+	// listener that turns a connection down after its hello says why (refusal.go);
 	// 6: a sender's standby rail joins after the handshake
 	// (Metadata.Deferred, the ack's flag, 'J'/'K' on the control socket); 5: up to MaxPairs
 	// SUP pairs in the hello (striping); 4: SUP
