@@ -279,6 +279,16 @@ func listDev(ctx context.Context, t *testing.T, a agentCLI, n *Node, dev int) []
 	return conns
 }
 
+// railWireNow is readRailWire of n, failing the test when it cannot be read.
+func railWireNow(ctx context.Context, t *testing.T, n *Node) railWire {
+	t.Helper()
+	w, err := readRailWire(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
 func readRailWire(ctx context.Context, n *Node) (railWire, error) {
 	w := railWire{tx: map[Rail]uint64{}, retransmits: map[Rail]uint64{}}
 	files := railWireFiles(n)

@@ -14,15 +14,6 @@ import (
 // one long verified transfer; the SUP byte share of each phase, from a1's rail counters,
 // must follow the hint. Killing the agent returns the plugin to vanilla.
 
-func railWireNow(ctx context.Context, t *testing.T, n *Node) railWire {
-	t.Helper()
-	w, err := readRailWire(ctx, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
-}
-
 // shareWindow is one measured window: the SUP share of the bytes n transmitted, how many, and
 // the retransmission events in it.
 type shareWindow struct {
