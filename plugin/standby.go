@@ -135,18 +135,32 @@ func waitSetupsDone(queued time.Time) {
 
 // buildStandby builds lc's standby rail and sends its QPs to the receiver ('J'); the
 // receiver's 'K' (watchJoin) completes the join. Nothing happens once NCCL closed the comm,
-// and a close during the send ends it (stop): no error then.
+// and a close during the send ends it (stop): no error then. It waits for its verbs slot
+// before it takes standbyMu, on which a close waits: a close must not wait behind other
+// connections' setups queued for the slots; in the slot it looks at closing again, under
+// standbyMu, so that no QPs are built for a comm already closing.
 func (lc *liveComm) buildStandby() error {
-	lc.standbyMu.Lock()
-	defer lc.standbyMu.Unlock()
 	if lc.closing.Load() {
 		return nil
 	}
-	rc, err := withVerbsSlot(context.Background(), func() C.int { return C.mpib_comm_build_deferred(lc.comm, 0) })
+	locked, closed := false, false
+	defer func() {
+		if locked {
+			lc.standbyMu.Unlock()
+		}
+	}()
+	rc, err := withVerbsSlot(context.Background(), func() C.int {
+		lc.standbyMu.Lock()
+		locked = true
+		if closed = lc.closing.Load(); closed {
+			return 0
+		}
+		return C.mpib_comm_build_deferred(lc.comm, 0)
+	})
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("building its QPs failed (%d)", int(rc))
 	}
-	if err != nil {
+	if err != nil || closed {
 		return err
 	}
 	if rc := lc.ctrlSend(joinMessage(lc.comm, 0)); rc != 0 {

@@ -121,3 +121,40 @@ func TestJoinDoneMessage(t *testing.T) {
 		}
 	}
 }
+
+// NCCL's close of a comm whose standby builder waits for a verbs slot (every slot taken by
+// other connections' setups) does not wait for the slot, and no QPs are built for it once the
+// slot comes.
+func TestCloseDoesNotWaitForTheStandbysVerbsSlot(t *testing.T) {
+	conn, peer := socketPair(t)
+	defer peer.Close()
+	lc := adoptFake(t, conn, false) // a receiver's comm: a build on it would fail (-EINVAL)
+	for range cap(verbsSlots) {
+		verbsSlots <- struct{}{}
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			for range cap(verbsSlots) {
+				<-verbsSlots
+			}
+		}
+	}
+	defer release()
+	built := make(chan error, 1)
+	go func() { built <- lc.buildStandby() }()
+	time.Sleep(20 * time.Millisecond) // the builder is queued for a slot
+	stopped := make(chan struct{})
+	go func() { lc.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+		t.Error("close waited for the standby builder's verbs slot")
+	}
+	release()
+	<-stopped
+	if err := <-built; err != nil {
+		t.Errorf("standby builder: %v; want nothing built for a closed comm", err)
+	}
+}
