@@ -117,8 +117,9 @@ func dialHello(ctx context.Context, h wire.Handle, plan suppair.Plan, deadline t
 // client it holds from our address has sent bytes it has not read yet (its process is busy, and
 // one peer may have hundreds of connects in flight to it: NCCL listens once per receive
 // connection). Neither is the peer's final word, so the connector dials again (redialer). A
-// refused hello is refused again each time (the listener logs it, a served listener as "used
-// already"), until the redials run out.
+// hello the listener turns down on its merits gets its refusal instead (wire.EncodeRefusal:
+// used already, a stale handle, no SUP pair, a failed setup), and the connect fails at once
+// with its reason.
 var errClosedEarly = errors.New("closed before any metadata")
 
 // connectRedials is NCCL's schedule for a refused connect (ncclSocketConnect, src/misc/socket.cc

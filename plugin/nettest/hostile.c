@@ -115,7 +115,8 @@ static void nt_raise_own_nofile(void) {
 }
 
 /* The listener's handle presented again with a valid hello (a replayed handle): 1 when the
- * plugin closed the connection without a reply within 3 s, as it must. */
+ * plugin refused it within 3 s, as it must: its refusal ("MPIR", its version, reason 1: used
+ * already, docs/security.md) and the close, or a close without a reply. Never metadata. */
 static int nt_replay_hello(const uint8_t *handle) {
   struct sockaddr_in sa;
   nt_handle_addr(handle, &sa);
@@ -128,7 +129,9 @@ static int nt_replay_hello(const uint8_t *handle) {
   (void)send(fd, hello, sizeof(hello), MSG_NOSIGNAL);
   struct pollfd p = {.fd = fd, .events = POLLIN};
   uint8_t b[64];
-  int refused = poll(&p, 1, 3000) == 1 && recv(fd, b, sizeof(b), 0) <= 0;
+  int ready = poll(&p, 1, 3000) == 1;
+  ssize_t got = ready ? recv(fd, b, sizeof(b), 0) : -1;
+  int refused = ready && (got <= 0 || (got >= 8 && memcmp(b, "MPIR", 4) == 0 && b[6] == 1));
   close(fd);
   return refused;
 }
