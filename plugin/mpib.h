@@ -644,4 +644,20 @@ static inline struct ibv_mr *mpib_comm_mr(const struct mpib_comm *c, const struc
   return mh->mr[lane == MPIB_RAIL_SOUT ? 0 : 1 + c->lane_port[lane]];
 }
 
+/* The check of NCCL's memory handle that every call naming a buffer of `size` bytes makes
+ * (`call`: isend, irecv, iflush): bytes need a handle, registered on this comm's fused device.
+ * ncclSuccess, or ncclInvalidArgument after a warning. */
+static inline ncclResult_t mpib_check_mhandle(const struct mpib_comm *c, const struct mpib_mr *mh, size_t size,
+                                              const char *call) {
+  if (size > 0 && mh == NULL) {
+    MPIB_WARN("%s of %zu bytes without a memory handle", call, size);
+    return ncclInvalidArgument;
+  }
+  if (mh != NULL && mh->fdev != c->fdev) {
+    MPIB_WARN("%s with a memory handle registered on device %d, on a connection of device %d", call, mh->fdev, c->fdev);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
 #endif

@@ -190,11 +190,8 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   uint32_t rails = c->flush_due | (c->flushes_open > 0 ? open_flush_rails(c) : 0);
   if (!mpib_g.flush_enabled || last < 0 || rails == 0) return ncclSuccess;
   struct mpib_mr *mh = mhandles ? mhandles[last] : NULL;
-  if (mh == NULL || mh->fdev != c->fdev) {
-    MPIB_WARN("iflush of a %d-byte receive with %s", sizes[last],
-              mh ? "a memory handle registered on another device" : "no memory handle");
-    return ncclInvalidArgument;
-  }
+  ncclResult_t checked = mpib_check_mhandle(c, mh, (size_t)sizes[last], "iflush");
+  if (checked != ncclSuccess) return checked;
   for (int rail = 0; rail < MPIB_NRAILS; rail++)
     if ((rails & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
   uint32_t lanes = 0; /* every lane of a rail that wrote: each NIC orders its own */

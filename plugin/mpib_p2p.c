@@ -322,15 +322,8 @@ static __attribute__((noinline)) ncclResult_t isend_slot(struct mpib_comm *c, vo
     MPIB_WARN("message of %zu bytes exceeds the 2 GiB per-request limit", size);
     return ncclInvalidUsage;
   }
-  if (size > 0 && mhandle == NULL) {
-    MPIB_WARN("isend of %zu bytes without a memory handle", size);
-    return ncclInvalidArgument;
-  }
-  if (mhandle != NULL && ((struct mpib_mr *)mhandle)->fdev != c->fdev) {
-    MPIB_WARN("isend with a memory handle registered on device %d, on a connection of device %d",
-              ((struct mpib_mr *)mhandle)->fdev, c->fdev);
-    return ncclInvalidArgument;
-  }
+  ncclResult_t checked = mpib_check_mhandle(c, mhandle, size, "isend");
+  if (checked != ncclSuccess) return checked;
   if (c->slot_matched[slot] + 1 == (int)nreqs) { /* this request completes the slot: post it */
     int fits;
     ncclResult_t res = wait_for_room(c, c->fifo_head, nreqs, &fits);
@@ -404,15 +397,10 @@ ncclResult_t mpib_irecv(void *recvComm, int n, void **data, size_t *sizes, int *
   struct mpib_cts *cts = c->cts[slot];
   for (int r = 0; r < n; r++) {
     struct mpib_mr *mh = mhandles ? mhandles[r] : NULL;
-    if (sizes[r] > 0 && mh == NULL) {
-      MPIB_WARN("irecv of %zu bytes without a memory handle", sizes[r]);
+    ncclResult_t checked = mpib_check_mhandle(c, mh, sizes[r], "irecv");
+    if (checked != ncclSuccess) {
       mpib_req_free(req);
-      return ncclInvalidArgument;
-    }
-    if (mh != NULL && mh->fdev != c->fdev) {
-      MPIB_WARN("irecv with a memory handle registered on device %d, on a connection of device %d", mh->fdev, c->fdev);
-      mpib_req_free(req);
-      return ncclInvalidArgument;
+      return checked;
     }
     memset(&cts[r], 0, sizeof cts[r]);
     cts[r].addr = (uint64_t)(uintptr_t)data[r];
