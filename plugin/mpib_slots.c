@@ -192,7 +192,7 @@ static int post_grouped(struct mpib_comm *c, int slot, int rail, const struct mp
     nwr++;
   }
   struct ibv_sge *records = NULL; /* the leader's final write carries the size records */
-  if (rail == p->leader && !p->size_in_imm) {
+  if (rail == p->leader) {        /* a size in the immediate is a lone request's: post_lone's */
     records = &sges[nwr];
     *records = (struct ibv_sge){.addr = (uintptr_t)c->sizes[slot],
                                 .length = (uint32_t)(nreqs * sizeof(int32_t)),
