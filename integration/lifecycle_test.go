@@ -103,16 +103,18 @@ func checkAbort(t *testing.T, side string, ab, pe exitInfo) {
 	}
 }
 
-var forkRe = regexp.MustCompile(`nettest-fork: role=(\w+) every_ms=\d+ forks=(\d+) exit_children=(\d+) exec_children=(\d+) failed=(\d+)`)
+var forkRe = regexp.MustCompile(`nettest-fork: role=(\w+) every_ms=\d+ forks=(\d+) exit_children=(\d+) exec_children=(\d+) failed=(\d+) plugin_call_children=(\d+)`)
 
-// TestLifecycleForkAfterConnect: both drivers fork children (half _exit(0) at once, half
-// execv /bin/true) every 20 ms while a verify transfer runs on both rails; every byte must
-// arrive intact and every child must exit 0.
+// TestLifecycleForkAfterConnect: both drivers fork children every 20 ms while a verify
+// transfer runs on both rails, in turn one that calls _exit(0) at once, one that execv's
+// /bin/true and one that calls the plugin (init, listen, and the closes of the parent's comms:
+// each must be refused within 10 s, as MPIB cannot serve a child forked after it loaded).
+// Every byte must arrive intact and every child must exit 0.
 func TestLifecycleForkAfterConnect(t *testing.T) {
 	lab := labOrSkip(t)
 	a1, a2 := lab.Node("a1"), lab.Node("a2")
 	force := "MPIB_FORCE_SUP_BW=512"
-	args := lcArgs(append(append([]string(nil), verifyArgs...), "--fork-every-ms", "20")...)
+	args := lcArgs(append(append([]string(nil), verifyArgs...), "--fork-every-ms", "20", "--fork-calls-plugin")...)
 	res := runPair(context.Background(), t, a2, a1, pluginEnv(a2, force), pluginEnv(a1, force), args...)
 	m := resultRe.FindStringSubmatch(res.serverOut)
 	ok := res.serverCode == 0 && res.clientCode == 0 && m != nil && m[4] == "true"
@@ -128,8 +130,11 @@ func TestLifecycleForkAfterConnect(t *testing.T) {
 		}
 		return "none"
 	}
-	evidence("lifecycle:", "case=fork-after-connect verified=%v forks_server=%s forks_client=%s failed_children=%s,%s sup_bytes=%d",
-		ok, get("server", 2), get("client", 2), get("server", 5), get("client", 5), res.tx["a1"][SUP])
+	refusals := strings.Count(res.serverErr+res.clientErr, "is a fork child of MPIB's process") +
+		strings.Count(res.serverErr+res.clientErr, "MPIB cannot run in a forked child")
+	evidence("lifecycle:", "case=fork-after-connect verified=%v forks_server=%s forks_client=%s failed_children=%s,%s sup_bytes=%d plugin_call_children=%s,%s refusal_lines=%d",
+		ok, get("server", 2), get("client", 2), get("server", 5), get("client", 5), res.tx["a1"][SUP],
+		get("server", 6), get("client", 6), refusals)
 	if !ok {
 		t.Fatalf("verify with fork() every 20 ms did not pass:\n%s", res)
 	}
@@ -137,6 +142,12 @@ func TestLifecycleForkAfterConnect(t *testing.T) {
 		if n, _ := strconv.Atoi(get(role, 2)); n == 0 || get(role, 5) != "0" {
 			t.Errorf("%s: forks=%s failed=%s: want forks > 0 and every child exiting 0:\n%s", role, get(role, 2), get(role, 5), res)
 		}
+		if n, _ := strconv.Atoi(get(role, 6)); n == 0 {
+			t.Errorf("%s: plugin_call_children=%s: want children that called the plugin and were refused:\n%s", role, get(role, 6), res)
+		}
+	}
+	if refusals == 0 {
+		t.Errorf("no child's warning says why the plugin refused it:\n%s", res)
 	}
 	if res.tx["a1"][SUP] == 0 || res.tx["a1"][SOUT] == 0 {
 		t.Errorf("forced split but a1 sent SOUT %d / SUP %d bytes: both rails must carry data", res.tx["a1"][SOUT], res.tx["a1"][SUP])

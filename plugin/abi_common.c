@@ -3,6 +3,7 @@
  * accept(), which take finished handshakes from the handoff (mpib_handoff.h) without calling
  * into Go. */
 #include <string.h>
+#include <unistd.h>
 
 #include "_cgo_export.h"
 #include "mpib_api.h"
@@ -12,15 +13,50 @@
 
 uint64_t mpib_process_ctx;
 
+/* The process that loaded the library. A child forked from it (PyTorch's fork start method,
+ * os.fork) inherits the plugin without the threads that serve it: the Go runtime's and the
+ * control plane's stay in the parent, so a call that waits on them never returns, and its
+ * verbs objects share the parent's device files, so a close would destroy the parent's QPs.
+ * Every control call refuses in such a child. The data calls (isend, irecv, iflush, test) do
+ * not check: they need a comm, which a child has only by using its parent's, which neither
+ * NCCL nor net_ib supports (registered pages are not even mapped in the child after
+ * ibv_fork_init). */
+static pid_t mpib_loaded_pid;
+__attribute__((constructor)) static void mpib_note_loaded_pid(void) { mpib_loaded_pid = getpid(); }
+
+/* Nonzero, with a warning naming call, in a child forked after the library loaded. */
+static int mpib_refused_in_fork_child(const char *call) {
+  pid_t pid = getpid();
+  if (pid == mpib_loaded_pid) return 0;
+  static int explained;
+  if (__atomic_exchange_n(&explained, 1, __ATOMIC_RELAXED) == 0)
+    MPIB_WARN("%s refused: process %d was forked from process %d after MPIB loaded there, and MPIB cannot run "
+              "in a forked child (its control plane's threads stayed in the parent; its QPs are the parent's). "
+              "Create this process's communicators in a process started by exec (Python: the multiprocessing "
+              "start method 'spawn' or 'forkserver'), or load the plugin only after the fork",
+              call, (int)pid, (int)mpib_loaded_pid);
+  else MPIB_WARN("%s refused: process %d is a fork child of MPIB's process %d", call, (int)pid, (int)mpib_loaded_pid);
+  return 1;
+}
+#define MPIB_REFUSE_IN_FORK_CHILD(call)                           \
+  do {                                                            \
+    if (mpib_refused_in_fork_child(call)) return ncclSystemError; \
+  } while (0)
+
 ncclResult_t mpib_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof, int traffic_class, uint64_t *ctx) {
   mpib_log_set(logger);
+  MPIB_REFUSE_IN_FORK_CHILD("init");
   mpib_prof_set(prof);
   return (ncclResult_t)mpibGoInit(traffic_class, ctx);
 }
 
-ncclResult_t mpib_finalize(uint64_t ctx) { return (ncclResult_t)mpibGoFinalize(ctx); }
+ncclResult_t mpib_finalize(uint64_t ctx) {
+  MPIB_REFUSE_IN_FORK_CHILD("finalize");
+  return (ncclResult_t)mpibGoFinalize(ctx);
+}
 
 ncclResult_t mpib_devices(int *ndev) {
+  MPIB_REFUSE_IN_FORK_CHILD("devices");
   *ndev = mpib_g.nfdevs;
   MPIB_INFO("devices: %d fused device%s (%d NICs open)", *ndev, *ndev == 1 ? "" : "s", mpib_g.nnics);
   return ncclSuccess;
@@ -49,6 +85,7 @@ static int sup_speed_mbps(const struct mpib_fdev *f) {
 /* Each fused device is one NCCL device of its own (vProps: itself): MPIB makes no virtual
  * devices out of them (makeVDevice stays NULL), and its members are not NCCL devices. */
 ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
+  MPIB_REFUSE_IN_FORK_CHILD("getProperties");
   if (dev < 0 || dev >= mpib_g.nfdevs) {
     MPIB_WARN("getProperties for device %d: MPIB has %d fused device%s", dev, mpib_g.nfdevs,
               mpib_g.nfdevs == 1 ? "" : "s");
@@ -76,6 +113,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
 }
 
 ncclResult_t mpib_listen(uint64_t ctx, int dev, void *handle, void **listenComm) {
+  MPIB_REFUSE_IN_FORK_CHILD("listen");
   return (ncclResult_t)mpibGoListen(ctx, dev, handle, listenComm);
 }
 
@@ -89,6 +127,7 @@ static int mpib_handle_fresh(const void *handle) {
 ncclResult_t mpib_connect(uint64_t ctx, int dev, int traffic_class, void *handle, void **sendComm,
                           ncclNetDeviceHandle_t **sendDevComm) {
   if (sendDevComm) *sendDevComm = NULL; /* no device offload */
+  MPIB_REFUSE_IN_FORK_CHILD("connect");
   struct mpib_comm *comm = NULL;
   int result = ncclSuccess;
   switch (mpib_pending_poll(handle, &comm, &result)) { /* no call into Go: see mpib.h */
@@ -115,6 +154,7 @@ ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_
   int result = ncclSuccess;
   if (recvDevComm) *recvDevComm = NULL;
   *recvComm = NULL;
+  MPIB_REFUSE_IN_FORK_CHILD("accept");
   if (lc == NULL) {
     MPIB_WARN("accept on a NULL listen comm");
     return ncclInvalidArgument;
@@ -129,15 +169,32 @@ ncclResult_t mpib_accept(void *listenComm, void **recvComm, ncclNetDeviceHandle_
 }
 
 ncclResult_t mpib_reg_mr_v8(void *comm, void *data, size_t size, int type, void **mhandle) {
+  MPIB_REFUSE_IN_FORK_CHILD("regMr");
   return (ncclResult_t)mpibGoRegMr(comm, data, size, type, -1, 0, mhandle);
 }
 
 ncclResult_t mpib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                                 void **mhandle) {
+  MPIB_REFUSE_IN_FORK_CHILD("regMrDmaBuf");
   return (ncclResult_t)mpibGoRegMr(comm, data, size, type, fd, offset, mhandle);
 }
 
-ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle) { return (ncclResult_t)mpibGoDeregMr(comm, mhandle); }
-ncclResult_t mpib_close_send(void *sendComm) { return (ncclResult_t)mpibGoCloseComm(sendComm); }
-ncclResult_t mpib_close_recv(void *recvComm) { return (ncclResult_t)mpibGoCloseComm(recvComm); }
-ncclResult_t mpib_close_listen(void *listenComm) { return (ncclResult_t)mpibGoCloseListen(listenComm); }
+ncclResult_t mpib_dereg_mr_api(void *comm, void *mhandle) {
+  MPIB_REFUSE_IN_FORK_CHILD("deregMr");
+  return (ncclResult_t)mpibGoDeregMr(comm, mhandle);
+}
+
+ncclResult_t mpib_close_send(void *sendComm) {
+  MPIB_REFUSE_IN_FORK_CHILD("closeSend");
+  return (ncclResult_t)mpibGoCloseComm(sendComm);
+}
+
+ncclResult_t mpib_close_recv(void *recvComm) {
+  MPIB_REFUSE_IN_FORK_CHILD("closeRecv");
+  return (ncclResult_t)mpibGoCloseComm(recvComm);
+}
+
+ncclResult_t mpib_close_listen(void *listenComm) {
+  MPIB_REFUSE_IN_FORK_CHILD("closeListen");
+  return (ncclResult_t)mpibGoCloseListen(listenComm);
+}

@@ -84,3 +84,18 @@ func TestNettestDriverSelfCheck(t *testing.T) {
 		t.Fatalf("nettest self-check failed: %v\n%s", err, out)
 	}
 }
+
+// A child forked after the plugin loaded gets ncclSystemError and a warning naming the fork
+// from every control call, at once, instead of waiting on threads that stayed in the parent.
+func TestForkedChildIsRefused(t *testing.T) {
+	lib := library(t)
+	bin := filepath.Join(t.TempDir(), "fork_check")
+	if out, err := exec.Command("gcc", "-std=gnu11", "-Wall", "-Werror", "-I../..", "-o", bin, "testdata/fork_check.c", "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, lib).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "fork_check: ok") {
+		t.Fatalf("fork check failed: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}

@@ -73,6 +73,8 @@ static void nt_usage(FILE *f) {
              "  --counter NAME=PATH   print a counter file's delta over the run (repeatable)\n"
              "  --traffic-class N     per-communicator traffic class passed to the plugin (0..255)\n"
              "  --fork-every-ms N     fork children (_exit / execv /bin/true) every N ms after connect\n"
+             "  --fork-calls-plugin   with --fork-every-ms: every third child calls the plugin (init, listen,\n"
+             "                        the closes of the parent's comms), each of which must fail within 10 s\n"
              "  --abort-side S        abort-mid-transfer: sender or receiver (default) aborts\n"
              "  --comms N             connect, resources: connections per direction (default 8)\n"
              "  --rounds R            connect, resources: repeat the whole cycle R times (default 1)\n"
@@ -188,6 +190,7 @@ enum {
   OPT_PROFILER,
   OPT_TCLASS,
   OPT_FORKMS,
+  OPT_FORKCALLS,
   OPT_ABORTSIDE, /* lifecycle.c */
   OPT_COMMS,
   OPT_PREPOST,
@@ -233,6 +236,7 @@ static const struct option nt_long_opts[] = {{"role", required_argument, 0, OPT_
                                              {"profiler", no_argument, 0, OPT_PROFILER},
                                              {"traffic-class", required_argument, 0, OPT_TCLASS},
                                              {"fork-every-ms", required_argument, 0, OPT_FORKMS},
+                                             {"fork-calls-plugin", no_argument, 0, OPT_FORKCALLS},
                                              {"abort-side", required_argument, 0, OPT_ABORTSIDE},
                                              {"comms", required_argument, 0, OPT_COMMS},
                                              {"prepost", no_argument, 0, OPT_PREPOST},
@@ -414,6 +418,7 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
         NT_BAD("--fork-every-ms must be 1..60000, not '%s'", a);
       }
       break;
+    case OPT_FORKCALLS: o->fork_calls = 1; break;
     case OPT_ABORTSIDE:
       if (strcmp(a, "sender") != 0 && strcmp(a, "receiver") != 0) {
         NT_BAD("--abort-side must be sender or receiver, not '%s'", a);
@@ -575,6 +580,11 @@ static int nt_parse_opts(int argc, char **argv, struct nt_opts *o) {
     if (o->fork_ms > 0) {
       NT_BAD("--fork-every-ms forks for the whole process: not with --devs");
     }
+  }
+  if (o->fork_calls && o->fork_ms <= 0) {
+    NT_BAD("--fork-calls-plugin says what some forked children do: it needs --fork-every-ms");
+  }
+  if (o->ndevs > 0) {
     long port = strtol(p, NULL, 10);
     if (port < 1 || port + o->ndevs - 1 > 65535) {
       NT_BAD("--devs: device i's side channel is port + i: '%s' leaves no room for %d ports", o->oob_addr, o->ndevs);
@@ -651,10 +661,36 @@ static int nt_run_lifecycle(struct nt_opts *o, struct nt_net *n, struct nt_oob *
   }
 }
 
+/* --fork-calls-plugin: a child forked while the plugin works calls it as NCCL in that child
+ * would (its own init and listen, the closes of the parent's comms). A plugin cannot serve a
+ * process forked after it loaded, so each call must fail, not hang (alarm: 10 s) nor touch the
+ * parent's comms, whose transfer goes on. Exits 0 when every call failed, else 3. */
+struct nt_fork_calls {
+  const struct nt_net *n;
+  const struct nt_conn *c;
+  int dev;
+};
+
+static int nt_fork_child_calls(void *arg) {
+  const struct nt_fork_calls *fc = arg;
+  struct nt_net n = *fc->n;
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {0};
+  void *lcomm = NULL;
+  int succeeded = 0;
+  alarm(10);
+  succeeded += nt_net_init(&n, 1) == ncclSuccess;
+  succeeded += nt_net_listen(&n, fc->dev, handle, &lcomm) == ncclSuccess;
+  if (fc->c->scomm != NULL) succeeded += nt_net_close_send(&n, fc->c->scomm) == ncclSuccess;
+  if (fc->c->rcomm != NULL) succeeded += nt_net_close_recv(&n, fc->c->rcomm) == ncclSuccess;
+  if (fc->c->lcomm != NULL) succeeded += nt_net_close_listen(&n, fc->c->lcomm) == ncclSuccess;
+  return succeeded == 0 ? 0 : 3;
+}
+
 static int nt_run(struct nt_opts *o, struct nt_net *n) {
   struct nt_oob oob;
   struct nt_conn conn;
   memset(&conn, 0, sizeof(conn));
+  struct nt_fork_calls fork_calls = {.n = n, .c = &conn, .dev = o->dev};
   int ret = NT_EXIT_USAGE;
   nt_phase("side-channel");
   int rc = o->role == NT_SERVER ? nt_oob_server(&oob, o->oob_addr, o->timeout_s)
@@ -703,7 +739,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     goto out;
   }
   if (nt_mode_is_lifecycle(o->mode)) {
-    nt_forker_start(o);
+    nt_forker_start(o, nt_fork_child_calls, &fork_calls);
     ret = nt_run_lifecycle(o, n, &oob, &conn);
     nt_forker_stop(o);
     goto out;
@@ -717,7 +753,7 @@ static int nt_run(struct nt_opts *o, struct nt_net *n) {
     goto out;
   }
   nt_counters(o, 0);
-  nt_forker_start(o);
+  nt_forker_start(o, nt_fork_child_calls, &fork_calls);
   switch (o->mode) {
   case NT_VERIFY: ret = nt_mode_verify(o, n, &oob, &conn); break;
   case NT_BW: ret = nt_mode_bw(o, n, &oob, &conn); break;

@@ -103,6 +103,7 @@ struct nt_opts {
   /* lifecycle.c */
   int traffic_class; /* --traffic-class: per-communicator traffic class, -1 = unset */
   int fork_ms;       /* --fork-every-ms: fork children this often while the mode runs */
+  int fork_calls;    /* --fork-calls-plugin: every third child calls the plugin, which must refuse */
   int abort_sender;  /* --abort-side: abort-mid-transfer aborts the sender (else the receiver) */
   int profiler;      /* --profiler (net.c) */
   /* scale.c, modes.c */

@@ -77,8 +77,9 @@ void nt_tasks_change(const struct nt_tasks *before, const struct nt_tasks *after
 /* Page-aligned anonymous memory for buffers the plugin registers (NULL when mmap fails). */
 void *nt_alloc_region(size_t len);
 void nt_free_region(void *p, size_t len);
-/* --fork-every-ms: fork children while the plugin works, from start to stop (nettest-fork line). */
-void nt_forker_start(const struct nt_opts *o);
+/* --fork-every-ms: fork children while the plugin works, from start to stop (nettest-fork line).
+ * With --fork-calls-plugin every third child runs calls(arg) and exits with what it returns. */
+void nt_forker_start(const struct nt_opts *o, int (*calls)(void *), void *arg);
 void nt_forker_stop(const struct nt_opts *o);
 
 /* ---- parsing and names ---- */

@@ -268,28 +268,37 @@ void nt_free_region(void *p, size_t len) {
   }
 }
 
-/* ---- --fork-every-ms: a thread forks children (half _exit(0) at once, half execv /bin/true)
- * every N ms while the mode runs, and reaps them ---- */
+/* ---- --fork-every-ms: a thread forks children every N ms while the mode runs, and reaps
+ * them. The children take turns: one calls _exit(0) at once, one execv's /bin/true, and with
+ * --fork-calls-plugin one makes the plugin's control calls (nt_fk.calls) ---- */
+
+enum { NT_CHILD_EXIT, NT_CHILD_EXEC, NT_CHILD_CALLS };
 
 static struct {
   pthread_t thread;
   int running, stop, ms;
-  uint64_t forks, exits, execs, failed;
+  int (*calls)(void *);
+  void *calls_arg;
+  uint64_t forks, exits, execs, plugin_calls, failed;
 } nt_fk;
+
+static void nt_fork_child(int kind) {
+  if (kind == NT_CHILD_EXEC) {
+    char *argv[] = {"/bin/true", NULL};
+    execv("/bin/true", argv);
+    _exit(127);
+  }
+  if (kind == NT_CHILD_CALLS) _exit(nt_fk.calls(nt_fk.calls_arg));
+  _exit(0);
+}
 
 static void *nt_forker(void *arg) {
   (void)arg;
+  int kinds = nt_fk.calls != NULL ? 3 : 2;
   while (!__atomic_load_n(&nt_fk.stop, __ATOMIC_RELAXED)) {
-    int exec = nt_fk.forks % 2 == 1;
+    int kind = (int)(nt_fk.forks % (uint64_t)kinds);
     pid_t pid = fork();
-    if (pid == 0) {
-      if (exec) {
-        char *argv[] = {"/bin/true", NULL};
-        execv("/bin/true", argv);
-        _exit(127);
-      }
-      _exit(0);
-    }
+    if (pid == 0) nt_fork_child(kind);
     nt_fk.forks++;
     int st = 0;
     if (pid < 0) {
@@ -298,8 +307,13 @@ static void *nt_forker(void *arg) {
       while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         nt_fk.failed++;
-      } else if (exec) {
+        if (kind == NT_CHILD_CALLS)
+          nt_err("--fork-calls-plugin: child %d %s %d", (int)pid, WIFSIGNALED(st) ? "ended by signal" : "exited",
+                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+      } else if (kind == NT_CHILD_EXEC) {
         nt_fk.execs++;
+      } else if (kind == NT_CHILD_CALLS) {
+        nt_fk.plugin_calls++;
       } else {
         nt_fk.exits++;
       }
@@ -309,11 +323,13 @@ static void *nt_forker(void *arg) {
   return NULL;
 }
 
-void nt_forker_start(const struct nt_opts *o) {
+void nt_forker_start(const struct nt_opts *o, int (*calls)(void *), void *arg) {
   if (o->fork_ms <= 0 || nt_fk.running) {
     return;
   }
   nt_fk.ms = o->fork_ms;
+  nt_fk.calls = o->fork_calls ? calls : NULL;
+  nt_fk.calls_arg = arg;
   if (pthread_create(&nt_fk.thread, NULL, nt_forker, NULL) != 0) {
     nt_err("--fork-every-ms: cannot start the fork thread: %s", strerror(errno));
     return;
@@ -329,8 +345,8 @@ void nt_forker_stop(const struct nt_opts *o) {
   pthread_join(nt_fk.thread, NULL);
   nt_fk.running = 0;
   nt_out("nettest-fork: role=%s every_ms=%d forks=%" PRIu64 " exit_children=%" PRIu64 " exec_children=%" PRIu64
-         " failed=%" PRIu64,
-         nt_role_name(o->role), o->fork_ms, nt_fk.forks, nt_fk.exits, nt_fk.execs, nt_fk.failed);
+         " failed=%" PRIu64 " plugin_call_children=%" PRIu64,
+         nt_role_name(o->role), o->fork_ms, nt_fk.forks, nt_fk.exits, nt_fk.execs, nt_fk.failed, nt_fk.plugin_calls);
 }
 
 /* ---- parsing ---- */
