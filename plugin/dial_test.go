@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
 // TestDialBindsNoPort: the control connection binds the OOB address and leaves its port to
@@ -76,5 +78,31 @@ func TestPortShortageIsLocal(t *testing.T) {
 	}
 	if got := handshakeResult(fmt.Errorf("metadata: %w", syscall.ECONNRESET)); got != resRemoteError {
 		t.Errorf("peer reset: %d, want ncclRemoteError (%d)", got, resRemoteError)
+	}
+}
+
+// TestHandshakeResultNamesWhoseFault: what NCCL's connect or accept returns for each kind of
+// failed handshake, wrapped as the handshake wraps its steps' errors.
+func TestHandshakeResultNamesWhoseFault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want any
+	}{
+		{"a caught panic", fmt.Errorf("accept: %w", &panicError{where: "connection setup", value: "x"}), resInternalError},
+		{"this host's verbs call", fmt.Errorf("connect to 10.0.0.2: %w", onThisHost(errors.New("creating the connection's verbs resources failed"))), resSystemError},
+		{"this host's standby join", onThisHost(fmt.Errorf("bringing the standby SOUT rail up failed: %w", syscall.ENOMEM)), resSystemError},
+		{"this host out of ports", fmt.Errorf("control connection: %w", syscall.EADDRNOTAVAIL), resSystemError},
+		{"a peer of another version", fmt.Errorf("hello from 10.0.0.2: %w", fmt.Errorf("%w: peer speaks version 6, this plugin 7", wire.ErrVersion)), resInvalidUsage},
+		{"a malformed message", fmt.Errorf("metadata: %w", wire.ErrMalformed), resRemoteError},
+		{"the peer reset", fmt.Errorf("metadata: %w", syscall.ECONNRESET), resRemoteError},
+		{"the peer's refusal", errors.New("peer 10.0.0.2 refused the connection: no SUP pair"), resRemoteError},
+	} {
+		if got := handshakeResult(tc.err); any(got) != tc.want {
+			t.Errorf("%s (%v): %d, want %d", tc.name, tc.err, got, tc.want)
+		}
+	}
+	if onThisHost(nil) != nil {
+		t.Error("onThisHost(nil) is not nil")
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+
+	"github.com/mpib/mpib/plugin/internal/wire"
 )
 
 // A Go panic in a plugin call or goroutine would end NCCL's whole process (a training job,
@@ -61,16 +63,37 @@ func guardHandshake(fn func() (*C.struct_mpib_comm, error)) (comm *C.struct_mpib
 	return fn()
 }
 
+// localError is a handshake step that failed on this host: a verbs call on its own NIC
+// (creating CQs, QPs, registrations; a QP's transitions), whatever the peer sent.
+type localError struct{ err error }
+
+func (e *localError) Error() string { return e.err.Error() }
+func (e *localError) Unwrap() error { return e.err }
+
+// onThisHost marks err (nil stays nil) as this host's failure (handshakeResult).
+func onThisHost(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &localError{err}
+}
+
 // handshakeResult is what NCCL gets for a failed handshake: ncclInternalError for a caught
-// panic (a bug of ours), ncclSystemError for this host out of local ports (its limit, not the
-// peer's), ncclRemoteError otherwise (the peer, the network or the fabric).
+// panic (a bug of ours); ncclSystemError for this host's failure (its verbs calls, as net_ib
+// returns for a failed ibv_create_qp or ibv_modify_qp, or its lack of local ports);
+// ncclInvalidUsage for a peer running another MPIB version (a job to configure alike);
+// ncclRemoteError otherwise (the peer, the network or the fabric).
 func handshakeResult(err error) C.ncclResult_t {
 	var pe *panicError
 	if errors.As(err, &pe) {
 		return resInternalError
 	}
-	if isPortShortage(err) {
+	var le *localError
+	if errors.As(err, &le) || isPortShortage(err) {
 		return resSystemError
+	}
+	if errors.Is(err, wire.ErrVersion) {
+		return resInvalidUsage
 	}
 	return resRemoteError
 }

@@ -189,7 +189,7 @@ func handshakeSteps(ctx context.Context, cc *ctrlConn, p prepared) (*C.struct_mp
 		return comm, err
 	}
 	if rc != 0 && rc != C.MPIB_CONNECT_JOIN_NOW {
-		return comm, fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc))
+		return comm, onThisHost(fmt.Errorf("bringing QPs to %v up failed (%d); is the SUP fabric reachable?", peer, int(rc)))
 	}
 	peerJoinNow, err := exchangeAck(c, peer, rc == C.MPIB_CONNECT_JOIN_NOW)
 	if err != nil {

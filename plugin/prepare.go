@@ -90,7 +90,7 @@ func (p *prepared) completeSpare(ctx context.Context, local, peer netip.Addr, pa
 		p.ph.mark(&p.ph.qpCreate)
 	}
 	if err == nil && rc != 0 {
-		err = fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc))
+		err = onThisHost(fmt.Errorf("building SUP's QPs for %v failed (%d)", peer, int(rc)))
 	}
 	return err
 }
@@ -113,7 +113,7 @@ func createComm(ctx context.Context, params *C.struct_mpib_conn_params, ph *conn
 		comm, err = withVerbsSlot(ctx, create)
 	}
 	if err == nil && comm == nil {
-		err = errors.New("creating the connection's verbs resources failed (see the warning above)")
+		err = onThisHost(errors.New("creating the connection's verbs resources failed (see the warning above)"))
 	}
 	return comm, err
 }

@@ -244,7 +244,7 @@ func runJoinNow(c net.Conn, r byte, isSend bool, ops joinOps, peer netip.Addr) e
 			return fmt.Errorf("peer %v: not a standby rail's QPs (% x...)", peer, msg[:2])
 		}
 		if err := ops.now(); err != nil {
-			return fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err)
+			return onThisHost(fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err))
 		}
 		if _, err := c.Write([]byte{'K', r}); err != nil {
 			return err
@@ -256,7 +256,7 @@ func runJoinNow(c net.Conn, r byte, isSend bool, ops joinOps, peer netip.Addr) e
 		return joinDoneErr(done, r, peer)
 	}
 	if err := ops.build(); err != nil {
-		return fmt.Errorf("building the standby SOUT rail for %v failed: %w", peer, err)
+		return onThisHost(fmt.Errorf("building the standby SOUT rail for %v failed: %w", peer, err))
 	}
 	if _, err := c.Write(ops.info()); err != nil {
 		return fmt.Errorf("standby rail's QPs to %v: %w", peer, err)
@@ -271,7 +271,7 @@ func runJoinNow(c net.Conn, r byte, isSend bool, ops joinOps, peer netip.Addr) e
 		return fmt.Errorf("standby rail's readiness to %v: %w", peer, werr)
 	}
 	if err != nil {
-		return fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err)
+		return onThisHost(fmt.Errorf("bringing the standby SOUT rail to %v up failed: %w", peer, err))
 	}
 	return nil
 }

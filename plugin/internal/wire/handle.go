@@ -161,7 +161,7 @@ func DecodeHandle(b []byte) (Handle, error) {
 		return Handle{}, fmt.Errorf("%w: handle magic %#08x (not an MPIB handle; is every rank using the same plugin?)", ErrMalformed, m)
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return Handle{}, fmt.Errorf("%w: handle version %d, this plugin speaks %d (is every rank using the same plugin?)", ErrMalformed, v, Version)
+		return Handle{}, fmt.Errorf("%w: handle version %d, this plugin speaks %d (is every rank using the same plugin?)", ErrVersion, v, Version)
 	}
 	addr := netip.AddrFrom4([4]byte(b[8:12]))
 	port := binary.BigEndian.Uint16(b[12:])

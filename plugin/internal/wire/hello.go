@@ -131,7 +131,7 @@ func DecodeHello(b []byte) (Hello, error) {
 		return Hello{}, fmt.Errorf("%w: hello magic %#08x (the peer is not an MPIB plugin)", ErrMalformed, m)
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return Hello{}, fmt.Errorf("%w: peer speaks version %d, this plugin %d", ErrMalformed, v, Version)
+		return Hello{}, fmt.Errorf("%w: peer speaks version %d, this plugin %d (is every rank using the same plugin?)", ErrVersion, v, Version)
 	}
 	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
 		return Hello{}, fmt.Errorf("%w: hello with reserved bytes % x (not an MPIB plugin of this version)", ErrMalformed, b[6:8])

@@ -73,7 +73,7 @@ func DecodeRefusalHead(head []byte) (RefuseReason, int, error) {
 		return 0, 0, fmt.Errorf("%w: refusal head % x", ErrMalformed, head)
 	}
 	if v := binary.LittleEndian.Uint16(head[4:]); v != Version {
-		return 0, 0, fmt.Errorf("%w: refusal version %d, want %d", ErrMalformed, v, Version)
+		return 0, 0, fmt.Errorf("%w: refusal version %d, want %d", ErrVersion, v, Version)
 	}
 	reason, n := RefuseReason(head[6]), int(head[7])
 	if reason == 0 || reason > maxRefuseReason || n > MaxRefusalText {

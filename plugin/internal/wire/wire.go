@@ -12,6 +12,11 @@ import (
 // ErrMalformed marks bytes that cannot come from a compatible MPIB peer.
 var ErrMalformed = errors.New("malformed MPIB control message")
 
+// ErrVersion marks a peer that speaks another version of the wire protocol (another MPIB
+// build on that host): a job's configuration to fix, not a fault of the network. It is also
+// ErrMalformed.
+var ErrVersion = fmt.Errorf("%w: another version of MPIB", ErrMalformed)
+
 const (
 	// Version is every message's: 7: an in-handshake standby join ends with the sender's
 	// word on its QPs ('R' up, 'F' errno: the receiver returns its comm on 'R' alone), and a
@@ -173,7 +178,7 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 		return m, fmt.Errorf("%w: metadata magic %#08x", ErrMalformed, x)
 	}
 	if v := le.Uint16(b[4:]); v != Version {
-		return m, fmt.Errorf("%w: metadata version %d, want %d", ErrMalformed, v, Version)
+		return m, fmt.Errorf("%w: metadata version %d, want %d (is every rank using the same plugin?)", ErrVersion, v, Version)
 	}
 	if s := le.Uint16(b[6:]); s != MetadataSize {
 		return m, fmt.Errorf("%w: metadata declares %d bytes, want %d", ErrMalformed, s, MetadataSize)
