@@ -371,3 +371,38 @@ func TestMultiDeviceOneProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiDeviceOnePortMissing: a1 and a2 are given their two device pairs with device 0's
+// SUP NIC named as one that does not exist. The plugin leaves out device 0 alone, saying so,
+// and keeps device 1 (now NCCL's device 0) with its own rail id, 1, which carries a verified
+// transfer between the nodes' second pairs.
+//
+//	multidev: case=one-port-missing devices=1 rail_id=1 verified=true left_out_line=true
+func TestMultiDeviceOnePortMissing(t *testing.T) {
+	lab := labOrSkip(t)
+	a1, a2 := lab.Node("a1"), lab.Node("a2")
+	ctx := context.Background()
+	env := func(n *Node) []string {
+		return nodeEnv(n, hcas{n.Dev(SOUT) + "," + n.Dev(SOUT2), "mpib_absent9," + n.Dev(SUP2)})
+	}
+	res := runPair(ctx, t, a2, a1, env(a2), env(a1), "--timeout-s", "90", "--dev", "0", "--mode", "verify",
+		"--bytes", "4M", "--max-size", "1M", "--window", "8", "--abi", "12")
+	m := resultRe.FindStringSubmatch(res.serverOut)
+	verifiedOK := res.serverCode == 0 && res.clientCode == 0 && m != nil && m[4] == "true"
+	props := propsDevRe.FindAllStringSubmatch(res.clientOut, -1)
+	rail, sout := "none", "none"
+	if len(props) == 1 {
+		rail, sout = props[0][5], props[0][2]
+	}
+	leftOut := strings.Contains(res.clientErr, "device 0 (SOUT "+a1.Dev(SOUT)) && strings.Contains(res.clientErr, "NCCL gets 1 of 2 devices")
+	evidence("multidev:", "case=one-port-missing devices=%d rail_id=%s verified=%v left_out_line=%v", len(props), rail, verifiedOK, leftOut)
+	if len(props) != 1 || rail != "1" || sout != a1.Dev(SOUT2) {
+		t.Errorf("a1's devices: %d (rail %s, SOUT %s), want exactly device 1's pair (SOUT %s, rail 1):\n%s", len(props), rail, sout, a1.Dev(SOUT2), res)
+	}
+	if !leftOut {
+		t.Errorf("no warning says device 0 was left out:\n%s", res)
+	}
+	if !verifiedOK {
+		t.Fatalf("the surviving device's transfer did not verify:\n%s", res)
+	}
+}

@@ -86,17 +86,22 @@ func initPlugin() C.int {
 	// connections' SUP QPs, which fail over to SOUT and come back by themselves). net_ib skips
 	// a port that is not active; one unplugged cable must not take a fused device, or with it
 	// every device of the node, away from NCCL. SOUT must be up: no device works without it.
+	// A port that does not open (a SOUT port down, a NIC absent) leaves out the devices that use
+	// it, and only those: net_ib likewise leaves out the ports it cannot use.
+	opened := make([]bool, len(nics))
 	for i, n := range nics {
 		name := C.CString(n.HCA)
 		rc := C.mpib_nic_open(C.int(i), C.int(n.Role), name, C.int(n.Port), C.int(cfg.PKeyIndex), boolInt(n.Role == 1)) // 1: SUP (a NIC that is some device's SOUT is opened as SOUT)
 		C.free(unsafe.Pointer(name))
-		if rc != 0 {
-			// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
-			// to its next network. The warning above names the NIC and the reason.
-			C.mpib_nic_close_all()
-			return C.int(resSuccess)
-		}
+		opened[i] = rc == 0
 	}
+	if !keepSurvivingDevices(&cfg, &index, opened) {
+		// Like net_ib without devices: init succeeds, devices() reports 0 and NCCL moves on
+		// to its next network. The warnings above name the NICs and the reasons.
+		C.mpib_nic_close_all()
+		return C.int(resSuccess)
+	}
+	plugin.cfg.Devices = cfg.Devices
 	for d, dev := range cfg.Devices {
 		f := &C.mpib_g.fdev[d]
 		f.sout_nic = C.int(index[d].Sout)
@@ -114,6 +119,19 @@ func initPlugin() C.int {
 		len(cfg.Devices), map[bool]string{true: "", false: "s"}[len(cfg.Devices) == 1], deviceList(cfg.Devices),
 		cfg.Mode, cfg.OOBInterface, oob, cfg.IslandPrefixLen, C.mpib_g.flush_enabled != 0)
 	return C.int(resSuccess)
+}
+
+// keepSurvivingDevices narrows cfg's devices and their NIC index to those whose every port
+// opened (config.Surviving), warning for each one left out; false when none is left.
+func keepSurvivingDevices(cfg *config.Config, index *[]config.DeviceNICs, opened []bool) bool {
+	all := cfg.Devices
+	kept, keptIndex, dropped := config.Surviving(all, *index, opened)
+	for _, d := range dropped {
+		warnf("device %d (%s) left out: one of its ports did not open (the warning above says why); NCCL gets %d of %d devices",
+			d, deviceList(all[d:d+1]), len(kept), len(all))
+	}
+	cfg.Devices, *index = kept, keptIndex
+	return len(kept) > 0
 }
 
 // deviceList names each fused device's two ports: "SOUT s:1 + SUP p:1, ...".

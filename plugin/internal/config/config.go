@@ -221,6 +221,26 @@ func (c Config) NICs() (nics []NIC, index []DeviceNICs) {
 	return nics, index
 }
 
+// Surviving keeps the devices whose every port opened (opened[i]: NICs()'s port i), with
+// their ports' indices, and lists the positions of those it leaves out. A device keeps its
+// RailID and PlaneID: the rail-optimized matching of the others does not move because one
+// port failed. net_ib likewise leaves out only the ports it cannot use.
+func Surviving(devs []Device, index []DeviceNICs, opened []bool) (kept []Device, keptIndex []DeviceNICs, dropped []int) {
+	for d, dev := range devs {
+		ok := opened[index[d].Sout]
+		for _, n := range index[d].Sup {
+			ok = ok && opened[n]
+		}
+		if !ok {
+			dropped = append(dropped, d)
+			continue
+		}
+		kept = append(kept, dev)
+		keptIndex = append(keptIndex, index[d])
+	}
+	return kept, keptIndex, dropped
+}
+
 // NIC is a port to open and the rail it serves (0: SOUT, 1: SUP).
 type NIC struct {
 	Rail

@@ -309,3 +309,46 @@ func TestMinusOneIsUnsetAsInNCCL(t *testing.T) {
 		t.Error("NCCL_IB_TC=-2 accepted")
 	}
 }
+
+// TestSurviving: a port that did not open (a SOUT port down, a NIC absent) leaves out only the
+// devices that use it; the others keep their ports and their rail ids.
+func TestSurviving(t *testing.T) {
+	tests := []struct {
+		name, sout, sup string
+		failed          []string // NICs (name) that did not open
+		wantRails       []int
+		wantDropped     []int
+	}{
+		{"all open", "s0,s1,s2,s3", "p0,p1,p2,p3", nil, []int{0, 1, 2, 3}, nil},
+		{"one SOUT down of eight", "s0,s1,s2,s3,s4,s5,s6,s7", "p0,p1,p2,p3,p4,p5,p6,p7", []string{"s5"},
+			[]int{0, 1, 2, 3, 4, 6, 7}, []int{5}},
+		{"a shared SUP NIC absent", "s0,s1,s2,s3", "p0,p0,p1,p1", []string{"p0"}, []int{2, 3}, []int{0, 1}},
+		{"a mesh port absent", "s0,s1", "p0+p1,p2+p3", []string{"p3"}, []int{0}, []int{1}},
+		{"explicit rails kept", "s0:1:4,s1:1:5,s2:1:6", "p0,p1,p2", []string{"p1"}, []int{4, 6}, []int{1}},
+		{"everything down", "s0,s1", "p0,p1", []string{"s0", "s1"}, nil, []int{0, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse(env("MPIB_HCA_SOUT", tt.sout, "MPIB_HCA_SUP", tt.sup, "MPIB_OOB_IF", "eth0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			nics, index := c.NICs()
+			opened := make([]bool, len(nics))
+			for i, n := range nics {
+				opened[i] = !strings.Contains(","+strings.Join(tt.failed, ",")+",", ","+n.HCA+",")
+			}
+			kept, keptIndex, dropped := Surviving(c.Devices, index, opened)
+			var rails []int
+			for i, d := range kept {
+				rails = append(rails, d.RailID)
+				if nics[keptIndex[i].Sout].Rail != d.Sout {
+					t.Errorf("kept device %d: SOUT index %d names %+v, want %+v", i, keptIndex[i].Sout, nics[keptIndex[i].Sout].Rail, d.Sout)
+				}
+			}
+			if !reflect.DeepEqual(rails, tt.wantRails) || !reflect.DeepEqual(dropped, tt.wantDropped) {
+				t.Errorf("rails %v dropped %v, want rails %v dropped %v", rails, dropped, tt.wantRails, tt.wantDropped)
+			}
+		})
+	}
+}
