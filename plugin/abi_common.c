@@ -82,6 +82,13 @@ static int sup_speed_mbps(const struct mpib_fdev *f) {
   return slowest;
 }
 
+/* The SUP speed device dev reports: its own, else the node's slowest (mpib_props.h). */
+static int sup_speed_reported_mbps(int dev) {
+  int node[MPIB_MAX_DEVS] = {0};
+  for (int d = 0; d < mpib_g.nfdevs; d++) node[d] = sup_speed_mbps(&mpib_g.fdev[d]);
+  return mpib_sup_speed_or_node_mbps(node[dev], node, mpib_g.nfdevs);
+}
+
 /* Each fused device is one NCCL device of its own (vProps: itself): MPIB makes no virtual
  * devices out of them (makeVDevice stays NULL), and its members are not NCCL devices. */
 ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
@@ -101,7 +108,7 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->force_flush = f->prop_force_flush;
   /* what the slowest kind of connection of this mode gets (mpib_props.h) */
   p->speed =
-      mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_mbps(f));
+      mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_reported_mbps(dev));
   p->port = sout->port;
   p->max_comms = f->prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;

@@ -33,6 +33,21 @@ static inline int mpib_sup_share_mbps(int port_mbps, int sharers) {
   return port_mbps > 0 && sharers > 1 ? port_mbps / sharers : port_mbps;
 }
 
+/* The SUP speed a device reports (Mbps) from its own (own: its slowest known SUP port's share,
+ * <= 0 when none is known: its ports were down at init) and every device's of the node
+ * (node[0..n)): its own, else the slowest the node knows. Taking SOUT's alone for such a
+ * device would make it the node's fastest wherever SUP is slower than SOUT, and NCCL, which
+ * ranks a GPU's NICs by bandwidth before distance (and reaches other GPUs' NICs over NVLink:
+ * PXN), would then send every GPU's traffic to that one device. Nothing known on the node:
+ * <= 0, and mpib_fused_speed_mbps takes SOUT's. */
+static inline int mpib_sup_speed_or_node_mbps(int own, const int *node, int n) {
+  if (own > 0) return own;
+  int slowest = 0;
+  for (int i = 0; i < n; i++)
+    if (node[i] > 0 && (slowest == 0 || node[i] < slowest)) slowest = node[i];
+  return slowest;
+}
+
 /* Mbps from a port's sysfs rate ("800 Gb/sec (4X XDR)", "2.5 Gb/sec (1X SDR)"), 0 when the
  * text does not read as one. The kernel caps the rate ibv_query_port reports at NDR, so an
  * XDR port's true rate is only there (net_ib 2.30 asks ibv_query_port_speed instead). */

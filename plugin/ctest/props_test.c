@@ -57,6 +57,28 @@ int main(void) {
     CHECK(got == shares[i].want, "a %d Mbps SUP port shared by %d devices: got %d, want %d", shares[i].port,
           shares[i].sharers, got, shares[i].want);
   }
+  /* An 8-device node, SUP 400G NICs each shared by two devices (200G shares), one of them down
+   * at init (its two devices know no SUP speed): they report the node's 200G, not SOUT's. */
+  static const int node[8] = {200000, 200000, 0, 0, 200000, 200000, 200000, 200000};
+  static const struct {
+    const char *what;
+    int own, n, want;
+  } fallback[] = {
+      {"a known SUP speed: its own", 100000, 8, 100000},
+      {"SUP down at init: the node's slowest known", 0, 8, 200000},
+      {"unknown (-1): the node's slowest known", -1, 8, 200000},
+      {"nothing known on the node: unknown", 0, 2, 0},
+  };
+  for (size_t i = 0; i < sizeof fallback / sizeof fallback[0]; i++) {
+    int got = mpib_sup_speed_or_node_mbps(fallback[i].own, fallback[i].n == 2 ? node + 2 : node, fallback[i].n);
+    CHECK(got == fallback[i].want, "%s: got %d Mbps, want %d", fallback[i].what, got, fallback[i].want);
+  }
+  int reported[8];
+  for (int d = 0; d < 8; d++)
+    reported[d] = mpib_fused_speed_mbps(0, 0, 400000, mpib_sup_speed_or_node_mbps(node[d], node, 8));
+  for (int d = 0; d < 8; d++)
+    CHECK(reported[d] == 200000, "device %d of the 8 (SOUT 400G, SUP shares 200G, two SUP down) reports %d, want 200000",
+          d, reported[d]);
   if (failures == 0) printf("props: %zu cases passed\n", sizeof cases / sizeof cases[0]);
   return failures != 0;
 }
