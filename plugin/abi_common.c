@@ -107,8 +107,8 @@ ncclResult_t mpib_get_properties(int dev, struct mpib_props *p) {
   p->ptr_support = f->prop_ptr_support;
   p->force_flush = f->prop_force_flush;
   /* what the slowest kind of connection of this mode gets (mpib_props.h) */
-  p->speed =
-      mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps, sup_speed_reported_mbps(dev));
+  p->speed = mpib_fused_speed_mbps(mpib_g.mode == MPIB_MODE_ADVANCED, mpib_g.sup_relay, sout->speed_mbps,
+                                   sup_speed_reported_mbps(dev));
   p->port = sout->port;
   p->max_comms = f->prop_max_comms;
   p->max_recvs = MPIB_MAX_RECVS;

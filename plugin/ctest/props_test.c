@@ -77,8 +77,8 @@ int main(void) {
   for (int d = 0; d < 8; d++)
     reported[d] = mpib_fused_speed_mbps(0, 0, 400000, mpib_sup_speed_or_node_mbps(node[d], node, 8));
   for (int d = 0; d < 8; d++)
-    CHECK(reported[d] == 200000, "device %d of the 8 (SOUT 400G, SUP shares 200G, two SUP down) reports %d, want 200000",
-          d, reported[d]);
+    CHECK(reported[d] == 200000,
+          "device %d of the 8 (SOUT 400G, SUP shares 200G, two SUP down) reports %d, want 200000", d, reported[d]);
   if (failures == 0) printf("props: %zu cases passed\n", sizeof cases / sizeof cases[0]);
   return failures != 0;
 }
