@@ -180,9 +180,12 @@ func placeOnPCI(d int, dev config.Device) int {
 	case pl.SupFarther || !pl.GPUDirectSafe:
 		infof("topology: device %d: %s (SOUT %s NUMA %d, SUP %s NUMA %d)", d, pl.Reason, dev.Sout.HCA, sout.NUMA, dev.Sup.HCA, sup.NUMA)
 	}
-	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
-		infof("topology: device %d: GPUDirect RDMA not advertised: no GPU can be close to both rails (set NCCL_NET_GDR_LEVEL to decide yourself)", d)
+	if topo.WithholdGPUDirect(pl, os.Getenv("NCCL_NET_GDR_LEVEL") != "") {
+		warnf("topology: device %d: GPUDirect RDMA not advertised: its rails hang off different CPUs, so one would read GPU memory across the CPU interconnect (set NCCL_NET_GDR_LEVEL to decide yourself)", d)
 		return C.NCCL_PTR_CUDA | C.NCCL_PTR_DMABUF
+	}
+	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
+		infof("topology: device %d: GPUDirect RDMA advertised although its SUP rail reads GPU memory through the CPU's root complex for the GPUs near SOUT (withholding it would send those GPUs to other devices); set NCCL_NET_GDR_LEVEL=PXB to keep NCCL from GPUDirect on this device", d)
 	}
 	return 0
 }

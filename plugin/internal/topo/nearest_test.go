@@ -23,7 +23,7 @@ import (
 //
 // nearest_pair_ok counts GPUs whose device is their own pair (GPU i: the pair at position i of
 // MPIB_HCA_SOUT / MPIB_HCA_SUP); gdr_safe counts pairs whose GPUDirect verdict holds for both
-// NICs (Place's GPUDirectSafe: MPIB withholds GPUDirect where it does not).
+// NICs (Place's GPUDirectSafe; MPIB withholds GPUDirect only across NUMA nodes: WithholdGPUDirect).
 
 type fixtureDev struct {
 	kind, name string

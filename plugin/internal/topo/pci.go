@@ -64,9 +64,21 @@ type Placement struct {
 	Reason string
 	// GPUDirectSafe is true when NCCL's GPUDirect verdict on AdvertisePath equals, for every
 	// PCIe GPU at NCCL's default level, the verdict that holds for both rails. When false,
-	// no advertised place is right for every GPU: the caller should withhold NCCL_PTR_CUDA and
-	// NCCL_PTR_DMABUF unless the user set NCCL_NET_GDR_LEVEL.
+	// no advertised place is right for every GPU (WithholdGPUDirect says what to do then).
 	GPUDirectSafe bool
+}
+
+// WithholdGPUDirect says whether a fused device placed as pl should not advertise GPUDirect
+// RDMA (NCCL_PTR_CUDA, NCCL_PTR_DMABUF); gdrLevelSet: the user set NCCL_NET_GDR_LEVEL, which
+// then decides. Only when the rails hang off different CPUs: a GPU near one rail would have
+// the other read its memory across the CPU interconnect (SYS), which NCCL never allows for a
+// NIC of its own. Within one NUMA node an unsafe placement is still advertised: withholding
+// makes NCCL route every GPU's traffic for the device through host memory (PHB), and on a
+// node with NVLink it then sends those GPUs to other GPUs' devices instead (PXN, nearer than
+// PHB), leaving this device's NICs idle and the others carrying two GPUs' traffic; the SUP
+// rail reading GPU memory through the root complex costs less than that.
+func WithholdGPUDirect(pl Placement, gdrLevelSet bool) bool {
+	return !gdrLevelSet && !pl.GPUDirectSafe && pl.Relation == RelationDifferentNUMA
 }
 
 // pciPosition is a rail as NCCL's topology models it.

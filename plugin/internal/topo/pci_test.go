@@ -224,3 +224,29 @@ func mustMkdir(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+// TestWithholdGPUDirect: GPUDirect is withheld only across NUMA nodes (and never when the user
+// set NCCL_NET_GDR_LEVEL): within one node, withholding sends the device's GPUs elsewhere.
+func TestWithholdGPUDirect(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		sout, sup   RailPCI
+		gdrLevelSet bool
+		safe, want  bool
+	}{
+		{"a common switch", RailPCI{nicA, 0}, RailPCI{nicA1, 0}, false, true, false},
+		{"a switch above each rail, one root complex", RailPCI{nicA, 0}, RailPCI{nicB, 0}, false, false, false},
+		{"a switch above each rail, two host bridges, one NUMA node", RailPCI{nicA, 0}, RailPCI{nicC, 0}, false, false, false},
+		{"different NUMA nodes", RailPCI{nicA, 0}, RailPCI{nicD, 1}, false, false, true},
+		{"different NUMA nodes, NCCL_NET_GDR_LEVEL set", RailPCI{nicA, 0}, RailPCI{nicD, 1}, true, false, false},
+		{"a path that is not PCI", RailPCI{"/sys/devices/virtual/net/rxe0", -1}, RailPCI{nicA, 0}, false, false, false},
+	} {
+		pl := Place(tt.sout, tt.sup)
+		if pl.GPUDirectSafe != tt.safe {
+			t.Errorf("%s: placement safe %v, want %v (the row tests another case than it names)", tt.name, pl.GPUDirectSafe, tt.safe)
+		}
+		if got := WithholdGPUDirect(pl, tt.gdrLevelSet); got != tt.want {
+			t.Errorf("%s (%v, safe %v): withhold %v, want %v", tt.name, pl.Relation, pl.GPUDirectSafe, got, tt.want)
+		}
+	}
+}
