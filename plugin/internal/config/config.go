@@ -322,9 +322,22 @@ func (p *parser) devices() []Device {
 			len(sout), len(sup)))
 		return nil
 	}
+	explicit := -1 // an entry that gives its RAIL
+	for i := range sout {
+		if sout[i].railID != NoID {
+			explicit = i
+		}
+	}
 	devs := make([]Device, len(sout))
 	soutPorts := map[[2]any]int{}
 	for i := range sout {
+		if explicit >= 0 && sout[i].railID == NoID {
+			// A position would collide with some entry's explicit rail (NCCL's crossNic=0
+			// search would then let a ring enter on one device and leave on another).
+			p.fail(fmt.Sprintf("MPIB_HCA_SOUT entry %d (%s) gives no RAIL while entry %d (%s) does: give NAME:PORT:RAIL for every entry or for none (then the rail is the position)",
+				i, sout[i].HCA, explicit, sout[explicit].HCA))
+			return nil
+		}
 		devs[i] = Device{Sout: sout[i].Rail, Sup: sup[i].Rail, SupPorts: sup[i].ports, RailID: sout[i].railID, PlaneID: sout[i].planeID}
 		if devs[i].RailID == NoID {
 			devs[i].RailID = i

@@ -51,6 +51,7 @@ func TestParseErrors(t *testing.T) {
 		{"no OOB", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "b"}, "MPIB_OOB_IF is required"},
 		{"bad port", append([]string{"MPIB_HCA_SOUT", "a:x"}, base[2:]...), "port must be 1..255"},
 		{"same port", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "a:1", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (a:1) is MPIB_HCA_SOUT entry 0: a port serves one fabric"},
+		{"rails given for some entries", []string{"MPIB_HCA_SOUT", "m0:1:1,m1", "MPIB_HCA_SUP", "p0,p1", "MPIB_OOB_IF", "e"}, "entry 1 (m1) gives no RAIL while entry 0 (m0) does"},
 		{"counts differ", []string{"MPIB_HCA_SOUT", "a,b,c", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT names 3 HCAs and MPIB_HCA_SUP 2"},
 		{"SOUT twice", []string{"MPIB_HCA_SOUT", "a,a:1", "MPIB_HCA_SUP", "x,y", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SOUT names a:1 twice (entries 0 and 1)"},
 		{"SUP ids", []string{"MPIB_HCA_SOUT", "a", "MPIB_HCA_SUP", "x:1:0", "MPIB_OOB_IF", "e"}, "MPIB_HCA_SUP entry 0 (\"x:1:0\"): want NAME[:PORT] (the device's rail and plane come from MPIB_HCA_SOUT)"},
