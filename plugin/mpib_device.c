@@ -236,6 +236,8 @@ uint32_t mpib_gid_gen(int nic) { return __atomic_load_n(&mpib_g.nic[nic].gid_gen
 
 int mpib_sup_port_down(int nic) { return __atomic_load_n(&mpib_g.nic[nic].port_down, __ATOMIC_ACQUIRE); }
 
+int mpib_nic_dead(int nic) { return __atomic_load_n(&mpib_g.nic[nic].fatal, __ATOMIC_ACQUIRE); }
+
 int mpib_gid_entry(int nic, int index, uint8_t gid[16], int *type) {
   return mpib_nic_gid_entry(&mpib_g.nic[nic], index, gid, type);
 }

@@ -23,6 +23,8 @@ int mpib_data_direct(int nic);
 /* Whether a NIC's port is down (IBV_EVENT_PORT_ERR until IBV_EVENT_PORT_ACTIVE): sup.go leaves
  * a down SUP port out of a mesh's choice. */
 int mpib_sup_port_down(int nic);
+/* Whether the NIC's device died (IBV_EVENT_DEVICE_FATAL, or its event channel closed). */
+int mpib_nic_dead(int nic);
 
 /* One GID table entry of a NIC's port for the control plane's GID choice: 0, or -1 when the
  * entry is empty or unreadable. type is IBV_GID_TYPE_*. */

@@ -79,14 +79,22 @@ func (s supPorts) gidOf(index int) (int, bool) {
 // described now (an address removed) are left out, and those that are down (their async
 // event, or down at init) are listed as down (suppair.Local.Down): neither is advertised nor
 // chosen, so their peers get no new pair on them, but a pair a peer already chose on a down
-// one is accepted and starts degraded. When no port is up and described, the device is
-// unaddressed on its first port.
+// one is accepted and starts degraded. A port whose device died is left out; when every
+// port's device died the device has no SUP (suppair.Local.Dead): its connections build no SUP
+// QPs, whose verbs calls would fail on the dead device. When no port is up and described
+// otherwise, the device is unaddressed on its first port.
 func devSupPorts(dev int) supPorts {
 	f := &C.mpib_g.fdev[dev]
 	out := supPorts{gid: map[int]int{}}
 	var firstWhy string
+	dead := 0
 	for i := range int(f.nsup) {
-		port, idx, down, why := describeSupPort(dev, i, int(f.sup_nic[i]))
+		nic := int(f.sup_nic[i])
+		if C.mpib_nic_dead(C.int(nic)) != 0 {
+			dead++
+			continue
+		}
+		port, idx, down, why := describeSupPort(dev, i, nic)
 		if why != "" && firstWhy == "" {
 			firstWhy = why
 		}
@@ -100,7 +108,10 @@ func devSupPorts(dev int) supPorts {
 		}
 		out.gid[port.Index] = idx
 	}
-	if len(out.local.Ports) == 0 {
+	switch {
+	case dead == int(f.nsup):
+		out.local.Dead = fmt.Sprintf("the device of every SUP port of fused device %d died", dev)
+	case len(out.local.Ports) == 0:
 		out.local.Unaddressed = firstWhy
 	}
 	warnSharedSubnet(dev, out.local)

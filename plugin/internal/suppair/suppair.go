@@ -33,6 +33,11 @@ type Local struct {
 	// Unaddressed, when set, says why the SUP port cannot be described (Ports is then empty):
 	// the connection decides SUP as before wire version 4 (UnaddressedReachable).
 	Unaddressed string
+	// Dead, when set, says that the device of every SUP port died (Ports, Down and Unaddressed
+	// are then empty): no connection builds SUP QPs, whose verbs calls would fail there. The
+	// listener advertises no SUP address (neither addressed nor unaddressed), and a connector
+	// given such a handle plans no SUP either.
+	Dead string
 }
 
 // all is every described port, up or down, in the device's port order: what an acceptor
@@ -73,6 +78,11 @@ func Describe(index int, leftOutDown, infiniband bool, addr netip.Addr, bits int
 // unaddressed, and its MPIB_SUP_RELAY.
 func Advertise(h *wire.Handle, l Local, relay bool) {
 	h.SupRelay = relay
+	if l.Dead != "" {
+		h.SupUnaddressed = false
+		h.SetSupAddrs(nil)
+		return
+	}
 	if l.Unaddressed != "" || len(l.Ports) == 0 || len(l.Ports) > wire.MaxSupAddrs {
 		h.SupUnaddressed = true
 		h.SetSupAddrs(nil)
@@ -186,6 +196,12 @@ func Connect(h wire.Handle, l Local, routes []topo.Route, relay, wanted bool) (P
 	if !wanted {
 		return Plan{}, nil
 	}
+	if l.Dead != "" {
+		return Plan{Why: l.Dead}, nil
+	}
+	if !h.SupUnaddressed && h.NSup == 0 {
+		return Plan{Why: "the listener advertised no SUP port (its SUP device died)"}, nil
+	}
 	if l.Unaddressed != "" || h.SupUnaddressed {
 		return Plan{Kind: wire.PairUnaddressed}, nil
 	}
@@ -249,10 +265,12 @@ func Accept(adv wire.Handle, hello wire.Hello, l Local, routes []topo.Route, rel
 	if !wanted {
 		return Plan{}, nil
 	}
-	switch hello.Kind {
-	case wire.PairNone:
+	switch {
+	case hello.Kind == wire.PairNone:
 		return Plan{Why: "the connecting side found no SUP pair (its log says why)"}, nil
-	case wire.PairUnaddressed:
+	case l.Dead != "":
+		return Plan{}, fmt.Errorf("SUP pair refused: %s after our handle was written", l.Dead)
+	case hello.Kind == wire.PairUnaddressed:
 		return Plan{Kind: wire.PairUnaddressed}, nil
 	}
 	pair, err := acceptPair(adv, wire.HelloPair{Local: hello.Local, Peer: hello.Peer}, l, routes, relay)

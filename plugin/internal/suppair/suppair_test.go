@@ -615,3 +615,40 @@ func TestSupQPCount(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadSupDevice: a side whose every SUP port's device died builds no SUP QPs, and both
+// ends agree on that through the wire, whatever the other end's ports (addressed, unaddressed
+// InfiniBand); an acceptor whose device died after its handle was written refuses a pair on it
+// with the reason instead of building QPs on a dead device.
+func TestDeadSupDevice(t *testing.T) {
+	dead := side{l: Local{Dead: "the device of every SUP port of fused device 0 died"}}
+	ib := side{l: Local{Unaddressed: "SUP is InfiniBand"}}
+	for _, tt := range []struct {
+		name                string
+		listener, connector side
+	}{
+		{"dead listener, addressed connector", dead, a1},
+		{"dead listener, unaddressed connector", dead, ib},
+		{"dead connector, addressed listener", a2, dead},
+		{"dead connector, unaddressed listener", ib, dead},
+		{"both dead", dead, dead},
+	} {
+		o := handshake(t, tt.listener, tt.connector, true)
+		if o.connErr != nil || o.accErr != nil || o.conn.SUP() || o.acc.SUP() {
+			t.Errorf("%s: want no SUP on either end: %+v", tt.name, o)
+		}
+		if err := o.agree(); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+	}
+	// The listener's device died after it wrote an addressed handle.
+	h := wire.Handle{Addr: netip.MustParseAddrPort("10.0.1.12:40000"), Nonce: 77}
+	Advertise(&h, a2.l, false)
+	plan, err := Connect(h, a1.l, nil, false, true)
+	if err != nil || !plan.SUP() {
+		t.Fatalf("connector's plan: %v %v", plan, err)
+	}
+	if _, err := Accept(h, plan.Hello(h.Nonce, false), dead.l, nil, false, true); err == nil || !strings.Contains(err.Error(), "died") {
+		t.Errorf("acceptor whose SUP device died since its handle: err %v, want a refusal naming the death", err)
+	}
+}
