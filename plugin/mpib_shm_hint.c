@@ -294,15 +294,23 @@ void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_ba
   atomic_store_explicit(&s->flush_wall_ns, b->wall_ns, memory_order_relaxed);
 }
 
+/* The connection's table entry keeps the state first, so that a slot claimed later copies it
+ * (mpib_shm_conn.c, shm_rails_settle: the fence pairs with the one there). */
 void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns) {
+  if (shm == NULL || id >= MPIB_SHM_MAX_CONNS || (rail != 0 && rail != 1)) {
+    return;
+  }
+  atomic_store_explicit(&shm->conns[id].rail_state_ns[rail], realtime_ns, memory_order_relaxed);
+  atomic_store_explicit(&shm->conns[id].rail_state[rail], (uint8_t)state, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst);
   uint32_t slot = 0;
   struct shm_map *m = shm_bound(shm, id, &slot);
-  if (m == NULL || (rail != 0 && rail != 1)) {
+  if (m == NULL) {
     return;
   }
   struct shm_slot *s = &m->slots[slot];
-  /* Every rail is up at registration, so leaving "up" is a failover and returning to it a
-   * recovery; a state set again to the value it has counts nothing. */
+  /* Leaving "up" is a failover and returning to it a recovery; a state set again to the value
+   * it has counts nothing. A claim starts from the connection's states with both counts 0. */
   int was_up = atomic_load_explicit(&s->rail_state[rail], memory_order_relaxed) == MPIB_SHM_RAIL_UP;
   if (state != MPIB_SHM_RAIL_UP && was_up) {
     atomic_fetch_add_explicit(&s->failovers, 1, memory_order_relaxed);
