@@ -1,9 +1,9 @@
 /*
  * The hint segment on the data path: the seqlock read (spec 5.1), hint resolution (spec 5.3)
  * with its per-slot peer cache, and the connection's telemetry in its slot (spec 4.3).
- * Callers: mpib_p2p.c (mpib_shm_read_hint per transfer), mpib_slots.c (telemetry flushes and
- * rail states), mpib_shm_conn.c (mpib_shm_now_ns, shm_bound). Offers what mpib_shm.h and
- * mpib_shm_hint.h declare. No lock, no system call, no allocation: a vDSO clock read, loads
+ * Callers: mpib_p2p.c (mpib_shm_read_hint once per telemetry batch), mpib_slots.c (telemetry
+ * flushes and rail states), mpib_shm_conn.c (mpib_shm_now_ns, shm_bound). Offers what
+ * mpib_shm.h and mpib_shm_hint.h declare. No lock, no system call, no allocation: a vDSO clock read, loads
  * and relaxed atomics on the mapping, every index bounds-checked.
  */
 #ifndef _GNU_SOURCE
