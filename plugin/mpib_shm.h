@@ -14,7 +14,8 @@
  *   new segment), and detaches when the segment is truncated;
  *   register each connection at connect/accept (an id valid for the handle's life, bound to a
  *   slot of the current segment whenever one is attached), release it at close;
- *   call mpib_shm_read_hint per transfer (no system call: a vDSO clock read and a few loads),
+ *   call mpib_shm_read_hint before a connection's first message and after each telemetry batch,
+ *   keeping the result until the next (no system call: a vDSO clock read and a few loads),
  *   publish the connection's telemetry in batches with mpib_shm_flush_telemetry (posted and
  *   completed bytes and requests per rail, busy time, bytes in flight, the applied split).
  * Liveness: the handle keeps the segment's file open and holds an OFD lock on the first byte

@@ -66,7 +66,48 @@ int shm_add_map(mpib_shm *shm, struct shm_map *m) {
 
 /* ---- registration (spec 5.4) ---- */
 
-static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t pid) {
+/* Copies connection c's rail states and their times into slot s. */
+static void shm_rails_copy(struct shm_slot *s, const struct shm_conn *c) {
+  for (int r = 0; r < 2; r++) {
+    atomic_store_explicit(&s->rail_state_ns[r], atomic_load_explicit(&c->rail_state_ns[r], memory_order_relaxed),
+                          memory_order_relaxed);
+    atomic_store_explicit(&s->rail_state[r], atomic_load_explicit(&c->rail_state[r], memory_order_relaxed),
+                          memory_order_relaxed);
+  }
+}
+
+static int shm_rails_same(const struct shm_slot *s, const struct shm_conn *c) {
+  for (int r = 0; r < 2; r++) {
+    if (atomic_load_explicit(&s->rail_state[r], memory_order_relaxed) !=
+            atomic_load_explicit(&c->rail_state[r], memory_order_relaxed) ||
+        atomic_load_explicit(&s->rail_state_ns[r], memory_order_relaxed) !=
+            atomic_load_explicit(&c->rail_state_ns[r], memory_order_relaxed)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* After connection c was bound to slot s: leaves in s the rail states c holds now. The data
+ * path stores c's states, then (seq_cst fence) loads the binding and writes the slot it finds
+ * (mpib_shm_set_rail_state); the binding was stored before this function's fence. So either
+ * the data path saw this binding and writes s itself, later in each field's modification order
+ * than the copy checked here, or the check below sees its store and copies it again. The
+ * bound only stops a data path changing states without pause, which failover never does. */
+static void shm_rails_settle(struct shm_slot *s, const struct shm_conn *c) {
+  for (int k = 0; k < 64; k++) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (shm_rails_same(s, c)) {
+      return;
+    }
+    shm_rails_copy(s, c);
+  }
+}
+
+/* A claim's slot: a new gen, connection c's descriptor and rail states, zero telemetry. */
+static void shm_slot_fill(struct shm_slot *s, const struct shm_conn *c) {
+  const mpib_conn_desc *d = &c->d;
+  uint32_t pid = d->pid;
   uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1u;
   atomic_store_explicit(&s->gen, gen == 0 ? 1u : gen, memory_order_relaxed);
   atomic_store_explicit(&s->conn_id, d->conn_id, memory_order_relaxed);
@@ -99,9 +140,8 @@ static void shm_slot_fill(struct shm_slot *s, const mpib_conn_desc *d, uint32_t 
   atomic_store_explicit(&s->failovers, 0, memory_order_relaxed);
   atomic_store_explicit(&s->recoveries, 0, memory_order_relaxed);
   atomic_store_explicit(&s->applied_sup_bw, 0, memory_order_relaxed);
+  shm_rails_copy(s, c);
   for (int r = 0; r < 2; r++) {
-    atomic_store_explicit(&s->rail_state[r], MPIB_SHM_RAIL_UP, memory_order_relaxed);
-    atomic_store_explicit(&s->rail_state_ns[r], 0, memory_order_relaxed);
     atomic_store_explicit(&s->done[r].bytes, 0, memory_order_relaxed);
     atomic_store_explicit(&s->done[r].requests, 0, memory_order_relaxed);
     atomic_store_explicit(&s->done[r].inflight_bytes, 0, memory_order_relaxed);
@@ -170,13 +210,14 @@ static int shm_take(mpib_shm *shm, int mi, uint32_t i, uint32_t id) {
     shm_lock_byte(m->fd, off, F_UNLCK);
     return -EBUSY;
   }
-  shm_slot_fill(s, d, d->pid);
+  shm_slot_fill(s, &shm->conns[id]);
   shm_map_hold(m, i, 1);
   shm_peer_cache_reset(m, i);
   atomic_store_explicit(&s->owner, SHM_STATE_ACTIVE | (uint64_t)d->pid << 32, memory_order_release);
   int waited = shm_waiting(shm, id);
   uint64_t old = atomic_load_explicit(&shm->bind[id], memory_order_relaxed);
   atomic_store_explicit(&shm->bind[id], (uint64_t)mi << 32 | i, memory_order_release);
+  shm_rails_settle(s, &shm->conns[id]);
   if (old != 0) {
     struct shm_map *om = atomic_load_explicit(&shm->maps[(old >> 32) - 1], memory_order_relaxed);
     shm_unclaim(om, (uint32_t)old, d->pid);
@@ -244,6 +285,10 @@ int mpib_shm_register(mpib_shm *shm, const mpib_conn_desc *d, uint32_t *id_out) 
     shm->conns[id].d.pid = (uint32_t)getpid();
   }
   shm->conns[id].used = 1;
+  for (int r = 0; r < 2; r++) { /* every rail is in service when a connection registers */
+    atomic_store_explicit(&shm->conns[id].rail_state[r], MPIB_SHM_RAIL_UP, memory_order_relaxed);
+    atomic_store_explicit(&shm->conns[id].rail_state_ns[r], 0, memory_order_relaxed);
+  }
   shm->unbound++; /* waiting until the search below binds it */
   int cur = atomic_load_explicit(&shm->cur, memory_order_relaxed);
   pthread_mutex_unlock(&shm->mu);

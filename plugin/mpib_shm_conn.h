@@ -30,6 +30,13 @@
 struct shm_conn {
   mpib_conn_desc d;
   int used;
+  /* The connection's rail states (MPIB_SHM_RAIL_*) and the CLOCK_REALTIME ns of their last
+   * store, per rail (0 SOUT, 1 SUP): the data path stores them (mpib_shm_set_rail_state)
+   * whether or not the connection has a slot, and every claim copies them into its slot, so
+   * that a rail that failed while the connection had none (no segment yet, a full or
+   * replaced one) does not read "up" once it has one. Reset by registration. */
+  _Atomic uint8_t rail_state[2];
+  _Atomic uint64_t rail_state_ns[2];
 };
 
 /* Locks. mu guards the connection table and the bindings; it is held only for table updates

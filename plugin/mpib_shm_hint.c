@@ -1,9 +1,9 @@
 /*
  * The hint segment on the data path: the seqlock read (spec 5.1), hint resolution (spec 5.3)
  * with its per-slot peer cache, and the connection's telemetry in its slot (spec 4.3).
- * Callers: mpib_p2p.c (mpib_shm_read_hint per transfer), mpib_slots.c (telemetry flushes and
- * rail states), mpib_shm_conn.c (mpib_shm_now_ns, shm_bound). Offers what mpib_shm.h and
- * mpib_shm_hint.h declare. No lock, no system call, no allocation: a vDSO clock read, loads
+ * Callers: mpib_p2p.c (mpib_shm_read_hint once per telemetry batch), mpib_slots.c (telemetry
+ * flushes and rail states), mpib_shm_conn.c (mpib_shm_now_ns, shm_bound). Offers what
+ * mpib_shm.h and mpib_shm_hint.h declare. No lock, no system call, no allocation: a vDSO clock read, loads
  * and relaxed atomics on the mapping, every index bounds-checked.
  */
 #ifndef _GNU_SOURCE
@@ -20,7 +20,8 @@
  * SHM_PEER_RESCAN_NS. An agent that changes peers_epoch on every read then costs a few scans
  * per interval, not one of npeers entries per read; a table that stops changing applies
  * within one interval. A slot's first scan for a registration (its claim leaves the slot's
- * cache unprimed) is never limited; a slot gen that changes while the slot is ours is. */
+ * cache unprimed) is never limited; a slot gen that changes while the slot is ours is, and so
+ * is the scan that completes one that skipped a busy entry (SHM_PEER_PARTIAL). */
 #define SHM_PEER_RESCAN_NS 100000000ull
 #define SHM_PEER_RESCAN_BURST 8u
 
@@ -74,13 +75,24 @@ static int shm_prefix_match(uint32_t ip, uint32_t key, uint8_t prefix_len) {
   return (ip & mask) == (key & mask);
 }
 
-/* Longest valid matching prefix, ties to the lowest index; SHM_NO_PEER when none. */
+/* A peer cache entry's index with this bit set came from a scan that skipped a busy entry. */
+#define SHM_PEER_PARTIAL 0x80000000u
+
+/* Longest valid matching prefix, ties to the lowest index; SHM_NO_PEER when none. A busy
+ * entry is skipped and the result marked SHM_PEER_PARTIAL: the entry may be the match (or a
+ * longer one), and peers_epoch need not change when its write ends (a writer that changes
+ * only sup_bw), so the result must not stand for the epoch. */
 static uint32_t shm_peer_scan(struct shm_map *m, uint32_t ip) {
   uint32_t best = SHM_NO_PEER;
+  uint32_t partial = 0;
   int best_len = -1;
   for (uint32_t j = 0; j < m->npeers; j++) {
     mpib_shm_record r;
-    if (shm_rec_read(&m->peers[j], &r) != 0 || !(r.flags & SHM_FLAG_VALID)) {
+    if (shm_rec_read(&m->peers[j], &r) != 0) {
+      partial = SHM_PEER_PARTIAL;
+      continue;
+    }
+    if (!(r.flags & SHM_FLAG_VALID)) {
       continue;
     }
     if (shm_prefix_match(ip, r.peer_ip, r.prefix_len) && (int)r.prefix_len > best_len) {
@@ -88,7 +100,7 @@ static uint32_t shm_peer_scan(struct shm_map *m, uint32_t ip) {
       best_len = r.prefix_len;
     }
   }
-  return best;
+  return best | partial;
 }
 
 /* 1 when the agent may cost a peer-table scan now (SHM_PEER_RESCAN_*), a generic cell rate
@@ -117,9 +129,13 @@ static uint32_t shm_peers_epoch(struct shm_map *m, uint64_t now) {
   return epoch;
 }
 
-static void shm_peer_cache_put(struct peer_cache *c, uint64_t tag, uint32_t idx) {
+/* Scans the peer table for ip and keeps the result in cache c under tag (partial or not);
+ * returns the index found (>= npeers: none). */
+static uint32_t shm_peer_rescan(struct shm_map *m, struct peer_cache *c, uint64_t tag, uint32_t ip) {
+  uint32_t idx = shm_peer_scan(m, ip);
   atomic_store_explicit(&c->idx, idx, memory_order_relaxed);
   atomic_store_explicit(&c->tag, tag, memory_order_release);
+  return idx & ~SHM_PEER_PARTIAL;
 }
 
 static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, uint32_t ip, uint64_t now,
@@ -129,7 +145,12 @@ static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, 
   *tag_out = tag;
   uint64_t cached = atomic_load_explicit(&c->tag, memory_order_acquire);
   if (cached == tag) {
-    return atomic_load_explicit(&c->idx, memory_order_relaxed);
+    /* A partial scan's result applies until the limiter grants the scan that completes it. */
+    uint32_t idx = atomic_load_explicit(&c->idx, memory_order_relaxed);
+    if (!(idx & SHM_PEER_PARTIAL) || !shm_rescan_granted(m, now)) {
+      return idx & ~SHM_PEER_PARTIAL;
+    }
+    return shm_peer_rescan(m, c, tag, ip);
   }
   /* The slot's gen is written once, by the claim, which leaves the cache unprimed. A gen that
    * moves under a primed cache was written by someone else: its scans wait for the limiter,
@@ -137,9 +158,7 @@ static uint32_t shm_peer_lookup(struct shm_map *m, uint32_t slot, uint32_t gen, 
   if (cached != SHM_CACHE_UNPRIMED && (uint32_t)cached != gen && !shm_rescan_granted(m, now)) {
     return SHM_NO_PEER;
   }
-  uint32_t idx = shm_peer_scan(m, ip);
-  shm_peer_cache_put(c, tag, idx);
-  return idx;
+  return shm_peer_rescan(m, c, tag, ip);
 }
 
 static int shm_apply(mpib_shm_hint *out, uint32_t sup_bw, uint8_t source) {
@@ -165,8 +184,7 @@ static int shm_resolve_peer(struct shm_map *m, uint32_t slot, uint32_t gen, uint
     if (pass == 0) {
       j = shm_peer_lookup(m, slot, gen, ip, now, &tag);
     } else if (shm_rescan_granted(m, now)) {
-      j = shm_peer_scan(m, ip);
-      shm_peer_cache_put(&m->cache[slot], tag, j); /* the next reads use what it found */
+      j = shm_peer_rescan(m, &m->cache[slot], tag, ip); /* the next reads use what it found */
     } else {
       return 0; /* no peer hint until the limiter grants a scan */
     }
@@ -294,15 +312,23 @@ void mpib_shm_flush_telemetry(mpib_shm *shm, uint32_t id, const mpib_shm_tele_ba
   atomic_store_explicit(&s->flush_wall_ns, b->wall_ns, memory_order_relaxed);
 }
 
+/* The connection's table entry keeps the state first, so that a slot claimed later copies it
+ * (mpib_shm_conn.c, shm_rails_settle: the fence pairs with the one there). */
 void mpib_shm_set_rail_state(mpib_shm *shm, uint32_t id, int rail, int state, uint64_t realtime_ns) {
+  if (shm == NULL || id >= MPIB_SHM_MAX_CONNS || (rail != 0 && rail != 1)) {
+    return;
+  }
+  atomic_store_explicit(&shm->conns[id].rail_state_ns[rail], realtime_ns, memory_order_relaxed);
+  atomic_store_explicit(&shm->conns[id].rail_state[rail], (uint8_t)state, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst);
   uint32_t slot = 0;
   struct shm_map *m = shm_bound(shm, id, &slot);
-  if (m == NULL || (rail != 0 && rail != 1)) {
+  if (m == NULL) {
     return;
   }
   struct shm_slot *s = &m->slots[slot];
-  /* Every rail is up at registration, so leaving "up" is a failover and returning to it a
-   * recovery; a state set again to the value it has counts nothing. */
+  /* Leaving "up" is a failover and returning to it a recovery; a state set again to the value
+   * it has counts nothing. A claim starts from the connection's states with both counts 0. */
   int was_up = atomic_load_explicit(&s->rail_state[rail], memory_order_relaxed) == MPIB_SHM_RAIL_UP;
   if (state != MPIB_SHM_RAIL_UP && was_up) {
     atomic_fetch_add_explicit(&s->failovers, 1, memory_order_relaxed);

@@ -28,7 +28,7 @@
 #define SHM_STATE_FREE 0u
 #define SHM_STATE_CLAIMING 1u
 #define SHM_STATE_ACTIVE 2u
-#define SHM_NO_PEER UINT32_MAX
+#define SHM_NO_PEER 0x7FFFFFFFu /* no peer entry: never an index (npeers <= 4096); bit 31 stays free */
 
 /* Hint record (spec 4.2); also the peer entry (4.4). */
 struct shm_rec {

@@ -37,6 +37,36 @@ static void shm_rec_write(struct shm_rec *r, const mpib_shm_record *v) {
   atomic_store_explicit(&r->seq, w + 1u, memory_order_release);
 }
 
+/* Clears record r if a dead writer left its seq odd (spec 5.1, repair; the caller holds the
+ * writer lock, so no live writer is mid-write): 1 when it did. */
+static int shm_rec_repair(struct shm_rec *r) {
+  if (!(atomic_load_explicit(&r->seq, memory_order_relaxed) & 1u)) {
+    return 0;
+  }
+  const mpib_shm_record none = {0};
+  shm_rec_write(r, &none); /* reuses the odd seq, zeroes every field, then even */
+  return 1;
+}
+
+int mpib_shm_repair(mpib_shm *shm) {
+  struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
+  if (m == NULL) {
+    return -ERANGE;
+  }
+  int n = shm_rec_repair(&m->hdr->cls[0]) + shm_rec_repair(&m->hdr->cls[1]);
+  for (uint32_t i = 0; i < m->nslots; i++) {
+    n += shm_rec_repair(&m->slots[i].hint);
+  }
+  int peers = 0;
+  for (uint32_t j = 0; j < m->npeers; j++) {
+    peers += shm_rec_repair(&m->peers[j]);
+  }
+  if (peers > 0) {
+    atomic_fetch_add_explicit(&m->hdr->peers_epoch, 1, memory_order_release);
+  }
+  return n + peers;
+}
+
 int mpib_shm_write_slot_record(mpib_shm *shm, uint32_t slot, const mpib_shm_record *r) {
   struct shm_map *m = shm == NULL ? NULL : shm_cur(shm);
   if (m == NULL || slot >= m->nslots) {
@@ -100,8 +130,10 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
     return -ERANGE;
   }
   uint32_t target = SHM_NO_PEER, free_idx = SHM_NO_PEER;
+  int repaired = 0;
   for (uint32_t j = 0; j < m->npeers && target == SHM_NO_PEER; j++) {
     mpib_shm_record r;
+    repaired |= shm_rec_repair(&m->peers[j]); /* an odd entry is neither the key nor free */
     if (shm_rec_read(&m->peers[j], &r) != 0) {
       continue;
     }
@@ -113,6 +145,9 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
   }
   if (target == SHM_NO_PEER) {
     if (!valid) {
+      if (repaired) {
+        atomic_fetch_add_explicit(&m->hdr->peers_epoch, 1, memory_order_release);
+      }
       return 0; /* nothing to clear */
     }
     if (free_idx == SHM_NO_PEER) {

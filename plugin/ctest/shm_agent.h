@@ -15,6 +15,10 @@
 int mpib_shm_create(const char *path, uint32_t nslots, uint32_t npeers, char *err, size_t errlen);
 /* Stamps the heartbeat (CLOCK_MONOTONIC ns) and this process as the agent. */
 void mpib_shm_heartbeat(mpib_shm *shm, uint64_t now_ns);
+/* Clears every hint record (class, slot, peer) whose seq a dead writer left odd, then bumps
+ * peers_epoch when a peer entry was one (spec 5.1, repair): how many, or -ERANGE. The peer
+ * writer below repairs the entries its scan meets the same way. */
+int mpib_shm_repair(mpib_shm *shm);
 /* Writes r over the slot's hint record under the seqlock, as is: 0 or -ERANGE. */
 int mpib_shm_write_slot_record(mpib_shm *shm, uint32_t slot, const mpib_shm_record *r);
 /* valid = 0 clears. Values above 1024 are stored clamped; returns 1 when clamped, else 0,
