@@ -941,7 +941,8 @@ static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
           mpib_rail_name(r), rec.ranges[slot], slot, rec.full[slot], req->expected_mask);
       return ncclRemoteError;
     }
-    req->wrote_rails |= 1u << r;
+    int qi = mpib_chain_qp(c, r, req->seq); /* the confirmed ranges' carrier on r: its lane placed them */
+    req->wrote_lanes |= 1u << (qi >= 0 ? c->qps[qi].lane : r);
     MPIB_INFO("%s rail: slot %d: ranges %u confirmed by the sender (their completion was lost with the rail)",
               mpib_rail_name(r), slot, rec.ranges[slot]);
     if (complete) {
