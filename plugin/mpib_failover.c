@@ -421,7 +421,7 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   rc->since_ns = mpib_now_ns();
   rc->keepalive_out = 0;
   if (!retrying) mpib_publish_rail_state(c, r);
-  if (!mpib_rail_fatal(c, r)) mpib_rail_to_error(c, r);
+  mpib_rail_to_error(c, r); /* lane by lane: a dead lane's QPs are left, the live lanes' stop */
   ncclResult_t res = c->is_send ? ncclSuccess : recv_leave_cts_rail(c, r);
   if (res != ncclSuccess) return res;
   if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);

@@ -173,10 +173,12 @@ static struct fqp *fqp_of(const struct ibv_qp *q) { return &fq[q - vqp]; }
 int mpib_rail_base(const struct mpib_comm *c, int r) { return r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT]; }
 static int side_of(const struct mpib_comm *c) { return c == comm_of[SEND] ? SEND : RECV; }
 
+/* As mpib_rebuild.c's: every QP on a live lane; a dead device's are left (its responder may
+ * still be answering). */
 int mpib_rail_to_error(struct mpib_comm *c, int rail) {
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     struct fqp *f = fqp_of(c->qps[mpib_rail_base(c, rail) + i].qp);
-    if (!f->err) qp_error(f, IBV_WC_WR_FLUSH_ERR);
+    if (!f->err && !fatal[side_of(c)][f->lane]) qp_error(f, IBV_WC_WR_FLUSH_ERR);
   }
   return 0;
 }
