@@ -206,7 +206,7 @@ struct mpib_request {
   /* recv */
   uint32_t expected_mask; /* the slot's full range mask, from its first immediate (0: none yet) */
   uint32_t have_mask;     /* ranges confirmed by an immediate (mpib_recv_ranges_arrived) */
-  uint32_t wrote_rails;   /* rails whose writes landed bytes of it: the ones iflush must order */
+  uint32_t wrote_lanes;   /* lanes whose NIC placed bytes of it (each range's carrier QP's): what iflush orders */
   /* flush (mpib_flush.c) */
   uint32_t flush_lanes;     /* lanes with a flush read outstanding */
   uint32_t flush_redo;      /* lanes whose read failed or was lost with a QP reset: posted again */
@@ -416,7 +416,7 @@ struct mpib_comm {
   struct ibv_cq *flush_cq[MPIB_NLANES];
   struct ibv_mr *flush_mr[MPIB_NLANES];
   uint8_t *flush_buf;                /* one page, NIC-read */
-  uint32_t flush_due;                /* rails that wrote bytes of the receive test() returned last, until iflush */
+  uint32_t flush_due;                /* lanes that placed bytes of the receive test() returned last, until iflush */
   int flushes_open;                  /* flush requests posted and not done yet */
   uint8_t flush_broken[MPIB_NLANES]; /* a read failed on the lane's flush QP: reset before its next use */
 
@@ -563,7 +563,7 @@ static inline struct mpib_request *mpib_req_alloc(struct mpib_comm *c, int type)
   r->size = 0;
   r->tag = 0;
   r->mh = NULL;
-  r->expected_mask = r->have_mask = r->wrote_rails = 0;
+  r->expected_mask = r->have_mask = r->wrote_lanes = 0;
   r->flush_lanes = r->flush_redo = 0;
   r->flush_addr = NULL;
   r->flush_failed_ns = 0;

@@ -478,6 +478,9 @@ static int rail_qps_connect(struct mpib_comm *c, int r, int base) {
     if (rc) {
       MPIB_WARN("%s rail: QP %u to remote QP %u cannot reach RTS: %s", mpib_rail_name(r), q->qp->qp_num,
                 c->rem_rail[r].qpn[i], strerror(-rc));
+      /* The rail starts DOWN: the QPs that reached RTR or RTS (another lane's, on a striped
+       * rail) must not take the peer's writes on a rail out of service. */
+      (void)mpib_rail_qps_to_error(c, r);
       return rc;
     }
   }

@@ -421,7 +421,7 @@ static ncclResult_t fence_rail(struct mpib_comm *c, int r, const char *reason) {
   rc->since_ns = mpib_now_ns();
   rc->keepalive_out = 0;
   if (!retrying) mpib_publish_rail_state(c, r);
-  if (!mpib_rail_fatal(c, r)) mpib_rail_to_error(c, r);
+  mpib_rail_to_error(c, r); /* lane by lane: a dead lane's QPs are left, the live lanes' stop */
   ncclResult_t res = c->is_send ? ncclSuccess : recv_leave_cts_rail(c, r);
   if (res != ncclSuccess) return res;
   if (c->is_send && strcmp(reason, "peer-fence") != 0) return post_notice(c, r, MPIB_NOTICE_FAIL);
@@ -941,7 +941,8 @@ static ncclResult_t recv_confirm(struct mpib_comm *c, int r) {
           mpib_rail_name(r), rec.ranges[slot], slot, rec.full[slot], req->expected_mask);
       return ncclRemoteError;
     }
-    req->wrote_rails |= 1u << r;
+    int qi = mpib_chain_qp(c, r, req->seq); /* the confirmed ranges' carrier on r: its lane placed them */
+    req->wrote_lanes |= 1u << (qi >= 0 ? c->qps[qi].lane : r);
     MPIB_INFO("%s rail: slot %d: ranges %u confirmed by the sender (their completion was lost with the rail)",
               mpib_rail_name(r), slot, rec.ranges[slot]);
     if (complete) {

@@ -3,10 +3,11 @@
  * (mpib_iflush) and by the message path's test() (mpib_flush_test), both in mpib_flush.h; calls
  * comm setup's QP helpers to reset a loopback flush QP. Pure C, no Go calls.
  *
- * A flush is a 1-byte loopback RDMA read on each lane of a rail whose writes landed bytes of
- * receives completed since the last flush (a rail that carried a range, original or replay;
- * net_ib reads on every device of the comm). One read after those completions orders all of
- * them, so a flush covers every receive completed before it.
+ * A flush is a 1-byte loopback RDMA read on each lane whose NIC placed bytes of receives
+ * completed since the last flush (the lane of the QP that carried a range, original or replay;
+ * net_ib reads on every device of the comm). A NIC orders only what it placed itself, and one
+ * read after those completions orders all of them, so a flush covers every receive completed
+ * before it. A striped lane that placed none of them is neither read nor required alive.
  *
  * A read that fails orders nothing, so it never counts as done: net_ib 2.30 fails the request
  * (test() returns ncclRemoteError); MPIB posts it again on its lane's loopback QP, reset with the
@@ -24,13 +25,13 @@
 #include "mpib_flush.h"
 #include "mpib_qp.h"
 
-/* A rail whose device died after writing bytes of a completed receive cannot order them: the
+/* A lane whose device died after placing bytes of a completed receive cannot order them: the
  * flush fails instead of waiting on a CQ nobody polls (net_ib fails test() when a fatal
  * device's completion shows up). */
-static ncclResult_t flush_rail_dead(struct mpib_comm *c, int rail) {
+static ncclResult_t flush_lane_dead(struct mpib_comm *c, int lane) {
   MPIB_WARN("recv comm: flush: the %s device %s died after writing bytes of a completed receive; they cannot be "
             "ordered before the GPU reads them",
-            mpib_rail_name(rail), mpib_rail_fault_nic(c, rail));
+            mpib_rail_name(mpib_lane_rail(lane)), c->nic[lane]->name);
   c->failure_reported = 1;
   return ncclSystemError;
 }
@@ -143,7 +144,7 @@ ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
   for (int lane = 0; lane < MPIB_NLANES; lane++) {
     if (!c->flush_cq[lane]) continue;
     if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) {
-      if ((req->flush_lanes | req->flush_redo) & (1u << lane)) return flush_rail_dead(c, mpib_lane_rail(lane));
+      if ((req->flush_lanes | req->flush_redo) & (1u << lane)) return flush_lane_dead(c, lane);
       continue;
     }
     flush_poll_lane(c, lane);
@@ -157,17 +158,15 @@ ncclResult_t mpib_flush_test(struct mpib_comm *c, struct mpib_request *req) {
   return ncclSuccess;
 }
 
-/* The rails of the flushes still open with a read outstanding, or to post again, on a lane:
- * the receives they cover are ordered once those reads complete. */
-static uint32_t open_flush_rails(const struct mpib_comm *c) {
-  uint32_t lanes = 0, rails = 0;
+/* The lanes where a flush still open has a read outstanding, or to post again: the receives
+ * they cover are ordered once those reads complete. */
+static uint32_t open_flush_lanes(const struct mpib_comm *c) {
+  uint32_t lanes = 0;
   for (int i = 0; i < c->nreqs_pool; i++) {
     const struct mpib_request *r = &c->reqs[i];
     if (r->type == MPIB_REQ_FLUSH && !r->done) lanes |= r->flush_lanes | r->flush_redo;
   }
-  for (int lane = 0; lane < MPIB_NLANES; lane++)
-    if (lanes & (1u << lane)) rails |= 1u << mpib_lane_rail(lane);
-  return rails;
+  return lanes;
 }
 
 ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
@@ -177,35 +176,33 @@ ncclResult_t mpib_iflush(void *recvComm, int n, void **data, int *sizes, void **
   for (int r = 0; r < n; r++) {
     if (sizes[r] > 0) last = r;
   }
-  /* The rails to read on: those that wrote the receive test() returned last (flush_due: NCCL
-   * flushes a receive right after the test() that returned it, with no other call on the comm
-   * between, in every version from 2.19 to 2.30, net.cc's recvProxyProgress), and the rails
-   * where an open flush still reads. The receive this iflush is for may be one
+  /* The lanes to read on: those that placed bytes of the receive test() returned last
+   * (flush_due: NCCL flushes a receive right after the test() that returned it, with no other
+   * call on the comm between, in every version from 2.19 to 2.30, net.cc's recvProxyProgress),
+   * and the lanes where an open flush still reads. The receive this iflush is for may be one
    * an open flush covers (it completed before that flush's reads were posted), and only their
    * completion orders its bytes: answering "nothing to flush" then would hand NCCL a buffer
    * whose bytes may not be visible yet. A new read behind the open ones orders them all
    * (net_ib reads on every iflush; MPIB skips the read only when nothing is left to order). A
-   * rail whose reads all completed is not read again: a rail failed over since then does not
-   * fail this flush. */
-  uint32_t rails = c->flush_due | (c->flushes_open > 0 ? open_flush_rails(c) : 0);
-  if (!mpib_g.flush_enabled || last < 0 || rails == 0) return ncclSuccess;
+   * lane whose reads all completed is not read again, and a lane that placed nothing is not
+   * read at all: a device that died under either (a striped SUP port that carried none of
+   * these bytes) does not fail this flush. */
+  uint32_t lanes = c->flush_due | (c->flushes_open > 0 ? open_flush_lanes(c) : 0);
+  if (!mpib_g.flush_enabled || last < 0 || lanes == 0) return ncclSuccess;
   struct mpib_mr *mh = mhandles ? mhandles[last] : NULL;
   ncclResult_t checked = mpib_check_mhandle(c, mh, (size_t)sizes[last], "iflush");
   if (checked != ncclSuccess) return checked;
-  for (int rail = 0; rail < MPIB_NRAILS; rail++)
-    if ((rails & (1u << rail)) && mpib_rail_fatal(c, rail)) return flush_rail_dead(c, rail);
-  uint32_t lanes = 0; /* every lane of a rail that wrote: each NIC orders its own */
   for (int lane = 0; lane < MPIB_NLANES; lane++) {
-    if (!(rails & (1u << mpib_lane_rail(lane))) || !c->flush_qp[lane]) continue;
+    if (!(lanes & (1u << lane))) continue;
+    if (__atomic_load_n(&c->nic[lane]->fatal, __ATOMIC_ACQUIRE)) return flush_lane_dead(c, lane);
+    if (!c->flush_qp[lane]) { /* a lane that placed bytes has a flush QP: a read elsewhere orders nothing of them */
+      MPIB_WARN("iflush: no flush QP on %s, which wrote bytes of the receive", c->nic[lane]->name);
+      return ncclInternalError;
+    }
     if (!mpib_comm_mr(c, mh, lane)) {
       MPIB_WARN("iflush: the receive's buffer is not registered on %s, which wrote bytes of it", c->nic[lane]->name);
       return ncclInvalidArgument;
     }
-    lanes |= 1u << lane;
-  }
-  if (lanes == 0) { /* a rail that wrote has a flush QP on each of its lanes: a request with no read orders nothing */
-    MPIB_WARN("iflush: no flush QP on the rails that wrote (mask %u)", rails);
-    return ncclInternalError;
   }
   struct mpib_request *req = mpib_req_alloc(c, MPIB_REQ_FLUSH);
   if (!req) {

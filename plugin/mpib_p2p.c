@@ -496,7 +496,9 @@ static ncclResult_t on_send_completion(struct mpib_comm *c, int rail, uint64_t i
   return ncclSuccess;
 }
 
-static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const struct ibv_wc *wc) {
+/* A receive completion of lane `lane` (a lane of `rail`): that lane's NIC placed the ranges it
+ * confirms. */
+static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, int lane, const struct ibv_wc *wc) {
   uint32_t slot, mask, seq8, imm_size;
   if (!(wc->wc_flags & IBV_WC_WITH_IMM) || mpib_imm_decode(wc->imm_data, &slot, &mask, &seq8, &imm_size) != 0) {
     MPIB_WARN("%s rail: malformed completion from the peer (imm 0x%x)", mpib_rail_name(rail), wc->imm_data);
@@ -529,7 +531,7 @@ static ncclResult_t on_recv_completion(struct mpib_comm *c, int rail, const stru
         (unsigned long long)c->fifo_head);
     return ncclRemoteError;
   }
-  req->wrote_rails |= 1u << rail;
+  req->wrote_lanes |= 1u << lane;
   if (mpib_profiling()) mpib_prof_recv_rail_done(req, rail);
   if (!complete) return ncclSuccess;
   return mpib_recv_finish(c, rail, slot, req, imm_size);
@@ -551,7 +553,7 @@ static ncclResult_t handle_completion(struct mpib_comm *c, int rail, int lane, c
   if (id == MPIB_WRID_RECV) { /* an SRQ receive: they outlive QP generations */
     c->srq_posted[lane]--;
     if (wc->status != IBV_WC_SUCCESS) return mpib_failover_completion_error(c, rail, wc);
-    return on_recv_completion(c, rail, wc);
+    return on_recv_completion(c, rail, lane, wc);
   }
   int st = c->rail[rail].state;
   if (!mpib_wrid_current(c, rail, id)) return ncclSuccess;
@@ -658,10 +660,10 @@ ncclResult_t mpib_test(void *request, int *done, int *sizes) {
   *done = 1;
   if (sizes && req->type == MPIB_REQ_SEND) sizes[0] = (int)req->size;
   if (req->type == MPIB_REQ_RECV) {
-    /* What NCCL's iflush right after this call must order: this receive's rails alone. A
-     * receive NCCL never flushes (LL and LL128, host memory, zero bytes) leaves nothing behind
-     * to be read on a rail that may have died since. */
-    c->flush_due = req->wrote_rails;
+    /* What NCCL's iflush right after this call must order: the lanes that placed this
+     * receive's bytes alone. A receive NCCL never flushes (LL and LL128, host memory, zero
+     * bytes) leaves nothing behind to be read on a lane that may have died since. */
+    c->flush_due = req->wrote_lanes;
     if (sizes) memcpy(sizes, req->sizes, (size_t)req->nreqs * sizeof(int));
   }
   mpib_req_free(req);

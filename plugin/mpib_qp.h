@@ -28,4 +28,23 @@ uint8_t mpib_qp_traffic_class(const struct mpib_comm *c);
 /* Index of the rail's first QP in c->qps. */
 int mpib_rail_base(const struct mpib_comm *c, int r);
 
+/* Forces rail r's QPs into the error state, lane by lane: the NIC stops sending on them and
+ * drops what arrives for them, and their outstanding work requests complete in error. A QP
+ * whose own lane's device died is skipped (a dead device takes no command); every QP on a lane
+ * that works is moved, so a striped rail with one dead port still takes nothing more through
+ * the others (the fence's promise that replays rest on, and a rail that starts DOWN never
+ * takes the peer's writes). 0 or the first failure's -errno. In line: comm setup (a degraded
+ * start) and rail rebuild (the fence) both use it. */
+static inline int mpib_rail_qps_to_error(struct mpib_comm *c, int r) {
+  int first = 0, base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  for (uint32_t i = 0; i < c->nqps[r]; i++) {
+    const struct mpib_qp *q = &c->qps[base + (int)i];
+    if (q->qp == NULL || __atomic_load_n(&c->nic[q->lane]->fatal, __ATOMIC_ACQUIRE)) continue;
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int rc = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
+    if (rc && !first) first = rc;
+  }
+  return -first;
+}
+
 #endif

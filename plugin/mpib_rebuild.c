@@ -13,17 +13,9 @@
 #include "mpib_rebuild.h"
 #include "mpib_verbs.h"
 
-/* Forces the rail's QPs into the error state: the NIC stops sending on them and drops what
- * arrives for them, and their outstanding work requests complete in error. */
-int mpib_rail_to_error(struct mpib_comm *c, int r) {
-  int first = 0;
-  for (uint32_t i = 0; i < c->nqps[r]; i++) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-    int rc = ibv_modify_qp(c->qps[mpib_rail_base(c, r) + i].qp, &a, IBV_QP_STATE);
-    if (rc && !first) first = rc;
-  }
-  return -first;
-}
+/* Forces the rail's QPs into the error state, each on a lane whose device lives
+ * (mpib_rail_qps_to_error). */
+int mpib_rail_to_error(struct mpib_comm *c, int r) { return mpib_rail_qps_to_error(c, r); }
 
 /* Brings a failed rail's QPs back: RESET, INIT, then RTR/RTS against the same remote QPs
  * (the peer does the same with the same psn). */

@@ -5,7 +5,8 @@
 
 #include "mpib.h"
 
-/* Forces the rail's QPs into the error state: their outstanding work completes in error. */
+/* Forces the rail's QPs into the error state: their outstanding work completes in error. Each
+ * QP on a live lane is moved, whatever the rail's other lanes' devices (a dead one's are left). */
 int mpib_rail_to_error(struct mpib_comm *c, int rail);
 /* Resets the rail's QPs and reconnects them to the peer's same QPs, starting at psn. */
 int mpib_rail_reconnect(struct mpib_comm *c, int rail, uint32_t psn);

@@ -211,7 +211,7 @@ static int post_grouped(struct mpib_comm *c, int slot, int rail, const struct mp
  * that device died), or MPIB_POST_PARTIAL. */
 int mpib_post_chain(struct mpib_comm *c, int slot, int rail, const struct mpib_slot_plan *p, uint32_t ranges,
                     int replay) {
-  int qi = mpib_qp_index(rail, c->slot_reqs[slot][0]->seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+  int qi = mpib_chain_qp(c, rail, c->slot_reqs[slot][0]->seq);
   if (qi < 0 || c->qps[qi].qp == NULL) return EINVAL;
   if (c->slot_matched[slot] == 1 && p->size_in_imm) return post_lone(c, slot, rail, p, ranges, replay, qi);
   return post_grouped(c, slot, rail, p, ranges, replay, qi);

@@ -158,6 +158,13 @@ static inline void mpib_tele_complete(struct mpib_comm *c, int slot, int carrier
   mpib_tele_part_ends(c, carrier, now);
 }
 
+/* The QP that carries rail `rail`'s chains of the slot of sequence `seq`, its original and any
+ * replay alike (-1: the rail has no QP). The receiver's QP of the same index is its peer and
+ * lives on the lane of the same index: what such a chain carried, that lane's NIC placed. */
+static inline int mpib_chain_qp(const struct mpib_comm *c, int rail, uint64_t seq) {
+  return mpib_qp_index(rail, seq, c->nqps[MPIB_RAIL_SOUT], c->nqps[MPIB_RAIL_SUP]);
+}
+
 /* Posts nwr work requests on QP qi within its send-queue depth: 0, ENOMEM (none posted: the
  * queue is full), another errno (none posted) or MPIB_POST_PARTIAL. */
 int mpib_qp_post(struct mpib_comm *c, int qi, struct ibv_send_wr *first, int nwr);

@@ -32,7 +32,8 @@ static struct ibv_context ctx[NNICS];
 static struct ibv_pd pd[NNICS];
 static uint8_t gids[NNICS][TBL][16];
 static int gid_types[NNICS][TBL];
-static int rtr_fails[NNICS]; /* errno a QP's RTR transition fails with on this NIC (0: it works) */
+static int rtr_fails[NNICS];   /* errno a QP's RTR transition fails with on this NIC (0: it works) */
+static uint32_t rtr_fails_qpn; /* and the one QP (its number) whose RTR fails with EHOSTUNREACH (0: none) */
 
 static int nic_of(const struct ibv_context *c) { return (int)(c - ctx); }
 
@@ -82,6 +83,7 @@ int ibv_destroy_qp(struct ibv_qp *qp) { return free(qp), 0; }
 int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
   if (!(mask & IBV_QP_STATE)) return 0;
   if (attr->qp_state == IBV_QPS_RTR && rtr_fails[nic_of(qp->context)]) return rtr_fails[nic_of(qp->context)];
+  if (attr->qp_state == IBV_QPS_RTR && rtr_fails_qpn && qp->qp_num == rtr_fails_qpn) return EHOSTUNREACH;
   qp->state = attr->qp_state;
   return 0;
 }
@@ -103,6 +105,7 @@ int ibv_dereg_mr(struct ibv_mr *mr) { return free(mr), 0; }
 static void devices(int link_layer) {
   memset(&mpib_g, 0, sizeof mpib_g);
   memset(rtr_fails, 0, sizeof rtr_fails);
+  rtr_fails_qpn = 0;
   for (int n = 0; n < NNICS; n++) {
     ctx[n].ops.post_srq_recv = fake_post_srq_recv;
     pd[n].context = &ctx[n];

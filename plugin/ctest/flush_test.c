@@ -273,12 +273,12 @@ static void reads_that_keep_failing(void) {
   free_comm(c);
 }
 
-/* A receive test() returns done (the request's rails in *wrote). */
+/* A receive test() returns done (its lanes in *wrote: a rail's one lane is bit rail). */
 static void receive_done(struct mpib_comm *c, int slot, uint32_t wrote) {
   struct mpib_request *r = mpib_req_alloc(c, MPIB_REQ_RECV);
   r->nreqs = 1;
   r->posted[0] = 4096;
-  r->wrote_rails = wrote;
+  r->wrote_lanes = wrote;
   c->slot_reqs[slot][0] = r;
   c->recvs_open++;
   CHECK(mpib_recv_finish(c, MPIB_RAIL_SUP, (uint32_t)slot, r, 4096) == ncclSuccess, "the receive completes");

@@ -191,6 +191,9 @@ var mutants = []mutant{
 	{"confirm-misses-posted-after-record", "mpib_policy.h", "  if (slot_seq >= next_seq) return acked;\n", "  (void)next_seq;\n"},
 	// A standby rail's recovery starts before it joined (the sender has no QPs of it yet).
 	{"standby-tried-before-join", "mpib_failover.c", "      if (!mpib_join_take(c, r)) return ncclSuccess;\n", ""},
+	// A flush reads on every lane of a rail that placed bytes, not only on the lanes that did:
+	// a striped lane's device that dies having placed none of them fails the flush.
+	{"flush-reads-unused-lane", "mpib_p2p.c", "  req->wrote_lanes |= 1u << lane;\n", "  req->wrote_lanes |= rail == MPIB_RAIL_SUP ? 6u : 1u;\n"},
 	// The control plane does not answer a fence record (a sender NCCL is not calling).
 	{"idle-sender-no-answer", "mpib_failover.c", "  if (!c->is_send || rail < 0 || rail >= MPIB_NRAILS || c->ctrl_fd < 0) return;\n  memcpy(&rec", "  if (1) return;\n  memcpy(&rec"},
 }

@@ -41,7 +41,9 @@
  *   - undelivered_sends: once both ends stop posting and drain, every completed send was received;
  *   - hangs: every request completes or errors within HANG_BOUND steps of the drain;
  *   - errors: a schedule whose faults all heal and leave a device alive errors nowhere (a
- *     device death under bytes a flush must order, or a peer that stops, may error, with a message);
+ *     peer that stops, devices under both rails dying, or the receiver's device dying under a
+ *     lane that placed bytes a flush must order may error, with a message: a striped lane that
+ *     placed none of them is no reason);
  *   - dead: a rail over a dead device ends DEAD on both ends (no endless recovery attempts);
  *   - leaks: at the end no request of either pool is in use and no fabric work is queued.
  */
@@ -171,10 +173,12 @@ static struct fqp *fqp_of(const struct ibv_qp *q) { return &fq[q - vqp]; }
 int mpib_rail_base(const struct mpib_comm *c, int r) { return r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT]; }
 static int side_of(const struct mpib_comm *c) { return c == comm_of[SEND] ? SEND : RECV; }
 
+/* As mpib_rebuild.c's: every QP on a live lane; a dead device's are left (its responder may
+ * still be answering). */
 int mpib_rail_to_error(struct mpib_comm *c, int rail) {
   for (uint32_t i = 0; i < c->nqps[rail]; i++) {
     struct fqp *f = fqp_of(c->qps[mpib_rail_base(c, rail) + i].qp);
-    if (!f->err) qp_error(f, IBV_WC_WR_FLUSH_ERR);
+    if (!f->err && !fatal[side_of(c)][f->lane]) qp_error(f, IBV_WC_WR_FLUSH_ERR);
   }
   return 0;
 }
@@ -281,6 +285,13 @@ static int fake_post_srq_recv(struct ibv_srq *s, struct ibv_recv_wr *wr, struct 
 enum { WINDOW = 6, NSRC = 8, MAXSZ = 9000, NGROUP = 2, MAXMSG = 4096 };
 static uint8_t rbuf[WINDOW][NGROUP][MAXSZ];
 static long rbuf_owner[WINDOW]; /* the message whose receive owns the buffers, -1 = NCCL has them */
+/* Per buffer, while its receive owns it: the receiver's lanes whose NIC placed bytes there, and
+ * once its flush is asked for, the lanes that flush may need alive (its own and those of the
+ * flushes still open then, which its reads join: mpib_iflush). Only a dead lane among those
+ * may fail a flush (errors_allowed). */
+static uint8_t rbuf_lanes[WINDOW], flush_cover[WINDOW];
+static int flushing[WINDOW];
+static int recv_flush_dead; /* the receiver erred while such a flush needed a dead lane */
 static uint8_t sbuf[NSRC][NGROUP][MAXSZ];
 static long wrong_bytes, unordered;
 
@@ -306,11 +317,12 @@ static long mismatches(const uint8_t *a, const uint8_t *b, size_t n) {
 }
 
 /* A write landing in a receive buffer must carry what the buffer's current receive expects. */
-static void check_landing(const uint8_t *dst, const uint8_t *data, uint32_t len) {
+static void check_landing(const uint8_t *dst, const uint8_t *data, uint32_t len, int lane) {
   const uint8_t *lo = &rbuf[0][0][0], *hi = lo + sizeof rbuf;
   if (dst < lo || dst >= hi) return;
   size_t at = (size_t)(dst - lo);
   int b = (int)(at / (NGROUP * MAXSZ)), i = (int)(at / MAXSZ % NGROUP);
+  rbuf_lanes[b] |= (uint8_t)(1u << lane);
   size_t off = at % MAXSZ;
   long bad = rbuf_owner[b] < 0 ? (long)len : mismatches(data, pattern_at(rbuf_owner[b], i, off), len);
   if (bad && verbose)
@@ -327,7 +339,7 @@ static void land(struct fqp *f, struct wqe *w) {
   }
   const uint8_t *src = w->len <= sizeof w->data ? w->data : w->big;
   if (w->len) {
-    check_landing(w->dst, src, w->len);
+    check_landing(w->dst, src, w->len, f->lane);
     memcpy(w->dst, src, w->len);
   }
   if (w->op == OP_WRITE_IMM) {
@@ -722,6 +734,7 @@ static int recv_side(struct mpib_comm *c, int posting, int host_only) {
     for (int i = 0; i < n; i++) data[i] = rbuf[b][i], sizes[i] = MAXSZ, tags[i] = i + 1;
     memset(rbuf[b], 0xEE, sizeof rbuf[b]);
     rbuf_owner[b] = m;
+    rbuf_lanes[b] = 0;
     if (mpib_irecv(c, n, data, sizes, tags, mhs, NULL, &req) != ncclSuccess) return -1;
     if (req == NULL) {
       rbuf_owner[b] = -1;
@@ -744,7 +757,14 @@ static int recv_side(struct mpib_comm *c, int posting, int host_only) {
       int sizes[NGROUP];
       for (int i = 0; i < n; i++) data[i] = rbuf[b][i], sizes[i] = e->sizes[b][i];
       e->flush[b] = NULL; /* GPU buffers are flushed, host ones not (NCCL flushes only for GDR) */
-      if (!host_only && m % 2 == 0 && mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
+      if (!host_only && m % 2 == 0) {
+        flush_cover[b] = rbuf_lanes[b];
+        for (int k = 0; k < WINDOW; k++)
+          if (flushing[k]) flush_cover[b] |= flush_cover[k];
+        flushing[b] = 1;
+        if (mpib_iflush(c, n, data, sizes, mhs, &e->flush[b]) != ncclSuccess) return -1;
+        flushing[b] = e->flush[b] != NULL;
+      }
     }
     if (e->flush[b]) {
       fin = 0;
@@ -753,6 +773,7 @@ static int recv_side(struct mpib_comm *c, int posting, int host_only) {
       flush_done_check(c, e->flush[b]);
     }
     verify_recv(m, b);
+    flushing[b] = 0;
     rbuf_owner[b] = -1;
     e->recv_done[b] = 2;
   }
@@ -819,6 +840,9 @@ static void fabric_reset(void) {
   memset(read_state, -1, sizeof read_state);
   memset(ends, 0, sizeof ends);
   for (int b = 0; b < WINDOW; b++) rbuf_owner[b] = -1;
+  memset(flushing, 0, sizeof flushing);
+  memset(rbuf_lanes, 0, sizeof rbuf_lanes);
+  recv_flush_dead = 0;
 }
 
 /* A side that errors is aborted by NCCL: its process goes, with its QPs and its socket. */
@@ -836,15 +860,25 @@ static int in_use(const struct mpib_comm *c) {
   return n;
 }
 
-/* Whether errors are allowed: a peer stops, a receiver's device dies (the flush cannot order
- * what it wrote), or devices under both rails die. */
+/* Whether a flush asked for and not done needs a lane whose device died (flush_cover): the
+ * bytes that NIC placed cannot be ordered. */
+static int flush_needs_dead_lane(void) {
+  for (int b = 0; b < WINDOW; b++)
+    for (int l = 0; l < NLANE; l++)
+      if (flushing[b] && (flush_cover[b] & (1u << l)) && fatal[RECV][l]) return 1;
+  return 0;
+}
+
+/* Whether errors are allowed: a peer stops, devices under both rails die, or the receiver erred
+ * when a flush needed a lane whose device had died (the flush cannot order what that NIC
+ * placed; a striped lane that placed none of the flushed bytes is no reason). */
 static int errors_allowed(const struct schedule *s) {
   int dead_rails = 0;
   for (int i = 0; i < s->nf; i++) {
-    if (s->f[i].kind == K_PEERSTOP || (s->f[i].kind == K_FATAL && s->f[i].side == RECV)) return 1;
+    if (s->f[i].kind == K_PEERSTOP) return 1;
     if (s->f[i].kind == K_FATAL) dead_rails |= 1 << mpib_lane_rail(s->f[i].target);
   }
-  return dead_rails == 3;
+  return dead_rails == 3 || recv_flush_dead;
 }
 
 static void dump(struct mpib_comm *s, struct mpib_comm *r) {
@@ -925,6 +959,7 @@ static struct outcome run(const struct schedule *s) {
     struct end *re = &ends[RECV], *se = &ends[SEND];
     if (!stopped[RECV] && step % s->recv_every == 0 && recv_side(rc, posting, s->host_only) != 0) {
       re->error = 1, re->error_step = step;
+      recv_flush_dead = flush_needs_dead_lane();
       side_gone(RECV);
     }
     if (!stopped[SEND] && send_side(sc, posting ? NSRC + re->posted : re->posted, step % s->test_every == 0) != 0) {
