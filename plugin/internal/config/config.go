@@ -23,7 +23,7 @@ type Knob struct {
 
 // Knobs lists every MPIB_* variable the plugin reads.
 var Knobs = []Knob{
-	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCAs, comma-separated, each NAME[:PORT[:RAIL[:PLANE]]] as NCCL_IB_HCA, e.g. mlx5_0:1 or mlx5_0,mlx5_1,...: one fused device per entry (at most 16); RAIL and PLANE are NCCL's railId and planeId (default: the entry's position, and no plane)"},
+	{"MPIB_HCA_SOUT", "(required)", "SOUT (scale-out, routable) HCAs, comma-separated, each NAME[:PORT[:RAIL[:PLANE]]] as NCCL_IB_HCA, e.g. mlx5_0:1 or mlx5_0,mlx5_1,...: one fused device per entry (at most 16); RAIL and PLANE are NCCL's railId and planeId (default: the entry's position, and no plane; give RAIL for every entry or for none)"},
 	{"MPIB_HCA_SUP", "(required)", "SUP (direct-attach, island-local) HCAs, as many entries as MPIB_HCA_SOUT, paired by position (NAME[:PORT]); a NIC may be named more than once where GPUs share one; on a direct-attach mesh an entry names up to 8 ports joined by '+' (NAME[:PORT]+NAME[:PORT]), and each connection uses the one its peer is cabled to (docs/topology.md)"},
 	{"MPIB_GID_INDEX_SOUT", "auto", "GID index on SOUT (wins over NCCL_IB_GID_INDEX); auto chooses at every connect like net_ib"},
 	{"MPIB_GID_INDEX_SUP", "auto", "GID index on SUP; as above"},
