@@ -253,6 +253,9 @@ func TestCLIsAgree(t *testing.T) {
 	goodW := weights("good.json", `{"class":{"intra":1024,"Inter":0},"peers":{"10.0.2.0/24":512,"10.0.1.5":5000},"conns":{"4242:1":700,"7":9}}`)
 	fracW := weights("frac.json", `{"class":{"intra":512.5}}`)
 	boolW := weights("bool.json", `{"class":{"intra":true}}`)
+	dupW := weights("dup.json", `{"class":{"intra":1,"intra":2}}`)
+	aliasW := weights("alias.json", `{"class":{"0":700,"intra":5},"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
+	peerAliasW := weights("peer-alias.json", `{"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
 	badBin := filepath.Join(dir, "bad.bin")
 	os.WriteFile(badBin, bytes.Repeat([]byte("garbage!"), 100), 0o600)
 	v1 := filepath.Join(dir, "v1.bin")
@@ -313,6 +316,12 @@ func TestCLIsAgree(t *testing.T) {
 		{name: "run static, missing file", args: []string{"run", "--policy", "static", "--file", filepath.Join(dir, "none.json")}, exit: 1, code: "bad_weights"},
 		{name: "run static, fractional weight", args: []string{"run", "--policy", "static", "--file", fracW}, exit: 1, code: "bad_weights"},
 		{name: "run static, boolean weight", args: []string{"run", "--policy", "static", "--file", boolW}, exit: 1, code: "bad_weights"},
+		{name: "run static, duplicate key", args: []string{"run", "--policy", "static", "--file", dupW}, exit: 1, code: "bad_weights",
+			stderr: `duplicate key "intra"`},
+		{name: "run static, class aliases", args: []string{"run", "--policy", "static", "--file", aliasW}, exit: 1, code: "bad_weights",
+			stderr: `class "0" and "intra" name the same target`},
+		{name: "run static, peer aliases", args: []string{"run", "--policy", "static", "--file", peerAliasW}, exit: 1, code: "bad_weights",
+			stderr: `peers "10.0.2.7" and "10.0.2.7/32" name the same target`},
 		{name: "run static", args: []string{"run", "--policy", "static", "--file", goodW, "--interval", "50ms"}, long: true},
 		{name: "run proportional", args: []string{"run", "--policy", "proportional", "--capacity", "sout=1,sup=3", "--interval", "0.05"}, long: true},
 		{name: "run static, file edited while running", long: true,
