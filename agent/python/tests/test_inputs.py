@@ -40,3 +40,17 @@ def test_weights_duplicates(body: str, want: str) -> None:
 def test_weights_distinct_peers() -> None:
     w = parse_weights(b'{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/24":3}}')
     assert w.peers == {"10.0.2.7": 1, "10.0.2.7/24": 2, "10.0.2.0/24": 3}
+
+
+@pytest.mark.parametrize("literal", ["-0", "-1", "-0.0", "NaN", "Infinity", "-Infinity", "1e3", "512.0"])
+def test_weights_literals_refused(literal: str) -> None:
+    """Only an unsigned integer literal is a weight, as the Go agent reads it (-0 included)."""
+    with pytest.raises(SegmentError) as e:
+        parse_weights(f'{{"class":{{"intra":{literal}}}}}'.encode())
+    assert e.value.code == "bad_weights"
+
+
+def test_weights_huge_literal() -> None:
+    """A literal beyond int()'s digit limit is taken, and clamps, as the Go agent's."""
+    w = parse_weights(b'{"class":{"intra":' + b"9" * 5000 + b"}}")
+    assert w.cls == {"intra": 0xFFFFFFFF}

@@ -254,6 +254,7 @@ func TestCLIsAgree(t *testing.T) {
 	fracW := weights("frac.json", `{"class":{"intra":512.5}}`)
 	boolW := weights("bool.json", `{"class":{"intra":true}}`)
 	dupW := weights("dup.json", `{"class":{"intra":1,"intra":2}}`)
+	negZeroW := weights("negzero.json", `{"class":{"intra":-0}}`)
 	aliasW := weights("alias.json", `{"class":{"0":700,"intra":5},"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
 	peerAliasW := weights("peer-alias.json", `{"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
 	badBin := filepath.Join(dir, "bad.bin")
@@ -316,6 +317,8 @@ func TestCLIsAgree(t *testing.T) {
 		{name: "run static, missing file", args: []string{"run", "--policy", "static", "--file", filepath.Join(dir, "none.json")}, exit: 1, code: "bad_weights"},
 		{name: "run static, fractional weight", args: []string{"run", "--policy", "static", "--file", fracW}, exit: 1, code: "bad_weights"},
 		{name: "run static, boolean weight", args: []string{"run", "--policy", "static", "--file", boolW}, exit: 1, code: "bad_weights"},
+		{name: "run static, weight -0", args: []string{"run", "--policy", "static", "--file", negZeroW}, exit: 1, code: "bad_weights",
+			stderr: "sup_bw -0: want an integer 0..1024"},
 		{name: "run static, duplicate key", args: []string{"run", "--policy", "static", "--file", dupW}, exit: 1, code: "bad_weights",
 			stderr: `duplicate key "intra"`},
 		{name: "run static, class aliases", args: []string{"run", "--policy", "static", "--file", aliasW}, exit: 1, code: "bad_weights",

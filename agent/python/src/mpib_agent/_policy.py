@@ -414,6 +414,18 @@ def _bad_constant(s: str) -> None:
     raise ValueError(f"{s} is not JSON")
 
 
+_JSON_UINT = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def _parse_int(s: str) -> object:
+    """json's parse_int: the Go agent's literal rule (digits, no sign: -0 and -1 are refused
+    as written); a literal of more than 20 digits is taken as 2**64, which clamps as Go's
+    overflow does (int() refuses very long literals)."""
+    if not _JSON_UINT.match(s):
+        return _NotInt(s)
+    return int(s) if len(s) <= 20 else 1 << 64
+
+
 @dataclass
 class Weights:
     """The static policy file: {"class": {...}, "peers": {...}, "conns": {...}}, sup_bw
@@ -459,6 +471,7 @@ def parse_weights(data: bytes) -> Weights:
     try:
         top = json.loads(
             data.decode("utf-8"),
+            parse_int=_parse_int,
             parse_float=_NotInt,
             parse_constant=_bad_constant,
             object_pairs_hook=_no_duplicates,
