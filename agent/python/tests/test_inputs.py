@@ -4,8 +4,15 @@ agree on are in TestCLIsAgree (agent/go/cmd/mpib-agent/clis_test.go) too."""
 
 from __future__ import annotations
 
+import numbers
+import threading
+from pathlib import Path
+from typing import Callable
+
 import pytest
 
+import mpib_agent
+from mpib_agent import sim
 from mpib_agent._policy import parse_weights
 from mpib_agent._types import SegmentError
 
@@ -54,3 +61,64 @@ def test_weights_huge_literal() -> None:
     """A literal beyond int()'s digit limit is taken, and clamps, as the Go agent's."""
     w = parse_weights(b'{"class":{"intra":' + b"9" * 5000 + b"}}")
     assert w.cls == {"intra": 0xFFFFFFFF}
+
+
+class _Index:
+    """An integer of user code that is not an int (as numpy's are): numbers.Integral by
+    registration, an int through __index__."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+    def __repr__(self) -> str:
+        return f"_Index({self.v})"
+
+
+numbers.Integral.register(_Index)
+
+
+def _integers_taken(tmp_path: Path, make: Callable[[int], object]) -> None:
+    """sup_bw and slot values of the kind ``make`` gives are taken by set_*_hint, run_policy's
+    and drive's callbacks, and ClosedLoopPolicy's step."""
+    p = str(tmp_path / "hints")
+    with sim.Simulator("equal", p, seed=1, nslots=8, npeers=2) as sm, mpib_agent.open_segment(p) as seg:
+        c = sm.conns[0]
+        assert seg.set_class_hint("inter", make(5)) == 5
+        assert seg.set_peer_hint("10.0.2.0/24", make(6)) == 6
+        assert seg.set_slot_hint(make(c.slot), make(7), gen=c.gen) == 7
+        with pytest.warns(mpib_agent.HintClampedWarning):
+            assert seg.set_class_hint("intra", make(5000)) == 1024
+    p = str(tmp_path / "driven")
+    with sim.Simulator("equal", p, seed=1, nslots=8, npeers=0) as sm:
+        c = sm.conns[0]
+        sim.drive(sm, lambda rates: {make(r.slot.index): make(300) for r in rates}, 0.1, 0.3)
+        with mpib_agent.open_segment(p) as seg:
+            assert seg.slot(c.slot).hint.sup_bw == 300
+            stop = threading.Event()
+            mpib_agent.run_policy(seg, lambda rates: (stop.set(), {make(c.slot): make(301)})[1], 0.01, stop=stop)
+            assert seg.slot(c.slot).hint.sup_bw == 301
+    assert mpib_agent.ClosedLoopPolicy(make(8)).step == 8
+
+
+def test_integral_values_stdlib(tmp_path: Path) -> None:
+    _integers_taken(tmp_path, _Index)
+
+
+def test_numpy_integer_values(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy", reason="numpy is an optional extra: the stdlib test covers numbers.Integral")
+    _integers_taken(tmp_path, np.int64)
+    with mpib_agent.create(str(tmp_path / "h2"), nslots=2, npeers=1) as seg:
+        for bad in (np.float64(5.0), np.bool_(True), True, -1, np.int64(-1)):
+            with pytest.raises(SegmentError, match="sup_bw .*: want an integer 0..1024"):
+                seg.set_class_hint("inter", bad)
+
+
+def test_policy_slot_not_integer(tmp_path: Path) -> None:
+    """A policy's slot key that is no integer is an error naming it, not a silent skip."""
+    p = str(tmp_path / "hints")
+    with sim.Simulator("equal", p, seed=1, nslots=8, npeers=0) as sm:
+        with pytest.raises(SegmentError, match=r"bad_value: policy returned slot '[0-9]+': want an integer slot index"):
+            sim.drive(sm, lambda rates: {str(r.slot.index): 300 for r in rates}, 0.1, 0.3)

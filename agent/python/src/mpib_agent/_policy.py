@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from ._layout import SUP_BW_MAX
 from ._resolve import clamp
 from ._segment import Segment, beat_period_s, now_ns, parse_class
-from ._types import SegmentError, Slot, ip_int
+from ._types import SegmentError, Slot, integer, ip_int
 
 
 @dataclass(frozen=True)
@@ -283,6 +283,19 @@ def agent_loop(
 Policy = Callable[[List[ConnRate]], Optional[Dict[int, int]]]
 
 
+def hint_items(hints: Optional[Mapping[int, int]]) -> List[Tuple[int, int]]:
+    """A policy callback's {slot: sup_bw} as (slot, sup_bw) pairs, each slot an int (a numpy
+    integer is one; the sup_bw is checked where it is written). SegmentError("bad_value")
+    names a slot key that is no integer."""
+    out = []
+    for slot, bw in (hints or {}).items():
+        n = integer(slot)
+        if n is None:
+            raise SegmentError("bad_value", f"policy returned slot {slot!r}: want an integer slot index")
+        out.append((n, bw))
+    return out
+
+
 def run_policy(
     seg: Segment,
     callback: Policy,
@@ -311,8 +324,7 @@ def run_policy(
         if replaced() and forget is not None:
             forget()
         cur, rs = next_sample()
-        hints = callback(rs)
-        for slot, bw in (hints or {}).items():
+        for slot, bw in hint_items(callback(rs)):
             c = cur.get(slot)
             if c is None:
                 warnings.warn(SlotSkippedWarning(f"slot {slot}: no active connection in this sample"), stacklevel=2)
