@@ -13,6 +13,7 @@ import pytest
 
 import mpib_agent
 from mpib_agent import sim
+from mpib_agent._cli import main
 from mpib_agent._policy import parse_weights
 from mpib_agent._types import SegmentError
 
@@ -122,3 +123,21 @@ def test_policy_slot_not_integer(tmp_path: Path) -> None:
     with sim.Simulator("equal", p, seed=1, nslots=8, npeers=0) as sm:
         with pytest.raises(SegmentError, match=r"bad_value: policy returned slot '[0-9]+': want an integer slot index"):
             sim.drive(sm, lambda rates: {str(r.slot.index): 300 for r in rates}, 0.1, 0.3)
+
+
+@pytest.mark.parametrize(
+    "capacity, msg",
+    [
+        ("sout=100", 'rail "sup" missing: give both'),
+        ("sup=100", 'rail "sout" missing: give both'),
+        ("sout=1" + "0" * 400 + ",sup=1", "want sout=X,sup=Y with numbers >= 0"),
+    ],
+)
+def test_capacity_needs_both_rails(tmp_path: Path, capsys: pytest.CaptureFixture[str], capacity: str, msg: str) -> None:
+    """One rail's capacity alone would give the other 0 (all traffic on one rail): a usage
+    error naming the missing rail, as the Go CLI's."""
+    p = str(tmp_path / "hints")
+    mpib_agent.create(p, nslots=2, npeers=1).close()
+    assert main(["run", "--policy", "proportional", "--capacity", capacity, "--path", p]) == 2
+    err = capsys.readouterr().err
+    assert "mpib-agent-py run: usage:" in err and msg in err, err
