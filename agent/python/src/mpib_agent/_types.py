@@ -23,7 +23,14 @@ class SegmentError(ValueError):
         self.code = code
         self.detail = detail
         self.path = path
-        super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+        if code in FILE_CODES:  # about a weights, trace or scenario file: no segment to name
+            super().__init__(f"{path + ': ' if path else ''}{code}: {detail}")
+        else:
+            super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+
+
+# The codes of errors in the files other than a segment that the agent reads.
+FILE_CODES = frozenset({"bad_weights", "bad_trace", "bad_scenario"})
 
 
 class GenerationChanged(SegmentError):
