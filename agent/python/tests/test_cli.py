@@ -181,7 +181,11 @@ def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
     os.close(r)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "mpib_agent", "list", "--path", p], stdout=w, stderr=subprocess.PIPE, env=ENV, timeout=60
+            [sys.executable, "-m", "mpib_agent", "list", "--path", p],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            timeout=60,
         )
     finally:
         os.close(w)

@@ -100,8 +100,14 @@ BASE: Dict[str, Any] = {"duration": 10, "conns": [{"sout": {"gbps": 100}, "sup":
         ({"noise": 2.01}, "noise: want a number from 0 to 2, got 2.01"),
         ({"noise": 1000}, "noise: want a number from 0 to 2, got 1000"),
         ({"sup_relay": "yes"}, "sup_relay: want true or false"),
-        ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "foo"}]}, 'conns[0].peer: want an IPv4 address (10.0.2.7), got "foo"'),
-        ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "10.0.2.256"}]}, "conns[0].peer: want an IPv4 address"),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "foo"}]},
+            'conns[0].peer: want an IPv4 address (10.0.2.7), got "foo"',
+        ),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "10.0.2.256"}]},
+            "conns[0].peer: want an IPv4 address",
+        ),
         ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": 7}]}, "conns[0].peer: want a string"),
         (
             {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "process": 4294963054}]},
@@ -115,7 +121,10 @@ BASE: Dict[str, Any] = {"duration": 10, "conns": [{"sout": {"gbps": 100}, "sup":
             {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "msg_bytes": 10**400}]},
             "conns[0].msg_bytes: want an integer 0..9007199254740991",
         ),
-        ({"conns": [{"sout": {"gbps": 1e308}, "sup": {"gbps": 1}}]}, "conns[0].sout.gbps: want a finite rate, got 1e+308"),
+        (
+            {"conns": [{"sout": {"gbps": 1e308}, "sup": {"gbps": 1}}]},
+            "conns[0].sout.gbps: want a finite rate, got 1e+308",
+        ),
         ({"events": [{"t": 2, "rail": "sup", "gbps": 1e308}]}, "events[0].gbps: want a finite rate"),
     ],
 )

@@ -92,7 +92,9 @@ def _capacity(v: str) -> Tuple[float, float]:
         caps[k] = float(val)
     for rail in ("sout", "sup"):
         if rail not in caps:
-            raise UsageError(f'--capacity {v!r}: rail "{rail}" missing: give both, sout=X,sup=Y (or neither, to measure)')
+            raise UsageError(
+                f'--capacity {v!r}: rail "{rail}" missing: give both, sout=X,sup=Y (or neither, to measure)'
+            )
     return caps["sout"], caps["sup"]
 
 

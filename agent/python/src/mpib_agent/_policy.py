@@ -511,9 +511,7 @@ def parse_weights(data: bytes) -> Weights:
     return w
 
 
-def _parse_section(
-    name: str, sec: Dict[str, object], target: Callable[[str], object], dst: Dict[str, int]
-) -> None:
+def _parse_section(name: str, sec: Dict[str, object], target: Callable[[str], object], dst: Dict[str, int]) -> None:
     """One section's keys (in sorted order, as the Go agent checks them) and values."""
     seen: Dict[object, str] = {}
     for k in sorted(sec):
@@ -522,9 +520,7 @@ def _parse_section(
         except SegmentError as e:
             raise SegmentError("bad_weights", f"{name} {k!r}: {e.detail}") from None
         if t in seen:
-            raise SegmentError(
-                "bad_weights", f"{name} {_q(seen[t])} and {_q(k)} name the same target: keep one"
-            )
+            raise SegmentError("bad_weights", f"{name} {_q(seen[t])} and {_q(k)} name the same target: keep one")
         seen[t] = k
         v = sec[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
