@@ -75,8 +75,13 @@ func TestLaunchArgumentErrors(t *testing.T) {
 		{"missing value", nil, []string{"--hostfile"}, "--hostfile needs a value"},
 		{"unknown flag", nil, append(base, "--frobnicate"), "unknown argument"},
 		{"env HCAs", []string{"MPIB_HCA_SOUT=x"}, []string{"--hostfile", hf, "--hca-sup", "x", "--oob-if", "e"}, "same HCA"},
-		{"list counts differ", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1,s2", "--hca-sup", "p0,p1", "--oob-if", "e"}, "--hca-sout names 3 HCAs and --hca-sup 2"},
-		{"a port in both lists", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1:2", "--hca-sup", "p0,s1:2", "--oob-if", "e"}, "same HCA port (s1)"},
+		{"list counts differ", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1,s2", "--hca-sup", "p0,p1", "--oob-if", "e", "--dry-run"}, "--hca-sout names 3 HCAs and --hca-sup 2"},
+		{"a port in both lists", nil, []string{"--hostfile", hf, "--hca-sout", "s0,s1:2", "--hca-sup", "p0,s1:2", "--oob-if", "e"}, "same HCA port (s1:2)"},
+		{"a SOUT port in a mesh entry", nil, []string{"--hostfile", hf, "--hca-sout", "mlx5_0", "--hca-sup", "mlx5_1+mlx5_0", "--oob-if", "e", "--dry-run"},
+			"SOUT and SUP name the same HCA port (mlx5_0:1)"},
+		{"a SOUT port twice", nil, []string{"--hostfile", hf, "--hca-sout", "mlx5_0,mlx5_0:1", "--hca-sup", "p0,p1", "--oob-if", "e", "--dry-run"},
+			"--hca-sout names port mlx5_0:1 twice"},
+		{"another plugin's name", []string{"NCCL_NET_PLUGIN=aws-ofi"}, base, "NCCL_NET_PLUGIN=aws-ofi names another plugin"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,12 +131,12 @@ func TestLaunchHelp(t *testing.T) {
 func TestLaunchForwardsNCCLSettings(t *testing.T) {
 	hf := hostfile(t, "node1\nnode2\n")
 	args := []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "eth0", "--dry-run"}
-	out, code := runLaunch(t, []string{"NCCL_IB_TC=106", "NCCL_IB_GID_INDEX=3", "NCCL_DEBUG=INFO"}, args...)
+	out, code := runLaunch(t, []string{"NCCL_IB_TC=106", "NCCL_IB_GID_INDEX=3"}, args...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, out)
 	}
 	for _, want := range []string{"-x NCCL_IB_TC ", "-x NCCL_IB_GID_INDEX ", "-x NCCL_NET ", "NCCL_NET=MPIB ", "NCCL_IB_TC=106 ",
-		"-x NCCL_DEBUG=WARN "} {
+		"-x NCCL_NET_PLUGIN=mpib ", "-x NCCL_DEBUG=WARN ", "-x NCCL_DEBUG_SUBSYS=INIT\\,NET ", "-x NCCL_SOCKET_IFNAME=eth0 "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, out)
 		}
@@ -145,5 +150,38 @@ func TestLaunchForwardsNCCLSettings(t *testing.T) {
 	out, _ = runLaunch(t, []string{"NCCL_NET=IB"}, args...)
 	if !strings.Contains(out, "NCCL_NET=IB ") || strings.Contains(out, "NCCL_NET=MPIB") {
 		t.Errorf("a user's NCCL_NET=IB must win:\n%s", out)
+	}
+}
+
+// TestLaunchKeepsUserNCCLSettings: the NCCL variables the launcher sets take the
+// environment's values where it has them (the help says every NCCL_* is passed on), and
+// --debug still wins over NCCL_DEBUG.
+func TestLaunchKeepsUserNCCLSettings(t *testing.T) {
+	hf := hostfile(t, "node1\nnode2\n")
+	args := []string{"--hostfile", hf, "--hca-sout", "a", "--hca-sup", "b", "--oob-if", "eth0", "--dry-run"}
+	lib := "/opt/mpib/lib/libnccl-net-mpib.so"
+	out, code := runLaunch(t, []string{"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=ALL", "NCCL_NET_PLUGIN=" + lib, "NCCL_SOCKET_IFNAME=^docker"}, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	for _, want := range []string{"-x NCCL_DEBUG=INFO ", "-x NCCL_DEBUG_SUBSYS=ALL ", "-x NCCL_NET_PLUGIN=" + lib + " ",
+		`-x NCCL_SOCKET_IFNAME=\^docker `} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+	}
+	for _, not := range []string{"NCCL_DEBUG=WARN", "INIT\\,NET", "NCCL_NET_PLUGIN=mpib", "NCCL_SOCKET_IFNAME=eth0"} {
+		if strings.Contains(out, not) {
+			t.Errorf("dry run overrides the environment with %q:\n%s", not, out)
+		}
+	}
+	out, _ = runLaunch(t, []string{"NCCL_DEBUG=INFO", "NCCL_NET_PLUGIN=mpib"}, append(args, "--debug", "TRACE")...)
+	if !strings.Contains(out, "-x NCCL_DEBUG=TRACE ") || !strings.Contains(out, "-x NCCL_NET_PLUGIN=mpib ") {
+		t.Errorf("--debug TRACE must win over NCCL_DEBUG=INFO, NCCL_NET_PLUGIN=mpib stay:\n%s", out)
+	}
+	missing := filepath.Join(t.TempDir(), "libnccl-net-mpib.so")
+	out, code = runLaunch(t, []string{"NCCL_NET_PLUGIN=" + missing}, args[:len(args)-1]...)
+	if code != 2 || !strings.Contains(out, "NCCL_NET_PLUGIN="+missing+": no such file") {
+		t.Errorf("a plugin path that is no file: exit %d, %q", code, out)
 	}
 }

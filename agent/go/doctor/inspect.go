@@ -54,6 +54,7 @@ func Inspect(h Host, getenv func(string) string) Report {
 	for d, dev := range cfg.Devices {
 		in.device(d, dev)
 	}
+	in.oobOnSup()
 	return r
 }
 
@@ -89,6 +90,7 @@ func (in *inspection) oob() {
 	}
 	in.report.OOB = o
 	if o.Addr.IsValid() {
+		in.oobReachable()
 		return
 	}
 	why := "the interface has no IPv4 address"
@@ -98,6 +100,49 @@ func (in *inspection) oob() {
 	in.problem(Problem{Kind: KindOOB, Device: -1, Facts: []string{"oob_if=" + o.Interface},
 		Want: "MPIB_OOB_IF naming the SOUT interface with an IPv4 address (" + why + ")",
 		Fix:  "set MPIB_OOB_IF to the SOUT fabric's interface (ip -4 -o addr lists them)"})
+}
+
+// oobReachable flags an OOB address no peer can reach: the plugin advertises it in every
+// handle, so a loopback or link-local one leaves each remote connect on the wrong host (or on
+// no route) and puts every node in one island.
+func (in *inspection) oobReachable() {
+	o := in.report.OOB
+	kind := ""
+	switch {
+	case o.Addr.IsLoopback():
+		kind = "loopback"
+	case o.Addr.IsLinkLocalUnicast():
+		kind = "link-local"
+	default:
+		return
+	}
+	in.problem(Problem{Kind: KindOOB, Device: -1, Facts: []string{"oob_if=" + o.Interface, "address=" + o.Addr.String()},
+		Want: "MPIB_OOB_IF naming the SOUT interface, whose IPv4 address the peers reach (" + o.Addr.String() + " is " + kind + ")",
+		Fix:  "set MPIB_OOB_IF to the SOUT fabric's interface (ip -4 -o addr lists them)"})
+}
+
+// oobOnSup notes an MPIB_OOB_IF that is a SUP port's netdev (and no SOUT port's): the control
+// path and the island then follow the SUP subnet, which only reaches the nodes of one island.
+// A note, not a problem: a fabric may route the SUP subnets, and the connection still works.
+func (in *inspection) oobOnSup() {
+	name := in.report.OOB.Interface
+	sup := ""
+	for _, d := range in.report.Devices {
+		if d.Sout.Netdev == name {
+			return
+		}
+		for _, p := range d.Sup {
+			if p.Netdev == name && sup == "" {
+				sup = p.Name()
+			}
+		}
+	}
+	if sup == "" {
+		return
+	}
+	in.report.Notes = append(in.report.Notes, Problem{Kind: KindOOB, Device: -1, Port: sup, Facts: []string{"oob_if=" + name},
+		Want: "MPIB_OOB_IF naming the SOUT interface (" + name + " is the netdev of SUP port " + sup + ")",
+		Fix:  "set MPIB_OOB_IF to the SOUT fabric's interface, unless the SUP subnets are routed between every node"})
 }
 
 // device inspects fused device d: its SOUT port, its SUP ports, their link states, their

@@ -96,6 +96,8 @@ func TestInspectProblems(t *testing.T) {
 			[]string{"numa/SUP", "numa/SUP"}, "doctor: problem=numa device=0 rail=SUP port=mlx5_3:1 numa=1 gpu=0000:1b:00.0 gpu_numa=0 want="},
 		{"OOB interface without IPv4", "roce-2dev", []string{"MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=eth9"},
 			[]string{"oob-if/"}, "doctor: problem=oob-if oob_if=eth9 want=MPIB_OOB_IF naming the SOUT interface"},
+		{"OOB interface is loopback", "roce-2dev", []string{"MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=lo"},
+			[]string{"oob-if/"}, "doctor: problem=oob-if oob_if=lo address=127.0.0.1 want=MPIB_OOB_IF naming the SOUT interface, whose IPv4 address the peers reach (127.0.0.1 is loopback)"},
 		{"P_Key index beyond the ports' tables", "roce-2dev", append([]string{"NCCL_IB_PKEY=1"}, roce2dev...),
 			[]string{"config/SOUT", "config/SUP", "config/SOUT", "config/SUP"},
 			"doctor: problem=config device=0 rail=SOUT port=mlx5_0:1 pkey_index=1 pkeys=1 want=a P_Key index inside the port's table (NCCL_IB_PKEY is an index into it): set NCCL_IB_PKEY below 1 (ls /sys/class/infiniband/mlx5_0/ports/1/pkeys), or unset it for index 0"},
@@ -328,5 +330,33 @@ func TestConfigNotes(t *testing.T) {
 	}
 	if len(ConfigNotes(nil)) != 0 {
 		t.Errorf("notes from no ignored variable")
+	}
+}
+
+// An OOB address on the link-local range reaches no peer: a problem, as loopback is.
+func TestInspectOOBLinkLocal(t *testing.T) {
+	h := FixtureHost("testdata/roce-2dev", "n1")
+	addrs := h.Addrs
+	h.Addrs = func() ([]IfAddr, error) {
+		a, err := addrs()
+		return append(a, IfAddr{Dev: "eth7", Prefix: netip.MustParsePrefix("169.254.3.4/16")}), err
+	}
+	r := Inspect(h, envOf("MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=eth7"))
+	want := "doctor: problem=oob-if oob_if=eth7 address=169.254.3.4 want=MPIB_OOB_IF naming the SOUT interface, whose IPv4 address the peers reach (169.254.3.4 is link-local)"
+	if got := strings.Join(kinds(r.Problems), " "); got != "oob-if/" || !strings.Contains(lines(r), want) || Exit(r, nil) != ExitProblems {
+		t.Errorf("problems %q exit %d, want oob-if and exit 1 with\n%s\nin\n%s", got, Exit(r, nil), want, lines(r))
+	}
+}
+
+// MPIB_OOB_IF on a SUP port's netdev is a note: the control path then follows the SUP
+// subnet, which a routed fabric may still carry, so it is no problem of the node.
+func TestInspectOOBOnSup(t *testing.T) {
+	r := inspectFixture(t, "roce-2dev", "MPIB_HCA_SOUT=mlx5_0,mlx5_2", "MPIB_HCA_SUP=mlx5_1,mlx5_3", "MPIB_OOB_IF=eth1")
+	want := "doctor: note=oob-if port=mlx5_1:1 oob_if=eth1 want=MPIB_OOB_IF naming the SOUT interface (eth1 is the netdev of SUP port mlx5_1:1)"
+	if len(r.Problems) != 0 || Exit(r, nil) != ExitHealthy || len(r.Notes) != 1 || !strings.Contains(lines(r), want) {
+		t.Errorf("problems %v notes %v exit %d, want one note\n%s\nin\n%s", kinds(r.Problems), kinds(r.Notes), Exit(r, nil), want, lines(r))
+	}
+	if r := inspectFixture(t, "roce-2dev", roce2dev...); len(r.Notes) != 0 {
+		t.Errorf("notes %v on the SOUT netdev", kinds(r.Notes))
 	}
 }

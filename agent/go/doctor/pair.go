@@ -37,6 +37,7 @@ func ComparePair(a, b Report) ([]PairRail, []Problem) {
 	}
 	c := &pairCheck{a: a, b: b, name: a.Node + "-" + b.Node}
 	c.settings()
+	c.oobDistinct()
 	n := min(len(a.Devices), len(b.Devices))
 	if len(a.Devices) != len(b.Devices) {
 		c.problem(Problem{Kind: KindDevices, Device: -1, Facts: []string{c.both("devices", len(a.Devices), len(b.Devices))},
@@ -81,6 +82,19 @@ func (c *pairCheck) settings() {
 		c.both("sout_qp", sa.SoutQPs, sb.SoutQPs), c.both("sup_qp", sa.SupQPs, sb.SupQPs)},
 		Want: "the same MPIB_MODE, MPIB_ISLAND_PREFIX_LEN, MPIB_SUP_RELAY, MPIB_SOUT_QP and MPIB_SUP_QP on every node",
 		Fix:  "pass one environment to every rank (scripts/launch_nccl.sh passes every MPIB_* on)"})
+}
+
+// oobDistinct: the two nodes must have different OOB addresses. One address on both (a
+// loopback, or an address copied onto every node) sends each node's connects to itself.
+func (c *pairCheck) oobDistinct() {
+	oa, ob := c.a.OOB, c.b.OOB
+	if !oa.Addr.IsValid() || oa.Addr != ob.Addr {
+		return
+	}
+	c.problem(Problem{Kind: KindOOB, Device: -1, Facts: []string{c.both("oob_if", oa.Interface, ob.Interface),
+		c.both("address", oa.Addr, ob.Addr)},
+		Want: "a different OOB address on each node (the plugin connects to the address the peer advertises)",
+		Fix:  "set MPIB_OOB_IF on each node to its SOUT interface, and give each node its own address there"})
 }
 
 // sout checks device d's SOUT rail: both ends present, each end's route to the other's GID

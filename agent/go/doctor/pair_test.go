@@ -100,6 +100,8 @@ func TestComparePair(t *testing.T) {
 		{"QP counts differ", a1, twin(t, inspectFixture(t, "roce-2dev", append([]string{"MPIB_SOUT_QP=4"}, oneDev...)...), "a2", "10.0.1.12", "10.9.1.12", nil),
 			[]string{"settings/"}, []string{
 				"doctor: problem=settings mode=0/0 island_prefix_len=24/24 sup_relay=0/0 sout_qp=1/4 sup_qp=1/1 want=the same MPIB_MODE, MPIB_ISLAND_PREFIX_LEN, MPIB_SUP_RELAY, MPIB_SOUT_QP and MPIB_SUP_QP on every node"}},
+		{"one OOB address on both nodes", a1, twin(t, a2, "a2", "10.0.1.11", "10.9.1.12", nil), []string{"oob-if/"}, []string{
+			"doctor: problem=oob-if oob_if=eth0/eth0 address=10.0.1.11/10.0.1.11 want=a different OOB address on each node"}},
 		{"SUP port down on one end", a1, func() Report {
 			r := twin(t, a2, "a2", "10.0.1.12", "10.9.1.12", nil)
 			r.Devices[0].Sup[0].State = "DOWN"
@@ -206,7 +208,8 @@ func TestComparePairMesh(t *testing.T) {
 func TestComparePairDevices(t *testing.T) {
 	one := inspectFixture(t, "roce-2dev", oneDev...)
 	two := inspectFixture(t, "roce-2dev", roce2dev...)
-	two.Node, one.Node = "x", "y"
+	two.Node = "x"
+	one = twin(t, one, "y", "10.0.1.12", "10.9.1.12", nil)
 	rails, problems := ComparePair(two, one)
 	if got := strings.Join(kinds(problems), " "); got != "devices/" || len(rails) != 2 {
 		t.Errorf("problems %q with %d rails, want devices/ and device 0's two rails", got, len(rails))

@@ -120,7 +120,7 @@ type Problem struct {
 // Problem kinds.
 const (
 	KindConfig   = "config"    // config.Parse refused the environment (exit 2), NCCL_IB_PKEY does not fit a port; a note: an ignored MPIB_* name
-	KindOOB      = "oob-if"    // MPIB_OOB_IF missing or without IPv4
+	KindOOB      = "oob-if"    // MPIB_OOB_IF missing, without IPv4, loopback or link-local, or one address on both nodes; a note: a SUP netdev
 	KindNoDevice = "no-device" // the HCA or its port does not exist, or its verbs device cannot be opened here
 	KindPortDown = "port-down" // the port is not ACTIVE (a mesh's SUP port: all of them are, or a pair needs it)
 	KindGID      = "gid"       // no usable GID, or the configured one is of the wrong kind

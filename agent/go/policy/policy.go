@@ -56,58 +56,131 @@ func LoadWeights(path string) (*Weights, error) {
 	return ParseWeights(b)
 }
 
-// ParseWeights decodes a weights file strictly.
+// ParseWeights decodes a weights file strictly. A key given twice in one object, or two keys
+// of a section that name one target (class "0" and "intra"; peers "10.0.2.7" and
+// "10.0.2.7/32"), is refused: the file would otherwise say two things and one would be lost.
 func ParseWeights(b []byte) (*Weights, error) {
-	bad := func(format string, args ...any) (*Weights, error) {
-		return nil, fmt.Errorf("%w: %s", ErrBadWeights, fmt.Sprintf(format, args...))
-	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var top any
 	if err := dec.Decode(&top); err != nil {
-		return bad("not JSON: %v", err)
+		return badWeights("not JSON: %v", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return bad("not JSON: data after the object")
+		return badWeights("not JSON: data after the object")
+	}
+	if err := noDuplicateKeys(json.NewDecoder(bytes.NewReader(b))); err != nil {
+		return nil, err
 	}
 	obj, ok := top.(map[string]any)
 	if !ok {
-		return bad("want a JSON object with class, peers and conns")
+		return badWeights("want a JSON object with class, peers and conns")
 	}
 	w := &Weights{Class: map[string]uint32{}, Peers: map[string]uint32{}, Conns: map[string]uint32{}}
 	for _, field := range sortedKeys(obj) {
 		var dst map[string]uint32
-		var check func(string) error
+		var target func(string) (any, error) // what a key names: keys naming one target alias
 		switch field {
 		case "class":
-			dst, check = w.Class, func(k string) error { _, err := ParseClass(k); return err }
+			dst, target = w.Class, func(k string) (any, error) { return ParseClass(k) }
 		case "peers":
-			dst, check = w.Peers, func(k string) error { _, _, err := ParsePeer(k); return err }
+			dst, target = w.Peers, func(k string) (any, error) {
+				ip, plen, err := ParsePeer(k)
+				return [2]uint32{uint32(ip), uint32(plen)}, err
+			}
 		case "conns":
-			dst, check = w.Conns, func(k string) error { _, err := ParseConnSelector(k); return err }
+			dst, target = w.Conns, func(k string) (any, error) { return ParseConnSelector(k) }
 		default:
-			return bad("unknown field %q (class, peers, conns)", field)
+			return badWeights("unknown field %q (class, peers, conns)", field)
 		}
 		sec, ok := obj[field].(map[string]any)
 		if !ok {
-			return bad("%s: want an object of KEY: sup_bw", field)
+			return badWeights("%s: want an object of KEY: sup_bw", field)
 		}
-		for k, v := range sec {
-			if err := check(k); err != nil {
-				return bad("%s %q: %v", field, k, err)
-			}
-			n, ok := v.(json.Number)
-			if !ok || !jsonUint.MatchString(n.String()) {
-				return bad("%s %q: sup_bw %v: want an integer 0..1024", field, k, v)
-			}
-			u, err := strconv.ParseUint(n.String(), 10, 32)
-			if err != nil {
-				u = 1<<32 - 1 // larger than uint32: clamped to 1024 on write anyway
-			}
-			dst[k] = uint32(u)
+		if err := parseSection(field, sec, target, dst); err != nil {
+			return nil, err
 		}
 	}
 	return w, nil
+}
+
+func badWeights(format string, args ...any) (*Weights, error) {
+	return nil, fmt.Errorf("%w: %s", ErrBadWeights, fmt.Sprintf(format, args...))
+}
+
+// parseSection checks one section's keys (in sorted order, so that the error a file gets
+// does not depend on map order) and values into dst.
+func parseSection(field string, sec map[string]any, target func(string) (any, error), dst map[string]uint32) error {
+	seen := map[any]string{}
+	for _, k := range sortedKeys(sec) {
+		t, err := target(k)
+		if err != nil {
+			_, err = badWeights("%s %q: %v", field, k, err)
+			return err
+		}
+		if first, dup := seen[t]; dup {
+			_, err = badWeights("%s %q and %q name the same target: keep one", field, first, k)
+			return err
+		}
+		seen[t] = k
+		v := sec[k]
+		n, ok := v.(json.Number)
+		if !ok || !jsonUint.MatchString(n.String()) {
+			_, err = badWeights("%s %q: sup_bw %v: want an integer 0..1024", field, k, v)
+			return err
+		}
+		u, err := strconv.ParseUint(n.String(), 10, 32)
+		if err != nil {
+			u = 1<<32 - 1 // larger than uint32: clamped to 1024 on write anyway
+		}
+		dst[k] = uint32(u)
+	}
+	return nil
+}
+
+// noDuplicateKeys walks a JSON document already known to be valid and refuses an object that
+// has a key twice (encoding/json keeps the last). An object's own duplicate is reported after
+// those of the values inside it, the order in which Python's object_pairs_hook sees them, so
+// that both agents name the same key.
+func noDuplicateKeys(dec *json.Decoder) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen, dup := map[string]bool{}, ""
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			key := k.(string)
+			if seen[key] && dup == "" {
+				dup = key
+			}
+			seen[key] = true
+			if err := noDuplicateKeys(dec); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return err
+		}
+		if dup != "" {
+			_, err := badWeights("duplicate key %q", dup)
+			return err
+		}
+	case json.Delim('['):
+		for dec.More() {
+			if err := noDuplicateKeys(dec); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token()
+		return err
+	}
+	return nil
 }
 
 // ParseClass accepts intra|inter|0|1 (any case).

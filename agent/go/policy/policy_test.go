@@ -91,6 +91,31 @@ func TestParseWeights(t *testing.T) {
 	}
 }
 
+// A file that says two things of one target is refused, naming both keys: encoding/json
+// keeps the last of a duplicate key, and two aliases would both be applied in map order.
+func TestParseWeightsDuplicates(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"class key twice", `{"class":{"intra":1,"intra":2}}`, `bad_weights: duplicate key "intra"`},
+		{"section twice", `{"class":{"intra":1},"class":{"inter":2}}`, `bad_weights: duplicate key "class"`},
+		{"inner duplicate first", `{"class":{},"class":{"0":1,"0":2}}`, `bad_weights: duplicate key "0"`},
+		{"class aliases", `{"class":{"0":700,"intra":5}}`, `bad_weights: class "0" and "intra" name the same target: keep one`},
+		{"class in two cases", `{"class":{"Inter":7,"inter":5}}`, `bad_weights: class "Inter" and "inter" name the same target: keep one`},
+		{"peer aliases", `{"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`, `bad_weights: peers "10.0.2.7" and "10.0.2.7/32" name the same target: keep one`},
+		{"prefix aliases", `{"peers":{"10.0.2.0/08":1,"10.0.2.0/8":2}}`, `bad_weights: peers "10.0.2.0/08" and "10.0.2.0/8" name the same target: keep one`},
+		{"conn aliases", `{"conns":{"03":1,"3":2}}`, `bad_weights: conns "03" and "3" name the same target: keep one`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := ParseWeights([]byte(tc.in))
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("got %+v, %v; want error %q", w, err, tc.want)
+			}
+		})
+	}
+	if _, err := ParseWeights([]byte(`{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/24":3}}`)); err != nil {
+		t.Fatalf("distinct peers refused: %v", err)
+	}
+}
+
 // Defect 7 (static policy): a deleted key clears its hint, conns entries reach connections
 // that appear later, a half-saved file keeps the last good weights with one warning.
 func TestStatic(t *testing.T) {

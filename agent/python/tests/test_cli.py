@@ -157,3 +157,36 @@ def test_run_static_weights(tmp_path: Path) -> None:
         assert proc.returncode == 0, err
         assert "keeping the last good weights" in err
         assert seg.header().heartbeat_ns == 0
+
+
+def test_file_errors_name_no_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An error in a trace, scenario or weights file names that file, not a segment."""
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"t": "x"}\n')
+    assert main(["replay", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err == f'mpib-agent-py replay: bad_trace: {bad}:1: t: want seconds, got "x"\n', err
+    for code in ("bad_trace", "bad_scenario"):
+        assert str(mpib_agent.SegmentError(code, "f.json: conns: x")) == f"{code}: f.json: conns: x"
+    assert str(mpib_agent.SegmentError("bad_weights", "x", "/w.json")) == "/w.json: bad_weights: x"
+    assert str(mpib_agent.SegmentError("bad_magic", "x")) == "mpib shm (buffer): bad_magic: x"
+
+
+def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
+    """``list | head -1``: the reader going away ends the command quietly with the status a
+    shell shows for the Go CLI, which SIGPIPE ends (141), not an io error."""
+    p = str(tmp_path / "hints")
+    assert main(["create", "--path", p, "--slots", "4", "--peers", "2"]) == 0
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mpib_agent", "list", "--path", p],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            timeout=60,
+        )
+    finally:
+        os.close(w)
+    assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, b"")

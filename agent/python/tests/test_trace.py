@@ -100,6 +100,32 @@ BASE: Dict[str, Any] = {"duration": 10, "conns": [{"sout": {"gbps": 100}, "sup":
         ({"noise": 2.01}, "noise: want a number from 0 to 2, got 2.01"),
         ({"noise": 1000}, "noise: want a number from 0 to 2, got 1000"),
         ({"sup_relay": "yes"}, "sup_relay: want true or false"),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "foo"}]},
+            'conns[0].peer: want an IPv4 address (10.0.2.7), got "foo"',
+        ),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": "10.0.2.256"}]},
+            "conns[0].peer: want an IPv4 address",
+        ),
+        ({"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "peer": 7}]}, "conns[0].peer: want a string"),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "process": 4294963054}]},
+            "conns[0].process: want an integer 0..4294963053, got 4294963054",
+        ),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "conn_id": 18446744073709551616}]},
+            "conns[0].conn_id: want an integer 0..18446744073709551615, got 18446744073709551616",
+        ),
+        (
+            {"conns": [{"sout": {"gbps": 1}, "sup": {"gbps": 1}, "msg_bytes": 10**400}]},
+            "conns[0].msg_bytes: want an integer 0..9007199254740991",
+        ),
+        (
+            {"conns": [{"sout": {"gbps": 1e308}, "sup": {"gbps": 1}}]},
+            "conns[0].sout.gbps: want a finite rate, got 1e+308",
+        ),
+        ({"events": [{"t": 2, "rail": "sup", "gbps": 1e308}]}, "events[0].gbps: want a finite rate"),
     ],
 )
 def test_scenario_file_errors(patch: Dict[str, Any], msg: str) -> None:
@@ -108,7 +134,19 @@ def test_scenario_file_errors(patch: Dict[str, Any], msg: str) -> None:
     assert e.value.code == "bad_scenario" and msg in str(e.value) and "s.json" in str(e.value)
 
 
+def test_scenario_file_limits() -> None:
+    """The largest process and conn_id that fit the plugin's fields are taken as they are."""
+    top = (1 << 32) - 1 - sim.PID_BASE
+    conn = {"sout": {"gbps": 1}, "sup": {"gbps": 1}, "process": top, "conn_id": (1 << 64) - 1, "peer": "10.0.2.7"}
+    sc = scenario_from_dict(dict(BASE, conns=[conn]), "s.json")
+    assert (sc.conns[0].process, sc.conns[0].conn_id, sc.conns[0].peer) == (top, (1 << 64) - 1, "10.0.2.7")
+
+
 def test_scenario_file_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    peer = tmp_path / "peer.json"
+    peer.write_text('{"conns":[{"sout":{"gbps":1},"sup":{"gbps":1},"peer":"foo"}]}')
+    assert main(["sim", "--path", str(tmp_path / "h"), "--scenario", str(peer)]) == 2
+    assert "conns[0].peer: want an IPv4 address" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     for arg, msg in ((str(bad), "not JSON"), (str(tmp_path / "none.json"), "cannot read it")):

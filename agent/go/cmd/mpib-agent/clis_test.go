@@ -253,6 +253,10 @@ func TestCLIsAgree(t *testing.T) {
 	goodW := weights("good.json", `{"class":{"intra":1024,"Inter":0},"peers":{"10.0.2.0/24":512,"10.0.1.5":5000},"conns":{"4242:1":700,"7":9}}`)
 	fracW := weights("frac.json", `{"class":{"intra":512.5}}`)
 	boolW := weights("bool.json", `{"class":{"intra":true}}`)
+	dupW := weights("dup.json", `{"class":{"intra":1,"intra":2}}`)
+	negZeroW := weights("negzero.json", `{"class":{"intra":-0}}`)
+	aliasW := weights("alias.json", `{"class":{"0":700,"intra":5},"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
+	peerAliasW := weights("peer-alias.json", `{"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`)
 	badBin := filepath.Join(dir, "bad.bin")
 	os.WriteFile(badBin, bytes.Repeat([]byte("garbage!"), 100), 0o600)
 	v1 := filepath.Join(dir, "v1.bin")
@@ -309,10 +313,24 @@ func TestCLIsAgree(t *testing.T) {
 		{name: "run, bad capacity", args: []string{"run", "--policy", "proportional", "--capacity", "sout=x"}, exit: 2, code: "usage"},
 		{name: "run, unknown rail", args: []string{"run", "--policy", "proportional", "--capacity", "foo=1"}, exit: 2, code: "usage"},
 		{name: "run, rail twice", args: []string{"run", "--policy", "proportional", "--capacity", "sout=1,sout=2"}, exit: 2, code: "usage"},
+		{name: "run, SOUT capacity alone", args: []string{"run", "--policy", "proportional", "--capacity", "sout=100"}, exit: 2, code: "usage",
+			stderr: "sup\" missing: give both"},
+		{name: "run, SUP capacity alone", args: []string{"run", "--policy", "proportional", "--capacity", "sup=100"}, exit: 2, code: "usage",
+			stderr: "sout\" missing: give both"},
+		{name: "run, capacity beyond float64", args: []string{"run", "--policy", "proportional", "--capacity", "sout=1" + strings.Repeat("0", 400) + ",sup=1"},
+			exit: 2, code: "usage"},
 		{name: "run, bad interval", args: []string{"run", "--policy", "proportional", "--interval", "-1s"}, exit: 2, code: "usage"},
 		{name: "run static, missing file", args: []string{"run", "--policy", "static", "--file", filepath.Join(dir, "none.json")}, exit: 1, code: "bad_weights"},
 		{name: "run static, fractional weight", args: []string{"run", "--policy", "static", "--file", fracW}, exit: 1, code: "bad_weights"},
 		{name: "run static, boolean weight", args: []string{"run", "--policy", "static", "--file", boolW}, exit: 1, code: "bad_weights"},
+		{name: "run static, weight -0", args: []string{"run", "--policy", "static", "--file", negZeroW}, exit: 1, code: "bad_weights",
+			stderr: "sup_bw -0: want an integer 0..1024"},
+		{name: "run static, duplicate key", args: []string{"run", "--policy", "static", "--file", dupW}, exit: 1, code: "bad_weights",
+			stderr: `duplicate key "intra"`},
+		{name: "run static, class aliases", args: []string{"run", "--policy", "static", "--file", aliasW}, exit: 1, code: "bad_weights",
+			stderr: `class "0" and "intra" name the same target`},
+		{name: "run static, peer aliases", args: []string{"run", "--policy", "static", "--file", peerAliasW}, exit: 1, code: "bad_weights",
+			stderr: `peers "10.0.2.7" and "10.0.2.7/32" name the same target`},
 		{name: "run static", args: []string{"run", "--policy", "static", "--file", goodW, "--interval", "50ms"}, long: true},
 		{name: "run proportional", args: []string{"run", "--policy", "proportional", "--capacity", "sout=1,sup=3", "--interval", "0.05"}, long: true},
 		{name: "run static, file edited while running", long: true,

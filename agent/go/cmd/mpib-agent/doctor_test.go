@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -73,9 +74,32 @@ func TestDoctorJSON(t *testing.T) {
 	}
 }
 
-// Two doctors on loopback, one listening, one connecting, without traffic tests.
+// Two doctors on loopback, one listening, one connecting, without traffic tests: the peer
+// reads the fixture with another OOB address, as a second node would have.
 func TestDoctorPair(t *testing.T) {
 	setEnv(t, "MPIB_HCA_SOUT=mlx5_0", "MPIB_HCA_SUP=mlx5_1", "MPIB_OOB_IF=eth0")
+	for _, side := range doctorPairRun(t, doctorFixture, otherNode(t)) {
+		if side.code != 0 || !strings.Contains(side.out, " rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000 why=traffic_test_off_(--bw-seconds_0)") {
+			t.Errorf("exit %d\n%s%s", side.code, side.out, side.errs)
+		}
+	}
+	// One OOB address on both: each node's connects would reach itself.
+	for _, side := range doctorPairRun(t, doctorFixture, doctorFixture) {
+		if side.code != 1 || !strings.Contains(side.out, "doctor: problem=oob-if oob_if=eth0/eth0 address=10.0.1.11/10.0.1.11 want=a different OOB address on each node") {
+			t.Errorf("one OOB address on both nodes: exit %d\n%s%s", side.code, side.out, side.errs)
+		}
+	}
+}
+
+type doctorSide struct {
+	code      int
+	out, errs string
+}
+
+// doctorPairRun runs a listening doctor over the fixture tree at listenRoot and a connecting
+// one over peerRoot.
+func doctorPairRun(t *testing.T, listenRoot, peerRoot string) [2]doctorSide {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -83,21 +107,44 @@ func TestDoctorPair(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	var wg sync.WaitGroup
-	var lcode int
-	var lout, lerr string
+	var l doctorSide
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lcode, lout, lerr = runDoctor("--root", doctorFixture, "--listen", addr, "--wait", "20s", "--bw-seconds", "0")
+		l.code, l.out, l.errs = runDoctor("--root", listenRoot, "--listen", addr, "--wait", "20s", "--bw-seconds", "0")
 	}()
-	pcode, pout, perr := runDoctor("--root", doctorFixture, "--peer", addr, "--wait", "20s", "--bw-seconds", "0")
+	var p doctorSide
+	p.code, p.out, p.errs = runDoctor("--root", peerRoot, "--peer", addr, "--wait", "20s", "--bw-seconds", "0")
 	wg.Wait()
-	for _, side := range []struct {
-		code      int
-		out, errs string
-	}{{lcode, lout, lerr}, {pcode, pout, perr}} {
-		if side.code != 0 || !strings.Contains(side.out, " rail=SUP class=intra-island used=true path=direct mtu=4096/4096 reachable=unknown mbps=none speed_mbps=200000 why=traffic_test_off_(--bw-seconds_0)") {
-			t.Errorf("exit %d\n%s%s", side.code, side.out, side.errs)
+	return [2]doctorSide{l, p}
+}
+
+// otherNode is the doctor fixture as another node of its island: the same tree (linked),
+// with 10.0.1.12 as eth0's first address, which MPIB_OOB_IF=eth0 then gives.
+func otherNode(t *testing.T) string {
+	t.Helper()
+	src, err := filepath.Abs(doctorFixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "ip-addr" {
+			if err := os.Symlink(filepath.Join(src, e.Name()), filepath.Join(root, e.Name())); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	addrs, err := os.ReadFile(filepath.Join(src, "ip-addr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "ip-addr"), append([]byte("eth0 10.0.1.12/24\n"), addrs...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -153,7 +153,8 @@ func cmdHeartbeat(args []string, w io.Writer) error {
 
 var numRe = regexp.MustCompile(`^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)$`)
 
-// parseCapacity reads sout=X,sup=Y (either or both; X, Y >= 0).
+// parseCapacity reads sout=X,sup=Y (both rails; X, Y >= 0), "" for none (measure). One rail
+// alone is refused: the other would be taken as 0 and get no traffic.
 func parseCapacity(v string) (sout, sup float64, err error) {
 	if v == "" {
 		return 0, 0, nil
@@ -176,6 +177,11 @@ func parseCapacity(v string) (sout, sup float64, err error) {
 			sup = f
 		default:
 			return 0, 0, usagef("--capacity %q: unknown rail %q (sout, sup)", v, k)
+		}
+	}
+	for _, rail := range []string{"sout", "sup"} {
+		if !seen[rail] {
+			return 0, 0, usagef("--capacity %q: rail %q missing: give both, sout=X,sup=Y (or neither, to measure)", v, rail)
 		}
 	}
 	return sout, sup, nil

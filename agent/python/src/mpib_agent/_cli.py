@@ -14,6 +14,9 @@ and ``_cli_offline`` (sim, replay, evaluate, plot), and what they share in ``_cl
 from __future__ import annotations
 
 import argparse
+import io
+import os
+import signal
 import sys
 import warnings
 from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple
@@ -165,8 +168,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{PROG} {a.cmd}: usage: {e}", file=sys.stderr)
             return 2
         except SegmentError as e:
-            print(f"{PROG} {a.cmd}: {e.code}: {e}", file=sys.stderr)
+            msg = str(e)
+            if msg.startswith(f"{e.code}: "):  # a file error without a path: its code once
+                msg = msg[len(e.code) + 2 :]
+            print(f"{PROG} {a.cmd}: {e.code}: {msg}", file=sys.stderr)
             return 1
+        except BrokenPipeError:
+            return _broken_pipe()
         except (OSError, ValueError) as e:
             print(f"{PROG} {a.cmd}: io: {e}", file=sys.stderr)
             return 1
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (``list | head -1``): a quiet exit with the status a
+    shell shows for the Go CLI, which SIGPIPE ends (128 + SIGPIPE). stdout is pointed at
+    /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is no file descriptor (a test's capture): nothing to flush there
+    return 128 + signal.SIGPIPE

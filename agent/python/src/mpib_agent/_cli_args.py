@@ -76,20 +76,26 @@ def _sup_bw(s: str) -> int:
 
 
 def _capacity(v: str) -> Tuple[float, float]:
-    """sout=X,sup=Y (either or both; X, Y >= 0)."""
+    """sout=X,sup=Y (both rails; X, Y >= 0), "" for none (measure). One rail alone is
+    refused: the other would be taken as 0 and get no traffic."""
     caps: Dict[str, float] = {}
     if v == "":
         return 0.0, 0.0
     for kv in v.split(","):
         k, sep, val = kv.partition("=")
-        if not sep or _NUM_RE.match(val) is None or not val.isascii():
+        if not sep or _NUM_RE.match(val) is None or not val.isascii() or not math.isfinite(float(val)):
             raise UsageError(f"--capacity {v!r}: want sout=X,sup=Y with numbers >= 0")
         if k in caps:
             raise UsageError(f"--capacity {v!r}: rail {k!r} given twice")
         if k not in ("sout", "sup"):
             raise UsageError(f"--capacity {v!r}: unknown rail {k!r} (sout, sup)")
         caps[k] = float(val)
-    return caps.get("sout", 0.0), caps.get("sup", 0.0)
+    for rail in ("sout", "sup"):
+        if rail not in caps:
+            raise UsageError(
+                f'--capacity {v!r}: rail "{rail}" missing: give both, sout=X,sup=Y (or neither, to measure)'
+            )
+    return caps["sout"], caps["sup"]
 
 
 MAX_DEV = 0xFFFF  # dev is a u16 (the plugin writes 0..15)

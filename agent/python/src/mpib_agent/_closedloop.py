@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ._layout import SUP_BW_MAX
 from ._policy import ConnRate
-from ._types import Telemetry
+from ._types import Telemetry, integer
 
 STEP = 64  # default largest move of the split per interval, parts per 1024
 MAX_STEP = 256  # largest step
@@ -140,11 +140,12 @@ class ClosedLoopPolicy:
     def __init__(
         self, step: int = STEP, *, gain: float = GAIN, start: int = START, note: Optional[Callable[[str], None]] = None
     ) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
+        n = integer(step)
+        if n is None or not 1 <= n <= MAX_STEP:
             raise ValueError(f"step {step!r}: want an integer 1..{MAX_STEP}")
         if not 0 < gain <= 1:
             raise ValueError(f"gain {gain!r}: want a number in (0, 1]")
-        self.step, self.gain = step, gain
+        self.step, self.gain = n, gain
         self.start = _clamp(start)
         self.note = note
         self.conns: Dict[int, ClosedLoopConn] = {}

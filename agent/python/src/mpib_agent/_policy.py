@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from ._layout import SUP_BW_MAX
 from ._resolve import clamp
 from ._segment import Segment, beat_period_s, now_ns, parse_class
-from ._types import SegmentError, Slot, ip_int
+from ._types import SegmentError, Slot, integer, ip_int
 
 
 @dataclass(frozen=True)
@@ -283,6 +283,19 @@ def agent_loop(
 Policy = Callable[[List[ConnRate]], Optional[Dict[int, int]]]
 
 
+def hint_items(hints: Optional[Mapping[int, int]]) -> List[Tuple[int, int]]:
+    """A policy callback's {slot: sup_bw} as (slot, sup_bw) pairs, each slot an int (a numpy
+    integer is one; the sup_bw is checked where it is written). SegmentError("bad_value")
+    names a slot key that is no integer."""
+    out = []
+    for slot, bw in (hints or {}).items():
+        n = integer(slot)
+        if n is None:
+            raise SegmentError("bad_value", f"policy returned slot {slot!r}: want an integer slot index")
+        out.append((n, bw))
+    return out
+
+
 def run_policy(
     seg: Segment,
     callback: Policy,
@@ -311,8 +324,7 @@ def run_policy(
         if replaced() and forget is not None:
             forget()
         cur, rs = next_sample()
-        hints = callback(rs)
-        for slot, bw in (hints or {}).items():
+        for slot, bw in hint_items(callback(rs)):
             c = cur.get(slot)
             if c is None:
                 warnings.warn(SlotSkippedWarning(f"slot {slot}: no active connection in this sample"), stacklevel=2)
@@ -414,6 +426,18 @@ def _bad_constant(s: str) -> None:
     raise ValueError(f"{s} is not JSON")
 
 
+_JSON_UINT = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def _parse_int(s: str) -> object:
+    """json's parse_int: the Go agent's literal rule (digits, no sign: -0 and -1 are refused
+    as written); a literal of more than 20 digits is taken as 2**64, which clamps as Go's
+    overflow does (int() refuses very long literals)."""
+    if not _JSON_UINT.match(s):
+        return _NotInt(s)
+    return int(s) if len(s) <= 20 else 1 << 64
+
+
 @dataclass
 class Weights:
     """The static policy file: {"class": {...}, "peers": {...}, "conns": {...}}, sup_bw
@@ -424,14 +448,48 @@ class Weights:
     conns: Dict[str, int] = field(default_factory=dict)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: List[Tuple[str, object]]) -> Dict[str, object]:
+    """json's object_pairs_hook: refuses a key given twice (json.loads keeps the last)."""
+    out: Dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {_q(k)}")
+        out[k] = v
+    return out
+
+
+def _q(s: str) -> str:
+    """A key as the Go agent quotes it."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _peer_target(k: str) -> Tuple[int, int]:
+    ip, plen = parse_peer(k)
+    return ip_int(ip), plen
+
+
 def parse_weights(data: bytes) -> Weights:
-    """Strict parse (same rules as the Go agent); SegmentError("bad_weights")."""
+    """Strict parse (same rules as the Go agent); SegmentError("bad_weights"). A key given
+    twice in one object, or two keys of a section that name one target (class "0" and
+    "intra"; peers "10.0.2.7" and "10.0.2.7/32"), is refused."""
 
     def bad(msg: str) -> SegmentError:
         return SegmentError("bad_weights", msg)
 
     try:
-        top = json.loads(data.decode("utf-8"), parse_float=_NotInt, parse_constant=_bad_constant)
+        top = json.loads(
+            data.decode("utf-8"),
+            parse_int=_parse_int,
+            parse_float=_NotInt,
+            parse_constant=_bad_constant,
+            object_pairs_hook=_no_duplicates,
+        )
+    except _DuplicateKey as e:
+        raise bad(str(e)) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"not JSON: {e}") from None
     if not isinstance(top, dict):
@@ -439,7 +497,7 @@ def parse_weights(data: bytes) -> Weights:
     w = Weights()
     checks: Dict[str, Tuple[Dict[str, int], Callable[[str], object]]] = {
         "class": (w.cls, parse_class),
-        "peers": (w.peers, parse_peer),
+        "peers": (w.peers, _peer_target),
         "conns": (w.conns, parse_conn),
     }
     for name in sorted(top):
@@ -448,16 +506,26 @@ def parse_weights(data: bytes) -> Weights:
         sec = top[name]
         if not isinstance(sec, dict):
             raise bad(f"{name}: want an object of KEY: sup_bw")
-        dst, check = checks[name]
-        for k, v in sec.items():
-            try:
-                check(k)
-            except SegmentError as e:
-                raise bad(f"{name} {k!r}: {e.detail}") from None
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise bad(f"{name} {k!r}: sup_bw {v!r}: want an integer 0..1024")
-            dst[k] = min(v, 0xFFFFFFFF)
+        dst, target = checks[name]
+        _parse_section(name, sec, target, dst)
     return w
+
+
+def _parse_section(name: str, sec: Dict[str, object], target: Callable[[str], object], dst: Dict[str, int]) -> None:
+    """One section's keys (in sorted order, as the Go agent checks them) and values."""
+    seen: Dict[object, str] = {}
+    for k in sorted(sec):
+        try:
+            t = target(k)
+        except SegmentError as e:
+            raise SegmentError("bad_weights", f"{name} {k!r}: {e.detail}") from None
+        if t in seen:
+            raise SegmentError("bad_weights", f"{name} {_q(seen[t])} and {_q(k)} name the same target: keep one")
+        seen[t] = k
+        v = sec[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise SegmentError("bad_weights", f"{name} {k!r}: sup_bw {v!r}: want an integer 0..1024")
+        dst[k] = min(v, 0xFFFFFFFF)
 
 
 class StaticWeights:

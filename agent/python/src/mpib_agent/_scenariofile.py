@@ -8,13 +8,14 @@ never silently keeps a default.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 from ._layout import RAIL_STATES
 from ._types import SegmentError
-from .sim import GBIT, NOISE_MAX, Conn, Event, Rail, Scenario
+from .sim import GBIT, NOISE_MAX, PID_BASE, Conn, Event, Rail, Scenario
 
 _CLASSES = {"intra": 0, "inter": 1}
 
@@ -49,13 +50,25 @@ class _Fields:
             self.fail(f"want a number {'> 0' if positive else '>= 0'}, got {json.dumps(v)}", key)
         return float(v)
 
-    def integer(self, key: str, default: Optional[int]) -> Optional[int]:
+    def integer(self, key: str, default: Optional[int], limit: Optional[int] = None) -> Optional[int]:
+        """An integer >= 0, and below ``limit`` when one is given (the field's width)."""
         if key not in self.obj:
             return default
         v = self.obj[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            self.fail(f"want an integer >= 0, got {json.dumps(v)}", key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (limit is not None and v >= limit):
+            want = "an integer >= 0" if limit is None else f"an integer 0..{limit - 1}"
+            self.fail(f"want {want}, got {json.dumps(v)}", key)
         return int(v)
+
+    def ipv4(self, key: str) -> str:
+        """A dotted IPv4 address; "" when the key is absent."""
+        v = self.text(key, "")
+        if key in self.obj:
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                self.fail(f"want an IPv4 address (10.0.2.7), got {json.dumps(v)}", key)
+        return v
 
     def text(self, key: str, default: str, choices: Tuple[str, ...] = ()) -> str:
         v = self.obj.get(key, default)
@@ -74,10 +87,14 @@ class _Fields:
         """``mbps`` (Mbit/s) or ``gbps`` (Gbit/s), not both; None when neither is given."""
         if "mbps" in self.obj and "gbps" in self.obj:
             self.fail("give mbps or gbps, not both")
-        if "gbps" in self.obj:
-            g = self.num("gbps")
-            return None if g is None else g * GBIT
-        return self.num("mbps")
+        key = "gbps" if "gbps" in self.obj else "mbps"
+        v = self.num(key)
+        if v is None:
+            return None
+        mbps = v * GBIT if key == "gbps" else v
+        if not math.isfinite(mbps):
+            self.fail(f"want a finite rate, got {json.dumps(self.obj[key])} ({mbps} Mbit/s)", key)
+        return mbps
 
 
 def _rail(path: str, where: str, obj: Any) -> Rail:
@@ -95,18 +112,18 @@ def _conn(path: str, where: str, obj: Any) -> Conn:
     for rail in ("sout", "sup"):
         if rail not in f.obj:
             f.fail(f'want the {rail} rail: {{"gbps": 100}}')
-    msg = f.integer("msg_bytes", 4 << 20)
+    msg = f.integer("msg_bytes", 4 << 20, 1 << 53)  # the model computes in floats: exact up to 2**53
     if msg == 0:
         f.fail("want an integer > 0, got 0", "msg_bytes")
     return Conn(
         sout=_rail(path, f"{where}.sout", f.obj["sout"]),
         sup=_rail(path, f"{where}.sup", f.obj["sup"]),
-        process=f.integer("process", 0) or 0,
+        process=f.integer("process", 0, (1 << 32) - PID_BASE) or 0,  # pid PID_BASE + process: 32 bits
         is_send=f.flag("is_send", True),
         path_class=_CLASSES[f.text("path_class", "intra", tuple(_CLASSES))],
-        peer=f.text("peer", ""),
+        peer=f.ipv4("peer"),
         msg_bytes=msg or 0,
-        conn_id=f.integer("conn_id", None),
+        conn_id=f.integer("conn_id", None, 1 << 64),
     )
 
 

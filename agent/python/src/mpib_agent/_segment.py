@@ -67,6 +67,7 @@ from ._types import (
     SegmentError,
     Slot,
     Snapshot,
+    integer,
     ip_int,
     ip_str,
 )
@@ -285,11 +286,13 @@ class Segment:
 
     @staticmethod
     def _clamp(sup_bw: int) -> int:
-        if isinstance(sup_bw, bool) or not isinstance(sup_bw, int) or sup_bw < 0:
+        """A sup_bw from user code: any integer (int, numpy's; not bool) >= 0."""
+        n = integer(sup_bw)
+        if n is None or n < 0:
             raise SegmentError("bad_value", f"sup_bw {sup_bw!r}: want an integer 0..1024")
-        v, clamped = clamp(sup_bw)
+        v, clamped = clamp(n)
         if clamped:
-            warnings.warn(HintClampedWarning(sup_bw, v), stacklevel=3)
+            warnings.warn(HintClampedWarning(n, v), stacklevel=3)
         return v
 
     def set_slot_hint(self, slot: int, sup_bw: Optional[int], *, gen: int) -> int:
@@ -298,6 +301,10 @@ class Segment:
         the write is refused with :class:`GenerationChanged`, so a hint never lands on another
         connection. Returns the stored value; a value above 1024 is stored as 1024 with a
         HintClampedWarning."""
+        n = integer(slot)
+        if n is None:
+            raise SegmentError("bad_value", f"slot {slot!r}: want an integer", self.path)
+        slot = n
         off = slot_off(slot)
         with self._lock():
             self._check_slot(slot)

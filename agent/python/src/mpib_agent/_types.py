@@ -4,8 +4,10 @@ errors and warnings of segment operations, and the conversions both CLIs print v
 from __future__ import annotations
 
 import ipaddress
+import numbers
+import operator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Union
 
 from ._layout import FLAG_VALID, NIC_NAME, RAIL_STATES, STATE_FREE, SUP_PATHS, VERSION
 
@@ -21,7 +23,14 @@ class SegmentError(ValueError):
         self.code = code
         self.detail = detail
         self.path = path
-        super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+        if code in FILE_CODES:  # about a weights, trace or scenario file: no segment to name
+            super().__init__(f"{path + ': ' if path else ''}{code}: {detail}")
+        else:
+            super().__init__(f"mpib shm {path or '(buffer)'}: {code}: {detail}")
+
+
+# The codes of errors in the files other than a segment that the agent reads.
+FILE_CODES = frozenset({"bad_weights", "bad_trace", "bad_scenario"})
 
 
 class GenerationChanged(SegmentError):
@@ -88,6 +97,14 @@ def sup_path_name(p: int) -> str:
 def class_name(c: int) -> str:
     """Path class as both CLIs print it."""
     return {0: "intra", 1: "inter"}.get(c, "invalid")
+
+
+def integer(v: object) -> Optional[int]:
+    """``v`` as an int when it is an integer of any kind user code may hold (int, a numpy
+    integer: numbers.Integral), None otherwise; a bool is not an integer here."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        return None
+    return operator.index(v)
 
 
 def ip_str(v: int) -> str:

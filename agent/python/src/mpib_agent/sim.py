@@ -57,7 +57,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from ._hintcache import CachedResolver
 from ._layout import RAIL_STATES, SUP_BW_MAX
 from ._plugin import ConnDesc, PluginProcess
-from ._policy import Policy, rates
+from ._policy import Policy, hint_items, rates
 from ._segment import Segment, beat_period_s, create, now_ns, open_segment, stale_ns_from_env
 from ._types import SegmentError
 
@@ -671,7 +671,7 @@ def drive(
             while sim.t < end - 1e-9:
                 sim.advance(min(interval, end - sim.t))
                 cur = {s.index: s for s in seg.connections()}
-                for slot, bw in (policy(rates(prev, cur, interval)) or {}).items():
+                for slot, bw in hint_items(policy(rates(prev, cur, interval))):
                     c = cur.get(slot)
                     if c is not None:
                         try:
