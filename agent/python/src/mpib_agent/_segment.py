@@ -72,6 +72,8 @@ from ._types import (
     ip_str,
 )
 
+_GC_CHUNK = 256  # slots per hold of the writer lock in gc()
+
 _CLASSES = {"intra": 0, "inter": 1, "0": 0, "1": 1}
 
 
@@ -95,7 +97,12 @@ class Segment:
         self._h = header
         self._v = FileView(fd, path, header.total_size)
         self._dev, self._ino = st.st_dev, st.st_ino
-        self._io = threading.RLock()  # reattach() swaps the descriptor under it
+        # Every access holds _io; a writer holds it while it waits for the writer lock, which
+        # another process may hold for long. The heartbeat takes only _swap, which reattach()
+        # and close() take (inside _io) to swap or close the descriptor, so a beat never waits
+        # for a writer (spec 5.2, 5.5).
+        self._io = threading.RLock()
+        self._swap = threading.Lock()
         self._agent = False
         self._last_beat = 0
         self._attachment = 0
@@ -107,7 +114,7 @@ class Segment:
         self.close()
 
     def close(self) -> None:
-        with self._io:
+        with self._io, self._swap:
             if self._fd < 0:
                 return
             os.close(self._fd)  # drops this Segment's locks
@@ -175,9 +182,10 @@ class Segment:
             self._agent = False
 
     def beat(self, now: Optional[int] = None) -> None:
-        """Stores the heartbeat; hints apply only while it is fresh."""
+        """Stores the heartbeat; hints apply only while it is fresh. Never waits for a writer:
+        a heartbeat store needs no lock (spec 5.5)."""
         t = now_ns() if now is None else now
-        with self._io:
+        with self._swap:
             self._check_size()
             self._v.put32(OFF_AGENT_PID, os.getpid())
             self._v.put64(OFF_HEARTBEAT, t)
@@ -186,7 +194,7 @@ class Segment:
     def stop_beat(self) -> bool:
         """Clean exit: plugins fall back to vanilla at once. Clears the heartbeat only if it is
         still the one this Segment stored (never another agent's); returns whether it did."""
-        with self._io:
+        with self._swap:
             last, self._last_beat = self._last_beat, 0
             try:
                 if last and self._v.u64(OFF_HEARTBEAT) == last:
@@ -382,15 +390,27 @@ class Segment:
     def gc(self) -> List[int]:
         """Reclaims slots whose owner is gone (spec 5.7): an owner word that is not zero while
         no process holds the slot's lease (an OFD lock the kernel drops when its holder dies,
-        whatever PID namespace it lives in). Returns their indices."""
-        freed = []
-        with self._lock():
-            self._check_size()
-            img = View(self._v.read(0, slot_off(self._h.nslots)))
-            for i in range(self._h.nslots):
-                if img.u64(slot_off(i) + S_OWNER) and self._reclaim(i):
-                    freed.append(i)
+        whatever PID namespace it lives in). Returns their indices.
+
+        Each lease check walks the kernel's list of the file's locks, so a pass over n held
+        slots costs ~n^2 (a minute for 65536): it takes the writer lock for _GC_CHUNK slots at
+        a time, so that other writers (a policy tick, a ``set``) wait for one chunk, not for
+        the pass. A pass that finds the segment replaced between chunks stops there."""
+        freed: List[int] = []
+        with self._io:
+            at, n = self._attachment, self._h.nslots
+        for lo in range(0, n, _GC_CHUNK):
+            with self._lock():
+                if self._attachment != at:
+                    break
+                self._check_size()
+                freed += self._gc_slots(lo, min(lo + _GC_CHUNK, n))
         return freed
+
+    def _gc_slots(self, lo: int, hi: int) -> List[int]:
+        """Reclaims the dead owners' slots among lo..hi-1 (the caller holds the writer lock)."""
+        img = View(self._v.read(slot_off(lo), slot_off(hi) - slot_off(lo)))
+        return [i for i in range(lo, hi) if img.u64((i - lo) * SLOT_SIZE + S_OWNER) and self._reclaim(i)]
 
     def _reclaim(self, i: int) -> bool:
         """Frees slot i if its owner is dead (the caller holds the writer lock). It takes the
@@ -441,13 +461,14 @@ class Segment:
             except BaseException:
                 n.close()
                 raise
-            old = self._fd
-            self._fd, self._h, self._v = n._fd, n._h, n._v
-            self._dev, self._ino = n._dev, n._ino
-            self._last_beat = 0
-            self._attachment += 1
-            n._fd = -1
-            os.close(old)
+            with self._swap:
+                old = self._fd
+                self._fd, self._h, self._v = n._fd, n._h, n._v
+                self._dev, self._ino = n._dev, n._ino
+                self._last_beat = 0
+                self._attachment += 1
+                n._fd = -1
+                os.close(old)
         return True
 
 
