@@ -159,10 +159,12 @@ func (s *Segment) LeaseHeld(i uint32) (bool, error) {
 
 // GC reclaims slots whose owner is gone (spec 5.7): an owner word that is not zero while no
 // process holds the slot's lease. The lease is an OFD lock the kernel drops when its holder
-// dies, whatever PID namespace it lives in. It returns the reclaimed slot indices.
+// dies, whatever PID namespace it lives in. It returns the reclaimed slot indices. In the same
+// pass it repairs every hint record a dead writer left odd (spec 5.1).
 func (s *Segment) GC() ([]uint32, error) {
 	var freed []uint32
 	err := s.locked(func(v wire.View) error {
+		repairRecords(v, s.h.NSlots, s.h.NPeers)
 		for i := uint32(0); i < s.h.NSlots; i++ {
 			if v.U64(wire.SlotOff(i)+wire.SlOwner) == 0 {
 				continue

@@ -54,3 +54,34 @@ func writeRecordFields(v wire.View, off int, r Record) {
 	v.Put32(off+wire.RecPeerIP, uint32(r.PeerIP))
 	v.Put8(off+wire.RecPrefixLen, r.PrefixLen)
 }
+
+// repairRecord clears the record at off when its seq is odd and reports whether it did. The
+// caller holds the writer lock (spec 5.5), so no live writer is mid-write there: an odd seq was
+// left by a writer that died between its two seq stores (spec 5.1). Its fields may be a torn
+// mix of two records, so it is never made even as it stands: writeRecord reuses the odd seq,
+// stores zero into every field (no VALID: no hint), then the even seq.
+func repairRecord(v wire.View, off int) bool {
+	if v.U32(off+wire.RecSeq)&1 == 0 {
+		return false
+	}
+	writeRecord(v, off, Record{})
+	return true
+}
+
+// repairRecords repairs every hint record of the segment (spec 5.1: class defaults, slot
+// hints, peer entries), bumping peers_epoch when it repaired a peer entry so that readers
+// that cached a scan look again; the caller holds the writer lock.
+func repairRecords(v wire.View, nslots, npeers uint32) {
+	repairRecord(v, wire.ClassOff(0))
+	repairRecord(v, wire.ClassOff(1))
+	for i := uint32(0); i < nslots; i++ {
+		repairRecord(v, wire.SlotOff(i)+wire.SlHint)
+	}
+	peers := false
+	for j := uint32(0); j < npeers; j++ {
+		peers = repairRecord(v, wire.PeerOff(nslots, j)) || peers
+	}
+	if peers {
+		v.Add32(wire.OffPeersEpoch, 1)
+	}
+}

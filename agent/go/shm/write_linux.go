@@ -85,9 +85,13 @@ func (s *Segment) SetPeerHint(ip IPv4, prefixLen uint8, supBw uint32, valid bool
 	}
 	bw, cerr := clampErr(supBw)
 	err := s.locked(func(v wire.View) error {
-		target, free := -1, -1
+		target, free, repaired := -1, -1, false
 		for j := uint32(0); j < s.h.NPeers && target < 0; j++ {
-			r, err := readRecord(v, wire.PeerOff(s.h.NSlots, j))
+			off := wire.PeerOff(s.h.NSlots, j)
+			// An odd entry is a dead writer's (spec 5.1): skipping it could write its key a
+			// second time. Repaired, it is free.
+			repaired = repairRecord(v, off) || repaired
+			r, err := readRecord(v, off)
 			switch {
 			case err == nil && !r.Valid() && free < 0:
 				free = int(j)
@@ -97,6 +101,9 @@ func (s *Segment) SetPeerHint(ip IPv4, prefixLen uint8, supBw uint32, valid bool
 		}
 		if target < 0 {
 			if !valid {
+				if repaired {
+					v.Add32(wire.OffPeersEpoch, 1)
+				}
 				cerr = nil
 				return nil
 			}
