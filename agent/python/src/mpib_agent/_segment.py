@@ -33,6 +33,7 @@ from ._layout import (
     OFF_PEERS_EPOCH,
     OFF_SLOT_SIZE,
     PEER_SIZE,
+    R_SEQ,
     S_GEN,
     S_HINT,
     S_OWNER,
@@ -350,13 +351,16 @@ class Segment:
         v = 0 if sup_bw is None else self._clamp(sup_bw)
         with self._lock():
             self._check_size()
-            target, free = None, None
+            target, free, repaired = None, None, False
             base = peer_off(self._h.nslots, 0)
             img = View(self._v.read(base, self._h.npeers * PEER_SIZE))
             for j in range(self._h.npeers):
                 r, ok = img.read_record(j * PEER_SIZE)
                 if not ok:
-                    continue
+                    # A dead writer's entry (spec 5.1): skipping it could write its key a
+                    # second time. Repaired, it is free.
+                    repaired = self._repair(base + j * PEER_SIZE) or repaired
+                    r = Record()
                 if not r.valid and free is None:
                     free = j
                 elif r.valid and ip_int(r.peer_ip) == ip and r.prefix_len == plen:
@@ -364,6 +368,8 @@ class Segment:
                     break
             if target is None:
                 if sup_bw is None:
+                    if repaired:
+                        self._bump_peers_epoch()
                     return 0
                 if free is None:
                     raise SegmentError("peer_table_full", f"all {self._h.npeers} peer entries in use", self.path)
@@ -376,7 +382,7 @@ class Segment:
                 prefix_len=plen,
             )
             self._v.write_record(peer_off(self._h.nslots, target), rec)
-            self._v.put32(OFF_PEERS_EPOCH, self._v.u32(OFF_PEERS_EPOCH) + 1)
+            self._bump_peers_epoch()
         return v
 
     # -- slots of dead processes ------------------------------------------------------------
@@ -397,8 +403,10 @@ class Segment:
         a time, so that other writers (a policy tick, a ``set``) wait for one chunk, not for
         the pass. A pass that finds the segment replaced between chunks stops there."""
         freed: List[int] = []
-        with self._io:
+        with self._lock():
+            self._check_size()
             at, n = self._attachment, self._h.nslots
+            self._repair_defaults()
         for lo in range(0, n, _GC_CHUNK):
             with self._lock():
                 if self._attachment != at:
@@ -408,9 +416,41 @@ class Segment:
         return freed
 
     def _gc_slots(self, lo: int, hi: int) -> List[int]:
-        """Reclaims the dead owners' slots among lo..hi-1 (the caller holds the writer lock)."""
+        """Repairs the odd hints of slots lo..hi-1 and reclaims the dead owners' slots among
+        them (the caller holds the writer lock)."""
         img = View(self._v.read(slot_off(lo), slot_off(hi) - slot_off(lo)))
+        for i in range(lo, hi):
+            if img.u32((i - lo) * SLOT_SIZE + S_HINT + R_SEQ) & 1:
+                self._repair(slot_off(i) + S_HINT)
         return [i for i in range(lo, hi) if img.u64((i - lo) * SLOT_SIZE + S_OWNER) and self._reclaim(i)]
+
+    def _repair(self, off: int) -> bool:
+        """Clears the hint record at off when its seq is odd; returns whether it did. The
+        caller holds the writer lock (spec 5.5), so no live writer is mid-write there: an odd
+        seq was left by a writer that died (or was interrupted) between its two seq stores
+        (spec 5.1). Its fields may be a torn mix of two records, so it is never made even as it
+        stands: write_record reuses the odd seq, stores zero into every field (no VALID: no
+        hint), then the even seq."""
+        if not self._v.u32(off + R_SEQ) & 1:
+            return False
+        self._v.write_record(off, Record())
+        return True
+
+    def _repair_defaults(self) -> None:
+        """Repairs the class defaults and the peer entries (spec 5.1), bumping peers_epoch when
+        it repaired a peer entry so that readers that cached a scan look again; the caller
+        holds the writer lock."""
+        self._repair(class_off(0))
+        self._repair(class_off(1))
+        img = View(self._v.read(peer_off(self._h.nslots, 0), self._h.npeers * PEER_SIZE))
+        peers = [j for j in range(self._h.npeers) if img.u32(j * PEER_SIZE + R_SEQ) & 1]
+        for j in peers:
+            self._repair(peer_off(self._h.nslots, j))
+        if peers:
+            self._bump_peers_epoch()
+
+    def _bump_peers_epoch(self) -> None:
+        self._v.put32(OFF_PEERS_EPOCH, self._v.u32(OFF_PEERS_EPOCH) + 1)
 
     def _reclaim(self, i: int) -> bool:
         """Frees slot i if its owner is dead (the caller holds the writer lock). It takes the
