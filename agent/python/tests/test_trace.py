@@ -67,6 +67,28 @@ def test_cached_resolver_matches_the_spec_reader(tmp_path: Path) -> None:
     assert seen == ["stale", "no_hint", "class", "peer", "peer", "peer", "peer", "slot", "slot", "stale"]
 
 
+def test_cached_resolver_rescans_after_a_scan_that_skipped_a_busy_entry(tmp_path: Path) -> None:
+    """A scan that skipped an entry caught mid-write is incomplete (spec 5.3): its result
+    applies but is not cached for its (peers_epoch, gen), so the entry, completed without an
+    epoch bump, is found by the next read (the C reader's rule, plugin/mpib_shm_hint.c)."""
+    from mpib_agent._layout import R_SEQ, peer_off
+
+    p = str(tmp_path / "hints")
+    mpib_agent.create(p, 8, 4).close()
+    with PluginProcess(p, 4242) as proc, mpib_agent.open_segment(p) as agent:
+        slot = proc.register(ConnDesc(conn_id=1, peer_sout_ip="10.0.2.7", path_class=1, is_send=True))
+        reader = CachedResolver(proc.seg)
+        agent.set_peer_hint("10.0.2.7", 300)
+        e0 = peer_off(agent.nslots, 0)
+        seq = agent._v.u32(e0 + R_SEQ)
+        agent._v.put32(e0 + R_SEQ, seq + 1)  # a writer is mid-write: the scan skips the entry
+        now = mpib_agent.now_ns()
+        agent.beat(now)
+        assert reader.resolve(slot, now, 500_000_000).source == "no_hint"
+        agent._v.put32(e0 + R_SEQ, seq + 2)  # the write completes; the epoch is not bumped
+        assert reader.resolve(slot, now, 500_000_000) == mpib_agent.Resolution(True, 300, "peer", False)
+
+
 def test_example_scenario_file(capsys: pytest.CaptureFixture[str]) -> None:
     sc = sim.scenario(str(EXAMPLE))
     assert sc.name == "example" and len(sc.conns) == 2 and sc.duration == 45

@@ -27,7 +27,8 @@ from ._types import Record, Resolution, ip_int
 class CachedResolver:
     """Resolves hints on ``seg`` as :meth:`Segment.resolve` does (same sources, same order),
     remembering per slot which peer entry matched until ``peers_epoch`` or the slot's ``gen``
-    changes; an entry that no longer matches is scanned for again, uncached (spec 5.3, 5)."""
+    changes; an entry that no longer matches is scanned for again, uncached, and a scan that
+    skipped an entry caught mid-write is never cached (spec 5.3, 5)."""
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -64,8 +65,11 @@ class CachedResolver:
             if cached and hit is not None and hit[0] == tag:
                 j = hit[1]
             else:
-                j = peer_scan(v, h, ip)
-                self._peer[slot] = (tag, j)
+                j, complete = peer_scan(v, h, ip)
+                if complete:
+                    self._peer[slot] = (tag, j)
+                else:  # it skipped an entry mid-write: the next read scans again (spec 5.3)
+                    self._peer.pop(slot, None)
             if j is None:
                 return None
             r, ok = self._record(v, peer_off(h.nslots, j))

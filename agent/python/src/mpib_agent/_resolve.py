@@ -51,19 +51,22 @@ def _none(reason: str) -> Resolution:
     return Resolution(False, 0, reason, False)
 
 
-def peer_scan(v: Any, h: Header, ip: int) -> Optional[int]:
-    """Longest valid matching prefix (ties: lowest index); entries caught mid-write are
-    skipped. The entries are read in one piece (``region``), the chosen one again by the
-    caller under its seqlock."""
-    best, best_len = None, -1
+def peer_scan(v: Any, h: Header, ip: int) -> Tuple[Optional[int], bool]:
+    """(longest valid matching prefix or None, complete): ties go to the lowest index; entries
+    caught mid-write are skipped, and a scan that skipped one is not complete (spec 5.3: the
+    skipped entry may be the match, or a longer one, so its result must not be cached). The
+    entries are read in one piece (``region``), the chosen one again by the caller under its
+    seqlock."""
+    best, best_len, complete = None, -1, True
     pv, base = v.region(peer_off(h.nslots, 0), h.npeers * PEER_SIZE)
     for j in range(h.npeers):
         r, ok = pv.read_record(base + j * PEER_SIZE)
-        if not ok or not r.valid:
+        if not ok:
+            complete = False
             continue
-        if prefix_match(ip, ip_int(r.peer_ip), r.prefix_len) and r.prefix_len > best_len:
+        if r.valid and prefix_match(ip, ip_int(r.peer_ip), r.prefix_len) and r.prefix_len > best_len:
             best, best_len = j, r.prefix_len
-    return best
+    return best, complete
 
 
 RecordReader = Callable[[int], Tuple[Record, bool]]
@@ -112,7 +115,7 @@ def resolve_view(
 
 def _peer_step(v: Any, h: Header, ip: int, read_rec: RecordReader) -> Optional[Resolution]:
     """Step 5 by a scan of the peer table: the matching entry's hint, ``busy``, or None."""
-    j = peer_scan(v, h, ip)
+    j, _ = peer_scan(v, h, ip)
     if j is None:
         return None
     r, ok = read_rec(peer_off(h.nslots, j))
