@@ -196,7 +196,8 @@ func ParseClass(s string) (shm.PathClass, error) {
 
 var peerRe = regexp.MustCompile(`^([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?:/([0-9]{1,2}))?$`)
 
-// ParsePeer accepts IP or IP/LEN (LEN 0..32, default 32).
+// ParsePeer accepts IP or IP/LEN (LEN 0..32, default 32). The IP comes back masked to LEN,
+// the key a peer entry stores (spec 5.6): 10.0.2.7/24 is 10.0.2.0/24.
 func ParsePeer(s string) (shm.IPv4, uint8, error) {
 	m := peerRe.FindStringSubmatch(s)
 	if m == nil {
@@ -212,7 +213,7 @@ func ParsePeer(s string) (shm.IPv4, uint8, error) {
 			return 0, 0, shm.ErrBadPrefix
 		}
 	}
-	return ip, uint8(plen), nil
+	return ip.Masked(uint8(plen)), uint8(plen), nil
 }
 
 // ConnSelector picks a connection by slot index or by (pid, conn_id).

@@ -102,6 +102,7 @@ func TestParseWeightsDuplicates(t *testing.T) {
 		{"class in two cases", `{"class":{"Inter":7,"inter":5}}`, `bad_weights: class "Inter" and "inter" name the same target: keep one`},
 		{"peer aliases", `{"peers":{"10.0.2.7":900,"10.0.2.7/32":100}}`, `bad_weights: peers "10.0.2.7" and "10.0.2.7/32" name the same target: keep one`},
 		{"prefix aliases", `{"peers":{"10.0.2.0/08":1,"10.0.2.0/8":2}}`, `bad_weights: peers "10.0.2.0/08" and "10.0.2.0/8" name the same target: keep one`},
+		{"island aliases", `{"peers":{"10.0.2.0/24":1,"10.0.2.7/24":2}}`, `bad_weights: peers "10.0.2.0/24" and "10.0.2.7/24" name the same target: keep one`},
 		{"conn aliases", `{"conns":{"03":1,"3":2}}`, `bad_weights: conns "03" and "3" name the same target: keep one`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,7 +112,7 @@ func TestParseWeightsDuplicates(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ParseWeights([]byte(`{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/24":3}}`)); err != nil {
+	if _, err := ParseWeights([]byte(`{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/16":3}}`)); err != nil {
 		t.Fatalf("distinct peers refused: %v", err)
 	}
 }

@@ -62,14 +62,19 @@ func HeartbeatFresh(hb, now, staleNs uint64) bool {
 	return hb-now <= staleNs
 }
 
+// prefixMask is the mask of a prefix of prefixLen bits, 0..32.
+func prefixMask(prefixLen uint8) uint32 {
+	if prefixLen == 0 {
+		return 0
+	}
+	return ^uint32(0) << (32 - prefixLen)
+}
+
 func prefixMatch(ip, key IPv4, prefixLen uint8) bool {
 	if prefixLen > 32 {
 		return false
 	}
-	var mask uint32
-	if prefixLen > 0 {
-		mask = ^uint32(0) << (32 - prefixLen)
-	}
+	mask := prefixMask(prefixLen)
 	return uint32(ip)&mask == uint32(key)&mask
 }
 

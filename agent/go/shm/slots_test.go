@@ -346,3 +346,63 @@ func TestGeometryChangedSinceOpen(t *testing.T) {
 		})
 	}
 }
+
+// A peer key is stored masked to its prefix (spec 5.6): 10.0.2.7/24 and 10.0.2.0/24 name one
+// island, so a write or a clear under either spelling updates the one entry (resolution masks
+// both keys, and a second entry for the island would lose every tie to the first).
+func TestPeerKeyMasked(t *testing.T) {
+	s, p := newSeg(t, 2, 4)
+	a, err := p.Register(desc(1, "10.0.2.9", shm.InterIsland))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := uint64(shm.DefaultStaleMs) * 1e6
+	steps := []struct {
+		name string
+		do   func() error
+		want shm.Resolution
+	}{
+		{"set by a host of the island", func() error { return s.SetPeerHint(ip("10.0.2.7"), 24, 100, true) }, shm.Resolution{true, 100, shm.SourcePeer, false}},
+		{"set by the network", func() error { return s.SetPeerHint(ip("10.0.2.0"), 24, 900, true) }, shm.Resolution{true, 900, shm.SourcePeer, false}},
+		{"cleared by another host", func() error { return s.SetPeerHint(ip("10.0.2.200"), 24, 0, false) }, shm.Resolution{Source: shm.SourceNoHint}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		now := shm.Now()
+		_ = s.Beat(now)
+		if got := s.Resolve(a, now, stale); got != st.want {
+			t.Errorf("%s: expected %+v but got %+v", st.name, st.want, got)
+		}
+	}
+	if err := s.SetPeerHint(ip("10.0.2.7"), 24, 300, true); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := snap.Peers[0].Record; e.PeerIP != ip("10.0.2.0") || e.PrefixLen != 24 {
+		t.Errorf("stored key %v/%d, want 10.0.2.0/24", e.PeerIP, e.PrefixLen)
+	}
+	// An entry whose key has host bits (an older writer's) is still the island's entry.
+	f, err := os.OpenFile(s.Path(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], uint32(ip("10.0.2.7")))
+	if _, err := f.WriteAt(b[:], int64(wire.PeerOff(2, 0)+wire.RecPeerIP)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPeerHint(ip("10.0.2.0"), 24, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	now := shm.Now()
+	_ = s.Beat(now)
+	if got := s.Resolve(a, now, stale); got.Source != shm.SourceNoHint {
+		t.Errorf("clearing an entry keyed 10.0.2.7/24 by 10.0.2.0/24: %+v, want no_hint", got)
+	}
+}

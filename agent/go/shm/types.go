@@ -24,6 +24,15 @@ func ParseIPv4(s string) (IPv4, error) {
 	return IPv4(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])), nil
 }
 
+// Masked is ip with the bits past its first prefixLen zeroed: the key a peer entry stores
+// (spec 5.6). A prefixLen above 32 leaves ip as it is.
+func (ip IPv4) Masked(prefixLen uint8) IPv4 {
+	if prefixLen > 32 {
+		return ip
+	}
+	return ip & IPv4(prefixMask(prefixLen))
+}
+
 func (ip IPv4) MarshalJSON() ([]byte, error) { return json.Marshal(ip.String()) }
 
 func (ip *IPv4) UnmarshalJSON(b []byte) error {

@@ -78,11 +78,13 @@ func (s *Segment) SetClassHint(class PathClass, supBw uint32, valid bool) error 
 }
 
 // SetPeerHint sets or clears the default for peers matching ip/prefixLen (32: one peer,
-// 24: an island).
+// 24: an island). The key is ip masked to prefixLen (spec 5.6): 10.0.2.7/24 and 10.0.2.0/24
+// name one entry, whichever spelling wrote it.
 func (s *Segment) SetPeerHint(ip IPv4, prefixLen uint8, supBw uint32, valid bool) error {
 	if prefixLen > 32 {
 		return fmt.Errorf("set peer %v/%d hint: %w", ip, prefixLen, ErrBadPrefix)
 	}
+	ip = ip.Masked(prefixLen)
 	bw, cerr := clampErr(supBw)
 	err := s.locked(func(v wire.View) error {
 		target, free, repaired := -1, -1, false
@@ -95,7 +97,7 @@ func (s *Segment) SetPeerHint(ip IPv4, prefixLen uint8, supBw uint32, valid bool
 			switch {
 			case err == nil && !r.Valid() && free < 0:
 				free = int(j)
-			case err == nil && r.Valid() && r.PeerIP == ip && r.PrefixLen == prefixLen:
+			case err == nil && r.Valid() && r.PrefixLen == prefixLen && r.PeerIP.Masked(prefixLen) == ip:
 				target = int(j)
 			}
 		}

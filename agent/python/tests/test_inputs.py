@@ -34,6 +34,10 @@ from mpib_agent._types import SegmentError
             '{"peers":{"10.0.2.0/08":1,"10.0.2.0/8":2}}',
             'peers "10.0.2.0/08" and "10.0.2.0/8" name the same target: keep one',
         ),
+        (
+            '{"peers":{"10.0.2.0/24":1,"10.0.2.7/24":2}}',
+            'peers "10.0.2.0/24" and "10.0.2.7/24" name the same target: keep one',
+        ),
         ('{"conns":{"03":1,"3":2}}', 'conns "03" and "3" name the same target: keep one'),
     ],
 )
@@ -46,8 +50,8 @@ def test_weights_duplicates(body: str, want: str) -> None:
 
 
 def test_weights_distinct_peers() -> None:
-    w = parse_weights(b'{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/24":3}}')
-    assert w.peers == {"10.0.2.7": 1, "10.0.2.7/24": 2, "10.0.2.0/24": 3}
+    w = parse_weights(b'{"peers":{"10.0.2.7":1,"10.0.2.7/24":2,"10.0.2.0/16":3}}')
+    assert w.peers == {"10.0.2.7": 1, "10.0.2.7/24": 2, "10.0.2.0/16": 3}
 
 
 @pytest.mark.parametrize("literal", ["-0", "-1", "-0.0", "NaN", "Infinity", "-Infinity", "1e3", "512.0"])

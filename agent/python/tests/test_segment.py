@@ -553,3 +553,33 @@ def test_create_reserves_pages(tmp_path: Path) -> None:
     with mpib_agent.create(str(tmp_path / "hints"), nslots=1024, npeers=256) as s:
         st = os.stat(s.path)
         assert st.st_blocks * 512 >= s.header().total_size, "the file is sparse"
+
+
+def test_peer_key_masked(seg: mpib_agent.Segment) -> None:
+    """A peer key is stored masked to its prefix (spec 5.6): 10.0.2.7/24 and 10.0.2.0/24 name
+    one island, so a write or a clear under either spelling updates the one entry (resolution
+    masks both keys, and a second entry for the island would lose every tie to the first).
+    Go: TestPeerKeyMasked."""
+    from mpib_agent._layout import R_PEER_IP, peer_off
+    from mpib_agent._policy import parse_peer
+
+    fake_register(seg, 0, "10.0.2.9", 1)
+
+    def resolve() -> mpib_agent.Resolution:
+        seg.beat()
+        return seg.resolve(0)
+
+    seg.set_peer_hint("10.0.2.7/24", 100)
+    assert resolve() == mpib_agent.Resolution(True, 100, "peer", False)
+    seg.set_peer_hint("10.0.2.0/24", 900)
+    assert resolve() == mpib_agent.Resolution(True, 900, "peer", False)
+    seg.set_peer_hint("10.0.2.200", None, prefix_len=24)
+    assert resolve().source == "no_hint"
+    seg.set_peer_hint("10.0.2.7/24", 300)
+    e = seg.snapshot().peers[0].record
+    assert (e.peer_ip, e.prefix_len) == ("10.0.2.0", 24)
+    assert parse_peer("10.0.2.7/24") == ("10.0.2.0", 24) and parse_peer("10.0.2.7") == ("10.0.2.7", 32)
+    # An entry whose key has host bits (an older writer's) is still the island's entry.
+    seg._v.put32(peer_off(seg.nslots, 0) + R_PEER_IP, 0x0A000207)
+    seg.set_peer_hint("10.0.2.0/24", None)
+    assert resolve().source == "no_hint"

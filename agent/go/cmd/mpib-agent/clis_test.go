@@ -283,6 +283,7 @@ func TestCLIsAgree(t *testing.T) {
 		{name: "set conn, clear", args: []string{"set", "--conn", "A", "--clear"}},
 		{name: "set conn, no connection", args: []string{"set", "--conn", "4242:99", "--sup-bw", "1"}, exit: 1, code: "slot_inactive"},
 		{name: "set peer island", args: []string{"set", "--peer", "10.0.2.0/24", "--sup-bw", "256"}},
+		{name: "set peer island by a host", args: []string{"set", "--peer", "10.0.2.7/24", "--sup-bw", "100"}},
 		{name: "set peer", args: []string{"set", "--peer", "10.0.2.7", "--sup-bw", "0"}},
 		{name: "set peer, clear absent", args: []string{"set", "--peer", "10.9.9.9", "--clear"}},
 		{name: "set class clamped", args: []string{"set", "--class", "inter", "--sup-bw", "99999999999"}},

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ._layout import SUP_BW_MAX
-from ._resolve import clamp
+from ._resolve import clamp, prefix_mask
 from ._segment import Segment, beat_period_s, now_ns, parse_class
-from ._types import SegmentError, Slot, integer, ip_int
+from ._types import SegmentError, Slot, integer, ip_int, ip_str
 
 
 @dataclass(frozen=True)
@@ -368,18 +368,20 @@ _CONN_RE = re.compile(r"^([0-9]+)(?::([0-9]+))?$")
 
 
 def parse_peer(s: str) -> Tuple[str, int]:
-    """IP or IP/LEN (LEN 0..32, default 32) -> (ip, len); SegmentError bad_value/bad_prefix."""
+    """IP or IP/LEN (LEN 0..32, default 32) -> (ip, len); SegmentError bad_value/bad_prefix.
+    The ip comes back masked to LEN, the key a peer entry stores (spec 5.6): "10.0.2.7/24" is
+    ("10.0.2.0", 24)."""
     m = _PEER_RE.match(s)
     if m is None or not s.isascii():
         raise SegmentError("bad_value", f"want IP or IP/LEN, got {s!r}")
     try:
-        ip_int(m.group(1))
+        ip = ip_int(m.group(1))
     except ValueError:
         raise SegmentError("bad_value", f"{m.group(1)!r} is not an IPv4 address") from None
     plen = int(m.group(2)) if m.group(2) is not None else 32
     if plen > 32:
         raise SegmentError("bad_prefix", "prefix length must be 0..32")
-    return m.group(1), plen
+    return ip_str(ip & prefix_mask(plen)), plen
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,15 @@ def heartbeat_fresh(hb: int, now: int, stale_ns: int) -> bool:
     return hb - now <= stale_ns
 
 
+def prefix_mask(prefix_len: int) -> int:
+    """The mask of a prefix of prefix_len bits, 0..32."""
+    return 0 if prefix_len == 0 else (0xFFFFFFFF << (32 - prefix_len)) & 0xFFFFFFFF
+
+
 def prefix_match(ip: int, key: int, prefix_len: int) -> bool:
     if prefix_len > 32:
         return False
-    mask = 0 if prefix_len == 0 else (0xFFFFFFFF << (32 - prefix_len)) & 0xFFFFFFFF
+    mask = prefix_mask(prefix_len)
     return (ip & mask) == (key & mask)
 
 

@@ -43,7 +43,7 @@ from ._layout import (
     peer_off,
     slot_off,
 )
-from ._resolve import clamp, heartbeat_fresh, resolve_view
+from ._resolve import clamp, heartbeat_fresh, prefix_mask, resolve_view
 from ._segfile import (
     FileView,
     Liveness,
@@ -339,7 +339,9 @@ class Segment:
         return v
 
     def set_peer_hint(self, peer: str, sup_bw: Optional[int], prefix_len: Optional[int] = None) -> int:
-        """Sets (or clears) the default for a peer: "10.0.2.7", "10.0.2.0/24"."""
+        """Sets (or clears) the default for a peer: "10.0.2.7", "10.0.2.0/24". The key is the
+        address masked to the prefix (spec 5.6): "10.0.2.7/24" and "10.0.2.0/24" name one
+        entry, whichever spelling wrote it."""
         ip_s, _, plen_s = peer.partition("/")
         try:
             plen = prefix_len if prefix_len is not None else int(plen_s) if plen_s else 32
@@ -348,6 +350,8 @@ class Segment:
             raise SegmentError("bad_value", f"peer {peer!r}: {e}") from None
         if not 0 <= plen <= 32:
             raise SegmentError("bad_prefix", f"prefix length {plen} not in 0..32")
+        mask = prefix_mask(plen)
+        ip &= mask
         v = 0 if sup_bw is None else self._clamp(sup_bw)
         with self._lock():
             self._check_size()
@@ -363,7 +367,7 @@ class Segment:
                     r = Record()
                 if not r.valid and free is None:
                     free = j
-                elif r.valid and ip_int(r.peer_ip) == ip and r.prefix_len == plen:
+                elif r.valid and r.prefix_len == plen and ip_int(r.peer_ip) & mask == ip:
                     target = j
                     break
             if target is None:
