@@ -129,6 +129,8 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
   if (m == NULL || prefix_len > 32) {
     return -ERANGE;
   }
+  uint32_t mask = prefix_len == 0 ? 0 : ~0u << (32 - prefix_len);
+  peer_ip &= mask; /* the key is stored masked to its prefix, and entries match by it (spec 5.6) */
   uint32_t target = SHM_NO_PEER, free_idx = SHM_NO_PEER;
   int repaired = 0;
   for (uint32_t j = 0; j < m->npeers && target == SHM_NO_PEER; j++) {
@@ -139,7 +141,7 @@ int mpib_shm_set_peer_hint(mpib_shm *shm, uint32_t peer_ip, uint8_t prefix_len, 
     }
     if (!(r.flags & SHM_FLAG_VALID)) {
       free_idx = free_idx == SHM_NO_PEER ? j : free_idx;
-    } else if (r.peer_ip == peer_ip && r.prefix_len == prefix_len) {
+    } else if ((r.peer_ip & mask) == peer_ip && r.prefix_len == prefix_len) {
       target = j;
     }
   }
