@@ -190,3 +190,14 @@ def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
     finally:
         os.close(w)
     assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, b"")
+
+
+def test_reclaim_due_by_time_not_ticks() -> None:
+    """A policy loop runs its reclaim pass on its first tick and then whenever 5 s passed,
+    whatever its interval (spec 5.7), as the Go agent's loop."""
+    from mpib_agent._cli_agent import reclaim_due
+
+    assert reclaim_due(None, 100.0)
+    assert not reclaim_due(100.0, 101.0)  # a 1 s loop's next tick
+    assert reclaim_due(100.0, 105.0)
+    assert reclaim_due(100.0, 110.0)  # a 10 s loop's next tick

@@ -248,18 +248,28 @@ func cmdRun(args []string, w io.Writer) error {
 	}
 	out.printf("run: pid %d, policy %s, interval %s, segment %s, beat every %s\n", os.Getpid(), *pol,
 		fmtDur(interval), *path, fmtDur(shm.BeatPeriod(shm.StaleFromEnv())))
-	n := 0
+	var lastGC time.Time
 	return agentLoop(s, out, interval, func() error {
 		if err := tick(); err != nil {
 			return err
 		}
-		if n++; n%5 == 0 {
+		if now := time.Now(); reclaimDue(lastGC, now) {
+			lastGC = now
 			_, err := s.GC()
 			return err
 		}
 		return nil
 	})
 }
+
+// reclaimPeriod is how often a beating agent runs a reclaim pass at most apart (spec 5.7):
+// slots of dead plugins come back and records a dead writer left half-written are repaired.
+const reclaimPeriod = 5 * time.Second
+
+// reclaimDue says whether a policy loop's tick at now runs the reclaim pass, the last one having
+// run at last (zero: none yet, so the first tick runs one): every tick of a loop slower than
+// reclaimPeriod, about every reclaimPeriod of a faster one.
+func reclaimDue(last, now time.Time) bool { return last.IsZero() || now.Sub(last) >= reclaimPeriod }
 
 // replacementWatch returns a function that reports whether s moved to another file
 // (Reattach) since its previous call.

@@ -70,3 +70,23 @@ func TestSlowTicksFollowAReplacedSegment(t *testing.T) {
 		t.Error("with every tick overrunning its interval the agent never followed the replaced segment in 3 s")
 	}
 }
+
+// TestReclaimDue: a policy loop runs its reclaim pass on its first tick and then whenever
+// reclaimPeriod has passed, whatever its interval (spec 5.7: at least every 5 s).
+func TestReclaimDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name      string
+		last, now time.Time
+		want      bool
+	}{
+		{"first tick", time.Time{}, t0, true},
+		{"a 1 s loop's next tick", t0, t0.Add(time.Second), false},
+		{"5 s after the last pass", t0, t0.Add(5 * time.Second), true},
+		{"a 10 s loop's next tick", t0, t0.Add(10 * time.Second), true},
+	} {
+		if got := reclaimDue(c.last, c.now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -7,7 +7,8 @@ import argparse
 import os
 import signal
 import threading
-from typing import Callable, Dict, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ._cli_args import _UINT_RE, UsageError, _capacity, _duration_s, _fmt_ms
 from ._closedloop import MAX_STEP, ClosedLoopPolicy
@@ -24,6 +25,16 @@ from ._policy import (
 from ._resolve import clamp
 from ._segment import Segment, beat_period_s, now_ns, open_segment
 from ._types import SegmentError
+
+RECLAIM_PERIOD_S = 5.0  # a beating agent's reclaim passes at most this far apart (spec 5.7)
+
+
+def reclaim_due(last: Optional[float], now: float) -> bool:
+    """Whether a policy loop's tick at ``now`` runs the reclaim pass, the last one having run at
+    ``last`` (None: none yet, so the first tick runs one): every tick of a loop slower than
+    RECLAIM_PERIOD_S, about every RECLAIM_PERIOD_S of a faster one. Slots of dead plugins come
+    back and records a dead writer left half-written are repaired (spec 5.1)."""
+    return last is None or now - last >= RECLAIM_PERIOD_S
 
 
 def _loop(seg: Segment, tick: Callable[[], None], interval: float) -> None:
@@ -148,12 +159,13 @@ def _cmd_run(a: argparse.Namespace) -> int:
             f"beat every {_fmt_ms(beat_period_s())}",
             flush=True,
         )
-        n = [0]
+        last_gc: List[Optional[float]] = [None]
 
         def with_gc() -> None:
             tick()
-            n[0] += 1
-            if n[0] % 5 == 0:
+            now = time.monotonic()
+            if reclaim_due(last_gc[0], now):
+                last_gc[0] = now
                 seg.gc()
 
         _loop(seg, with_gc, interval)
