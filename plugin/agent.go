@@ -9,6 +9,7 @@ package main
 #include "mpib.h"
 #include "mpib_device.h"
 #include "mpib_shm.h"
+#include "mpib_slots.h"
 */
 import "C"
 
@@ -145,6 +146,13 @@ func registerWithAgent(comm *C.struct_mpib_comm, local, peer netip.Addr, path to
 		}
 	}
 	comm.shm_slot = C.int(id)
+	// Registration starts every rail up; a rail that did not come up at connect (a degraded
+	// start, a standby rail not built yet) says so now, before NCCL has the comm.
+	for r := range C.MPIB_NRAILS {
+		if comm.nqps[r] > 0 && comm.rail[r].state != C.MPIB_RAIL_UP {
+			C.mpib_publish_rail_state(comm, C.int(r))
+		}
+	}
 }
 
 // closeAgentSegment stops the watcher, withdraws the handle from the data path and releases
