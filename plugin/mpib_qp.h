@@ -36,7 +36,7 @@ int mpib_rail_base(const struct mpib_comm *c, int r);
  * takes the peer's writes). 0 or the first failure's -errno. In line: comm setup (a degraded
  * start) and rail rebuild (the fence) both use it. */
 static inline int mpib_rail_qps_to_error(struct mpib_comm *c, int r) {
-  int first = 0, base = r == MPIB_RAIL_SOUT ? 0 : (int)c->nqps[MPIB_RAIL_SOUT];
+  int first = 0, base = mpib_rail_base(c, r);
   for (uint32_t i = 0; i < c->nqps[r]; i++) {
     const struct mpib_qp *q = &c->qps[base + (int)i];
     if (q->qp == NULL || __atomic_load_n(&c->nic[q->lane]->fatal, __ATOMIC_ACQUIRE)) continue;

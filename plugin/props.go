@@ -156,8 +156,8 @@ func gpuDirectLoaded() bool {
 
 // placeOnPCI reads a device's two NICs' PCI positions, chooses the path NCCL's topology sees
 // for the fused device (docs/topology.md) and returns the pointer kinds to withhold:
-// GPUDirect when no single position is right for both rails and the user did not set
-// NCCL_NET_GDR_LEVEL.
+// GPUDirect when topo.WithholdGPUDirect says so (rails on different NUMA nodes, and the user
+// did not set NCCL_NET_GDR_LEVEL).
 func placeOnPCI(d int, dev config.Device) int {
 	f := &C.mpib_g.fdev[d]
 	sout, _ := topo.ReadPCI(dev.Sout.HCA)
@@ -180,11 +180,12 @@ func placeOnPCI(d int, dev config.Device) int {
 	case pl.SupFarther || !pl.GPUDirectSafe:
 		infof("topology: device %d: %s (SOUT %s NUMA %d, SUP %s NUMA %d)", d, pl.Reason, dev.Sout.HCA, sout.NUMA, dev.Sup.HCA, sup.NUMA)
 	}
-	if topo.WithholdGPUDirect(pl, os.Getenv("NCCL_NET_GDR_LEVEL") != "") {
+	gdrLevelSet := os.Getenv("NCCL_NET_GDR_LEVEL") != ""
+	if topo.WithholdGPUDirect(pl, gdrLevelSet) {
 		warnf("topology: device %d: GPUDirect RDMA not advertised: its rails hang off different CPUs, so one would read GPU memory across the CPU interconnect (set NCCL_NET_GDR_LEVEL to decide yourself)", d)
 		return C.NCCL_PTR_CUDA | C.NCCL_PTR_DMABUF
 	}
-	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && os.Getenv("NCCL_NET_GDR_LEVEL") == "" {
+	if !pl.GPUDirectSafe && pl.Relation != topo.RelationUnknown && !gdrLevelSet {
 		infof("topology: device %d: GPUDirect RDMA advertised although its SUP rail reads GPU memory through the CPU's root complex for the GPUs near SOUT (withholding it would send those GPUs to other devices); set NCCL_NET_GDR_LEVEL=PXB to keep NCCL from GPUDirect on this device", d)
 	}
 	return 0
